@@ -1,0 +1,40 @@
+# rlx: `make help` lists the targets.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export HF_HUB_OFFLINE ?= 1
+export HF_DATASETS_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.DEFAULT_GOAL := help
+.PHONY: help install train test test-slow lint tiny-model clean
+
+help: ## List the targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP) ## Create the virtual environment (.venv) and install rlx with dev extras
+
+train: $(STAMP) ## Run the default training (GRPO on the built-in tiny model, CPU, ~4 min)
+	$(VENV)/bin/rlx train $(ARGS)
+
+test: $(STAMP) ## Run the test suite (offline, CPU)
+	$(PY) -m pytest -q $(ARGS)
+
+test-slow: $(STAMP) ## Run the long checks marked slow
+	$(PY) -m pytest -q -m slow $(ARGS)
+
+lint: $(STAMP) ## ruff check
+	$(VENV)/bin/ruff check rlx tests
+
+tiny-model: $(STAMP) ## Rebuild the shipped tiny model from scratch (recipe tiny_sft) and copy it into the package
+	$(VENV)/bin/rlx train tiny_sft name=tiny_sft_build hydra.run.dir=outputs/tiny_sft_build
+	rm -rf rlx/models/assets/tiny && cp -r outputs/tiny_sft_build/final rlx/models/assets/tiny
+
+clean: ## Remove caches (keeps .venv and outputs/)
+	rm -rf .pytest_cache .ruff_cache $$(find . -name __pycache__ -not -path './.venv/*')

@@ -1,0 +1,190 @@
+"""Prompt/answer rows for RL and SFT: reasoning-gym tasks, local jsonl/parquet files, hub datasets.
+
+Every loader returns (train_rows, eval_rows), each row a dict with at least
+  question  the raw question text
+  prompt    the user message (question put through data.prompt_template)
+  answer    the reference answer (a string)
+plus any other columns, which reward functions receive as keyword arguments.
+The held-out split never shares a question with the training split.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+from rlx.config import UserError
+
+
+def _format_rows(rows: list[dict], prompt_template: str) -> list[dict]:
+    out = []
+    for row in rows:
+        row = dict(row)
+        row["prompt"] = prompt_template.format(question=row["question"])
+        out.append(row)
+    return out
+
+
+def reasoning_gym_rows(task: str, task_config: dict, train_size: int, eval_size: int, seed: int, eval_seed: int):
+    """Generate a task offline; eval questions come from eval_seed and are removed from training."""
+    import reasoning_gym
+    from reasoning_gym.factory import DATASETS
+
+    if task not in DATASETS:
+        raise UserError(f"unknown reasoning-gym task '{task}'; valid choices include: {', '.join(sorted(DATASETS)[:40])}, ...")
+    try:
+        eval_ds = reasoning_gym.create_dataset(task, size=eval_size, seed=eval_seed, **task_config)
+        train_ds = reasoning_gym.create_dataset(task, size=train_size, seed=seed, **task_config)
+    except TypeError as exc:
+        raise UserError(f"bad data.task_config for '{task}': {exc}") from None
+
+    def row(entry):
+        return {
+            "question": entry["question"],
+            "answer": str(entry["answer"]),
+            "task": task,
+            "metadata": json.dumps(entry["metadata"], default=str),
+        }
+
+    eval_rows = [row(e) for e in eval_ds]
+    held_out = {r["question"] for r in eval_rows}
+    train_rows = [row(e) for e in train_ds if e["question"] not in held_out]
+    if not train_rows:
+        raise UserError(f"task '{task}' has no training questions left after removing held-out ones; raise data.train_size")
+    return train_rows, eval_rows
+
+
+def _read_table(path: str) -> list[dict]:
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise UserError(f"data file '{path}' not found; set data.train_path / data.eval_path to an existing .jsonl or .parquet")
+    if file.suffix == ".jsonl":
+        rows = []
+        with file.open() as handle:
+            for number, line in enumerate(handle, 1):
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as exc:
+                        raise UserError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+        return rows
+    if file.suffix == ".parquet":
+        import datasets
+
+        return list(datasets.Dataset.from_parquet(str(file)))
+    raise UserError(f"data file '{path}' must end in .jsonl or .parquet")
+
+
+def _map_columns(rows: list[dict], columns: dict, source: str, answer_regex: str | None = None) -> list[dict]:
+    out = []
+    for index, row in enumerate(rows):
+        missing = [col for col in (columns["prompt"], columns["answer"]) if col not in row]
+        if missing:
+            raise UserError(
+                f"{source} row {index} has no column {missing[0]!r} (columns: {', '.join(row)}); "
+                f"set data.columns.prompt / data.columns.answer"
+            )
+        mapped = {k: v for k, v in row.items() if k not in (columns["prompt"], columns["answer"])}
+        mapped["question"] = str(row[columns["prompt"]])
+        answer = str(row[columns["answer"]])
+        if answer_regex:
+            match = re.search(answer_regex, answer, flags=re.MULTILINE)
+            answer = match.group(1).strip() if match else answer
+        mapped["answer"] = answer
+        out.append(mapped)
+    return out
+
+
+def split_held_out(rows: list[dict], eval_size: int, seed: int) -> tuple[list[dict], list[dict]]:
+    """Shuffle, take eval_size distinct questions as held out, drop every training row sharing one."""
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    eval_rows, held_out = [], set()
+    for i in order:
+        if len(eval_rows) >= eval_size:
+            break
+        if rows[i]["question"] not in held_out:
+            held_out.add(rows[i]["question"])
+            eval_rows.append(rows[i])
+    train_rows = [r for r in rows if r["question"] not in held_out]
+    return train_rows, eval_rows
+
+
+def file_rows(train_path: str, eval_path: str | None, eval_size: int, columns: dict, seed: int):
+    train = _map_columns(_read_table(train_path), columns, train_path)
+    if eval_path:
+        evals = _map_columns(_read_table(eval_path), columns, eval_path)
+        held_out = {r["question"] for r in evals}
+        return [r for r in train if r["question"] not in held_out], evals
+    return split_held_out(train, eval_size, seed)
+
+
+def hub_rows(dataset_id: str, subset, train_split: str, eval_split, eval_size: int, columns: dict, seed: int, answer_regex):
+    import datasets
+
+    try:
+        loaded = datasets.load_dataset(dataset_id, subset)
+    except Exception as exc:
+        raise UserError(
+            f"cannot load dataset '{dataset_id}' ({type(exc).__name__}); download it with network access first "
+            f"(it is then cached), or save it as jsonl and use data=file data.train_path=..."
+        ) from None
+    train = _map_columns(list(loaded[train_split]), columns, dataset_id, answer_regex)
+    if eval_split:
+        evals = _map_columns(list(loaded[eval_split]), columns, dataset_id, answer_regex)[:eval_size]
+        held_out = {r["question"] for r in evals}
+        return [r for r in train if r["question"] not in held_out], evals
+    return split_held_out(train, eval_size, seed)
+
+
+def load_rows(data_cfg, seed: int) -> tuple[list[dict], list[dict]]:
+    """Dispatch on data.source and apply the prompt template."""
+    source = data_cfg.source
+    if source == "reasoning_gym":
+        train, evals = reasoning_gym_rows(
+            data_cfg.task, dict(data_cfg.task_config or {}), data_cfg.train_size, data_cfg.eval_size, seed, data_cfg.eval_seed
+        )
+    elif source == "file":
+        train, evals = file_rows(data_cfg.train_path, data_cfg.eval_path, data_cfg.eval_size, dict(data_cfg.columns), data_cfg.seed)
+    elif source == "hub":
+        train, evals = hub_rows(
+            data_cfg.id, data_cfg.subset, data_cfg.train_split, data_cfg.eval_split, data_cfg.eval_size,
+            dict(data_cfg.columns), data_cfg.seed, data_cfg.get("answer_regex"),
+        )
+    else:
+        raise UserError(f"unknown data.source '{source}'; valid choices: reasoning_gym, file, hub")
+    template = data_cfg.prompt_template
+    return _format_rows(train, template), _format_rows(evals, template)
+
+
+class PromptStream:
+    """Endless seeded stream of training rows, reshuffled each epoch; its position can be saved."""
+
+    def __init__(self, rows: list[dict], seed: int):
+        self.rows, self.seed = rows, seed
+        self.epoch, self.index = 0, 0
+        self._order = self._permutation()
+
+    def _permutation(self) -> list[int]:
+        order = list(range(len(self.rows)))
+        random.Random(self.seed * 100_003 + self.epoch).shuffle(order)
+        return order
+
+    def take(self, n: int) -> list[dict]:
+        batch = []
+        while len(batch) < n:
+            if self.index >= len(self._order):
+                self.epoch, self.index = self.epoch + 1, 0
+                self._order = self._permutation()
+            batch.append(self.rows[self._order[self.index]])
+            self.index += 1
+        return batch
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.index = state["epoch"], state["index"]
+        self._order = self._permutation()

@@ -1,0 +1,102 @@
+"""Pieces every training loop shares: prompts, optimizer and schedule, held-out evaluation, seeding."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rlx.rewards import RewardComponent, compute_rewards
+from rlx.rollout.hf import generate
+
+
+@dataclass
+class Components:
+    """What train.py builds from the config and hands to a loop."""
+
+    accelerator: object
+    model: object
+    tokenizer: object
+    train_rows: list[dict]
+    eval_rows: list[dict]
+    rewards: list[RewardComponent]
+    run_dir: Path
+    extras: dict = field(default_factory=dict)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def format_prompts(tokenizer, rows: list[dict], use_chat_template: bool, system_prompt: str | None) -> list[str]:
+    """User messages -> model input text (chat template with the generation prompt when available)."""
+    if use_chat_template and getattr(tokenizer, "chat_template", None):
+        out = []
+        for row in rows:
+            messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+            messages.append({"role": "user", "content": row["prompt"]})
+            out.append(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+        return out
+    prefix = f"{system_prompt}\n\n" if system_prompt else ""
+    return [prefix + row["prompt"] for row in rows]
+
+
+def lr_lambda(schedule: str, warmup_steps: int, total_steps: int):
+    """Multiplier of the peak learning rate at each optimizer step: linear warmup, then the schedule."""
+
+    def factor(step: int) -> float:
+        if warmup_steps > 0 and step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        progress = min(max(progress, 0.0), 1.0)
+        if schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        if schedule == "linear":
+            return 1.0 - progress
+        raise ValueError(f"unknown optim.schedule '{schedule}'; valid choices: constant, cosine, linear")
+
+    return factor
+
+
+def build_optimizer(model, optim_cfg, total_updates: int):
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        params, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas), eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda(optim_cfg.schedule, optim_cfg.warmup_steps, total_updates)
+    )
+    return optimizer, scheduler
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, rows: list[dict], rewards: list[RewardComponent], *, accuracy_key: str,
+             use_chat_template: bool, system_prompt: str | None, max_new_tokens: int, batch_size: int,
+             on_error: str = "raise") -> tuple[dict, list[dict]]:
+    """Greedy completions on held-out rows; returns eval/* metrics and per-row records."""
+    prompts = format_prompts(tokenizer, rows, use_chat_template, system_prompt)
+    rollout = generate(model, tokenizer, prompts, samples_per_prompt=1, max_new_tokens=max_new_tokens,
+                       greedy=True, batch_size=batch_size)
+    total, per_component, _ = compute_rewards(rewards, prompts, rollout.texts, rows, on_error)
+    metrics = {
+        "eval/accuracy": torch.nan_to_num(per_component[accuracy_key], nan=0.0).mean().item(),
+        "eval/reward": total.mean().item(),
+        "eval/mean_length": rollout.lengths.float().mean().item(),
+        "eval/truncated_frac": rollout.truncated.float().mean().item(),
+    }
+    for name, values in per_component.items():
+        metrics[f"eval/{name}"] = torch.nan_to_num(values, nan=0.0).mean().item()
+    records = [
+        {"prompt": row["prompt"], "answer": row.get("answer"), "completion": text,
+         "score": per_component[accuracy_key][i].item()}
+        for i, (row, text) in enumerate(zip(rows, rollout.texts))
+    ]
+    return metrics, records

@@ -1,0 +1,98 @@
+"""Supervised fine-tuning: token-mean negative log-likelihood of the target completion.
+
+Each step draws `algorithm.batch_size` rows, renders the prompt (chat template) and the target
+completion (data.completion_template + EOS), and takes one optimizer step on the mean NLL of the
+completion tokens, accumulated exactly over micro-batches.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from rlx.data.tasks import PromptStream
+from rlx.loops.common import Components, build_optimizer, evaluate, format_prompts
+from rlx.models.forward import completion_logprobs
+from rlx.run import MetricsLog, write_samples
+
+log = logging.getLogger("rlx")
+
+
+def tokenize_pairs(tokenizer, prompts: list[str], completions: list[str]):
+    """Left-padded prompt ids and right-padded completion ids (each completion ends with EOS)."""
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    eos = tokenizer.eos_token or ""
+    pieces = [tokenizer(c + eos, add_special_tokens=False)["input_ids"] for c in completions]
+    width = max(len(p) for p in pieces)
+    completion_ids = torch.full((len(pieces), width), tokenizer.pad_token_id, dtype=torch.long)  # (N, C)
+    completion_mask = torch.zeros((len(pieces), width), dtype=torch.long)  # (N, C)
+    for i, piece in enumerate(pieces):
+        completion_ids[i, : len(piece)] = torch.tensor(piece)
+        completion_mask[i, : len(piece)] = 1
+    return enc["input_ids"], enc["attention_mask"], completion_ids, completion_mask
+
+
+def train_sft(cfg, parts: Components) -> dict:
+    acc, tokenizer, run_dir = parts.accelerator, parts.tokenizer, parts.run_dir
+    optimizer, scheduler = build_optimizer(parts.model, cfg.optim, cfg.steps)
+    model, optimizer = acc.prepare(parts.model, optimizer)
+    stream = PromptStream(parts.train_rows, cfg.seed)
+    metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process)
+    eval_kwargs = dict(
+        accuracy_key=cfg.reward.accuracy, use_chat_template=cfg.model.chat_template, system_prompt=cfg.data.system_prompt,
+        max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size, on_error=cfg.reward.on_error,
+    )
+    eval_rows = parts.eval_rows[: cfg.eval.size]
+    last_eval: dict = {}
+
+    def run_eval(step: int) -> dict:
+        metrics, records = evaluate(acc.unwrap_model(model), tokenizer, eval_rows, parts.rewards, **eval_kwargs)
+        if acc.is_main_process:
+            write_samples(run_dir, step, records[: cfg.log.num_samples])
+        return metrics
+
+    if cfg.eval.at_start:
+        last_eval = run_eval(0)
+        metrics_log.write(0, last_eval)
+        metrics_log.show(0, last_eval)
+
+    batch_size, micro = cfg.algorithm.batch_size, cfg.micro_batch_size
+    for step in range(1, cfg.steps + 1):
+        start = time.perf_counter()
+        rows = stream.take(batch_size)
+        prompts = format_prompts(tokenizer, rows, cfg.model.chat_template, cfg.data.system_prompt)
+        targets = [cfg.data.completion_template.format(answer=row["answer"]) for row in rows]
+        prompt_ids, prompt_mask, completion_ids, completion_mask = tokenize_pairs(tokenizer, prompts, targets)
+        total_tokens = completion_mask.sum().item()
+        loss_sum = 0.0
+        for lo in range(0, batch_size, micro):
+            sl = slice(lo, lo + micro)
+            logp, _ = completion_logprobs(model, prompt_ids[sl], prompt_mask[sl], completion_ids[sl], completion_mask[sl])
+            mask = completion_mask[sl].to(logp.device, logp.dtype)
+            loss = -(logp * mask).sum() / total_tokens  # token-mean over the whole batch
+            acc.backward(loss)
+            loss_sum += loss.item()
+        grad_norm = None
+        if cfg.optim.max_grad_norm:
+            grad_norm = acc.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        elapsed = time.perf_counter() - start
+        metrics = {
+            "train/loss": loss_sum,
+            "train/lr": scheduler.get_last_lr()[0],
+            "train/grad_norm": float(grad_norm) if grad_norm is not None else None,
+            "perf/step_time_s": elapsed,
+            "perf/tokens_per_s": total_tokens / elapsed,
+        }
+        if step % cfg.eval.every == 0 or step == cfg.steps:
+            last_eval = run_eval(step)
+            metrics.update(last_eval)
+        if step % cfg.log.every == 0 or "eval/accuracy" in metrics:
+            metrics_log.write(step, metrics)
+        metrics_log.show(step, metrics)
+    metrics_log.close()
+    return {"model": model, "final_eval": last_eval}
