@@ -27,6 +27,7 @@ from rlx.loops.common import Components, build_optimizer, evaluate, format_promp
 from rlx.models.forward import completion_logprobs
 from rlx.rewards import compute_rewards
 from rlx.rollout.hf import Rollout, generate
+from rlx.rollout.sampling import sample_seed
 from rlx.run import MetricsLog, write_samples
 
 log = logging.getLogger("rlx")
@@ -87,6 +88,7 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
         rollout = generate(
             acc.unwrap_model(model), tokenizer, prompts, samples_per_prompt=group_size, max_new_tokens=roll.max_new_tokens,
             temperature=roll.temperature, top_p=roll.top_p, top_k=roll.top_k, batch_size=roll.batch_size,
+            seeds=[sample_seed(cfg.seed, step, i) for i in range(len(prompts) * group_size)],
         )
         generation_time = time.perf_counter() - step_start
         sample_rows = [row for row in rows for _ in range(group_size)]

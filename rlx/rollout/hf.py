@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from transformers import LogitsProcessorList
+
+from rlx.rollout.sampling import SeededSampler
 
 
 @dataclass
@@ -52,8 +55,13 @@ def generate(
     top_k: int = 0,
     greedy: bool = False,
     batch_size: int = 256,
+    seeds: list[int] | None = None,
 ) -> Rollout:
-    """G completions for each prompt, ordered prompt by prompt (the G samples of a prompt are adjacent)."""
+    """G completions for each prompt, ordered prompt by prompt (the G samples of a prompt are adjacent).
+
+    Sampling is seeded per completion (rollout/sampling.py): completion i depends only on seeds[i], so
+    chunking or sharding the batch does not change what is drawn. Without seeds, they are drawn from
+    the global torch generator."""
     device = next(model.parameters()).device
     stop_ids = eos_ids(model, tokenizer)
     was_training = model.training
@@ -61,11 +69,19 @@ def generate(
     repeated = [p for p in prompts for _ in range(samples_per_prompt)]
     enc = tokenizer(repeated, return_tensors="pt", padding=True, add_special_tokens=False)
     prompt_ids, prompt_mask = enc["input_ids"], enc["attention_mask"]  # (N, P)
+    if seeds is None:
+        seeds = torch.randint(0, 2**31 - 1, (len(repeated),)).tolist()
+    if len(seeds) != len(repeated):
+        raise ValueError(f"{len(seeds)} seeds for {len(repeated)} completions")
+    seed_tensor = torch.tensor(seeds, dtype=torch.int64)  # (N,)
     chunks = []
     for start in range(0, len(repeated), batch_size):
         ids = prompt_ids[start : start + batch_size].to(device)
         attn = prompt_mask[start : start + batch_size].to(device)
-        kwargs = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k)
+        kwargs = {}
+        if not greedy:
+            sampler = SeededSampler(seed_tensor[start : start + batch_size], ids.shape[1], temperature, top_k, top_p)
+            kwargs["logits_processor"] = LogitsProcessorList([sampler])
         out = model.generate(
             input_ids=ids,
             attention_mask=attn,
@@ -73,6 +89,10 @@ def generate(
             eos_token_id=stop_ids,
             pad_token_id=tokenizer.pad_token_id,
             use_cache=True,
+            do_sample=False,
+            temperature=None,
+            top_p=None,
+            top_k=None,
             **kwargs,
         )
         chunks.append(out[:, ids.shape[1] :].cpu())
