@@ -19,7 +19,9 @@ USAGE = """usage: rlx <command> [args...]
 commands:
   train [RECIPE] [key=value ...]   train a model (RL, preference optimization, SFT); --help lists config groups
 
-Run `rlx <command> --help` for a command's options. Configs live in conf/, recipes in recipes/."""
+Run `rlx <command> --help` for a command's options. Configs live in conf/, recipes in recipes/.
+Tab completion (bash): eval "$(rlx -sc install=bash)"
+"""
 
 # Hydra flags that must reach Hydra untouched (no pre-composition).
 _PASSTHROUGH_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc", "--version"}
@@ -46,10 +48,36 @@ def _hydra_app(app, prog: str, args: list[str], config_name: str) -> None:
     app()
 
 
+def _shell_completion(args: list[str]) -> None:
+    """`rlx -sc install=bash` prints the completion script; the script calls `rlx -sc query=bash`.
+
+    Hydra completes one app's overrides, so the query is handed to the subcommand named in COMP_LINE
+    with that word removed from the line."""
+    from rlx.train import train_app
+
+    line = os.environ.get("COMP_LINE", "")
+    words = line.split()
+    if any(a.startswith("query=") for a in args):
+        if len(words) < 2 or (len(words) == 2 and not line.endswith(" ")):
+            print(" ".join(c for c in COMMANDS if not words[1:] or c.startswith(words[1])))
+            return
+        if words[1] != "train":
+            return
+        os.environ["COMP_LINE"] = "rlx " + line.split("train", 1)[1].lstrip()
+    sys.argv = ["rlx", *args]
+    train_app()
+
+
+COMMANDS = ("train",)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
+        return
+    if argv[0] in ("-sc", "--shell-completion"):
+        _shell_completion(argv)
         return
     command, args = argv[0], argv[1:]
     if command == "train":

@@ -57,3 +57,12 @@ def test_help_and_cfg_job(tmp_path):
     assert job.returncode == 0, job.stderr
     assert "seed: 3" in job.stdout and "extra_key: 1" in job.stdout
     assert not (tmp_path / "outputs").exists()
+
+
+def test_tab_completion(tmp_path):
+    script = run_rlx(["-sc", "install=bash"], tmp_path, timeout=120)
+    assert script.returncode == 0 and "complete -o nospace -o default -F hydra_bash_completion rlx" in script.stdout
+    query = run_rlx(["-sc", "query=bash"], tmp_path, timeout=120, env_extra={"COMP_LINE": "rlx train algorithm=", "COMP_POINT": "20"})
+    assert "algorithm=grpo" in query.stdout.split()
+    top = run_rlx(["-sc", "query=bash"], tmp_path, timeout=120, env_extra={"COMP_LINE": "rlx tr", "COMP_POINT": "6"})
+    assert top.stdout.split() == ["train"]
