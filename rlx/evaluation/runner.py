@@ -120,6 +120,14 @@ def read_records(path: Path) -> list[dict]:
     return records
 
 
+def _drop_partial_line(path: Path) -> None:
+    """Cut a last line left unfinished by an interruption, so appended records start on a new line."""
+    if path.is_file():
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            path.write_bytes(data[: data.rfind(b"\n") + 1])
+
+
 def _batch_seed(seed: int, problem_id: str) -> int:
     return (seed * 1_000_003 + zlib.crc32(problem_id.encode())) % 2**31
 
@@ -180,6 +188,7 @@ def run_benchmark(model, tokenizer, bench: Benchmark, problems: list[dict], resu
     bar = _Progress(label, len(problems), len(problems) - len(todo), progress)
     running = [r["greedy"]["score"] if greedy else float(np.mean(r["scores"])) for r in done.values()]
     results.parent.mkdir(parents=True, exist_ok=True)
+    _drop_partial_line(results)
     try:
         for start in range(0, len(todo), step):
             batch = todo[start : start + step]
