@@ -247,3 +247,16 @@ def test_missing_benchmark_file_exits_2_with_one_line(tmp_path):
     lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and "benchmark file 'missing.jsonl' not found" in lines[0], result.stderr
     assert "download the test split of openai/gsm8k" in lines[0] and "benchmark.gsm8k.load.path=FILE" in lines[0]
+
+
+@pytest.mark.slow
+def test_trained_run_beats_its_base_model_with_a_paired_interval(tmp_path):
+    # 50 GRPO steps lift held-out greedy accuracy on chain_sum well above the shipped model's
+    train = run_rlx(["train", "steps=50", "eval.every=50", "hardware.num_threads=1", "save.plot=false"], tmp_path, timeout=1200)
+    assert train.returncode == 0, train.stderr[-3000:]
+    run = only_run_dir(tmp_path, "train")
+    result = run_rlx(["eval", f"run={run}", "compare=base", "hardware.num_threads=1"], tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((only_run_dir(tmp_path, "eval") / "summary.json").read_text())
+    diff = summary["benchmarks"]["chain_sum"]["diff"]["greedy/accuracy"]
+    assert diff["low"] > 0, diff

@@ -398,7 +398,7 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
         labels["compare"] += " (compare)"
     log.info("eval directory: %s", out_dir)
     records: dict[str, dict[str, list[dict]]] = {b.name: {} for b in benchmarks}
-    for role, (path, label) in subjects.items():
+    for role, (path, _) in subjects.items():
         model, tokenizer = load_model(path, cfg.model, device)
         log.info("%s: %s (%.2fM parameters) on %s", role, path, sum(p.numel() for p in model.parameters()) / 1e6, device)
         for bench in benchmarks:
