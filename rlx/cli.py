@@ -1,6 +1,7 @@
 """`rlx` command line: a thin dispatcher onto Hydra apps.
 
     rlx train [RECIPE] [overrides...]     RL / preference / SFT training (Hydra: -m, --cfg job, --help)
+    rlx eval [overrides...]               benchmarks with pass@k / maj@k and bootstrap intervals
 
 Each subcommand with a config is an `@hydra.main` function, so Hydra's own flags keep working; this
 module only picks the subcommand, turns a bare recipe name into `recipes=NAME`, and checks overrides
@@ -18,6 +19,7 @@ USAGE = """usage: rlx <command> [args...]
 
 commands:
   train [RECIPE] [key=value ...]   train a model (RL, preference optimization, SFT); --help lists config groups
+  eval [key=value ...]             evaluate a model or run on benchmarks (pass@k, maj@k, intervals, compare=)
 
 Run `rlx <command> --help` for a command's options. Configs live in conf/, recipes in recipes/.
 Tab completion (bash): eval "$(rlx -sc install=bash)"
@@ -84,8 +86,12 @@ def main(argv: list[str] | None = None) -> None:
         from rlx.train import train_app
 
         _hydra_app(train_app, "rlx-train", _split_recipe(args), "train")
+    elif command == "eval":
+        from rlx.evaluation.runner import eval_app
+
+        _hydra_app(eval_app, "rlx-eval", args, "eval")
     else:
-        fail(f"unknown command '{command}'; valid commands: train (see `rlx --help`)")
+        fail(f"unknown command '{command}'; valid commands: train, eval (see `rlx --help`)")
 
 
 __all__ = ["main", "CONF_DIR"]

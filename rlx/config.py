@@ -76,7 +76,11 @@ def _first_values(overrides: list[str]) -> tuple[list[str], dict[str, list[str]]
             prefix = text.split("=", 1)[0]
             single.append(f"{prefix}={values[0]}")
         else:
-            values = [override.get_value_element_as_str()] if override.value() is not None else []
+            value = override.value()
+            if isinstance(value, list):  # a list of group options: benchmark=[chain_sum,gsm8k]
+                values = [str(v) for v in value]
+            else:
+                values = [override.get_value_element_as_str()] if value is not None else []
             single.append(text)
         if override.is_delete():
             continue

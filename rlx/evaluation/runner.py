@@ -1,0 +1,444 @@
+"""`rlx eval`: generate on benchmark problems, score, and report metrics with bootstrap intervals.
+
+    outputs/eval/<time>_<name>/
+      config.yaml  overrides.yaml  eval.log
+      <benchmark>/model.jsonl      one line per problem: prompt, completions, extracted answers, scores
+      <benchmark>/compare.jsonl    the same for compare= (the paired second model)
+      summary.json  summary.txt    every metric with its interval, and the paired differences
+      plots/pass_at_k.png          pass@k against k (with intervals), one panel per benchmark
+
+Per-problem lines are appended as each batch of problems finishes, so `rlx eval resume=<dir>` reads
+them back and generates only for the problems that are missing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+import zlib
+from datetime import datetime
+from pathlib import Path
+
+import hydra
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from rlx.config import CONF_DIR, UserError, fail
+from rlx.evaluation.benchmarks import Benchmark
+from rlx.evaluation.metrics import (
+    bootstrap_ci,
+    majority_vote,
+    mean_at_k,
+    paired_bootstrap_diff,
+    pass_at_k,
+)
+
+log = logging.getLogger("rlx")
+
+
+def _eval_dir(resume, name) -> str:
+    """Output directory: the resumed one, or outputs/eval/<time>_<name>."""
+    if resume not in (None, "", "None", "null"):
+        return str(resume)
+    import os
+
+    root = os.environ.get("RLX_OUTPUTS", "outputs")
+    return f"{root}/eval/{datetime.now().strftime('%Y-%m-%d_%H-%M-%S.%f')}_{name}"
+
+
+if not OmegaConf.has_resolver("rlx_eval_dir"):
+    OmegaConf.register_new_resolver("rlx_eval_dir", _eval_dir)
+
+
+# --------------------------------------------------------------------------------------------
+# Which model: a run directory, a checkpoint, a local folder, a hub id or builtin:NAME
+# --------------------------------------------------------------------------------------------
+
+
+def resolve_run(run: str, checkpoint: str = "final") -> tuple[str, str]:
+    """(model folder, label) of a training run directory's final model or a chosen checkpoint."""
+    run_dir = Path(run).expanduser()
+    if (run_dir / "config.json").is_file():  # already a model folder (final/ or a checkpoint)
+        return str(run_dir), f"{run_dir.parent.name}/{run_dir.name}"
+    if not run_dir.is_dir():
+        raise UserError(f"run '{run}' is not a directory; give a training run directory such as outputs/train/<run>")
+    candidates = [run_dir / checkpoint, run_dir / "checkpoints" / checkpoint, Path(checkpoint).expanduser()]
+    for folder in candidates:
+        if (folder / "config.json").is_file():
+            label = run_dir.name if checkpoint == "final" else f"{run_dir.name}/{checkpoint}"
+            return str(folder), label
+    saved = sorted(p.name for p in (run_dir / "checkpoints").glob("*") if p.is_dir())
+    raise UserError(
+        f"run '{run}' has no model '{checkpoint}' (no config.json in {run_dir / checkpoint}); valid choices: "
+        f"{', '.join(['final'] * (run_dir / 'final').is_dir() + saved) or 'none (did the run finish?)'}"
+    )
+
+
+def resolve_compare(compare: str, run: str | None, checkpoint: str) -> tuple[str, str]:
+    """compare=base: the model a run started from; a run directory; else a model path/id."""
+    if compare == "base":
+        if run is None:
+            raise UserError("compare=base needs run=<training run directory> (its config names the base model)")
+        config = Path(run).expanduser() / "config.yaml"
+        if not config.is_file():
+            raise UserError(f"compare=base: {config} not found; give compare=<model path or builtin:NAME> instead")
+        base = OmegaConf.load(config).model.path
+        if base is None:
+            raise UserError("compare=base: the run built its model from scratch; give compare=<model> instead")
+        return str(base), f"base ({base})"
+    folder = Path(compare).expanduser()
+    if folder.is_dir() and not (folder / "config.json").is_file():
+        return resolve_run(compare, "final")
+    return compare, compare
+
+
+def load_model(path: str, model_cfg, device: torch.device):
+    from rlx.models.loading import load_causal_lm, load_tokenizer
+
+    tokenizer = load_tokenizer(path, model_cfg.revision, model_cfg.trust_remote_code)
+    model = load_causal_lm(path, model_cfg.dtype, model_cfg.revision, model_cfg.trust_remote_code)
+    return model.to(device).eval(), tokenizer
+
+
+# --------------------------------------------------------------------------------------------
+# Generation and scoring, batch by batch, appended to a jsonl
+# --------------------------------------------------------------------------------------------
+
+
+def read_records(path: Path) -> list[dict]:
+    """Finished problems of a results file; a line cut short by an interruption is ignored."""
+    records = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
+
+
+def _drop_partial_line(path: Path) -> None:
+    """Cut a last line left unfinished by an interruption, so appended records start on a new line."""
+    if path.is_file():
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            path.write_bytes(data[: data.rfind(b"\n") + 1])
+
+
+def _batch_seed(seed: int, problem_id: str) -> int:
+    return (seed * 1_000_003 + zlib.crc32(problem_id.encode())) % 2**31
+
+
+def _model_inputs(tokenizer, problems: list[dict], chat_template: bool, system_prompt: str | None) -> list[str]:
+    from rlx.loops.common import format_prompts
+
+    return format_prompts(tokenizer, problems, chat_template, system_prompt)
+
+
+class _Progress:
+    """Problems done, samples/s and the running metric: a rich bar on a terminal, log lines otherwise."""
+
+    def __init__(self, label: str, total: int, done: int, enabled: str | bool):
+        self.label, self.total, self.done = label, total, done
+        self.samples, self.start = 0, time.monotonic()
+        show = sys.stderr.isatty() if enabled == "auto" else bool(enabled)
+        self._bar = None
+        if show:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._bar = Progress(TextColumn("[bold]{task.description}"), MofNCompleteColumn(), BarColumn(),
+                                 TimeRemainingColumn(), TextColumn("{task.fields[status]}"))
+            self._task = self._bar.add_task(label, total=total, completed=done, status="")
+            self._bar.start()
+
+    def update(self, problems: int, samples: int, metric_name: str, metric: float) -> None:
+        self.done += problems
+        self.samples += samples
+        rate = self.samples / max(time.monotonic() - self.start, 1e-9)
+        status = f"{rate:.1f} samples/s  {metric_name} {metric:.3f}"
+        if self._bar is not None:
+            self._bar.update(self._task, completed=self.done, status=status)
+        else:
+            log.info("%s: %d/%d problems  %s", self.label, self.done, self.total, status)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+@torch.no_grad()
+def run_benchmark(model, tokenizer, bench: Benchmark, problems: list[dict], results: Path, sampling, *,
+                  chat_template: bool, seed: int, label: str, progress) -> list[dict]:
+    """Generate and score every problem not yet in `results`; returns all records in problem order."""
+    from rlx.rollout.hf import generate
+
+    done = {r["id"]: r for r in read_records(results)}
+    todo = [p for p in problems if p["id"] not in done]
+    if done:
+        log.info("%s: %d/%d problems already in %s, generating the rest", label, len(problems) - len(todo),
+                 len(problems), results)
+    n, greedy = int(sampling.n), bool(sampling.greedy)
+    per_problem = n + int(greedy)
+    max_new = int(sampling.max_new_tokens or bench.max_new_tokens)
+    use_chat = chat_template if bench.chat_template is None else bool(bench.chat_template)
+    step = max(1, int(sampling.batch_size) // per_problem)  # problems per batch
+    bar = _Progress(label, len(problems), len(problems) - len(todo), progress)
+    running = [r["greedy"]["score"] if greedy else float(np.mean(r["scores"])) for r in done.values()]
+    results.parent.mkdir(parents=True, exist_ok=True)
+    _drop_partial_line(results)
+    try:
+        for start in range(0, len(todo), step):
+            batch = todo[start : start + step]
+            inputs = _model_inputs(tokenizer, batch, use_chat, bench.system_prompt)
+            torch.manual_seed(_batch_seed(seed, batch[0]["id"]))
+            texts, truncated = [], []
+            if greedy:
+                out = generate(model, tokenizer, inputs, samples_per_prompt=1, max_new_tokens=max_new, greedy=True,
+                               batch_size=int(sampling.batch_size))
+                texts += out.texts
+                truncated += out.truncated.tolist()
+            if n:
+                out = generate(model, tokenizer, inputs, samples_per_prompt=n, max_new_tokens=max_new,
+                               temperature=float(sampling.temperature), top_p=float(sampling.top_p),
+                               top_k=int(sampling.top_k), batch_size=int(sampling.batch_size))
+                texts += out.texts
+                truncated += out.truncated.tolist()
+            owners = (list(batch) if greedy else []) + [p for p in batch for _ in range(n)]
+            extracted, scores = bench.score(texts, owners)
+            lines = []
+            for i, problem in enumerate(batch):
+                record = {"id": problem["id"], "prompt": inputs[i], "answer": problem["answer"], "greedy": None}
+                offset = len(batch) if greedy else 0
+                if greedy:
+                    record["greedy"] = {"completion": texts[i], "extracted": extracted[i], "score": scores[i],
+                                        "truncated": truncated[i]}
+                lo, hi = offset + i * n, offset + (i + 1) * n
+                record.update(samples=texts[lo:hi], extracted=extracted[lo:hi], scores=scores[lo:hi],
+                              truncated=int(sum(truncated[lo:hi])))
+                done[problem["id"]] = record
+                running.append(record["greedy"]["score"] if greedy else float(np.mean(record["scores"])))
+                lines.append(json.dumps(record) + "\n")
+            with results.open("a") as handle:  # one write per batch: an interruption loses at most this batch
+                handle.write("".join(lines))
+            bar.update(len(batch), len(texts), "greedy acc" if greedy else "mean score", float(np.mean(running)))
+    finally:
+        bar.close()
+    return [done[p["id"]] for p in problems]
+
+
+# --------------------------------------------------------------------------------------------
+# Metrics with intervals, and the paired difference
+# --------------------------------------------------------------------------------------------
+
+
+def per_problem_values(records: list[dict], ks: list[int], threshold: float) -> dict[str, np.ndarray]:
+    """One value per problem for every metric: greedy/accuracy, pass@k, maj@k, mean@k.
+    A k larger than a problem's number of samples is left out."""
+    values: dict[str, list[float]] = {}
+    if records and records[0].get("greedy") is not None:
+        values["greedy/accuracy"] = [r["greedy"]["score"] for r in records]
+    n = min(len(r["scores"]) for r in records) if records else 0
+    for k in [k for k in ks if 1 <= k <= n]:
+        values[f"pass@{k}"] = [pass_at_k(len(r["scores"]), sum(s >= threshold for s in r["scores"]), k) for r in records]
+        values[f"maj@{k}"] = [majority_vote(r["extracted"][:k], r["scores"][:k])[1] for r in records]
+        values[f"mean@{k}"] = [mean_at_k(r["scores"], k) for r in records]
+    return {name: np.asarray(v, dtype=np.float64) for name, v in values.items()}  # each (P,)
+
+
+def summarize(records_by_role: dict[str, list[dict]], metrics_cfg) -> dict:
+    """Per role: {metric: {value, low, high}}; with a compare role: paired differences on shared problems."""
+    ks = [int(k) for k in metrics_cfg.ks]
+    boot = dict(n_resamples=int(metrics_cfg.bootstrap_resamples), confidence=float(metrics_cfg.confidence),
+                seed=int(metrics_cfg.bootstrap_seed))
+    out: dict = {"problems": {role: len(recs) for role, recs in records_by_role.items()}}
+    values = {role: per_problem_values(recs, ks, float(metrics_cfg.correct_threshold))
+              for role, recs in records_by_role.items()}
+    for role, metrics in values.items():
+        out[role] = {}
+        for name, vals in metrics.items():
+            ci = bootstrap_ci(vals, **boot)
+            out[role][name] = {"value": ci.point, "low": ci.low, "high": ci.high}
+    if "compare" in records_by_role:
+        shared = sorted({r["id"] for r in records_by_role["model"]} & {r["id"] for r in records_by_role["compare"]})
+        index = {role: {r["id"]: i for i, r in enumerate(recs)} for role, recs in records_by_role.items()}
+        out["diff"] = {"problems": len(shared)}
+        for name in values["model"].keys() & values["compare"].keys():
+            a = values["model"][name][[index["model"][i] for i in shared]]  # (P,) paired by problem id
+            b = values["compare"][name][[index["compare"][i] for i in shared]]  # (P,)
+            d = paired_bootstrap_diff(a, b, **boot)
+            out["diff"][name] = {"value": d.diff, "low": d.low, "high": d.high, "frac_positive": d.frac_positive}
+    return out
+
+
+def _metric_order(name: str) -> tuple:
+    kind, _, k = name.partition("@")
+    return ({"greedy/accuracy": 0, "pass": 1, "maj": 2, "mean": 3}.get(kind, 4), int(k) if k.isdigit() else 0)
+
+
+def render_table(summary: dict, labels: dict[str, str], confidence: float):
+    """A rich Table: one row per benchmark and metric, value [low, high] per model and the difference."""
+    from rich.table import Table
+
+    pct = f"{confidence:.0%}"
+    table = Table(title=f"rlx eval ({pct} bootstrap intervals over problems)")
+    table.add_column("benchmark")
+    table.add_column("metric")
+    table.add_column(labels["model"], justify="right")
+    if "compare" in labels:
+        table.add_column(labels["compare"], justify="right")
+        table.add_column("difference (paired)", justify="right")
+        table.add_column("P(diff>0)", justify="right")
+
+    def cell(entry):
+        return f"{entry['value']:.3f} [{entry['low']:.3f}, {entry['high']:.3f}]"
+
+    for bench, result in summary["benchmarks"].items():
+        for i, name in enumerate(sorted(result["model"], key=_metric_order)):
+            row = [bench if i == 0 else "", name, cell(result["model"][name])]
+            if "compare" in labels:
+                diff = result["diff"].get(name)
+                row += [cell(result["compare"][name]) if name in result["compare"] else "-",
+                        f"{diff['value']:+.3f} [{diff['low']:+.3f}, {diff['high']:+.3f}]" if diff else "-",
+                        f"{diff['frac_positive']:.3f}" if diff else "-"]
+            table.add_row(*row)
+    return table
+
+
+def plot_pass_at_k(summary: dict, labels: dict[str, str], path: Path) -> Path | None:
+    """pass@k against k (log2 axis) with interval bars, one panel per benchmark."""
+    panels = [(b, r) for b, r in summary["benchmarks"].items() if any(m.startswith("pass@") for m in r["model"])]
+    if not panels:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, (bench, result) in zip(axes[0], panels):
+        for role in ("model", "compare"):
+            if role not in result:
+                continue
+            points = sorted((int(m.split("@")[1]), e) for m, e in result[role].items() if m.startswith("pass@"))
+            ks = [k for k, _ in points]
+            mid = np.array([e["value"] for _, e in points])
+            err = np.array([[e["value"] - e["low"] for _, e in points], [e["high"] - e["value"] for _, e in points]])
+            ax.errorbar(ks, mid, yerr=err, marker="o", capsize=3, label=labels[role])
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("k")
+        ax.set_ylabel("pass@k")
+        ax.set_title(bench)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# The command
+# --------------------------------------------------------------------------------------------
+
+
+def check_settings(cfg: DictConfig) -> None:
+    sampling = cfg.sampling
+    if sampling.n < 0 or (sampling.n == 0 and not sampling.greedy):
+        raise UserError(f"sampling.n={sampling.n} with sampling.greedy={sampling.greedy} generates nothing; "
+                        "set sampling.n >= 1 or sampling.greedy=true")
+    if sampling.batch_size < 1:
+        raise UserError(f"sampling.batch_size={sampling.batch_size} must be at least 1")
+    if not cfg.benchmark:
+        raise UserError("no benchmark selected; e.g. benchmark=chain_sum or benchmark=[chain_sum,gsm8k]")
+    if any(int(k) < 1 for k in cfg.metrics.ks):
+        raise UserError(f"metrics.ks={list(cfg.metrics.ks)} must all be >= 1")
+    if not 0 < cfg.metrics.confidence < 1:
+        raise UserError(f"metrics.confidence={cfg.metrics.confidence} must lie in (0, 1)")
+
+
+def _saved_config(out_dir: Path, cfg: DictConfig) -> DictConfig:
+    """On resume, the settings of the interrupted evaluation win (same models, benchmarks, sampling)."""
+    saved = out_dir / "config.yaml"
+    if not saved.is_file():
+        raise UserError(f"resume={out_dir}: no config.yaml there; give a directory written by rlx eval")
+    old = OmegaConf.load(saved)
+    old.resume = str(out_dir)
+    old.progress = cfg.progress
+    return old
+
+
+def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
+    """Evaluate according to cfg, writing everything into out_dir. Returns summary.json's content."""
+    from rich.console import Console
+
+    from rlx.run import write_run_files
+
+    if cfg.resume:
+        cfg = _saved_config(out_dir, cfg)
+    else:
+        cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    check_settings(cfg)
+    if cfg.hardware.num_threads:
+        torch.set_num_threads(cfg.hardware.num_threads)
+    use_gpu = not cfg.hardware.cpu and torch.cuda.is_available()
+    device = torch.device("cuda" if use_gpu else "cpu")
+    if not cfg.resume:
+        write_run_files(out_dir, cfg, overrides)
+    benchmarks = [Benchmark(name, OmegaConf.to_container(spec, resolve=True)) for name, spec in cfg.benchmark.items()]
+    problems = {b.name: b.load(cfg.limit) for b in benchmarks}
+    subjects = {"model": resolve_run(cfg.run, cfg.checkpoint) if cfg.run else (cfg.model.path, cfg.model.path)}
+    if cfg.compare:
+        subjects["compare"] = resolve_compare(str(cfg.compare), cfg.run, cfg.checkpoint)
+    labels = {role: label for role, (_, label) in subjects.items()}
+    if len(set(labels.values())) < len(labels):
+        labels["compare"] += " (compare)"
+    log.info("eval directory: %s", out_dir)
+    records: dict[str, dict[str, list[dict]]] = {b.name: {} for b in benchmarks}
+    for role, (path, _) in subjects.items():
+        model, tokenizer = load_model(path, cfg.model, device)
+        log.info("%s: %s (%.2fM parameters) on %s", role, path, sum(p.numel() for p in model.parameters()) / 1e6, device)
+        for bench in benchmarks:
+            records[bench.name][role] = run_benchmark(
+                model, tokenizer, bench, problems[bench.name], out_dir / bench.name / f"{role}.jsonl", cfg.sampling,
+                chat_template=bool(cfg.model.chat_template), seed=int(cfg.seed), label=f"{bench.name} {role}",
+                progress=cfg.progress,
+            )
+        del model
+    summary = {
+        "models": {role: {"path": path, "label": label} for role, (path, label) in subjects.items()},
+        "sampling": OmegaConf.to_container(cfg.sampling),
+        "benchmarks": {name: summarize(by_role, cfg.metrics) for name, by_role in records.items()},
+    }
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    console = Console(record=True, width=160)
+    console.print(render_table(summary, labels, float(cfg.metrics.confidence)))
+    (out_dir / "summary.txt").write_text(console.export_text())
+    if cfg.plot:
+        plot_pass_at_k(summary, labels, out_dir / "plots" / "pass_at_k.png")
+    log.info("results: %s", out_dir)
+    return summary
+
+
+def headline(summary: dict) -> float | None:
+    """The number a sweeper optimizes: greedy accuracy (else pass@1) of the first benchmark."""
+    for result in summary["benchmarks"].values():
+        for name in ("greedy/accuracy", "pass@1"):
+            if name in result["model"]:
+                return result["model"][name]["value"]
+    return None
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="eval", version_base="1.3")
+def eval_app(cfg: DictConfig) -> float | None:
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra_cfg = HydraConfig.get()
+    try:
+        summary = evaluate(cfg, Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task))
+    except UserError as exc:
+        fail(str(exc))
+    return headline(summary)
