@@ -1,6 +1,7 @@
 """`rlx` command line: a thin dispatcher onto Hydra apps.
 
     rlx train [RECIPE] [overrides...]     RL / preference / SFT training (Hydra: -m, --cfg job, --help)
+    rlx data prefs [overrides...]         build preference pairs by sampling a model on a task
 
 Each subcommand with a config is an `@hydra.main` function, so Hydra's own flags keep working; this
 module only picks the subcommand, turns a bare recipe name into `recipes=NAME`, and checks overrides
@@ -18,6 +19,7 @@ USAGE = """usage: rlx <command> [args...]
 
 commands:
   train [RECIPE] [key=value ...]   train a model (RL, preference optimization, SFT); --help lists config groups
+  data prefs [key=value ...]       write (prompt, chosen, rejected) pairs sampled from a model (conf/data_prefs.yaml)
 
 Run `rlx <command> --help` for a command's options. Configs live in conf/, recipes in recipes/."""
 
@@ -56,8 +58,14 @@ def main(argv: list[str] | None = None) -> None:
         from rlx.train import train_app
 
         _hydra_app(train_app, "rlx-train", _split_recipe(args), "train")
+    elif command == "data":
+        if not args or args[0] != "prefs":
+            fail("usage: rlx data prefs [key=value ...]; valid data commands: prefs")
+        from rlx.data.build_prefs import prefs_app
+
+        _hydra_app(prefs_app, "rlx-data-prefs", args[1:], "data_prefs")
     else:
-        fail(f"unknown command '{command}'; valid commands: train (see `rlx --help`)")
+        fail(f"unknown command '{command}'; valid commands: train, data (see `rlx --help`)")
 
 
 __all__ = ["main", "CONF_DIR"]
