@@ -2,6 +2,7 @@
 
     rlx train [RECIPE] [overrides...]     RL / preference / SFT training (Hydra: -m, --cfg job, --help)
     rlx eval [overrides...]               benchmarks with pass@k / maj@k and bootstrap intervals
+    rlx data prefs [overrides...]         build preference pairs by sampling a model on a task
 
 Each subcommand with a config is an `@hydra.main` function, so Hydra's own flags keep working; this
 module only picks the subcommand, turns a bare recipe name into `recipes=NAME`, and checks overrides
@@ -20,6 +21,7 @@ USAGE = """usage: rlx <command> [args...]
 commands:
   train [RECIPE] [key=value ...]   train a model (RL, preference optimization, SFT); --help lists config groups
   eval [key=value ...]             evaluate a model or run on benchmarks (pass@k, maj@k, intervals, compare=)
+  data prefs [key=value ...]       write (prompt, chosen, rejected) pairs sampled from a model (conf/data_prefs.yaml)
 
 Run `rlx <command> --help` for a command's options. Configs live in conf/, recipes in recipes/.
 Tab completion (bash): eval "$(rlx -sc install=bash)"
@@ -70,7 +72,7 @@ def _shell_completion(args: list[str]) -> None:
     train_app()
 
 
-COMMANDS = ("train",)
+COMMANDS = ("train", "eval", "data")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -90,8 +92,14 @@ def main(argv: list[str] | None = None) -> None:
         from rlx.evaluation.runner import eval_app
 
         _hydra_app(eval_app, "rlx-eval", args, "eval")
+    elif command == "data":
+        if not args or args[0] != "prefs":
+            fail("usage: rlx data prefs [key=value ...]; valid data commands: prefs")
+        from rlx.data.build_prefs import prefs_app
+
+        _hydra_app(prefs_app, "rlx-data-prefs", args[1:], "data_prefs")
     else:
-        fail(f"unknown command '{command}'; valid commands: train, eval (see `rlx --help`)")
+        fail(f"unknown command '{command}'; valid commands: train, eval, data (see `rlx --help`)")
 
 
 __all__ = ["main", "CONF_DIR"]

@@ -1,6 +1,7 @@
 """`rlx train`: build every component from the config (the one place that instantiates) and run a loop.
 
-The loop is picked by `algorithm.family`: policy_gradient (GRPO family) or sft.
+The loop is picked by `algorithm.family`: policy_gradient (GRPO family), sft, preference (DPO family,
+SimPO, ORPO) or reward_model (Bradley-Terry).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from rlx.rewards import RewardError
 
 log = logging.getLogger("rlx")
 
-FAMILIES = ("policy_gradient", "sft")
+FAMILIES = ("policy_gradient", "sft", "preference", "reward_model")
 
 
 def check_settings(cfg: DictConfig) -> None:
@@ -41,6 +42,35 @@ def check_settings(cfg: DictConfig) -> None:
                 f"algorithm.mini_batches={algo.mini_batches} must divide the rollout batch "
                 f"prompts_per_step x rollout.samples_per_prompt = {batch}"
             )
+    if family in ("preference", "reward_model"):
+        check_preference_settings(cfg)
+    for name, spec in cfg.reward.components.items():
+        if spec.get("_target_") == "rlx.rewards.model.model_reward" and not spec.get("path"):
+            raise UserError(f"reward component '{name}' needs a reward model: set reward.components.{name}.path=PATH "
+                            f"(an rlx reward-model run directory, a save_pretrained folder or a hub id; a list is an ensemble)")
+
+
+def check_preference_settings(cfg: DictConfig) -> None:
+    """Preference data present, and the loss settings valid for the chosen loss_type."""
+    algo = cfg.algorithm
+    if cfg.data.get("pairs") is None:
+        raise UserError(f"algorithm={algo.name} trains on preference pairs; add data=prefs (the embedded chain_sum pairs) "
+                        f"or data=prefs_file data.pairs.path=FILE or data=prefs_hub data.pairs.id=ORG/NAME")
+    if algo.batch_size < 1:
+        raise UserError(f"algorithm.batch_size={algo.batch_size} must be at least 1")
+    if algo.family == "preference":
+        from rlx.algorithms.preference import REFERENCE_FREE, preference_loss
+
+        if algo.reference not in ("precompute", "model"):
+            raise UserError(f"unknown algorithm.reference '{algo.reference}'; valid choices: precompute, model")
+        one = torch.zeros(1)
+        ref = None if algo.loss_type in REFERENCE_FREE else one
+        try:  # the loss validates its own arguments; run it once on a dummy pair
+            preference_loss(-one, -one, ref, ref, loss_type=algo.loss_type, beta=algo.beta, label_smoothing=algo.label_smoothing,
+                            gamma=algo.gamma, chosen_lengths=one + 1, rejected_lengths=one + 1,
+                            length_normalize=algo.length_normalize)
+        except ValueError as exc:
+            raise UserError(f"algorithm settings: {exc}") from None
 
 
 def build_model_and_tokenizer(cfg: DictConfig, train_rows: list[dict]):
@@ -64,7 +94,12 @@ def build_model_and_tokenizer(cfg: DictConfig, train_rows: list[dict]):
     if cfg.model.path is None:
         raise UserError("model.path is null and model.build is not set; pick model=tiny or set model.path")
     tokenizer = load_tokenizer(cfg.model.path, cfg.model.revision, cfg.model.trust_remote_code)
-    model = load_causal_lm(cfg.model.path, cfg.model.dtype, cfg.model.revision, cfg.model.trust_remote_code)
+    if cfg.algorithm.family == "reward_model":  # scalar head on the same backbone (fresh when it is a causal LM)
+        from rlx.rewards.model import load_sequence_classifier
+
+        model = load_sequence_classifier(cfg.model.path, cfg.model.dtype, pad_token_id=tokenizer.pad_token_id)
+    else:
+        model = load_causal_lm(cfg.model.path, cfg.model.dtype, cfg.model.revision, cfg.model.trust_remote_code)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model, tokenizer
@@ -86,7 +121,8 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
     if accelerator.is_main_process:
         write_run_files(run_dir, cfg, overrides)
     seed_everything(cfg.seed)
-    train_rows, eval_rows = load_rows(cfg.data, cfg.seed)
+    # data.source none: preference data without a verifiable task (no eval/accuracy)
+    train_rows, eval_rows = load_rows(cfg.data, cfg.seed) if cfg.data.source != "none" else ([], [])
     rewards = build_rewards(cfg.reward)
     model, tokenizer = build_model_and_tokenizer(cfg, train_rows)
     log.info("run directory: %s", run_dir)
@@ -96,6 +132,10 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
 
     if cfg.algorithm.family == "sft":
         from rlx.loops.sft import train_sft as loop
+    elif cfg.algorithm.family == "preference":
+        from rlx.loops.preference import train_preference as loop
+    elif cfg.algorithm.family == "reward_model":
+        from rlx.loops.reward_model import train_reward_model as loop
     else:
         from rlx.loops.policy_gradient import train_policy_gradient as loop
     result = loop(cfg, parts)

@@ -1,0 +1,73 @@
+"""`rlx data prefs`: build preference pairs by sampling a model on a verifiable task.
+
+For each of `prompts` training prompts, sample `samples_per_prompt` completions, score them with
+reward.accuracy (the task's own checker), and pair a correct completion (chosen) with an incorrect
+one (rejected). Prompts where every sample is right, or every one wrong, give no pair. The output is
+a jsonl file with prompt (the user message), chosen, rejected, question and answer: the `text` layout
+of data.pairs, readable by `rlx train algorithm=dpo data=prefs data.pairs.path=FILE`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import hydra
+import torch
+from omegaconf import DictConfig
+
+from rlx.config import CONF_DIR, UserError, fail
+
+log = logging.getLogger("rlx")
+
+
+def build(cfg: DictConfig) -> dict:
+    from rlx.data.preferences import pairs_from_samples
+    from rlx.data.tasks import PromptStream, load_rows
+    from rlx.loops.common import format_prompts, seed_everything
+    from rlx.models.loading import load_causal_lm, load_tokenizer
+    from rlx.rewards import build_rewards, compute_rewards
+    from rlx.rollout.hf import generate
+
+    if cfg.prompts < 1 or cfg.samples_per_prompt < 2 or cfg.pairs_per_prompt < 1:
+        raise UserError("prompts and pairs_per_prompt must be >= 1 and samples_per_prompt >= 2")
+    if cfg.hardware.num_threads:
+        torch.set_num_threads(cfg.hardware.num_threads)
+    seed_everything(cfg.seed)
+    train_rows, _ = load_rows(cfg.data, cfg.seed)
+    rows = PromptStream(train_rows, cfg.seed).take(min(cfg.prompts, len(train_rows)))
+    tokenizer = load_tokenizer(cfg.model.path, cfg.model.revision, cfg.model.trust_remote_code)
+    model = load_causal_lm(cfg.model.path, cfg.model.dtype, cfg.model.revision, cfg.model.trust_remote_code)
+    if not cfg.hardware.cpu and torch.cuda.is_available():
+        model = model.cuda()
+    rewards = build_rewards(cfg.reward)
+    prompts = format_prompts(tokenizer, rows, cfg.model.chat_template, cfg.data.system_prompt)
+    roll = cfg.rollout
+    rollout = generate(model, tokenizer, prompts, samples_per_prompt=cfg.samples_per_prompt,
+                       max_new_tokens=roll.max_new_tokens, temperature=roll.temperature, top_p=roll.top_p,
+                       top_k=roll.top_k, batch_size=roll.batch_size)
+    group = cfg.samples_per_prompt
+    sample_rows = [row for row in rows for _ in range(group)]
+    sample_prompts = [p for p in prompts for _ in range(group)]
+    _, per_component, _ = compute_rewards(rewards, sample_prompts, rollout.texts, sample_rows, cfg.reward.on_error)
+    scores = torch.nan_to_num(per_component[cfg.reward.accuracy], nan=0.0).tolist()
+    pairs = pairs_from_samples(rows, rollout.texts, scores, group, cfg.pairs_per_prompt, cfg.seed)
+    out = Path(cfg.out).expanduser()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w") as handle:
+        for pair in pairs:
+            handle.write(json.dumps(pair) + "\n")
+    summary = {"prompts": len(rows), "samples": len(scores), "sample_accuracy": sum(scores) / max(1, len(scores)),
+               "pairs": len(pairs)}
+    log.info("wrote %d pairs to %s (%d prompts x %d samples, sample accuracy %.3f)", len(pairs), out, len(rows), group,
+             summary["sample_accuracy"])
+    return summary
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="data_prefs", version_base="1.3")
+def prefs_app(cfg: DictConfig) -> None:
+    try:
+        build(cfg)
+    except UserError as exc:
+        fail(str(exc))

@@ -1,0 +1,217 @@
+"""Offline preference optimization (DPO family, SimPO, ORPO), read top to bottom.
+
+Setup:
+  1. load (prompt, chosen, rejected) pairs (data.pairs), render prompts with the chat template,
+     tokenize with the configured length limits; hold out data.pairs.eval_size pairs;
+  2. reference log-probs: for reference-based losses with algorithm.reference=precompute, one pass of
+     the starting policy (the reference) over every pair, saved to <run>/reference_logps.pt, and no
+     reference model is kept; with reference=model a frozen copy runs every step; reference-free
+     losses (simpo, orpo) use no reference at all.
+Each step:
+  3. draw algorithm.batch_size pairs; for each micro-batch run chosen and rejected through the
+     policy in one forward pass and sum the completion log-probs;
+  4. loss = mean over pairs of preference_loss (algorithms/preference.py)
+            + algorithm.sft_weight * NLL of the chosen completion per token (RPO; ORPO's L_SFT);
+  5. one optimizer step. At eval steps: held-out preference accuracy and task accuracy (greedy).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+
+import torch
+
+from rlx.algorithms.preference import REFERENCE_FREE, preference_loss, sft_nll
+from rlx.data.preferences import collate, load_pairs, prepare_pairs
+from rlx.data.tasks import PromptStream
+from rlx.loops.common import Components, build_optimizer, evaluate
+from rlx.models.forward import completion_logprobs
+from rlx.run import MetricsLog, write_samples
+
+log = logging.getLogger("rlx")
+
+
+def load_prepared_pairs(cfg, tokenizer) -> tuple[list[dict], list[dict], dict]:
+    """Train and held-out pairs, tokenized, and data/* counts for metrics.jsonl."""
+    train, evals, stats = load_pairs(cfg.data.pairs, cfg.seed)
+    train = prepare_pairs(cfg.data.pairs, tokenizer, train, cfg.model.chat_template, cfg.data.system_prompt, stats)
+    evals = prepare_pairs(cfg.data.pairs, tokenizer, evals, cfg.model.chat_template, cfg.data.system_prompt, stats)
+    if not train:
+        from rlx.config import UserError
+
+        raise UserError("every training pair is over data.pairs.max_prompt_length / max_completion_length; raise them")
+    log.info("preference pairs: %d train, %d held out (%d malformed skipped, %d too long dropped, %d truncated)",
+             len(train), len(evals), sum(stats.invalid.values()), stats.too_long_dropped, stats.completions_truncated)
+    return train, evals, stats.as_metrics("data")
+
+
+def sequence_logps(model, pairs: list[dict], pad_id: int) -> tuple[torch.Tensor, ...]:
+    """Summed completion log-probs of chosen and rejected in one forward pass.
+
+    Returns chosen_logps (m,), rejected_logps (m,), chosen_lengths (m,), rejected_lengths (m,)."""
+    batch = collate(pairs, pad_id)
+    m = len(pairs)
+    width = max(batch.chosen_ids.shape[1], batch.rejected_ids.shape[1])
+
+    def widen(t):  # right-pad a completion tensor to `width` columns
+        return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=0)
+
+    completion_ids = torch.cat([widen(batch.chosen_ids), widen(batch.rejected_ids)])  # (2m, C)
+    completion_mask = torch.cat([widen(batch.chosen_mask), widen(batch.rejected_mask)])  # (2m, C)
+    completion_ids = completion_ids.masked_fill(completion_mask == 0, pad_id)
+    prompt_ids = torch.cat([batch.prompt_ids, batch.prompt_ids])  # (2m, P)
+    prompt_mask = torch.cat([batch.prompt_mask, batch.prompt_mask])  # (2m, P)
+    logp, _ = completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask)  # (2m, C)
+    mask = completion_mask.to(logp.device, logp.dtype)
+    summed = (logp * mask).sum(dim=1)  # (2m,)
+    lengths = mask.sum(dim=1)  # (2m,)
+    return summed[:m], summed[m:], lengths[:m], lengths[m:]
+
+
+@torch.no_grad()
+def reference_logps(model, pairs: list[dict], micro: int, pad_id: int) -> torch.Tensor:
+    """(N, 2) summed log-probs of (chosen, rejected) under `model`, in the order of `pairs`."""
+    was_training = model.training
+    model.eval()
+    out = []
+    for lo in range(0, len(pairs), micro):
+        chosen, rejected, _, _ = sequence_logps(model, pairs[lo : lo + micro], pad_id)
+        out.append(torch.stack([chosen, rejected], dim=1).float().cpu())
+    model.train(was_training)
+    return torch.cat(out) if out else torch.zeros(0, 2)
+
+
+def train_preference(cfg, parts: Components) -> dict:
+    algo = cfg.algorithm
+    acc, tokenizer, run_dir = parts.accelerator, parts.tokenizer, parts.run_dir
+    pad_id, micro = tokenizer.pad_token_id, cfg.micro_batch_size
+    train_pairs, eval_pairs, data_counts = load_prepared_pairs(cfg, tokenizer)
+    for index, pair in enumerate(train_pairs):
+        pair["index"] = index
+    uses_reference = algo.loss_type not in REFERENCE_FREE
+
+    # 2. reference log-probs: precomputed once by the starting policy, or a frozen copy kept in memory
+    reference = None
+    if uses_reference and algo.reference == "model":
+        reference = copy.deepcopy(parts.model).eval().requires_grad_(False).to(acc.device)
+    elif uses_reference:
+        start = time.perf_counter()
+        parts.model.to(acc.device)
+        cached = {"train": reference_logps(parts.model, train_pairs, micro, pad_id),
+                  "eval": reference_logps(parts.model, eval_pairs, micro, pad_id)}
+        if acc.is_main_process:
+            torch.save(cached, run_dir / "reference_logps.pt")
+        for split, pairs in (("train", train_pairs), ("eval", eval_pairs)):
+            for pair, (chosen, rejected) in zip(pairs, cached[split].tolist()):
+                pair["ref_chosen"], pair["ref_rejected"] = chosen, rejected
+        log.info("reference log-probs of %d pairs precomputed in %.1fs -> %s", len(train_pairs) + len(eval_pairs),
+                 time.perf_counter() - start, run_dir / "reference_logps.pt")
+
+    optimizer, scheduler = build_optimizer(parts.model, cfg.optim, cfg.steps)
+    model, optimizer = acc.prepare(parts.model, optimizer)
+    stream = PromptStream(train_pairs, cfg.seed)
+    metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process)
+    loss_kwargs = dict(loss_type=algo.loss_type, beta=algo.beta, label_smoothing=algo.label_smoothing, gamma=algo.gamma,
+                       length_normalize=algo.length_normalize)
+
+    def references(pairs: list[dict], device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if not uses_reference:
+            return None, None
+        if reference is not None:
+            with torch.no_grad():
+                chosen, rejected, _, _ = sequence_logps(reference, pairs, pad_id)
+            return chosen, rejected
+        chosen = torch.tensor([p["ref_chosen"] for p in pairs], device=device)  # (m,)
+        rejected = torch.tensor([p["ref_rejected"] for p in pairs], device=device)  # (m,)
+        return chosen, rejected
+
+    eval_kwargs = dict(
+        accuracy_key=cfg.reward.accuracy, use_chat_template=cfg.model.chat_template, system_prompt=cfg.data.system_prompt,
+        max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size, on_error=cfg.reward.on_error,
+    )
+    eval_rows = parts.eval_rows[: cfg.eval.size]
+
+    @torch.no_grad()
+    def run_eval(step: int) -> dict:
+        policy = acc.unwrap_model(model)
+        was_training = policy.training
+        policy.eval()
+        metrics: dict = {}
+        if eval_pairs:
+            sums = {"eval/pref_accuracy": 0.0, "eval/pref_margin": 0.0, "eval/pref_loss": 0.0, "eval/pref_accuracy_logp": 0.0}
+            for lo in range(0, len(eval_pairs), micro):
+                pairs = eval_pairs[lo : lo + micro]
+                chosen, rejected, chosen_len, rejected_len = sequence_logps(policy, pairs, pad_id)
+                ref_chosen, ref_rejected = references(pairs, chosen.device)
+                losses, stats = preference_loss(chosen, rejected, ref_chosen, ref_rejected, chosen_lengths=chosen_len,
+                                                rejected_lengths=rejected_len, **loss_kwargs)
+                weight = len(pairs) / len(eval_pairs)
+                sums["eval/pref_accuracy"] += stats["pref/accuracy"].item() * weight
+                sums["eval/pref_margin"] += stats["pref/margin"].item() * weight
+                sums["eval/pref_loss"] += losses.mean().item() * weight
+                # reference-free view, meaningful at step 0 too: does the policy give chosen a higher per-token log-prob?
+                sums["eval/pref_accuracy_logp"] += (chosen / chosen_len > rejected / rejected_len).float().mean().item() * weight
+            metrics.update(sums)
+        if eval_rows:
+            task_metrics, records = evaluate(policy, tokenizer, eval_rows, parts.rewards, **eval_kwargs)
+            metrics.update(task_metrics)
+            if acc.is_main_process:
+                write_samples(run_dir, step, records[: cfg.log.num_samples])
+        policy.train(was_training)
+        return metrics
+
+    last_eval: dict = {}
+    if cfg.eval.at_start:
+        last_eval = run_eval(0)
+        metrics_log.write(0, {**data_counts, **last_eval})
+        metrics_log.show(0, last_eval)
+
+    batch_size = algo.batch_size
+    for step in range(1, cfg.steps + 1):
+        start = time.perf_counter()
+        # 3. a batch of pairs, in micro-batches
+        pairs = stream.take(batch_size)
+        totals: dict[str, float] = {}
+        tokens = 0
+        for lo in range(0, batch_size, micro):
+            chunk = pairs[lo : lo + micro]
+            chosen, rejected, chosen_len, rejected_len = sequence_logps(model, chunk, pad_id)  # (m,) each
+            ref_chosen, ref_rejected = references(chunk, chosen.device)
+            # 4. preference loss + optional SFT term, mean over the whole batch
+            losses, stats = preference_loss(chosen, rejected, ref_chosen, ref_rejected, chosen_lengths=chosen_len,
+                                            rejected_lengths=rejected_len, **loss_kwargs)  # (m,)
+            nll = sft_nll(chosen, chosen_len)  # (m,)
+            loss = (losses.sum() + algo.sft_weight * nll.sum()) / batch_size
+            acc.backward(loss)
+            weight = len(chunk) / batch_size
+            stats = {**stats, "train/loss": loss.detach() / weight, "train/pref_loss": losses.detach().mean(),
+                     "train/sft_nll": nll.detach().mean(), "pref/chosen_length": chosen_len.mean(),
+                     "pref/rejected_length": rejected_len.mean()}
+            for key, value in stats.items():
+                totals[key] = totals.get(key, 0.0) + float(value) * weight
+            tokens += int(chosen_len.sum() + rejected_len.sum()) + 2 * sum(len(p["prompt_tokens"]) for p in chunk)
+        # 5. optimizer step
+        grad_norm = None
+        if cfg.optim.max_grad_norm:
+            grad_norm = acc.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        elapsed = time.perf_counter() - start
+        metrics = {
+            **totals,
+            "train/lr": scheduler.get_last_lr()[0],
+            "train/grad_norm": float(grad_norm) if grad_norm is not None else None,
+            "perf/step_time_s": elapsed,
+            "perf/tokens_per_s": tokens / elapsed,
+        }
+        if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
+            last_eval = run_eval(step)
+            metrics.update(last_eval)
+        if step % cfg.log.every == 0 or step == cfg.steps:
+            metrics_log.write(step, metrics)
+        metrics_log.show(step, metrics)
+    metrics_log.close()
+    return {"model": model, "final_eval": last_eval}

@@ -1,0 +1,128 @@
+"""Bradley-Terry reward-model training on preference pairs, read top to bottom.
+
+The model is a sequence-classification checkpoint with a scalar head (train.py loads it with
+AutoModelForSequenceClassification, num_labels=1; a causal LM gets a fresh head). Each step:
+  1. draw algorithm.batch_size pairs; score prompt + chosen and prompt + rejected in one forward
+     pass per micro-batch (the score is read at the last token, the EOS);
+  2. loss = mean over pairs of  -log sigmoid(s_c - s_r - m) + center_coef * (s_c + s_r)^2
+     (algorithms/preference.py: bradley_terry_loss), m the data's margin column when use_margin;
+  3. one optimizer step. At eval steps: held-out pairwise accuracy eval/pref_accuracy.
+The saved final/ model is usable as `reward=model reward.components.model.path=<run dir>`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from rlx.algorithms.preference import bradley_terry_loss
+from rlx.config import UserError
+from rlx.data.tasks import PromptStream
+from rlx.loops.common import Components, build_optimizer
+from rlx.loops.preference import load_prepared_pairs
+from rlx.rewards.model import forward_scores
+from rlx.run import MetricsLog
+
+log = logging.getLogger("rlx")
+
+
+def pair_scores(model, pairs: list[dict], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores of prompt + chosen and prompt + rejected, (m,) each, from one forward pass."""
+    sequences = [p["prompt_tokens"] + p["chosen_tokens"] for p in pairs] + \
+        [p["prompt_tokens"] + p["rejected_tokens"] for p in pairs]
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)  # (2m, T)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)  # (2m, T)
+    for i, seq in enumerate(sequences):
+        ids[i, : len(seq)] = torch.tensor(seq)
+        mask[i, : len(seq)] = 1
+    device = next(model.parameters()).device
+    scores = forward_scores(model, ids.to(device), mask.to(device)).float()  # (2m,)
+    return scores[: len(pairs)], scores[len(pairs) :]
+
+
+def train_reward_model(cfg, parts: Components) -> dict:
+    algo = cfg.algorithm
+    acc, tokenizer, run_dir = parts.accelerator, parts.tokenizer, parts.run_dir
+    pad_id, micro = tokenizer.pad_token_id, cfg.micro_batch_size
+    train_pairs, eval_pairs, data_counts = load_prepared_pairs(cfg, tokenizer)
+    if algo.use_margin and not any("margin" in p for p in train_pairs):
+        raise UserError("algorithm.use_margin=true but the pairs have no margin; set data.pairs.columns.margin=COLUMN")
+    optimizer, scheduler = build_optimizer(parts.model, cfg.optim, cfg.steps)
+    model, optimizer = acc.prepare(parts.model, optimizer)
+    stream = PromptStream(train_pairs, cfg.seed)
+    metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process)
+
+    def margins(pairs: list[dict], device) -> torch.Tensor | None:
+        if not algo.use_margin:
+            return None
+        return torch.tensor([p.get("margin", 0.0) for p in pairs], device=device)  # (m,)
+
+    @torch.no_grad()
+    def run_eval() -> dict:
+        net = acc.unwrap_model(model)
+        was_training = net.training
+        net.eval()
+        correct, diff_sum, loss_sum = 0.0, 0.0, 0.0
+        for lo in range(0, len(eval_pairs), micro):
+            pairs = eval_pairs[lo : lo + micro]
+            chosen, rejected = pair_scores(net, pairs, pad_id)
+            losses, _ = bradley_terry_loss(chosen, rejected, margins(pairs, chosen.device), algo.center_coef)
+            correct += (chosen > rejected).float().sum().item()
+            diff_sum += (chosen - rejected).sum().item()
+            loss_sum += losses.sum().item()
+        net.train(was_training)
+        n = max(1, len(eval_pairs))
+        return {"eval/pref_accuracy": correct / n, "eval/rm_margin": diff_sum / n, "eval/rm_loss": loss_sum / n}
+
+    last_eval: dict = {}
+    if cfg.eval.at_start and eval_pairs:
+        last_eval = run_eval()
+        metrics_log.write(0, {**data_counts, **last_eval})
+        metrics_log.show(0, last_eval)
+
+    batch_size = algo.batch_size
+    for step in range(1, cfg.steps + 1):
+        start = time.perf_counter()
+        # 1. a batch of pairs, in micro-batches
+        pairs = stream.take(batch_size)
+        totals: dict[str, float] = {}
+        tokens = 0
+        for lo in range(0, batch_size, micro):
+            chunk = pairs[lo : lo + micro]
+            chosen, rejected = pair_scores(model, chunk, pad_id)  # (m,) each
+            # 2. Bradley-Terry loss (+ margin, + centering), mean over the batch
+            losses, stats = bradley_terry_loss(chosen, rejected, margins(chunk, chosen.device), algo.center_coef)
+            loss = losses.sum() / batch_size
+            acc.backward(loss)
+            weight = len(chunk) / batch_size
+            for key, value in {**stats, "train/loss": losses.detach().mean()}.items():
+                totals[key] = totals.get(key, 0.0) + float(value) * weight
+            tokens += sum(2 * len(p["prompt_tokens"]) + len(p["chosen_tokens"]) + len(p["rejected_tokens"]) for p in chunk)
+        # 3. optimizer step
+        grad_norm = None
+        if cfg.optim.max_grad_norm:
+            grad_norm = acc.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        elapsed = time.perf_counter() - start
+        metrics = {
+            **totals,
+            "pref/accuracy": totals["rm/accuracy"],  # same meaning as the DPO-family metric: chosen scored higher
+            "pref/margin": totals["rm/margin"],
+            "train/lr": scheduler.get_last_lr()[0],
+            "train/grad_norm": float(grad_norm) if grad_norm is not None else None,
+            "perf/step_time_s": elapsed,
+            "perf/tokens_per_s": tokens / elapsed,
+        }
+        if eval_pairs and cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
+            last_eval = run_eval()
+            metrics.update(last_eval)
+        if step % cfg.log.every == 0 or step == cfg.steps:
+            metrics_log.write(step, metrics)
+        metrics_log.show(step, metrics)
+    metrics_log.close()
+    return {"model": model, "final_eval": last_eval}

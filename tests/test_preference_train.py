@@ -1,0 +1,122 @@
+"""Real `rlx train` / `rlx data prefs` subprocesses for the preference and reward-model families,
+the reward=model source, and the ensemble aggregation (hand-derived)."""
+
+import json
+
+import pytest
+import torch
+
+from rlx.rewards.model import aggregate_ensemble
+from rlx.run import read_metrics
+from tests.conftest import only_run_dir, run_rlx
+
+# 2 steps of 4 pairs; 8 held-out pairs; 4 held-out task prompts
+PREF_FAST = ["data=prefs", "steps=2", "algorithm.batch_size=4", "micro_batch_size=2", "data.pairs.eval_size=8",
+             "eval.size=4", "eval.every=1", "save.plot=false", "hardware.num_threads=1", "data.train_size=300"]
+
+
+@pytest.fixture(scope="module")
+def small_pairs(tmp_path_factory):
+    """24 embedded pairs in a file, so reference precomputation stays short."""
+    from rlx.data.preferences import ASSETS
+
+    path = tmp_path_factory.mktemp("pairs") / "pairs.jsonl"
+    path.write_text("".join((ASSETS / "chain_sum_prefs.jsonl").read_text().splitlines(keepends=True)[:24]))
+    return path
+
+
+@pytest.mark.parametrize("algorithm", ["dpo", "simpo", "orpo"])
+def test_preference_two_steps(tmp_path, small_pairs, algorithm):
+    result = run_rlx(["train", f"algorithm={algorithm}", *PREF_FAST, f"data.pairs.path={small_pairs}"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = only_run_dir(tmp_path)
+    rows = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for key in ("train/loss", "pref/accuracy", "pref/margin", "pref/chosen_logp", "pref/rejected_logp",
+                "pref/chosen_reward", "pref/rejected_reward", "perf/tokens_per_s"):
+        assert key in rows[1], key
+    for key in ("eval/pref_accuracy", "eval/accuracy"):
+        assert key in rows[0] and key in rows[2], key
+    assert rows[0]["data/pairs"] == 24
+    assert (run / "final" / "model.safetensors").exists()
+    # the reference cache exists exactly for the reference-based loss
+    assert (run / "reference_logps.pt").exists() == (algorithm == "dpo")
+    if algorithm == "dpo":
+        cached = torch.load(run / "reference_logps.pt")
+        assert cached["train"].shape == (16, 2) and cached["eval"].shape == (8, 2)
+        # step 0: policy == reference, every implicit reward is 0, the loss is log 2
+        assert rows[0]["eval/pref_loss"] == pytest.approx(0.693147, abs=1e-5)
+    if algorithm == "orpo":  # ORPO adds the SFT term: the loss exceeds the odds-ratio term alone
+        assert rows[1]["train/loss"] > rows[1]["train/pref_loss"]
+
+
+def test_reward_model_then_reward_model_as_grpo_reward(tmp_path, small_pairs):
+    rm = run_rlx(["train", "algorithm=reward_model", *PREF_FAST, f"data.pairs.path={small_pairs}"], tmp_path)
+    assert rm.returncode == 0, rm.stderr[-3000:]
+    rm_run = only_run_dir(tmp_path)
+    rows = read_metrics(rm_run / "metrics.jsonl")
+    for key in ("train/loss", "rm/accuracy", "rm/margin", "pref/accuracy", "perf/tokens_per_s"):
+        assert key in rows[1], key
+    assert 0.0 <= rows[-1]["eval/pref_accuracy"] <= 1.0
+    config = json.loads((rm_run / "final" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForSequenceClassification"] and config["num_labels"] == 1
+
+    # GRPO with the reward model (given as the run directory) mixed with the task checker
+    policy_dir = tmp_path / "policy"
+    policy_dir.mkdir()
+    grpo = run_rlx(["train", "reward=model", f"reward.components.model.path={rm_run}", "reward.components.task.weight=0.5",
+                    "steps=2", "prompts_per_step=2", "rollout.samples_per_prompt=4", "eval.size=4", "eval.every=1",
+                    "save.final=false", "save.plot=false", "data.train_size=300", "hardware.num_threads=1"], policy_dir)
+    assert grpo.returncode == 0, grpo.stderr[-3000:]
+    rows = read_metrics(only_run_dir(policy_dir) / "metrics.jsonl")
+    # reward/total = 1.0 * model score + 0.5 * task score, per sample, so on the means too
+    assert rows[1]["reward/total"] == pytest.approx(rows[1]["reward/model"] + 0.5 * rows[1]["reward/task"], abs=1e-5)
+    assert "eval/accuracy" in rows[2]
+
+
+def test_reward_model_without_path_is_one_line(tmp_path):
+    result = run_rlx(["train", "reward=model", "steps=1"], tmp_path, timeout=120)
+    assert result.returncode == 2
+    assert "reward.components.model.path" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_preference_algorithm_without_pairs_is_one_line(tmp_path):
+    result = run_rlx(["train", "algorithm=dpo", "steps=1"], tmp_path, timeout=120)
+    assert result.returncode == 2
+    assert "add data=prefs" in result.stderr and "Traceback" not in result.stderr
+    result = run_rlx(["train", "algorithm=dpo", "data=prefs", "algorithm.gamma=1.0", "steps=1"], tmp_path, timeout=120)
+    assert result.returncode == 2 and "gamma" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_rlx_data_prefs_on_a_few_prompts(tmp_path):
+    out = tmp_path / "pairs.jsonl"
+    result = run_rlx(["data", "prefs", f"out={out}", "prompts=12", "samples_per_prompt=6", "data.train_size=300",
+                      "hardware.num_threads=1"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    pairs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert 0 < len(pairs) <= 12
+    from rlx.rewards.rule import task_score
+
+    for pair in pairs:
+        assert set(pair) >= {"prompt", "chosen", "rejected", "answer"} and pair["chosen"] != pair["rejected"]
+        # chosen is exactly right, rejected is not, by the task's own checker
+        assert task_score(None, [pair["chosen"], pair["rejected"]], answer=[pair["answer"]] * 2) == [1.0, 0.0]
+    assert f"wrote {len(pairs)} pairs" in result.stderr + result.stdout
+
+
+def test_ensemble_aggregation_hand_values():
+    # 3 reward models x 2 completions
+    scores = torch.tensor([[1.0, 0.0],
+                           [2.0, 0.0],
+                           [3.0, 3.0]])
+    # mean: (1+2+3)/3 = 2, (0+0+3)/3 = 1
+    assert aggregate_ensemble(scores, "mean").tolist() == [2.0, 1.0]
+    # worst case: min over models
+    assert aggregate_ensemble(scores, "min").tolist() == [1.0, 0.0]
+    # uncertainty, coef 0.5: var1 = ((1-2)^2 + 0 + (3-2)^2)/3 = 2/3 -> 2 - 1/3 = 1.666667
+    #                        var2 = (1 + 1 + 4)/3 = 2               -> 1 - 1   = 0
+    torch.testing.assert_close(aggregate_ensemble(scores, "uncertainty", 0.5), torch.tensor([5 / 3, 0.0]))
+    # one model: every mode is that model
+    single = scores[:1]
+    for mode in ("mean", "min", "uncertainty"):
+        assert aggregate_ensemble(single, mode).tolist() == [1.0, 0.0]
