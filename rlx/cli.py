@@ -61,15 +61,18 @@ def _shell_completion(args: list[str]) -> None:
 
     line = os.environ.get("COMP_LINE", "")
     words = line.split()
+    app = train_app
     if any(a.startswith("query=") for a in args):
         if len(words) < 2 or (len(words) == 2 and not line.endswith(" ")):
             print(" ".join(c for c in COMMANDS if not words[1:] or c.startswith(words[1])))
             return
-        if words[1] != "train":
+        if words[1] == "eval":
+            from rlx.evaluation.runner import eval_app as app
+        elif words[1] != "train":
             return
-        os.environ["COMP_LINE"] = "rlx " + line.split("train", 1)[1].lstrip()
+        os.environ["COMP_LINE"] = "rlx " + line.split(words[1], 1)[1].lstrip()
     sys.argv = ["rlx", *args]
-    train_app()
+    app()
 
 
 COMMANDS = ("train", "eval", "data")
