@@ -1,6 +1,9 @@
 """`rlx` command line: a thin dispatcher onto Hydra apps.
 
     rlx train [RECIPE] [overrides...]     RL / preference / SFT training (Hydra: -m, --cfg job, --help)
+    rlx sweep NAME [overrides...]         a sweep from conf/sweep/ (grid or Optuna); `retest` re-runs the best
+    rlx recipes [show NAME | reproduce]   reproduced configurations in recipes/
+    rlx report DIRS... [--metrics ...]    curves, IQM + bootstrap CIs, probability of improvement over seeds
 
 Each subcommand with a config is an `@hydra.main` function, so Hydra's own flags keep working; this
 module only picks the subcommand, turns a bare recipe name into `recipes=NAME`, and checks overrides
@@ -18,6 +21,11 @@ USAGE = """usage: rlx <command> [args...]
 
 commands:
   train [RECIPE] [key=value ...]   train a model (RL, preference optimization, SFT); --help lists config groups
+  sweep NAME [key=value ...]       run conf/sweep/NAME.yaml (grid or Optuna) as a multirun with a summary
+  sweep retest SWEEP_DIR [seeds=1000,1001,1002] [key=value ...]   re-run a sweep's best trial on test seeds
+  recipes [show NAME]              list the reproduced configurations, or print one
+  recipes reproduce [NAME ...]     run CPU-scale recipes on 3 seeds and check their expected numbers
+  report DIRS... [--metrics M,...] learning curves, IQM with bootstrap CIs, probability of improvement
 
 Run `rlx <command> --help` for a command's options. Configs live in conf/, recipes in recipes/."""
 
@@ -56,8 +64,36 @@ def main(argv: list[str] | None = None) -> None:
         from rlx.train import train_app
 
         _hydra_app(train_app, "rlx-train", _split_recipe(args), "train")
+    elif command in ("sweep", "recipes", "report"):
+        _other_command(command, args)
     else:
-        fail(f"unknown command '{command}'; valid commands: train (see `rlx --help`)")
+        fail(f"unknown command '{command}'; valid commands: train, sweep, recipes, report (see `rlx --help`)")
+
+
+def _other_command(command: str, args: list[str]) -> None:
+    from rlx.config import UserError
+
+    try:
+        if command == "sweep":
+            from rlx.sweep import sweep_command
+
+            sweep_command(args, lambda app_args: _hydra_app(_train_app(), "rlx-sweep", app_args, "train"))
+        elif command == "recipes":
+            from rlx.recipes import recipes_command
+
+            recipes_command(args)
+        else:
+            from rlx.report.report import main as report_main
+
+            report_main(args)
+    except UserError as exc:
+        fail(str(exc))
+
+
+def _train_app():
+    from rlx.train import train_app
+
+    return train_app
 
 
 __all__ = ["main", "CONF_DIR"]
