@@ -110,7 +110,8 @@ def summarize_sweep(sweep_dir: Path, optimized_metric: str, direction: str = "ma
     def key(row):
         value = row["metrics"].get(optimized_metric)
         ok = row["status"] == "ok" and isinstance(value, (int, float)) and math.isfinite(value)
-        return (0 if ok else 1, sign * value if ok else 0.0, row["trial"])
+        number = int(row["trial"]) if row["trial"].isdigit() else math.inf
+        return (0 if ok else 1, sign * value if ok else 0.0, number, row["trial"])
 
     rows.sort(key=key)
     common = set(rows[0]["overrides"]).intersection(*(set(r["overrides"]) for r in rows[1:])) if rows else set()
@@ -172,7 +173,10 @@ def print_summary(rows: list[dict], optimized_metric: str, sweep_dir: Path) -> N
         status = row["status"] if row["status"] == "ok" else f"[red]{row['status']}[/red]"
         table.add_row(row["trial"], status, " ".join(row["varying"]),
                       *[_fmt(row["metrics"].get(m)) for m in (optimized_metric, *extra)])
-    Console(stderr=True).print(table)
+    console = Console(stderr=True)
+    if not console.is_terminal:  # logs and CI: a wider table instead of rich's 80-column default
+        console.width = 160
+    console.print(table)
 
 
 class SweepSummary(Callback):
@@ -207,7 +211,8 @@ def best_overrides(sweep_dir: Path) -> list[str]:
     if not finished:
         raise UserError(f"no trial of {sweep_dir} finished; nothing to re-run")
     tokens = finished[0]["overrides"].split()
-    return [t for t in tokens if t.split("=", 1)[0].lstrip("+~") != "seed" and not t.startswith("hydra")]
+    # the seed is replaced by test seeds; `sweep=` would start the search again instead of one grid
+    return [t for t in tokens if t.split("=", 1)[0].lstrip("+~") not in ("seed", "sweep") and not t.startswith("hydra")]
 
 
 def tuning_seeds(sweep_dir: Path) -> set[int]:
@@ -265,7 +270,8 @@ def retest(sweep_dir: Path, args: list[str], launch) -> Path:
     if overlap:
         raise UserError(f"test seeds {sorted(overlap)} were already used for tuning in {sweep_dir}; pick fresh ones, "
                         f"e.g. seeds={','.join(str(s) for s in DEFAULT_TEST_SEEDS)}")
-    best = best_overrides(sweep_dir)
+    extra_keys = {a.split("=", 1)[0].lstrip("+~") for a in extra}
+    best = [o for o in best_overrides(sweep_dir) if o.split("=", 1)[0].lstrip("+~") not in extra_keys]
     out = sweep_dir / "test_seeds"
     log.info("re-running the best trial (%s) on test seeds %s into %s", " ".join(best), ",".join(seeds), out)
     launch(["-m", *best, *extra, f"seed={','.join(seeds)}", f"hydra.sweep.dir={out}"])
