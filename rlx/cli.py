@@ -34,7 +34,9 @@ _PASSTHROUGH_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--shell-c
 
 
 def _split_recipe(args: list[str]) -> list[str]:
-    """`rlx train dapo_tiny a=b` -> `recipes=dapo_tiny a=b`."""
+    """`rlx train dapo_tiny a=b` -> `recipes=dapo_tiny a=b` (also after a leading -m)."""
+    if args and args[0] in ("-m", "--multirun"):
+        return args[:1] + _split_recipe(args[1:])
     if args and not args[0].startswith("-") and "=" not in args[0]:
         name = args[0]
         valid = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
