@@ -120,7 +120,10 @@ def group_runs(runs: list[Run]) -> list[Group]:
     for index, group in enumerate(ordered, 1):
         group.name = f"c{index}"
         differing = [o for o in group.key if o not in common]
-        group.label = " ".join(differing) if differing else ("defaults" if not group.key else "common overrides only")
+        if len(ordered) == 1:
+            group.label = "all runs"
+        else:
+            group.label = " ".join(differing) if differing else ("defaults" if not group.key else "shared overrides only")
     return ordered
 
 
