@@ -27,7 +27,7 @@ SOURCELESS = {"tiny_sft"}  # rlx's own model-building recipe: no paper to cite
 ONE_STEP = ["steps=1", "prompts_per_step=2", "rollout.samples_per_prompt=4", "micro_batch_size=8", "eval.size=4",
             "eval.batch_size=4", "eval.every=1", "rollout.max_new_tokens=16", "log.samples_every=0", "save.final=false",
             "save.plot=false", "hardware.num_threads=1"]
-ON_TINY = ["model=tiny", "hardware=cpu", "hardware.num_threads=1"]
+ON_TINY = ["model=tiny", "model.path=builtin:tiny", "hardware=cpu", "hardware.num_threads=1"]
 
 
 @pytest.mark.parametrize("name", RECIPES)
