@@ -5,8 +5,10 @@ import csv
 import json
 import math
 
+import pytest
 from omegaconf import OmegaConf
 
+from rlx.config import CONF_DIR, group_options
 from tests.conftest import run_rlx
 
 FAST = ["steps=2", "prompts_per_step=2", "rollout.samples_per_prompt=4", "eval.size=8", "eval.every=2",
@@ -100,3 +102,18 @@ def test_unknown_sweep_is_one_line(tmp_path):
     result = run_rlx(["sweep", "optuan"], tmp_path, timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip() == "error: unknown sweep 'optuan' (did you mean 'optuna'?); valid choices: grid, optuna"
+
+
+@pytest.mark.parametrize("name", group_options("sweep"))
+def test_every_sweep_composes_with_its_sweeper(name):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[f"sweep={name}"], return_hydra_config=True)
+    GlobalHydra.instance().clear()
+    assert cfg.hydra.sweeper.params, "a sweep names the parameters it searches"
+    assert cfg.hydra.callbacks.sweep_summary._target_ == "rlx.sweep.SweepSummary"
+    if name == "optuna":
+        assert "OptunaSweeper" in cfg.hydra.sweeper._target_ and cfg.hydra.sweeper.direction == "maximize"
