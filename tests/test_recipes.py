@@ -124,3 +124,17 @@ def test_recipes_list_and_show(tmp_path):
     assert shown.returncode == 0 and shown.stdout == (RECIPES_DIR / "grpo_tiny.yaml").read_text()
     missing = run_rlx(["recipes", "show", "grpo_tiyn"], tmp_path, timeout=120)
     assert missing.returncode == 2 and "unknown recipe 'grpo_tiyn' (did you mean 'grpo_tiny'?)" in missing.stderr
+
+
+def test_reproduce_command_runs_a_recipe_and_reports(tmp_path):
+    out = tmp_path / "repro"
+    result = run_rlx(["recipes", "reproduce", "grpo_tiny", "--seeds", "2", "--out", str(out), "--no-readme",
+                      *[f"--set={o}" for o in ONE_STEP]], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    finals = [json.loads((out / "grpo_tiny" / str(i) / "result.json").read_text())["metrics"]["eval/accuracy"]
+              for i in range(2)]
+    table = (out / "reproduce.md").read_text()
+    assert "| grpo_tiny | eval/accuracy |" in table and f"{sum(finals) / 2:.3f} ± " in table
+    again = run_rlx(["recipes", "reproduce", "grpo_tiny", "--seeds", "2", "--out", str(out), "--no-readme", "--reuse"],
+                    tmp_path, timeout=120)
+    assert again.returncode == 0 and "$ " not in again.stdout  # finished seeds are reused, nothing re-runs
