@@ -7,7 +7,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-slow lint tiny-model clean
+.PHONY: help install train test test-slow lint tiny-model clean reproduce
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -35,6 +35,9 @@ lint: $(STAMP) ## ruff check
 tiny-model: $(STAMP) ## Rebuild the shipped tiny model from scratch (recipe tiny_sft) and copy it into the package
 	$(VENV)/bin/rlx train tiny_sft name=tiny_sft_build hydra.run.dir=outputs/tiny_sft_build
 	rm -rf rlx/models/assets/tiny && cp -r outputs/tiny_sft_build/final rlx/models/assets/tiny
+
+reproduce: $(STAMP) ## Run every CPU-scale recipe (*_tiny) on 3 seeds, check the expected numbers, update README
+	$(VENV)/bin/rlx recipes reproduce $(ARGS)
 
 clean: ## Remove caches (keeps .venv and outputs/)
 	rm -rf .pytest_cache .ruff_cache $$(find . -name __pycache__ -not -path './.venv/*')

@@ -3,6 +3,9 @@
     rlx train [RECIPE] [overrides...]     RL / preference / SFT training (Hydra: -m, --cfg job, --help)
     rlx eval [overrides...]               benchmarks with pass@k / maj@k and bootstrap intervals
     rlx data prefs [overrides...]         build preference pairs by sampling a model on a task
+    rlx sweep NAME [overrides...]         a sweep from conf/sweep/ (grid or Optuna); `retest` re-runs the best
+    rlx recipes [show NAME | reproduce]   reproduced configurations in recipes/
+    rlx report DIRS... [--metrics ...]    curves, IQM + bootstrap CIs, probability of improvement over seeds
 
 Each subcommand with a config is an `@hydra.main` function, so Hydra's own flags keep working; this
 module only picks the subcommand, turns a bare recipe name into `recipes=NAME`, and checks overrides
@@ -22,6 +25,11 @@ commands:
   train [RECIPE] [key=value ...]   train a model (RL, preference optimization, SFT); --help lists config groups
   eval [key=value ...]             evaluate a model or run on benchmarks (pass@k, maj@k, intervals, compare=)
   data prefs [key=value ...]       write (prompt, chosen, rejected) pairs sampled from a model (conf/data_prefs.yaml)
+  sweep NAME [key=value ...]       run conf/sweep/NAME.yaml (grid or Optuna) as a multirun with a summary
+  sweep retest SWEEP_DIR [seeds=1000,1001,1002] [key=value ...]   re-run a sweep's best trial on test seeds
+  recipes [show NAME]              list the reproduced configurations, or print one
+  recipes reproduce [NAME ...]     run CPU-scale recipes on 3 seeds and check their expected numbers
+  report DIRS... [--metrics M,...] learning curves, IQM with bootstrap CIs, probability of improvement
 
 Run `rlx <command> --help` for a command's options. Configs live in conf/, recipes in recipes/.
 Tab completion (bash): eval "$(rlx -sc install=bash)"
@@ -32,7 +40,9 @@ _PASSTHROUGH_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--shell-c
 
 
 def _split_recipe(args: list[str]) -> list[str]:
-    """`rlx train dapo_tiny a=b` -> `recipes=dapo_tiny a=b`."""
+    """`rlx train dapo_tiny a=b` -> `recipes=dapo_tiny a=b` (also after a leading -m)."""
+    if args and args[0] in ("-m", "--multirun"):
+        return args[:1] + _split_recipe(args[1:])
     if args and not args[0].startswith("-") and "=" not in args[0]:
         name = args[0]
         valid = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
@@ -75,7 +85,7 @@ def _shell_completion(args: list[str]) -> None:
     app()
 
 
-COMMANDS = ("train", "eval", "data")
+COMMANDS = ("train", "eval", "data", "sweep", "recipes", "report")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -101,8 +111,36 @@ def main(argv: list[str] | None = None) -> None:
         from rlx.data.build_prefs import prefs_app
 
         _hydra_app(prefs_app, "rlx-data-prefs", args[1:], "data_prefs")
+    elif command in ("sweep", "recipes", "report"):
+        _other_command(command, args)
     else:
-        fail(f"unknown command '{command}'; valid commands: train, eval, data (see `rlx --help`)")
+        fail(f"unknown command '{command}'; valid commands: train, eval, data, sweep, recipes, report (see `rlx --help`)")
+
+
+def _other_command(command: str, args: list[str]) -> None:
+    from rlx.config import UserError
+
+    try:
+        if command == "sweep":
+            from rlx.sweep import sweep_command
+
+            sweep_command(args, lambda app_args: _hydra_app(_train_app(), "rlx-sweep", app_args, "train"))
+        elif command == "recipes":
+            from rlx.recipes import recipes_command
+
+            recipes_command(args)
+        else:
+            from rlx.report.report import main as report_main
+
+            report_main(args)
+    except UserError as exc:
+        fail(str(exc))
+
+
+def _train_app():
+    from rlx.train import train_app
+
+    return train_app
 
 
 __all__ = ["main", "CONF_DIR"]

@@ -157,12 +157,21 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
 def train_app(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
+    from rlx.sweep import is_multirun, record_failure, write_result
+
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         final = run(cfg, run_dir, list(hydra_cfg.overrides.task))
-    except UserError as exc:
-        fail(str(exc))
-    except RewardError as exc:
-        fail(str(exc), code=1)
-    return final.get("eval/accuracy")
+    except (Exception, SystemExit) as exc:
+        if is_multirun(hydra_cfg):  # one crashing trial is recorded and the sweep goes on
+            return record_failure(run_dir, exc, hydra_cfg)
+        if isinstance(exc, UserError):
+            fail(str(exc))
+        if isinstance(exc, RewardError):
+            fail(str(exc), code=1)
+        raise
+    write_result(run_dir, final, cfg.optimized_metric)
+    if cfg.optimized_metric not in final:
+        log.warning("optimized_metric '%s' is not a final metric; valid choices: %s", cfg.optimized_metric, ", ".join(final))
+    return final.get(cfg.optimized_metric)

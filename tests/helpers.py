@@ -3,3 +3,10 @@
 
 def broken_reward(prompts, completions, **row):
     raise RuntimeError("checker crashed")
+
+
+def crash_when_both(prompts, completions, first=False, second=False, **row):
+    """Scores 0, but raises when both flags are set: lets a 2x2 sweep have exactly one crashing trial."""
+    if first and second:
+        raise RuntimeError("forced crash for the sweep failure test")
+    return [0.0] * len(completions)

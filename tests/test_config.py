@@ -5,7 +5,7 @@ import pytest
 from rlx.config import RECIPES_DIR, check_overrides, config_groups, group_options
 from tests.conftest import run_rlx
 
-GROUP_OPTIONS = [(g, o) for g in config_groups() if g != "recipes" for o in group_options(g)]
+GROUP_OPTIONS = [(g, o) for g in config_groups() if g not in ("recipes", "sweep") for o in group_options(g)]  # those two are _global_
 
 
 @pytest.mark.parametrize("group,option", GROUP_OPTIONS, ids=[f"{g}={o}" for g, o in GROUP_OPTIONS])

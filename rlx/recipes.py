@@ -1,0 +1,226 @@
+"""`rlx recipes`: the reproduced configurations in recipes/, and `make reproduce`.
+
+A recipe is a `# @package _global_` YAML whose header comments give the command (`# rlx train NAME`),
+a one-line description (the first comment after the command), the source paper (`# Source:`), the
+hardware (`# Hardware:`) and the numbers it should reproduce (`# Expected:`). CPU-scale recipes
+(names ending in `_tiny`) also carry a machine-readable block that training ignores:
+
+    expected:
+      metric: eval/accuracy   # final metric compared
+      value: 0.60             # mean over seeds it should reach (null: not measured yet)
+      tolerance: 0.08         # |measured mean - value| allowed
+
+`rlx recipes reproduce` runs each CPU-scale recipe on seeds 0-2 (a multirun per recipe, as a
+subprocess), compares the mean final metric with `expected`, and writes the table into README.md
+between the markers REPRODUCE_START and REPRODUCE_END.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from rlx.config import RECIPES_DIR, REPO_DIR, UserError
+
+README_START = "<!-- REPRODUCE_START -->"
+README_END = "<!-- REPRODUCE_END -->"
+
+
+def recipe_names() -> list[str]:
+    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+
+
+def recipe_path(name: str) -> Path:
+    valid = recipe_names()
+    if name not in valid:
+        import difflib
+
+        close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise UserError(f"unknown recipe '{name}'{hint}; valid choices: {', '.join(valid)}")
+    return RECIPES_DIR / f"{name}.yaml"
+
+
+def header(name: str) -> dict:
+    """The header comments of a recipe: command, description, source, hardware, expected (text)."""
+    comments = []
+    for line in recipe_path(name).read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        comments.append(line[1:])
+    info = {"command": "", "description": "", "source": "", "hardware": "", "expected": ""}
+    field = None
+    for raw in comments[1:]:  # comments[0] is "@package _global_"
+        line, lowered = raw.strip(), raw.strip().lower()
+        if line.startswith(f"rlx train {name}"):
+            info["command"], field = line, None
+        elif any(lowered.startswith(k + ":") for k in ("source", "hardware", "expected")):
+            field = lowered.split(":", 1)[0]
+            info[field] = line.split(":", 1)[1].strip()
+        elif field is not None and raw.startswith("   "):  # an indented line continues the field above
+            info[field] += " " + line
+        else:
+            field = None
+            if not info["description"] and info["command"]:
+                info["description"] = line
+    return info
+
+
+def expected(name: str) -> dict | None:
+    """The recipe's `expected:` block, or None."""
+    block = OmegaConf.load(recipe_path(name)).get("expected")
+    return OmegaConf.to_container(block) if block is not None else None
+
+
+def cpu_recipes() -> list[str]:
+    return [n for n in recipe_names() if n.endswith("_tiny")]
+
+
+def list_recipes() -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="recipes (rlx train NAME; rlx recipes show NAME)")
+    table.add_column("name")
+    table.add_column("hardware")
+    table.add_column("description", overflow="fold")
+    for name in recipe_names():
+        info = header(name)
+        hardware = info["hardware"] or info["command"].partition("(")[2].rstrip(")")
+        table.add_row(name, hardware.split(";")[0].split(".")[0][:40], info["description"])
+    console = Console()
+    if not console.is_terminal:
+        console.width = 160
+    console.print(table)
+
+
+def final_values(sweep_dir: Path, metric: str) -> tuple[list[float], int]:
+    """Final values of metric over the finished trials of a multirun, and the number of failed trials."""
+    values, failed = [], 0
+    for trial in sorted(p for p in sweep_dir.iterdir() if p.is_dir()) if sweep_dir.is_dir() else []:
+        if (trial / "failure.json").is_file():
+            failed += 1
+        elif (trial / "result.json").is_file():
+            value = json.loads((trial / "result.json").read_text())["metrics"].get(metric)
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                values.append(float(value))
+    return values, failed
+
+
+def compare(values: list[float], spec: dict) -> dict:
+    """Mean, std and IQM CI of the values against spec {metric, value, tolerance}."""
+    from rlx.report.stats import stratified_bootstrap_ci
+
+    row = {"metric": spec["metric"], "expected": spec.get("value"), "tolerance": spec.get("tolerance", 0.0),
+           "seeds": len(values), "status": "no result"}
+    if not values:
+        return row
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+    iqm, low, high = stratified_bootstrap_ci(values, "iqm")
+    row.update(mean=mean, std=std, iqm=iqm, ci_low=low, ci_high=high)
+    if spec.get("value") is None:
+        row["status"] = "not yet expected"
+    else:
+        row["status"] = "ok" if abs(mean - spec["value"]) <= row["tolerance"] + 1e-9 else (
+            "HIGHER" if mean > spec["value"] else "LOWER")
+    return row
+
+
+def run_recipe(name: str, seeds: int, out_dir: Path, extra: list[str]) -> subprocess.CompletedProcess:
+    """`rlx train -m NAME seed=0,...,seeds-1` into out_dir, as a subprocess."""
+    args = [sys.executable, "-m", "rlx", "train", "-m", name, f"seed={','.join(map(str, range(seeds)))}",
+            f"hydra.sweep.dir={out_dir}", *extra]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO_DIR), os.environ.get("PYTHONPATH", "")) if p))
+    print("$ " + " ".join(args[2:]), flush=True)
+    return subprocess.run(args, env=env)
+
+
+def table_markdown(rows: list[dict], seeds: int) -> str:
+    def f(value):
+        return f"{value:.3f}" if isinstance(value, float) else "-"
+
+    lines = [f"| recipe | metric | expected (± tol) | measured mean ± std ({seeds} seeds) | IQM [95% CI] | status |",
+             "|---|---|---|---|---|---|"]
+    for row in rows:
+        expected_text = "-" if row["expected"] is None else f"{row['expected']:.2f} ± {row['tolerance']:.2f}"
+        measured = f"{f(row.get('mean'))} ± {f(row.get('std'))}" if "mean" in row else "-"
+        iqm = f"{f(row.get('iqm'))} [{f(row.get('ci_low'))}, {f(row.get('ci_high'))}]" if "iqm" in row else "-"
+        lines.append(f"| {row['recipe']} | {row['metric']} | {expected_text} | {measured} | {iqm} | {row['status']} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_readme_table(table: str, readme: Path = REPO_DIR / "README.md") -> bool:
+    text = readme.read_text()
+    if README_START not in text or README_END not in text:
+        return False
+    before, rest = text.split(README_START, 1)
+    _, after = rest.split(README_END, 1)
+    readme.write_text(before + README_START + "\n" + table + README_END + after)
+    return True
+
+
+def reproduce(names: list[str], seeds: int, out_root: Path, extra: list[str], reuse: bool, write_readme: bool) -> list[dict]:
+    rows = []
+    for name in names:
+        spec = expected(name)
+        if spec is None:
+            raise UserError(f"recipe '{name}' has no expected: block; add one (see rlx/recipes.py) or leave it out")
+        out_dir = out_root / name
+        values, failed = final_values(out_dir, spec["metric"])
+        if not (reuse and len(values) >= seeds):
+            run_recipe(name, seeds, out_dir, extra)
+            values, failed = final_values(out_dir, spec["metric"])
+        row = compare(values, spec)
+        row["recipe"] = name
+        if failed:
+            row["status"] += f" ({failed} failed)"
+        rows.append(row)
+    table = table_markdown(rows, seeds)
+    print(table)
+    (out_root / "reproduce.md").parent.mkdir(parents=True, exist_ok=True)
+    (out_root / "reproduce.md").write_text(table)
+    if write_readme:
+        print("README.md table updated" if write_readme_table(table) else "README.md has no reproduce markers; not written")
+    return rows
+
+
+def recipes_command(args: list[str]) -> None:
+    if not args or args[0] == "list":
+        list_recipes()
+        return
+    if args[0] in ("-h", "--help"):
+        print("usage: rlx recipes [list] | rlx recipes show NAME | rlx recipes reproduce [NAME ...] [--seeds 3]")
+        return
+    if args[0] == "show":
+        if len(args) != 2:
+            raise UserError("usage: rlx recipes show NAME")
+        print(recipe_path(args[1]).read_text(), end="")
+        return
+    if args[0] == "reproduce":
+        parser = argparse.ArgumentParser(prog="rlx recipes reproduce",
+                                         description="Run CPU-scale recipes on several seeds and check their expected numbers.")
+        parser.add_argument("names", nargs="*", help="recipes (default: every *_tiny recipe)")
+        parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per recipe (default: 3)")
+        parser.add_argument("--out", type=Path, default=Path(os.environ.get("RLX_OUTPUTS", "outputs")) / "reproduce",
+                            help="where the multiruns go (default: outputs/reproduce)")
+        parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                            help="extra override for every run (repeatable), e.g. --set hardware.num_threads=1")
+        parser.add_argument("--reuse", action="store_true", help="skip recipes whose directory already has all seeds")
+        parser.add_argument("--no-readme", action="store_true", help="do not write the table into README.md")
+        opts = parser.parse_args(args[1:])
+        if opts.seeds < 1:
+            raise UserError(f"--seeds={opts.seeds} must be at least 1")
+        names = opts.names or cpu_recipes()
+        for name in names:
+            recipe_path(name)
+        reproduce(names, opts.seeds, opts.out, opts.set, opts.reuse, not opts.no_readme)
+        return
+    raise UserError(f"unknown recipes command '{args[0]}'; valid choices: list, show NAME, reproduce")

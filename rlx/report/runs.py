@@ -1,0 +1,134 @@
+"""Find run directories, read their metrics, and group seeds of one configuration together.
+
+A run directory is any folder holding metrics.jsonl (what `rlx train` writes); a sweep directory is
+searched recursively. Runs belong to the same configuration when their overrides (overrides.yaml)
+are equal once `seed=` (and hydra/sweep selections) are removed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlx.run import read_metrics
+
+# Overrides that do not change the configuration being measured.
+_IGNORED_KEYS = ("seed", "sweep", "name")
+
+
+@dataclass
+class Run:
+    path: Path
+    overrides: list[str]
+    seed: int | None
+    rows: list[dict]
+    final: dict = field(default_factory=dict)  # result.json metrics when present
+    failed: str = ""  # the error of failure.json, empty when the run did not fail
+
+    def curve(self, metric: str) -> tuple[list[int], list[float]]:
+        """(steps, values) of every logged, finite value of metric."""
+        points = [(r["step"], float(r[metric])) for r in self.rows
+                  if isinstance(r.get(metric), (int, float)) and math.isfinite(r[metric])]
+        return [s for s, _ in points], [v for _, v in points]
+
+    def final_value(self, metric: str) -> float | None:
+        """The run's final value: result.json if it has the metric, else the last logged value."""
+        value = self.final.get(metric)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            return float(value)
+        steps, values = self.curve(metric)
+        return values[-1] if values else None
+
+
+@dataclass
+class Group:
+    key: tuple[str, ...]  # sorted overrides without the seed
+    runs: list[Run]
+    name: str = ""  # short id shown in tables and legends: c1, c2, ...
+    label: str = ""  # the overrides that differ between groups
+
+
+def config_key(overrides: list[str]) -> tuple[str, ...]:
+    kept = []
+    for item in overrides:
+        key = item.split("=", 1)[0].lstrip("+~")
+        if key in _IGNORED_KEYS or key.startswith("hydra"):
+            continue
+        kept.append(item)
+    return tuple(sorted(kept))
+
+
+def _seed_of(overrides: list[str], run_dir: Path) -> int | None:
+    for item in overrides:
+        if item.split("=", 1)[0].lstrip("+") == "seed":
+            try:
+                return int(item.split("=", 1)[1])
+            except ValueError:
+                return None
+    config = run_dir / "config.yaml"
+    if config.is_file():
+        from omegaconf import OmegaConf
+
+        return OmegaConf.load(config).get("seed")
+    return None
+
+
+def load_run(run_dir: Path) -> Run:
+    overrides = []
+    if (run_dir / "overrides.yaml").is_file():
+        from omegaconf import OmegaConf
+
+        overrides = [str(o) for o in OmegaConf.load(run_dir / "overrides.yaml")]
+    final, failed = {}, ""
+    if (run_dir / "result.json").is_file():
+        final = json.loads((run_dir / "result.json").read_text()).get("metrics", {})
+    if (run_dir / "failure.json").is_file():
+        failed = json.loads((run_dir / "failure.json").read_text()).get("error", "failed")
+    return Run(run_dir, overrides, _seed_of(overrides, run_dir), read_metrics(run_dir / "metrics.jsonl"), final, failed)
+
+
+def find_runs(paths: list[Path]) -> list[Run]:
+    """Every run under the given run or sweep directories (a run is a folder with metrics.jsonl or
+    failure.json), in path order, each once."""
+    found: dict[Path, None] = {}
+    for path in paths:
+        path = Path(path)
+        if not path.is_dir():
+            from rlx.config import UserError
+
+            raise UserError(f"'{path}' is not a directory; pass run or sweep directories written by rlx train")
+        candidates = [path] if (path / "metrics.jsonl").is_file() else sorted(
+            {p.parent for name in ("metrics.jsonl", "failure.json") for p in path.rglob(name)},
+            key=lambda p: [int(part) if part.isdigit() else part for part in p.parts],
+        )
+        for candidate in candidates:
+            found.setdefault(candidate.resolve(), None)
+    return [load_run(p) for p in found]
+
+
+def group_runs(runs: list[Run]) -> list[Group]:
+    """Groups of runs sharing a configuration, in order of first appearance; each gets a name
+    (c1, c2, ...) and a label made of the overrides that are not common to every group."""
+    groups: dict[tuple[str, ...], Group] = {}
+    for run in runs:
+        key = config_key(run.overrides)
+        groups.setdefault(key, Group(key, [])).runs.append(run)
+    ordered = list(groups.values())
+    common = set(ordered[0].key).intersection(*(set(g.key) for g in ordered[1:])) if ordered else set()
+    for index, group in enumerate(ordered, 1):
+        group.name = f"c{index}"
+        differing = [o for o in group.key if o not in common]
+        if len(ordered) == 1:
+            group.label = "all runs"
+        else:
+            group.label = " ".join(differing) if differing else ("defaults" if not group.key else "shared overrides only")
+    return ordered
+
+
+def common_overrides(groups: list[Group]) -> list[str]:
+    if not groups:
+        return []
+    common = set(groups[0].key).intersection(*(set(g.key) for g in groups[1:]))
+    return sorted(common)

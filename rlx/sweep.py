@@ -1,0 +1,283 @@
+"""Sweeps: failure records, the per-sweep summary, and test-seed re-runs of the best configuration.
+
+    rlx train -m seed=0,1,2 algorithm=grpo,dapo     Hydra multirun with the basic sweeper (a grid)
+    rlx sweep NAME [key=value ...]                   the sweep in conf/sweep/NAME.yaml (grid or Optuna)
+    rlx sweep retest SWEEP_DIR [seeds=...]           re-run the best trial on fresh (test) seeds
+
+Every trial directory ends with `result.json` (final metrics) or `failure.json` (the exception); the
+training task returns `optimized_metric` to the sweeper. A crashing trial is recorded and the sweep
+goes on. At the end of a multirun, `SweepSummary` (a Hydra callback set in conf/train.yaml) writes
+`summary.csv` and `summary.md` into the sweep directory and prints a table sorted by that metric.
+
+Tuning and test seeds are kept apart (Eimer et al. 2023, "Hyperparameters in Reinforcement Learning
+and How To Tune Them"): the score of the best trial is optimistic because it was selected on the
+same seeds; `retest` re-runs it on seeds the search never saw and reports those numbers instead.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import traceback
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+
+log = logging.getLogger("rlx")
+
+RESULT_FILE = "result.json"
+FAILURE_FILE = "failure.json"
+SUMMARY_CSV = "summary.csv"
+SUMMARY_MD = "summary.md"
+DEFAULT_TEST_SEEDS = (1000, 1001, 1002)  # far from the usual tuning seeds 0, 1, 2, ...
+
+
+def is_multirun(hydra_cfg) -> bool:
+    from hydra.types import RunMode
+
+    return hydra_cfg.mode == RunMode.MULTIRUN
+
+
+def sweep_direction(hydra_cfg) -> str:
+    """'maximize' or 'minimize': the Optuna sweeper's direction, else maximize (basic sweeper)."""
+    direction = hydra_cfg.sweeper.get("direction", "maximize")
+    return "minimize" if "min" in str(direction).lower() else "maximize"
+
+
+def write_result(run_dir: Path, final: dict, optimized_metric: str) -> None:
+    """result.json: the run's final metrics and which one a sweep optimizes."""
+    metrics = {k: (v.item() if hasattr(v, "item") else v) for k, v in final.items()}
+    record = {"status": "ok", "optimized_metric": optimized_metric, "metrics": metrics}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / RESULT_FILE).write_text(json.dumps(record, indent=1) + "\n")
+
+
+def record_failure(run_dir: Path, exc: BaseException, hydra_cfg) -> float | None:
+    """failure.json for a trial that raised; returns what the sweeper should receive instead of a metric.
+
+    The basic sweeper accepts None. Optuna rejects None and NaN (the sweeper would stop), so it gets
+    the worst value for its direction: -inf when maximizing, +inf when minimizing."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    message = str(exc) if not isinstance(exc, SystemExit) else f"exited with code {exc.code}"
+    record = {
+        "status": "failed",
+        "error": f"{type(exc).__name__}: {message}",
+        "overrides": list(hydra_cfg.overrides.task),
+        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+    }
+    (run_dir / FAILURE_FILE).write_text(json.dumps(record, indent=1) + "\n")
+    log.error("trial %s failed (%s); recorded in %s, the sweep goes on", hydra_cfg.job.num, record["error"],
+              run_dir / FAILURE_FILE)
+    if "optuna" in str(hydra_cfg.sweeper.get("_target_", "")).lower():
+        return -math.inf if sweep_direction(hydra_cfg) == "maximize" else math.inf
+    return None
+
+
+def read_trial(trial_dir: Path) -> dict:
+    """One trial directory as {trial, status, overrides, error, metrics}."""
+    overrides_file = trial_dir / ".hydra" / "overrides.yaml"
+    if not overrides_file.is_file():
+        overrides_file = trial_dir / "overrides.yaml"
+    overrides = []
+    if overrides_file.is_file():
+        from omegaconf import OmegaConf
+
+        overrides = [str(o) for o in OmegaConf.load(overrides_file)]
+    row = {"trial": trial_dir.name, "status": "incomplete", "overrides": overrides, "error": "", "metrics": {}}
+    if (trial_dir / RESULT_FILE).is_file():
+        result = json.loads((trial_dir / RESULT_FILE).read_text())
+        row.update(status="ok", metrics=result.get("metrics", {}))
+    elif (trial_dir / FAILURE_FILE).is_file():
+        failure = json.loads((trial_dir / FAILURE_FILE).read_text())
+        row.update(status="failed", error=failure.get("error", ""))
+    return row
+
+
+def trial_dirs(sweep_dir: Path) -> list[Path]:
+    """Trial subdirectories of a sweep directory (those Hydra wrote a .hydra/ folder or overrides into)."""
+    found = [p for p in sweep_dir.iterdir() if p.is_dir() and ((p / ".hydra").is_dir() or (p / "overrides.yaml").is_file())]
+    return sorted(found, key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
+
+
+def summarize_sweep(sweep_dir: Path, optimized_metric: str, direction: str = "maximize") -> list[dict]:
+    """Read every trial, sort by the optimized metric (failed and incomplete trials last), write
+    summary.csv and summary.md into sweep_dir. Returns the sorted rows."""
+    rows = [read_trial(p) for p in trial_dirs(sweep_dir)]
+    sign = -1.0 if direction == "maximize" else 1.0
+
+    def key(row):
+        value = row["metrics"].get(optimized_metric)
+        ok = row["status"] == "ok" and isinstance(value, (int, float)) and math.isfinite(value)
+        number = int(row["trial"]) if row["trial"].isdigit() else math.inf
+        return (0 if ok else 1, sign * value if ok else 0.0, number, row["trial"])
+
+    rows.sort(key=key)
+    common = set(rows[0]["overrides"]).intersection(*(set(r["overrides"]) for r in rows[1:])) if rows else set()
+    for row in rows:  # what tells the trials apart, for the tables
+        row["varying"] = [o for o in row["overrides"] if o not in common] if len(rows) > 1 else row["overrides"]
+    metric_names = [optimized_metric] + sorted({k for r in rows for k in r["metrics"]} - {optimized_metric})
+    with (sweep_dir / SUMMARY_CSV).open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["rank", "trial", "status", "overrides", *metric_names, "error"])
+        for rank, row in enumerate(rows, 1):
+            writer.writerow([rank, row["trial"], row["status"], " ".join(row["overrides"]),
+                             *[row["metrics"].get(m, "") for m in metric_names], row["error"]])
+    (sweep_dir / SUMMARY_MD).write_text(_markdown(rows, metric_names, optimized_metric, direction))
+    return rows
+
+
+def best_trial(rows: list[dict], optimized_metric: str) -> dict | None:
+    """The first row of summarize_sweep's order if it finished with a finite optimized metric."""
+    if rows and rows[0]["status"] == "ok":
+        value = rows[0]["metrics"].get(optimized_metric)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            return rows[0]
+    return None
+
+
+def _fmt(value) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else ("" if value is None else str(value))
+
+
+def _markdown(rows: list[dict], metric_names: list[str], optimized_metric: str, direction: str) -> str:
+    failed = sum(r["status"] != "ok" for r in rows)
+    lines = [f"# Sweep summary: {len(rows)} trials, {len(rows) - failed} finished, {failed} failed or incomplete", ""]
+    common = [o for o in rows[0]["overrides"] if o not in rows[0]["varying"]] if rows else []
+    if common:
+        lines += [f"Overrides shared by every trial: `{' '.join(common)}`", ""]
+    best = best_trial(rows, optimized_metric)
+    if best is not None:
+        lines += [f"Best trial: {best['trial']} ({optimized_metric} = {_fmt(best['metrics'][optimized_metric])}, "
+                  f"{direction}d) with `{' '.join(best['varying'])}`", ""]
+    lines.append("| rank | trial | status | overrides (varying) | " + " | ".join(metric_names) + " |")
+    lines.append("|---" * (4 + len(metric_names)) + "|")
+    for rank, row in enumerate(rows, 1):
+        status = row["status"] if row["status"] == "ok" else f"{row['status']}: {row['error'][:80]}"
+        cells = [str(rank), row["trial"], status.replace("|", "/"), f"`{' '.join(row['varying'])}`"]
+        cells += [_fmt(row["metrics"].get(m)) for m in metric_names]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def print_summary(rows: list[dict], optimized_metric: str, sweep_dir: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"sweep {sweep_dir} (sorted by {optimized_metric})")
+    extra = sorted({k for r in rows for k in r["metrics"] if k.startswith("eval/")} - {optimized_metric})[:2]
+    for column in ("trial", "status", "overrides", optimized_metric, *extra):
+        table.add_column(column, overflow="fold", min_width=24 if column == "overrides" else None)
+    for row in rows:
+        status = row["status"] if row["status"] == "ok" else f"[red]{row['status']}[/red]"
+        table.add_row(row["trial"], status, " ".join(row["varying"]),
+                      *[_fmt(row["metrics"].get(m)) for m in (optimized_metric, *extra)])
+    console = Console(stderr=True)
+    if not console.is_terminal:  # logs and CI: a wider table instead of rich's 80-column default
+        console.width = 160
+    console.print(table)
+
+
+class SweepSummary(Callback):
+    """Hydra callback: after a multirun, write summary.csv / summary.md into the sweep directory and
+    print the table (conf/train.yaml: hydra.callbacks.sweep_summary)."""
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        if not sweep_dir.is_dir():
+            log.warning("sweep directory %s not found; no summary written", sweep_dir)
+            return
+        metric = config.get("optimized_metric", "eval/accuracy")
+        rows = summarize_sweep(sweep_dir, metric, sweep_direction(config.hydra))
+        print_summary(rows, metric, sweep_dir)
+        best = best_trial(rows, metric)
+        if best is not None:
+            log.info("best trial %s: %s = %.4f with %s", best["trial"], metric, best["metrics"][metric],
+                     " ".join(best["varying"]))
+        log.info("summary: %s", sweep_dir / SUMMARY_MD)
+
+
+def best_overrides(sweep_dir: Path) -> list[str]:
+    """Overrides of the best finished trial in sweep_dir (from its summary.csv), without seed=."""
+    from rlx.config import UserError
+
+    summary = sweep_dir / SUMMARY_CSV
+    if not summary.is_file():
+        raise UserError(f"{summary} not found; pass the directory of a finished sweep (it holds summary.csv)")
+    with summary.open() as handle:
+        rows = list(csv.DictReader(handle))
+    finished = [r for r in rows if r["status"] == "ok"]
+    if not finished:
+        raise UserError(f"no trial of {sweep_dir} finished; nothing to re-run")
+    tokens = finished[0]["overrides"].split()
+    # the seed is replaced by test seeds; `sweep=` would start the search again instead of one grid
+    return [t for t in tokens if t.split("=", 1)[0].lstrip("+~") not in ("seed", "sweep") and not t.startswith("hydra")]
+
+
+def tuning_seeds(sweep_dir: Path) -> set[int]:
+    """Seeds the sweep's trials used (from each trial's config.yaml)."""
+    from omegaconf import OmegaConf
+
+    seeds = set()
+    for trial in trial_dirs(sweep_dir):
+        config = trial / "config.yaml"
+        if config.is_file():
+            seeds.add(int(OmegaConf.load(config).get("seed", 0)))
+    return seeds
+
+
+def sweep_command(args: list[str], launch) -> None:
+    """`rlx sweep NAME [overrides]` and `rlx sweep retest SWEEP_DIR [seeds=a,b,c] [overrides]`.
+
+    launch(hydra_args) runs the training app with Hydra's command line (rlx.cli provides it)."""
+    from rlx.config import UserError, group_options
+
+    valid = group_options("sweep")
+    if not args or args[0] in ("-h", "--help"):
+        print("usage: rlx sweep NAME [key=value ...]      (NAME: " + ", ".join(valid) + ")\n"
+              "       rlx sweep retest SWEEP_DIR [seeds=1000,1001,1002] [key=value ...]")
+        return
+    if args[0] == "retest":
+        if len(args) < 2:
+            raise UserError("rlx sweep retest needs the sweep directory: rlx sweep retest SWEEP_DIR [seeds=...]")
+        retest(Path(args[1]), args[2:], launch)
+        return
+    name, rest = args[0], args[1:]
+    if name not in valid:
+        import difflib
+
+        close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise UserError(f"unknown sweep '{name}'{hint}; valid choices: {', '.join(valid)}")
+    launch(["-m", f"sweep={name}", *rest])
+
+
+def retest(sweep_dir: Path, args: list[str], launch) -> Path:
+    """Re-run the best trial of sweep_dir on test seeds into SWEEP_DIR/test_seeds and report it there."""
+    from rlx.config import UserError
+
+    seeds = [str(s) for s in DEFAULT_TEST_SEEDS]
+    extra = []
+    for arg in args:
+        if arg.startswith("seeds="):
+            seeds = [s for s in arg.split("=", 1)[1].split(",") if s]
+        else:
+            extra.append(arg)
+    if not all(s.lstrip("-").isdigit() for s in seeds) or not seeds:
+        raise UserError(f"seeds={','.join(seeds)} must be a comma-separated list of integers, e.g. seeds=1000,1001,1002")
+    overlap = tuning_seeds(sweep_dir) & {int(s) for s in seeds}
+    if overlap:
+        raise UserError(f"test seeds {sorted(overlap)} were already used for tuning in {sweep_dir}; pick fresh ones, "
+                        f"e.g. seeds={','.join(str(s) for s in DEFAULT_TEST_SEEDS)}")
+    extra_keys = {a.split("=", 1)[0].lstrip("+~") for a in extra}
+    best = [o for o in best_overrides(sweep_dir) if o.split("=", 1)[0].lstrip("+~") not in extra_keys]
+    out = sweep_dir / "test_seeds"
+    log.info("re-running the best trial (%s) on test seeds %s into %s", " ".join(best), ",".join(seeds), out)
+    launch(["-m", *best, *extra, f"seed={','.join(seeds)}", f"hydra.sweep.dir={out}"])
+    from rlx.report.report import write_report
+
+    result = write_report([out], out / "report")
+    print(result["summary"].read_text())
+    print(f"test-seed report: {result['summary']}")
+    return out

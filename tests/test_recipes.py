@@ -1,0 +1,140 @@
+"""Every recipe states its command, source, hardware and expected numbers, composes, and runs for 1 step.
+
+The 1-step runs are three multiruns (one process each, so ~20 recipes cost seconds each, not a
+process start each): CPU-scale recipes as they are, GPU-scale policy-gradient recipes with the tiny
+model on chain_sum, GPU-scale preference recipes with the tiny model on data=prefs. Sizes are shrunk
+to a few sequences; what is checked is that the recipe's algorithm settings compose and run.
+"""
+
+import json
+
+import pytest
+
+from rlx.config import RECIPES_DIR, check_overrides
+from rlx.recipes import (
+    compare,
+    cpu_recipes,
+    expected,
+    header,
+    recipe_names,
+    table_markdown,
+    write_readme_table,
+)
+from tests.conftest import run_rlx
+
+RECIPES = recipe_names()
+SOURCELESS = {"tiny_sft"}  # rlx's own model-building recipe: no paper to cite
+ONE_STEP = ["steps=1", "prompts_per_step=2", "rollout.samples_per_prompt=4", "micro_batch_size=8", "eval.size=4",
+            "eval.batch_size=4", "eval.every=1", "rollout.max_new_tokens=16", "log.samples_every=0", "save.final=false",
+            "save.plot=false", "hardware.num_threads=1"]
+ON_TINY = ["model=tiny", "model.path=builtin:tiny", "hardware=cpu", "hardware.num_threads=1"]
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_header_states_command_source_hardware_expected(name):
+    info = header(name)
+    text = (RECIPES_DIR / f"{name}.yaml").read_text()
+    assert text.startswith("# @package _global_\n")
+    assert info["command"].startswith(f"rlx train {name}")
+    assert info["description"], "the first comment after the command is the one-line description"
+    assert info["expected"], "a '# Expected:' line"
+    assert info["hardware"] or "(" in info["command"]
+    if name not in SOURCELESS:
+        assert info["source"] and ("20" in info["source"]), "a '# Source:' line naming the paper and year"
+    if name.endswith("_tiny"):
+        spec = expected(name)
+        assert spec is not None and spec["metric"].count("/") == 1 and spec["tolerance"] >= 0
+    else:
+        assert "paper reports" in info["expected"].lower() or name in SOURCELESS
+
+
+def _composed(name):
+    try:
+        return check_overrides([f"recipes={name}"]), ""
+    except SystemExit:  # check_overrides printed the one-line error
+        return None, "does not compose (a preset it names is missing?)"
+
+
+@pytest.fixture(scope="module")
+def one_step_runs(tmp_path_factory):
+    """recipe -> (run directory or None, why not)."""
+    tmp = tmp_path_factory.mktemp("recipes")
+    batches: dict[str, tuple[list[str], list[str]]] = {"cpu": ([], []), "pg": ([], ON_TINY + ["data=chain_sum", "reward=task"]),
+                                                       "pref": ([], ON_TINY + ["data=prefs"])}
+    status = {}
+    for name in RECIPES:
+        cfg, why = _composed(name)
+        if cfg is None:
+            status[name] = (None, why)
+            continue
+        if name in cpu_recipes() or cfg.model.path is None or str(cfg.model.path).startswith("builtin:"):
+            batch = "cpu"
+        else:
+            batch = "pg" if cfg.algorithm.family in ("policy_gradient", "ppo") else "pref"
+        batches[batch][0].append(name)
+    for batch, (names, extra) in batches.items():
+        if not names:
+            continue
+        sweep = tmp / batch
+        result = run_rlx(["train", "-m", f"recipes={','.join(names)}", *ONE_STEP, *extra, f"hydra.sweep.dir={sweep}"],
+                         tmp, timeout=900)
+        for index, name in enumerate(names):
+            trial = sweep / str(index)
+            if (trial / "result.json").is_file():
+                status[name] = (trial, "")
+            elif (trial / "failure.json").is_file():
+                status[name] = (None, json.loads((trial / "failure.json").read_text())["error"])
+            else:
+                status[name] = (None, f"no trial directory (multirun exit {result.returncode}): {result.stderr[-800:]}")
+    return status
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_runs_one_step(name, one_step_runs):
+    trial, why = one_step_runs[name]
+    assert trial is not None, f"recipe {name}: {why}"
+    rows = [json.loads(line) for line in (trial / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == 1 and "train/loss" in rows[-1]
+
+
+def test_reproduce_compares_with_tolerance_and_writes_readme_block(tmp_path):
+    spec = {"metric": "eval/accuracy", "value": 0.6, "tolerance": 0.05}
+    # mean of (0.5, 0.6, 0.7) = 0.6, sample std = sqrt((0.01 + 0 + 0.01) / 2) = 0.1
+    ok = compare([0.5, 0.6, 0.7], spec)
+    assert ok["status"] == "ok" and ok["mean"] == pytest.approx(0.6) and ok["std"] == pytest.approx(0.1)
+    assert compare([0.5, 0.5, 0.5], spec)["status"] == "LOWER"  # |0.5 - 0.6| = 0.1 > 0.05
+    assert compare([0.7, 0.7], spec)["status"] == "HIGHER"
+    assert compare([0.4], {**spec, "value": None})["status"] == "not yet expected"
+    ok["recipe"] = "grpo_tiny"
+    table = table_markdown([ok], 3)
+    assert "| grpo_tiny | eval/accuracy | 0.60 ± 0.05 | 0.600 ± 0.100 |" in table
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- REPRODUCE_START -->\nold\n<!-- REPRODUCE_END -->\nrest\n")
+    assert write_readme_table(table, readme)
+    text = readme.read_text()
+    assert "old" not in text and "| grpo_tiny |" in text and text.endswith("<!-- REPRODUCE_END -->\nrest\n")
+
+
+def test_recipes_list_and_show(tmp_path):
+    listed = run_rlx(["recipes"], tmp_path, timeout=120)
+    assert listed.returncode == 0
+    for name in RECIPES:
+        assert name in listed.stdout
+    shown = run_rlx(["recipes", "show", "grpo_tiny"], tmp_path, timeout=120)
+    assert shown.returncode == 0 and shown.stdout == (RECIPES_DIR / "grpo_tiny.yaml").read_text()
+    missing = run_rlx(["recipes", "show", "grpo_tiyn"], tmp_path, timeout=120)
+    assert missing.returncode == 2 and "unknown recipe 'grpo_tiyn' (did you mean 'grpo_tiny'?)" in missing.stderr
+
+
+def test_reproduce_command_runs_a_recipe_and_reports(tmp_path):
+    out = tmp_path / "repro"
+    result = run_rlx(["recipes", "reproduce", "grpo_tiny", "--seeds", "2", "--out", str(out), "--no-readme",
+                      *[f"--set={o}" for o in ONE_STEP]], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    finals = [json.loads((out / "grpo_tiny" / str(i) / "result.json").read_text())["metrics"]["eval/accuracy"]
+              for i in range(2)]
+    table = (out / "reproduce.md").read_text()
+    assert "| grpo_tiny | eval/accuracy |" in table and f"{sum(finals) / 2:.3f} ± " in table
+    again = run_rlx(["recipes", "reproduce", "grpo_tiny", "--seeds", "2", "--out", str(out), "--no-readme", "--reuse"],
+                    tmp_path, timeout=120)
+    assert again.returncode == 0 and "$ " not in again.stdout  # finished seeds are reused, nothing re-runs

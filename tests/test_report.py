@@ -1,0 +1,103 @@
+"""rlx report: grouping runs by configuration, hand-computed aggregates, and a real 3-seed multirun."""
+
+import csv
+import json
+
+import pytest
+
+from rlx.report.report import write_report
+from rlx.report.runs import config_key, find_runs, group_runs
+from rlx.report.stats import stratified_bootstrap_ci
+from tests.conftest import run_rlx
+from tests.test_sweep import FAST, _only_sweep_dir
+
+# Final eval/accuracy of two configurations over seeds 0-3 (hand-made runs).
+A = [0.2, 0.4, 0.6, 0.8]
+B = [0.1, 0.3, 0.5, 0.9]
+
+
+def _fake_run(folder, overrides, seed, final):
+    folder.mkdir(parents=True)
+    (folder / "overrides.yaml").write_text("".join(f"- {o}\n" for o in [*overrides, f"seed={seed}"]))
+    rows = [{"step": 0, "eval/accuracy": 0.1, "reward/total": 0.0},
+            {"step": 5, "reward/total": 0.5 * final},
+            {"step": 10, "eval/accuracy": final, "reward/total": final}]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.fixture
+def two_configs(tmp_path):
+    sweep = tmp_path / "sweep"
+    for seed, (a, b) in enumerate(zip(A, B)):
+        _fake_run(sweep / f"a{seed}", ["steps=10", "optim.lr=1e-4"], seed, a)
+        _fake_run(sweep / f"b{seed}", ["steps=10", "optim.lr=3e-4"], seed, b)
+    failed = sweep / "a_failed"
+    failed.mkdir()
+    (failed / "overrides.yaml").write_text("- steps=10\n- optim.lr=1e-4\n- seed=9\n")
+    (failed / "failure.json").write_text(json.dumps({"status": "failed", "error": "RuntimeError: boom"}))
+    return sweep
+
+
+def test_config_key_drops_seed_and_sweep_selection():
+    assert config_key(["seed=3", "optim.lr=1", "sweep=optuna", "hydra.job.num=2", "+x=1"]) == ("+x=1", "optim.lr=1")
+
+
+def test_runs_group_by_overrides_without_the_seed(two_configs):
+    groups = group_runs(find_runs([two_configs]))
+    assert [(g.name, g.label, len(g.runs)) for g in groups] == [("c1", "optim.lr=1e-4", 5), ("c2", "optim.lr=3e-4", 4)]
+    assert sorted(r.seed for r in groups[1].runs) == [0, 1, 2, 3]
+
+
+def test_report_matches_hand_computed_aggregates(two_configs, tmp_path):
+    out = tmp_path / "report"
+    result = write_report([two_configs], out, n_resamples=500)
+    by_config = {row["config"]: row for row in result["aggregates"]}
+    # IQM of 4 values cuts floor(4/4) = 1 from each end: A -> (0.4 + 0.6) / 2 = 0.5, B -> (0.3 + 0.5) / 2 = 0.4
+    assert by_config["c1"]["iqm"] == pytest.approx(0.5) and by_config["c2"]["iqm"] == pytest.approx(0.4)
+    # means: A (0.2+0.4+0.6+0.8)/4 = 0.5, B (0.1+0.3+0.5+0.9)/4 = 0.45; the failed run is counted, not used
+    assert by_config["c1"]["mean"] == pytest.approx(0.5) and by_config["c2"]["mean"] == pytest.approx(0.45)
+    assert by_config["c1"]["runs"] == 4 and by_config["c1"]["failed"] == 1
+    _, low, high = stratified_bootstrap_ci(A, "iqm", n_resamples=500, seed=0)
+    assert (by_config["c1"]["ci_low"], by_config["c1"]["ci_high"]) == pytest.approx((low, high))
+    # P(A > B): 0.2 beats {0.1}, 0.4 beats {0.1, 0.3}, 0.6 and 0.8 beat {0.1, 0.3, 0.5} -> (1+2+3+3)/16
+    [comparison] = result["comparisons"]
+    assert (comparison["x"], comparison["y"]) == ("c1", "c2")  # the best IQM against the other
+    assert comparison["p"] == pytest.approx(9 / 16)
+    assert comparison["ci_low"] <= 9 / 16 <= comparison["ci_high"]
+    assert (out / "curves.png").stat().st_size > 1000
+    with (out / "aggregates.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(r["config"], r["runs"], r["failed"]) for r in rows] == [("c1", "4", "1"), ("c2", "4", "0")]
+    summary = (out / "summary.md").read_text()
+    assert "| c1 | eval/accuracy | 4 | 0.500 | 0.500 |" in summary
+    assert "| c1 | c2 | eval/accuracy | 0.562 |" in summary
+    assert "Overrides shared by every configuration: `steps=10`" in summary
+
+
+def test_report_cli_compare_and_mistakes(two_configs, tmp_path):
+    result = run_rlx(["report", str(two_configs), "--out", str(tmp_path / "r"), "--compare", "c2", "c1",
+                      "--resamples", "200"], tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    # P(B > A) = 1 - 9/16 (no ties) = 0.4375
+    assert "| c2 | c1 | eval/accuracy | 0.438 |" in (tmp_path / "r" / "summary.md").read_text()
+    bad = run_rlx(["report", str(two_configs), "--compare", "c1", "c9"], tmp_path, timeout=120)
+    assert bad.returncode == 2 and "unknown configuration 'c9' in --compare; valid choices: c1, c2" in bad.stderr
+    empty = run_rlx(["report", str(tmp_path / "nothing")], tmp_path, timeout=120)
+    assert empty.returncode == 2 and "is not a directory" in empty.stderr
+
+
+def test_report_on_a_three_seed_multirun(tmp_path):
+    result = run_rlx(["train", "-m", *FAST, "seed=0,1,2"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    sweep = _only_sweep_dir(tmp_path)
+    report = run_rlx(["report", str(sweep), "--metrics", "eval/accuracy,eval/reward"], tmp_path, timeout=120)
+    assert report.returncode == 0, report.stderr[-3000:]
+    out = sweep / "report"
+    assert (out / "curves.png").stat().st_size > 1000
+    with (out / "aggregates.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(r["metric"], r["runs"]) for r in rows] == [("eval/accuracy", "3"), ("eval/reward", "3")]
+    finals = [json.loads((sweep / str(i) / "result.json").read_text())["metrics"]["eval/accuracy"] for i in range(3)]
+    # IQM of 3 values cuts floor(3/4) = 0 from each end: the plain mean
+    assert float(rows[0]["iqm"]) == pytest.approx(sum(finals) / 3)
+    assert "| c1 | eval/accuracy | 3 |" in (out / "summary.md").read_text()
