@@ -78,7 +78,7 @@ def reinforce_pp_advantages(rewards: torch.Tensor, group_size: int, baseline: bo
 def median_advantages(
     rewards: torch.Tensor, group_size: int, scale: str = "none", eps: float = 1e-6
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """MC-GRPO median baseline: A_i = (r_i - median(group(i))) / (s + eps), with s as in `group_advantages`.
+    """MC-GRPO median baseline (Kim 2026, arXiv 2601.22582): A_i = (r_i - median(group(i))) / (s + eps), with s as in `group_advantages`.
 
     Sampling G+1 completions per prompt (odd group size) makes the median one actual sample, the
     "pivot"; its advantage is exactly 0 and it is excluded from the gradient, so G samples train.
