@@ -149,9 +149,9 @@ def gae_advantages(
 
 
 def whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
-    """(x - mean) / std over the valid (mask = 1) entries; shift_mean=False keeps the mean (x / std * ...
-    rescaled around it, as in PPO implementations that whiten only the scale). Unbiased std.
-    Example: valid [1, 2, 3] -> mean 2, std 1 -> [-1, 0, 1]. Padded entries return 0. values, mask: same shape."""
+    """(x - mean) / std over the valid (mask = 1) entries (unbiased std). shift_mean=False adds the mean
+    back afterwards, so only the scale is normalised. Example: valid [1, 2, 3] -> mean 2, std 1 ->
+    [-1, 0, 1] (or [1, 2, 3] with shift_mean=False). Padded entries return 0. values, mask: same shape."""
     mask = mask.to(values.dtype)
     count = mask.sum()
     mean = (values * mask).sum() / count.clamp(min=1)
