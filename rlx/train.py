@@ -1,7 +1,7 @@
 """`rlx train`: build every component from the config (the one place that instantiates) and run a loop.
 
-The loop is picked by `algorithm.family`: policy_gradient (GRPO family), sft, preference (DPO family,
-SimPO, ORPO) or reward_model (Bradley-Terry).
+The loop is picked by `algorithm.family`: policy_gradient (GRPO family), ppo (with a critic), sft,
+preference (DPO family, SimPO, ORPO) or reward_model (Bradley-Terry).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from rlx.rewards import RewardError
 
 log = logging.getLogger("rlx")
 
-FAMILIES = ("policy_gradient", "sft", "preference", "reward_model")
+FAMILIES = ("policy_gradient", "ppo", "sft", "preference", "reward_model")
 
 
 def check_settings(cfg: DictConfig) -> None:
@@ -30,13 +30,15 @@ def check_settings(cfg: DictConfig) -> None:
         raise UserError(f"steps={cfg.steps} must be at least 1")
     if cfg.micro_batch_size < 1:
         raise UserError(f"micro_batch_size={cfg.micro_batch_size} must be at least 1")
-    if family == "policy_gradient":
+    if family in ("policy_gradient", "ppo"):
+        check_policy_gradient_settings(cfg)
+    if family in ("policy_gradient", "ppo"):
         algo = cfg.algorithm
         if cfg.rollout.samples_per_prompt < 1 or cfg.prompts_per_step < 1:
             raise UserError("rollout.samples_per_prompt and prompts_per_step must be at least 1")
         if algo.clip_low < 0 or algo.clip_high < 0:
             raise UserError(f"algorithm.clip_low={algo.clip_low} and clip_high={algo.clip_high} must be >= 0")
-        batch = cfg.prompts_per_step * cfg.rollout.samples_per_prompt
+        batch = cfg.prompts_per_step * (cfg.rollout.samples_per_prompt + (algo.advantage == "median"))
         if algo.mini_batches < 1 or batch % algo.mini_batches:
             raise UserError(
                 f"algorithm.mini_batches={algo.mini_batches} must divide the rollout batch "
@@ -71,6 +73,58 @@ def check_preference_settings(cfg: DictConfig) -> None:
                             length_normalize=algo.length_normalize)
         except ValueError as exc:
             raise UserError(f"algorithm settings: {exc}") from None
+
+
+def check_policy_gradient_settings(cfg: DictConfig) -> None:
+    """Conflicting knobs of the policy-gradient and PPO families (see conf/algorithm/grpo.yaml)."""
+    from rlx.algorithms.advantages import ESTIMATORS, GROUP_BASELINES, SCALES
+    from rlx.algorithms.kl import KL_ESTIMATORS, KL_PLACEMENTS
+    from rlx.algorithms.losses import LOSS_AGGREGATIONS, RATIO_LEVELS
+
+    algo, family, samples = cfg.algorithm, cfg.algorithm.family, cfg.rollout.samples_per_prompt
+    for key, value, valid in (("advantage", algo.advantage, ESTIMATORS), ("scale", algo.scale, SCALES),
+                              ("loss_agg", algo.loss_agg, LOSS_AGGREGATIONS), ("ratio_level", algo.ratio_level, RATIO_LEVELS),
+                              ("kl_estimator", algo.kl_estimator, KL_ESTIMATORS), ("kl_in", algo.kl_in, KL_PLACEMENTS)):
+        if value not in valid:
+            raise UserError(f"unknown algorithm.{key} '{value}'; valid choices: {', '.join(valid)}")
+    if algo.advantage == "gae" and family != "ppo":
+        raise UserError("algorithm.advantage=gae needs a value model: use algorithm=ppo (algorithm.family=ppo)")
+    if family == "ppo" and algo.advantage != "gae":
+        raise UserError(f"algorithm.family=ppo trains a critic for algorithm.advantage=gae, got '{algo.advantage}'")
+    if algo.advantage in GROUP_BASELINES and algo.advantage != "median" and samples < 2:
+        raise UserError(f"algorithm.advantage={algo.advantage} compares samples of a prompt: "
+                        f"rollout.samples_per_prompt={samples} must be at least 2")
+    if algo.advantage == "median" and (samples < 2 or samples % 2):
+        raise UserError(f"algorithm.advantage=median samples G+1 completions so that the median is one of them: "
+                        f"rollout.samples_per_prompt={samples} must be even and at least 2")
+    if algo.clip_high < algo.clip_low:
+        raise UserError(f"algorithm.clip_high={algo.clip_high} is below algorithm.clip_low={algo.clip_low}; "
+                        f"clip-higher needs clip_high >= clip_low")
+    if algo.dual_clip is not None and algo.dual_clip <= 1:
+        raise UserError(f"algorithm.dual_clip={algo.dual_clip} must be > 1 (or null to turn it off)")
+    if not 0 < algo.forking_rho <= 1:
+        raise UserError(f"algorithm.forking_rho={algo.forking_rho} must be in (0, 1]")
+    if algo.kl_coef < 0 or algo.entropy_coef < 0:
+        raise UserError("algorithm.kl_coef and algorithm.entropy_coef must be >= 0")
+    if algo.kl_in == "reward" and algo.kl_estimator != "k1":
+        raise UserError(f"algorithm.kl_in=reward uses the k1 estimator; set algorithm.kl_estimator=k1 "
+                        f"(got {algo.kl_estimator})")
+    if algo.kl_coef == 0 and (algo.kl_target is not None or algo.ref_reset_every):
+        raise UserError("algorithm.kl_target / algorithm.ref_reset_every need a reference: set algorithm.kl_coef > 0")
+    if algo.kl_target is not None and algo.kl_target <= 0:
+        raise UserError(f"algorithm.kl_target={algo.kl_target} must be > 0 (or null for a fixed kl_coef)")
+    if algo.dynamic_sampling and algo.advantage not in GROUP_BASELINES:
+        raise UserError(f"algorithm.dynamic_sampling drops groups with tied rewards, which only carry no signal "
+                        f"under a group baseline; algorithm.advantage={algo.advantage} is not one")
+    if algo.dynamic_sampling and algo.max_sample_batches < 1:
+        raise UserError(f"algorithm.max_sample_batches={algo.max_sample_batches} must be at least 1")
+    if algo.overlong_buffer < 0 or algo.overlong_buffer > cfg.rollout.max_new_tokens:
+        raise UserError(f"algorithm.overlong_buffer={algo.overlong_buffer} must be in 0..rollout.max_new_tokens="
+                        f"{cfg.rollout.max_new_tokens}")
+    if algo.positive_weight < 0 or algo.negative_weight < 0:
+        raise UserError("algorithm.positive_weight and algorithm.negative_weight must be >= 0")
+    if family == "ppo" and not (0 <= algo.gamma <= 1 and 0 <= algo.lam <= 1):
+        raise UserError(f"algorithm.gamma={algo.gamma} and algorithm.lam={algo.lam} must be in [0, 1]")
 
 
 def build_model_and_tokenizer(cfg: DictConfig, train_rows: list[dict]):
@@ -136,6 +190,8 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
         from rlx.loops.preference import train_preference as loop
     elif cfg.algorithm.family == "reward_model":
         from rlx.loops.reward_model import train_reward_model as loop
+    elif cfg.algorithm.family == "ppo":
+        from rlx.loops.ppo import train_ppo as loop
     else:
         from rlx.loops.policy_gradient import train_policy_gradient as loop
     result = loop(cfg, parts)

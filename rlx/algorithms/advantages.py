@@ -1,12 +1,27 @@
-"""Advantage estimators for outcome rewards (one scalar reward per completion).
+"""Advantage estimators.
 
-Rewards arrive as a flat (B*G,) tensor ordered group by group: the G completions of prompt 0, then
-the G completions of prompt 1, and so on.
+Outcome estimators take one scalar reward per completion as a flat (B*G,) tensor ordered group by
+group: the G completions of prompt 0, then the G completions of prompt 1, and so on. `gae` works on
+per-token rewards and values (PPO with a critic).
 """
 
 from __future__ import annotations
 
 import torch
+
+ESTIMATORS = ("grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "median", "gae")
+SCALES = ("group", "batch", "none")
+GROUP_BASELINES = ("grpo", "rloo", "reinforce_pp_baseline", "median")  # need >= 2 samples per prompt
+
+
+def _grouped(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    if group_size < 1 or rewards.numel() % group_size:
+        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
+    return rewards.view(-1, group_size)  # (B, G)
+
+
+def _batch_std(values: torch.Tensor) -> torch.Tensor:
+    return values.std() if values.numel() > 1 else torch.zeros((), dtype=values.dtype)
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group", eps: float = 1e-6) -> torch.Tensor:
@@ -18,24 +33,142 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group
       "none"   s = 1 (Dr. GRPO, Liu et al. 2025, which removes the std division to avoid its bias)
     A group of size 1 has advantage 0 (no baseline to compare with); a group whose rewards all tie has
     advantage 0 under every scale. rewards: (B*G,). Returns (B*G,)."""
-    if rewards.numel() % group_size:
-        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
-    grouped = rewards.view(-1, group_size)  # (B, G)
+    grouped = _grouped(rewards, group_size)  # (B, G)
     centered = grouped - grouped.mean(dim=1, keepdim=True)  # (B, G)
+    return _scaled(centered, grouped, rewards, scale, eps).reshape(-1)
+
+
+def _scaled(centered, grouped, rewards, scale: str, eps: float) -> torch.Tensor:
     if scale == "group":
-        std = grouped.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(grouped[:, :1])
-        advantages = centered / (std + eps)
-    elif scale == "batch":
-        std = rewards.std() if rewards.numel() > 1 else torch.zeros(())
-        advantages = centered / (std + eps)
-    elif scale == "none":
-        advantages = centered
-    else:
-        raise ValueError(f"unknown advantage scale '{scale}'; valid choices: group, batch, none")
-    return advantages.reshape(-1)
+        std = grouped.std(dim=1, keepdim=True) if grouped.shape[1] > 1 else torch.zeros_like(grouped[:, :1])
+        return centered / (std + eps)
+    if scale == "batch":
+        return centered / (_batch_std(rewards) + eps)
+    if scale == "none":
+        return centered
+    raise ValueError(f"unknown advantage scale '{scale}'; valid choices: {', '.join(SCALES)}")
+
+
+def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """A_i = r_i - mean_{j != i} r_j = G / (G - 1) * (r_i - mean(group)).   RLOO (Ahmadian et al. 2024,
+    after Kool et al. 2019): the leave-one-out mean is a baseline independent of the sample itself.
+
+    Example: group [1, 0, 0]: A_0 = 1 - 0 = 1, A_1 = 0 - 0.5 = -0.5, A_2 = -0.5.
+    A group of size 1 has no other sample: advantage 0. rewards: (B*G,). Returns (B*G,)."""
+    grouped = _grouped(rewards, group_size)  # (B, G)
+    if group_size == 1:
+        return torch.zeros_like(rewards)
+    others_mean = (grouped.sum(dim=1, keepdim=True) - grouped) / (group_size - 1)  # (B, G)
+    return (grouped - others_mean).reshape(-1)
+
+
+def reinforce_pp_advantages(rewards: torch.Tensor, group_size: int, baseline: bool, eps: float = 1e-6) -> torch.Tensor:
+    """REINFORCE++ (Hu et al. 2025): returns whitened over the whole batch, A = (x - mean(x)) / (std(x) + eps).
+
+    baseline=False: x = r (plain REINFORCE++ outcome form).
+    baseline=True:  x = r - mean(group(r))  (REINFORCE++-baseline: the group mean is subtracted first,
+                    then the batch whitening rescales; its mean is then 0 already).
+    Example (baseline=False): [1, 0, 0, 1] -> mean 0.5, unbiased std 0.57735 -> [0.866, -0.866, -0.866, 0.866].
+    A batch of one sample, or one whose values all tie, gives 0. rewards: (B*G,). Returns (B*G,)."""
+    grouped = _grouped(rewards, group_size)  # (B, G)
+    x = (grouped - grouped.mean(dim=1, keepdim=True)).reshape(-1) if baseline else rewards  # (B*G,)
+    return (x - x.mean()) / (_batch_std(x) + eps)
+
+
+def median_advantages(
+    rewards: torch.Tensor, group_size: int, scale: str = "none", eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MC-GRPO median baseline (Kim 2026, arXiv 2601.22582): A_i = (r_i - median(group(i))) / (s + eps), with s as in `group_advantages`.
+
+    Sampling G+1 completions per prompt (odd group size) makes the median one actual sample, the
+    "pivot"; its advantage is exactly 0 and it is excluded from the gradient, so G samples train.
+    The median resists outliers better than the mean for small groups. With an even group size the
+    lower middle value is the pivot. Ties: the pivot is the first sample (in group order) holding the
+    median value. Example: group [1, 0, 0] -> median 0, pivot = index 1, A = [1, 0, 0], keep [T, F, T].
+    rewards: (B*G,). Returns advantages (B*G,) and keep (B*G,) bool (False on each group's pivot)."""
+    grouped = _grouped(rewards, group_size)  # (B, G)
+    sorted_values, _ = grouped.sort(dim=1, stable=True)  # (B, G)
+    median = sorted_values[:, (group_size - 1) // 2 : (group_size - 1) // 2 + 1]  # (B, 1) lower middle
+    pivot = (grouped == median).int().argmax(dim=1)  # (B,) first sample equal to the median
+    keep = torch.ones_like(grouped, dtype=torch.bool)
+    keep[torch.arange(grouped.shape[0]), pivot] = False
+    advantages = _scaled(grouped - median, grouped, rewards, scale, eps)
+    return advantages.reshape(-1), keep.reshape(-1)
+
+
+def outcome_advantages(
+    rewards: torch.Tensor, group_size: int, estimator: str, scale: str = "group", eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dispatch on the estimator name. Returns advantages (B*G,) and keep (B*G,) bool: which samples
+    enter the policy-gradient loss (all but the median pivots)."""
+    keep = torch.ones_like(rewards, dtype=torch.bool)
+    if estimator == "grpo":
+        return group_advantages(rewards, group_size, scale, eps), keep
+    if estimator == "rloo":
+        return rloo_advantages(rewards, group_size), keep
+    if estimator in ("reinforce_pp", "reinforce_pp_baseline"):
+        return reinforce_pp_advantages(rewards, group_size, estimator == "reinforce_pp_baseline", eps), keep
+    if estimator == "median":
+        return median_advantages(rewards, group_size, scale, eps)
+    raise ValueError(f"unknown outcome advantage estimator '{estimator}'; valid choices: {', '.join(ESTIMATORS[:-1])}")
+
+
+def sign_weighted(advantages: torch.Tensor, positive_weight: float, negative_weight: float) -> torch.Tensor:
+    """A' = w+ * A where A > 0, w- * A where A < 0, 0 where A = 0.
+
+    W-REINFORCE (Zhu et al. 2025, "The Surprising Effectiveness of Negative Reinforcement in LLM
+    Reasoning") down-weights positive samples (w+ = 0.1, w- = 1); w+ = 0 is pure negative sample
+    reinforcement (NSR), w- = 0 positive-only (PSR). Any shape; returns the same shape."""
+    return torch.where(advantages > 0, positive_weight * advantages, negative_weight * advantages)
+
+
+def gae_advantages(
+    token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation (Schulman et al. 2016) over completion tokens.
+
+        delta_t = r_t + gamma * V_{t+1} - V_t        (V after the last valid token is 0: episode ends)
+        A_t     = delta_t + gamma * lam * A_{t+1}
+        R_t     = A_t + V_t                          (the value target)
+    Example, one sequence of 2 tokens, r = [0, 1], V = [0.5, 0.2], gamma = 1, lam = 0.5:
+        delta = [0 + 0.2 - 0.5, 1 + 0 - 0.2] = [-0.3, 0.8];  A_1 = 0.8;  A_0 = -0.3 + 0.5 * 0.8 = 0.1.
+    token_rewards, values, mask: (N, T); right-padded (mask 1 on a prefix). Padded positions get 0.
+    A fully masked row (empty completion) gets all zeros. Returns advantages (N, T), returns (N, T)."""
+    mask = mask.to(values.dtype)
+    values = values * mask
+    token_rewards = token_rewards * mask
+    advantages = torch.zeros_like(values)  # (N, T)
+    next_value = torch.zeros_like(values[:, 0])  # (N,)
+    next_advantage = torch.zeros_like(values[:, 0])  # (N,)
+    for t in reversed(range(values.shape[1])):
+        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
+        current = (delta + gamma * lam * next_advantage) * mask[:, t]
+        advantages[:, t] = current
+        next_value, next_advantage = values[:, t], current
+    return advantages, (advantages + values) * mask
+
+
+def whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / std over the valid (mask = 1) entries (unbiased std). shift_mean=False adds the mean
+    back afterwards, so only the scale is normalised. Example: valid [1, 2, 3] -> mean 2, std 1 ->
+    [-1, 0, 1] (or [1, 2, 3] with shift_mean=False). Padded entries return 0. values, mask: same shape."""
+    mask = mask.to(values.dtype)
+    count = mask.sum()
+    mean = (values * mask).sum() / count.clamp(min=1)
+    var = (((values - mean) * mask) ** 2).sum() / (count - 1).clamp(min=1)
+    out = (values - mean) / (var.sqrt() + eps)
+    if not shift_mean:
+        out = out + mean
+    return out * mask
+
+
+def tied_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(B,) bool: groups whose rewards all tie (zero advantage under any group baseline; DAPO's dynamic
+    sampling drops them)."""
+    grouped = _grouped(rewards, group_size)  # (B, G)
+    return grouped.max(dim=1).values == grouped.min(dim=1).values
 
 
 def zero_std_group_fraction(rewards: torch.Tensor, group_size: int) -> float:
     """Fraction of groups whose rewards all tie (they carry no learning signal under group baselines)."""
-    grouped = rewards.view(-1, group_size)  # (B, G)
-    return (grouped.max(dim=1).values == grouped.min(dim=1).values).float().mean().item()
+    return tied_groups(rewards, group_size).float().mean().item()

@@ -23,3 +23,49 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3"
     if estimator == "k3":
         return torch.exp(-log_ratio) - 1.0 + log_ratio
     raise ValueError(f"unknown KL estimator '{estimator}'; valid choices: {', '.join(KL_ESTIMATORS)}")
+
+
+KL_PLACEMENTS = ("loss", "reward")
+
+
+def sequence_kl_in_reward(
+    rewards: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, coef: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """KL in the reward (Ziegler et al. 2019; Ouyang et al. 2022) for outcome-reward estimators:
+
+        r'_i = r_i - coef * sum_t m_t * k1_t,     k1_t = logp_t - ref_logp_t
+    Example: r = 1, k1 = [0.2, 0.3], coef 0.5 -> r' = 1 - 0.5 * 0.5 = 0.75.
+    rewards: (N,); logp, ref_logp, mask: (N, T). Returns shaped rewards (N,) and the per-sequence KL (N,)."""
+    kl = ((logp - ref_logp) * mask.to(logp.dtype)).sum(dim=1)  # (N,)
+    return rewards - coef * kl, kl
+
+
+def token_rewards(
+    rewards: torch.Tensor, mask: torch.Tensor, logp: torch.Tensor | None = None, ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> torch.Tensor:
+    """Per-token reward for PPO: the outcome reward on the last valid completion token, minus
+    kl_coef * k1_t on every valid token when log-probs are given (KL in the reward, Ouyang et al. 2022).
+
+    Example: r = 1, mask [1, 1, 0], k1 = [0.1, 0.2, x], coef 1 -> [-0.1, 1 - 0.2, 0] = [-0.1, 0.8, 0].
+    An empty completion (mask all 0) gets no reward anywhere. rewards: (N,); others (N, T). Returns (N, T)."""
+    mask = mask.to(rewards.dtype)
+    lengths = mask.sum(dim=1).long()  # (N,)
+    out = torch.zeros_like(mask)  # (N, T)
+    has_tokens = lengths > 0
+    rows = torch.arange(mask.shape[0])[has_tokens]
+    out[rows, lengths[has_tokens] - 1] = rewards[has_tokens]
+    if logp is not None and ref_logp is not None and kl_coef:
+        out = out - kl_coef * (logp - ref_logp) * mask
+    return out
+
+
+def adaptive_kl_coef(coef: float, observed_kl: float, target: float, horizon: int, batch_size: int) -> float:
+    """Adaptive KL controller (Ziegler et al. 2019, "Fine-Tuning Language Models from Human Preferences"):
+
+        error = clip(observed_kl / target - 1, -0.2, 0.2)
+        coef <- coef * (1 + error * batch_size / horizon)
+    The coefficient grows when the policy drifts past the target KL and shrinks below it.
+    Example: coef 0.1, KL 12, target 6 -> error clipped to 0.2; n = 100, horizon 1000 -> 0.1 * 1.02 = 0.102."""
+    error = min(max(observed_kl / target - 1.0, -0.2), 0.2)
+    return coef * (1.0 + error * batch_size / horizon)

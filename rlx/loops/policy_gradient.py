@@ -1,31 +1,40 @@
-"""Policy-gradient training loop (GRPO family), read top to bottom.
+"""Policy-gradient training loop (GRPO family, critic-free), read top to bottom.
 
 Each step:
-  1. draw `prompts_per_step` prompts and sample G = rollout.samples_per_prompt completions for each;
-  2. score them with every reward component (reward/<name>) and sum by weight;
-  3. turn rewards into advantages (algorithms/advantages.py);
+  1. draw `prompts_per_step` prompts and sample G = rollout.samples_per_prompt completions for each
+     (G + 1 for the median estimator); with dynamic sampling (DAPO), groups whose rewards all tie are
+     dropped and more prompts are drawn, up to `algorithm.max_sample_batches` generation rounds;
+  2. score them with every reward component (reward/<name>) and sum by weight; the soft overlong
+     punishment (DAPO) is one more component when `algorithm.overlong_buffer` > 0;
+  3. turn rewards into advantages (algorithms/advantages.py), optionally shaped by KL in the reward
+     and weighted by sign;
   4. optimise the clipped surrogate (algorithms/losses.py), plus an optional KL penalty to a frozen
-     reference (algorithms/kl.py), for `algorithm.epochs` passes of `algorithm.mini_batches` optimizer
-     steps each, accumulating exactly over micro-batches of `micro_batch_size` sequences.
+     reference (algorithms/kl.py) and entropy bonus, for `algorithm.epochs` passes of
+     `algorithm.mini_batches` optimizer steps each, accumulating exactly over micro-batches of
+     `micro_batch_size` sequences (the normalisers are those of the whole mini-batch).
 Departures from the GRPO paper: token-mean aggregation by default (DAPO), and the old log-probs are
 not recomputed when only one optimizer step is taken per batch (the ratio is then exactly 1).
+The batch sampling and metric helpers here are shared with the PPO loop (loops/ppo.py).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import time
+from dataclasses import dataclass
 
 import torch
 
-from rlx.algorithms.advantages import group_advantages, zero_std_group_fraction
-from rlx.algorithms.kl import kl_penalty
-from rlx.algorithms.losses import aggregate, clipped_surrogate
+from rlx.algorithms.advantages import outcome_advantages, sign_weighted, tied_groups, zero_std_group_fraction
+from rlx.algorithms.kl import adaptive_kl_coef, kl_penalty, sequence_kl_in_reward
+from rlx.algorithms.losses import aggregate, clipped_surrogate, top_entropy_mask
 from rlx.data.tasks import PromptStream
 from rlx.loops.common import Components, build_optimizer, evaluate, format_prompts
 from rlx.models.forward import completion_logprobs
-from rlx.rewards import compute_rewards
+from rlx.rewards import RewardComponent, compute_rewards
+from rlx.rewards.overlong import overlong_penalty
 from rlx.rollout.hf import Rollout, generate
 from rlx.rollout.sampling import sample_seed
 from rlx.run import MetricsLog, write_samples
@@ -34,34 +43,195 @@ log = logging.getLogger("rlx")
 
 
 @torch.no_grad()
-def batched_logprobs(model, rollout: Rollout, micro: int) -> torch.Tensor:
-    """Log-probs (N, C) of the sampled completions under `model`, without gradients."""
-    out = []
+def batched_logprobs(model, rollout: Rollout, micro: int, with_entropy: bool = False):
+    """Log-probs (N, C) of the sampled completions under `model` without gradients, and the token
+    entropies (N, C) when asked (else None)."""
+    logps, entropies = [], []
     for lo in range(0, rollout.completion_ids.shape[0], micro):
         sl = slice(lo, lo + micro)
-        logp, _ = completion_logprobs(
-            model, rollout.prompt_ids[sl], rollout.prompt_mask[sl], rollout.completion_ids[sl], rollout.completion_mask[sl]
+        logp, entropy = completion_logprobs(
+            model, rollout.prompt_ids[sl], rollout.prompt_mask[sl], rollout.completion_ids[sl], rollout.completion_mask[sl],
+            with_entropy=with_entropy,
         )
-        out.append(logp.cpu())
-    return torch.cat(out)
+        logps.append(logp.cpu())
+        if with_entropy:
+            entropies.append(entropy.cpu())
+    return torch.cat(logps), (torch.cat(entropies) if with_entropy else None)
 
 
-def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     mask = mask.to(values.dtype)
     return ((values * mask).sum() / mask.sum().clamp(min=1)).item()
+
+
+def _pad_to(tensor: torch.Tensor, width: int, value: int, left: bool) -> torch.Tensor:
+    missing = width - tensor.shape[1]
+    if missing == 0:
+        return tensor
+    pad = torch.full((tensor.shape[0], missing), value, dtype=tensor.dtype)
+    return torch.cat([pad, tensor] if left else [tensor, pad], dim=1)
+
+
+def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
+    """Concatenate rollouts along the sample axis (prompts stay left-padded, completions right-padded)."""
+    if len(parts) == 1:
+        return parts[0]
+    p_width = max(r.prompt_ids.shape[1] for r in parts)
+    c_width = max(r.completion_ids.shape[1] for r in parts)
+    return Rollout(
+        torch.cat([_pad_to(r.prompt_ids, p_width, pad_id, left=True) for r in parts]),  # (N, P)
+        torch.cat([_pad_to(r.prompt_mask, p_width, 0, left=True) for r in parts]),  # (N, P)
+        torch.cat([_pad_to(r.completion_ids, c_width, pad_id, left=False) for r in parts]),  # (N, C)
+        torch.cat([_pad_to(r.completion_mask, c_width, 0, left=False) for r in parts]),  # (N, C)
+        torch.cat([r.truncated for r in parts]),
+        [t for r in parts for t in r.texts],
+    )
+
+
+def select_rollout(rollout: Rollout, index: torch.Tensor) -> Rollout:
+    return Rollout(
+        rollout.prompt_ids[index], rollout.prompt_mask[index], rollout.completion_ids[index],
+        rollout.completion_mask[index], rollout.truncated[index], [rollout.texts[i] for i in index.tolist()],
+    )
+
+
+@dataclass
+class Batch:
+    """One step's training samples: G adjacent completions per prompt."""
+
+    rows: list[dict]              # (N,) data row of each sample
+    prompts: list[str]            # (N,) formatted prompt of each sample
+    rollout: Rollout
+    rewards: torch.Tensor         # (N,) weighted total reward
+    drawn_metrics: dict           # reward/* and completions/* over every sample drawn this step
+    prompts_drawn: int            # prompts generated for this step (more than the batch with dynamic sampling)
+    rounds: int                   # generation rounds
+    filled_groups: int            # tied groups kept to fill the batch when dynamic sampling ran out of rounds
+
+
+def training_rewards(parts: Components, algo, max_new_tokens: int) -> list[RewardComponent]:
+    """The reward components used in training: the configured ones, plus DAPO's overlong punishment."""
+    components = list(parts.rewards)
+    if algo.overlong_buffer > 0:
+        fn = functools.partial(overlong_penalty, max_length=max_new_tokens, buffer=algo.overlong_buffer)
+        components.append(RewardComponent("overlong", fn, float(algo.overlong_weight)))
+    return components
+
+
+def sample_batch(model, tokenizer, stream: PromptStream, cfg, rewards: list[RewardComponent], group_size: int,
+                 dynamic_sampling: bool, max_rounds: int, step: int) -> Batch:
+    """Generate and score `prompts_per_step` groups. With dynamic sampling, drop tied groups and draw
+    the missing number of prompts again, for at most `max_rounds` rounds; if still short, fill with
+    tied groups (zero advantage under group baselines) so the batch size stays fixed.
+    Completion i drawn at this step is sampled with seed sample_seed(seed, step, i)."""
+    roll, wanted = cfg.rollout, cfg.prompts_per_step
+    rollouts, all_rows, all_prompts, totals, components, errors = [], [], [], [], [], 0
+    kept_groups, rounds = 0, 0
+    while True:
+        rows = stream.take(wanted - kept_groups if dynamic_sampling else wanted)
+        prompts = format_prompts(tokenizer, rows, cfg.model.chat_template, cfg.data.system_prompt)
+        drawn = sum(t.numel() for t in totals)
+        rollout = generate(
+            model, tokenizer, prompts, samples_per_prompt=group_size, max_new_tokens=roll.max_new_tokens,
+            temperature=roll.temperature, top_p=roll.top_p, top_k=roll.top_k, batch_size=roll.batch_size,
+            seeds=[sample_seed(cfg.seed, step, drawn + i) for i in range(len(prompts) * group_size)],
+        )
+        sample_rows = [row for row in rows for _ in range(group_size)]
+        if any(c.name == "overlong" for c in rewards):
+            sample_rows = [dict(row, completion_tokens=int(n)) for row, n in zip(sample_rows, rollout.lengths)]
+        sample_prompts = [p for p in prompts for _ in range(group_size)]
+        total, per_component, round_errors = compute_rewards(rewards, sample_prompts, rollout.texts, sample_rows,
+                                                             cfg.reward.on_error)  # (n,)
+        rollouts.append(rollout)
+        all_rows += sample_rows
+        all_prompts += sample_prompts
+        totals.append(total)
+        components.append(per_component)
+        errors += round_errors
+        rounds += 1
+        if not dynamic_sampling:
+            break
+        kept_groups += int((~tied_groups(total, group_size)).sum())
+        if kept_groups >= wanted or rounds >= max_rounds:
+            break
+    rollout = cat_rollouts(rollouts, tokenizer.pad_token_id)
+    rewards_all = torch.cat(totals)  # (N_drawn,)
+    per_component = {name: torch.cat([c[name] for c in components]) for name in components[0]}
+    drawn_metrics = outcome_metrics(rewards_all, per_component, errors, rollout, cfg.reward.accuracy, group_size)
+    filled = 0
+    if dynamic_sampling:
+        tied = tied_groups(rewards_all, group_size)  # (groups drawn,)
+        informative = torch.nonzero(~tied).flatten()[:wanted]
+        filled = wanted - len(informative)
+        groups = torch.cat([informative, torch.nonzero(tied).flatten()[:filled]])  # (wanted,)
+        index = (groups.unsqueeze(1) * group_size + torch.arange(group_size)).flatten()  # (wanted * G,)
+        rollout = select_rollout(rollout, index)
+        rewards_all = rewards_all[index]
+        all_rows = [all_rows[i] for i in index.tolist()]
+        all_prompts = [all_prompts[i] for i in index.tolist()]
+    prompts_drawn = sum(len(t) for t in totals) // group_size
+    return Batch(all_rows, all_prompts, rollout, rewards_all, drawn_metrics, prompts_drawn, rounds, filled)
+
+
+def outcome_metrics(rewards, per_component, errors, rollout, accuracy_key, group_size) -> dict:
+    """reward/*, completions/* and train/frac_zero_std_groups over the samples drawn."""
+    n = rewards.numel()
+    lengths = rollout.lengths.float()
+    metrics = {
+        "reward/total": rewards.mean().item(),
+        "reward/total_std": rewards.std().item() if n > 1 else 0.0,
+        "reward/accuracy": torch.nan_to_num(per_component[accuracy_key], nan=0.0).mean().item(),
+        "reward/errors": errors,
+        "completions/mean_length": lengths.mean().item(),
+        "completions/max_length": lengths.max().item(),
+        "completions/truncated_frac": rollout.truncated.float().mean().item(),
+        "train/frac_zero_std_groups": zero_std_group_fraction(rewards, group_size),
+    }
+    for name, values in per_component.items():
+        present = values[~torch.isnan(values)]
+        metrics[f"reward/{name}"] = present.mean().item() if present.numel() else None
+        metrics[f"reward/{name}_std"] = present.std().item() if present.numel() > 1 else None
+    return metrics
+
+
+def advantage_metrics(advantages: torch.Tensor, mask: torch.Tensor | None = None) -> dict:
+    """train/advantage_mean|std|max over the samples (or valid tokens when a mask is given)."""
+    values = advantages[mask.bool()] if mask is not None else advantages
+    if values.numel() == 0:
+        return {"train/advantage_mean": 0.0, "train/advantage_std": 0.0, "train/advantage_max": 0.0}
+    return {
+        "train/advantage_mean": values.mean().item(),
+        "train/advantage_std": values.std().item() if values.numel() > 1 else 0.0,
+        "train/advantage_max": values.abs().max().item(),
+    }
+
+
+def sample_records(batch: Batch, advantages: torch.Tensor, count: int) -> list[dict]:
+    return [
+        {"prompt": batch.prompts[i], "completion": batch.rollout.texts[i], "reward": batch.rewards[i].item(),
+         "advantage": advantages[i].item(), "answer": batch.rows[i].get("answer")}
+        for i in range(min(count, len(batch.prompts)))
+    ]
+
+
+def mean_of(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
 
 
 def train_policy_gradient(cfg, parts: Components) -> dict:
     algo, roll = cfg.algorithm, cfg.rollout
     acc, tokenizer, run_dir = parts.accelerator, parts.tokenizer, parts.run_dir
-    group_size = roll.samples_per_prompt
+    # the median estimator samples one extra completion per prompt: the pivot, left out of the gradient
+    group_size = roll.samples_per_prompt + (1 if algo.advantage == "median" else 0)
     updates_per_step = algo.epochs * algo.mini_batches
     optimizer, scheduler = build_optimizer(parts.model, cfg.optim, cfg.steps * updates_per_step)
     reference = None
     if algo.kl_coef > 0:  # frozen copy of the starting policy; not loaded at all when the KL term is off
         reference = copy.deepcopy(parts.model).eval().requires_grad_(False)
+    kl_coef = float(algo.kl_coef)
     model, optimizer = acc.prepare(parts.model, optimizer)
     stream = PromptStream(parts.train_rows, cfg.seed)
+    train_rewards = training_rewards(parts, algo, roll.max_new_tokens)
     shuffle = torch.Generator().manual_seed(cfg.seed)
     metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process)
     eval_kwargs = dict(
@@ -82,106 +252,109 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
 
     for step in range(1, cfg.steps + 1):
         step_start = time.perf_counter()
-        # 1. rollout: G samples per prompt, adjacent in the batch
-        rows = stream.take(cfg.prompts_per_step)
-        prompts = format_prompts(tokenizer, rows, cfg.model.chat_template, cfg.data.system_prompt)
-        rollout = generate(
-            acc.unwrap_model(model), tokenizer, prompts, samples_per_prompt=group_size, max_new_tokens=roll.max_new_tokens,
-            temperature=roll.temperature, top_p=roll.top_p, top_k=roll.top_k, batch_size=roll.batch_size,
-            seeds=[sample_seed(cfg.seed, step, i) for i in range(len(prompts) * group_size)],
-        )
+        if reference is not None and algo.ref_reset_every and step > 1 and (step - 1) % algo.ref_reset_every == 0:
+            reference.load_state_dict(acc.unwrap_model(model).state_dict())
+        # 1-2. rollout (G samples per prompt, adjacent in the batch) and rewards
+        batch = sample_batch(acc.unwrap_model(model), tokenizer, stream, cfg, train_rewards, group_size,
+                             algo.dynamic_sampling, algo.max_sample_batches, step)
+        rollout, rewards = batch.rollout, batch.rewards  # rewards: (N,)
         generation_time = time.perf_counter() - step_start
-        sample_rows = [row for row in rows for _ in range(group_size)]
-        sample_prompts = [p for p in prompts for _ in range(group_size)]
-
-        # 2. rewards
-        rewards, per_component, reward_errors = compute_rewards(
-            parts.rewards, sample_prompts, rollout.texts, sample_rows, cfg.reward.on_error
-        )  # (N,)
-
-        # 3. advantages
-        advantages = group_advantages(rewards, group_size, scale=algo.scale, eps=algo.eps)  # (N,)
-
-        # 4. optimisation
         num_samples = rollout.completion_ids.shape[0]
         completion_mask = rollout.completion_mask  # (N, C)
-        old_logp = batched_logprobs(model, rollout, cfg.micro_batch_size) if updates_per_step > 1 else None
-        ref_logp = batched_logprobs(reference, rollout, cfg.micro_batch_size) if reference is not None else None
-        stats = {"loss": 0.0, "kl": [], "entropy": [], "clip_low": [], "clip_high": [], "grad_norm": []}
+        if algo.mask_truncated:
+            completion_mask = completion_mask * (~rollout.truncated).long().unsqueeze(1)  # (N, C)
+
+        # 3. advantages (old log-probs are needed for several optimizer steps, KL in the reward, or entropy ranking)
+        need_old = updates_per_step > 1 or (reference is not None and algo.kl_in == "reward")
+        old_logp, old_entropy = None, None
+        if need_old or algo.forking_rho < 1:
+            old_logp, old_entropy = batched_logprobs(model, rollout, cfg.micro_batch_size, with_entropy=algo.forking_rho < 1)
+        ref_logp = batched_logprobs(reference, rollout, cfg.micro_batch_size)[0] if reference is not None else None
+        shaped, seq_kl = rewards, None
+        if reference is not None and algo.kl_in == "reward":
+            shaped, seq_kl = sequence_kl_in_reward(rewards, old_logp, ref_logp, completion_mask, kl_coef)  # (N,)
+        advantages, keep = outcome_advantages(shaped, group_size, algo.advantage, algo.scale, algo.eps)  # (N,), (N,)
+        advantages = sign_weighted(advantages, algo.positive_weight, algo.negative_weight)
+        loss_mask = completion_mask * keep.long().unsqueeze(1)  # (N, C): pivots and masked rows leave the loss
+        pg_mask = loss_mask  # (N, C): tokens in the policy-gradient term
+        if algo.forking_rho < 1:
+            pg_mask = loss_mask * top_entropy_mask(old_entropy, loss_mask, algo.forking_rho).long()
+        if not need_old:
+            old_logp = None
+
+        # 4. optimisation
+        stats = {"loss": 0.0, "kl": [], "entropy": [], "clip_low": [], "clip_high": [], "approx_kl": [], "grad_norm": []}
+        seq_kl_sum = 0.0
         for _epoch in range(algo.epochs):
             order = torch.randperm(num_samples, generator=shuffle) if updates_per_step > 1 else torch.arange(num_samples)
             for mini in order.chunk(algo.mini_batches):
-                mini_tokens = completion_mask[mini].sum().item()
+                mini_tokens = loss_mask[mini].sum().item()
+                mini_seqs = keep[mini].sum().item()
                 for lo in range(0, len(mini), cfg.micro_batch_size):
                     idx = mini[lo : lo + cfg.micro_batch_size]
                     mask = completion_mask[idx]
                     logp, entropy = completion_logprobs(
                         model, rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx], mask,
-                        with_entropy=True,
+                        with_entropy=True, entropy_grad=algo.entropy_coef > 0,
                     )
-                    device_mask = mask.to(logp.device)
+                    device_mask = loss_mask[idx].to(logp.device)
                     old = old_logp[idx].to(logp.device) if old_logp is not None else logp.detach()
                     token_loss, clip_stats = clipped_surrogate(
-                        logp, old, advantages[idx].to(logp.device), device_mask, algo.clip_low, algo.clip_high
+                        logp, old, advantages[idx].to(logp.device), pg_mask[idx].to(logp.device), algo.clip_low,
+                        algo.clip_high, algo.dual_clip, algo.ratio_level,
                     )
                     if ref_logp is not None:
                         kl = kl_penalty(logp, ref_logp[idx].to(logp.device), algo.kl_estimator)  # (n, C)
-                        token_loss = token_loss + algo.kl_coef * kl * device_mask
-                        stats["kl"].append(_masked_mean(kl.detach(), device_mask))
-                    loss = aggregate(token_loss, device_mask, algo.loss_agg, mini_tokens, len(mini), roll.max_new_tokens)
+                        if algo.kl_in == "loss":
+                            token_loss = token_loss + kl_coef * kl * device_mask
+                        stats["kl"].append(masked_mean(kl.detach(), device_mask))
+                        seq_kl_sum += (kl.detach() * device_mask).sum().item()
+                    if algo.entropy_coef > 0:
+                        token_loss = token_loss - algo.entropy_coef * entropy * device_mask
+                    loss = aggregate(token_loss, device_mask, algo.loss_agg, mini_tokens, mini_seqs, roll.max_new_tokens)
                     acc.backward(loss)
                     stats["loss"] += loss.item() / updates_per_step
-                    stats["entropy"].append(_masked_mean(entropy, device_mask))
+                    stats["entropy"].append(masked_mean(entropy.detach(), mask.to(logp.device)))
                     stats["clip_low"].append(clip_stats["train/clip_frac_low"].item())
                     stats["clip_high"].append(clip_stats["train/clip_frac_high"].item())
+                    stats["approx_kl"].append(clip_stats["train/approx_kl"].item())
                 if cfg.optim.max_grad_norm:
                     stats["grad_norm"].append(float(acc.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)))
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
+        if reference is not None and algo.kl_target is not None:
+            observed = seq_kl.mean().item() if seq_kl is not None else seq_kl_sum / (algo.epochs * num_samples)
+            kl_coef = adaptive_kl_coef(kl_coef, observed, algo.kl_target, algo.kl_horizon, num_samples)
 
         step_time = time.perf_counter() - step_start
-        completion_tokens = completion_mask.sum().item()
-        lengths = rollout.lengths.float()
         metrics = {
             "train/loss": stats["loss"],
             "train/lr": scheduler.get_last_lr()[0],
-            "train/entropy": sum(stats["entropy"]) / len(stats["entropy"]),
-            "train/clip_frac_low": sum(stats["clip_low"]) / len(stats["clip_low"]),
-            "train/clip_frac_high": sum(stats["clip_high"]) / len(stats["clip_high"]),
-            "train/frac_zero_std_groups": zero_std_group_fraction(rewards, group_size),
-            "train/advantage_mean": advantages.mean().item(),
-            "train/advantage_std": advantages.std().item() if num_samples > 1 else 0.0,
-            "train/advantage_max": advantages.abs().max().item(),
-            "reward/total": rewards.mean().item(),
-            "reward/total_std": rewards.std().item() if num_samples > 1 else 0.0,
-            "reward/accuracy": torch.nan_to_num(per_component[cfg.reward.accuracy], nan=0.0).mean().item(),
-            "reward/errors": reward_errors,
-            "completions/mean_length": lengths.mean().item(),
-            "completions/max_length": lengths.max().item(),
-            "completions/truncated_frac": rollout.truncated.float().mean().item(),
+            "train/entropy": mean_of(stats["entropy"]),
+            "train/clip_frac_low": mean_of(stats["clip_low"]),
+            "train/clip_frac_high": mean_of(stats["clip_high"]),
+            "train/approx_kl": mean_of(stats["approx_kl"]),
+            "train/prompts_drawn": batch.prompts_drawn,
+            "train/sample_rounds": batch.rounds,
+            **advantage_metrics(advantages[keep]),
+            **batch.drawn_metrics,
             "perf/step_time_s": step_time,
             "perf/generation_time_s": generation_time,
-            "perf/tokens_per_s": completion_tokens / step_time,
+            "perf/tokens_per_s": completion_mask.sum().item() / step_time,
         }
-        for name, values in per_component.items():
-            present = values[~torch.isnan(values)]
-            metrics[f"reward/{name}"] = present.mean().item() if present.numel() else None
-            metrics[f"reward/{name}_std"] = present.std().item() if present.numel() > 1 else None
+        if algo.dynamic_sampling:
+            metrics["train/filled_groups"] = batch.filled_groups
         if stats["kl"]:
-            metrics["train/kl_ref"] = sum(stats["kl"]) / len(stats["kl"])
+            metrics["train/kl_ref"] = mean_of(stats["kl"])
+            metrics["train/kl_coef"] = kl_coef
         if stats["grad_norm"]:
-            metrics["train/grad_norm"] = sum(stats["grad_norm"]) / len(stats["grad_norm"])
+            metrics["train/grad_norm"] = mean_of(stats["grad_norm"])
         if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
             last_eval = run_eval(step)
             metrics.update(last_eval)
         if acc.is_main_process and cfg.log.samples_every and (step % cfg.log.samples_every == 0 or step == 1):
-            records = [
-                {"prompt": sample_prompts[i], "completion": rollout.texts[i], "reward": rewards[i].item(),
-                 "advantage": advantages[i].item(), "answer": sample_rows[i].get("answer")}
-                for i in range(min(cfg.log.num_samples, num_samples))
-            ]
-            write_samples(run_dir, step, records)
+            write_samples(run_dir, step, sample_records(batch, advantages, cfg.log.num_samples))
         if step % cfg.log.every == 0 or "eval/accuracy" in metrics:
             metrics_log.write(step, metrics)
         metrics_log.show(step, metrics)

@@ -14,11 +14,13 @@ def completion_logprobs(
     completion_ids: torch.Tensor,
     completion_mask: torch.Tensor,
     with_entropy: bool = False,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(completion_t | prompt, completion_<t) for every completion position.
 
     prompt_*: (N, P) left-padded; completion_*: (N, C). Position ids follow the attention mask, as in
-    generation, so the numbers match the sampler's. Returns logp (N, C) and entropy (N, C) or None."""
+    generation, so the numbers match the sampler's. Returns logp (N, C) and entropy (N, C) or None;
+    the entropy carries gradients only with entropy_grad=True (for an entropy bonus)."""
     device = next(model.parameters()).device
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1).to(device)  # (N, P+C)
     attention = torch.cat([prompt_mask, completion_mask], dim=1).to(device)  # (N, P+C)
@@ -29,6 +31,6 @@ def completion_logprobs(
     logp = token_logprobs(logits, completion_ids.to(device))  # (N, C)
     entropy = None
     if with_entropy:
-        with torch.no_grad():
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             entropy = token_entropy(logits)  # (N, C)
     return logp, entropy

@@ -1,0 +1,212 @@
+"""PPO with a learned critic (family `ppo`), read top to bottom.
+
+Each step:
+  1. draw `prompts_per_step` prompts and sample rollout.samples_per_prompt completions for each, score
+     them (same sampling and rewards as the policy-gradient loop, dynamic sampling included);
+  2. under the sampling policy: log-probs, reference log-probs (when kl_coef > 0) and values V_t from the
+     value model (models/value.py);
+  3. token rewards: the outcome reward on the last completion token, minus kl_coef * k1_t on every token
+     when algorithm.kl_in=reward (algorithms/kl.py); GAE(gamma, lam) gives advantages and value targets
+     (algorithms/advantages.py), advantages optionally whitened over the batch;
+  4. `epochs` passes of `mini_batches` steps: clipped surrogate on per-token advantages + vf_coef x
+     clipped value loss, aggregated exactly over micro-batches; policy and value model each have their
+     own AdamW (value_lr) and gradient clipping.
+Departures from InstructGPT's PPO: no pretraining-mix loss; the value model starts as a copy of the
+policy backbone with a zero-initialised head instead of a trained reward model.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+
+import torch
+from omegaconf import OmegaConf
+
+from rlx.algorithms.advantages import gae_advantages, whiten
+from rlx.algorithms.kl import adaptive_kl_coef, kl_penalty, token_rewards
+from rlx.algorithms.losses import aggregate, clipped_surrogate, explained_variance, value_loss
+from rlx.data.tasks import PromptStream
+from rlx.loops.common import Components, build_optimizer, evaluate
+from rlx.loops.policy_gradient import (
+    advantage_metrics,
+    batched_logprobs,
+    masked_mean,
+    mean_of,
+    sample_batch,
+    sample_records,
+    training_rewards,
+)
+from rlx.models.forward import completion_logprobs
+from rlx.models.value import build_value_model
+from rlx.run import MetricsLog, write_samples
+
+log = logging.getLogger("rlx")
+
+
+@torch.no_grad()
+def batched_values(value_model, rollout, micro: int) -> torch.Tensor:
+    """Values (N, C) of every completion position, without gradients."""
+    out = []
+    for lo in range(0, rollout.completion_ids.shape[0], micro):
+        sl = slice(lo, lo + micro)
+        out.append(value_model(rollout.prompt_ids[sl], rollout.prompt_mask[sl], rollout.completion_ids[sl],
+                               rollout.completion_mask[sl]).cpu())
+    return torch.cat(out)
+
+
+def train_ppo(cfg, parts: Components) -> dict:
+    algo, roll = cfg.algorithm, cfg.rollout
+    acc, tokenizer, run_dir = parts.accelerator, parts.tokenizer, parts.run_dir
+    group_size = roll.samples_per_prompt
+    updates_per_step = algo.epochs * algo.mini_batches
+    total_updates = cfg.steps * updates_per_step
+    value_model = build_value_model(parts.model, algo.value_model, cfg.model.dtype, cfg.model.trust_remote_code)
+    optimizer, scheduler = build_optimizer(parts.model, cfg.optim, total_updates)
+    value_optim_cfg = OmegaConf.merge(cfg.optim, {"lr": algo.value_lr})
+    value_optimizer, value_scheduler = build_optimizer(value_model, value_optim_cfg, total_updates)
+    reference = None
+    if algo.kl_coef > 0:
+        reference = copy.deepcopy(parts.model).eval().requires_grad_(False)
+    kl_coef = float(algo.kl_coef)
+    model, optimizer, value_model, value_optimizer = acc.prepare(parts.model, optimizer, value_model, value_optimizer)
+    stream = PromptStream(parts.train_rows, cfg.seed)
+    train_rewards = training_rewards(parts, algo, roll.max_new_tokens)
+    shuffle = torch.Generator().manual_seed(cfg.seed)
+    metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process)
+    eval_kwargs = dict(
+        accuracy_key=cfg.reward.accuracy, use_chat_template=cfg.model.chat_template, system_prompt=cfg.data.system_prompt,
+        max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size, on_error=cfg.reward.on_error,
+    )
+    eval_rows = parts.eval_rows[: cfg.eval.size]
+    last_eval: dict = {}
+
+    def run_eval() -> dict:
+        metrics, _ = evaluate(acc.unwrap_model(model), tokenizer, eval_rows, parts.rewards, **eval_kwargs)
+        return metrics
+
+    if cfg.eval.at_start:
+        last_eval = run_eval()
+        metrics_log.write(0, last_eval)
+        metrics_log.show(0, last_eval)
+
+    for step in range(1, cfg.steps + 1):
+        step_start = time.perf_counter()
+        if reference is not None and algo.ref_reset_every and step > 1 and (step - 1) % algo.ref_reset_every == 0:
+            reference.load_state_dict(acc.unwrap_model(model).state_dict())
+        # 1. rollout and rewards
+        batch = sample_batch(acc.unwrap_model(model), tokenizer, stream, cfg, train_rewards, group_size,
+                             algo.dynamic_sampling, algo.max_sample_batches, step)
+        rollout, rewards = batch.rollout, batch.rewards  # rewards: (N,)
+        generation_time = time.perf_counter() - step_start
+        num_samples = rollout.completion_ids.shape[0]
+        mask = rollout.completion_mask  # (N, C)
+        if algo.mask_truncated:
+            mask = mask * (~rollout.truncated).long().unsqueeze(1)
+
+        # 2. sampling-policy log-probs, reference log-probs and values
+        old_logp, _ = batched_logprobs(model, rollout, cfg.micro_batch_size)  # (N, C)
+        ref_logp = batched_logprobs(reference, rollout, cfg.micro_batch_size)[0] if reference is not None else None
+        old_values = batched_values(value_model, rollout, cfg.micro_batch_size)  # (N, C)
+
+        # 3. token rewards, GAE, whitening
+        in_reward = reference is not None and algo.kl_in == "reward"
+        rewards_t = token_rewards(rewards, mask, old_logp if in_reward else None, ref_logp if in_reward else None,
+                                  kl_coef)  # (N, C)
+        advantages, returns = gae_advantages(rewards_t, old_values, mask, algo.gamma, algo.lam)  # (N, C) each
+        raw_advantages = advantages
+        if algo.whiten_advantages:
+            advantages = whiten(advantages, mask)
+
+        # 4. optimisation
+        stats = {key: [] for key in ("kl", "entropy", "clip_low", "clip_high", "approx_kl", "value_clip", "grad_norm", "value_grad_norm")}
+        stats["loss"], stats["value_loss"] = 0.0, 0.0
+        seq_kl_sum = 0.0
+        for _epoch in range(algo.epochs):
+            order = torch.randperm(num_samples, generator=shuffle) if updates_per_step > 1 else torch.arange(num_samples)
+            for mini in order.chunk(algo.mini_batches):
+                mini_tokens = mask[mini].sum().item()
+                for lo in range(0, len(mini), cfg.micro_batch_size):
+                    idx = mini[lo : lo + cfg.micro_batch_size]
+                    micro_mask = mask[idx]
+                    logp, entropy = completion_logprobs(
+                        model, rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx],
+                        rollout.completion_mask[idx], with_entropy=True, entropy_grad=algo.entropy_coef > 0,
+                    )
+                    device_mask = micro_mask.to(logp.device)
+                    token_loss, clip_stats = clipped_surrogate(
+                        logp, old_logp[idx].to(logp.device), advantages[idx].to(logp.device), device_mask,
+                        algo.clip_low, algo.clip_high, algo.dual_clip, algo.ratio_level,
+                    )
+                    if ref_logp is not None:
+                        kl = kl_penalty(logp, ref_logp[idx].to(logp.device), algo.kl_estimator)  # (n, C)
+                        if algo.kl_in == "loss":
+                            token_loss = token_loss + kl_coef * kl * device_mask
+                        stats["kl"].append(masked_mean(kl.detach(), device_mask))
+                        seq_kl_sum += (kl.detach() * device_mask).sum().item()
+                    if algo.entropy_coef > 0:
+                        token_loss = token_loss - algo.entropy_coef * entropy * device_mask
+                    values = value_model(rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx],
+                                         rollout.completion_mask[idx])  # (n, C)
+                    v_loss, v_stats = value_loss(values, old_values[idx].to(values.device), returns[idx].to(values.device),
+                                                 micro_mask.to(values.device), algo.value_clip)
+                    policy_part = aggregate(token_loss, device_mask, algo.loss_agg, mini_tokens, len(mini), roll.max_new_tokens)
+                    value_part = aggregate(v_loss, micro_mask.to(values.device), "token-mean", mini_tokens, len(mini))
+                    loss = policy_part + algo.vf_coef * value_part
+                    acc.backward(loss)
+                    stats["loss"] += policy_part.item() / updates_per_step
+                    stats["value_loss"] += value_part.item() / updates_per_step
+                    stats["value_clip"].append(v_stats["train/value_clip_frac"].item())
+                    stats["entropy"].append(masked_mean(entropy.detach(), device_mask))
+                    stats["clip_low"].append(clip_stats["train/clip_frac_low"].item())
+                    stats["clip_high"].append(clip_stats["train/clip_frac_high"].item())
+                    stats["approx_kl"].append(clip_stats["train/approx_kl"].item())
+                if cfg.optim.max_grad_norm:
+                    stats["grad_norm"].append(float(acc.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)))
+                    stats["value_grad_norm"].append(
+                        float(acc.clip_grad_norm_(value_model.parameters(), cfg.optim.max_grad_norm)))
+                for opt, sched in ((optimizer, scheduler), (value_optimizer, value_scheduler)):
+                    opt.step()
+                    sched.step()
+                    opt.zero_grad(set_to_none=True)
+        if reference is not None and algo.kl_target is not None:
+            kl_coef = adaptive_kl_coef(kl_coef, seq_kl_sum / (algo.epochs * num_samples), algo.kl_target,
+                                       algo.kl_horizon, num_samples)
+
+        step_time = time.perf_counter() - step_start
+        metrics = {
+            "train/loss": stats["loss"],
+            "train/lr": scheduler.get_last_lr()[0],
+            "train/entropy": mean_of(stats["entropy"]),
+            "train/clip_frac_low": mean_of(stats["clip_low"]),
+            "train/clip_frac_high": mean_of(stats["clip_high"]),
+            "train/approx_kl": mean_of(stats["approx_kl"]),
+            "train/value_loss": stats["value_loss"],
+            "train/value_clip_frac": mean_of(stats["value_clip"]),
+            "train/explained_variance": explained_variance(old_values, returns, mask),
+            "train/value_mean": masked_mean(old_values, mask),
+            "train/prompts_drawn": batch.prompts_drawn,
+            "train/sample_rounds": batch.rounds,
+            **advantage_metrics(raw_advantages, mask),
+            **batch.drawn_metrics,
+            "perf/step_time_s": step_time,
+            "perf/generation_time_s": generation_time,
+            "perf/tokens_per_s": mask.sum().item() / step_time,
+        }
+        if stats["kl"]:
+            metrics["train/kl_ref"] = mean_of(stats["kl"])
+            metrics["train/kl_coef"] = kl_coef
+        if stats["grad_norm"]:
+            metrics["train/grad_norm"] = mean_of(stats["grad_norm"])
+            metrics["train/value_grad_norm"] = mean_of(stats["value_grad_norm"])
+        if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
+            last_eval = run_eval()
+            metrics.update(last_eval)
+        if acc.is_main_process and cfg.log.samples_every and (step % cfg.log.samples_every == 0 or step == 1):
+            write_samples(run_dir, step, sample_records(batch, raw_advantages[:, 0], cfg.log.num_samples))
+        if step % cfg.log.every == 0 or "eval/accuracy" in metrics:
+            metrics_log.write(step, metrics)
+        metrics_log.show(step, metrics)
+    metrics_log.close()
+    return {"model": model, "final_eval": last_eval}

@@ -1,0 +1,51 @@
+"""Value model for PPO: a scalar head on a transformer backbone, one value per completion token.
+
+By default the backbone is a copy of the policy's own (same weights at the start, trained separately);
+`algorithm.value_model=PATH` loads a separate model's backbone instead (hub id or local folder).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+
+class ValueModel(nn.Module):
+    """V(prompt, completion_<t): the value of the state before completion token t."""
+
+    def __init__(self, backbone: nn.Module, hidden_size: int):
+        super().__init__()
+        self.backbone = backbone
+        self.head = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.head.weight)  # start from V = 0 everywhere: no prior on the returns
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
+        """prompt_*: (N, P) left-padded; completion_*: (N, C). Returns values (N, C)."""
+        device = self.head.weight.device
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1).to(device)  # (N, P+C)
+        attention = torch.cat([prompt_mask, completion_mask], dim=1).to(device)  # (N, P+C)
+        position_ids = (attention.cumsum(dim=1) - 1).clamp(min=0)  # (N, P+C)
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
+                               use_cache=False).last_hidden_state  # (N, P+C, H)
+        # the hidden state that predicts completion token t sits one position before it
+        states = hidden[:, prompt_ids.shape[1] - 1 : -1].float()  # (N, C, H)
+        return self.head(states).squeeze(-1)  # (N, C)
+
+
+def build_value_model(policy, path: str | None = None, dtype: str = "float32", trust_remote_code: bool = False) -> ValueModel:
+    """Value head on a copy of the policy backbone (path None), or on the backbone of a separate model."""
+    if path is None:
+        backbone = copy.deepcopy(policy.base_model)
+        hidden_size = policy.config.hidden_size
+    else:
+        from transformers import AutoModel
+
+        from rlx.models.loading import DTYPES, resolve_model_path
+
+        backbone = AutoModel.from_pretrained(resolve_model_path(path), dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
+        hidden_size = backbone.config.hidden_size
+    backbone.requires_grad_(True)
+    return ValueModel(backbone, hidden_size).train()

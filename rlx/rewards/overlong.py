@@ -1,0 +1,30 @@
+"""DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), as a reward component.
+
+With L_max the generation budget and L_cache the buffer before it:
+    R(y) = 0                                 if |y| <= L_max - L_cache
+         = ((L_max - L_cache) - |y|) / L_cache   if L_max - L_cache < |y| <= L_max
+         = -1                                if |y| > L_max
+so the penalty grows linearly from 0 to -1 across the buffer. The training loop passes the completion
+token counts as the `completion_tokens` column.
+"""
+
+from __future__ import annotations
+
+
+def overlong_penalty(prompts, completions, completion_tokens=None, *, max_length: int, buffer: int, **row) -> list[float | None]:
+    """Example: L_max 16, buffer 4: 12 tokens -> 0, 14 -> -0.5, 16 -> -1, 17 -> -1.
+    None (does not apply) when token counts are not available (e.g. held-out evaluation)."""
+    if completion_tokens is None:
+        return [None] * len(completions)
+    if buffer <= 0 or buffer > max_length:
+        raise ValueError(f"overlong buffer must be in 1..max_length={max_length}, got {buffer}")
+    start = max_length - buffer
+    scores = []
+    for length in completion_tokens:
+        if length <= start:
+            scores.append(0.0)
+        elif length <= max_length:
+            scores.append((start - length) / buffer)
+        else:
+            scores.append(-1.0)
+    return scores
