@@ -266,6 +266,8 @@ def retest(sweep_dir: Path, args: list[str], launch) -> Path:
             extra.append(arg)
     if not all(s.lstrip("-").isdigit() for s in seeds) or not seeds:
         raise UserError(f"seeds={','.join(seeds)} must be a comma-separated list of integers, e.g. seeds=1000,1001,1002")
+    if not (sweep_dir / SUMMARY_CSV).is_file():
+        raise UserError(f"{sweep_dir / SUMMARY_CSV} not found; pass the directory of a finished sweep (it holds summary.csv)")
     overlap = tuning_seeds(sweep_dir) & {int(s) for s in seeds}
     if overlap:
         raise UserError(f"test seeds {sorted(overlap)} were already used for tuning in {sweep_dir}; pick fresh ones, "

@@ -126,6 +126,7 @@ def test_recipes_list_and_show(tmp_path):
     assert missing.returncode == 2 and "unknown recipe 'grpo_tiyn' (did you mean 'grpo_tiny'?)" in missing.stderr
 
 
+@pytest.mark.slow  # a 2-seed multirun of grpo_tiny through `rlx recipes reproduce` (make test-slow)
 def test_reproduce_command_runs_a_recipe_and_reports(tmp_path):
     out = tmp_path / "repro"
     result = run_rlx(["recipes", "reproduce", "grpo_tiny", "--seeds", "2", "--out", str(out), "--no-readme",
