@@ -89,6 +89,7 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
             acc.unwrap_model(model), tokenizer, prompts, samples_per_prompt=group_size, max_new_tokens=roll.max_new_tokens,
             temperature=roll.temperature, top_p=roll.top_p, top_k=roll.top_k, batch_size=roll.batch_size,
             seeds=[sample_seed(cfg.seed, step, i) for i in range(len(prompts) * group_size)],
+            min_new_tokens=roll.get("min_new_tokens", 0),
         )
         generation_time = time.perf_counter() - step_start
         sample_rows = [row for row in rows for _ in range(group_size)]

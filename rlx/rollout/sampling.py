@@ -79,6 +79,13 @@ def inverse_cdf_sample(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Ten
     return token.clamp(max=probs.shape[-1] - 1)
 
 
+def sample_tokens(logits: torch.Tensor, seeds: torch.Tensor, position: int, temperature: float, top_k: int,
+                  top_p: float) -> torch.Tensor:
+    """The seeded draw of each row at completion position `position`. logits: (N, V); seeds: (N,). Returns (N,)."""
+    probs = filtered_probs(logits, temperature, top_k, top_p)
+    return inverse_cdf_sample(probs, row_uniforms(seeds.to(logits.device), position))
+
+
 class SeededSampler(LogitsProcessor):
     """Makes greedy decoding in `model.generate` pick the seeded sample: all other logits set to -inf."""
 
@@ -89,9 +96,7 @@ class SeededSampler(LogitsProcessor):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         position = input_ids.shape[1] - self.prompt_length
-        probs = filtered_probs(scores, self.temperature, self.top_k, self.top_p)
-        uniforms = row_uniforms(self.seeds.to(scores.device), position)
-        tokens = inverse_cdf_sample(probs, uniforms)
+        tokens = sample_tokens(scores, self.seeds, position, self.temperature, self.top_k, self.top_p)
         forced = torch.full_like(scores, float("-inf"))
         forced.scatter_(1, tokens.unsqueeze(1), 0.0)
         return forced
