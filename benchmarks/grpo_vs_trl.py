@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -49,6 +50,7 @@ def rlx_worker(setting: str, steps: int, prompts_file: Path) -> dict:
 
     kind, prompts, group, length = SETTINGS[setting]
     run_dir = CACHE / "rlx_run"
+    shutil.rmtree(run_dir, ignore_errors=True)  # metrics.jsonl would otherwise collect earlier runs
     overrides = [
         f"model.path={model_dir(kind)}", "data=file", f"data.train_path={prompts_file}", "data.eval_size=8",
         "data.prompt_template='{question}'", "reward=exact_match", f"steps={steps + 1}", f"prompts_per_step={prompts}",

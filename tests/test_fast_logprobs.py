@@ -124,3 +124,26 @@ def test_training_logprobs_match_sampler_distribution(monkeypatch):
             assert abs(logp[row_of_seed[seed], position].item() - value) < 1e-4
             checked += 1
     assert checked == int(rollout.completion_mask.sum())
+
+
+def test_shared_prompt_pass_equals_plain_forward():
+    """Rows with the same prompt (a GRPO group) encode it once; values and gradients are unchanged."""
+    from rlx.models.forward import prompt_groups
+
+    model = _tiny_llama(50).train()
+    prompt_ids, prompt_mask, completion_ids, completion_mask = _batch(50, n=2, p=5, c=6)
+    prompt_mask[1, :1] = 0
+    # 3 samples of prompt 0, then 2 of prompt 1
+    batch = (prompt_ids[[0, 0, 0, 1, 1]], prompt_mask[[0, 0, 0, 1, 1]],
+             torch.randint(1, 50, (5, 6), generator=torch.Generator().manual_seed(2)), torch.ones(5, 6, dtype=torch.long))
+    batch[3][2, 3:] = 0
+    first, group = prompt_groups(batch[0], batch[1])
+    assert first.tolist() == [0, 3] and group.tolist() == [0, 0, 0, 1, 1]
+    mask = batch[3].bool()
+    plain, _ = completion_logprobs(model, *batch, chunked=False)
+    plain_grads = torch.autograd.grad(plain[mask].sum(), list(model.parameters()))
+    shared, _ = completion_logprobs(model, *batch)
+    shared_grads = torch.autograd.grad(shared[mask].sum(), list(model.parameters()))
+    assert torch.allclose(shared[mask], plain[mask], atol=1e-5)
+    for got, want in zip(shared_grads, plain_grads):
+        assert torch.allclose(got, want, atol=1e-5)

@@ -20,21 +20,55 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     return (log_norm.squeeze(-1) - (probs * logits).sum(-1))
 
 
-def _chunk_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
-                    with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs (n,) of `targets` and detached entropies (n,) (zeros unless with_entropy) for one chunk."""
-    logits = hidden @ weight.t()  # (n, V)
-    if bias is not None:
-        logits = logits + bias
-    logits = logits.float()
-    log_norm = torch.logsumexp(logits, dim=-1)  # (n,)
-    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm
-    if not with_entropy:
-        return logp, torch.zeros_like(log_norm).detach()
-    with torch.no_grad():
-        probs = torch.exp(logits - log_norm.unsqueeze(-1))
-        entropy = log_norm - (probs * logits).sum(-1)
-    return logp, entropy
+class _ChunkedLinearLogprobs(torch.autograd.Function):
+    """log softmax(h W^T + b)[target], chunk by chunk; the backward pass recomputes each chunk's logits.
+
+    d logp_t / d z_t = onehot(target_t) - softmax(z_t), so with upstream gradients g (M,):
+    dL/dz = g * (onehot - p),  dL/dh = dL/dz W,  dL/dW = dL/dz^T h,  dL/db = sum_t dL/dz_t."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, chunk_tokens, with_entropy):
+        logps, log_norms, entropies = [], [], []
+        for lo in range(0, hidden.shape[0], chunk_tokens):
+            logits = hidden[lo : lo + chunk_tokens] @ weight.t()  # (n, V)
+            if bias is not None:
+                logits = logits + bias
+            logits = logits.float()
+            log_norm = torch.logsumexp(logits, dim=-1)  # (n,)
+            logps.append(logits.gather(-1, targets[lo : lo + chunk_tokens].unsqueeze(-1)).squeeze(-1) - log_norm)
+            log_norms.append(log_norm)
+            if with_entropy:
+                probs = torch.exp(logits - log_norm.unsqueeze(-1))
+                entropies.append(log_norm - (probs * logits).sum(-1))
+        ctx.save_for_backward(hidden, weight, bias, targets, torch.cat(log_norms))
+        ctx.chunk_tokens = chunk_tokens
+        entropy = torch.cat(entropies) if with_entropy else torch.zeros(hidden.shape[0], device=hidden.device)
+        ctx.mark_non_differentiable(entropy)
+        return torch.cat(logps), entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, _grad_entropy):
+        hidden, weight, bias, targets, log_norm = ctx.saved_tensors
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        grad_bias = torch.zeros_like(bias) if bias is not None and ctx.needs_input_grad[2] else None
+        for lo in range(0, hidden.shape[0], ctx.chunk_tokens):
+            chunk = hidden[lo : lo + ctx.chunk_tokens]  # (n, H)
+            logits = chunk @ weight.t()  # (n, V)
+            if bias is not None:
+                logits = logits + bias
+            grad_logits = torch.exp(logits.float() - log_norm[lo : lo + ctx.chunk_tokens].unsqueeze(-1))  # p, (n, V)
+            grad_logits.neg_().scatter_add_(-1, targets[lo : lo + ctx.chunk_tokens].unsqueeze(-1),
+                                            torch.ones_like(log_norm[lo : lo + ctx.chunk_tokens]).unsqueeze(-1))
+            grad_logits.mul_(grad_logp[lo : lo + ctx.chunk_tokens].unsqueeze(-1))
+            grad_logits = grad_logits.to(weight.dtype)
+            if grad_hidden is not None:
+                grad_hidden[lo : lo + ctx.chunk_tokens] = grad_logits @ weight
+            if grad_weight is not None:
+                grad_weight.addmm_(grad_logits.t(), chunk)
+            if grad_bias is not None:
+                grad_bias.add_(grad_logits.sum(0))
+        return grad_hidden, grad_weight, grad_bias, None, None, None
 
 
 def chunked_linear_logprobs(
@@ -48,24 +82,14 @@ def chunked_linear_logprobs(
     """log softmax(h W^T + b)[target] for each row of `hidden`, never holding more than chunk_tokens x V logits.
 
     hidden: (M, H) final hidden states; weight: (V, H) output projection; targets: (M,).
-    The result equals token_logprobs(hidden @ W^T + b, targets); the logits of each chunk are recomputed
-    in the backward pass (activation checkpointing, Chen et al. 2016) instead of being stored, so the
-    peak memory is O(chunk_tokens x V) rather than O(M x V), at the cost of one extra (chunk, H) x (H, V)
-    product per chunk. Entropy H = logsumexp(z) - sum_v softmax(z)_v z_v is returned without gradient.
-    Returns logp (M,) and entropy (M,) or None."""
-    from torch.utils.checkpoint import checkpoint
-
-    logps, entropies = [], []
-    needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    for lo in range(0, hidden.shape[0], chunk_tokens):
-        args = (hidden[lo : lo + chunk_tokens], weight, bias, targets[lo : lo + chunk_tokens], with_entropy)
-        if needs_grad:
-            logp, entropy = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
-        else:
-            logp, entropy = _chunk_logprobs(*args)
-        logps.append(logp)
-        entropies.append(entropy)
-    if not logps:
-        empty = hidden.new_zeros((0,), dtype=torch.float32)
-        return empty, (empty if with_entropy else None)
-    return torch.cat(logps), (torch.cat(entropies).detach() if with_entropy else None)
+    The result equals token_logprobs(hidden @ W^T + b, targets). Only h, W and logsumexp(z) (M,) are
+    kept for the backward pass, which recomputes each chunk's logits (the recomputation trick of
+    activation checkpointing, Chen et al. 2016, with the softmax gradient written out), so the peak
+    memory is O(chunk_tokens x V) rather than O(M x V), for one extra (chunk, H) x (H, V) product per
+    chunk. Entropy H = logsumexp(z) - sum_v softmax(z)_v z_v is returned without gradient.
+    Returns logp (M,) float32 and entropy (M,) or None."""
+    if hidden.shape[0] == 0:  # nothing to score; keep the graph connected so backward still runs
+        empty = (hidden.sum() * 0).float().reshape(1)[:0]
+        return empty, (empty.detach() if with_entropy else None)
+    logp, entropy = _ChunkedLinearLogprobs.apply(hidden, weight, bias, targets, max(1, chunk_tokens), with_entropy)
+    return logp, (entropy if with_entropy else None)

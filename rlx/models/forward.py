@@ -29,6 +29,46 @@ def _output_head(model):
     return head if isinstance(head, torch.nn.Linear) else None
 
 
+def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Runs of identical consecutive prompts (the G samples of a prompt are adjacent in a rollout).
+
+    Returns the first row of each run (R,) and the run index of every row (N,)."""
+    same = (prompt_ids[1:] == prompt_ids[:-1]).all(dim=1) & (prompt_mask[1:] == prompt_mask[:-1]).all(dim=1)  # (N-1,)
+    starts = torch.cat([torch.ones(1, dtype=torch.bool, device=same.device), ~same])  # (N,)
+    return starts.nonzero().squeeze(1), starts.long().cumsum(0) - 1
+
+
+def _can_share_prompts(model) -> bool:
+    """Two forward calls per backward is safe for a plain module, not through a DDP wrapper or with
+    activation checkpointing (which turns the KV cache off)."""
+    if hasattr(model, "module"):
+        return False
+    return not getattr(model, "is_activation_checkpointing", False) and not getattr(model, "_rlx_no_prompt_sharing", False)
+
+
+def _shared_prompt_hidden(model, prompt_ids, prompt_mask, completion_ids, attention, position_ids, first, group_of_row):
+    """Final hidden states (N, C, H) predicting each completion token, encoding each distinct prompt once.
+
+    The prompt runs with its KV cache on, the cache rows are copied to every completion of the prompt
+    (an index, so gradients flow back into the shared prompt pass), and the completions run on top of it:
+    the same numbers as one pass over (prompt, completion), with the prompt tokens computed R instead
+    of N times."""
+    from transformers import DynamicCache
+
+    device = attention.device
+    prompt_len = prompt_ids.shape[1]
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=prompt_ids[first], attention_mask=prompt_mask[first], position_ids=position_ids[first, :prompt_len],
+                past_key_values=cache, use_cache=True, output_hidden_states=True, logits_to_keep=1)
+    first_hidden = out.hidden_states[-1][:, -1][group_of_row]  # (N, H): predicts completion token 0
+    cache = out.past_key_values
+    cache.batch_select_indices(group_of_row)  # (R, ...) -> (N, ...)
+    out = model(input_ids=completion_ids, attention_mask=attention, position_ids=position_ids[:, prompt_len:],
+                past_key_values=cache, use_cache=True, output_hidden_states=True, logits_to_keep=1)
+    return torch.cat([first_hidden.unsqueeze(1), out.hidden_states[-1][:, :-1]], dim=1)  # (N, C, H)
+
+
 def completion_logprobs(
     model,
     prompt_ids: torch.Tensor,
@@ -59,10 +99,15 @@ def completion_logprobs(
             with torch.no_grad():
                 entropy = token_entropy(logits)  # (N, C)
         return logp, entropy
-    # logits_to_keep=1: the model projects only the last position; the rest is done here in chunks
-    out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False,
-                output_hidden_states=True, logits_to_keep=1)
-    hidden = out.hidden_states[-1][:, prompt_len - 1 : -1]  # (N, C, H) final-norm states predicting each token
+    first, group_of_row = prompt_groups(prompt_ids, prompt_mask)
+    if len(first) < len(group_of_row) and _can_share_prompts(model):
+        hidden = _shared_prompt_hidden(model, prompt_ids, prompt_mask, completion_ids.to(device), attention,
+                                       position_ids, first.to(device), group_of_row.to(device))
+    else:
+        # logits_to_keep=1: the model projects only the last position; the rest is done here in chunks
+        out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False,
+                    output_hidden_states=True, logits_to_keep=1)
+        hidden = out.hidden_states[-1][:, prompt_len - 1 : -1]  # (N, C, H) final-norm states predicting each token
     keep = completion_mask.to(device).bool()  # (N, C)
     chunk_tokens = max(1, LOGIT_CHUNK_ELEMENTS // head.weight.shape[0])
     flat_logp, flat_entropy = chunked_linear_logprobs(
