@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from functools import partial
 
 import torch
 
@@ -28,6 +29,7 @@ from rlx.models.forward import completion_logprobs
 from rlx.rewards import compute_rewards
 from rlx.rollout.hf import Rollout, generate
 from rlx.rollout.sampling import sample_seed
+from rlx.rollout.vllm import build_engine
 from rlx.run import MetricsLog, write_samples
 
 log = logging.getLogger("rlx")
@@ -60,6 +62,7 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
     reference = None
     if algo.kl_coef > 0:  # frozen copy of the starting policy; not loaded at all when the KL term is off
         reference = copy.deepcopy(parts.model).eval().requires_grad_(False)
+    engine = build_engine(roll, parts.model, tokenizer, cfg.seed)  # None: generate with the policy (rollout=hf)
     model, optimizer = acc.prepare(parts.model, optimizer)
     stream = PromptStream(parts.train_rows, cfg.seed)
     shuffle = torch.Generator().manual_seed(cfg.seed)
@@ -85,8 +88,9 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
         # 1. rollout: G samples per prompt, adjacent in the batch
         rows = stream.take(cfg.prompts_per_step)
         prompts = format_prompts(tokenizer, rows, cfg.model.chat_template, cfg.data.system_prompt)
-        rollout = generate(
-            acc.unwrap_model(model), tokenizer, prompts, samples_per_prompt=group_size, max_new_tokens=roll.max_new_tokens,
+        sample = engine.generate if engine is not None else partial(generate, acc.unwrap_model(model), tokenizer)
+        rollout = sample(
+            prompts, samples_per_prompt=group_size, max_new_tokens=roll.max_new_tokens,
             temperature=roll.temperature, top_p=roll.top_p, top_k=roll.top_k, batch_size=roll.batch_size,
             seeds=[sample_seed(cfg.seed, step, i) for i in range(len(prompts) * group_size)],
             min_new_tokens=roll.get("min_new_tokens", 0),
@@ -140,6 +144,8 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
+                if engine is not None:
+                    engine.sync_weights(acc.unwrap_model(model))
 
         step_time = time.perf_counter() - step_start
         completion_tokens = completion_mask.sum().item()
