@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from rlx.models.forward import position_ids_from_mask
 from rlx.rollout.sampling import sample_tokens
@@ -41,6 +42,66 @@ def completion_mask_from_ids(completion_ids: torch.Tensor, stop_ids: list[int]) 
     mask = (~seen_before).long()  # (N, C)
     truncated = ~is_stop.any(dim=1)
     return mask, truncated
+
+
+class PreallocatedLayer(DynamicLayer):
+    """A full-attention KV layer that writes into a buffer with room for `extra` more positions.
+
+    DynamicLayer grows by torch.cat, copying the whole cache at every generated token (quadratic in
+    the completion length); here each token is one in-place write, and `keys`/`values` are views."""
+
+    def __init__(self, extra: int):
+        super().__init__()
+        self.extra = extra
+        self.length = 0
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            rows, heads, steps, _ = key_states.shape
+            self.key_buffer = key_states.new_empty(rows, heads, steps + self.extra, key_states.shape[-1])
+            self.value_buffer = value_states.new_empty(rows, heads, steps + self.extra, value_states.shape[-1])
+        steps = key_states.shape[-2]
+        if self.length + steps > self.key_buffer.shape[-2]:  # out of room: fall back to growing
+            grow = max(steps, self.extra)
+            self.key_buffer = _extend(self.key_buffer, grow)
+            self.value_buffer = _extend(self.value_buffer, grow)
+        self.key_buffer[:, :, self.length : self.length + steps] = key_states
+        self.value_buffer[:, :, self.length : self.length + steps] = value_states
+        self.length += steps
+        self._refresh()
+        return self.keys, self.values
+
+    def _refresh(self):
+        self.keys = self.key_buffer[:, :, : self.length]
+        self.values = self.value_buffer[:, :, : self.length]
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.length:
+            self.key_buffer = self.key_buffer.repeat_interleave(repeats, dim=0)
+            self.value_buffer = self.value_buffer.repeat_interleave(repeats, dim=0)
+            self._refresh()
+
+    def batch_select_indices(self, indices) -> None:
+        if self.length:
+            self.key_buffer = self.key_buffer[indices]
+            self.value_buffer = self.value_buffer[indices]
+            self._refresh()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("rlx's generation cache is never cropped")
+
+
+def _extend(buffer: torch.Tensor, positions: int) -> torch.Tensor:
+    """buffer (n, h, T, d) with `positions` more (uninitialised) slots along T."""
+    return torch.cat([buffer, buffer.new_empty(*buffer.shape[:2], positions, buffer.shape[-1])], dim=-2)
+
+
+def generation_cache(model, new_tokens: int) -> DynamicCache:
+    """A DynamicCache whose full-attention layers are preallocated for `new_tokens` more positions."""
+    cache = DynamicCache(config=model.config)
+    cache.layers = [PreallocatedLayer(new_tokens) if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
 
 
 @torch.no_grad()
@@ -113,7 +174,7 @@ def _decode(model, prompt_ids, prompt_mask, group, seeds, *, max_new_tokens, min
     if max_new_tokens == 0:
         return out
     positions = position_ids_from_mask(prompt_mask)  # (b, P), as in the training forward (models/forward.py)
-    cache = DynamicCache(config=model.config)
+    cache = generation_cache(model, max_new_tokens)
     step = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, past_key_values=cache,
                  use_cache=True, logits_to_keep=1)  # the prompt is encoded once for its whole group
     logits = step.logits[:, -1].repeat_interleave(group, dim=0)  # (n, V)
