@@ -8,7 +8,7 @@ Both sides: 8 prompts x 8 samples per step, one optimizer step per rollout batch
 temperature 1, token-mean loss (TRL `loss_type="dapo"`), CPU, float32, one torch thread. Completion
 length is forced on both sides by forbidding EOS before the budget (rlx `rollout.min_new_tokens`, TRL
 `generation_kwargs={"min_new_tokens": ...}`), so every step generates exactly 64 x C tokens. The first
-step of each run is a warm-up and is not timed. rlx runs through its real CLI (`python -m rlx train`).
+step of each run is a warm-up and is not timed (--warmup). rlx runs through its real CLI (`python -m rlx train`).
 Tokens/s = completion tokens of a step / wall time of the step (generation + scoring + training).
 """
 
@@ -45,7 +45,7 @@ def model_dir(kind: str) -> Path:
     return TINY if kind == "tiny" else large_vocab_model()
 
 
-def rlx_worker(setting: str, steps: int, prompts_file: Path) -> dict:
+def rlx_worker(setting: str, steps: int, prompts_file: Path, warmup: int) -> dict:
     import subprocess
 
     kind, prompts, group, length = SETTINGS[setting]
@@ -53,7 +53,7 @@ def rlx_worker(setting: str, steps: int, prompts_file: Path) -> dict:
     shutil.rmtree(run_dir, ignore_errors=True)  # metrics.jsonl would otherwise collect earlier runs
     overrides = [
         f"model.path={model_dir(kind)}", "data=file", f"data.train_path={prompts_file}", "data.eval_size=8",
-        "data.prompt_template='{question}'", "reward=exact_match", f"steps={steps + 1}", f"prompts_per_step={prompts}",
+        "data.prompt_template='{question}'", "reward=exact_match", f"steps={steps + warmup}", f"prompts_per_step={prompts}",
         f"rollout.samples_per_prompt={group}", f"rollout.max_new_tokens={length}", f"rollout.min_new_tokens={length}",
         f"micro_batch_size={prompts * group}", f"optim.lr={LR}", "optim.warmup_steps=0", "optim.max_grad_norm=1.0",
         "algorithm.kl_coef=0.0", "eval.every=0", "eval.at_start=false", "save.final=false", "save.plot=false",
@@ -61,12 +61,12 @@ def rlx_worker(setting: str, steps: int, prompts_file: Path) -> dict:
     ]
     subprocess.run([sys.executable, "-m", "rlx", "train", *overrides], check=True, stdout=subprocess.DEVNULL)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    rows = [r for r in rows if "perf/step_time_s" in r][1:]  # drop the warm-up step
+    rows = [r for r in rows if "perf/step_time_s" in r][warmup:]  # drop the warm-up steps
     return {"step_times": [r["perf/step_time_s"] for r in rows],
             "tokens": [r["completions/mean_length"] * prompts * group for r in rows]}
 
 
-def trl_worker(setting: str, steps: int, prompts_file: Path) -> dict:
+def trl_worker(setting: str, steps: int, prompts_file: Path, warmup: int) -> dict:
     import torch
 
     torch.set_num_threads(1)
@@ -103,7 +103,7 @@ def trl_worker(setting: str, steps: int, prompts_file: Path) -> dict:
         output_dir=str(CACHE / "trl_run"), per_device_train_batch_size=prompts * group, gradient_accumulation_steps=1,
         num_generations=group, max_completion_length=length, generation_kwargs={"min_new_tokens": length},
         temperature=1.0, top_p=1.0, top_k=0, learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0,
-        max_grad_norm=1.0, beta=0.0, num_iterations=1, loss_type="dapo", max_steps=steps + 1, use_cpu=True,
+        max_grad_norm=1.0, beta=0.0, num_iterations=1, loss_type="dapo", max_steps=steps + warmup, use_cpu=True,
         bf16=False, fp16=False, logging_steps=1, report_to=[], save_strategy="no", seed=0, dataloader_num_workers=0,
         log_completions=False, gradient_checkpointing=False,  # TRL enables it by default; rlx does not checkpoint
     )
@@ -111,8 +111,8 @@ def trl_worker(setting: str, steps: int, prompts_file: Path) -> dict:
                           processing_class=tokenizer, callbacks=[Timer()])
     trainer.train()
     lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
-    tokens = [m * prompts * group for m in lengths][1:]
-    return {"step_times": times[1:], "tokens": tokens}
+    tokens = [m * prompts * group for m in lengths][warmup:]
+    return {"step_times": times[warmup:], "tokens": tokens}
 
 
 def main() -> None:
@@ -120,6 +120,7 @@ def main() -> None:
     parser.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated subset of: " + ", ".join(SETTINGS))
     parser.add_argument("--rounds", type=int, default=3, help="alternating rlx/TRL runs per setting")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per run (after one warm-up step)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps at the start of each run")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds before a run is killed")
     parser.add_argument("--worker", choices=["rlx", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--setting", help=argparse.SUPPRESS)
@@ -127,7 +128,7 @@ def main() -> None:
     prompts_file = CACHE / "prompts.jsonl"
     if args.worker:
         worker = rlx_worker if args.worker == "rlx" else trl_worker
-        print(json.dumps(worker(args.setting, args.steps, prompts_file)), flush=True)
+        print(json.dumps(worker(args.setting, args.steps, prompts_file, args.warmup)), flush=True)
         return
     write_prompts(prompts_file)
     results = []
@@ -137,7 +138,8 @@ def main() -> None:
         for round_index in range(args.rounds):
             order = ("rlx", "trl") if round_index % 2 == 0 else ("trl", "rlx")
             for tool in order:
-                out, rss = run_child([__file__, "--worker", tool, "--setting", setting, "--steps", str(args.steps)],
+                out, rss = run_child([__file__, "--worker", tool, "--setting", setting, "--steps", str(args.steps),
+                                      "--warmup", str(args.warmup)],
                                      args.timeout)
                 step = median(out["step_times"])
                 tokens = median(out["tokens"])
@@ -152,7 +154,8 @@ def main() -> None:
                      f"{s['rlx'][1] / s['trl'][1]:.2f}x", f"{s['rlx'][2]:.0f}", f"{s['trl'][2]:.0f}",
                      f"{s['rlx'][2] / s['trl'][2]:.2f}"])
     print()
-    print(f"GRPO, medians of {args.rounds} alternating runs x {args.steps} timed steps; {load_summary()}")
+    print(f"GRPO, medians of {args.rounds} alternating runs x {args.steps} timed steps after {args.warmup} warm-up; "
+          f"{load_summary()}")
     print(table(rows, ["setting", "rlx step s", "TRL step s", "rlx tok/s", "TRL tok/s", "tok/s rlx/TRL",
                        "rlx peak RSS MiB", "TRL peak RSS MiB", "RSS rlx/TRL"]))
 
