@@ -28,23 +28,28 @@ class _ChunkedLinearLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, chunk_tokens, with_entropy):
-        logps, log_norms, entropies = [], [], []
-        for lo in range(0, hidden.shape[0], chunk_tokens):
-            logits = hidden[lo : lo + chunk_tokens] @ weight.t()  # (n, V)
+        # outputs are allocated up front and written in place: small per-chunk results interleaved with
+        # the large freed logits otherwise keep the allocator from reusing them (RSS grew by a chunk per chunk)
+        total = hidden.shape[0]
+        logp = torch.empty(total, dtype=torch.float32, device=hidden.device)  # (M,)
+        log_norm = torch.empty_like(logp)  # (M,)
+        entropy = torch.zeros_like(logp)  # (M,)
+        for lo in range(0, total, chunk_tokens):
+            hi = min(total, lo + chunk_tokens)
+            logits = hidden[lo:hi] @ weight.t()  # (n, V)
             if bias is not None:
-                logits = logits + bias
+                logits += bias
             logits = logits.float()
-            log_norm = torch.logsumexp(logits, dim=-1)  # (n,)
-            logps.append(logits.gather(-1, targets[lo : lo + chunk_tokens].unsqueeze(-1)).squeeze(-1) - log_norm)
-            log_norms.append(log_norm)
+            torch.logsumexp(logits, dim=-1, out=log_norm[lo:hi])
+            torch.sub(logits.gather(-1, targets[lo:hi].unsqueeze(-1)).squeeze(-1), log_norm[lo:hi], out=logp[lo:hi])
             if with_entropy:
-                probs = torch.exp(logits - log_norm.unsqueeze(-1))
-                entropies.append(log_norm - (probs * logits).sum(-1))
-        ctx.save_for_backward(hidden, weight, bias, targets, torch.cat(log_norms))
+                logits -= log_norm[lo:hi].unsqueeze(-1)  # log-probs
+                entropy[lo:hi] = -(logits.exp() * logits).sum(-1)  # H = -sum p log p
+            del logits
+        ctx.save_for_backward(hidden, weight, bias, targets, log_norm)
         ctx.chunk_tokens = chunk_tokens
-        entropy = torch.cat(entropies) if with_entropy else torch.zeros(hidden.shape[0], device=hidden.device)
         ctx.mark_non_differentiable(entropy)
-        return torch.cat(logps), entropy
+        return logp, entropy
 
     @staticmethod
     def backward(ctx, grad_logp, _grad_entropy):
