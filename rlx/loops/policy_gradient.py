@@ -24,6 +24,7 @@ import functools
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -37,6 +38,7 @@ from rlx.rewards import RewardComponent, compute_rewards
 from rlx.rewards.overlong import overlong_penalty
 from rlx.rollout.hf import Rollout, generate
 from rlx.rollout.sampling import sample_seed
+from rlx.rollout.vllm import build_engine
 from rlx.run import MetricsLog, write_samples
 
 log = logging.getLogger("rlx")
@@ -119,11 +121,13 @@ def training_rewards(parts: Components, algo, max_new_tokens: int) -> list[Rewar
 
 
 def sample_batch(model, tokenizer, stream: PromptStream, cfg, rewards: list[RewardComponent], group_size: int,
-                 dynamic_sampling: bool, max_rounds: int, step: int) -> Batch:
+                 dynamic_sampling: bool, max_rounds: int, step: int, engine=None) -> Batch:
     """Generate and score `prompts_per_step` groups. With dynamic sampling, drop tied groups and draw
     the missing number of prompts again, for at most `max_rounds` rounds; if still short, fill with
     tied groups (zero advantage under group baselines) so the batch size stays fixed.
-    Completion i drawn at this step is sampled with seed sample_seed(seed, step, i)."""
+    Completion i drawn at this step is sampled with seed sample_seed(seed, step, i). `engine` (rollout=vllm)
+    generates instead of the policy itself when given."""
+    sample = engine.generate if engine is not None else partial(generate, model, tokenizer)
     roll, wanted = cfg.rollout, cfg.prompts_per_step
     rollouts, all_rows, all_prompts, totals, components, errors = [], [], [], [], [], 0
     kept_groups, rounds = 0, 0
@@ -131,10 +135,11 @@ def sample_batch(model, tokenizer, stream: PromptStream, cfg, rewards: list[Rewa
         rows = stream.take(wanted - kept_groups if dynamic_sampling else wanted)
         prompts = format_prompts(tokenizer, rows, cfg.model.chat_template, cfg.data.system_prompt)
         drawn = sum(t.numel() for t in totals)
-        rollout = generate(
-            model, tokenizer, prompts, samples_per_prompt=group_size, max_new_tokens=roll.max_new_tokens,
+        rollout = sample(
+            prompts, samples_per_prompt=group_size, max_new_tokens=roll.max_new_tokens,
             temperature=roll.temperature, top_p=roll.top_p, top_k=roll.top_k, batch_size=roll.batch_size,
             seeds=[sample_seed(cfg.seed, step, drawn + i) for i in range(len(prompts) * group_size)],
+            min_new_tokens=roll.get("min_new_tokens", 0),
         )
         sample_rows = [row for row in rows for _ in range(group_size)]
         if any(c.name == "overlong" for c in rewards):
@@ -229,6 +234,7 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
     if algo.kl_coef > 0:  # frozen copy of the starting policy; not loaded at all when the KL term is off
         reference = copy.deepcopy(parts.model).eval().requires_grad_(False)
     kl_coef = float(algo.kl_coef)
+    engine = build_engine(roll, parts.model, tokenizer, cfg.seed)  # None: generate with the policy (rollout=hf)
     model, optimizer = acc.prepare(parts.model, optimizer)
     stream = PromptStream(parts.train_rows, cfg.seed)
     train_rewards = training_rewards(parts, algo, roll.max_new_tokens)
@@ -256,7 +262,7 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
             reference.load_state_dict(acc.unwrap_model(model).state_dict())
         # 1-2. rollout (G samples per prompt, adjacent in the batch) and rewards
         batch = sample_batch(acc.unwrap_model(model), tokenizer, stream, cfg, train_rewards, group_size,
-                             algo.dynamic_sampling, algo.max_sample_batches, step)
+                             algo.dynamic_sampling, algo.max_sample_batches, step, engine)
         rollout, rewards = batch.rollout, batch.rewards  # rewards: (N,)
         generation_time = time.perf_counter() - step_start
         num_samples = rollout.completion_ids.shape[0]
@@ -323,6 +329,8 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
+                if engine is not None:
+                    engine.sync_weights(acc.unwrap_model(model))
         if reference is not None and algo.kl_target is not None:
             observed = seq_kl.mean().item() if seq_kl is not None else seq_kl_sum / (algo.epochs * num_samples)
             kl_coef = adaptive_kl_coef(kl_coef, observed, algo.kl_target, algo.kl_horizon, num_samples)

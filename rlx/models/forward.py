@@ -1,10 +1,72 @@
-"""Forward passes over (prompt, completion) batches: per-token log-probs of the completion."""
+"""Forward passes over (prompt, completion) batches: per-token log-probs of the completion.
+
+The output projection is applied in chunks of completion tokens (algorithms/logprobs.py), so the
+(N, C, V) logits tensor a plain `model(...).logits` builds never exists: with a 150k vocabulary it is
+the largest tensor of a training step. Padding positions after each completion's end are skipped.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from rlx.algorithms.logprobs import token_entropy, token_logprobs
+from rlx.algorithms.logprobs import chunked_linear_logprobs, token_entropy, token_logprobs
+
+LOGIT_CHUNK_ELEMENTS = 2**22  # logits materialised at once (chunk_tokens x V floats, 16 MB in float32)
+
+
+def position_ids_from_mask(attention: torch.Tensor) -> torch.Tensor:
+    """Positions counted over attended tokens only, so left padding does not shift them. (N, T) -> (N, T)."""
+    return (attention.cumsum(dim=1) - 1).clamp(min=0)
+
+
+def _output_head(model):
+    """The output projection when logits are a plain linear map of the last hidden state, else None."""
+    inner = getattr(model, "module", model)  # DistributedDataParallel keeps the model in .module
+    config = getattr(inner, "config", None)
+    if config is None or getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
+        return None  # logits are post-processed (Gemma 2 soft-capping, Cohere scaling): use the plain path
+    head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+    return head if isinstance(head, torch.nn.Linear) else None
+
+
+def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Runs of identical consecutive prompts (the G samples of a prompt are adjacent in a rollout).
+
+    Returns the first row of each run (R,) and the run index of every row (N,)."""
+    same = (prompt_ids[1:] == prompt_ids[:-1]).all(dim=1) & (prompt_mask[1:] == prompt_mask[:-1]).all(dim=1)  # (N-1,)
+    starts = torch.cat([torch.ones(1, dtype=torch.bool, device=same.device), ~same])  # (N,)
+    return starts.nonzero().squeeze(1), starts.long().cumsum(0) - 1
+
+
+def _can_share_prompts(model) -> bool:
+    """Two forward calls per backward is safe for a plain module, not through a DDP wrapper or with
+    activation checkpointing (which turns the KV cache off)."""
+    if hasattr(model, "module"):
+        return False
+    return not getattr(model, "is_activation_checkpointing", False) and not getattr(model, "_rlx_no_prompt_sharing", False)
+
+
+def _shared_prompt_hidden(model, prompt_ids, prompt_mask, completion_ids, attention, position_ids, first, group_of_row):
+    """Final hidden states (N, C, H) predicting each completion token, encoding each distinct prompt once.
+
+    The prompt runs with its KV cache on, the cache rows are copied to every completion of the prompt
+    (an index, so gradients flow back into the shared prompt pass), and the completions run on top of it:
+    the same numbers as one pass over (prompt, completion), with the prompt tokens computed R instead
+    of N times."""
+    from transformers import DynamicCache
+
+    device = attention.device
+    prompt_len = prompt_ids.shape[1]
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=prompt_ids[first], attention_mask=prompt_mask[first], position_ids=position_ids[first, :prompt_len],
+                past_key_values=cache, use_cache=True, output_hidden_states=True, logits_to_keep=1)
+    first_hidden = out.hidden_states[-1][:, -1][group_of_row]  # (N, H): predicts completion token 0
+    cache = out.past_key_values
+    cache.batch_select_indices(group_of_row)  # (R, ...) -> (N, ...)
+    out = model(input_ids=completion_ids, attention_mask=attention, position_ids=position_ids[:, prompt_len:],
+                past_key_values=cache, use_cache=True, output_hidden_states=True, logits_to_keep=1)
+    return torch.cat([first_hidden.unsqueeze(1), out.hidden_states[-1][:, :-1]], dim=1)  # (N, C, H)
 
 
 def completion_logprobs(
@@ -15,22 +77,46 @@ def completion_logprobs(
     completion_mask: torch.Tensor,
     with_entropy: bool = False,
     entropy_grad: bool = False,
+    chunked: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(completion_t | prompt, completion_<t) for every completion position.
 
     prompt_*: (N, P) left-padded; completion_*: (N, C). Position ids follow the attention mask, as in
     generation, so the numbers match the sampler's. Returns logp (N, C) and entropy (N, C) or None;
-    the entropy carries gradients only with entropy_grad=True (for an entropy bonus)."""
+    positions where completion_mask is 0 hold 0 when chunked (they carry no loss). The entropy carries
+    gradients only with entropy_grad=True (an entropy bonus), which takes the full-logits path."""
     device = next(model.parameters()).device
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1).to(device)  # (N, P+C)
     attention = torch.cat([prompt_mask, completion_mask], dim=1).to(device)  # (N, P+C)
-    position_ids = (attention.cumsum(dim=1) - 1).clamp(min=0)  # (N, P+C)
-    logits = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False).logits
+    position_ids = position_ids_from_mask(attention)  # (N, P+C)
     prompt_len = prompt_ids.shape[1]
-    logits = logits[:, prompt_len - 1 : -1].float()  # (N, C, V): the logits that predict each completion token
-    logp = token_logprobs(logits, completion_ids.to(device))  # (N, C)
+    targets = completion_ids.to(device)  # (N, C)
+    head = _output_head(model) if chunked and not entropy_grad else None
+    if head is None:
+        logits = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False).logits
+        logits = logits[:, prompt_len - 1 : -1].float()  # (N, C, V): the logits that predict each completion token
+        logp = token_logprobs(logits, targets)  # (N, C)
+        entropy = None
+        if with_entropy:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                entropy = token_entropy(logits)  # (N, C)
+        return logp, entropy
+    first, group_of_row = prompt_groups(prompt_ids, prompt_mask)
+    if len(first) < len(group_of_row) and _can_share_prompts(model):
+        hidden = _shared_prompt_hidden(model, prompt_ids, prompt_mask, completion_ids.to(device), attention,
+                                       position_ids, first.to(device), group_of_row.to(device))
+    else:
+        # logits_to_keep=1: the model projects only the last position; the rest is done here in chunks
+        out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False,
+                    output_hidden_states=True, logits_to_keep=1)
+        hidden = out.hidden_states[-1][:, prompt_len - 1 : -1]  # (N, C, H) final-norm states predicting each token
+    keep = completion_mask.to(device).bool()  # (N, C)
+    chunk_tokens = max(1, LOGIT_CHUNK_ELEMENTS // head.weight.shape[0])
+    flat_logp, flat_entropy = chunked_linear_logprobs(
+        hidden[keep], head.weight, targets[keep], bias=head.bias, chunk_tokens=chunk_tokens, with_entropy=with_entropy
+    )  # (M,) over the M real completion tokens
+    logp = torch.zeros(keep.shape, dtype=flat_logp.dtype, device=device).masked_scatter(keep, flat_logp)  # (N, C)
     entropy = None
     if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = token_entropy(logits)  # (N, C)
+        entropy = torch.zeros(keep.shape, dtype=flat_logp.dtype, device=device).masked_scatter(keep, flat_entropy)
     return logp, entropy

@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import LogitsProcessorList
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
-from rlx.rollout.sampling import SeededSampler
+from rlx.models.forward import position_ids_from_mask
+from rlx.rollout.sampling import sample_tokens
 
 
 @dataclass
@@ -42,6 +44,66 @@ def completion_mask_from_ids(completion_ids: torch.Tensor, stop_ids: list[int]) 
     return mask, truncated
 
 
+class PreallocatedLayer(DynamicLayer):
+    """A full-attention KV layer that writes into a buffer with room for `extra` more positions.
+
+    DynamicLayer grows by torch.cat, copying the whole cache at every generated token (quadratic in
+    the completion length); here each token is one in-place write, and `keys`/`values` are views."""
+
+    def __init__(self, extra: int):
+        super().__init__()
+        self.extra = extra
+        self.length = 0
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            rows, heads, steps, _ = key_states.shape
+            self.key_buffer = key_states.new_empty(rows, heads, steps + self.extra, key_states.shape[-1])
+            self.value_buffer = value_states.new_empty(rows, heads, steps + self.extra, value_states.shape[-1])
+        steps = key_states.shape[-2]
+        if self.length + steps > self.key_buffer.shape[-2]:  # out of room: fall back to growing
+            grow = max(steps, self.extra)
+            self.key_buffer = _extend(self.key_buffer, grow)
+            self.value_buffer = _extend(self.value_buffer, grow)
+        self.key_buffer[:, :, self.length : self.length + steps] = key_states
+        self.value_buffer[:, :, self.length : self.length + steps] = value_states
+        self.length += steps
+        self._refresh()
+        return self.keys, self.values
+
+    def _refresh(self):
+        self.keys = self.key_buffer[:, :, : self.length]
+        self.values = self.value_buffer[:, :, : self.length]
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.length:
+            self.key_buffer = self.key_buffer.repeat_interleave(repeats, dim=0)
+            self.value_buffer = self.value_buffer.repeat_interleave(repeats, dim=0)
+            self._refresh()
+
+    def batch_select_indices(self, indices) -> None:
+        if self.length:
+            self.key_buffer = self.key_buffer[indices]
+            self.value_buffer = self.value_buffer[indices]
+            self._refresh()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("rlx's generation cache is never cropped")
+
+
+def _extend(buffer: torch.Tensor, positions: int) -> torch.Tensor:
+    """buffer (n, h, T, d) with `positions` more (uninitialised) slots along T."""
+    return torch.cat([buffer, buffer.new_empty(*buffer.shape[:2], positions, buffer.shape[-1])], dim=-2)
+
+
+def generation_cache(model, new_tokens: int) -> DynamicCache:
+    """A DynamicCache whose full-attention layers are preallocated for `new_tokens` more positions."""
+    cache = DynamicCache(config=model.config)
+    cache.layers = [PreallocatedLayer(new_tokens) if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
+
+
 @torch.no_grad()
 def generate(
     model,
@@ -56,55 +118,96 @@ def generate(
     greedy: bool = False,
     batch_size: int = 256,
     seeds: list[int] | None = None,
+    min_new_tokens: int = 0,
 ) -> Rollout:
     """G completions for each prompt, ordered prompt by prompt (the G samples of a prompt are adjacent).
 
     Sampling is seeded per completion (rollout/sampling.py): completion i depends only on seeds[i], so
     chunking or sharding the batch does not change what is drawn. Without seeds, they are drawn from
-    the global torch generator."""
+    the global torch generator. Each prompt is encoded once and its KV cache copied to its G samples;
+    rows that emitted a stop token leave the batch, and generation ends when every row has stopped.
+    min_new_tokens > 0 forbids the stop tokens before that many tokens (fixed-length benchmarks)."""
     device = next(model.parameters()).device
     stop_ids = eos_ids(model, tokenizer)
     was_training = model.training
     model.eval()
-    repeated = [p for p in prompts for _ in range(samples_per_prompt)]
-    enc = tokenizer(repeated, return_tensors="pt", padding=True, add_special_tokens=False)
-    prompt_ids, prompt_mask = enc["input_ids"], enc["attention_mask"]  # (N, P)
+    group = samples_per_prompt
+    num_rows = len(prompts) * group
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    unique_ids, unique_mask = enc["input_ids"], enc["attention_mask"]  # (B, P) left-padded
     if seeds is None:
-        seeds = torch.randint(0, 2**31 - 1, (len(repeated),)).tolist()
-    if len(seeds) != len(repeated):
-        raise ValueError(f"{len(seeds)} seeds for {len(repeated)} completions")
+        seeds = torch.randint(0, 2**31 - 1, (num_rows,)).tolist()
+    if len(seeds) != num_rows:
+        raise ValueError(f"{len(seeds)} seeds for {num_rows} completions")
     seed_tensor = torch.tensor(seeds, dtype=torch.int64)  # (N,)
-    chunks = []
-    for start in range(0, len(repeated), batch_size):
-        ids = prompt_ids[start : start + batch_size].to(device)
-        attn = prompt_mask[start : start + batch_size].to(device)
-        kwargs = {}
-        if not greedy:
-            sampler = SeededSampler(seed_tensor[start : start + batch_size], ids.shape[1], temperature, top_k, top_p)
-            kwargs["logits_processor"] = LogitsProcessorList([sampler])
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=attn,
-            max_new_tokens=max_new_tokens,
-            eos_token_id=stop_ids,
-            pad_token_id=tokenizer.pad_token_id,
-            use_cache=True,
-            do_sample=False,
-            temperature=None,
-            top_p=None,
-            top_k=None,
-            **kwargs,
-        )
-        chunks.append(out[:, ids.shape[1] :].cpu())
-    width = max(c.shape[1] for c in chunks)
-    completion_ids = torch.full((len(repeated), width), tokenizer.pad_token_id, dtype=torch.long)  # (N, C)
-    row = 0
-    for chunk in chunks:
-        completion_ids[row : row + chunk.shape[0], : chunk.shape[1]] = chunk
-        row += chunk.shape[0]
+    pad_id = tokenizer.pad_token_id
+    completion_ids = torch.full((num_rows, max_new_tokens), pad_id, dtype=torch.long)  # (N, C_max)
+    width = 0
+    prompts_per_chunk = max(1, batch_size // group)
+    for first in range(0, len(prompts), prompts_per_chunk):
+        last = min(len(prompts), first + prompts_per_chunk)
+        rows = slice(first * group, last * group)
+        chunk = _decode(
+            model, unique_ids[first:last].to(device), unique_mask[first:last].to(device), group, seed_tensor[rows],
+            max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, stop_ids=stop_ids, pad_id=pad_id,
+            greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p,
+        )  # (n, c)
+        completion_ids[rows, : chunk.shape[1]] = chunk.cpu()
+        width = max(width, chunk.shape[1])
+    completion_ids = completion_ids[:, :width]  # (N, C): padded to the longest completion, not the budget
     completion_mask, truncated = completion_mask_from_ids(completion_ids, stop_ids)
-    completion_ids = completion_ids.masked_fill(completion_mask == 0, tokenizer.pad_token_id)
+    completion_ids = completion_ids.masked_fill(completion_mask == 0, pad_id)
     texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
     if was_training:
         model.train()
+    prompt_ids = unique_ids.repeat_interleave(group, dim=0)  # (N, P)
+    prompt_mask = unique_mask.repeat_interleave(group, dim=0)  # (N, P)
     return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, truncated, texts)
+
+
+def _decode(model, prompt_ids, prompt_mask, group, seeds, *, max_new_tokens, min_new_tokens, stop_ids, pad_id, greedy,
+            temperature, top_k, top_p) -> torch.Tensor:
+    """Token-by-token decoding of `group` samples for each of b prompts. Returns (b*group, c) token ids."""
+    device = prompt_ids.device
+    num_rows = prompt_ids.shape[0] * group
+    out = torch.full((num_rows, max_new_tokens), pad_id, dtype=torch.long, device=device)  # (n, C_max)
+    if max_new_tokens == 0:
+        return out
+    positions = position_ids_from_mask(prompt_mask)  # (b, P), as in the training forward (models/forward.py)
+    cache = generation_cache(model, max_new_tokens)
+    step = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, past_key_values=cache,
+                 use_cache=True, logits_to_keep=1)  # the prompt is encoded once for its whole group
+    logits = step.logits[:, -1].repeat_interleave(group, dim=0)  # (n, V)
+    cache = step.past_key_values
+    if group > 1:
+        cache.batch_repeat_interleave(group)
+    attention = prompt_mask.repeat_interleave(group, dim=0)  # (n, P + t)
+    next_position = positions[:, -1].repeat_interleave(group) + 1  # (n,)
+    alive = torch.arange(num_rows, device=device)  # rows of `out` still generating
+    stop = torch.tensor(stop_ids, dtype=torch.long, device=device)  # (S,)
+    seeds = seeds.to(device)
+    used = max_new_tokens
+    for t in range(max_new_tokens):
+        if t < min_new_tokens and stop.numel():
+            logits[:, stop] = float("-inf")
+        if greedy:
+            token = logits.argmax(dim=-1)  # (a,)
+        else:
+            token = sample_tokens(logits, seeds[alive], t, temperature, top_k, top_p)  # (a,)
+        out[alive, t] = token
+        if t == max_new_tokens - 1:
+            break
+        finished = torch.isin(token, stop)  # (a,)
+        if finished.any():
+            keep = (~finished).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                used = t + 1
+                break
+            alive, token, attention, next_position = alive[keep], token[keep], attention[keep], next_position[keep]
+            cache.batch_select_indices(keep)
+        attention = torch.cat([attention, attention.new_ones(attention.shape[0], 1)], dim=1)
+        step = model(input_ids=token.unsqueeze(1), attention_mask=attention, position_ids=next_position.unsqueeze(1),
+                     past_key_values=cache, use_cache=True)
+        logits = step.logits[:, -1]  # (a, V)
+        next_position = next_position + 1
+    return out[:, :used]

@@ -1,0 +1,164 @@
+"""rlx vs TRL GRPOTrainer: the same model files, prompts, group size, completion length, batch, lr, no KL.
+
+    python benchmarks/grpo_vs_trl.py                 # all settings, 3 alternating rounds (make bench)
+    python benchmarks/grpo_vs_trl.py --settings 8x8x32 --rounds 1 --steps 2
+
+Both sides: 8 prompts x 8 samples per step, one optimizer step per rollout batch (a single micro-batch of
+64 sequences), AdamW lr 1e-6 constant, grad-norm clip 1.0, no KL term (so no reference model),
+temperature 1, token-mean loss (TRL `loss_type="dapo"`), CPU, float32, one torch thread. Completion
+length is forced on both sides by forbidding EOS before the budget (rlx `rollout.min_new_tokens`, TRL
+`generation_kwargs={"min_new_tokens": ...}`), so every step generates exactly 64 x C tokens. The first
+step of each run is a warm-up and is not timed (--warmup). rlx runs through its real CLI (`python -m rlx train`).
+Tokens/s = completion tokens of a step / wall time of the step (generation + scoring + training).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import (  # noqa: E402
+    CACHE,
+    TINY,
+    large_vocab_model,
+    load_summary,
+    median,
+    run_child,
+    table,
+    write_prompts,
+)
+
+SETTINGS = {  # name: (model, prompts per step, samples per prompt, completion tokens)
+    "8x8x32": ("tiny", 8, 8, 32),
+    "8x8x128": ("tiny", 8, 8, 128),
+    "151k-vocab 8x8x256": ("large", 8, 8, 256),
+}
+LR = 1e-6
+
+
+def model_dir(kind: str) -> Path:
+    return TINY if kind == "tiny" else large_vocab_model()
+
+
+def rlx_worker(setting: str, steps: int, prompts_file: Path, warmup: int) -> dict:
+    import subprocess
+
+    kind, prompts, group, length = SETTINGS[setting]
+    run_dir = CACHE / "rlx_run"
+    shutil.rmtree(run_dir, ignore_errors=True)  # metrics.jsonl would otherwise collect earlier runs
+    overrides = [
+        f"model.path={model_dir(kind)}", "data=file", f"data.train_path={prompts_file}", "data.eval_size=8",
+        "data.prompt_template='{question}'", "reward=exact_match", f"steps={steps + warmup}", f"prompts_per_step={prompts}",
+        f"rollout.samples_per_prompt={group}", f"rollout.max_new_tokens={length}", f"rollout.min_new_tokens={length}",
+        f"micro_batch_size={prompts * group}", f"optim.lr={LR}", "optim.warmup_steps=0", "optim.max_grad_norm=1.0",
+        "algorithm.kl_coef=0.0", "eval.every=0", "eval.at_start=false", "save.final=false", "save.plot=false",
+        "log.samples_every=0", "log.progress=false", "hardware.num_threads=1", f"hydra.run.dir={run_dir}",
+    ]
+    subprocess.run([sys.executable, "-m", "rlx", "train", *overrides], check=True, stdout=subprocess.DEVNULL)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "perf/step_time_s" in r][warmup:]  # drop the warm-up steps
+    return {"step_times": [r["perf/step_time_s"] for r in rows],
+            "tokens": [r["completions/mean_length"] * prompts * group for r in rows]}
+
+
+def trl_worker(setting: str, steps: int, prompts_file: Path, warmup: int) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    kind, prompts, group, length = SETTINGS[setting]
+    path = model_dir(kind)
+    rows = [json.loads(line) for line in prompts_file.read_text().splitlines()]
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in rows])
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+    def exact_match(prompts, completions, answer, **kwargs):  # same rule as rlx: <answer>...</answer> == answer
+        out = []
+        for completion, ref in zip(completions, answer):
+            text = completion[0]["content"] if isinstance(completion, list) else completion
+            inner = text.split("<answer>")[-1].split("</answer>")[0].strip() if "<answer>" in text else None
+            out.append(float(inner == ref))
+        return out
+
+    times, tokens = [], []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            times.append(time.perf_counter() - self.start)
+
+    config = GRPOConfig(
+        output_dir=str(CACHE / "trl_run"), per_device_train_batch_size=prompts * group, gradient_accumulation_steps=1,
+        num_generations=group, max_completion_length=length, generation_kwargs={"min_new_tokens": length},
+        temperature=1.0, top_p=1.0, top_k=0, learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0,
+        max_grad_norm=1.0, beta=0.0, num_iterations=1, loss_type="dapo", max_steps=steps + warmup, use_cpu=True,
+        bf16=False, fp16=False, logging_steps=1, report_to=[], save_strategy="no", seed=0, dataloader_num_workers=0,
+        log_completions=False, gradient_checkpointing=False,  # TRL enables it by default; rlx does not checkpoint
+    )
+    trainer = GRPOTrainer(model=model, reward_funcs=exact_match, args=config, train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[Timer()])
+    trainer.train()
+    lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
+    tokens = [m * prompts * group for m in lengths][warmup:]
+    return {"step_times": times[warmup:], "tokens": tokens}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated subset of: " + ", ".join(SETTINGS))
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rlx/TRL runs per setting")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per run (after one warm-up step)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps at the start of each run")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds before a run is killed")
+    parser.add_argument("--worker", choices=["rlx", "trl"], help=argparse.SUPPRESS)
+    parser.add_argument("--setting", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    prompts_file = CACHE / "prompts.jsonl"
+    if args.worker:
+        worker = rlx_worker if args.worker == "rlx" else trl_worker
+        print(json.dumps(worker(args.setting, args.steps, prompts_file, args.warmup)), flush=True)
+        return
+    write_prompts(prompts_file)
+    results = []
+    for setting in args.settings.split(","):
+        model_dir(SETTINGS[setting][0])  # build outside the timed children
+        runs = {"rlx": [], "trl": []}
+        for round_index in range(args.rounds):
+            order = ("rlx", "trl") if round_index % 2 == 0 else ("trl", "rlx")
+            for tool in order:
+                out, rss = run_child([__file__, "--worker", tool, "--setting", setting, "--steps", str(args.steps),
+                                      "--warmup", str(args.warmup)],
+                                     args.timeout)
+                step = median(out["step_times"])
+                tokens = median(out["tokens"])
+                runs[tool].append((step, tokens / step, rss))
+                print(f"[{setting}] round {round_index + 1} {tool}: step {step:.2f}s  {tokens / step:.0f} tok/s  "
+                      f"peak RSS {rss:.0f} MiB  ({load_summary()})", flush=True)
+        summary = {tool: [median([r[i] for r in runs[tool]]) for i in range(3)] for tool in runs}
+        results.append((setting, summary))
+    rows = []
+    for setting, s in results:
+        rows.append([setting, f"{s['rlx'][0]:.2f}", f"{s['trl'][0]:.2f}", f"{s['rlx'][1]:.0f}", f"{s['trl'][1]:.0f}",
+                     f"{s['rlx'][1] / s['trl'][1]:.2f}x", f"{s['rlx'][2]:.0f}", f"{s['trl'][2]:.0f}",
+                     f"{s['rlx'][2] / s['trl'][2]:.2f}"])
+    print()
+    print(f"GRPO, medians of {args.rounds} alternating runs x {args.steps} timed steps after {args.warmup} warm-up; "
+          f"{load_summary()}")
+    print(table(rows, ["setting", "rlx step s", "TRL step s", "rlx tok/s", "TRL tok/s", "tok/s rlx/TRL",
+                       "rlx peak RSS MiB", "TRL peak RSS MiB", "RSS rlx/TRL"]))
+
+
+if __name__ == "__main__":
+    main()
