@@ -25,11 +25,7 @@ def small_pairs(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("algorithm", ["dpo", "simpo", "orpo"])
-def test_preference_two_steps(tmp_path, small_pairs, algorithm):
-    result = run_rlx(["train", f"algorithm={algorithm}", *PREF_FAST, f"data.pairs.path={small_pairs}"], tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    run = only_run_dir(tmp_path)
+def _check_preference_run(run, pairs=24):
     rows = read_metrics(run / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2]
     for key in ("train/loss", "pref/accuracy", "pref/margin", "pref/chosen_logp", "pref/rejected_logp",
@@ -37,17 +33,35 @@ def test_preference_two_steps(tmp_path, small_pairs, algorithm):
         assert key in rows[1], key
     for key in ("eval/pref_accuracy", "eval/accuracy"):
         assert key in rows[0] and key in rows[2], key
-    assert rows[0]["data/pairs"] == 24
+    assert rows[0]["data/pairs"] == pairs
     assert (run / "final" / "model.safetensors").exists()
-    # the reference cache exists exactly for the reference-based loss
-    assert (run / "reference_logps.pt").exists() == (algorithm == "dpo")
-    if algorithm == "dpo":
-        cached = torch.load(run / "reference_logps.pt")
-        assert cached["train"].shape == (16, 2) and cached["eval"].shape == (8, 2)
-        # step 0: policy == reference, every implicit reward is 0, the loss is log 2
-        assert rows[0]["eval/pref_loss"] == pytest.approx(0.693147, abs=1e-5)
-    if algorithm == "orpo":  # ORPO adds the SFT term: the loss exceeds the odds-ratio term alone
-        assert rows[1]["train/loss"] > rows[1]["train/pref_loss"]
+    return rows
+
+
+def test_dpo_two_steps_caches_reference_logps(tmp_path, small_pairs):
+    result = run_rlx(["train", "algorithm=dpo", *PREF_FAST, f"data.pairs.path={small_pairs}"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = only_run_dir(tmp_path)
+    rows = _check_preference_run(run)
+    cached = torch.load(run / "reference_logps.pt")
+    assert cached["train"].shape == (16, 2) and cached["eval"].shape == (8, 2)  # 24 pairs, 8 held out
+    # step 0: policy == reference, every implicit reward is 0, the loss is log 2
+    assert rows[0]["eval/pref_loss"] == pytest.approx(0.693147, abs=1e-5)
+    assert rows[2]["eval/pref_loss"] != rows[0]["eval/pref_loss"]
+
+
+def test_simpo_and_orpo_two_steps_without_reference(tmp_path, small_pairs):
+    # one multirun process for both reference-free losses (saves an interpreter start)
+    result = run_rlx(["train", "-m", "algorithm=simpo,orpo", *PREF_FAST, f"data.pairs.path={small_pairs}"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = sorted(p.parent for p in (tmp_path / "outputs" / "multirun").rglob("metrics.jsonl"))
+    assert len(runs) == 2
+    for run, name in zip(runs, ("simpo", "orpo")):
+        assert f"name: {name}" in (run / "config.yaml").read_text()
+        rows = _check_preference_run(run)
+        assert not (run / "reference_logps.pt").exists()  # reference-free: no reference pass at all
+        if name == "orpo":  # ORPO adds the SFT term: the loss exceeds the odds-ratio term alone
+            assert rows[1]["train/loss"] > rows[1]["train/pref_loss"]
 
 
 def test_reward_model_then_reward_model_as_grpo_reward(tmp_path, small_pairs):
@@ -120,3 +134,27 @@ def test_ensemble_aggregation_hand_values():
     single = scores[:1]
     for mode in ("mean", "min", "uncertainty"):
         assert aggregate_ensemble(single, mode).tolist() == [1.0, 0.0]
+
+
+def test_model_reward_in_process_single_and_ensemble(tmp_path):
+    from transformers import AutoTokenizer
+
+    from rlx.config import ASSETS_DIR
+    from rlx.rewards.model import load_sequence_classifier, model_reward
+
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(ASSETS_DIR / "tiny")
+    for name in ("a", "b"):  # two reward models with different random heads
+        rm = load_sequence_classifier(str(ASSETS_DIR / "tiny"), pad_token_id=tok.pad_token_id)
+        rm.save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+    prompts, completions = ["1 + 2 ="] * 3, ["<answer>3</answer>", "<answer>4</answer>", "x"]
+    a = torch.tensor(model_reward(prompts, completions, path=str(tmp_path / "a"), batch_size=2))
+    b = torch.tensor(model_reward(prompts, completions, path=str(tmp_path / "b")))
+    assert a.shape == (3,) and not torch.allclose(a, b)
+    # batching does not change scores (padding is ignored)
+    torch.testing.assert_close(a, torch.tensor(model_reward(prompts, completions, path=str(tmp_path / "a"), batch_size=3)))
+    both = [str(tmp_path / "a"), str(tmp_path / "b")]
+    torch.testing.assert_close(torch.tensor(model_reward(prompts, completions, path=both, aggregate="min")),
+                               torch.minimum(a, b))
+    torch.testing.assert_close(torch.tensor(model_reward(prompts, completions, path=both)), (a + b) / 2)
