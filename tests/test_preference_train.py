@@ -158,3 +158,20 @@ def test_model_reward_in_process_single_and_ensemble(tmp_path):
     torch.testing.assert_close(torch.tensor(model_reward(prompts, completions, path=both, aggregate="min")),
                                torch.minimum(a, b))
     torch.testing.assert_close(torch.tensor(model_reward(prompts, completions, path=both)), (a + b) / 2)
+
+
+@pytest.mark.slow
+def test_reference_in_memory_matches_precomputed(tmp_path, small_pairs):
+    # both references are the starting policy, so the runs must agree (precompute only saves memory)
+    evals = []
+    for mode in ("precompute", "model"):
+        out = tmp_path / mode
+        out.mkdir()
+        result = run_rlx(["train", "algorithm=dpo", *PREF_FAST, f"data.pairs.path={small_pairs}",
+                          f"algorithm.reference={mode}", "save.final=false"], out)
+        assert result.returncode == 0, result.stderr[-3000:]
+        run = only_run_dir(out)
+        assert (run / "reference_logps.pt").exists() == (mode == "precompute")
+        evals.append(read_metrics(run / "metrics.jsonl")[-1])
+    for key in ("eval/pref_loss", "eval/pref_accuracy", "pref/margin", "train/loss"):
+        assert evals[0][key] == pytest.approx(evals[1][key], abs=1e-5), key
