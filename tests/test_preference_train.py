@@ -25,11 +25,7 @@ def small_pairs(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("algorithm", ["dpo", "simpo", "orpo"])
-def test_preference_two_steps(tmp_path, small_pairs, algorithm):
-    result = run_rlx(["train", f"algorithm={algorithm}", *PREF_FAST, f"data.pairs.path={small_pairs}"], tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    run = only_run_dir(tmp_path)
+def _check_preference_run(run, pairs=24):
     rows = read_metrics(run / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2]
     for key in ("train/loss", "pref/accuracy", "pref/margin", "pref/chosen_logp", "pref/rejected_logp",
@@ -37,15 +33,31 @@ def test_preference_two_steps(tmp_path, small_pairs, algorithm):
         assert key in rows[1], key
     for key in ("eval/pref_accuracy", "eval/accuracy"):
         assert key in rows[0] and key in rows[2], key
-    assert rows[0]["data/pairs"] == 24
+    assert rows[0]["data/pairs"] == pairs
     assert (run / "final" / "model.safetensors").exists()
-    # the reference cache exists exactly for the reference-based loss
-    assert (run / "reference_logps.pt").exists() == (algorithm == "dpo")
-    if algorithm == "dpo":
-        cached = torch.load(run / "reference_logps.pt")
-        assert cached["train"].shape == (16, 2) and cached["eval"].shape == (8, 2)
-        # step 0: policy == reference, every implicit reward is 0, the loss is log 2
-        assert rows[0]["eval/pref_loss"] == pytest.approx(0.693147, abs=1e-5)
+    return rows
+
+
+def test_dpo_two_steps_caches_reference_logps(tmp_path, small_pairs):
+    result = run_rlx(["train", "algorithm=dpo", *PREF_FAST, f"data.pairs.path={small_pairs}"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = only_run_dir(tmp_path)
+    rows = _check_preference_run(run)
+    cached = torch.load(run / "reference_logps.pt")
+    # 24 pairs; held-out prompts cover at least 8 of them (a prompt can have several pairs), 8 are kept
+    assert cached["eval"].shape == (8, 2) and cached["train"].shape[1] == 2 and 14 <= cached["train"].shape[0] <= 16
+    # step 0: policy == reference, every implicit reward is 0, the loss is log 2
+    assert rows[0]["eval/pref_loss"] == pytest.approx(0.693147, abs=1e-5)
+    assert rows[2]["eval/pref_loss"] != rows[0]["eval/pref_loss"]
+
+
+@pytest.mark.parametrize("algorithm", ["simpo", "orpo"])
+def test_reference_free_two_steps(tmp_path, small_pairs, algorithm):
+    result = run_rlx(["train", f"algorithm={algorithm}", *PREF_FAST, f"data.pairs.path={small_pairs}"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = only_run_dir(tmp_path)
+    rows = _check_preference_run(run)
+    assert not (run / "reference_logps.pt").exists()  # reference-free: no reference pass at all
     if algorithm == "orpo":  # ORPO adds the SFT term: the loss exceeds the odds-ratio term alone
         assert rows[1]["train/loss"] > rows[1]["train/pref_loss"]
 
@@ -59,7 +71,7 @@ def test_reward_model_then_reward_model_as_grpo_reward(tmp_path, small_pairs):
         assert key in rows[1], key
     assert 0.0 <= rows[-1]["eval/pref_accuracy"] <= 1.0
     config = json.loads((rm_run / "final" / "config.json").read_text())
-    assert config["architectures"] == ["LlamaForSequenceClassification"] and config["num_labels"] == 1
+    assert config["architectures"] == ["LlamaForSequenceClassification"] and len(config["id2label"]) == 1
 
     # GRPO with the reward model (given as the run directory) mixed with the task checker
     policy_dir = tmp_path / "policy"
@@ -74,18 +86,20 @@ def test_reward_model_then_reward_model_as_grpo_reward(tmp_path, small_pairs):
     assert "eval/accuracy" in rows[2]
 
 
-def test_reward_model_without_path_is_one_line(tmp_path):
-    result = run_rlx(["train", "reward=model", "steps=1"], tmp_path, timeout=120)
-    assert result.returncode == 2
-    assert "reward.components.model.path" in result.stderr and "Traceback" not in result.stderr
+@pytest.mark.parametrize("overrides,needle", [
+    (["reward=model"], "reward.components.model.path"),
+    (["algorithm=dpo"], "add data=prefs"),
+    (["algorithm=dpo", "data=prefs", "algorithm.gamma=1.0"], "gamma (SimPO target margin) is only used by simpo"),
+    (["algorithm=cdpo", "data=prefs", "algorithm.label_smoothing=0.7"], "label_smoothing <= 0.5"),
+    (["algorithm=dpo", "data=prefs", "algorithm.reference=none"], "valid choices: precompute, model"),
+])
+def test_settings_mistakes_are_user_errors(overrides, needle):
+    from rlx.config import UserError, check_overrides
+    from rlx.train import check_settings
 
-
-def test_preference_algorithm_without_pairs_is_one_line(tmp_path):
-    result = run_rlx(["train", "algorithm=dpo", "steps=1"], tmp_path, timeout=120)
-    assert result.returncode == 2
-    assert "add data=prefs" in result.stderr and "Traceback" not in result.stderr
-    result = run_rlx(["train", "algorithm=dpo", "data=prefs", "algorithm.gamma=1.0", "steps=1"], tmp_path, timeout=120)
-    assert result.returncode == 2 and "gamma" in result.stderr and "Traceback" not in result.stderr
+    with pytest.raises(UserError) as err:
+        check_settings(check_overrides(overrides))
+    assert needle in str(err.value)
 
 
 def test_rlx_data_prefs_on_a_few_prompts(tmp_path):
@@ -120,3 +134,44 @@ def test_ensemble_aggregation_hand_values():
     single = scores[:1]
     for mode in ("mean", "min", "uncertainty"):
         assert aggregate_ensemble(single, mode).tolist() == [1.0, 0.0]
+
+
+def test_model_reward_in_process_single_and_ensemble(tmp_path):
+    from transformers import AutoTokenizer
+
+    from rlx.config import ASSETS_DIR
+    from rlx.rewards.model import load_sequence_classifier, model_reward
+
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(ASSETS_DIR / "tiny")
+    for name in ("a", "b"):  # two reward models with different random heads
+        rm = load_sequence_classifier(str(ASSETS_DIR / "tiny"), pad_token_id=tok.pad_token_id)
+        rm.save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+    prompts, completions = ["1 + 2 ="] * 3, ["<answer>3</answer>", "<answer>4</answer>", "x"]
+    a = torch.tensor(model_reward(prompts, completions, path=str(tmp_path / "a"), batch_size=2))
+    b = torch.tensor(model_reward(prompts, completions, path=str(tmp_path / "b")))
+    assert a.shape == (3,) and not torch.allclose(a, b)
+    # batching does not change scores (padding is ignored)
+    torch.testing.assert_close(a, torch.tensor(model_reward(prompts, completions, path=str(tmp_path / "a"), batch_size=3)))
+    both = [str(tmp_path / "a"), str(tmp_path / "b")]
+    torch.testing.assert_close(torch.tensor(model_reward(prompts, completions, path=both, aggregate="min")),
+                               torch.minimum(a, b))
+    torch.testing.assert_close(torch.tensor(model_reward(prompts, completions, path=both)), (a + b) / 2)
+
+
+@pytest.mark.slow
+def test_reference_in_memory_matches_precomputed(tmp_path, small_pairs):
+    # both references are the starting policy, so the runs must agree (precompute only saves memory)
+    evals = []
+    for mode in ("precompute", "model"):
+        out = tmp_path / mode
+        out.mkdir()
+        result = run_rlx(["train", "algorithm=dpo", *PREF_FAST, f"data.pairs.path={small_pairs}",
+                          f"algorithm.reference={mode}", "save.final=false"], out)
+        assert result.returncode == 0, result.stderr[-3000:]
+        run = only_run_dir(out)
+        assert (run / "reference_logps.pt").exists() == (mode == "precompute")
+        evals.append(read_metrics(run / "metrics.jsonl")[-1])
+    for key in ("eval/pref_loss", "eval/pref_accuracy", "pref/margin", "train/loss"):
+        assert evals[0][key] == pytest.approx(evals[1][key], abs=1e-5), key
