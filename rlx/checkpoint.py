@@ -85,6 +85,15 @@ class GeneratorState:
         self.generator.set_state(state["state"])
 
 
+def _only_trainable_weights(models, weights, output_dir) -> None:
+    """Accelerate save hook: a model with frozen weights (LoRA) saves only what trains (the adapter);
+    the frozen base is rebuilt from model.path when resuming."""
+    for i, model in enumerate(models):
+        if i < len(weights) and any(not p.requires_grad for p in model.parameters()):
+            trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+            weights[i] = {k: v for k, v in weights[i].items() if k in trainable}
+
+
 class Checkpointer:
     def __init__(self, accelerator, run_dir: Path, every: int, keep: int, total_steps: int, resume: bool):
         self.acc, self.run_dir = accelerator, Path(run_dir)
@@ -92,6 +101,7 @@ class Checkpointer:
         self.folder = checkpoint_dir(self.run_dir)
         logging.getLogger("accelerate").setLevel(logging.WARNING)  # a line per saved file otherwise
         logging.getLogger("accelerate.utils.other").setLevel(logging.ERROR)  # "removed shared tensor": tied weights
+        accelerator.register_save_state_pre_hook(_only_trainable_weights)
         self._stop_requested = False
         self._previous_handlers = {}
         for sig in (signal.SIGINT, signal.SIGTERM):
