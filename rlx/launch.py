@@ -137,9 +137,9 @@ def resolve_resume(args: list[str]) -> list[str]:
     The saved overrides come first and the command line's replace those with the same key, so
     `rlx train resume=<run> steps=500` continues the same run for longer."""
     given = [a for a in args if a.startswith("resume=")]
-    if not given:
+    if not given or is_worker():  # workers get the parent's resolved overrides and run directory
         return args
-    value = given[-1].split("=", 1)[1]
+    value = given[-1].split("=", 1)[1].strip("'\"")
     if value in ("null", ""):
         return args
     if value == "auto":

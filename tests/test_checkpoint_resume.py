@@ -127,6 +127,9 @@ def test_resume_reuses_the_run_overrides_and_directory(tmp_path, monkeypatch):
     assert args[2:] == [f"resume='{run.resolve()}'", f"hydra.run.dir='{run.resolve()}'"]
     assert resolve_resume(["resume=auto"])[-1] == f"hydra.run.dir='{run.resolve()}'"
     assert resolve_resume(["seed=1"]) == ["seed=1"]
+    assert resolve_resume([f"resume='{run}'"])[-1] == f"hydra.run.dir='{run.resolve()}'"  # quoted as Hydra allows
+    monkeypatch.setenv("RLX_RUN_DIR", str(run))  # a worker of a multi-process run: already resolved by its parent
+    assert resolve_resume([f"resume='{run}'", "seed=1"]) == [f"resume='{run}'", "seed=1"]
 
 
 def test_resume_of_a_finished_run_exits_0_without_training(tmp_path):
