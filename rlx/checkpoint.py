@@ -26,6 +26,7 @@ import logging
 import os
 import shutil
 import signal
+import time
 from pathlib import Path
 
 import torch
@@ -112,9 +113,13 @@ class Checkpointer:
         return cls(accelerator, run_dir, cfg.checkpoint.every, cfg.checkpoint.keep, cfg.steps, cfg.resume is not None)
 
     def _on_signal(self, signum, frame) -> None:
-        if self._stop_requested:  # second Ctrl-C: give up on the checkpoint
-            raise KeyboardInterrupt
-        self._stop_requested = True
+        # a second Ctrl-C gives up on the checkpoint; a repeat within a second is the same Ctrl-C
+        # forwarded by the launcher (the terminal signals every process of the group directly too)
+        if self._stop_requested:
+            if time.monotonic() - self._stop_requested_at > 1.0:
+                raise KeyboardInterrupt
+            return
+        self._stop_requested, self._stop_requested_at = True, time.monotonic()
         if self.acc.is_main_process:
             log.warning("stop requested: finishing this step and writing a checkpoint (Ctrl-C again to abort)")
 

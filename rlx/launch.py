@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -124,7 +125,20 @@ def launch_workers(hardware, run_dir: Path, overrides: list[str]) -> int:
     if hardware.num_threads:
         env["OMP_NUM_THREADS"] = str(hardware.num_threads)
     log.info("launching %d processes: %s", world_size(hardware), " ".join(cmd))
-    return subprocess.run(cmd, env=env).returncode
+    # Ctrl-C reaches the launcher and the workers from the terminal; the workers finish their step and
+    # checkpoint, so this process only waits for them instead of killing the launcher
+    interrupted = []
+
+    def wait_for_workers(signum, frame):
+        interrupted.append(signum)
+        log.warning("waiting for the workers to checkpoint")
+
+    previous = signal.signal(signal.SIGINT, wait_for_workers)
+    try:
+        code = subprocess.run(cmd, env=env).returncode
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return 130 if interrupted and code else code  # the launcher reports the workers' exit 130 as a failure
 
 
 def outputs_root() -> Path:
