@@ -98,9 +98,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     command, args = argv[0], argv[1:]
     if command == "train":
+        from rlx.launch import resolve_resume
         from rlx.train import train_app
 
-        _hydra_app(train_app, "rlx-train", _split_recipe(args), "train")
+        _hydra_app(train_app, "rlx-train", resolve_resume(_split_recipe(args)), "train")
     elif command == "eval":
         from rlx.evaluation.runner import eval_app
 

@@ -35,9 +35,11 @@ def write_run_files(run_dir: Path, cfg, overrides: list[str]) -> None:
 class MetricsLog:
     """Appends one JSON object per logged step to metrics.jsonl and shows progress on the terminal."""
 
-    def __init__(self, run_dir: Path, total_steps: int, progress: str | bool = "auto", enabled: bool = True):
+    def __init__(self, run_dir: Path, total_steps: int, progress: str | bool = "auto", enabled: bool = True,
+                 tracker=None):
         self.path = run_dir / "metrics.jsonl"
         self.enabled = enabled
+        self.tracker = tracker  # an object with .log(values, step=): the Accelerator's trackers (rlx/tracking.py)
         self.total = total_steps
         self._bar = None
         show_bar = sys.stderr.isatty() if progress == "auto" else bool(progress)
@@ -59,6 +61,9 @@ class MetricsLog:
         row.update({k: _jsonable(v) for k, v in sorted(metrics.items())})
         with self.path.open("a") as handle:
             handle.write(json.dumps(row) + "\n")
+        if self.tracker is not None:
+            numbers = {k: v for k, v in row.items() if k not in ("step", "time") and isinstance(v, (int, float))}
+            self.tracker.log(numbers, step=step)
 
     def show(self, step: int, metrics: dict) -> None:
         if not self.enabled:

@@ -13,6 +13,7 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
+from rlx.checkpoint import TrainingInterrupted
 from rlx.config import CONF_DIR, UserError, fail
 from rlx.rewards import RewardError
 
@@ -154,8 +155,6 @@ def build_model_and_tokenizer(cfg: DictConfig, train_rows: list[dict]):
         model = load_sequence_classifier(cfg.model.path, cfg.model.dtype, pad_token_id=tokenizer.pad_token_id)
     else:
         model = load_causal_lm(cfg.model.path, cfg.model.dtype, cfg.model.revision, cfg.model.trust_remote_code)
-    if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
     return model, tokenizer
 
 
@@ -163,22 +162,49 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
     """Train according to cfg, writing everything into run_dir. Returns the final evaluation metrics."""
     from accelerate import Accelerator
 
+    from rlx import launch, tracking
+    from rlx.checkpoint import latest_checkpoint
     from rlx.data.tasks import load_rows
     from rlx.loops.common import Components, seed_everything
+    from rlx.models.lora import prepare_policy, save_final
     from rlx.rewards import build_rewards
     from rlx.run import plot_run, write_run_files
 
     check_settings(cfg)
+    launch.check_batch(cfg, launch.world_size(cfg.hardware))
+    if cfg.resume is not None:  # the cli pointed the run directory at the run being resumed
+        found = latest_checkpoint(run_dir)
+        if found is not None and found[0] >= cfg.steps:
+            log.info("run %s already finished (checkpoint at step %d, steps=%d): nothing to train", run_dir, found[0], cfg.steps)
+            return {}
+    if launch.needs_launch(cfg.hardware):  # parent of a multi-process run: write the run files, start workers
+        write_run_files(run_dir, cfg, overrides)
+        tracking.write_env_info(run_dir, launch.world_size(cfg.hardware))
+        code = launch.launch_workers(cfg.hardware, run_dir, overrides)
+        if code:
+            raise SystemExit(code)
+        return {}
     if cfg.hardware.num_threads:
         torch.set_num_threads(cfg.hardware.num_threads)
-    accelerator = Accelerator(cpu=cfg.hardware.cpu, mixed_precision=cfg.hardware.mixed_precision)
-    if accelerator.is_main_process:
+    trackers = tracking.tracker_names(cfg.logger)
+    tracking.tracker_environment(cfg.logger, run_dir)
+    accelerator = Accelerator(cpu=cfg.hardware.cpu, mixed_precision=cfg.hardware.mixed_precision,
+                              log_with=trackers or None, project_dir=str(run_dir))
+    if accelerator.num_processes != launch.world_size(cfg.hardware):
+        raise UserError(f"{accelerator.num_processes} processes are running but hardware.num_processes x num_machines = "
+                        f"{launch.world_size(cfg.hardware)}; start runs with `rlx train`, not `accelerate launch`")
+    if accelerator.is_main_process and not launch.is_worker():
         write_run_files(run_dir, cfg, overrides)
+        tracking.write_env_info(run_dir, accelerator.num_processes)
+    if not accelerator.is_main_process:
+        logging.getLogger("rlx").setLevel(logging.WARNING)  # one process reports
+    tracking.start_trackers(accelerator, cfg, run_dir)
     seed_everything(cfg.seed)
     # data.source none: preference data without a verifiable task (no eval/accuracy)
     train_rows, eval_rows = load_rows(cfg.data, cfg.seed) if cfg.data.source != "none" else ([], [])
     rewards = build_rewards(cfg.reward)
     model, tokenizer = build_model_and_tokenizer(cfg, train_rows)
+    model = prepare_policy(model, cfg.model, cfg.hardware)
     log.info("run directory: %s", run_dir)
     log.info("model: %s (%.2fM parameters), %d train / %d held-out rows", cfg.model.path or "built from scratch",
              sum(p.numel() for p in model.parameters()) / 1e6, len(train_rows), len(eval_rows))
@@ -199,13 +225,12 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         if cfg.save.final:
-            final = accelerator.unwrap_model(result["model"])
-            final.save_pretrained(run_dir / "final")
-            tokenizer.save_pretrained(run_dir / "final")
+            save_final(accelerator.unwrap_model(result["model"]), tokenizer, run_dir, cfg.model.lora.save_merged)
         if cfg.save.plot:
             plot_run(run_dir)
         summary = {k: v for k, v in result["final_eval"].items()}
         log.info("done: %s", "  ".join(f"{k}={v:.4f}" for k, v in summary.items() if isinstance(v, float)))
+    accelerator.end_training()
     return result["final_eval"]
 
 
@@ -219,6 +244,9 @@ def train_app(cfg: DictConfig) -> float | None:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         final = run(cfg, run_dir, list(hydra_cfg.overrides.task))
+    except TrainingInterrupted as exc:
+        log.warning("stopped after step %d; checkpoint written. Continue with: rlx train resume=%s", exc.step, run_dir)
+        raise SystemExit(130) from None
     except (Exception, SystemExit) as exc:
         if is_multirun(hydra_cfg):  # one crashing trial is recorded and the sweep goes on
             return record_failure(run_dir, exc, hydra_cfg)

@@ -15,11 +15,12 @@ Each step:
 Departures from the GRPO paper: token-mean aggregation by default (DAPO), and the old log-probs are
 not recomputed when only one optimizer step is taken per batch (the ratio is then exactly 1).
 The batch sampling and metric helpers here are shared with the PPO loop (loops/ppo.py).
+With several processes (hardware=ddp), each takes its contiguous shard of the global batch, and
+rewards, advantages and loss normalisers are computed over the global batch (rlx/parallel.py).
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 import logging
 import time
@@ -31,9 +32,12 @@ import torch
 from rlx.algorithms.advantages import outcome_advantages, sign_weighted, tied_groups, zero_std_group_fraction
 from rlx.algorithms.kl import adaptive_kl_coef, kl_penalty, sequence_kl_in_reward
 from rlx.algorithms.losses import aggregate, clipped_surrogate, top_entropy_mask
+from rlx.checkpoint import Checkpointer, GeneratorState
 from rlx.data.tasks import PromptStream
 from rlx.loops.common import Components, build_optimizer, evaluate, format_prompts
 from rlx.models.forward import completion_logprobs
+from rlx.models.lora import reference_model
+from rlx.parallel import gather, global_mean, global_sum, gradient_scale, shard
 from rlx.rewards import RewardComponent, compute_rewards
 from rlx.rewards.overlong import overlong_penalty
 from rlx.rollout.hf import Rollout, generate
@@ -101,14 +105,15 @@ def select_rollout(rollout: Rollout, index: torch.Tensor) -> Rollout:
 class Batch:
     """One step's training samples: G adjacent completions per prompt."""
 
-    rows: list[dict]              # (N,) data row of each sample
-    prompts: list[str]            # (N,) formatted prompt of each sample
-    rollout: Rollout
-    rewards: torch.Tensor         # (N,) weighted total reward
+    rows: list[dict]              # (n,) data row of each sample of this process
+    prompts: list[str]            # (n,) formatted prompt of each sample of this process
+    rollout: Rollout              # this process's n samples
+    rewards: torch.Tensor         # (N,) weighted total reward of the GLOBAL batch, in global sample order
     drawn_metrics: dict           # reward/* and completions/* over every sample drawn this step
     prompts_drawn: int            # prompts generated for this step (more than the batch with dynamic sampling)
     rounds: int                   # generation rounds
     filled_groups: int            # tied groups kept to fill the batch when dynamic sampling ran out of rounds
+    local: slice = slice(None)    # this process's samples within the global batch
 
 
 def training_rewards(parts: Components, algo, max_new_tokens: int) -> list[RewardComponent]:
@@ -121,24 +126,28 @@ def training_rewards(parts: Components, algo, max_new_tokens: int) -> list[Rewar
 
 
 def sample_batch(model, tokenizer, stream: PromptStream, cfg, rewards: list[RewardComponent], group_size: int,
-                 dynamic_sampling: bool, max_rounds: int, step: int, engine=None) -> Batch:
+                 dynamic_sampling: bool, max_rounds: int, step: int, engine=None, acc=None) -> Batch:
     """Generate and score `prompts_per_step` groups. With dynamic sampling, drop tied groups and draw
     the missing number of prompts again, for at most `max_rounds` rounds; if still short, fill with
     tied groups (zero advantage under group baselines) so the batch size stays fixed.
     Completion i drawn at this step is sampled with seed sample_seed(seed, step, i). `engine` (rollout=vllm)
-    generates instead of the policy itself when given."""
+    generates instead of the policy itself when given. With several processes (acc), every process
+    draws the same prompts, generates and scores its own shard, and the rewards are gathered
+    (dynamic sampling is single-process; train.py refuses the combination)."""
     sample = engine.generate if engine is not None else partial(generate, model, tokenizer)
     roll, wanted = cfg.rollout, cfg.prompts_per_step
     rollouts, all_rows, all_prompts, totals, components, errors = [], [], [], [], [], 0
     kept_groups, rounds = 0, 0
     while True:
         rows = stream.take(wanted - kept_groups if dynamic_sampling else wanted)
+        mine = shard(len(rows), acc) if acc is not None else slice(0, len(rows))
+        rows = rows[mine]
         prompts = format_prompts(tokenizer, rows, cfg.model.chat_template, cfg.data.system_prompt)
-        drawn = sum(t.numel() for t in totals)
+        first = sum(t.numel() for t in totals) + mine.start * group_size  # global index of this shard's first sample
         rollout = sample(
             prompts, samples_per_prompt=group_size, max_new_tokens=roll.max_new_tokens,
             temperature=roll.temperature, top_p=roll.top_p, top_k=roll.top_k, batch_size=roll.batch_size,
-            seeds=[sample_seed(cfg.seed, step, drawn + i) for i in range(len(prompts) * group_size)],
+            seeds=[sample_seed(cfg.seed, step, first + i) for i in range(len(prompts) * group_size)],
             min_new_tokens=roll.get("min_new_tokens", 0),
         )
         sample_rows = [row for row in rows for _ in range(group_size)]
@@ -160,9 +169,15 @@ def sample_batch(model, tokenizer, stream: PromptStream, cfg, rewards: list[Rewa
         if kept_groups >= wanted or rounds >= max_rounds:
             break
     rollout = cat_rollouts(rollouts, tokenizer.pad_token_id)
-    rewards_all = torch.cat(totals)  # (N_drawn,)
+    rewards_all = torch.cat(totals)  # (N_drawn,) this process
     per_component = {name: torch.cat([c[name] for c in components]) for name in components[0]}
-    drawn_metrics = outcome_metrics(rewards_all, per_component, errors, rollout, cfg.reward.accuracy, group_size)
+    local = slice(0, rewards_all.numel())
+    if acc is not None and acc.num_processes > 1:  # the global batch, in global sample order
+        local = slice(acc.process_index * rewards_all.numel(), (acc.process_index + 1) * rewards_all.numel())
+        rewards_all = gather(acc, rewards_all)  # (N,)
+        per_component = {name: gather(acc, values) for name, values in per_component.items()}
+        errors = int(global_sum(acc, errors))
+    drawn_metrics = outcome_metrics(rewards_all, per_component, errors, rollout, cfg.reward.accuracy, group_size, acc)
     filled = 0
     if dynamic_sampling:
         tied = tied_groups(rewards_all, group_size)  # (groups drawn,)
@@ -172,16 +187,20 @@ def sample_batch(model, tokenizer, stream: PromptStream, cfg, rewards: list[Rewa
         index = (groups.unsqueeze(1) * group_size + torch.arange(group_size)).flatten()  # (wanted * G,)
         rollout = select_rollout(rollout, index)
         rewards_all = rewards_all[index]
+        local = slice(0, rewards_all.numel())
         all_rows = [all_rows[i] for i in index.tolist()]
         all_prompts = [all_prompts[i] for i in index.tolist()]
     prompts_drawn = sum(len(t) for t in totals) // group_size
-    return Batch(all_rows, all_prompts, rollout, rewards_all, drawn_metrics, prompts_drawn, rounds, filled)
+    return Batch(all_rows, all_prompts, rollout, rewards_all, drawn_metrics, prompts_drawn, rounds, filled, local)
 
 
-def outcome_metrics(rewards, per_component, errors, rollout, accuracy_key, group_size) -> dict:
-    """reward/*, completions/* and train/frac_zero_std_groups over the samples drawn."""
+def outcome_metrics(rewards, per_component, errors, rollout, accuracy_key, group_size, acc=None) -> dict:
+    """reward/*, completions/* and train/frac_zero_std_groups over the samples drawn (all processes)."""
     n = rewards.numel()
     lengths = rollout.lengths.float()
+    truncated = rollout.truncated.float()
+    if acc is not None and acc.num_processes > 1:
+        lengths, truncated = gather(acc, lengths), gather(acc, truncated)
     metrics = {
         "reward/total": rewards.mean().item(),
         "reward/total_std": rewards.std().item() if n > 1 else 0.0,
@@ -189,7 +208,7 @@ def outcome_metrics(rewards, per_component, errors, rollout, accuracy_key, group
         "reward/errors": errors,
         "completions/mean_length": lengths.mean().item(),
         "completions/max_length": lengths.max().item(),
-        "completions/truncated_frac": rollout.truncated.float().mean().item(),
+        "completions/truncated_frac": truncated.mean().item(),
         "train/frac_zero_std_groups": zero_std_group_fraction(rewards, group_size),
     }
     for name, values in per_component.items():
@@ -219,6 +238,19 @@ def sample_records(batch: Batch, advantages: torch.Tensor, count: int) -> list[d
     ]
 
 
+class KLCoefficient:
+    """The (possibly adaptive) KL coefficient, saved in checkpoints like any other training state."""
+
+    def __init__(self, value: float):
+        self.value = value
+
+    def state_dict(self) -> dict:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = float(state["value"])
+
+
 def mean_of(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
@@ -230,16 +262,17 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
     group_size = roll.samples_per_prompt + (1 if algo.advantage == "median" else 0)
     updates_per_step = algo.epochs * algo.mini_batches
     optimizer, scheduler = build_optimizer(parts.model, cfg.optim, cfg.steps * updates_per_step)
-    reference = None
-    if algo.kl_coef > 0:  # frozen copy of the starting policy; not loaded at all when the KL term is off
-        reference = copy.deepcopy(parts.model).eval().requires_grad_(False)
-    kl_coef = float(algo.kl_coef)
+    # frozen starting policy (with LoRA: the base with the adapter off); not built when the KL term is off
+    reference = reference_model(parts.model) if algo.kl_coef > 0 else None
+    kl_state = KLCoefficient(float(algo.kl_coef))
     engine = build_engine(roll, parts.model, tokenizer, cfg.seed)  # None: generate with the policy (rollout=hf)
     model, optimizer = acc.prepare(parts.model, optimizer)
     stream = PromptStream(parts.train_rows, cfg.seed)
     train_rewards = training_rewards(parts, algo, roll.max_new_tokens)
     shuffle = torch.Generator().manual_seed(cfg.seed)
-    metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process)
+    checkpointer = Checkpointer.from_config(cfg, acc, run_dir)
+    start_step = checkpointer.restore(scheduler=scheduler, data=stream, shuffle=GeneratorState(shuffle), kl=kl_state)
+    metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
     eval_kwargs = dict(
         accuracy_key=cfg.reward.accuracy, use_chat_template=cfg.model.chat_template, system_prompt=cfg.data.system_prompt,
         max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size, on_error=cfg.reward.on_error,
@@ -251,19 +284,20 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
         metrics, _ = evaluate(acc.unwrap_model(model), tokenizer, eval_rows, parts.rewards, **eval_kwargs)
         return metrics
 
-    if cfg.eval.at_start:
+    if cfg.eval.at_start and start_step == 0 and acc.is_main_process:
         last_eval = run_eval(0)
         metrics_log.write(0, last_eval)
         metrics_log.show(0, last_eval)
 
-    for step in range(1, cfg.steps + 1):
+    for step in range(start_step + 1, cfg.steps + 1):
+        kl_coef = kl_state.value
         step_start = time.perf_counter()
         if reference is not None and algo.ref_reset_every and step > 1 and (step - 1) % algo.ref_reset_every == 0:
             reference.load_state_dict(acc.unwrap_model(model).state_dict())
         # 1-2. rollout (G samples per prompt, adjacent in the batch) and rewards
         batch = sample_batch(acc.unwrap_model(model), tokenizer, stream, cfg, train_rewards, group_size,
-                             algo.dynamic_sampling, algo.max_sample_batches, step, engine)
-        rollout, rewards = batch.rollout, batch.rewards  # rewards: (N,)
+                             algo.dynamic_sampling, algo.max_sample_batches, step, engine, acc)
+        rollout, rewards, local = batch.rollout, batch.rewards, batch.local  # rewards: (N,) global
         generation_time = time.perf_counter() - step_start
         num_samples = rollout.completion_ids.shape[0]
         completion_mask = rollout.completion_mask  # (N, C)
@@ -278,9 +312,12 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
         ref_logp = batched_logprobs(reference, rollout, cfg.micro_batch_size)[0] if reference is not None else None
         shaped, seq_kl = rewards, None
         if reference is not None and algo.kl_in == "reward":
-            shaped, seq_kl = sequence_kl_in_reward(rewards, old_logp, ref_logp, completion_mask, kl_coef)  # (N,)
-        advantages, keep = outcome_advantages(shaped, group_size, algo.advantage, algo.scale, algo.eps)  # (N,), (N,)
-        advantages = sign_weighted(advantages, algo.positive_weight, algo.negative_weight)
+            shaped, seq_kl = sequence_kl_in_reward(rewards[local], old_logp, ref_logp, completion_mask, kl_coef)  # (n,)
+            shaped, seq_kl = gather(acc, shaped), gather(acc, seq_kl)  # (N,)
+        # advantages over the global batch; this process keeps its own samples'
+        global_advantages, global_keep = outcome_advantages(shaped, group_size, algo.advantage, algo.scale, algo.eps)
+        global_advantages = sign_weighted(global_advantages, algo.positive_weight, algo.negative_weight)  # (N,)
+        advantages, keep = global_advantages[local], global_keep[local]  # (n,), (n,)
         loss_mask = completion_mask * keep.long().unsqueeze(1)  # (N, C): pivots and masked rows leave the loss
         pg_mask = loss_mask  # (N, C): tokens in the policy-gradient term
         if algo.forking_rho < 1:
@@ -294,8 +331,8 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
         for _epoch in range(algo.epochs):
             order = torch.randperm(num_samples, generator=shuffle) if updates_per_step > 1 else torch.arange(num_samples)
             for mini in order.chunk(algo.mini_batches):
-                mini_tokens = loss_mask[mini].sum().item()
-                mini_seqs = keep[mini].sum().item()
+                mini_tokens = global_sum(acc, loss_mask[mini].sum().item())  # normalisers: the whole mini-batch
+                mini_seqs = global_sum(acc, keep[mini].sum().item())
                 for lo in range(0, len(mini), cfg.micro_batch_size):
                     idx = mini[lo : lo + cfg.micro_batch_size]
                     mask = completion_mask[idx]
@@ -318,7 +355,7 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
                     if algo.entropy_coef > 0:
                         token_loss = token_loss - algo.entropy_coef * entropy * device_mask
                     loss = aggregate(token_loss, device_mask, algo.loss_agg, mini_tokens, mini_seqs, roll.max_new_tokens)
-                    acc.backward(loss)
+                    acc.backward(loss * gradient_scale(acc))
                     stats["loss"] += loss.item() / updates_per_step
                     stats["entropy"].append(masked_mean(entropy.detach(), mask.to(logp.device)))
                     stats["clip_low"].append(clip_stats["train/clip_frac_low"].item())
@@ -332,39 +369,43 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
                 if engine is not None:
                     engine.sync_weights(acc.unwrap_model(model))
         if reference is not None and algo.kl_target is not None:
-            observed = seq_kl.mean().item() if seq_kl is not None else seq_kl_sum / (algo.epochs * num_samples)
-            kl_coef = adaptive_kl_coef(kl_coef, observed, algo.kl_target, algo.kl_horizon, num_samples)
+            total_samples = rewards.numel()
+            observed = (seq_kl.mean().item() if seq_kl is not None
+                        else global_sum(acc, seq_kl_sum) / (algo.epochs * total_samples))
+            kl_state.value = adaptive_kl_coef(kl_coef, observed, algo.kl_target, algo.kl_horizon, total_samples)
 
         step_time = time.perf_counter() - step_start
         metrics = {
-            "train/loss": stats["loss"],
+            "train/loss": global_sum(acc, stats["loss"]),
             "train/lr": scheduler.get_last_lr()[0],
-            "train/entropy": mean_of(stats["entropy"]),
-            "train/clip_frac_low": mean_of(stats["clip_low"]),
-            "train/clip_frac_high": mean_of(stats["clip_high"]),
-            "train/approx_kl": mean_of(stats["approx_kl"]),
+            "train/entropy": global_mean(acc, mean_of(stats["entropy"])),
+            "train/clip_frac_low": global_mean(acc, mean_of(stats["clip_low"])),
+            "train/clip_frac_high": global_mean(acc, mean_of(stats["clip_high"])),
+            "train/approx_kl": global_mean(acc, mean_of(stats["approx_kl"])),
             "train/prompts_drawn": batch.prompts_drawn,
             "train/sample_rounds": batch.rounds,
-            **advantage_metrics(advantages[keep]),
+            **advantage_metrics(global_advantages[global_keep]),
             **batch.drawn_metrics,
             "perf/step_time_s": step_time,
             "perf/generation_time_s": generation_time,
-            "perf/tokens_per_s": completion_mask.sum().item() / step_time,
+            "perf/tokens_per_s": global_sum(acc, completion_mask.sum().item()) / step_time,
         }
         if algo.dynamic_sampling:
             metrics["train/filled_groups"] = batch.filled_groups
         if stats["kl"]:
-            metrics["train/kl_ref"] = mean_of(stats["kl"])
+            metrics["train/kl_ref"] = global_mean(acc, mean_of(stats["kl"]))
             metrics["train/kl_coef"] = kl_coef
         if stats["grad_norm"]:
             metrics["train/grad_norm"] = mean_of(stats["grad_norm"])
-        if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
+        if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps) and acc.is_main_process:
             last_eval = run_eval(step)
             metrics.update(last_eval)
         if acc.is_main_process and cfg.log.samples_every and (step % cfg.log.samples_every == 0 or step == 1):
+            # the main process holds the first shard, so its local sample i is global sample i
             write_samples(run_dir, step, sample_records(batch, advantages, cfg.log.num_samples))
         if step % cfg.log.every == 0 or "eval/accuracy" in metrics:
             metrics_log.write(step, metrics)
         metrics_log.show(step, metrics)
+        checkpointer.step_done(step)  # every checkpoint.every steps, at the end, and on Ctrl-C
     metrics_log.close()
     return {"model": model, "final_eval": last_eval}

@@ -17,17 +17,19 @@ Each step:
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 
 import torch
 
 from rlx.algorithms.preference import REFERENCE_FREE, preference_loss, sft_nll
+from rlx.checkpoint import Checkpointer
 from rlx.data.preferences import collate, load_pairs, prepare_pairs
 from rlx.data.tasks import PromptStream
 from rlx.loops.common import Components, build_optimizer, evaluate
 from rlx.models.forward import completion_logprobs
+from rlx.models.lora import reference_model
+from rlx.parallel import global_sum, gradient_scale, shard
 from rlx.run import MetricsLog, write_samples
 
 log = logging.getLogger("rlx")
@@ -95,7 +97,7 @@ def train_preference(cfg, parts: Components) -> dict:
     # 2. reference log-probs: precomputed once by the starting policy, or a frozen copy kept in memory
     reference = None
     if uses_reference and algo.reference == "model":
-        reference = copy.deepcopy(parts.model).eval().requires_grad_(False).to(acc.device)
+        reference = reference_model(parts.model).to(acc.device)  # LoRA: the base with the adapter off
     elif uses_reference:
         start = time.perf_counter()
         parts.model.to(acc.device)
@@ -112,7 +114,9 @@ def train_preference(cfg, parts: Components) -> dict:
     optimizer, scheduler = build_optimizer(parts.model, cfg.optim, cfg.steps)
     model, optimizer = acc.prepare(parts.model, optimizer)
     stream = PromptStream(train_pairs, cfg.seed)
-    metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process)
+    checkpointer = Checkpointer.from_config(cfg, acc, run_dir)
+    start_step = checkpointer.restore(scheduler=scheduler, data=stream)
+    metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
     loss_kwargs = dict(loss_type=algo.loss_type, beta=algo.beta, label_smoothing=algo.label_smoothing, gamma=algo.gamma,
                        length_normalize=algo.length_normalize)
 
@@ -163,19 +167,19 @@ def train_preference(cfg, parts: Components) -> dict:
         return metrics
 
     last_eval: dict = {}
-    if cfg.eval.at_start:
+    if cfg.eval.at_start and start_step == 0 and acc.is_main_process:
         last_eval = run_eval(0)
         metrics_log.write(0, {**data_counts, **last_eval})
         metrics_log.show(0, last_eval)
 
     batch_size = algo.batch_size
-    for step in range(1, cfg.steps + 1):
+    for step in range(start_step + 1, cfg.steps + 1):
         start = time.perf_counter()
-        # 3. a batch of pairs, in micro-batches
-        pairs = stream.take(batch_size)
+        # 3. a batch of pairs (this process's shard of the global batch), in micro-batches
+        pairs = stream.take(batch_size)[shard(batch_size, acc)]
         totals: dict[str, float] = {}
         tokens = 0
-        for lo in range(0, batch_size, micro):
+        for lo in range(0, len(pairs), micro):
             chunk = pairs[lo : lo + micro]
             chosen, rejected, chosen_len, rejected_len = sequence_logps(model, chunk, pad_id)  # (m,) each
             ref_chosen, ref_rejected = references(chunk, chosen.device)
@@ -183,8 +187,8 @@ def train_preference(cfg, parts: Components) -> dict:
             losses, stats = preference_loss(chosen, rejected, ref_chosen, ref_rejected, chosen_lengths=chosen_len,
                                             rejected_lengths=rejected_len, **loss_kwargs)  # (m,)
             nll = sft_nll(chosen, chosen_len)  # (m,)
-            loss = (losses.sum() + algo.sft_weight * nll.sum()) / batch_size
-            acc.backward(loss)
+            loss = (losses.sum() + algo.sft_weight * nll.sum()) / batch_size  # mean over the GLOBAL batch
+            acc.backward(loss * gradient_scale(acc))
             weight = len(chunk) / batch_size
             stats = {**stats, "train/loss": loss.detach() / weight, "train/pref_loss": losses.detach().mean(),
                      "train/sft_nll": nll.detach().mean(), "pref/chosen_length": chosen_len.mean(),
@@ -200,6 +204,8 @@ def train_preference(cfg, parts: Components) -> dict:
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         elapsed = time.perf_counter() - start
+        totals = {key: global_sum(acc, value) for key, value in totals.items()}
+        tokens = global_sum(acc, tokens)
         metrics = {
             **totals,
             "train/lr": scheduler.get_last_lr()[0],
@@ -207,11 +213,12 @@ def train_preference(cfg, parts: Components) -> dict:
             "perf/step_time_s": elapsed,
             "perf/tokens_per_s": tokens / elapsed,
         }
-        if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
+        if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps) and acc.is_main_process:
             last_eval = run_eval(step)
             metrics.update(last_eval)
         if step % cfg.log.every == 0 or step == cfg.steps:
             metrics_log.write(step, metrics)
         metrics_log.show(step, metrics)
+        checkpointer.step_done(step)  # every checkpoint.every steps, at the end, and on Ctrl-C
     metrics_log.close()
     return {"model": model, "final_eval": last_eval}

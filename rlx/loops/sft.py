@@ -12,9 +12,11 @@ import time
 
 import torch
 
+from rlx.checkpoint import Checkpointer
 from rlx.data.tasks import PromptStream
 from rlx.loops.common import Components, build_optimizer, evaluate, format_prompts
 from rlx.models.forward import completion_logprobs
+from rlx.parallel import global_sum, gradient_scale, shard
 from rlx.run import MetricsLog, write_samples
 
 log = logging.getLogger("rlx")
@@ -39,7 +41,9 @@ def train_sft(cfg, parts: Components) -> dict:
     optimizer, scheduler = build_optimizer(parts.model, cfg.optim, cfg.steps)
     model, optimizer = acc.prepare(parts.model, optimizer)
     stream = PromptStream(parts.train_rows, cfg.seed)
-    metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process)
+    checkpointer = Checkpointer.from_config(cfg, acc, run_dir)
+    start_step = checkpointer.restore(scheduler=scheduler, data=stream)
+    metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
     eval_kwargs = dict(
         accuracy_key=cfg.reward.accuracy, use_chat_template=cfg.model.chat_template, system_prompt=cfg.data.system_prompt,
         max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size, on_error=cfg.reward.on_error,
@@ -53,26 +57,26 @@ def train_sft(cfg, parts: Components) -> dict:
             write_samples(run_dir, step, records[: cfg.log.num_samples])
         return metrics
 
-    if cfg.eval.at_start:
+    if cfg.eval.at_start and start_step == 0 and acc.is_main_process:
         last_eval = run_eval(0)
         metrics_log.write(0, last_eval)
         metrics_log.show(0, last_eval)
 
     batch_size, micro = cfg.algorithm.batch_size, cfg.micro_batch_size
-    for step in range(1, cfg.steps + 1):
+    for step in range(start_step + 1, cfg.steps + 1):
         start = time.perf_counter()
-        rows = stream.take(batch_size)
+        rows = stream.take(batch_size)[shard(batch_size, acc)]  # this process's share of the global batch
         prompts = format_prompts(tokenizer, rows, cfg.model.chat_template, cfg.data.system_prompt)
         targets = [cfg.data.completion_template.format(answer=row["answer"]) for row in rows]
         prompt_ids, prompt_mask, completion_ids, completion_mask = tokenize_pairs(tokenizer, prompts, targets)
-        total_tokens = completion_mask.sum().item()
+        total_tokens = global_sum(acc, completion_mask.sum().item())  # token-mean over the global batch
         loss_sum = 0.0
-        for lo in range(0, batch_size, micro):
+        for lo in range(0, len(rows), micro):
             sl = slice(lo, lo + micro)
             logp, _ = completion_logprobs(model, prompt_ids[sl], prompt_mask[sl], completion_ids[sl], completion_mask[sl])
             mask = completion_mask[sl].to(logp.device, logp.dtype)
             loss = -(logp * mask).sum() / total_tokens  # token-mean over the whole batch
-            acc.backward(loss)
+            acc.backward(loss * gradient_scale(acc))
             loss_sum += loss.item()
         grad_norm = None
         if cfg.optim.max_grad_norm:
@@ -82,17 +86,18 @@ def train_sft(cfg, parts: Components) -> dict:
         optimizer.zero_grad(set_to_none=True)
         elapsed = time.perf_counter() - start
         metrics = {
-            "train/loss": loss_sum,
+            "train/loss": global_sum(acc, loss_sum),
             "train/lr": scheduler.get_last_lr()[0],
             "train/grad_norm": float(grad_norm) if grad_norm is not None else None,
             "perf/step_time_s": elapsed,
             "perf/tokens_per_s": total_tokens / elapsed,
         }
-        if step % cfg.eval.every == 0 or step == cfg.steps:
+        if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps) and acc.is_main_process:
             last_eval = run_eval(step)
             metrics.update(last_eval)
         if step % cfg.log.every == 0 or "eval/accuracy" in metrics:
             metrics_log.write(step, metrics)
         metrics_log.show(step, metrics)
+        checkpointer.step_done(step)  # every checkpoint.every steps, at the end, and on Ctrl-C
     metrics_log.close()
     return {"model": model, "final_eval": last_eval}

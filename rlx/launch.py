@@ -1,0 +1,183 @@
+"""Several processes, one run: `rlx train hardware=ddp hardware.num_processes=N` launches itself.
+
+The parent process composes the config, creates the run directory and writes its files, then starts
+the workers with Accelerate's launcher (`python -m accelerate.commands.launch ... -m rlx train ...`),
+passing the run directory explicitly (`hydra.run.dir=<run>`, and RLX_RUN_DIR in the environment), so
+every rank writes into the same directory. Only the main process logs, evaluates, checkpoints and
+shows progress.
+
+Also here: the global batch arithmetic checked at start-up, and `resume=` turned into the run
+directory to continue.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from rlx.config import UserError, fail
+
+log = logging.getLogger("rlx")
+
+WORKER_ENV = "RLX_RUN_DIR"  # set in workers started by `launch_workers`: the shared run directory
+
+
+def world_size(hardware) -> int:
+    return int(hardware.num_processes) * int(hardware.num_machines)
+
+
+def is_worker() -> bool:
+    return os.environ.get(WORKER_ENV) is not None
+
+
+def needs_launch(hardware) -> bool:
+    """True in the parent of a multi-process run (the workers have RLX_RUN_DIR set)."""
+    return world_size(hardware) > 1 and not is_worker()
+
+
+def check_batch(cfg, processes: int) -> None:
+    """The global batch must split evenly over processes, micro-batches and accumulation steps."""
+    hw = cfg.hardware
+    if processes > 1 and cfg.algorithm.family in ("ppo", "reward_model"):
+        raise UserError(f"algorithm.family={cfg.algorithm.family} runs on one process for now; "
+                        f"use hardware.num_processes=1 (data parallelism covers policy_gradient, preference and sft)")
+    if processes > 1 and cfg.algorithm.get("dynamic_sampling"):
+        raise UserError("algorithm.dynamic_sampling runs on one process for now; set algorithm.dynamic_sampling=false "
+                        "or hardware.num_processes=1")
+    if cfg.algorithm.family == "policy_gradient":
+        prompts, group = cfg.prompts_per_step, cfg.rollout.samples_per_prompt
+        if prompts % processes:
+            raise UserError(
+                f"prompts_per_step={prompts} does not split over {processes} processes "
+                f"(hardware.num_processes x num_machines); make prompts_per_step a multiple of {processes}"
+            )
+        local = prompts // processes * group
+        mini_batches = cfg.algorithm.get("mini_batches", 1)
+        if local % mini_batches:
+            raise UserError(
+                f"each process holds prompts_per_step/processes x samples_per_prompt = {local} samples, which "
+                f"algorithm.mini_batches={mini_batches} does not divide; change prompts_per_step or mini_batches"
+            )
+        local_step = local // mini_batches
+        what = "prompts_per_step/processes x samples_per_prompt / algorithm.mini_batches"
+    else:
+        batch = cfg.algorithm.get("batch_size", cfg.prompts_per_step)
+        if batch % processes:
+            raise UserError(
+                f"algorithm.batch_size={batch} does not split over {processes} processes; "
+                f"make it a multiple of {processes}"
+            )
+        local_step = batch // processes
+        what = "algorithm.batch_size / processes"
+    accumulation = hw.get("gradient_accumulation_steps")
+    if accumulation is not None and local_step != accumulation * cfg.micro_batch_size:
+        raise UserError(
+            f"hardware.gradient_accumulation_steps={accumulation} x micro_batch_size={cfg.micro_batch_size} must equal "
+            f"the per-process batch of one optimizer step ({what} = {local_step}); change one of them, "
+            f"or set hardware.gradient_accumulation_steps=null to derive it"
+        )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launcher_command(hardware, worker_args: list[str]) -> list[str]:
+    """`python -m accelerate.commands.launch <strategy flags> -m rlx <worker_args>`."""
+    port = hardware.main_process_port if hardware.num_machines > 1 else _free_port()
+    cmd = [sys.executable, "-m", "accelerate.commands.launch",
+           "--num_processes", str(world_size(hardware)), "--num_machines", str(hardware.num_machines),
+           "--machine_rank", str(hardware.machine_rank), "--main_process_port", str(port),
+           "--mixed_precision", str(hardware.mixed_precision), "--dynamo_backend", "no"]
+    if hardware.num_machines > 1:
+        if not hardware.get("main_process_ip"):
+            raise UserError("hardware.main_process_ip is required with several machines: the address of machine 0")
+        cmd += ["--main_process_ip", str(hardware.main_process_ip)]
+    strategy = hardware.get("distributed", "ddp")
+    if strategy == "fsdp":
+        fsdp = hardware.fsdp
+        cmd += ["--use_fsdp", "--fsdp_sharding_strategy", str(fsdp.sharding_strategy),
+                "--fsdp_auto_wrap_policy", str(fsdp.auto_wrap_policy), "--fsdp_state_dict_type", str(fsdp.state_dict_type),
+                "--fsdp_offload_params", str(bool(fsdp.cpu_offload)).lower()]
+    elif strategy == "deepspeed":
+        ds = hardware.deepspeed
+        cmd += ["--use_deepspeed", "--zero_stage", str(ds.zero_stage),
+                "--offload_optimizer_device", str(ds.offload_optimizer_device),
+                "--offload_param_device", str(ds.offload_param_device),
+                "--zero3_init_flag", str(bool(ds.zero3_init_flag)).lower()]
+    elif strategy in ("ddp", "no"):
+        cmd += ["--multi_gpu"]  # torch elastic launcher: N processes; gloo when no GPU is visible
+    else:
+        raise UserError(f"unknown hardware.distributed '{strategy}'; valid choices: no, ddp, fsdp, deepspeed")
+    cmd += [str(a) for a in hardware.get("launcher_args") or []]
+    return cmd + ["-m", "rlx", *worker_args]
+
+
+def launch_workers(hardware, run_dir: Path, overrides: list[str]) -> int:
+    """Start world_size workers on this machine's share; returns the launcher's exit code."""
+    quoted = str(run_dir).replace("'", "\\'")
+    worker_args = ["train", *overrides, f"hydra.run.dir='{quoted}'", "hydra.output_subdir=null"]
+    cmd = launcher_command(hardware, worker_args)
+    env = dict(os.environ, **{WORKER_ENV: str(run_dir)})
+    if hardware.num_threads:
+        env["OMP_NUM_THREADS"] = str(hardware.num_threads)
+    log.info("launching %d processes: %s", world_size(hardware), " ".join(cmd))
+    # Ctrl-C reaches the launcher and the workers from the terminal; the workers finish their step and
+    # checkpoint, so this process only waits for them instead of killing the launcher
+    interrupted = []
+
+    def wait_for_workers(signum, frame):
+        interrupted.append(signum)
+        log.warning("waiting for the workers to checkpoint")
+
+    previous = signal.signal(signal.SIGINT, wait_for_workers)
+    try:
+        code = subprocess.run(cmd, env=env).returncode
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return 130 if interrupted and code else code  # the launcher reports the workers' exit 130 as a failure
+
+
+def outputs_root() -> Path:
+    return Path(os.environ.get("RLX_OUTPUTS", "outputs")) / "train"
+
+
+def resolve_resume(args: list[str]) -> list[str]:
+    """`resume=<run dir>` or `resume=auto` -> the run's saved overrides, the new ones, `hydra.run.dir=<run>`.
+
+    The saved overrides come first and the command line's replace those with the same key, so
+    `rlx train resume=<run> steps=500` continues the same run for longer."""
+    given = [a for a in args if a.startswith("resume=")]
+    if not given or is_worker():  # workers get the parent's resolved overrides and run directory
+        return args
+    value = given[-1].split("=", 1)[1].strip("'\"")
+    if value in ("null", ""):
+        return args
+    if value == "auto":
+        from rlx.config import check_overrides
+
+        name = check_overrides([a for a in args if not a.startswith("resume=")]).name
+        runs = sorted(p for p in outputs_root().glob(f"*_{name}") if (p / "config.yaml").is_file())
+        if not runs:
+            print(f"resume=auto: no earlier run named '{name}' under {outputs_root()}; starting a new one", file=sys.stderr)
+            return args
+        run = runs[-1]
+    else:
+        run = Path(value).expanduser()
+        if not (run / "config.yaml").is_file():
+            fail(f"resume={value} is not a run directory (no config.yaml); pass a run directory or resume=auto")
+    saved = yaml.safe_load((run / "overrides.yaml").read_text()) or [] if (run / "overrides.yaml").is_file() else []
+    new = [a for a in args if not a.startswith("resume=")]
+    new_keys = {a.split("=", 1)[0].lstrip("+~") for a in new}
+    kept = [o for o in saved if o.split("=", 1)[0].lstrip("+~") not in new_keys and not o.startswith(("resume=", "hydra."))]
+    quoted = str(run.resolve()).replace("'", "\\'")
+    return [*kept, *new, f"resume='{quoted}'", f"hydra.run.dir='{quoted}'"]

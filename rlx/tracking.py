@@ -1,0 +1,108 @@
+"""Experiment trackers through Accelerate's tracker interface, and what every run records about itself.
+
+metrics.jsonl is always written (rlx/run.py); `logger=tensorboard|wandb|mlflow|trackio` adds a
+tracker that receives the same rows. Every run also writes <run>/env.json: package versions, the git
+commit of the code, the command line and the process layout (config.yaml holds the resolved config).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from rlx.config import REPO_DIR, UserError
+
+# tracker name (Accelerate's) -> the package it needs
+TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "trackio": "trackio"}
+PACKAGES = ("torch", "transformers", "accelerate", "peft", "datasets", "hydra-core", "omegaconf", "reasoning-gym",
+            "numpy", "safetensors", "tokenizers", "deepspeed", "vllm", *TRACKER_PACKAGES.values())
+
+
+def tracker_names(logger_cfg) -> list[str]:
+    names = [str(t) for t in (logger_cfg.get("trackers") or [])]
+    for name in names:
+        if name not in TRACKER_PACKAGES:
+            raise UserError(f"unknown tracker '{name}' in logger.trackers; valid choices: {', '.join(TRACKER_PACKAGES)}")
+        try:
+            importlib.metadata.version(TRACKER_PACKAGES[name])
+        except importlib.metadata.PackageNotFoundError:
+            raise UserError(f"logger={name} needs the '{TRACKER_PACKAGES[name]}' package: pip install {TRACKER_PACKAGES[name]}") from None
+    return names
+
+
+def tracker_environment(logger_cfg, run_dir: Path) -> None:
+    """Point each tracker at the run directory and set offline modes (environment variables they read)."""
+    names = logger_cfg.get("trackers") or []
+    if "wandb" in names:
+        os.environ.setdefault("WANDB_DIR", str(run_dir))
+        if logger_cfg.get("mode"):
+            os.environ["WANDB_MODE"] = str(logger_cfg.mode)  # offline: files under <run>/wandb, `wandb sync` later
+    if "mlflow" in names:
+        uri = logger_cfg.get("tracking_uri") or (Path(run_dir).resolve() / "mlruns").as_uri()
+        os.environ.setdefault("MLFLOW_TRACKING_URI", uri)
+    if "trackio" in names and logger_cfg.get("dir"):
+        os.environ.setdefault("TRACKIO_DIR", str(logger_cfg.dir))
+
+
+def flat_config(cfg) -> dict:
+    """The resolved config as {"a/b": scalar} (trackers store flat hyper-parameters)."""
+    out = {}
+
+    def walk(node, prefix):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}/")
+        else:
+            out[prefix[:-1]] = node if isinstance(node, (int, float, str, bool)) else str(node)
+
+    walk(OmegaConf.to_container(cfg, resolve=True), "")
+    return out
+
+
+def start_trackers(accelerator, cfg, run_dir: Path) -> None:
+    if not accelerator.log_with:
+        return
+    project = cfg.logger.get("project") or "rlx"
+    run_name = Path(run_dir).name
+    init_kwargs = {"wandb": {"name": run_name, "dir": str(run_dir)}, "mlflow": {"run_name": run_name},
+                   "trackio": {"name": run_name}}
+    accelerator.init_trackers(project, config=flat_config(cfg), init_kwargs=init_kwargs)
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=REPO_DIR, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def environment_info(world_size: int) -> dict:
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "git_commit": _git("rev-parse", "HEAD"),
+        "git_dirty": bool(status) if status is not None else None,
+        "command": sys.argv,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "host": platform.node(),
+        "processes": world_size,
+        "packages": versions,
+    }
+
+
+def write_env_info(run_dir: Path, world_size: int) -> None:
+    (Path(run_dir) / "env.json").write_text(json.dumps(environment_info(world_size), indent=1) + "\n")

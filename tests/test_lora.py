@@ -1,0 +1,98 @@
+"""LoRA: only adapters train, the reference is the base with the adapter off (no copy), saving."""
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from rlx.config import UserError
+from rlx.models.loading import load_causal_lm, load_tokenizer
+from rlx.models.lora import AdapterDisabled, apply_lora, prepare_policy, reference_model, save_final
+from rlx.run import read_metrics
+from tests.conftest import only_run_dir, run_rlx
+
+LORA = {"enabled": True, "rank": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear", "save_merged": True}
+
+
+def _policy():
+    base = load_causal_lm("builtin:tiny")
+    model_cfg = OmegaConf.create({"gradient_checkpointing": False, "lora": LORA})
+    policy = prepare_policy(load_causal_lm("builtin:tiny"), model_cfg, OmegaConf.create({"gradient_checkpointing": False}))
+    with torch.no_grad():  # a trained-looking adapter (peft starts lora_B at zero, i.e. the identity)
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.5)
+    return base, policy
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def test_lora_trains_adapters_and_reference_is_the_base_without_a_copy():
+    base, policy = _policy()
+    trainable = [n for n, p in policy.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    reference = reference_model(policy)
+    assert isinstance(reference, AdapterDisabled)
+    assert {id(p) for p in reference.parameters()} == {id(p) for p in policy.parameters()}  # no second copy
+    ids = torch.tensor([[5, 9, 17, 3, 12]])  # (1, T)
+    assert not torch.allclose(_logits(policy, ids), _logits(base, ids), atol=1e-4)
+    torch.testing.assert_close(_logits(reference, ids), _logits(base, ids))
+    assert not torch.allclose(_logits(policy, ids), _logits(base, ids), atol=1e-4)  # adapter back on afterwards
+
+
+def test_lora_saves_the_adapter_and_a_merged_model(tmp_path):
+    _, policy = _policy()
+    save_final(policy, load_tokenizer("builtin:tiny"), tmp_path, merged=True)
+    adapter = load_file(tmp_path / "final" / "adapter_model.safetensors")
+    assert adapter and all("lora_" in k for k in adapter)
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "final_merged")
+    ids = torch.tensor([[5, 9, 17, 3, 12]])
+    torch.testing.assert_close(_logits(merged, ids), _logits(policy, ids), atol=1e-5, rtol=1e-4)
+
+
+def test_lora_unknown_target_module_is_a_user_error():
+    with pytest.raises(UserError, match="target_modules"):
+        apply_lora(load_causal_lm("builtin:tiny"), 4, 8, 0.0, ["no_such_proj"])
+
+
+def test_lora_grpo_run_with_kl_writes_adapter_checkpoints_and_env(tmp_path):
+    args = ["train", "model.lora.enabled=true", "model.lora.rank=4", "algorithm.kl_coef=0.05", "steps=2",
+            "prompts_per_step=2", "rollout.samples_per_prompt=4", "eval.size=4", "checkpoint.every=1",
+            "hardware.num_threads=1", "save.plot=false", "optim.lr=1e-2"]
+    result = run_rlx(args, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = only_run_dir(tmp_path)
+    rows = read_metrics(run / "metrics.jsonl")
+    assert rows[-1]["step"] == 2 and rows[-1]["train/kl_ref"] > 0  # the adapter moved away from the base
+    checkpoint = run / "checkpoints" / "step_000002"
+    saved = load_file(checkpoint / "model.safetensors")
+    assert saved and all("lora_" in k for k in saved)  # the frozen base is not copied into checkpoints
+    assert (checkpoint / "adapter" / "adapter_config.json").is_file()
+    assert (run / "final" / "adapter_model.safetensors").is_file()
+    env = (run / "env.json").read_text()
+    for key in ('"git_commit"', '"peft"', '"torch"', '"command"'):
+        assert key in env
+
+
+@pytest.mark.slow
+def test_lora_resume_continues_exactly(tmp_path):
+    args = ["train", "model.lora.enabled=true", "model.lora.rank=4", "algorithm.kl_coef=0.05", "prompts_per_step=2",
+            "rollout.samples_per_prompt=4", "eval.size=4", "eval.every=0", "checkpoint.every=1", "hardware.num_threads=1",
+            "save.plot=false", "optim.lr=1e-2", "log.samples_every=0"]
+    for name in ("full", "cut"):
+        (tmp_path / name).mkdir()
+    full = run_rlx([*args, "steps=3"], tmp_path / "full")
+    assert full.returncode == 0, full.stderr[-3000:]
+    cut = run_rlx([*args, "steps=2"], tmp_path / "cut")
+    assert cut.returncode == 0, cut.stderr[-3000:]
+    run = only_run_dir(tmp_path / "cut")
+    resumed = run_rlx(["train", f"resume={run}", "steps=3"], tmp_path / "cut")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    want = load_file(only_run_dir(tmp_path / "full") / "final" / "adapter_model.safetensors")
+    got = load_file(run / "final" / "adapter_model.safetensors")
+    for key in want:
+        assert torch.equal(want[key], got[key]), key
