@@ -21,6 +21,7 @@ def test_sft_two_processes_match_one(tmp_path):
     assert_same_parameters(tmp_path, ["algorithm=sft", "steps=2", "algorithm.batch_size=8", "micro_batch_size=2"])
 
 
-# DPO (the preference loop, on another branch): after merging, add
-#   def test_dpo_two_processes_match_one(tmp_path):
-#       assert_same_parameters(tmp_path, ["algorithm=dpo", "steps=2", ...])
+def test_dpo_two_processes_match_one(tmp_path):
+    # reference log-probs precomputed on every process; the pair loss is a mean over the global batch
+    assert_same_parameters(tmp_path, ["algorithm=dpo", "data=prefs", "steps=2", "algorithm.batch_size=8",
+                                      "micro_batch_size=2"])

@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -113,7 +113,7 @@ class Batch:
     prompts_drawn: int            # prompts generated for this step (more than the batch with dynamic sampling)
     rounds: int                   # generation rounds
     filled_groups: int            # tied groups kept to fill the batch when dynamic sampling ran out of rounds
-    local: slice = slice(None)    # this process's samples within the global batch
+    local: slice = field(default_factory=lambda: slice(None))  # this process's samples in the global batch
 
 
 def training_rewards(parts: Components, algo, max_new_tokens: int) -> list[RewardComponent]:
