@@ -111,19 +111,19 @@ def test_every_preset_names_its_source_and_passes_the_checks():
 def test_every_knob_at_once_in_both_families(tmp_path):
     # the knobs no preset turns: entropy bonus, forking tokens, KL in the loss with an adaptive coefficient
     # and periodic reference reset, dual clip, truncation masking, sign weighting, several mini-batches;
-    # then KL in the reward with a separate value model for PPO
+    # then KL in the reward (with a separate value model for PPO)
     knobs = ["algorithm.entropy_coef=0.01", "algorithm.forking_rho=0.2", "algorithm.kl_coef=0.05",
              "algorithm.kl_target=0.01", "algorithm.ref_reset_every=1", "algorithm.dual_clip=3",
              "algorithm.mask_truncated=true", "algorithm.positive_weight=0.1", "algorithm.mini_batches=2",
              "rollout.max_new_tokens=8"]
     result = run_rlx(["train", "-m", "algorithm=grpo,ppo", *TINY, *knobs, "eval.at_start=false"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    result = run_rlx(["train", "algorithm=ppo", *TINY, "eval.at_start=false", "algorithm.kl_coef=0.05",
+    result = run_rlx(["train", "-m", "algorithm=grpo,ppo", *TINY, "eval.at_start=false", "algorithm.kl_coef=0.05",
                       "algorithm.kl_in=reward", "algorithm.kl_estimator=k1", "algorithm.value_model=builtin:tiny"],
                      tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = [read_metrics(p) for p in sorted((tmp_path / "outputs").glob("**/metrics.jsonl"))]
-    assert len(metrics) == 3
+    assert len(metrics) == 4
     for rows in metrics:
         assert rows[-1]["step"] == 2 and "train/kl_ref" in rows[-1] and "train/kl_coef" in rows[-1]
     adapted = [rows[-1]["train/kl_coef"] for rows in metrics[:2]]
