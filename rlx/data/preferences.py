@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from rlx.config import PACKAGE_DIR, UserError
+from rlx.data.tasks import parse_jsonl
 
 log = logging.getLogger("rlx")
 
@@ -69,14 +70,7 @@ def read_table(path: str) -> list[dict]:
         raise UserError(f"preference file '{path}' not found; set data.pairs.path to a .jsonl or .parquet file "
                         f"(or build one with `rlx data prefs out=FILE`)")
     if file.suffix == ".jsonl":
-        rows = []
-        for number, line in enumerate(file.read_text().splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise UserError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-        return rows
+        return parse_jsonl(file.read_text(), path)
     if file.suffix == ".parquet":
         import datasets
 

@@ -56,20 +56,24 @@ def reasoning_gym_rows(task: str, task_config: dict, train_size: int, eval_size:
     return train_rows, eval_rows
 
 
+def parse_jsonl(text: str, source: str) -> list[dict]:
+    """One JSON object per non-empty line; a bad line is a one-line error naming source:line."""
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise UserError(f"{source}:{number}: not valid JSON ({exc.msg})") from None
+    return rows
+
+
 def _read_table(path: str) -> list[dict]:
     file = Path(path).expanduser()
     if not file.is_file():
         raise UserError(f"data file '{path}' not found; set data.train_path / data.eval_path to an existing .jsonl or .parquet")
     if file.suffix == ".jsonl":
-        rows = []
-        with file.open() as handle:
-            for number, line in enumerate(handle, 1):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as exc:
-                        raise UserError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-        return rows
+        return parse_jsonl(file.read_text(), path)
     if file.suffix == ".parquet":
         import datasets
 

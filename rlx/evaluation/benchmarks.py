@@ -22,6 +22,7 @@ import threading
 from pathlib import Path
 
 from rlx.config import UserError
+from rlx.data.tasks import parse_jsonl
 from rlx.rewards.rule import extract_answer
 
 # --------------------------------------------------------------------------------------------
@@ -70,14 +71,7 @@ def _read_records(path: str, how_to_get: str) -> list[dict]:
         text = handle.read()
     if file.suffix == ".json" and text.lstrip().startswith("["):
         return json.loads(text)
-    rows = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-    return rows
+    return parse_jsonl(text, path)
 
 
 def qa_problems(name: str, question_column: str, answer_column: str, prompt_template: str, path: str | None = None,

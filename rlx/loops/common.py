@@ -77,6 +77,14 @@ def build_optimizer(model, optim_cfg, total_updates: int):
     return optimizer, scheduler
 
 
+def eval_settings(cfg) -> dict:
+    """Keyword arguments of `evaluate` from the config (the same for every loop)."""
+    return dict(
+        accuracy_key=cfg.reward.accuracy, use_chat_template=cfg.model.chat_template, system_prompt=cfg.data.system_prompt,
+        max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size, on_error=cfg.reward.on_error,
+    )
+
+
 @torch.no_grad()
 def evaluate(model, tokenizer, rows: list[dict], rewards: list[RewardComponent], *, accuracy_key: str,
              use_chat_template: bool, system_prompt: str | None, max_new_tokens: int, batch_size: int,

@@ -34,7 +34,7 @@ from rlx.algorithms.kl import adaptive_kl_coef, kl_penalty, sequence_kl_in_rewar
 from rlx.algorithms.losses import aggregate, clipped_surrogate, top_entropy_mask
 from rlx.checkpoint import Checkpointer, GeneratorState
 from rlx.data.tasks import PromptStream
-from rlx.loops.common import Components, build_optimizer, evaluate, format_prompts
+from rlx.loops.common import Components, build_optimizer, eval_settings, evaluate, format_prompts
 from rlx.models.forward import completion_logprobs
 from rlx.models.lora import reference_model
 from rlx.parallel import gather, global_mean, global_sum, gradient_scale, shard
@@ -273,10 +273,7 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
     checkpointer = Checkpointer.from_config(cfg, acc, run_dir)
     start_step = checkpointer.restore(scheduler=scheduler, data=stream, shuffle=GeneratorState(shuffle), kl=kl_state)
     metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
-    eval_kwargs = dict(
-        accuracy_key=cfg.reward.accuracy, use_chat_template=cfg.model.chat_template, system_prompt=cfg.data.system_prompt,
-        max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size, on_error=cfg.reward.on_error,
-    )
+    eval_kwargs = eval_settings(cfg)
     eval_rows = parts.eval_rows[: cfg.eval.size]
     last_eval: dict = {}
 

@@ -28,7 +28,7 @@ from rlx.algorithms.advantages import gae_advantages, whiten
 from rlx.algorithms.kl import adaptive_kl_coef, kl_penalty, token_rewards
 from rlx.algorithms.losses import aggregate, clipped_surrogate, explained_variance, value_loss
 from rlx.data.tasks import PromptStream
-from rlx.loops.common import Components, build_optimizer, evaluate
+from rlx.loops.common import Components, build_optimizer, eval_settings, evaluate
 from rlx.loops.policy_gradient import (
     advantage_metrics,
     batched_logprobs,
@@ -75,10 +75,7 @@ def train_ppo(cfg, parts: Components) -> dict:
     train_rewards = training_rewards(parts, algo, roll.max_new_tokens)
     shuffle = torch.Generator().manual_seed(cfg.seed)
     metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process)
-    eval_kwargs = dict(
-        accuracy_key=cfg.reward.accuracy, use_chat_template=cfg.model.chat_template, system_prompt=cfg.data.system_prompt,
-        max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size, on_error=cfg.reward.on_error,
-    )
+    eval_kwargs = eval_settings(cfg)
     eval_rows = parts.eval_rows[: cfg.eval.size]
     last_eval: dict = {}
 

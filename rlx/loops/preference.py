@@ -26,7 +26,7 @@ from rlx.algorithms.preference import REFERENCE_FREE, preference_loss, sft_nll
 from rlx.checkpoint import Checkpointer
 from rlx.data.preferences import collate, load_pairs, prepare_pairs
 from rlx.data.tasks import PromptStream
-from rlx.loops.common import Components, build_optimizer, evaluate
+from rlx.loops.common import Components, build_optimizer, eval_settings, evaluate
 from rlx.models.forward import completion_logprobs
 from rlx.models.lora import reference_model
 from rlx.parallel import global_sum, gradient_scale, shard
@@ -131,10 +131,7 @@ def train_preference(cfg, parts: Components) -> dict:
         rejected = torch.tensor([p["ref_rejected"] for p in pairs], device=device)  # (m,)
         return chosen, rejected
 
-    eval_kwargs = dict(
-        accuracy_key=cfg.reward.accuracy, use_chat_template=cfg.model.chat_template, system_prompt=cfg.data.system_prompt,
-        max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size, on_error=cfg.reward.on_error,
-    )
+    eval_kwargs = eval_settings(cfg)
     eval_rows = parts.eval_rows[: cfg.eval.size]
 
     @torch.no_grad()

@@ -14,7 +14,7 @@ import torch
 
 from rlx.checkpoint import Checkpointer
 from rlx.data.tasks import PromptStream
-from rlx.loops.common import Components, build_optimizer, evaluate, format_prompts
+from rlx.loops.common import Components, build_optimizer, eval_settings, evaluate, format_prompts
 from rlx.models.forward import completion_logprobs
 from rlx.parallel import global_sum, gradient_scale, shard
 from rlx.run import MetricsLog, write_samples
@@ -44,10 +44,7 @@ def train_sft(cfg, parts: Components) -> dict:
     checkpointer = Checkpointer.from_config(cfg, acc, run_dir)
     start_step = checkpointer.restore(scheduler=scheduler, data=stream)
     metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
-    eval_kwargs = dict(
-        accuracy_key=cfg.reward.accuracy, use_chat_template=cfg.model.chat_template, system_prompt=cfg.data.system_prompt,
-        max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size, on_error=cfg.reward.on_error,
-    )
+    eval_kwargs = eval_settings(cfg)
     eval_rows = parts.eval_rows[: cfg.eval.size]
     last_eval: dict = {}
 
