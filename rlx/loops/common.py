@@ -66,6 +66,18 @@ def lr_lambda(schedule: str, warmup_steps: int, total_steps: int):
     return factor
 
 
+def optimizer_step(accelerator, model, optimizer, scheduler, max_grad_norm: float | None) -> float | None:
+    """Clip the global gradient norm (when max_grad_norm is set), step, advance the schedule, clear the
+    gradients. Returns the pre-clipping gradient norm, or None without clipping."""
+    grad_norm = None
+    if max_grad_norm:
+        grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), max_grad_norm))
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm
+
+
 def build_optimizer(model, optim_cfg, total_updates: int):
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(

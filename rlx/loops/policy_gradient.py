@@ -34,7 +34,14 @@ from rlx.algorithms.kl import adaptive_kl_coef, kl_penalty, sequence_kl_in_rewar
 from rlx.algorithms.losses import aggregate, clipped_surrogate, top_entropy_mask
 from rlx.checkpoint import Checkpointer, GeneratorState
 from rlx.data.tasks import PromptStream
-from rlx.loops.common import Components, build_optimizer, eval_settings, evaluate, format_prompts
+from rlx.loops.common import (
+    Components,
+    build_optimizer,
+    eval_settings,
+    evaluate,
+    format_prompts,
+    optimizer_step,
+)
 from rlx.models.forward import completion_logprobs
 from rlx.models.lora import reference_model
 from rlx.parallel import gather, global_mean, global_sum, gradient_scale, shard
@@ -358,11 +365,9 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
                     stats["clip_low"].append(clip_stats["train/clip_frac_low"].item())
                     stats["clip_high"].append(clip_stats["train/clip_frac_high"].item())
                     stats["approx_kl"].append(clip_stats["train/approx_kl"].item())
-                if cfg.optim.max_grad_norm:
-                    stats["grad_norm"].append(float(acc.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)))
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
+                grad_norm = optimizer_step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm)
+                if grad_norm is not None:
+                    stats["grad_norm"].append(grad_norm)
                 if engine is not None:
                     engine.sync_weights(acc.unwrap_model(model))
         if reference is not None and algo.kl_target is not None:

@@ -26,7 +26,7 @@ from rlx.algorithms.preference import REFERENCE_FREE, preference_loss, sft_nll
 from rlx.checkpoint import Checkpointer
 from rlx.data.preferences import collate, load_pairs, prepare_pairs
 from rlx.data.tasks import PromptStream
-from rlx.loops.common import Components, build_optimizer, eval_settings, evaluate
+from rlx.loops.common import Components, build_optimizer, eval_settings, evaluate, optimizer_step
 from rlx.models.forward import completion_logprobs
 from rlx.models.lora import reference_model
 from rlx.parallel import global_sum, gradient_scale, shard
@@ -194,12 +194,7 @@ def train_preference(cfg, parts: Components) -> dict:
                 totals[key] = totals.get(key, 0.0) + float(value) * weight
             tokens += int(chosen_len.sum() + rejected_len.sum()) + 2 * sum(len(p["prompt_tokens"]) for p in chunk)
         # 5. optimizer step
-        grad_norm = None
-        if cfg.optim.max_grad_norm:
-            grad_norm = acc.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        grad_norm = optimizer_step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm)
         elapsed = time.perf_counter() - start
         totals = {key: global_sum(acc, value) for key, value in totals.items()}
         tokens = global_sum(acc, tokens)

@@ -20,7 +20,7 @@ import torch
 from rlx.algorithms.preference import bradley_terry_loss
 from rlx.config import UserError
 from rlx.data.tasks import PromptStream
-from rlx.loops.common import Components, build_optimizer
+from rlx.loops.common import Components, build_optimizer, optimizer_step
 from rlx.loops.preference import load_prepared_pairs
 from rlx.rewards.model import forward_scores
 from rlx.run import MetricsLog
@@ -102,12 +102,7 @@ def train_reward_model(cfg, parts: Components) -> dict:
                 totals[key] = totals.get(key, 0.0) + float(value) * weight
             tokens += sum(2 * len(p["prompt_tokens"]) + len(p["chosen_tokens"]) + len(p["rejected_tokens"]) for p in chunk)
         # 3. optimizer step
-        grad_norm = None
-        if cfg.optim.max_grad_norm:
-            grad_norm = acc.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        grad_norm = optimizer_step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm)
         elapsed = time.perf_counter() - start
         metrics = {
             **totals,

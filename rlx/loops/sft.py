@@ -14,7 +14,14 @@ import torch
 
 from rlx.checkpoint import Checkpointer
 from rlx.data.tasks import PromptStream
-from rlx.loops.common import Components, build_optimizer, eval_settings, evaluate, format_prompts
+from rlx.loops.common import (
+    Components,
+    build_optimizer,
+    eval_settings,
+    evaluate,
+    format_prompts,
+    optimizer_step,
+)
 from rlx.models.forward import completion_logprobs
 from rlx.parallel import global_sum, gradient_scale, shard
 from rlx.run import MetricsLog, write_samples
@@ -75,12 +82,7 @@ def train_sft(cfg, parts: Components) -> dict:
             loss = -(logp * mask).sum() / total_tokens  # token-mean over the whole batch
             acc.backward(loss * gradient_scale(acc))
             loss_sum += loss.item()
-        grad_norm = None
-        if cfg.optim.max_grad_norm:
-            grad_norm = acc.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        grad_norm = optimizer_step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm)
         elapsed = time.perf_counter() - start
         metrics = {
             "train/loss": global_sum(acc, loss_sum),
