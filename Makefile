@@ -41,6 +41,7 @@ bench-algorithms: $(STAMP) ## Train every policy-gradient preset x 3 seeds, tabl
 	$(PY) benchmarks/algorithms.py $(ARGS)
 
 tiny-model: $(STAMP) ## Rebuild the shipped tiny model from scratch (recipe tiny_sft) and copy it into the package
+	rm -rf outputs/tiny_sft_build
 	$(VENV)/bin/rlx train tiny_sft name=tiny_sft_build hydra.run.dir=outputs/tiny_sft_build
 	rm -rf rlx/models/assets/tiny && cp -r outputs/tiny_sft_build/final rlx/models/assets/tiny
 
