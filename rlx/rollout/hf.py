@@ -9,6 +9,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from rlx.models.forward import position_ids_from_mask
+from rlx.rollout.fast_decode import decode_step_for
 from rlx.rollout.sampling import sample_tokens
 
 
@@ -179,6 +180,8 @@ def _decode(model, prompt_ids, prompt_mask, group, seeds, *, max_new_tokens, min
                  use_cache=True, logits_to_keep=1)  # the prompt is encoded once for its whole group
     logits = step.logits[:, -1].repeat_interleave(group, dim=0)  # (n, V)
     cache = step.past_key_values
+    # the per-token steps: rlx's own decode step for Llama-family models (rollout/fast_decode.py)
+    fast = decode_step_for(model) if all(isinstance(layer, PreallocatedLayer) for layer in cache.layers) else None
     if group > 1:
         cache.batch_repeat_interleave(group)
     attention = prompt_mask.repeat_interleave(group, dim=0)  # (n, P + t)
@@ -206,8 +209,11 @@ def _decode(model, prompt_ids, prompt_mask, group, seeds, *, max_new_tokens, min
             alive, token, attention, next_position = alive[keep], token[keep], attention[keep], next_position[keep]
             cache.batch_select_indices(keep)
         attention = torch.cat([attention, attention.new_ones(attention.shape[0], 1)], dim=1)
-        step = model(input_ids=token.unsqueeze(1), attention_mask=attention, position_ids=next_position.unsqueeze(1),
-                     past_key_values=cache, use_cache=True)
-        logits = step.logits[:, -1]  # (a, V)
+        if fast is not None:
+            logits = fast(token, next_position, attention, cache)  # (a, V)
+        else:
+            step = model(input_ids=token.unsqueeze(1), attention_mask=attention,
+                         position_ids=next_position.unsqueeze(1), past_key_values=cache, use_cache=True)
+            logits = step.logits[:, -1]  # (a, V)
         next_position = next_position + 1
     return out[:, :used]

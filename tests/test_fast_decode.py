@@ -1,0 +1,102 @@
+"""rlx's hand-written decode step gives the logits of the transformers forward (Llama, Qwen2 with biases,
+Qwen3 with q/k norms and grouped-query attention), with left padding and rows leaving the batch, and
+declines what it does not reproduce (LoRA-wrapped layers, other architectures)."""
+
+import torch
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+import rlx.rollout.hf as hf
+from rlx.models.forward import position_ids_from_mask
+from rlx.rollout.fast_decode import decode_step_for
+from rlx.rollout.hf import generation_cache
+
+SIZES = dict(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2, max_position_embeddings=64,
+             pad_token_id=0)
+
+
+def _model(kind: str):
+    torch.manual_seed(0)
+    if kind == "llama":
+        return LlamaForCausalLM(LlamaConfig(**SIZES, num_attention_heads=4, num_key_value_heads=4)).eval()
+    if kind == "qwen2":  # q/k/v biases
+        model = Qwen2ForCausalLM(Qwen2Config(**SIZES, num_attention_heads=4, num_key_value_heads=2))
+        for layer in model.model.layers:  # random biases (they start at zero), so a missed bias would show
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                torch.nn.init.normal_(proj.bias, std=0.5)
+        return model.eval()
+    config = Qwen3Config(**SIZES, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    model = Qwen3ForCausalLM(config)
+    for layer in model.model.layers:  # q/k norm weights start at one; make them matter
+        torch.nn.init.normal_(layer.self_attn.q_norm.weight, mean=1.0, std=0.5)
+        torch.nn.init.normal_(layer.self_attn.k_norm.weight, mean=1.0, std=0.5)
+    return model.eval()
+
+
+@torch.no_grad()
+def _max_logit_gap(model) -> float:
+    """Decode 6 tokens both ways from the same prefill (row 0 left-padded, row 2 leaving after 3 steps)."""
+    g = torch.Generator().manual_seed(3)
+    prompt_ids = torch.randint(1, 61, (3, 5), generator=g)  # (b, P)
+    prompt_mask = torch.ones(3, 5, dtype=torch.long)
+    prompt_mask[0, :2] = 0
+    positions = position_ids_from_mask(prompt_mask)
+    caches = []
+    for _ in range(2):
+        cache = generation_cache(model, 8)
+        out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, past_key_values=cache,
+                    use_cache=True, logits_to_keep=1)
+        caches.append(out.past_key_values)
+    step = decode_step_for(model)
+    assert step is not None
+    token = out.logits[:, -1].argmax(-1)  # (b,)
+    attention, position, gap = prompt_mask, positions[:, -1] + 1, 0.0
+    for t in range(6):
+        if t == 3:  # row 2 stops: both caches drop it
+            keep = torch.tensor([0, 1])
+            token, attention, position = token[keep], attention[keep], position[keep]
+            for cache in caches:
+                cache.batch_select_indices(keep)
+        attention = torch.cat([attention, attention.new_ones(attention.shape[0], 1)], dim=1)
+        want = model(input_ids=token.unsqueeze(1), attention_mask=attention, position_ids=position.unsqueeze(1),
+                     past_key_values=caches[0], use_cache=True).logits[:, -1]
+        got = step(token, position, attention, caches[1])
+        gap = max(gap, (got - want).abs().max().item())
+        token, position = want.argmax(-1), position + 1
+    return gap
+
+
+def test_decode_step_matches_transformers_forward():
+    for kind in ("llama", "qwen2", "qwen3"):
+        assert _max_logit_gap(_model(kind)) < 1e-4, kind
+
+
+def test_generate_draws_the_same_tokens_with_and_without_the_fast_step(monkeypatch):
+    from rlx.config import ASSETS_DIR
+    from rlx.models.loading import load_causal_lm, load_tokenizer
+
+    model, tokenizer = load_causal_lm(str(ASSETS_DIR / "tiny")), load_tokenizer(str(ASSETS_DIR / "tiny"))
+    prompts = ["What is 3 + 4 =", "State the final answer: 12 - 5 + 1 ="]
+    kwargs = dict(samples_per_prompt=4, max_new_tokens=12, seeds=list(range(8)))
+    fast = hf.generate(model, tokenizer, prompts, **kwargs)
+    monkeypatch.setattr(hf, "decode_step_for", lambda m: None)
+    slow = hf.generate(model, tokenizer, prompts, **kwargs)
+    assert torch.equal(fast.completion_ids, slow.completion_ids) and fast.texts == slow.texts
+
+
+def test_decode_step_declines_lora_and_other_architectures():
+    from peft import LoraConfig, get_peft_model
+
+    lora = get_peft_model(_model("llama"), LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    assert decode_step_for(lora.base_model.model) is None  # q_proj is a LoRA layer: weights alone are not the map
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=61, n_embd=32, n_layer=1, n_head=2))
+    assert decode_step_for(gpt2) is None
+    assert decode_step_for(_model("llama")) is not None
