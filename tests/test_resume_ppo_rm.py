@@ -17,6 +17,7 @@ from rlx.config import UserError
 from rlx.launch import check_batch
 from rlx.loops.policy_gradient import ReferenceReset
 from rlx.run import read_metrics
+from rlx.train import check_settings
 from tests.conftest import only_run_dir, run_rlx
 from tests.test_checkpoint_resume import _cfg, _comparable
 
@@ -133,3 +134,10 @@ def test_ppo_and_reward_model_pass_the_multi_process_batch_check():
                          "algorithm.mini_batches=4"), 2)
     with pytest.raises(UserError, match="dynamic_sampling runs on one process"):
         check_batch(_cfg("algorithm=ppo", "prompts_per_step=4", "algorithm.dynamic_sampling=true"), 2)
+
+
+def test_reference_reset_under_lora_is_a_user_error():
+    # the policy-gradient reference under LoRA is the adapter-disabled policy: there is no copy to reset
+    with pytest.raises(UserError, match="ref_reset_every=0 or model.lora.enabled=false"):
+        check_settings(_cfg("model.lora.enabled=true", "algorithm.kl_coef=0.05", "algorithm.ref_reset_every=2"))
+    check_settings(_cfg("algorithm.kl_coef=0.05", "algorithm.ref_reset_every=2"))  # a full copy resets
