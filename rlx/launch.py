@@ -45,13 +45,10 @@ def needs_launch(hardware) -> bool:
 def check_batch(cfg, processes: int) -> None:
     """The global batch must split evenly over processes, micro-batches and accumulation steps."""
     hw = cfg.hardware
-    if processes > 1 and cfg.algorithm.family in ("ppo", "reward_model"):
-        raise UserError(f"algorithm.family={cfg.algorithm.family} runs on one process for now; "
-                        f"use hardware.num_processes=1 (data parallelism covers policy_gradient, preference and sft)")
     if processes > 1 and cfg.algorithm.get("dynamic_sampling"):
         raise UserError("algorithm.dynamic_sampling runs on one process for now; set algorithm.dynamic_sampling=false "
                         "or hardware.num_processes=1")
-    if cfg.algorithm.family == "policy_gradient":
+    if cfg.algorithm.family in ("policy_gradient", "ppo"):
         prompts, group = cfg.prompts_per_step, cfg.rollout.samples_per_prompt
         if prompts % processes:
             raise UserError(

@@ -31,6 +31,15 @@ def gather(accelerator, tensor: torch.Tensor) -> torch.Tensor:
     return accelerator.gather(tensor.to(accelerator.device)).cpu()
 
 
+def gather_padded(accelerator, tensor: torch.Tensor) -> torch.Tensor:
+    """Concatenate per-process (n, T_r) tensors whose width differs (each process pads its completions to
+    its own longest) -> (N * n, max_r T_r) on the CPU, right-padded with zeros."""
+    if accelerator.num_processes == 1:
+        return tensor
+    padded = accelerator.pad_across_processes(tensor.to(accelerator.device), dim=1, pad_index=0)
+    return accelerator.gather(padded).cpu()
+
+
 def global_sum(accelerator, value: float) -> float:
     if accelerator.num_processes == 1:
         return value

@@ -112,6 +112,9 @@ def check_policy_gradient_settings(cfg: DictConfig) -> None:
                         f"(got {algo.kl_estimator})")
     if algo.kl_coef == 0 and (algo.kl_target is not None or algo.ref_reset_every):
         raise UserError("algorithm.kl_target / algorithm.ref_reset_every need a reference: set algorithm.kl_coef > 0")
+    if algo.ref_reset_every and family == "policy_gradient" and cfg.model.lora.enabled:
+        raise UserError("algorithm.ref_reset_every copies the policy into the reference, but under LoRA the reference is "
+                        "the base with the adapter off; set algorithm.ref_reset_every=0 or model.lora.enabled=false")
     if algo.kl_target is not None and algo.kl_target <= 0:
         raise UserError(f"algorithm.kl_target={algo.kl_target} must be > 0 (or null for a fixed kl_coef)")
     if algo.dynamic_sampling and algo.advantage not in GROUP_BASELINES:

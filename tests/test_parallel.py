@@ -7,7 +7,7 @@ an Adam eps that makes the update proportional to the gradient (a missing x N lo
 
 import pytest
 
-from tests.parallel_helpers import assert_same_parameters
+from tests.parallel_helpers import assert_same_parameters, checkpoint_weights
 
 pytestmark = pytest.mark.slow  # ~40 s per loop family on 2 idle cores (two runs, one with 2 processes)
 
@@ -24,4 +24,22 @@ def test_sft_two_processes_match_one(tmp_path):
 def test_dpo_two_processes_match_one(tmp_path):
     # reference log-probs precomputed on every process; the pair loss is a mean over the global batch
     assert_same_parameters(tmp_path, ["algorithm=dpo", "data=prefs", "steps=2", "algorithm.batch_size=8",
+                                      "micro_batch_size=2"])
+
+
+def test_ppo_two_processes_match_one(tmp_path):
+    # one optimizer step per rollout batch (epochs=1, mini_batches=1) so the 1-process mini-batch is the
+    # global one; whitening (default on) needs the global token statistics, KL in the loss the global count
+    assert_same_parameters(tmp_path, ["algorithm=ppo", "steps=2", "prompts_per_step=4", "rollout.samples_per_prompt=4",
+                                      "algorithm.epochs=1", "algorithm.mini_batches=1", "algorithm.kl_coef=0.1",
+                                      "algorithm.value_lr=0.05"])
+    # the value model (second prepared model) is in the final checkpoint
+    one, many = checkpoint_weights(tmp_path, "one", 2, "model_1.safetensors"), checkpoint_weights(tmp_path, "many", 2, "model_1.safetensors")
+    assert one["head.weight"].abs().max() > 1e-3  # trained away from its zero initialisation
+    gap = max((one[k] - many[k]).abs().max().item() for k in one)
+    assert gap < 1e-5, f"value models differ by {gap:.2e}"
+
+
+def test_reward_model_two_processes_match_one(tmp_path):
+    assert_same_parameters(tmp_path, ["algorithm=reward_model", "data=prefs", "steps=2", "algorithm.batch_size=8",
                                       "micro_batch_size=2"])

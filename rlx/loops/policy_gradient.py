@@ -258,6 +258,30 @@ class KLCoefficient:
         self.value = float(state["value"])
 
 
+class ReferenceReset:
+    """`algorithm.ref_reset_every` = N: the frozen reference becomes a copy of the current policy at the
+    start of steps N+1, 2N+1, ... After a reset the reference is no longer the starting policy, so its
+    weights are training state: registered with the Checkpointer (see `checkpointed`), they are saved
+    in checkpoints and restored on resume."""
+
+    def __init__(self, reference, every: int):
+        self.reference, self.every = reference, int(every or 0)
+
+    def checkpointed(self) -> dict:
+        """{"reference": self} when resets can happen, for Checkpointer.restore(**...); else {}."""
+        return {"reference": self} if self.reference is not None and self.every else {}
+
+    def maybe_reset(self, step: int, policy) -> None:
+        if self.reference is not None and self.every and step > 1 and (step - 1) % self.every == 0:
+            self.reference.load_state_dict(policy.state_dict())
+
+    def state_dict(self) -> dict:
+        return {name: tensor.detach().cpu() for name, tensor in self.reference.state_dict().items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.reference.load_state_dict(state)
+
+
 def mean_of(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
@@ -272,13 +296,15 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
     # frozen starting policy (with LoRA: the base with the adapter off); not built when the KL term is off
     reference = reference_model(parts.model) if algo.kl_coef > 0 else None
     kl_state = KLCoefficient(float(algo.kl_coef))
+    reference_reset = ReferenceReset(reference, algo.ref_reset_every)
     engine = build_engine(roll, parts.model, tokenizer, cfg.seed)  # None: generate with the policy (rollout=hf)
     model, optimizer = acc.prepare(parts.model, optimizer)
     stream = PromptStream(parts.train_rows, cfg.seed)
     train_rewards = training_rewards(parts, algo, roll.max_new_tokens)
     shuffle = torch.Generator().manual_seed(cfg.seed)
     checkpointer = Checkpointer.from_config(cfg, acc, run_dir)
-    start_step = checkpointer.restore(scheduler=scheduler, data=stream, shuffle=GeneratorState(shuffle), kl=kl_state)
+    start_step = checkpointer.restore(scheduler=scheduler, data=stream, shuffle=GeneratorState(shuffle), kl=kl_state,
+                                      **reference_reset.checkpointed())
     metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
     eval_kwargs = eval_settings(cfg)
     eval_rows = parts.eval_rows[: cfg.eval.size]
@@ -296,8 +322,7 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
     for step in range(start_step + 1, cfg.steps + 1):
         kl_coef = kl_state.value
         step_start = time.perf_counter()
-        if reference is not None and algo.ref_reset_every and step > 1 and (step - 1) % algo.ref_reset_every == 0:
-            reference.load_state_dict(acc.unwrap_model(model).state_dict())
+        reference_reset.maybe_reset(step, acc.unwrap_model(model))
         # 1-2. rollout (G samples per prompt, adjacent in the batch) and rewards
         batch = sample_batch(acc.unwrap_model(model), tokenizer, stream, cfg, train_rewards, group_size,
                              algo.dynamic_sampling, algo.max_sample_batches, step, engine, acc)

@@ -13,6 +13,11 @@ Each step:
      own AdamW (value_lr) and gradient clipping.
 Departures from InstructGPT's PPO: no pretraining-mix loss; the value model starts as a copy of the
 policy backbone with a zero-initialised head instead of a trained reward model.
+With several processes (hardware=ddp), each takes its contiguous shard of the global batch; GAE runs
+per sequence on the shard, while the advantage whitening, the loss normalisers, the adaptive KL and
+the metrics use the global batch (rlx/parallel.py). Checkpoints hold both models and optimizers, both
+schedules, the data position, the shuffle generator, the KL coefficient and, with
+algorithm.ref_reset_every, the reference weights (rlx/checkpoint.py).
 """
 
 from __future__ import annotations
@@ -27,9 +32,12 @@ from omegaconf import OmegaConf
 from rlx.algorithms.advantages import gae_advantages, whiten
 from rlx.algorithms.kl import adaptive_kl_coef, kl_penalty, token_rewards
 from rlx.algorithms.losses import aggregate, clipped_surrogate, explained_variance, value_loss
+from rlx.checkpoint import Checkpointer, GeneratorState
 from rlx.data.tasks import PromptStream
-from rlx.loops.common import Components, build_optimizer, eval_settings, evaluate
+from rlx.loops.common import Components, build_optimizer, eval_settings, evaluate, optimizer_step
 from rlx.loops.policy_gradient import (
+    KLCoefficient,
+    ReferenceReset,
     advantage_metrics,
     batched_logprobs,
     masked_mean,
@@ -40,6 +48,7 @@ from rlx.loops.policy_gradient import (
 )
 from rlx.models.forward import completion_logprobs
 from rlx.models.value import build_value_model
+from rlx.parallel import gather_padded, global_mean, global_sum, gradient_scale
 from rlx.run import MetricsLog, write_samples
 
 log = logging.getLogger("rlx")
@@ -69,12 +78,17 @@ def train_ppo(cfg, parts: Components) -> dict:
     reference = None
     if algo.kl_coef > 0:
         reference = copy.deepcopy(parts.model).eval().requires_grad_(False)
-    kl_coef = float(algo.kl_coef)
+    kl_state = KLCoefficient(float(algo.kl_coef))
+    reference_reset = ReferenceReset(reference, algo.ref_reset_every)
+    # the policy first: the checkpointer saves the LoRA adapter of the first prepared model
     model, optimizer, value_model, value_optimizer = acc.prepare(parts.model, optimizer, value_model, value_optimizer)
     stream = PromptStream(parts.train_rows, cfg.seed)
     train_rewards = training_rewards(parts, algo, roll.max_new_tokens)
     shuffle = torch.Generator().manual_seed(cfg.seed)
-    metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process)
+    checkpointer = Checkpointer.from_config(cfg, acc, run_dir)
+    start_step = checkpointer.restore(scheduler=scheduler, value_scheduler=value_scheduler, data=stream,
+                                      shuffle=GeneratorState(shuffle), kl=kl_state, **reference_reset.checkpointed())
+    metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
     eval_kwargs = eval_settings(cfg)
     eval_rows = parts.eval_rows[: cfg.eval.size]
     last_eval: dict = {}
@@ -83,38 +97,41 @@ def train_ppo(cfg, parts: Components) -> dict:
         metrics, _ = evaluate(acc.unwrap_model(model), tokenizer, eval_rows, parts.rewards, **eval_kwargs)
         return metrics
 
-    if cfg.eval.at_start:
+    if cfg.eval.at_start and start_step == 0 and acc.is_main_process:
         last_eval = run_eval()
         metrics_log.write(0, last_eval)
         metrics_log.show(0, last_eval)
 
-    for step in range(1, cfg.steps + 1):
+    for step in range(start_step + 1, cfg.steps + 1):
+        kl_coef = kl_state.value
         step_start = time.perf_counter()
-        if reference is not None and algo.ref_reset_every and step > 1 and (step - 1) % algo.ref_reset_every == 0:
-            reference.load_state_dict(acc.unwrap_model(model).state_dict())
-        # 1. rollout and rewards
+        reference_reset.maybe_reset(step, acc.unwrap_model(model))
+        # 1. rollout and rewards (this process's shard of the global batch)
         batch = sample_batch(acc.unwrap_model(model), tokenizer, stream, cfg, train_rewards, group_size,
-                             algo.dynamic_sampling, algo.max_sample_batches, step)
-        rollout, rewards = batch.rollout, batch.rewards  # rewards: (N,)
+                             algo.dynamic_sampling, algo.max_sample_batches, step, None, acc)
+        rollout, rewards, local = batch.rollout, batch.rewards, batch.local  # rewards: (N,) global
         generation_time = time.perf_counter() - step_start
-        num_samples = rollout.completion_ids.shape[0]
-        mask = rollout.completion_mask  # (N, C)
+        num_samples = rollout.completion_ids.shape[0]  # n, this process
+        mask = rollout.completion_mask  # (n, C)
         if algo.mask_truncated:
             mask = mask * (~rollout.truncated).long().unsqueeze(1)
 
         # 2. sampling-policy log-probs, reference log-probs and values
-        old_logp, _ = batched_logprobs(model, rollout, cfg.micro_batch_size)  # (N, C)
+        old_logp, _ = batched_logprobs(model, rollout, cfg.micro_batch_size)  # (n, C)
         ref_logp = batched_logprobs(reference, rollout, cfg.micro_batch_size)[0] if reference is not None else None
-        old_values = batched_values(value_model, rollout, cfg.micro_batch_size)  # (N, C)
+        old_values = batched_values(value_model, rollout, cfg.micro_batch_size)  # (n, C)
 
-        # 3. token rewards, GAE, whitening
+        # 3. token rewards and GAE per sequence; whitening over the global batch: every process's tokens,
+        # padded to the longest completion of any process
         in_reward = reference is not None and algo.kl_in == "reward"
-        rewards_t = token_rewards(rewards, mask, old_logp if in_reward else None, ref_logp if in_reward else None,
-                                  kl_coef)  # (N, C)
-        advantages, returns = gae_advantages(rewards_t, old_values, mask, algo.gamma, algo.lam)  # (N, C) each
+        rewards_t = token_rewards(rewards[local], mask, old_logp if in_reward else None,
+                                  ref_logp if in_reward else None, kl_coef)  # (n, C)
+        advantages, returns = gae_advantages(rewards_t, old_values, mask, algo.gamma, algo.lam)  # (n, C) each
         raw_advantages = advantages
+        global_mask = gather_padded(acc, mask)  # (N, C_max)
+        global_advantages = gather_padded(acc, advantages)  # (N, C_max)
         if algo.whiten_advantages:
-            advantages = whiten(advantages, mask)
+            advantages = whiten(global_advantages, global_mask)[local, : mask.shape[1]]  # (n, C)
 
         # 4. optimisation
         stats = {key: [] for key in ("kl", "entropy", "clip_low", "clip_high", "approx_kl", "value_clip", "grad_norm", "value_grad_norm")}
@@ -123,7 +140,8 @@ def train_ppo(cfg, parts: Components) -> dict:
         for _epoch in range(algo.epochs):
             order = torch.randperm(num_samples, generator=shuffle) if updates_per_step > 1 else torch.arange(num_samples)
             for mini in order.chunk(algo.mini_batches):
-                mini_tokens = mask[mini].sum().item()
+                mini_tokens = global_sum(acc, mask[mini].sum().item())  # normalisers: the whole mini-batch
+                mini_seqs = global_sum(acc, len(mini))
                 for lo in range(0, len(mini), cfg.micro_batch_size):
                     idx = mini[lo : lo + cfg.micro_batch_size]
                     micro_mask = mask[idx]
@@ -148,10 +166,10 @@ def train_ppo(cfg, parts: Components) -> dict:
                                          rollout.completion_mask[idx])  # (n, C)
                     v_loss, v_stats = value_loss(values, old_values[idx].to(values.device), returns[idx].to(values.device),
                                                  micro_mask.to(values.device), algo.value_clip)
-                    policy_part = aggregate(token_loss, device_mask, algo.loss_agg, mini_tokens, len(mini), roll.max_new_tokens)
-                    value_part = aggregate(v_loss, micro_mask.to(values.device), "token-mean", mini_tokens, len(mini))
+                    policy_part = aggregate(token_loss, device_mask, algo.loss_agg, mini_tokens, mini_seqs, roll.max_new_tokens)
+                    value_part = aggregate(v_loss, micro_mask.to(values.device), "token-mean", mini_tokens, mini_seqs)
                     loss = policy_part + algo.vf_coef * value_part
-                    acc.backward(loss)
+                    acc.backward(loss * gradient_scale(acc))
                     stats["loss"] += policy_part.item() / updates_per_step
                     stats["value_loss"] += value_part.item() / updates_per_step
                     stats["value_clip"].append(v_stats["train/value_clip_frac"].item())
@@ -159,51 +177,52 @@ def train_ppo(cfg, parts: Components) -> dict:
                     stats["clip_low"].append(clip_stats["train/clip_frac_low"].item())
                     stats["clip_high"].append(clip_stats["train/clip_frac_high"].item())
                     stats["approx_kl"].append(clip_stats["train/approx_kl"].item())
-                if cfg.optim.max_grad_norm:
-                    stats["grad_norm"].append(float(acc.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)))
-                    stats["value_grad_norm"].append(
-                        float(acc.clip_grad_norm_(value_model.parameters(), cfg.optim.max_grad_norm)))
-                for opt, sched in ((optimizer, scheduler), (value_optimizer, value_scheduler)):
-                    opt.step()
-                    sched.step()
-                    opt.zero_grad(set_to_none=True)
+                grad_norm = optimizer_step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm)
+                value_grad_norm = optimizer_step(acc, value_model, value_optimizer, value_scheduler, cfg.optim.max_grad_norm)
+                if grad_norm is not None:
+                    stats["grad_norm"].append(grad_norm)
+                    stats["value_grad_norm"].append(value_grad_norm)
         if reference is not None and algo.kl_target is not None:
-            kl_coef = adaptive_kl_coef(kl_coef, seq_kl_sum / (algo.epochs * num_samples), algo.kl_target,
-                                       algo.kl_horizon, num_samples)
+            total_samples = rewards.numel()
+            observed = global_sum(acc, seq_kl_sum) / (algo.epochs * total_samples)
+            kl_state.value = adaptive_kl_coef(kl_coef, observed, algo.kl_target, algo.kl_horizon, total_samples)
 
         step_time = time.perf_counter() - step_start
+        global_values, global_returns = gather_padded(acc, old_values), gather_padded(acc, returns)  # (N, C_max)
         metrics = {
-            "train/loss": stats["loss"],
+            "train/loss": global_sum(acc, stats["loss"]),
             "train/lr": scheduler.get_last_lr()[0],
-            "train/entropy": mean_of(stats["entropy"]),
-            "train/clip_frac_low": mean_of(stats["clip_low"]),
-            "train/clip_frac_high": mean_of(stats["clip_high"]),
-            "train/approx_kl": mean_of(stats["approx_kl"]),
-            "train/value_loss": stats["value_loss"],
-            "train/value_clip_frac": mean_of(stats["value_clip"]),
-            "train/explained_variance": explained_variance(old_values, returns, mask),
-            "train/value_mean": masked_mean(old_values, mask),
+            "train/entropy": global_mean(acc, mean_of(stats["entropy"])),
+            "train/clip_frac_low": global_mean(acc, mean_of(stats["clip_low"])),
+            "train/clip_frac_high": global_mean(acc, mean_of(stats["clip_high"])),
+            "train/approx_kl": global_mean(acc, mean_of(stats["approx_kl"])),
+            "train/value_loss": global_sum(acc, stats["value_loss"]),
+            "train/value_clip_frac": global_mean(acc, mean_of(stats["value_clip"])),
+            "train/explained_variance": explained_variance(global_values, global_returns, global_mask),
+            "train/value_mean": masked_mean(global_values, global_mask),
             "train/prompts_drawn": batch.prompts_drawn,
             "train/sample_rounds": batch.rounds,
-            **advantage_metrics(raw_advantages, mask),
+            **advantage_metrics(global_advantages, global_mask),
             **batch.drawn_metrics,
             "perf/step_time_s": step_time,
             "perf/generation_time_s": generation_time,
-            "perf/tokens_per_s": mask.sum().item() / step_time,
+            "perf/tokens_per_s": global_mask.sum().item() / step_time,
         }
         if stats["kl"]:
-            metrics["train/kl_ref"] = mean_of(stats["kl"])
+            metrics["train/kl_ref"] = global_mean(acc, mean_of(stats["kl"]))
             metrics["train/kl_coef"] = kl_coef
         if stats["grad_norm"]:
             metrics["train/grad_norm"] = mean_of(stats["grad_norm"])
             metrics["train/value_grad_norm"] = mean_of(stats["value_grad_norm"])
-        if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
+        if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps) and acc.is_main_process:
             last_eval = run_eval()
             metrics.update(last_eval)
         if acc.is_main_process and cfg.log.samples_every and (step % cfg.log.samples_every == 0 or step == 1):
+            # the main process holds the first shard, so its local sample i is global sample i
             write_samples(run_dir, step, sample_records(batch, raw_advantages[:, 0], cfg.log.num_samples))
         if step % cfg.log.every == 0 or "eval/accuracy" in metrics:
             metrics_log.write(step, metrics)
         metrics_log.show(step, metrics)
+        checkpointer.step_done(step)  # every checkpoint.every steps, at the end, and on Ctrl-C
     metrics_log.close()
     return {"model": model, "final_eval": last_eval}

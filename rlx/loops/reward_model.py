@@ -8,6 +8,8 @@ AutoModelForSequenceClassification, num_labels=1; a causal LM gets a fresh head)
      (algorithms/preference.py: bradley_terry_loss), m the data's margin column when use_margin;
   3. one optimizer step. At eval steps: held-out pairwise accuracy eval/pref_accuracy.
 The saved final/ model is usable as `reward=model reward.components.model.path=<run dir>`.
+With several processes (hardware=ddp), each scores its shard of the batch and the loss is a mean over
+the global batch (rlx/parallel.py); checkpoints hold the model, optimizer, schedule and data position.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ import time
 import torch
 
 from rlx.algorithms.preference import bradley_terry_loss
+from rlx.checkpoint import Checkpointer
 from rlx.config import UserError
 from rlx.data.tasks import PromptStream
 from rlx.loops.common import Components, build_optimizer, optimizer_step
 from rlx.loops.preference import load_prepared_pairs
+from rlx.parallel import global_sum, gradient_scale, shard
 from rlx.rewards.model import forward_scores
 from rlx.run import MetricsLog
 
@@ -53,7 +57,9 @@ def train_reward_model(cfg, parts: Components) -> dict:
     optimizer, scheduler = build_optimizer(parts.model, cfg.optim, cfg.steps)
     model, optimizer = acc.prepare(parts.model, optimizer)
     stream = PromptStream(train_pairs, cfg.seed)
-    metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process)
+    checkpointer = Checkpointer.from_config(cfg, acc, run_dir)
+    start_step = checkpointer.restore(scheduler=scheduler, data=stream)
+    metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
 
     def margins(pairs: list[dict], device) -> torch.Tensor | None:
         if not algo.use_margin:
@@ -78,25 +84,25 @@ def train_reward_model(cfg, parts: Components) -> dict:
         return {"eval/pref_accuracy": correct / n, "eval/rm_margin": diff_sum / n, "eval/rm_loss": loss_sum / n}
 
     last_eval: dict = {}
-    if cfg.eval.at_start and eval_pairs:
+    if cfg.eval.at_start and eval_pairs and start_step == 0 and acc.is_main_process:
         last_eval = run_eval()
         metrics_log.write(0, {**data_counts, **last_eval})
         metrics_log.show(0, last_eval)
 
     batch_size = algo.batch_size
-    for step in range(1, cfg.steps + 1):
+    for step in range(start_step + 1, cfg.steps + 1):
         start = time.perf_counter()
-        # 1. a batch of pairs, in micro-batches
-        pairs = stream.take(batch_size)
+        # 1. a batch of pairs (this process's shard of the global batch), in micro-batches
+        pairs = stream.take(batch_size)[shard(batch_size, acc)]
         totals: dict[str, float] = {}
         tokens = 0
-        for lo in range(0, batch_size, micro):
+        for lo in range(0, len(pairs), micro):
             chunk = pairs[lo : lo + micro]
             chosen, rejected = pair_scores(model, chunk, pad_id)  # (m,) each
             # 2. Bradley-Terry loss (+ margin, + centering), mean over the batch
             losses, stats = bradley_terry_loss(chosen, rejected, margins(chunk, chosen.device), algo.center_coef)
-            loss = losses.sum() / batch_size
-            acc.backward(loss)
+            loss = losses.sum() / batch_size  # mean over the GLOBAL batch
+            acc.backward(loss * gradient_scale(acc))
             weight = len(chunk) / batch_size
             for key, value in {**stats, "train/loss": losses.detach().mean()}.items():
                 totals[key] = totals.get(key, 0.0) + float(value) * weight
@@ -104,6 +110,8 @@ def train_reward_model(cfg, parts: Components) -> dict:
         # 3. optimizer step
         grad_norm = optimizer_step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm)
         elapsed = time.perf_counter() - start
+        totals = {key: global_sum(acc, value) for key, value in totals.items()}
+        tokens = global_sum(acc, tokens)
         metrics = {
             **totals,
             "pref/accuracy": totals["rm/accuracy"],  # same meaning as the DPO-family metric: chosen scored higher
@@ -113,11 +121,12 @@ def train_reward_model(cfg, parts: Components) -> dict:
             "perf/step_time_s": elapsed,
             "perf/tokens_per_s": tokens / elapsed,
         }
-        if eval_pairs and cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
+        if eval_pairs and cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps) and acc.is_main_process:
             last_eval = run_eval()
             metrics.update(last_eval)
         if step % cfg.log.every == 0 or step == cfg.steps:
             metrics_log.write(step, metrics)
         metrics_log.show(step, metrics)
+        checkpointer.step_done(step)  # every checkpoint.every steps, at the end, and on Ctrl-C
     metrics_log.close()
     return {"model": model, "final_eval": last_eval}
