@@ -96,3 +96,17 @@ def test_lora_resume_continues_exactly(tmp_path):
     got = load_file(run / "final" / "adapter_model.safetensors")
     for key in want:
         assert torch.equal(want[key], got[key]), key
+
+
+def test_ppo_critic_of_a_lora_policy_trains_its_own_adapter_only():
+    from rlx.models.value import build_value_model
+
+    _, policy = _policy()
+    critic = build_value_model(policy)
+    trainable = [name for name, p in critic.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in name or name.startswith("head.") for name in trainable)
+    policy_adapter = {id(p) for name, p in policy.named_parameters() if "lora_" in name}
+    assert not policy_adapter & {id(p) for p in critic.parameters()}  # a copy: the critic never moves the policy
+    ids = torch.tensor([[5, 6, 7, 8]])
+    values = critic(ids[:, :2], torch.ones(1, 2, dtype=torch.long), ids[:, 2:], torch.ones(1, 2, dtype=torch.long))
+    assert values.shape == (1, 2)

@@ -36,10 +36,20 @@ class ValueModel(nn.Module):
 
 
 def build_value_model(policy, path: str | None = None, dtype: str = "float32", trust_remote_code: bool = False) -> ValueModel:
-    """Value head on a copy of the policy backbone (path None), or on the backbone of a separate model."""
+    """Value head on a copy of the policy backbone (path None), or on the backbone of a separate model.
+
+    A LoRA policy gives a backbone copy with its own LoRA layers: only those (and the head) train, so the
+    critic costs what the policy's adapter costs rather than a full trainable copy."""
     if path is None:
-        backbone = copy.deepcopy(policy.base_model)
-        hidden_size = policy.config.hidden_size
+        inner = policy.get_base_model() if hasattr(policy, "get_base_model") else policy  # peft -> transformers model
+        backbone = copy.deepcopy(inner.base_model)  # the decoder without its LM head
+        hidden_size = inner.config.hidden_size
+        adapter = [p for name, p in backbone.named_parameters() if "lora_" in name]
+        if adapter:
+            backbone.requires_grad_(False)
+            for param in adapter:
+                param.requires_grad_(True)
+            return ValueModel(backbone, hidden_size).train()
     else:
         from transformers import AutoModel
 
