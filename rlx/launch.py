@@ -82,6 +82,23 @@ def check_batch(cfg, processes: int) -> None:
         )
 
 
+def check_strategy(hardware) -> None:
+    """FSDP and DeepSpeed shard over accelerators: on a machine without one they would fail inside every
+    worker, so stop first with the alternative."""
+    import importlib.util
+
+    import torch
+
+    strategy = hardware.get("distributed", "no")
+    if strategy not in ("fsdp", "deepspeed"):
+        return
+    if hardware.get("cpu") or not torch.cuda.is_available():
+        raise UserError(f"hardware.distributed={strategy} needs GPUs (Accelerate has no CPU backend for it) and none is "
+                        f"usable here; use hardware=ddp (runs on CPU with gloo) or hardware=cpu")
+    if strategy == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
+        raise UserError("hardware=deepspeed_zero2/3 needs DeepSpeed: pip install deepspeed")
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -175,6 +175,7 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
 
     check_settings(cfg)
     launch.check_batch(cfg, launch.world_size(cfg.hardware))
+    launch.check_strategy(cfg.hardware)
     if cfg.resume is not None:  # the cli pointed the run directory at the run being resumed
         found = latest_checkpoint(run_dir)
         if found is not None and found[0] >= cfg.steps:

@@ -8,7 +8,7 @@ import torch
 from omegaconf import OmegaConf
 
 from rlx.config import UserError, check_overrides
-from rlx.launch import launcher_command
+from rlx.launch import check_strategy, launcher_command
 from rlx.run import read_metrics
 from rlx.tracking import environment_info, flat_config, tracker_names
 from tests.conftest import only_run_dir, run_rlx
@@ -33,6 +33,16 @@ def test_strategies_become_accelerate_launch_flags(option, flags):
     assert cmd[1:3] == ["-m", "accelerate.commands.launch"] and cmd[-4:] == ["-m", "rlx", "train", "steps=1"]
     for flag in flags:
         assert flag in joined, joined
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without GPUs")
+def test_sharded_strategies_without_a_gpu_stop_with_the_alternative(tmp_path):
+    for option in ("fsdp", "deepspeed_zero3"):
+        with pytest.raises(UserError, match="needs GPUs.*hardware=ddp"):
+            check_strategy(check_overrides([f"hardware={option}"]).hardware)
+    check_strategy(check_overrides(["hardware=ddp"]).hardware)  # DDP runs on CPU: no error
+    result = run_rlx(["train", "hardware=fsdp", "hardware.num_processes=2", *FAST], tmp_path)
+    assert result.returncode == 2 and "needs GPUs" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_multinode_needs_the_main_address_and_passes_the_machine_layout():
