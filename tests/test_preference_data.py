@@ -9,7 +9,6 @@ from omegaconf import OmegaConf
 from rlx.config import ASSETS_DIR, UserError
 from rlx.data.preferences import (
     PairStats,
-    borrowed_candidates,
     collate,
     load_pairs,
     pairs_from_samples,
@@ -118,19 +117,3 @@ def test_pairs_from_samples_pairs_correct_with_incorrect():
     assert len(pairs) == 2 and {p["prompt"] for p in pairs} == {"p0"}
     assert all(p["chosen"] == "b" and p["rejected"] in {"a", "c", "d"} for p in pairs)
     assert pairs[0]["rejected"] != pairs[1]["rejected"]
-
-
-def test_borrowed_candidates_take_other_prompts_correct_answers():
-    texts = ["x", "A", "y", "A",   # p0: right answer A
-             "B", "z", "B", "w",   # p1: right answer B
-             "v", "u", "t", "s",   # p2: nothing right -> neither chosen nor a donor
-             "A", "q", "r", "p"]   # p3: right answer A, same text as p0's
-    scores = [0, 1, 0, 1, 1, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0]
-    found = borrowed_candidates(texts, scores, group_size=4, per_prompt=2, seed=0)
-    assert found and {i for i, _, _ in found} <= {0, 1, 3}
-    right = {0: "A", 1: "B", 3: "A"}
-    for i, chosen, rejected in found:
-        assert chosen == right[i]  # chosen: the prompt's own right answer
-        assert rejected in {"A", "B"} and rejected != right[i]  # rejected: another prompt's right answer, never its own
-    assert (0, "A", "B") in found and (1, "B", "A") in found  # each answer appears as chosen and as rejected
-    assert len([1 for i, _, _ in found if i == 0]) <= 6  # at most 3 x per_prompt candidates per prompt

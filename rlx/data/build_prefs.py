@@ -23,7 +23,7 @@ log = logging.getLogger("rlx")
 
 
 def build(cfg: DictConfig) -> dict:
-    from rlx.data.preferences import borrowed_candidates, pairs_from_samples
+    from rlx.data.preferences import pairs_from_samples
     from rlx.data.tasks import PromptStream, load_rows
     from rlx.loops.common import format_prompts, seed_everything
     from rlx.models.loading import load_causal_lm, load_tokenizer
@@ -53,30 +53,15 @@ def build(cfg: DictConfig) -> dict:
     _, per_component, _ = compute_rewards(rewards, sample_prompts, rollout.texts, sample_rows, cfg.reward.on_error)
     scores = torch.nan_to_num(per_component[cfg.reward.accuracy], nan=0.0).tolist()
     pairs = pairs_from_samples(rows, rollout.texts, scores, group, cfg.pairs_per_prompt, cfg.seed)
-    borrowed = []
-    if cfg.borrowed_per_prompt:
-        candidates = borrowed_candidates(rollout.texts, scores, group, cfg.borrowed_per_prompt, cfg.seed)
-        if candidates:  # keep a borrowed answer only where the task's checker says it is wrong for this prompt
-            _, checked, _ = compute_rewards(rewards, [prompts[i] for i, _, _ in candidates],
-                                            [text for _, _, text in candidates], [rows[i] for i, _, _ in candidates],
-                                            cfg.reward.on_error)
-            wrong = torch.nan_to_num(checked[cfg.reward.accuracy], nan=1.0) <= 0.0
-            taken: dict[int, int] = {}
-            for (i, chosen, rejected), is_wrong in zip(candidates, wrong.tolist()):
-                if is_wrong and taken.get(i, 0) < cfg.borrowed_per_prompt:
-                    taken[i] = taken.get(i, 0) + 1
-                    borrowed.append({"prompt": rows[i]["prompt"], "chosen": chosen, "rejected": rejected,
-                                     "question": rows[i].get("question"), "answer": rows[i].get("answer")})
-        pairs = pairs + borrowed
     out = Path(cfg.out).expanduser()
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w") as handle:
         for pair in pairs:
             handle.write(json.dumps(pair) + "\n")
     summary = {"prompts": len(rows), "samples": len(scores), "sample_accuracy": sum(scores) / max(1, len(scores)),
-               "pairs": len(pairs), "borrowed_pairs": len(borrowed)}
-    log.info("wrote %d pairs to %s (%d prompts x %d samples, sample accuracy %.3f; %d borrowed)", len(pairs), out,
-             len(rows), group, summary["sample_accuracy"], len(borrowed))
+               "pairs": len(pairs)}
+    log.info("wrote %d pairs to %s (%d prompts x %d samples, sample accuracy %.3f)", len(pairs), out, len(rows), group,
+             summary["sample_accuracy"])
     return summary
 
 

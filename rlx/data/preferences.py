@@ -299,28 +299,3 @@ def pairs_from_samples(rows: list[dict], completions: list[str], scores: list[fl
             out.append({"prompt": row["prompt"], "chosen": chosen, "rejected": rejected, "question": row.get("question"),
                         "answer": row.get("answer")})
     return out
-
-
-def borrowed_candidates(completions: list[str], scores: list[float], group_size: int, per_prompt: int,
-                        seed: int) -> list[tuple[int, str, str]]:
-    """Candidate "borrowed" pairs: for prompt i, one of its correct samples (chosen) against a correct
-    sample of another prompt j (rejected). Returns (i, chosen, rejected) triples, 3 x per_prompt per
-    prompt at most; the caller keeps those the task's checker scores wrong for prompt i.
-
-    Sampled pairs put a prompt's own wrong answers against its right one, so an answer's value alone
-    (its sign, its size) can separate them on average and a reward model can learn that shortcut. A
-    borrowed answer is right for some other question: each answer string appears as chosen for its own
-    prompt and as rejected for others, which removes the shortcut and ties the score to the question."""
-    rng = random.Random(seed + 1)
-    num_prompts = len(completions) // group_size
-    correct = [sorted({completions[j] for j in range(i * group_size, (i + 1) * group_size) if scores[j] >= 1.0})
-               for i in range(num_prompts)]
-    donors = [i for i in range(num_prompts) if correct[i]]
-    out = []
-    for i in donors:
-        others = [j for j in rng.sample(donors, min(len(donors), 3 * per_prompt + 1)) if j != i][: 3 * per_prompt]
-        for j in others:
-            borrowed = rng.choice(correct[j])
-            if borrowed.strip() and borrowed not in correct[i]:
-                out.append((i, rng.choice(correct[i]), borrowed))
-    return out
