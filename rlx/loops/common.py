@@ -120,3 +120,28 @@ def evaluate(model, tokenizer, rows: list[dict], rewards: list[RewardComponent],
         for i, (row, text) in enumerate(zip(rows, rollout.texts))
     ]
     return metrics, records
+
+
+def eval_due(cfg, step: int, acc) -> bool:
+    """Evaluate every eval.every steps and at the last step, on the main process only."""
+    return bool(cfg.eval.every) and (step % cfg.eval.every == 0 or step == cfg.steps) and acc.is_main_process
+
+
+def evaluate_at_start(cfg, acc, start_step: int, metrics_log, run_eval, extra: dict | None = None) -> dict:
+    """The step-0 evaluation of a fresh run (eval.at_start), on the main process; written to the
+    metrics file together with `extra` (e.g. data counts). {} when skipped."""
+    if not (cfg.eval.at_start and start_step == 0 and acc.is_main_process):
+        return {}
+    metrics = run_eval(0)
+    metrics_log.write(0, {**(extra or {}), **metrics})
+    metrics_log.show(0, metrics)
+    return metrics
+
+
+def end_step(cfg, step: int, metrics: dict, metrics_log, checkpointer) -> None:
+    """Write the step's row (every log.every steps, at evaluations and at the last step), show progress,
+    and checkpoint when due (every checkpoint.every steps, at the end, and on Ctrl-C)."""
+    if step % cfg.log.every == 0 or step == cfg.steps or any(key.startswith("eval/") for key in metrics):
+        metrics_log.write(step, metrics)
+    metrics_log.show(step, metrics)
+    checkpointer.step_done(step)

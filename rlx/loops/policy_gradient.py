@@ -37,8 +37,11 @@ from rlx.data.tasks import PromptStream
 from rlx.loops.common import (
     Components,
     build_optimizer,
+    end_step,
+    eval_due,
     eval_settings,
     evaluate,
+    evaluate_at_start,
     format_prompts,
     optimizer_step,
 )
@@ -308,16 +311,12 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
     metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
     eval_kwargs = eval_settings(cfg)
     eval_rows = parts.eval_rows[: cfg.eval.size]
-    last_eval: dict = {}
 
     def run_eval(step: int) -> dict:
         metrics, _ = evaluate(acc.unwrap_model(model), tokenizer, eval_rows, parts.rewards, **eval_kwargs)
         return metrics
 
-    if cfg.eval.at_start and start_step == 0 and acc.is_main_process:
-        last_eval = run_eval(0)
-        metrics_log.write(0, last_eval)
-        metrics_log.show(0, last_eval)
+    last_eval = evaluate_at_start(cfg, acc, start_step, metrics_log, run_eval)
 
     for step in range(start_step + 1, cfg.steps + 1):
         kl_coef = kl_state.value
@@ -424,15 +423,12 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
             metrics["train/kl_coef"] = kl_coef
         if stats["grad_norm"]:
             metrics["train/grad_norm"] = mean_of(stats["grad_norm"])
-        if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps) and acc.is_main_process:
+        if eval_due(cfg, step, acc):
             last_eval = run_eval(step)
             metrics.update(last_eval)
         if acc.is_main_process and cfg.log.samples_every and (step % cfg.log.samples_every == 0 or step == 1):
             # the main process holds the first shard, so its local sample i is global sample i
             write_samples(run_dir, step, sample_records(batch, advantages, cfg.log.num_samples))
-        if step % cfg.log.every == 0 or "eval/accuracy" in metrics:
-            metrics_log.write(step, metrics)
-        metrics_log.show(step, metrics)
-        checkpointer.step_done(step)  # every checkpoint.every steps, at the end, and on Ctrl-C
+        end_step(cfg, step, metrics, metrics_log, checkpointer)
     metrics_log.close()
     return {"model": model, "final_eval": last_eval}

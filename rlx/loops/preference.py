@@ -26,7 +26,16 @@ from rlx.algorithms.preference import REFERENCE_FREE, preference_loss, sft_nll
 from rlx.checkpoint import Checkpointer
 from rlx.data.preferences import collate, load_pairs, prepare_pairs
 from rlx.data.tasks import PromptStream
-from rlx.loops.common import Components, build_optimizer, eval_settings, evaluate, optimizer_step
+from rlx.loops.common import (
+    Components,
+    build_optimizer,
+    end_step,
+    eval_due,
+    eval_settings,
+    evaluate,
+    evaluate_at_start,
+    optimizer_step,
+)
 from rlx.models.forward import completion_logprobs
 from rlx.models.lora import reference_model
 from rlx.parallel import global_sum, gradient_scale, shard
@@ -163,11 +172,7 @@ def train_preference(cfg, parts: Components) -> dict:
         policy.train(was_training)
         return metrics
 
-    last_eval: dict = {}
-    if cfg.eval.at_start and start_step == 0 and acc.is_main_process:
-        last_eval = run_eval(0)
-        metrics_log.write(0, {**data_counts, **last_eval})
-        metrics_log.show(0, last_eval)
+    last_eval = evaluate_at_start(cfg, acc, start_step, metrics_log, run_eval, data_counts)
 
     batch_size = algo.batch_size
     for step in range(start_step + 1, cfg.steps + 1):
@@ -205,12 +210,9 @@ def train_preference(cfg, parts: Components) -> dict:
             "perf/step_time_s": elapsed,
             "perf/tokens_per_s": tokens / elapsed,
         }
-        if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps) and acc.is_main_process:
+        if eval_due(cfg, step, acc):
             last_eval = run_eval(step)
             metrics.update(last_eval)
-        if step % cfg.log.every == 0 or step == cfg.steps:
-            metrics_log.write(step, metrics)
-        metrics_log.show(step, metrics)
-        checkpointer.step_done(step)  # every checkpoint.every steps, at the end, and on Ctrl-C
+        end_step(cfg, step, metrics, metrics_log, checkpointer)
     metrics_log.close()
     return {"model": model, "final_eval": last_eval}

@@ -23,7 +23,14 @@ from rlx.algorithms.preference import bradley_terry_loss
 from rlx.checkpoint import Checkpointer
 from rlx.config import UserError
 from rlx.data.tasks import PromptStream
-from rlx.loops.common import Components, build_optimizer, optimizer_step
+from rlx.loops.common import (
+    Components,
+    build_optimizer,
+    end_step,
+    eval_due,
+    evaluate_at_start,
+    optimizer_step,
+)
 from rlx.loops.preference import load_prepared_pairs
 from rlx.parallel import global_sum, gradient_scale, shard
 from rlx.rewards.model import forward_scores
@@ -67,7 +74,7 @@ def train_reward_model(cfg, parts: Components) -> dict:
         return torch.tensor([p.get("margin", 0.0) for p in pairs], device=device)  # (m,)
 
     @torch.no_grad()
-    def run_eval() -> dict:
+    def run_eval(step: int) -> dict:
         net = acc.unwrap_model(model)
         was_training = net.training
         net.eval()
@@ -83,11 +90,7 @@ def train_reward_model(cfg, parts: Components) -> dict:
         n = max(1, len(eval_pairs))
         return {"eval/pref_accuracy": correct / n, "eval/rm_margin": diff_sum / n, "eval/rm_loss": loss_sum / n}
 
-    last_eval: dict = {}
-    if cfg.eval.at_start and eval_pairs and start_step == 0 and acc.is_main_process:
-        last_eval = run_eval()
-        metrics_log.write(0, {**data_counts, **last_eval})
-        metrics_log.show(0, last_eval)
+    last_eval = evaluate_at_start(cfg, acc, start_step, metrics_log, run_eval, data_counts) if eval_pairs else {}
 
     batch_size = algo.batch_size
     for step in range(start_step + 1, cfg.steps + 1):
@@ -121,12 +124,9 @@ def train_reward_model(cfg, parts: Components) -> dict:
             "perf/step_time_s": elapsed,
             "perf/tokens_per_s": tokens / elapsed,
         }
-        if eval_pairs and cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps) and acc.is_main_process:
-            last_eval = run_eval()
+        if eval_pairs and eval_due(cfg, step, acc):
+            last_eval = run_eval(step)
             metrics.update(last_eval)
-        if step % cfg.log.every == 0 or step == cfg.steps:
-            metrics_log.write(step, metrics)
-        metrics_log.show(step, metrics)
-        checkpointer.step_done(step)  # every checkpoint.every steps, at the end, and on Ctrl-C
+        end_step(cfg, step, metrics, metrics_log, checkpointer)
     metrics_log.close()
     return {"model": model, "final_eval": last_eval}

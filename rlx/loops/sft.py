@@ -17,8 +17,11 @@ from rlx.data.tasks import PromptStream
 from rlx.loops.common import (
     Components,
     build_optimizer,
+    end_step,
+    eval_due,
     eval_settings,
     evaluate,
+    evaluate_at_start,
     format_prompts,
     optimizer_step,
 )
@@ -53,7 +56,6 @@ def train_sft(cfg, parts: Components) -> dict:
     metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
     eval_kwargs = eval_settings(cfg)
     eval_rows = parts.eval_rows[: cfg.eval.size]
-    last_eval: dict = {}
 
     def run_eval(step: int) -> dict:
         metrics, records = evaluate(acc.unwrap_model(model), tokenizer, eval_rows, parts.rewards, **eval_kwargs)
@@ -61,10 +63,7 @@ def train_sft(cfg, parts: Components) -> dict:
             write_samples(run_dir, step, records[: cfg.log.num_samples])
         return metrics
 
-    if cfg.eval.at_start and start_step == 0 and acc.is_main_process:
-        last_eval = run_eval(0)
-        metrics_log.write(0, last_eval)
-        metrics_log.show(0, last_eval)
+    last_eval = evaluate_at_start(cfg, acc, start_step, metrics_log, run_eval)
 
     batch_size, micro = cfg.algorithm.batch_size, cfg.micro_batch_size
     for step in range(start_step + 1, cfg.steps + 1):
@@ -91,12 +90,9 @@ def train_sft(cfg, parts: Components) -> dict:
             "perf/step_time_s": elapsed,
             "perf/tokens_per_s": total_tokens / elapsed,
         }
-        if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps) and acc.is_main_process:
+        if eval_due(cfg, step, acc):
             last_eval = run_eval(step)
             metrics.update(last_eval)
-        if step % cfg.log.every == 0 or "eval/accuracy" in metrics:
-            metrics_log.write(step, metrics)
-        metrics_log.show(step, metrics)
-        checkpointer.step_done(step)  # every checkpoint.every steps, at the end, and on Ctrl-C
+        end_step(cfg, step, metrics, metrics_log, checkpointer)
     metrics_log.close()
     return {"model": model, "final_eval": last_eval}
