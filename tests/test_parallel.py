@@ -41,5 +41,7 @@ def test_ppo_two_processes_match_one(tmp_path):
 
 
 def test_reward_model_two_processes_match_one(tmp_path):
-    assert_same_parameters(tmp_path, ["algorithm=reward_model", "data=prefs", "steps=2", "algorithm.batch_size=8",
-                                      "micro_batch_size=2"])
+    # the backbone moves little in a few steps while the new score head learns: a tighter tolerance keeps
+    # the comparison meaningful (moved > 100 x atol)
+    assert_same_parameters(tmp_path, ["algorithm=reward_model", "data=prefs", "steps=4", "algorithm.batch_size=8",
+                                      "micro_batch_size=2"], atol=2e-6)
