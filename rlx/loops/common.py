@@ -145,3 +145,14 @@ def end_step(cfg, step: int, metrics: dict, metrics_log, checkpointer) -> None:
         metrics_log.write(step, metrics)
     metrics_log.show(step, metrics)
     checkpointer.step_done(step)
+
+
+def task_evaluator(cfg, acc, parts: Components, model):
+    """run_eval(step) -> metrics: greedy evaluation of the (unwrapped) policy on the task's held-out split."""
+    kwargs, rows = eval_settings(cfg), parts.eval_rows[: cfg.eval.size]
+
+    def run_eval(step: int) -> dict:
+        metrics, _ = evaluate(acc.unwrap_model(model), parts.tokenizer, rows, parts.rewards, **kwargs)
+        return metrics
+
+    return run_eval

@@ -39,10 +39,9 @@ from rlx.loops.common import (
     build_optimizer,
     end_step,
     eval_due,
-    eval_settings,
-    evaluate,
     evaluate_at_start,
     optimizer_step,
+    task_evaluator,
 )
 from rlx.loops.policy_gradient import (
     KLCoefficient,
@@ -98,13 +97,7 @@ def train_ppo(cfg, parts: Components) -> dict:
     start_step = checkpointer.restore(scheduler=scheduler, value_scheduler=value_scheduler, data=stream,
                                       shuffle=GeneratorState(shuffle), kl=kl_state, **reference_reset.checkpointed())
     metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
-    eval_kwargs = eval_settings(cfg)
-    eval_rows = parts.eval_rows[: cfg.eval.size]
-
-    def run_eval(step: int) -> dict:
-        metrics, _ = evaluate(acc.unwrap_model(model), tokenizer, eval_rows, parts.rewards, **eval_kwargs)
-        return metrics
-
+    run_eval = task_evaluator(cfg, acc, parts, model)
     last_eval = evaluate_at_start(cfg, acc, start_step, metrics_log, run_eval)
 
     for step in range(start_step + 1, cfg.steps + 1):
