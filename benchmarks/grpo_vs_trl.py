@@ -45,7 +45,7 @@ def model_dir(kind: str) -> Path:
     return TINY if kind == "tiny" else large_vocab_model()
 
 
-def rlx_worker(setting: str, steps: int, prompts_file: Path, warmup: int) -> dict:
+def rlx_worker(setting: str, steps: int, prompts_file: Path, warmup: int, threads: int = 1) -> dict:
     import subprocess
 
     kind, prompts, group, length = SETTINGS[setting]
@@ -57,7 +57,7 @@ def rlx_worker(setting: str, steps: int, prompts_file: Path, warmup: int) -> dic
         f"rollout.samples_per_prompt={group}", f"rollout.max_new_tokens={length}", f"rollout.min_new_tokens={length}",
         f"micro_batch_size={prompts * group}", f"optim.lr={LR}", "optim.warmup_steps=0", "optim.max_grad_norm=1.0",
         "algorithm.kl_coef=0.0", "eval.every=0", "eval.at_start=false", "save.final=false", "save.plot=false",
-        "log.samples_every=0", "log.progress=false", "hardware.num_threads=1", f"hydra.run.dir={run_dir}",
+        "log.samples_every=0", "log.progress=false", f"hardware.num_threads={threads}", f"hydra.run.dir={run_dir}",
     ]
     subprocess.run([sys.executable, "-m", "rlx", "train", *overrides], check=True, stdout=subprocess.DEVNULL)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -66,10 +66,10 @@ def rlx_worker(setting: str, steps: int, prompts_file: Path, warmup: int) -> dic
             "tokens": [r["completions/mean_length"] * prompts * group for r in rows]}
 
 
-def trl_worker(setting: str, steps: int, prompts_file: Path, warmup: int) -> dict:
+def trl_worker(setting: str, steps: int, prompts_file: Path, warmup: int, threads: int = 1) -> dict:
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -122,13 +122,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="timed steps per run (after one warm-up step)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps at the start of each run")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds before a run is killed")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads on both sides (default: 1)")
     parser.add_argument("--worker", choices=["rlx", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--setting", help=argparse.SUPPRESS)
     args = parser.parse_args()
     prompts_file = CACHE / "prompts.jsonl"
     if args.worker:
         worker = rlx_worker if args.worker == "rlx" else trl_worker
-        print(json.dumps(worker(args.setting, args.steps, prompts_file, args.warmup)), flush=True)
+        print(json.dumps(worker(args.setting, args.steps, prompts_file, args.warmup, args.threads)), flush=True)
         return
     write_prompts(prompts_file)
     results = []
@@ -139,7 +140,7 @@ def main() -> None:
             order = ("rlx", "trl") if round_index % 2 == 0 else ("trl", "rlx")
             for tool in order:
                 out, rss = run_child([__file__, "--worker", tool, "--setting", setting, "--steps", str(args.steps),
-                                      "--warmup", str(args.warmup)],
+                                      "--warmup", str(args.warmup), "--threads", str(args.threads)],
                                      args.timeout)
                 step = median(out["step_times"])
                 tokens = median(out["tokens"])
