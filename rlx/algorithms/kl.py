@@ -28,6 +28,27 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3"
 KL_PLACEMENTS = ("loss", "reward")
 
 
+def penalized_token_loss(
+    token_loss: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor | None, entropy: torch.Tensor,
+    mask: torch.Tensor, kl_coef: float, kl_estimator: str, kl_in: str, entropy_coef: float,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The per-token loss with the KL and entropy terms of the policy-gradient and PPO families:
+
+        loss_t = pg_t + kl_coef * KL_t * m_t   (only when kl_in = "loss")   - entropy_coef * H_t * m_t
+    KL_t = kl_penalty(logp, ref_logp, kl_estimator) (Schulman 2020); the entropy bonus as in PPO (Schulman
+    et al. 2017). Example: pg = 0.1, KL = 0.2, H = 1.5, m = 1, kl_coef 0.5, entropy_coef 0.01 ->
+    0.1 + 0.1 - 0.015 = 0.185. token_loss, logp, ref_logp, entropy, mask: (n, T). Returns the loss (n, T)
+    and KL_t (n, T), or None without a reference."""
+    kl = None
+    if ref_logp is not None:
+        kl = kl_penalty(logp, ref_logp, kl_estimator)  # (n, T)
+        if kl_in == "loss":
+            token_loss = token_loss + kl_coef * kl * mask
+    if entropy_coef > 0:
+        token_loss = token_loss - entropy_coef * entropy * mask
+    return token_loss, kl
+
+
 def sequence_kl_in_reward(
     rewards: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, coef: float
 ) -> tuple[torch.Tensor, torch.Tensor]:

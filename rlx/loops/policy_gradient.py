@@ -30,7 +30,7 @@ from functools import partial
 import torch
 
 from rlx.algorithms.advantages import outcome_advantages, sign_weighted, tied_groups, zero_std_group_fraction
-from rlx.algorithms.kl import adaptive_kl_coef, kl_penalty, sequence_kl_in_reward
+from rlx.algorithms.kl import adaptive_kl_coef, penalized_token_loss, sequence_kl_in_reward
 from rlx.algorithms.losses import aggregate, clipped_surrogate, top_entropy_mask
 from rlx.checkpoint import Checkpointer, GeneratorState
 from rlx.data.tasks import PromptStream
@@ -367,14 +367,13 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
                         logp, old, advantages[idx].to(logp.device), pg_mask[idx].to(logp.device), algo.clip_low,
                         algo.clip_high, algo.dual_clip, algo.ratio_level,
                     )
-                    if ref_logp is not None:
-                        kl = kl_penalty(logp, ref_logp[idx].to(logp.device), algo.kl_estimator)  # (n, C)
-                        if algo.kl_in == "loss":
-                            token_loss = token_loss + kl_coef * kl * device_mask
+                    token_loss, kl = penalized_token_loss(
+                        token_loss, logp, ref_logp[idx].to(logp.device) if ref_logp is not None else None, entropy,
+                        device_mask, kl_coef, algo.kl_estimator, algo.kl_in, algo.entropy_coef,
+                    )  # (n, C) each
+                    if kl is not None:
                         stats["kl"].append(masked_mean(kl.detach(), device_mask))
                         seq_kl_sum += (kl.detach() * device_mask).sum().item()
-                    if algo.entropy_coef > 0:
-                        token_loss = token_loss - algo.entropy_coef * entropy * device_mask
                     loss = aggregate(token_loss, device_mask, algo.loss_agg, mini_tokens, mini_seqs, roll.max_new_tokens)
                     acc.backward(loss * gradient_scale(acc))
                     stats["loss"] += loss.item() / updates_per_step

@@ -30,7 +30,7 @@ import torch
 from omegaconf import OmegaConf
 
 from rlx.algorithms.advantages import gae_advantages, whiten
-from rlx.algorithms.kl import adaptive_kl_coef, kl_penalty, token_rewards
+from rlx.algorithms.kl import adaptive_kl_coef, penalized_token_loss, token_rewards
 from rlx.algorithms.losses import aggregate, clipped_surrogate, explained_variance, value_loss
 from rlx.checkpoint import Checkpointer, GeneratorState
 from rlx.data.tasks import PromptStream
@@ -152,14 +152,13 @@ def train_ppo(cfg, parts: Components) -> dict:
                         logp, old_logp[idx].to(logp.device), advantages[idx].to(logp.device), device_mask,
                         algo.clip_low, algo.clip_high, algo.dual_clip, algo.ratio_level,
                     )
-                    if ref_logp is not None:
-                        kl = kl_penalty(logp, ref_logp[idx].to(logp.device), algo.kl_estimator)  # (n, C)
-                        if algo.kl_in == "loss":
-                            token_loss = token_loss + kl_coef * kl * device_mask
+                    token_loss, kl = penalized_token_loss(
+                        token_loss, logp, ref_logp[idx].to(logp.device) if ref_logp is not None else None, entropy,
+                        device_mask, kl_coef, algo.kl_estimator, algo.kl_in, algo.entropy_coef,
+                    )  # (n, C) each
+                    if kl is not None:
                         stats["kl"].append(masked_mean(kl.detach(), device_mask))
                         seq_kl_sum += (kl.detach() * device_mask).sum().item()
-                    if algo.entropy_coef > 0:
-                        token_loss = token_loss - algo.entropy_coef * entropy * device_mask
                     values = value_model(rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx],
                                          rollout.completion_mask[idx])  # (n, C)
                     v_loss, v_stats = value_loss(values, old_values[idx].to(values.device), returns[idx].to(values.device),
