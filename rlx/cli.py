@@ -3,8 +3,8 @@
     rlx train [RECIPE] [overrides...]     RL / preference / SFT training (Hydra: -m, --cfg job, --help)
     rlx eval [overrides...]               benchmarks with pass@k / maj@k and bootstrap intervals
     rlx data prefs [overrides...]         build preference pairs by sampling a model on a task
-    rlx sweep NAME [overrides...]         a sweep from conf/sweep/ (grid or Optuna); `retest` re-runs the best
-    rlx recipes [show NAME | reproduce]   reproduced configurations in recipes/
+    rlx sweep NAME [overrides...]         a sweep from rlx/conf/sweep/ (grid or Optuna); `retest` re-runs the best
+    rlx recipes [show NAME | reproduce]   reproduced configurations in rlx/recipes/
     rlx report DIRS... [--metrics ...]    curves, IQM + bootstrap CIs, probability of improvement over seeds
 
 Each subcommand with a config is an `@hydra.main` function, so Hydra's own flags keep working; this
@@ -24,14 +24,14 @@ USAGE = """usage: rlx <command> [args...]
 commands:
   train [RECIPE] [key=value ...]   train a model (RL, preference optimization, SFT); --help lists config groups
   eval [key=value ...]             evaluate a model or run on benchmarks (pass@k, maj@k, intervals, compare=)
-  data prefs [key=value ...]       write (prompt, chosen, rejected) pairs sampled from a model (conf/data_prefs.yaml)
-  sweep NAME [key=value ...]       run conf/sweep/NAME.yaml (grid or Optuna) as a multirun with a summary
+  data prefs [key=value ...]       write (prompt, chosen, rejected) pairs sampled from a model (rlx/conf/data_prefs.yaml)
+  sweep NAME [key=value ...]       run rlx/conf/sweep/NAME.yaml (grid or Optuna) as a multirun with a summary
   sweep retest SWEEP_DIR [seeds=1000,1001,1002] [key=value ...]   re-run a sweep's best trial on test seeds
   recipes [show NAME]              list the reproduced configurations, or print one
   recipes reproduce [NAME ...]     run CPU-scale recipes on 3 seeds and check their expected numbers
   report DIRS... [--metrics M,...] learning curves, IQM with bootstrap CIs, probability of improvement
 
-Run `rlx <command> --help` for a command's options. Configs live in conf/, recipes in recipes/.
+Run `rlx <command> --help` for a command's options. Configs live in rlx/conf/, recipes in rlx/recipes/ (inside the installed package).
 Tab completion (bash): eval "$(rlx -sc install=bash)"
 """
 

@@ -14,9 +14,11 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-REPO_DIR = PACKAGE_DIR.parent
-CONF_DIR = REPO_DIR / "conf"
-RECIPES_DIR = REPO_DIR / "recipes"
+# Configs and recipes are package data: found through the package, so an installed wheel works from any directory.
+CONF_DIR = PACKAGE_DIR / "conf"
+RECIPES_DIR = PACKAGE_DIR / "recipes"
+# The source checkout (README, .git) when rlx runs from one; None for an installed package.
+REPO_DIR = PACKAGE_DIR.parent if (PACKAGE_DIR.parent / "pyproject.toml").is_file() else None
 ASSETS_DIR = PACKAGE_DIR / "models" / "assets"
 
 

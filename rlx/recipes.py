@@ -138,9 +138,8 @@ def run_recipe(name: str, seeds: int, out_dir: Path, extra: list[str]) -> subpro
     """`rlx train -m NAME seed=0,...,seeds-1` into out_dir, as a subprocess."""
     args = [sys.executable, "-m", "rlx", "train", "-m", name, f"seed={','.join(map(str, range(seeds)))}",
             f"hydra.sweep.dir={out_dir}", *extra]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO_DIR), os.environ.get("PYTHONPATH", "")) if p))
     print("$ " + " ".join(args[2:]), flush=True)
-    return subprocess.run(args, env=env)
+    return subprocess.run(args)
 
 
 def table_markdown(rows: list[dict], seeds: int) -> str:
@@ -157,7 +156,11 @@ def table_markdown(rows: list[dict], seeds: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_readme_table(table: str, readme: Path = REPO_DIR / "README.md") -> bool:
+def write_readme_table(table: str, readme: Path | None = None) -> bool:
+    """Write the table between the README's markers; False when there is no checkout README or no markers."""
+    readme = readme or (REPO_DIR / "README.md" if REPO_DIR is not None else None)
+    if readme is None or not readme.is_file():
+        return False
     text = readme.read_text()
     if README_START not in text or README_END not in text:
         return False

@@ -77,6 +77,9 @@ def start_trackers(accelerator, cfg, run_dir: Path) -> None:
 
 
 def _git(*args: str) -> str | None:
+    """A git query about the rlx source checkout; None for an installed package (no checkout to ask)."""
+    if REPO_DIR is None:
+        return None
     try:
         out = subprocess.run(["git", *args], cwd=REPO_DIR, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
