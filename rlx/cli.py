@@ -22,7 +22,7 @@ from rlx.config import CONF_DIR, RECIPES_DIR, check_overrides, fail
 USAGE = """usage: rlx <command> [args...]
 
 commands:
-  train [RECIPE] [key=value ...]   train a model (RL, preference optimization, SFT); --help lists config groups
+  train [RECIPE] [key=value ...]   train a model (RL, preference optimization, SFT); --help shows the configs
   eval [key=value ...]             evaluate a model or run on benchmarks (pass@k, maj@k, intervals, compare=)
   data prefs [key=value ...]       write (prompt, chosen, rejected) pairs sampled from a model (rlx/conf/data_prefs.yaml)
   sweep NAME [key=value ...]       run rlx/conf/sweep/NAME.yaml (grid or Optuna) as a multirun with a summary
@@ -31,7 +31,7 @@ commands:
   recipes reproduce [NAME ...]     run CPU-scale recipes on 3 seeds and check their expected numbers
   report DIRS... [--metrics M,...] learning curves, IQM with bootstrap CIs, probability of improvement
 
-Run `rlx <command> --help` for a command's options. Configs live in rlx/conf/, recipes in rlx/recipes/ (inside the installed package).
+Run `rlx <command> --help` for a command's options (the config files with their comments); rlx --version. Configs live in rlx/conf/, recipes in rlx/recipes/ (inside the installed package).
 Tab completion (bash): eval "$(rlx -sc install=bash)"
 """
 
@@ -88,17 +88,34 @@ def _shell_completion(args: list[str]) -> None:
 COMMANDS = ("train", "eval", "data", "sweep", "recipes", "report")
 
 
+def _wants_help(args: list[str]) -> bool:
+    return any(a in ("-h", "--help") for a in args)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return
+    if argv[0] in ("-V", "--version"):
+        from rlx import __version__
+
+        print(f"rlx {__version__}")
+        return
     if argv[0] in ("-sc", "--shell-completion"):
         _shell_completion(argv)
         return
     command, args = argv[0], argv[1:]
+    help_command = "data prefs" if command == "data" and args[:1] == ["prefs"] else command
+    if help_command in ("train", "eval", "data prefs") and _wants_help(args):
+        from rlx.help import config_help  # the config files with their comments; no torch import
+
+        print(config_help(help_command, [a for a in args if "=" in a and not a.startswith("-")]), end="")
+        return
     if command == "train":
-        from rlx.launch import resolve_resume
+        from rlx.launch import check_not_externally_launched, resolve_resume
+
+        check_not_externally_launched()
         from rlx.train import train_app
 
         _hydra_app(train_app, "rlx-train", resolve_resume(_split_recipe(args)), "train")

@@ -37,6 +37,21 @@ def is_worker() -> bool:
     return os.environ.get(WORKER_ENV) is not None
 
 
+def check_not_externally_launched() -> None:
+    """`accelerate launch -m rlx train` / `torchrun -m rlx train` with several processes: stop with one line.
+
+    rlx starts its own workers (so that they share one run directory and the parent can resume them);
+    a rank started by another launcher would instead create its own run directory, or, with
+    hardware=ddp, launch a second set of processes. Rank 0 prints the line; every rank exits 2."""
+    if is_worker() or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    if os.environ.get("RANK", "0") == "0":
+        print(f"error: rlx starts its own processes; instead of an external launcher with {os.environ['WORLD_SIZE']} "
+              f"processes run `rlx train hardware=ddp hardware.num_processes={os.environ['WORLD_SIZE']}` "
+              f"(or hardware=fsdp / deepspeed_zero2, see README 'Hardware')", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def needs_launch(hardware) -> bool:
     """True in the parent of a multi-process run (the workers have RLX_RUN_DIR set)."""
     return world_size(hardware) > 1 and not is_worker()
