@@ -10,3 +10,8 @@ def crash_when_both(prompts, completions, first=False, second=False, **row):
     if first and second:
         raise RuntimeError("forced crash for the sweep failure test")
     return [0.0] * len(completions)
+
+
+def solution_is_a_number(completions, solution, **kwargs):
+    """TRL-style: reads the dataset's `solution` column by its own name; 1.0 when it holds an integer."""
+    return [1.0 if str(s).lstrip("-").isdigit() else 0.0 for s in solution]

@@ -37,8 +37,8 @@ def _boom(prompts, completions, **row):
 
 def test_compute_rewards_weights_none_and_errors():
     comps = [
-        RewardComponent("one", lambda p, c, **r: [1.0, None], 2.0),
-        RewardComponent("half", lambda p, c, **r: [0.5, 0.5], 1.0),
+        RewardComponent("one", lambda prompts, completions, **r: [1.0, None], 2.0),
+        RewardComponent("half", lambda prompts, completions, **r: [0.5, 0.5], 1.0),
     ]
     total, per, errors = compute_rewards(comps, ["p", "q"], ["a", "b"], [{"answer": "1"}, {"answer": "2"}])
     assert total.tolist() == [2.5, 0.5]  # None counts 0 in the total

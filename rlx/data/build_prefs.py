@@ -50,7 +50,8 @@ def build(cfg: DictConfig) -> dict:
     group = cfg.samples_per_prompt
     sample_rows = [row for row in rows for _ in range(group)]
     sample_prompts = [p for p in prompts for _ in range(group)]
-    _, per_component, _ = compute_rewards(rewards, sample_prompts, rollout.texts, sample_rows, cfg.reward.on_error)
+    _, per_component, _ = compute_rewards(rewards, sample_prompts, rollout.texts, sample_rows, cfg.reward.on_error,
+                                          system_prompt=cfg.data.system_prompt)
     scores = torch.nan_to_num(per_component[cfg.reward.accuracy], nan=0.0).tolist()
     pairs = pairs_from_samples(rows, rollout.texts, scores, group, cfg.pairs_per_prompt, cfg.seed)
     out = Path(cfg.out).expanduser()

@@ -2,7 +2,8 @@
 
 Every loader returns (train_rows, eval_rows), each row a dict with at least
   question  the raw question text
-  prompt    the user message (question put through data.prompt_template)
+  prompt    the user message (question put through data.prompt_template), or a chat message list
+            [{"role": ..., "content": ...}] when the dataset's prompt column holds one (conversational)
   answer    the reference answer (a string)
 plus any other columns, which reward functions receive as keyword arguments.
 The held-out split never shares a question with the training split.
@@ -18,11 +19,18 @@ from pathlib import Path
 from rlx.config import UserError
 
 
+def _is_messages(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and "role" in m and "content" in m for m in value)
+
+
 def _format_rows(rows: list[dict], prompt_template: str) -> list[dict]:
+    """row["prompt"]: the user message (the question through the template), or for a conversational row
+    its chat message list as given (system prompts included)."""
     out = []
     for row in rows:
         row = dict(row)
-        row["prompt"] = prompt_template.format(question=row["question"])
+        messages = row.pop("messages", None)
+        row["prompt"] = messages if messages is not None else prompt_template.format(question=row["question"])
         out.append(row)
     return out
 
@@ -90,8 +98,13 @@ def _map_columns(rows: list[dict], columns: dict, source: str, answer_regex: str
                 f"{source} row {index} has no column {missing[0]!r} (columns: {', '.join(row)}); "
                 f"set data.columns.prompt / data.columns.answer"
             )
-        mapped = {k: v for k, v in row.items() if k not in (columns["prompt"], columns["answer"])}
-        mapped["question"] = str(row[columns["prompt"]])
+        mapped = dict(row)  # every column stays under its own name: reward functions get them by keyword (TRL)
+        prompt = row[columns["prompt"]]
+        if _is_messages(prompt):  # a conversational prompt: the chat messages are the prompt, no template
+            mapped["messages"] = [dict(m) for m in prompt]
+            mapped["question"] = str(next((m["content"] for m in reversed(prompt) if m.get("role") == "user"), ""))
+        else:
+            mapped["question"] = str(prompt)
         answer = str(row[columns["answer"]])
         if answer_regex:
             match = re.search(answer_regex, answer, flags=re.MULTILINE)

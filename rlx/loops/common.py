@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rlx.rewards import RewardComponent, compute_rewards
+from rlx.rewards import RewardComponent, compute_rewards, token_lists, with_system_prompt
 from rlx.rollout.hf import generate
 
 
@@ -35,16 +35,22 @@ def seed_everything(seed: int) -> None:
 
 
 def format_prompts(tokenizer, rows: list[dict], use_chat_template: bool, system_prompt: str | None) -> list[str]:
-    """User messages -> model input text (chat template with the generation prompt when available)."""
+    """User messages (a string, or a chat message list for conversational data) -> model input text
+    (chat template with the generation prompt when available; the system prompt goes first unless the
+    message list has its own)."""
     if use_chat_template and getattr(tokenizer, "chat_template", None):
         out = []
         for row in rows:
-            messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-            messages.append({"role": "user", "content": row["prompt"]})
+            prompt = row["prompt"]
+            messages = with_system_prompt(prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}],
+                                          system_prompt)
             out.append(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
         return out
-    prefix = f"{system_prompt}\n\n" if system_prompt else ""
-    return [prefix + row["prompt"] for row in rows]
+    out = []
+    for row in rows:  # no chat template: messages are joined as plain text
+        messages = row["prompt"] if isinstance(row["prompt"], list) else [{"role": "user", "content": row["prompt"]}]
+        out.append("\n\n".join(m["content"] for m in with_system_prompt(messages, system_prompt)))
+    return out
 
 
 def lr_lambda(schedule: str, warmup_steps: int, total_steps: int):
@@ -105,7 +111,8 @@ def evaluate(model, tokenizer, rows: list[dict], rewards: list[RewardComponent],
     prompts = format_prompts(tokenizer, rows, use_chat_template, system_prompt)
     rollout = generate(model, tokenizer, prompts, samples_per_prompt=1, max_new_tokens=max_new_tokens,
                        greedy=True, batch_size=batch_size)
-    total, per_component, _ = compute_rewards(rewards, prompts, rollout.texts, rows, on_error)
+    total, per_component, _ = compute_rewards(rewards, prompts, rollout.texts, rows, on_error, system_prompt=system_prompt,
+                                              completion_ids=token_lists(rollout.completion_ids, rollout.completion_mask))
     metrics = {
         "eval/accuracy": torch.nan_to_num(per_component[accuracy_key], nan=0.0).mean().item(),
         "eval/reward": total.mean().item(),

@@ -47,7 +47,7 @@ from rlx.loops.common import (
 from rlx.models.forward import completion_logprobs
 from rlx.models.lora import reference_model
 from rlx.parallel import gather, global_mean, global_sum, gradient_scale, shard
-from rlx.rewards import RewardComponent, compute_rewards
+from rlx.rewards import RewardComponent, TrainerState, compute_rewards, token_lists
 from rlx.rewards.overlong import overlong_penalty
 from rlx.rollout.hf import Rollout, generate
 from rlx.rollout.sampling import sample_seed
@@ -163,8 +163,10 @@ def sample_batch(model, tokenizer, stream: PromptStream, cfg, rewards: list[Rewa
         if any(c.name == "overlong" for c in rewards):
             sample_rows = [dict(row, completion_tokens=int(n)) for row, n in zip(sample_rows, rollout.lengths)]
         sample_prompts = [p for p in prompts for _ in range(group_size)]
-        total, per_component, round_errors = compute_rewards(rewards, sample_prompts, rollout.texts, sample_rows,
-                                                             cfg.reward.on_error)  # (n,)
+        total, per_component, round_errors = compute_rewards(
+            rewards, sample_prompts, rollout.texts, sample_rows, cfg.reward.on_error, system_prompt=cfg.data.system_prompt,
+            completion_ids=token_lists(rollout.completion_ids, rollout.completion_mask),
+            state=TrainerState(global_step=step, max_steps=cfg.steps))  # (n,)
         rollouts.append(rollout)
         all_rows += sample_rows
         all_prompts += sample_prompts

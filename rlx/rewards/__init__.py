@@ -1,8 +1,10 @@
 """Reward components built from config, and their weighted sum.
 
 reward.components maps a name to {_target_: dotted.path.to.fn, weight: w, **kwargs}; each component
-is logged as reward/<name>. None scores (component does not apply) count as 0 in the total and are
-left out of the component's mean.
+is logged as reward/<name>. A component is called with TRL's reward-function contract (by keyword:
+prompts=, completions=, completion_ids=, trainer_state=, and every data column under its own name) and
+returns one float or None per completion. None scores (component does not apply) count as 0 in the
+total and are left out of the component's mean.
 """
 
 from __future__ import annotations
@@ -46,49 +48,153 @@ def build_rewards(reward_cfg) -> list[RewardComponent]:
 
 
 class RewardError(Exception):
-    pass
+    """A reward function failed or returned something that is not one score (float or None) per completion."""
+
+
+@dataclass
+class TrainerState:
+    """The training progress a reward function may read, under the attribute names of transformers'
+    TrainerState that TRL passes as `trainer_state` (global_step, max_steps)."""
+
+    global_step: int = 0
+    max_steps: int = 0
+
+
+def token_lists(completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> list[list[int]]:
+    """(N, C) padded completion ids and mask -> the N generated token-id lists (TRL's completion_ids)."""
+    return [ids[mask.bool()].tolist() for ids, mask in zip(completion_ids, completion_mask)]
+
+
+def is_conversational(rows: list[dict]) -> bool:
+    """Rows whose prompt is a chat message list ([{"role": ..., "content": ...}, ...]), as in TRL."""
+    return bool(rows) and isinstance(rows[0].get("prompt"), list)
+
+
+def reward_inputs(prompts: list[str], completions: list[str], rows: list[dict], system_prompt: str | None = None):
+    """Prompts and completions in the form TRL gives reward functions: for string prompts the rendered
+    model input and the completion text; for a conversational dataset the message list (the system
+    prompt first when one is configured) and [{"role": "assistant", "content": text}]."""
+    if not is_conversational(rows):
+        return prompts, completions
+    messages = [with_system_prompt(row["prompt"], system_prompt) for row in rows]
+    return messages, [[{"role": "assistant", "content": text}] for text in completions]
+
+
+def with_system_prompt(messages: list[dict], system_prompt: str | None) -> list[dict]:
+    """A chat message list with the configured system prompt first, unless it already has one."""
+    messages = [dict(m) for m in messages]
+    if system_prompt and (not messages or messages[0].get("role") != "system"):
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return messages
+
+
+def completion_text(completion) -> str:
+    """The text of a completion in either TRL form: a string, or [{"role": "assistant", "content": ...}]."""
+    if isinstance(completion, list):
+        return "".join(str(m.get("content", "")) for m in completion)
+    return completion
+
+
+def _call(comp: RewardComponent, prompts, completions, columns: dict, extra: dict):
+    """One call with TRL's contract: everything by keyword, every column under its own name."""
+    return comp.fn(prompts=prompts, completions=completions, **extra, **columns)
+
+
+def _subset(values, index: int):
+    return values[index : index + 1] if isinstance(values, list) else values
+
+
+def check_scores(name: str, scores, completions: list) -> list[float | None]:
+    """The output of reward component `name`: one float (finite) or None per completion, else RewardError
+    naming the component and an offending completion."""
+    n = len(completions)
+    if isinstance(scores, torch.Tensor):
+        scores = scores.tolist()
+    try:
+        scores = list(scores)
+    except TypeError:
+        raise RewardError(f"reward '{name}' returned {type(scores).__name__}, not a list of scores (one float or None "
+                          f"per completion)") from None
+    if len(scores) != n:
+        raise RewardError(f"reward '{name}' returned {len(scores)} scores for {n} completions (first completion: "
+                          f"{_shown(completions[0]) if completions else ''})")
+    checked = []
+    for i, score in enumerate(scores):
+        if score is None:
+            checked.append(None)
+            continue
+        if isinstance(score, torch.Tensor) and score.numel() == 1:
+            score = score.item()
+        is_number = isinstance(score, (int, float)) or type(score).__module__ == "numpy" and hasattr(score, "item")
+        if not is_number or isinstance(score, (str, bytes)):
+            raise RewardError(f"reward '{name}' returned {type(score).__name__} {_shown(score, 40)} for completion "
+                              f"{_shown(completions[i])}; a score is a float or None (not applicable)")
+        value = float(score)
+        if not math.isfinite(value):
+            raise RewardError(f"reward '{name}' returned {value} for completion {_shown(completions[i])}; return a finite "
+                              f"float, or None when the reward does not apply")
+        checked.append(value)
+    return checked
+
+
+def _shown(value, limit: int = 120) -> str:
+    text = repr(completion_text(value) if isinstance(value, list) else value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def compute_rewards(
-    components: list[RewardComponent], prompts: list[str], completions: list[str], rows: list[dict], on_error: str = "raise"
+    components: list[RewardComponent], prompts: list, completions: list, rows: list[dict], on_error: str = "raise",
+    *, completion_ids: list[list[int]] | None = None, state: TrainerState | None = None, system_prompt: str | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
-    """Score completions with every component.
+    """Score completions with every component, called as TRL calls reward functions:
 
+        fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns)
+
+    where every data column except `prompt` arrives under its own name (one value per completion);
+    prompts and completions are strings, or message lists for a conversational dataset (`reward_inputs`).
     Returns total (N,) weighted sum, per-component scores {name: (N,) with nan for None}, and the
-    number of completions whose scoring raised (scored 0 when on_error == "zero")."""
-    columns = {key: [row.get(key) for row in rows] for key in rows[0]} if rows else {}
-    columns.pop("prompt", None)
+    number of completions whose scoring raised (scored 0 when on_error == "zero"). A component that
+    returns anything but one finite float or None per completion raises RewardError, whatever on_error."""
+    prompts, completions = reward_inputs(prompts, completions, rows, system_prompt)
+    keys = list(dict.fromkeys(key for row in rows for key in row))
+    columns = {key: [row.get(key) for row in rows] for key in keys if key not in ("prompt", "completion", "completion_ids")}
     n = len(completions)
+    extra = {"completion_ids": completion_ids, "trainer_state": state or TrainerState()}
     total = torch.zeros(n)  # (N,)
     per_component, errors = {}, 0
     for comp in components:
         try:
-            scores = list(comp.fn(prompts, completions, **columns))
-            if len(scores) != n:
-                raise RewardError(f"returned {len(scores)} scores for {n} completions")
+            scores = _call(comp, prompts, completions, columns, extra)
         except Exception as exc:
             if on_error != "zero":
-                raise RewardError(_describe_failure(comp, prompts, completions, columns, exc)) from exc
+                raise RewardError(_describe_failure(comp, prompts, completions, columns, extra, exc)) from exc
             scores = []
             for i in range(n):  # score one by one to isolate the failing completions
+                one = {k: _subset(v, i) for k, v in extra.items()}
                 try:
-                    scores.append(comp.fn(prompts[i : i + 1], completions[i : i + 1], **{k: v[i : i + 1] for k, v in columns.items()})[0])
+                    scores.append(check_scores(comp.name, _call(comp, prompts[i : i + 1], completions[i : i + 1],
+                                                                {k: v[i : i + 1] for k, v in columns.items()}, one),
+                                               completions[i : i + 1])[0])
+                except RewardError:
+                    raise
                 except Exception:
                     scores.append(0.0)
                     errors += 1
-        values = torch.tensor([math.nan if s is None else float(s) for s in scores])  # (N,)
+        scores = check_scores(comp.name, scores, completions)
+        values = torch.tensor([math.nan if s is None else s for s in scores], dtype=torch.float32)  # (N,)
         per_component[comp.name] = values
         total += comp.weight * torch.nan_to_num(values, nan=0.0)
     return total, per_component, errors
 
 
-def _describe_failure(comp, prompts, completions, columns, exc) -> str:
+def _describe_failure(comp, prompts, completions, columns, extra, exc) -> str:
     for i in range(len(completions)):
         try:
-            comp.fn(prompts[i : i + 1], completions[i : i + 1], **{k: v[i : i + 1] for k, v in columns.items()})
+            _call(comp, prompts[i : i + 1], completions[i : i + 1], {k: v[i : i + 1] for k, v in columns.items()},
+                  {k: _subset(v, i) for k, v in extra.items()})
         except Exception as inner:
             return (
-                f"reward '{comp.name}' raised {type(inner).__name__}: {inner} on completion {completions[i]!r} "
+                f"reward '{comp.name}' raised {type(inner).__name__}: {inner} on completion {_shown(completions[i])} "
                 f"(set reward.on_error=zero to score such completions 0 and count them)"
             )
     return f"reward '{comp.name}' raised {type(exc).__name__}: {exc} (set reward.on_error=zero to score failures 0)"

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from rlx.config import UserError
+from rlx.rewards import completion_text
 
 AGGREGATIONS = ("mean", "min", "uncertainty")
 
@@ -125,5 +126,7 @@ def model_reward(prompts, completions, *, path, aggregate: str = "mean", uncerta
     members = []
     for p in paths:
         model, tokenizer = _load(str(p), dtype, device)
-        members.append(sequence_scores(model, tokenizer, list(prompts), list(completions), batch_size))
+        texts = [tokenizer.apply_chat_template(q, tokenize=False, add_generation_prompt=True) if isinstance(q, list) else q
+                 for q in prompts]  # a conversational dataset's message lists, rendered by the reward model's template
+        members.append(sequence_scores(model, tokenizer, texts, [completion_text(c) for c in completions], batch_size))
     return aggregate_ensemble(torch.stack(members), aggregate, uncertainty_coef).tolist()  # (K, N) -> (N,)

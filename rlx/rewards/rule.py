@@ -1,7 +1,8 @@
 """Rule-based reward functions.
 
-Contract (shared with TRL): fn(prompts, completions, **row) -> list[float | None], where every data
-column arrives as a keyword holding one value per completion; None means "does not apply".
+Contract (shared with TRL): fn(prompts=, completions=, **row) -> list[float | None], called by keyword,
+where every data column arrives as a keyword holding one value per completion; None means "does not
+apply". Completions are strings, or [{"role": "assistant", "content": ...}] for a conversational dataset.
 """
 
 from __future__ import annotations
@@ -10,19 +11,21 @@ import json
 import re
 import threading
 
+from rlx.rewards import completion_text
+
 ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 FORMAT_RE = re.compile(r"^\s*<answer>[^<>]+</answer>\s*$", re.DOTALL)
 
 
 def extract_answer(completion: str) -> str | None:
     """The text inside the last <answer>...</answer> pair, stripped; None when there is none."""
-    found = ANSWER_RE.findall(completion)
+    found = ANSWER_RE.findall(completion_text(completion))
     return found[-1].strip() if found else None
 
 
 def format_reward(prompts, completions, **row) -> list[float]:
     """1.0 when the whole completion is a single non-empty <answer>...</answer> block, else 0.0."""
-    return [1.0 if FORMAT_RE.match(c) else 0.0 for c in completions]
+    return [1.0 if FORMAT_RE.match(completion_text(c)) else 0.0 for c in completions]
 
 
 def _normalize(text: str) -> str:
