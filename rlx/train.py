@@ -98,6 +98,9 @@ def check_policy_gradient_settings(cfg: DictConfig) -> None:
     if algo.advantage == "median" and (samples < 2 or samples % 2):
         raise UserError(f"algorithm.advantage=median samples G+1 completions so that the median is one of them: "
                         f"rollout.samples_per_prompt={samples} must be even and at least 2")
+    if cfg.rollout.temperature <= 0:
+        raise UserError(f"rollout.temperature={cfg.rollout.temperature} must be > 0: training samples the completions "
+                        f"it scores (greedy decoding gives every sample of a group the same completion)")
     if algo.clip_high < algo.clip_low:
         raise UserError(f"algorithm.clip_high={algo.clip_high} is below algorithm.clip_low={algo.clip_low}; "
                         f"clip-higher needs clip_high >= clip_low")

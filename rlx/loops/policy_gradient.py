@@ -58,15 +58,15 @@ log = logging.getLogger("rlx")
 
 
 @torch.no_grad()
-def batched_logprobs(model, rollout: Rollout, micro: int, with_entropy: bool = False):
-    """Log-probs (N, C) of the sampled completions under `model` without gradients, and the token
-    entropies (N, C) when asked (else None)."""
+def batched_logprobs(model, rollout: Rollout, micro: int, with_entropy: bool = False, temperature: float = 1.0):
+    """Log-probs (N, C) of the sampled completions under `model` at the sampling temperature, without
+    gradients, and the token entropies (N, C) when asked (else None)."""
     logps, entropies = [], []
     for lo in range(0, rollout.completion_ids.shape[0], micro):
         sl = slice(lo, lo + micro)
         logp, entropy = completion_logprobs(
             model, rollout.prompt_ids[sl], rollout.prompt_mask[sl], rollout.completion_ids[sl], rollout.completion_mask[sl],
-            with_entropy=with_entropy,
+            with_entropy=with_entropy, temperature=temperature,
         )
         logps.append(logp.cpu())
         if with_entropy:
@@ -331,8 +331,10 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
         need_old = updates_per_step > 1 or (reference is not None and algo.kl_in == "reward")
         old_logp, old_entropy = None, None
         if need_old or algo.forking_rho < 1:
-            old_logp, old_entropy = batched_logprobs(model, rollout, cfg.micro_batch_size, with_entropy=algo.forking_rho < 1)
-        ref_logp = batched_logprobs(reference, rollout, cfg.micro_batch_size)[0] if reference is not None else None
+            old_logp, old_entropy = batched_logprobs(model, rollout, cfg.micro_batch_size, with_entropy=algo.forking_rho < 1,
+                                                     temperature=roll.temperature)
+        ref_logp = (batched_logprobs(reference, rollout, cfg.micro_batch_size, temperature=roll.temperature)[0]
+                    if reference is not None else None)
         shaped, seq_kl = rewards, None
         if reference is not None and algo.kl_in == "reward":
             shaped, seq_kl = sequence_kl_in_reward(rewards[local], old_logp, ref_logp, completion_mask, kl_coef)  # (n,)
@@ -348,7 +350,9 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
         if not need_old:
             old_logp = None
 
-        # 4. optimisation
+        # 4. optimisation, in train mode: gradient checkpointing acts only there (dropout is off for good,
+        # models/lora.py disable_dropout, so train and eval mode compute the same numbers)
+        model.train()
         stats = {"loss": 0.0, "kl": [], "entropy": [], "clip_low": [], "clip_high": [], "approx_kl": [], "grad_norm": []}
         seq_kl_sum = 0.0
         for _epoch in range(algo.epochs):
@@ -361,7 +365,7 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
                     mask = completion_mask[idx]
                     logp, entropy = completion_logprobs(
                         model, rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx], mask,
-                        with_entropy=True, entropy_grad=algo.entropy_coef > 0,
+                        with_entropy=True, entropy_grad=algo.entropy_coef > 0, temperature=roll.temperature,
                     )
                     device_mask = loss_mask[idx].to(logp.device)
                     old = old_logp[idx].to(logp.device) if old_logp is not None else logp.detach()
@@ -388,6 +392,7 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
                     stats["grad_norm"].append(grad_norm)
                 if engine is not None:
                     engine.sync_weights(acc.unwrap_model(model))
+        model.eval()  # generation, old/reference log-probs and evaluation run in eval mode
         if reference is not None and algo.kl_target is not None:
             total_samples = rewards.numel()
             observed = (seq_kl.mean().item() if seq_kl is not None

@@ -115,8 +115,9 @@ def train_ppo(cfg, parts: Components) -> dict:
             mask = mask * (~rollout.truncated).long().unsqueeze(1)
 
         # 2. sampling-policy log-probs, reference log-probs and values
-        old_logp, _ = batched_logprobs(model, rollout, cfg.micro_batch_size)  # (n, C)
-        ref_logp = batched_logprobs(reference, rollout, cfg.micro_batch_size)[0] if reference is not None else None
+        old_logp, _ = batched_logprobs(model, rollout, cfg.micro_batch_size, temperature=roll.temperature)  # (n, C)
+        ref_logp = (batched_logprobs(reference, rollout, cfg.micro_batch_size, temperature=roll.temperature)[0]
+                    if reference is not None else None)
         old_values = batched_values(value_model, rollout, cfg.micro_batch_size)  # (n, C)
 
         # 3. token rewards and GAE per sequence; whitening over the global batch: every process's tokens,
@@ -131,7 +132,8 @@ def train_ppo(cfg, parts: Components) -> dict:
         if algo.whiten_advantages:
             advantages = whiten(global_advantages, global_mask)[local, : mask.shape[1]]  # (n, C)
 
-        # 4. optimisation
+        # 4. optimisation in train mode (gradient checkpointing acts only there; dropout is off, models/lora.py)
+        model.train()
         stats = {key: [] for key in ("kl", "entropy", "clip_low", "clip_high", "approx_kl", "value_clip", "grad_norm", "value_grad_norm")}
         stats["loss"], stats["value_loss"] = 0.0, 0.0
         seq_kl_sum = 0.0
@@ -146,6 +148,7 @@ def train_ppo(cfg, parts: Components) -> dict:
                     logp, entropy = completion_logprobs(
                         model, rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx],
                         rollout.completion_mask[idx], with_entropy=True, entropy_grad=algo.entropy_coef > 0,
+                        temperature=roll.temperature,
                     )
                     device_mask = micro_mask.to(logp.device)
                     token_loss, clip_stats = clipped_surrogate(
@@ -179,6 +182,7 @@ def train_ppo(cfg, parts: Components) -> dict:
                 if grad_norm is not None:
                     stats["grad_norm"].append(grad_norm)
                     stats["value_grad_norm"].append(value_grad_norm)
+        model.eval()  # generation, old/reference log-probs and evaluation run in eval mode
         if reference is not None and algo.kl_target is not None:
             total_samples = rewards.numel()
             observed = global_sum(acc, seq_kl_sum) / (algo.epochs * total_samples)

@@ -93,6 +93,7 @@ def train_reward_model(cfg, parts: Components) -> dict:
     last_eval = evaluate_at_start(cfg, acc, start_step, metrics_log, run_eval, data_counts) if eval_pairs else {}
 
     batch_size = algo.batch_size
+    model.train()  # gradient checkpointing acts only in train mode; dropout is off (models/lora.py)
     for step in range(start_step + 1, cfg.steps + 1):
         start = time.perf_counter()
         # 1. a batch of pairs (this process's shard of the global batch), in micro-batches

@@ -66,6 +66,7 @@ def train_sft(cfg, parts: Components) -> dict:
     last_eval = evaluate_at_start(cfg, acc, start_step, metrics_log, run_eval)
 
     batch_size, micro = cfg.algorithm.batch_size, cfg.micro_batch_size
+    model.train()  # gradient checkpointing acts only in train mode; dropout is off (models/lora.py)
     for step in range(start_step + 1, cfg.steps + 1):
         start = time.perf_counter()
         rows = stream.take(batch_size)[shard(batch_size, acc)]  # this process's share of the global batch

@@ -78,23 +78,30 @@ def completion_logprobs(
     with_entropy: bool = False,
     entropy_grad: bool = False,
     chunked: bool = True,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log pi(completion_t | prompt, completion_<t) for every completion position.
+    """log pi_T(completion_t | prompt, completion_<t) for every completion position, where
+    pi_T = softmax(logits / T) is the distribution the sampler drew from at temperature T (the log-probs
+    of the loss, the importance ratio, the KL and the entropy all refer to it, as in the PPO/GRPO
+    implementations of TRL and verl; T = 1 for SFT and preference losses).
 
     prompt_*: (N, P) left-padded; completion_*: (N, C). Position ids follow the attention mask, as in
     generation, so the numbers match the sampler's. Returns logp (N, C) and entropy (N, C) or None;
     positions where completion_mask is 0 hold 0 when chunked (they carry no loss). The entropy carries
-    gradients only with entropy_grad=True (an entropy bonus), which takes the full-logits path."""
+    gradients only with entropy_grad=True (an entropy bonus); both paths compute it chunk by chunk when
+    the output head is a plain linear map (never the full (N, C, V) logits)."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
     device = next(model.parameters()).device
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1).to(device)  # (N, P+C)
     attention = torch.cat([prompt_mask, completion_mask], dim=1).to(device)  # (N, P+C)
     position_ids = position_ids_from_mask(attention)  # (N, P+C)
     prompt_len = prompt_ids.shape[1]
     targets = completion_ids.to(device)  # (N, C)
-    head = _output_head(model) if chunked and not entropy_grad else None
+    head = _output_head(model) if chunked else None
     if head is None:
         logits = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False).logits
-        logits = logits[:, prompt_len - 1 : -1].float()  # (N, C, V): the logits that predict each completion token
+        logits = logits[:, prompt_len - 1 : -1].float() / temperature  # (N, C, V): tempered logits of each completion token
         logp = token_logprobs(logits, targets)  # (N, C)
         entropy = None
         if with_entropy:
@@ -113,8 +120,11 @@ def completion_logprobs(
     keep = completion_mask.to(device).bool()  # (N, C)
     chunk_tokens = max(1, LOGIT_CHUNK_ELEMENTS // head.weight.shape[0])
     flat_logp, flat_entropy = chunked_linear_logprobs(
-        hidden[keep], head.weight, targets[keep], bias=head.bias, chunk_tokens=chunk_tokens, with_entropy=with_entropy
+        hidden[keep], head.weight, targets[keep], bias=head.bias, chunk_tokens=chunk_tokens, with_entropy=with_entropy,
+        temperature=temperature,
     )  # (M,) over the M real completion tokens
+    if flat_entropy is not None and not (entropy_grad and torch.is_grad_enabled()):
+        flat_entropy = flat_entropy.detach()
     logp = torch.zeros(keep.shape, dtype=flat_logp.dtype, device=device).masked_scatter(keep, flat_logp)  # (N, C)
     entropy = None
     if with_entropy:

@@ -32,8 +32,25 @@ def apply_lora(model, rank: int, alpha: float, dropout: float, target_modules):
         raise UserError(f"model.lora.target_modules={targets}: {str(exc).splitlines()[0]}") from None
 
 
+def disable_dropout(model) -> None:
+    """Dropout off in every module (nn.Dropout p=0 and the attention-probability dropout of transformers'
+    attention modules). rlx puts the policy in train mode for its update passes, where gradient
+    checkpointing acts; with dropout on, the same tokens would then score differently in the update than
+    when sampled or scored for the old and reference log-probs (an importance ratio != 1 on-policy, a
+    noisy KL). TRL's trainers default to the same. LoRA's own dropout (model.lora.dropout) is applied
+    after this and stays as configured: it acts in the update passes only. The model's config (and so a
+    saved checkpoint) keeps its dropout settings."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+
+
 def prepare_policy(model, model_cfg, hardware_cfg):
-    """LoRA and gradient checkpointing, as the config asks. Returns the (possibly wrapped) model."""
+    """Dropout off, then LoRA and gradient checkpointing as the config asks. Returns the (possibly
+    wrapped) model."""
+    disable_dropout(model)
     checkpointing = model_cfg.gradient_checkpointing or hardware_cfg.gradient_checkpointing
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

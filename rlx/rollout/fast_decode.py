@@ -86,7 +86,18 @@ class DecodeStep:
 
     def __call__(self, token: torch.Tensor, position: torch.Tensor, attention: torch.Tensor, cache) -> torch.Tensor:
         """token, position: (a,); attention: (a, L) 1 on real tokens, the new one last; cache: its layers
-        hold L - 1 positions before the call and L after."""
+        hold L - 1 positions before the call and L after.
+
+        The step computes in the dtype the prompt prefill used, read from the cache: a prefill under
+        bf16 autocast over fp32 weights (Accelerate's mixed precision wraps the model's forward, which
+        this step bypasses) filled a bf16 cache, and the step then runs under the same autocast."""
+        compute = cache.layers[0].values.dtype  # (keys may be float32 even then: RoPE promotes them)
+        if compute != self.head.weight.dtype:
+            with torch.autocast(token.device.type, dtype=compute):
+                return self._step(token, position, attention, cache)
+        return self._step(token, position, attention, cache)
+
+    def _step(self, token, position, attention, cache) -> torch.Tensor:
         rows = token.shape[0]
         d, h, kv = self.head_dim, self.heads, self.kv_heads
         x = self.base.embed_tokens(token)  # (a, H)
