@@ -5,11 +5,16 @@
       random_states_<rank>.pkl                python, numpy and torch (and CUDA) RNG states of every process
       custom_checkpoint_<i>.pkl               registered objects: scheduler, data position, controllers...
       adapter/                                with LoRA: the adapter in peft's save_pretrained format
-      trainer_state.json                      step counters; written last
+      trainer_state.json                      step counters
+      checksums.json                          sha256 and size of every file above; written last
 
-A checkpoint is written into `checkpoints/.tmp-step_XXXXXX` and renamed when complete, so a crash
-mid-write leaves a `.tmp-` folder that is never mistaken for a checkpoint (and is removed by the next
-save). Only folders named `step_XXXXXX` holding trainer_state.json count.
+A checkpoint is written into `checkpoints/.tmp-step_XXXXXX`, every file is fsynced, and the folder is
+renamed when complete, so a crash mid-write leaves a `.tmp-` folder that is never mistaken for a
+checkpoint (and is removed by the next save). Only folders named `step_XXXXXX` holding
+trainer_state.json count. On resume the checksums are verified: a damaged latest checkpoint is named
+in a warning and the previous complete one is used. A failed write (disk full) removes the temporary
+folder, leaves the earlier checkpoints as they were and stops with one line (CheckpointWriteError).
+A checkpoint is never written from weights that hold NaN or inf (NonFiniteError).
 
 A loop uses three calls:
     checkpointer = Checkpointer.from_config(cfg, accelerator, run_dir)
@@ -21,6 +26,7 @@ On Ctrl-C (SIGINT) or SIGTERM the current step finishes, a checkpoint is written
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -34,6 +40,36 @@ import torch
 log = logging.getLogger("rlx")
 
 STATE_FILE = "trainer_state.json"
+CHECKSUM_FILE = "checksums.json"
+
+_progress = {"step": None}  # the step being trained, for messages about a failure inside it
+
+
+def current_step() -> int | None:
+    """The training step in progress in this process (None before a loop restored its checkpoint)."""
+    return _progress["step"]
+
+
+class NonFiniteError(Exception):
+    """NaN or inf in the loss, a gradient norm or the weights: the run stops before the optimizer step."""
+
+    def __init__(self, what: str, value: float | None = None):
+        step = current_step()
+        at = f" at step {step}" if step is not None else ""
+        shown = f" ({value})" if value is not None else ""
+        super().__init__(
+            f"{what} is not finite{shown}{at}; stopped before the optimizer step, no checkpoint holds it. "
+            f"Usual causes: a learning rate too high (optim.lr), no gradient clipping (optim.max_grad_norm), "
+            f"a reward returning NaN/inf, or fp16 overflow (hardware.mixed_precision=bf16 or no)")
+        self.what, self.value, self.step = what, value, step
+
+
+class CheckpointWriteError(Exception):
+    """Writing a checkpoint failed (e.g. disk full); the partial folder is removed, earlier checkpoints stay."""
+
+
+class CheckpointDamaged(Exception):
+    """A checkpoint folder whose files do not match their recorded checksums, or do not load."""
 
 
 class TrainingInterrupted(Exception):
@@ -65,12 +101,76 @@ def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
 
 
 def truncate_metrics(path: Path, last_step: int) -> int:
-    """Drop metrics.jsonl rows logged after `last_step` (they are re-made by the resumed run)."""
+    """Drop metrics.jsonl rows logged after `last_step` (they are re-made by the resumed run), and a last
+    line cut short by a crash. The file is replaced atomically."""
+    from rlx.run import atomic_write_text, read_metrics
+
     if not path.is_file():
         return 0
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
-    path.write_text("".join(line + "\n" for line in kept))
+    kept = [row for row in read_metrics(path) if row["step"] <= last_step]
+    atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in kept))
     return len(kept)
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != CHECKSUM_FILE)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_checksums(folder: Path) -> None:
+    """fsync every file of the folder and record its size and sha256 in checksums.json (written last)."""
+    record = {}
+    for path in _files(folder):
+        _fsync(path)
+        record[path.relative_to(folder).as_posix()] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+    target = folder / CHECKSUM_FILE
+    with target.open("w") as handle:
+        handle.write(json.dumps(record, indent=1) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    for sub in {p.parent for p in folder.rglob("*")} | {folder}:
+        _fsync(sub)
+
+
+def verify_checkpoint(folder: Path) -> None:
+    """Raise CheckpointDamaged naming the first file that is missing, of the wrong size or checksum."""
+    manifest = folder / CHECKSUM_FILE
+    if not manifest.is_file():
+        raise CheckpointDamaged(f"{manifest} is missing (the checkpoint was not completely written)")
+    try:
+        record = json.loads(manifest.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointDamaged(f"{manifest} is damaged ({exc})") from None
+    for name, want in record.items():
+        path = folder / name
+        if not path.is_file():
+            raise CheckpointDamaged(f"{path} is missing")
+        if path.stat().st_size != want["bytes"]:
+            raise CheckpointDamaged(f"{path} has {path.stat().st_size} bytes, {want['bytes']} were written (truncated?)")
+        if _sha256(path) != want["sha256"]:
+            raise CheckpointDamaged(f"{path} does not match its checksum (damaged)")
+
+
+def _assert_finite_weights(models) -> None:
+    for model in models:
+        for name, param in model.named_parameters():
+            if not torch.isfinite(param.detach()).all():
+                raise NonFiniteError(f"weight {name}")
 
 
 class GeneratorState:
@@ -133,20 +233,56 @@ class Checkpointer:
         checkpoint into them and into the prepared model and optimizer. Returns the step to continue after."""
         self.acc.register_for_checkpointing(*objects.values())
         self._object_names = list(objects)
-        found = latest_checkpoint(self.run_dir) if self.resume else None
-        if found is None:
-            if self.resume and self.acc.is_main_process:
+        step = self._load_latest(objects) if self.resume else 0
+        _progress["step"] = step + 1
+        return step
+
+    def _load_latest(self, objects: dict) -> int:
+        """Load the newest checkpoint that verifies and loads; warn naming each damaged one skipped."""
+        found = list_checkpoints(self.run_dir)
+        if not found:
+            if self.acc.is_main_process:
                 log.warning("no complete checkpoint in %s: starting from step 0", self.folder)
                 truncate_metrics(self.run_dir / "metrics.jsonl", -1)
             return 0
-        step, path = found
-        # strict=False: safetensors drops tied duplicates (lm_head = embeddings) and LoRA saves only adapters
-        self.acc.load_state(str(path), strict=False)
+        schedulers = [o for o in objects.values() if isinstance(o, torch.optim.lr_scheduler.LambdaLR)]
+        configured_lrs = [[g.get("initial_lr", g["lr"]) for g in s.optimizer.param_groups] for s in schedulers]
+        problems = []
+        for step, path in reversed(found):
+            try:
+                if (path / CHECKSUM_FILE).is_file():  # checkpoints of older versions have none
+                    verify_checkpoint(path)
+                # strict=False: safetensors drops tied duplicates (lm_head = embeddings) and LoRA saves only adapters
+                self.acc.load_state(str(path), strict=False)
+                self._check_rng_restored(path)
+            except CheckpointDamaged as exc:
+                problems.append(str(exc))
+            except Exception as exc:  # a file that verifies but does not load (written by another version...)
+                problems.append(f"{path} does not load ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
+            else:
+                break
+            log.warning("checkpoint step %d is damaged, using an earlier one: %s", step, problems[-1])
+        else:
+            raise CheckpointDamaged(f"no checkpoint of {self.run_dir} loads: " + "; ".join(problems))
+        for scheduler, lrs in zip(schedulers, configured_lrs):
+            _apply_learning_rate(scheduler, lrs)
         if self.acc.is_main_process:
             kept = truncate_metrics(self.run_dir / "metrics.jsonl", step)
             log.info("resumed from %s (step %d; %d metrics rows kept)", path, step, kept)
         self.acc.wait_for_everyone()
         return step
+
+    def _check_rng_restored(self, path: Path) -> None:
+        """Accelerate logs and ignores a random-state file that fails to load: check it took effect."""
+        rng_file = path / f"random_states_{self.acc.process_index}.pkl"
+        if not rng_file.is_file():
+            raise CheckpointDamaged(f"{rng_file} is missing")
+        try:
+            saved = torch.load(rng_file, weights_only=False)
+        except Exception as exc:
+            raise CheckpointDamaged(f"{rng_file} does not load ({type(exc).__name__})") from None
+        if not torch.equal(saved["torch_manual_seed"], torch.get_rng_state()):
+            raise CheckpointDamaged(f"{rng_file}: the random state was not restored")
 
     def _stop_everywhere(self) -> bool:
         """True when any process received Ctrl-C / SIGTERM (all processes must agree to save together)."""
@@ -157,6 +293,7 @@ class Checkpointer:
 
     def step_done(self, step: int) -> Path | None:
         """End of a step: save when due; after a stop request, save and raise TrainingInterrupted."""
+        _progress["step"] = step + 1
         stop = self._stop_everywhere()
         due = step == self.total_steps or (self.every and step % self.every == 0)
         path = self.save(step) if (due or stop) else None
@@ -170,25 +307,50 @@ class Checkpointer:
     def save(self, step: int) -> Path:
         final = self.folder / f"step_{step:06d}"
         tmp = self.folder / f".tmp-step_{step:06d}"
+        _assert_finite_weights(self.acc._models)
         if self.acc.is_main_process:
             self.folder.mkdir(parents=True, exist_ok=True)
             for stale in self.folder.glob(".tmp-*"):
                 shutil.rmtree(stale, ignore_errors=True)
         self.acc.wait_for_everyone()
-        self.acc.save_state(str(tmp))  # every process: its RNG state, and its shard under FSDP/DeepSpeed
-        self.acc.wait_for_everyone()
-        if self.acc.is_main_process:
-            from rlx.models.lora import save_adapter
+        try:
+            self.acc.save_state(str(tmp))  # every process: its RNG state, and its shard under FSDP/DeepSpeed
+            self.acc.wait_for_everyone()
+            if self.acc.is_main_process:
+                from rlx.models.lora import save_adapter
 
-            save_adapter(self.acc.unwrap_model(self.acc._models[0]), tmp / "adapter")
-            state = {"step": step, "total_steps": self.total_steps, "num_processes": self.acc.num_processes,
-                     "objects": self._object_names}
-            (tmp / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")
+                save_adapter(self.acc.unwrap_model(self.acc._models[0]), tmp / "adapter")
+                state = {"step": step, "total_steps": self.total_steps, "num_processes": self.acc.num_processes,
+                         "objects": self._object_names}
+                (tmp / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")
+                write_checksums(tmp)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            self.close()
+            latest = latest_checkpoint(self.run_dir)
+            kept = f"earlier checkpoints are intact (latest: step {latest[0]})" if latest else "no earlier checkpoint"
+            raise CheckpointWriteError(
+                f"could not write the checkpoint of step {step} ({exc.strerror or exc}); its partial folder was "
+                f"removed and {kept}. Free some space, then continue with: rlx train resume={self.run_dir}") from None
+        if self.acc.is_main_process:
             if final.exists():  # re-saving a step (resumed, then stopped at the same step)
                 shutil.rmtree(final)
             os.replace(tmp, final)
+            _fsync(self.folder)
             for _, old in list_checkpoints(self.run_dir)[: -self.keep]:
                 shutil.rmtree(old, ignore_errors=True)
             log.info("checkpoint: %s", final)
         self.acc.wait_for_everyone()
         return final
+
+
+def _apply_learning_rate(scheduler, configured: list[float]) -> None:
+    """A resumed scheduler keeps the learning rate of the run that saved it; a new optim.lr given on
+    resume replaces the base rates, and the current rates follow the schedule from the restored step."""
+    if [float(x) for x in scheduler.base_lrs] == [float(x) for x in configured]:
+        return
+    scheduler.base_lrs = list(configured)
+    for group, base, factor in zip(scheduler.optimizer.param_groups, configured, scheduler.lr_lambdas):
+        group["initial_lr"] = base
+        group["lr"] = base * factor(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]

@@ -204,9 +204,46 @@ def resolve_resume(args: list[str]) -> list[str]:
         run = Path(value).expanduser()
         if not (run / "config.yaml").is_file():
             fail(f"resume={value} is not a run directory (no config.yaml); pass a run directory or resume=auto")
-    saved = yaml.safe_load((run / "overrides.yaml").read_text()) or [] if (run / "overrides.yaml").is_file() else []
+    from rlx.run import RunInUse, check_run_free
+
+    try:
+        check_run_free(run)
+    except RunInUse as exc:
+        fail(str(exc))
+    try:
+        saved = yaml.safe_load((run / "overrides.yaml").read_text()) or [] if (run / "overrides.yaml").is_file() else []
+    except yaml.YAMLError as exc:
+        fail(f"{run / 'overrides.yaml'} is damaged ({str(exc).splitlines()[0]}); the run cannot be resumed as it was")
     new = [a for a in args if not a.startswith("resume=")]
     new_keys = {a.split("=", 1)[0].lstrip("+~") for a in new}
     kept = [o for o in saved if o.split("=", 1)[0].lstrip("+~") not in new_keys and not o.startswith(("resume=", "hydra."))]
+    if new:
+        check_resume_compatible(run, [*kept, *new])
     quoted = str(run.resolve()).replace("'", "\\'")
     return [*kept, *new, f"resume='{quoted}'", f"hydra.run.dir='{quoted}'"]
+
+
+# settings a resumed run cannot change: its checkpoints hold weights and states made under them
+FIXED_ON_RESUME = ("algorithm.family", "model.path", "model.build", "model.lora.enabled", "seed")
+
+
+def check_resume_compatible(run: Path, overrides: list[str]) -> None:
+    """Refuse (one line, exit 2, nothing in the run rewritten) a resume that changes a fixed setting."""
+    from omegaconf import OmegaConf
+
+    from rlx.config import check_overrides
+
+    new = OmegaConf.to_container(check_overrides(overrides), resolve=True)
+    old = OmegaConf.to_container(OmegaConf.load(run / "config.yaml"), resolve=True)
+
+    missing = object()
+
+    def get(cfg, dotted):
+        for part in dotted.split("."):
+            cfg = cfg.get(part, missing) if isinstance(cfg, dict) else missing
+        return cfg
+
+    for key in FIXED_ON_RESUME:
+        if get(old, key) is not missing and get(old, key) != get(new, key):
+            fail(f"resume cannot change {key} (the run has {get(old, key)!r}, the command asks for {get(new, key)!r}): "
+                 f"the checkpoints were made under it; start a new run instead (drop resume=), or drop {key}=")

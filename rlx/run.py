@@ -6,9 +6,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import math
+import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -19,17 +22,111 @@ log = logging.getLogger("rlx")
 
 
 def _jsonable(value):
+    # NaN and inf stay what they are (json writes NaN / Infinity, which json.loads reads back): a
+    # non-finite metric must stay visible; null means "not applicable"
     if hasattr(value, "item"):
         value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
     return value
+
+
+def _shown(value, fmt: str) -> str:
+    value = _jsonable(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return fmt.format(value) if math.isfinite(value) else str(value)
+    return str(value)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Replace `path` with `text` so that a crash leaves either the old or the new file, never half of one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with tmp.open("w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def write_run_files(run_dir: Path, cfg, overrides: list[str]) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    (run_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
+    atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    atomic_write_text(run_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
+
+
+RESUMES_FILE = "resumes.jsonl"
+
+
+def record_resume(run_dir: Path, old_config: dict, new_config: dict, checkpoint_step: int, overrides: list[str]) -> dict:
+    """Append to <run>/resumes.jsonl which settings this resume changed and the step they apply from."""
+    old_flat, new_flat = _flatten(old_config), _flatten(new_config)
+    changed = {key: [old_flat.get(key), new_flat.get(key)] for key in sorted(set(old_flat) | set(new_flat))
+               if old_flat.get(key) != new_flat.get(key) and key not in ("resume",)}
+    record = {"time": round(time.time(), 3), "checkpoint_step": checkpoint_step, "from_step": checkpoint_step + 1,
+              "changed": changed, "overrides": list(overrides)}
+    with (Path(run_dir) / RESUMES_FILE).open("a") as handle:
+        handle.write(json.dumps(record, default=str) + "\n")
+    if changed:
+        log.info("resume changes from step %d: %s", checkpoint_step + 1,
+                 ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in changed.items()))
+    return record
+
+
+def _flatten(node, prefix: str = "") -> dict:
+    if isinstance(node, dict):
+        out = {}
+        for key, value in node.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+LOCK_FILE = ".lock"
+
+
+class RunInUse(Exception):
+    """Another live process holds the run directory's lock."""
+
+
+class RunLock:
+    """An exclusive lock on a run directory for the whole life of the run (flock on <run>/.lock).
+
+    The kernel drops an flock when its process dies, so a lock file left by a killed run is simply
+    taken over; the file's text (pid, host, time) only names the holder in the refusal."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK_FILE
+        self._fd = None
+
+    def acquire(self, record: bool = True) -> RunLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise RunInUse(f"run {self.path.parent} is in use by {holder}; wait for it to finish or stop it "
+                           f"(a second process would write every metrics row twice)") from None
+        if record:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
+                          f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def check_run_free(run_dir: Path) -> None:
+    """Raise RunInUse when a live process holds the run's lock (without keeping the lock)."""
+    if (Path(run_dir) / LOCK_FILE).exists():
+        RunLock(run_dir).acquire(record=False).release()
 
 
 class MetricsLog:
@@ -74,7 +171,7 @@ class MetricsLog:
             ("reward/accuracy", "acc", "{:.3f}"), ("train/loss", "loss", "{:.4f}"), ("perf/tokens_per_s", "tok/s", "{:.0f}"),
         ):
             if metrics.get(key) is not None:
-                parts.append(f"{label} {fmt.format(_jsonable(metrics[key]))}")
+                parts.append(f"{label} {_shown(metrics[key], fmt)}")
         status = "  ".join(parts)
         if self._bar is not None:
             self._bar.update(self._task, completed=step, status=status)
@@ -95,11 +192,24 @@ def write_samples(run_dir: Path, step: int, records: list[dict]) -> None:
 
 
 def read_metrics(path: Path) -> list[dict]:
+    """Rows of a metrics.jsonl. A last line cut short (a crash or a full disk mid-append) is left out;
+    a damaged line anywhere else is an error naming the file and line."""
     rows = []
     if path.is_file():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                rows.append(json.loads(line))
+        lines = path.read_text(errors="replace").split("\n")
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                if number >= len(lines) - 1 and not any(rest.strip() for rest in lines[number:]):
+                    log.warning("%s: line %d is cut short (the run stopped while writing it); left out", path, number)
+                    break
+                raise ValueError(f"{path}: line {number} column {exc.colno} is not JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}: line {number} is not a JSON object")
+            rows.append(row)
     return rows
 
 

@@ -13,9 +13,10 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from rlx.checkpoint import TrainingInterrupted
+from rlx.checkpoint import CheckpointDamaged, CheckpointWriteError, NonFiniteError, TrainingInterrupted
 from rlx.config import CONF_DIR, UserError, fail
 from rlx.rewards import RewardError
+from rlx.run import RunInUse
 
 log = logging.getLogger("rlx")
 
@@ -166,31 +167,52 @@ def build_model_and_tokenizer(cfg: DictConfig, train_rows: list[dict]):
 
 def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
     """Train according to cfg, writing everything into run_dir. Returns the final evaluation metrics."""
+    from rlx import launch
+    from rlx.run import RunLock
+
+    check_settings(cfg)
+    launch.check_batch(cfg, launch.world_size(cfg.hardware))
+    launch.check_strategy(cfg.hardware)
+    lock = None if launch.is_worker() else RunLock(run_dir).acquire()  # one process (tree) per run directory
+    try:
+        return _run_locked(cfg, run_dir, overrides)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | None:
     from accelerate import Accelerator
 
     from rlx import launch, tracking
     from rlx.checkpoint import latest_checkpoint
     from rlx.data.tasks import load_rows
     from rlx.loops.common import Components, seed_everything
-    from rlx.models.lora import prepare_policy, save_final
+    from rlx.models.lora import final_is_complete, prepare_policy, save_final
     from rlx.rewards import build_rewards
     from rlx.run import plot_run, write_run_files
 
-    check_settings(cfg)
-    launch.check_batch(cfg, launch.world_size(cfg.hardware))
-    launch.check_strategy(cfg.hardware)
+    rebuild_final = False
     if cfg.resume is not None:  # the cli pointed the run directory at the run being resumed
         found = latest_checkpoint(run_dir)
         if found is not None and found[0] >= cfg.steps:
-            log.info("run %s already finished (checkpoint at step %d, steps=%d): nothing to train", run_dir, found[0], cfg.steps)
-            return {}
+            if not cfg.save.final or final_is_complete(run_dir, cfg.model.lora.save_merged):
+                log.info("run %s already finished (checkpoint at step %d, steps=%d): nothing to train", run_dir,
+                         found[0], cfg.steps)
+                return None  # nothing in the run directory is touched
+            log.warning("run %s finished but final/ is missing or partial: rebuilding it from checkpoint step %d",
+                        run_dir, found[0])
+            rebuild_final = True
     if launch.needs_launch(cfg.hardware):  # parent of a multi-process run: write the run files, start workers
-        write_run_files(run_dir, cfg, overrides)
-        tracking.write_env_info(run_dir, launch.world_size(cfg.hardware))
+        if not rebuild_final:
+            if cfg.resume is not None:
+                _record_resume(cfg, run_dir, overrides)
+            write_run_files(run_dir, cfg, overrides)
+            tracking.write_env_info(run_dir, launch.world_size(cfg.hardware))
         code = launch.launch_workers(cfg.hardware, run_dir, overrides)
         if code:
             raise SystemExit(code)
-        return {}
+        return None  # the main worker wrote the results
     if cfg.hardware.num_threads:
         torch.set_num_threads(cfg.hardware.num_threads)
     trackers = tracking.tracker_names(cfg.logger)
@@ -200,7 +222,10 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
     if accelerator.num_processes != launch.world_size(cfg.hardware):
         raise UserError(f"{accelerator.num_processes} processes are running but hardware.num_processes x num_machines = "
                         f"{launch.world_size(cfg.hardware)}; start runs with `rlx train`, not `accelerate launch`")
-    if accelerator.is_main_process and not launch.is_worker():
+    # a resume rewrites the run files only once its data and model have loaded (just before the loop), so a
+    # failed attempt leaves the run as it was
+    writes_run_files = accelerator.is_main_process and not launch.is_worker() and not rebuild_final
+    if writes_run_files and cfg.resume is None:
         write_run_files(run_dir, cfg, overrides)
         tracking.write_env_info(run_dir, accelerator.num_processes)
     if not accelerator.is_main_process:
@@ -216,6 +241,9 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
     log.info("model: %s (%.2fM parameters), %d train / %d held-out rows", cfg.model.path or "built from scratch",
              sum(p.numel() for p in model.parameters()) / 1e6, len(train_rows), len(eval_rows))
     parts = Components(accelerator, model, tokenizer, train_rows, eval_rows, rewards, run_dir)
+    if writes_run_files and cfg.resume is not None:
+        _record_resume(cfg, run_dir, overrides)
+        write_run_files(run_dir, cfg, overrides)
 
     if cfg.algorithm.family == "sft":
         from rlx.loops.sft import train_sft as loop
@@ -230,15 +258,33 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
     result = loop(cfg, parts)
 
     accelerator.wait_for_everyone()
+    if rebuild_final:  # the loop restored the last checkpoint and had nothing to train
+        if accelerator.is_main_process:
+            save_final(accelerator.unwrap_model(result["model"]), tokenizer, run_dir, cfg.model.lora.save_merged, cfg.steps)
+            log.info("final/ rebuilt from the last checkpoint")
+        accelerator.end_training()
+        return None
     if accelerator.is_main_process:
         if cfg.save.final:
-            save_final(accelerator.unwrap_model(result["model"]), tokenizer, run_dir, cfg.model.lora.save_merged)
+            save_final(accelerator.unwrap_model(result["model"]), tokenizer, run_dir, cfg.model.lora.save_merged,
+                       cfg.steps)
         if cfg.save.plot:
             plot_run(run_dir)
         summary = {k: v for k, v in result["final_eval"].items()}
         log.info("done: %s", "  ".join(f"{k}={v:.4f}" for k, v in summary.items() if isinstance(v, float)))
     accelerator.end_training()
-    return result["final_eval"]
+    return result["final_eval"] if accelerator.is_main_process else None
+
+
+def _record_resume(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> None:
+    from omegaconf import OmegaConf
+
+    from rlx.checkpoint import latest_checkpoint
+    from rlx.run import record_resume
+
+    before = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
+    found = latest_checkpoint(run_dir)
+    record_resume(run_dir, before, OmegaConf.to_container(cfg, resolve=True), found[0] if found else 0, overrides)
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
@@ -257,11 +303,13 @@ def train_app(cfg: DictConfig) -> float | None:
     except (Exception, SystemExit) as exc:
         if is_multirun(hydra_cfg):  # one crashing trial is recorded and the sweep goes on
             return record_failure(run_dir, exc, hydra_cfg)
-        if isinstance(exc, UserError):
+        if isinstance(exc, (UserError, RunInUse)):
             fail(str(exc))
-        if isinstance(exc, RewardError):
+        if isinstance(exc, (RewardError, NonFiniteError, CheckpointWriteError, CheckpointDamaged)):
             fail(str(exc), code=1)
         raise
+    if final is None:  # nothing ran here (already finished, final/ rebuilt, parent or non-main worker)
+        return None
     write_result(run_dir, final, cfg.optimized_metric)
     if cfg.optimized_metric not in final:
         log.warning("optimized_metric '%s' is not a final metric; valid choices: %s", cfg.optimized_metric, ", ".join(final))

@@ -134,10 +134,12 @@ def test_resume_reuses_the_run_overrides_and_directory(tmp_path, monkeypatch):
 
 def test_resume_of_a_finished_run_exits_0_without_training(tmp_path):
     run = _fake_run(tmp_path, ["steps=2"], 2)
+    (run / "final").mkdir()
+    (run / "final" / "rlx_complete.json").write_text("{}")  # a complete final/: nothing to rebuild
     result = run_rlx(["train", f"resume={run}"], tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "already finished" in result.stdout + result.stderr
-    assert not (run / "metrics.jsonl").exists() and not (run / "final").exists()
+    assert not (run / "metrics.jsonl").exists() and not (run / "result.json").exists()
     bad = run_rlx(["train", f"resume={tmp_path}"], tmp_path, timeout=120)
     assert bad.returncode == 2 and "is not a run directory" in bad.stderr and "Traceback" not in bad.stderr
 

@@ -31,11 +31,25 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group
       "group"  s = std of the completion's own group (unbiased, as in the paper's reference code)
       "batch"  s = std of all rewards in the batch (Lite PPO, Liu et al. 2025 "Tricks or Traps")
       "none"   s = 1 (Dr. GRPO, Liu et al. 2025, which removes the std division to avoid its bias)
-    A group of size 1 has advantage 0 (no baseline to compare with); a group whose rewards all tie has
-    advantage 0 under every scale. rewards: (B*G,). Returns (B*G,)."""
+    A group of size 1 has advantage 0 (no baseline to compare with); a group whose rewards all tie (within
+    eps: float noise such as a near-zero KL penalty is no signal) has advantage exactly 0 under every
+    scale. rewards: (B*G,). Returns (B*G,)."""
     grouped = _grouped(rewards, group_size)  # (B, G)
     centered = grouped - grouped.mean(dim=1, keepdim=True)  # (B, G)
-    return _scaled(centered, grouped, rewards, scale, eps).reshape(-1)
+    return _zero_tied(_scaled(centered, grouped, rewards, scale, eps), grouped, eps).reshape(-1)
+
+
+TIE_TOLERANCE = 1e-6
+
+
+def _zero_tied(advantages: torch.Tensor, grouped: torch.Tensor, tolerance: float = TIE_TOLERANCE) -> torch.Tensor:
+    """Exactly 0 for every group whose rewards tie within `tolerance` (max - min <= tolerance).
+
+    Without this, float noise in a tied group (a KL penalty in the reward of ~1e-8 under LoRA, where the
+    policy and its adapter-off reference agree up to rounding, or a mean that is one ulp off) is divided
+    by a std of the same size and becomes an advantage of order 0.01. advantages, grouped: (B, G)."""
+    spread = grouped.max(dim=1, keepdim=True).values - grouped.min(dim=1, keepdim=True).values  # (B, 1)
+    return advantages.masked_fill(spread <= tolerance, 0.0)
 
 
 def _scaled(centered, grouped, rewards, scale: str, eps: float) -> torch.Tensor:
@@ -59,7 +73,7 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     if group_size == 1:
         return torch.zeros_like(rewards)
     others_mean = (grouped.sum(dim=1, keepdim=True) - grouped) / (group_size - 1)  # (B, G)
-    return (grouped - others_mean).reshape(-1)
+    return _zero_tied(grouped - others_mean, grouped).reshape(-1)
 
 
 def reinforce_pp_advantages(rewards: torch.Tensor, group_size: int, baseline: bool, eps: float = 1e-6) -> torch.Tensor:
@@ -72,7 +86,10 @@ def reinforce_pp_advantages(rewards: torch.Tensor, group_size: int, baseline: bo
     A batch of one sample, or one whose values all tie, gives 0. rewards: (B*G,). Returns (B*G,)."""
     grouped = _grouped(rewards, group_size)  # (B, G)
     x = (grouped - grouped.mean(dim=1, keepdim=True)).reshape(-1) if baseline else rewards  # (B*G,)
-    return (x - x.mean()) / (_batch_std(x) + eps)
+    advantages = (x - x.mean()) / (_batch_std(x) + eps)
+    if not baseline:  # no group baseline: a tied group still differs from the rest of the batch
+        return advantages
+    return _zero_tied(advantages.view(-1, group_size), grouped, eps).reshape(-1)
 
 
 def median_advantages(
@@ -92,7 +109,7 @@ def median_advantages(
     pivot = (grouped == median).int().argmax(dim=1)  # (B,) first sample equal to the median
     keep = torch.ones_like(grouped, dtype=torch.bool)
     keep[torch.arange(grouped.shape[0]), pivot] = False
-    advantages = _scaled(grouped - median, grouped, rewards, scale, eps)
+    advantages = _zero_tied(_scaled(grouped - median, grouped, rewards, scale, eps), grouped, eps)
     return advantages.reshape(-1), keep.reshape(-1)
 
 

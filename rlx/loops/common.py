@@ -79,6 +79,13 @@ def optimizer_step(accelerator, model, optimizer, scheduler, max_grad_norm: floa
     grad_norm = None
     if max_grad_norm:
         grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), max_grad_norm))
+    if getattr(accelerator, "scaler", None) is None:  # fp16's loss scaler skips overflowing steps by design
+        norm = grad_norm if grad_norm is not None else _local_grad_norm(model)
+        if not math.isfinite(norm):  # NaN/inf loss or gradients: stop before the weights take them
+            optimizer.zero_grad(set_to_none=True)
+            from rlx.checkpoint import NonFiniteError
+
+            raise NonFiniteError("the gradient norm (from the loss or a reward)", norm)
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
@@ -141,6 +148,11 @@ class MasterWeightAdamW(torch.optim.AdamW):
 def _engine_keeps_master_weights() -> bool:
     """DeepSpeed and FSDP (set up by `accelerate launch`) keep their own fp32 copies of the weights."""
     return any(os.environ.get(key, "").lower() in ("1", "true") for key in ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP"))
+
+
+def _local_grad_norm(model) -> float:
+    grads = [p.grad.detach().float().norm() for p in model.parameters() if p.grad is not None]
+    return float(torch.stack(grads).norm()) if grads else 0.0
 
 
 def build_optimizer(model, optim_cfg, total_updates: int):

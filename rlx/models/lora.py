@@ -93,11 +93,33 @@ def save_adapter(model, folder: Path) -> None:
         model.save_pretrained(folder)
 
 
-def save_final(model, tokenizer, run_dir: Path, merged: bool) -> None:
-    """<run>/final: the full model, or with LoRA the adapter; with `merged`, also <run>/final_merged."""
-    model.save_pretrained(run_dir / "final")
-    tokenizer.save_pretrained(run_dir / "final")
+FINAL_MARKER = "rlx_complete.json"  # written last into final/: a final/ without it is partial
+
+
+def final_is_complete(run_dir: Path, merged: bool = False) -> bool:
+    folders = ["final"] + (["final_merged"] if merged else [])
+    return all((Path(run_dir) / name / FINAL_MARKER).is_file() for name in folders)
+
+
+def save_final(model, tokenizer, run_dir: Path, merged: bool, step: int | None = None) -> None:
+    """<run>/final: the full model, or with LoRA the adapter; with `merged`, also <run>/final_merged.
+
+    Each is written into a temporary folder and renamed when complete, so a kill never leaves a
+    partial final/ (resume rebuilds a missing one from the last checkpoint)."""
+    import json
+    import os
+    import shutil
+
+    def write(name: str, what) -> None:
+        target, tmp = Path(run_dir) / name, Path(run_dir) / f".tmp-{name}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        what.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / FINAL_MARKER).write_text(json.dumps({"step": step}) + "\n")
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+
+    write("final", model)
     if merged and is_peft(model):
-        full = copy.deepcopy(model).merge_and_unload()
-        full.save_pretrained(run_dir / "final_merged")
-        tokenizer.save_pretrained(run_dir / "final_merged")
+        write("final_merged", copy.deepcopy(model).merge_and_unload())
