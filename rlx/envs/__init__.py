@@ -1,0 +1,58 @@
+"""Text environments for multi-turn RL, in the gymnasium shape (users never need to import rlx):
+
+    reset(*, seed=None, options=None) -> (observation, info)
+    step(action: str) -> (observation, reward, terminated, truncated, info)
+Observations are text. Optional info keys: "anchor" (hashable state key, GiGPO's step groups),
+"is_action_valid" (bool, the invalid-action penalty and env/invalid_actions), "metrics" (dict of
+numbers averaged into env/*, e.g. "success").
+
+`make_env(spec)` builds one from the `env` config group: a built-in name (ENVIRONMENTS), or
+name=custom with target=my_module.MyEnv and kwargs={...}.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from rlx.envs.builtin import Corridor, Grid, GuessNumber
+from rlx.envs.tools import ToolUse
+
+ENVIRONMENTS = {"guess_number": GuessNumber, "grid": Grid, "corridor": Corridor, "tool_use": ToolUse}
+
+
+class EnvError(ValueError):
+    """The env config names no loadable environment (one line for the user)."""
+
+
+def load_target(target: str):
+    """'package.module.Class' -> the class (or any callable returning an environment)."""
+    module_name, _, attr = str(target).rpartition(".")
+    if not module_name:
+        raise EnvError(f"env.target='{target}' must be a dotted path such as my_module.MyEnv")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise EnvError(f"env.target='{target}': cannot import {module_name} ({exc}); is it on PYTHONPATH?") from None
+    if not hasattr(module, attr):
+        raise EnvError(f"env.target='{target}': module {module_name} has no attribute {attr}")
+    return getattr(module, attr)
+
+
+def env_factory(name: str, target: str | None = None, kwargs: dict | None = None):
+    """A zero-argument callable making a fresh environment for one episode slot."""
+    kwargs = dict(kwargs or {})
+    if name == "custom":
+        if not target:
+            raise EnvError("env=custom needs env.target=my_module.MyEnv (a class with reset/step)")
+        cls = load_target(target)
+    elif name in ENVIRONMENTS:
+        cls = ENVIRONMENTS[name]
+    else:
+        raise EnvError(f"unknown env '{name}'; valid choices: {', '.join([*ENVIRONMENTS, 'custom'])}")
+    try:
+        probe = cls(**kwargs)
+    except TypeError as exc:
+        raise EnvError(f"env '{name}' cannot be built with env.kwargs={kwargs}: {exc}") from None
+    if not (callable(getattr(probe, "reset", None)) and callable(getattr(probe, "step", None))):
+        raise EnvError(f"env '{name}' ({cls}) has no reset()/step() methods")
+    return lambda: cls(**kwargs)

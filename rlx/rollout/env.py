@@ -1,0 +1,160 @@
+"""Drive a batch of text environments turn by turn, token in, token out.
+
+For every episode the conversation is kept as token ids: the first prompt (chat template around the
+first observation), then each model turn exactly as sampled (never decoded and re-encoded: a merge
+the tokenizer would make differently cannot change what is trained), then the environment's answer
+encoded as its own tokens with loss mask 0, ending in the template's generation prompt. All live
+episodes generate together, one turn at a time.
+
+Limits: `max_turns` model turns; `max_new_tokens` per turn (a turn that hits it is closed with the
+stop token, loss mask 0, and counted in Episode.turn_truncated); `max_total_tokens` for the whole
+sequence, prompt included (the model's position limit). An episode cut by any limit or by the
+environment's own truncation is marked `truncated` (the loop can leave it out of the loss, as DAPO
+does with overlong samples). An environment that raises, or returns a non-string observation or a
+non-numeric reward, ends its own episode as truncated with `error` set; the other episodes go on.
+"""
+
+from __future__ import annotations
+
+import math
+
+from rlx.rollout.generator import Generator
+from rlx.rollout.types import Episode
+
+_PLACEHOLDER_USER, _PLACEHOLDER_ASSISTANT = "\x01U\x01", "\x01A\x01"
+
+
+class ChatFormat:
+    """Token ids of the first prompt and of each environment answer, from the tokenizer's chat template
+    (or plain text when there is none). The answer's text is what the template puts between the end of
+    an assistant message (after the stop token the model sampled) and the next generation prompt."""
+
+    def __init__(self, tokenizer, system_prompt: str | None = None, use_chat_template: bool = True):
+        self.tokenizer, self.system_prompt = tokenizer, system_prompt
+        self.templated = bool(use_chat_template and getattr(tokenizer, "chat_template", None))
+        self.stop_text = tokenizer.eos_token or ""
+        if self.templated:
+            head = self._messages(_PLACEHOLDER_USER) + [{"role": "assistant", "content": _PLACEHOLDER_ASSISTANT}]
+            base = tokenizer.apply_chat_template(head, tokenize=False)
+            full = tokenizer.apply_chat_template(head + [{"role": "user", "content": _PLACEHOLDER_USER}],
+                                                 tokenize=False, add_generation_prompt=True)
+            if not full.startswith(base):
+                raise ValueError("the chat template rewrites earlier turns; multi-turn rollouts need an append-only template")
+            after = base[base.rindex(_PLACEHOLDER_ASSISTANT) + len(_PLACEHOLDER_ASSISTANT):]
+            closing = after[len(self.stop_text):] if self.stop_text and after.startswith(self.stop_text) else after
+            self.answer_template = closing + full[len(base):]
+        else:
+            self.answer_template = "\n" + _PLACEHOLDER_USER + "\n"
+
+    def _messages(self, observation: str) -> list[dict]:
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return system + [{"role": "user", "content": observation}]
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def prompt_ids(self, observation: str) -> list[int]:
+        if self.templated:
+            text = self.tokenizer.apply_chat_template(self._messages(observation), tokenize=False, add_generation_prompt=True)
+        else:
+            text = (f"{self.system_prompt}\n\n" if self.system_prompt else "") + observation + "\n"
+        return self.encode(text)
+
+    def answer_ids(self, observation: str) -> list[int]:
+        return self.encode(self.answer_template.replace(_PLACEHOLDER_USER, observation))
+
+
+def _checked_step(env, action: str):
+    """env.step with the return value checked; raises ValueError naming what is wrong."""
+    out = env.step(action)
+    if not isinstance(out, tuple) or len(out) != 5:
+        raise ValueError(f"step() must return (observation, reward, terminated, truncated, info), got {type(out).__name__}")
+    obs, reward, terminated, truncated, info = out
+    if not isinstance(obs, str):
+        raise ValueError(f"step() returned a {type(obs).__name__} observation, not a string")
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(float(reward)):
+        raise ValueError(f"step() returned reward {reward!r}, not a finite number")
+    return obs, float(reward), bool(terminated), bool(truncated), info if isinstance(info, dict) else {}
+
+
+def run_episodes(generator: Generator, tokenizer, envs: list, env_seeds: list[int], sample_seeds: list[int], *,
+                 max_turns: int, max_new_tokens: int, max_total_tokens: int, greedy: bool = False,
+                 system_prompt: str | None = None, use_chat_template: bool = True, stop_ids: list[int] | None = None
+                 ) -> list[Episode]:
+    """Play one episode in each env (reset with env_seeds[i]); returns the episodes in input order.
+
+    sample_seeds[i] seeds the sampling of episode i (its turn t uses sample_seeds[i] * 1000003 + t), so
+    an episode does not depend on which other episodes share its batch."""
+    fmt = ChatFormat(tokenizer, system_prompt, use_chat_template)
+    stop_ids = stop_ids if stop_ids is not None else [tokenizer.eos_token_id]
+    episodes: list[Episode] = []
+    for env, seed in zip(envs, env_seeds):
+        try:
+            obs, info = env.reset(seed=seed)
+            if not isinstance(obs, str):
+                raise ValueError(f"reset() returned a {type(obs).__name__} observation, not a string")
+            info = info if isinstance(info, dict) else {}
+            episode = Episode(prompt_ids=fmt.prompt_ids(obs), observations=[obs])
+            episode.next_anchor = info.get("anchor")
+        except Exception as exc:  # the environment's fault: this episode only
+            episode = Episode(prompt_ids=[], truncated=True, error=f"reset: {type(exc).__name__}: {exc}")
+        episodes.append(episode)
+    live = [i for i, e in enumerate(episodes) if e.error is None]
+    for turn in range(max_turns):
+        budgets = {i: min(max_new_tokens, max_total_tokens - len(episodes[i].prompt_ids) - len(episodes[i].ids)) for i in live}
+        for i in [i for i in live if budgets[i] < 1]:
+            episodes[i].truncated = True  # no room left for another turn
+        live = [i for i in live if budgets[i] >= 1]
+        if not live:
+            break
+        contexts = [episodes[i].prompt_ids + episodes[i].ids for i in live]
+        out = generator.generate_ids(contexts, max_new_tokens=max(budgets[i] for i in live),
+                                     seeds=[sample_seeds[i] * 1000003 + turn for i in live], greedy=greedy)
+        still = []
+        for row, i in enumerate(live):
+            e = episodes[i]
+            ids, logprobs, stopped = out.ids[row][: budgets[i]], out.logprobs[row][: budgets[i]], out.stopped[row]
+            stopped = stopped and len(ids) == len(out.ids[row])
+            start = len(e.ids)
+            e.ids += ids
+            e.loss_mask += [1] * len(ids)
+            e.logprobs += logprobs
+            e.turn_spans.append((start, len(e.ids)))
+            e.anchors.append(e.next_anchor)
+            if not stopped:  # the turn hit its budget: close it with the stop token, not trained
+                e.turn_truncated += 1
+                if stop_ids:
+                    e.ids.append(stop_ids[0])
+                    e.loss_mask.append(0)
+                    e.logprobs.append(0.0)
+            e.turn_end = len(e.ids)
+            action = tokenizer.decode(ids, skip_special_tokens=True)
+            e.actions.append(action)
+            try:
+                obs, reward, terminated, truncated, info = _checked_step(envs[i], action)
+            except Exception as exc:
+                e.step_rewards.append(0.0)
+                e.valid.append(False)
+                e.truncated, e.error = True, f"step: {type(exc).__name__}: {exc}"
+                continue
+            e.step_rewards.append(reward)
+            e.valid.append(bool(info.get("is_action_valid", True)))
+            e.metrics = dict(info.get("metrics") or e.metrics)
+            e.next_anchor = info.get("anchor")
+            if terminated or truncated:
+                e.terminated, e.truncated = terminated, truncated and not terminated
+                continue
+            e.observations.append(obs)
+            answer = fmt.answer_ids(obs)
+            e.ids += answer
+            e.loss_mask += [0] * len(answer)
+            e.logprobs += [0.0] * len(answer)
+            still.append(i)
+        live = still
+    for i in live:  # max_turns reached without the environment ending the episode
+        episodes[i].truncated = True
+    for e in episodes:  # an answer after the last turn was never read by the model: drop it
+        end = e.__dict__.pop("turn_end", len(e.ids))
+        e.ids, e.loss_mask, e.logprobs = e.ids[:end], e.loss_mask[:end], e.logprobs[:end]
+        e.__dict__.pop("next_anchor", None)
+    return episodes

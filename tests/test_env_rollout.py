@@ -1,0 +1,151 @@
+"""Multi-turn rollouts (rlx/rollout/env.py): token-in/token-out, loss masks, limits, faulty environments."""
+
+import pytest
+import torch
+
+from rlx.envs.builtin import Grid
+from rlx.models.loading import load_causal_lm, load_tokenizer
+from rlx.rollout.env import ChatFormat, run_episodes
+from rlx.rollout.generator import HFGenerator
+from rlx.rollout.types import Generation, RolloutBatch
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer("builtin:tiny", None, False)
+
+
+class Scripted:
+    """A generator that 'samples' fixed token ids (one list per turn, the same for every row)."""
+
+    def __init__(self, turns, stop=True):
+        self.turns, self.stop, self.calls = turns, stop, 0
+
+    def generate_ids(self, prompts, *, max_new_tokens, seeds, greedy=False):
+        ids = self.turns[min(self.calls, len(self.turns) - 1)][:max_new_tokens]
+        self.calls += 1
+        return Generation([list(ids) for _ in prompts], [[-0.5] * len(ids) for _ in prompts], [self.stop] * len(prompts))
+
+
+class Echo:
+    """Never terminates; answers every action with the same text."""
+
+    def reset(self, *, seed=None, options=None):
+        return "start", {"anchor": 0}
+
+    def step(self, action):
+        return "again", 0.0, False, False, {"anchor": 0}
+
+
+class Raises(Echo):
+    def step(self, action):
+        raise RuntimeError("env crashed")
+
+
+class NonString(Echo):
+    def step(self, action):
+        return {"board": 1}, 0.0, False, False, {}
+
+
+class Done(Echo):
+    def step(self, action):
+        return "bye", 1.0, True, False, {"metrics": {"success": 1.0}, "is_action_valid": action == "higher"}
+
+
+def test_token_in_token_out_keeps_sampled_ids_that_retokenizing_would_change(tokenizer):
+    sampled = [tokenizer.convert_tokens_to_ids(t) for t in ["h", "i", "g", "h", "e", "r"]] + [tokenizer.eos_token_id]
+    text = tokenizer.decode(sampled, skip_special_tokens=True)
+    assert text == "higher"
+    retokenized = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert retokenized != sampled[:-1]  # the tokenizer merges "er": re-encoding would train other ids
+    episodes = run_episodes(Scripted([sampled]), tokenizer, [Echo(), Done()], [0, 1], [0, 1], max_turns=2,
+                            max_new_tokens=16, max_total_tokens=200)
+    for e in episodes:
+        for start, end in e.turn_spans:
+            assert e.ids[start:end] == sampled and all(e.loss_mask[start:end])
+        assert e.actions[0] == "higher"
+    echo, done = episodes
+    # Echo: turn, answer ("again", loss 0), turn; then max_turns -> truncated
+    assert len(echo.turn_spans) == 2 and echo.truncated and not echo.terminated
+    answer = ChatFormat(tokenizer).answer_ids("again")
+    between = echo.ids[echo.turn_spans[0][1]:echo.turn_spans[1][0]]
+    assert between == answer and sum(echo.loss_mask) == 2 * len(sampled)
+    assert tokenizer.decode(echo.prompt_ids + echo.ids) == (
+        "<|im_start|>user\nstart<|im_end|>\n<|im_start|>assistant\nhigher<|im_end|>\n"
+        "<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\nhigher<|im_end|>")
+    assert done.terminated and not done.truncated and done.step_rewards == [1.0] and done.valid == [True]
+    assert done.success == 1.0 and echo.anchors == [0, 0]
+
+
+def test_faulty_environments_lose_only_their_own_episode(tokenizer):
+    ids = tokenizer("R", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    envs = [Raises(), NonString(), Echo(), Done()]
+    episodes = run_episodes(Scripted([ids]), tokenizer, envs, [0, 1, 2, 3], [0, 1, 2, 3], max_turns=3,
+                            max_new_tokens=8, max_total_tokens=200)
+    raised, nonstring, echo, done = episodes
+    assert raised.truncated and "env crashed" in raised.error
+    assert nonstring.truncated and "not a string" in nonstring.error
+    assert echo.error is None and echo.truncated and len(echo.turn_spans) == 3  # never terminates: cut at max_turns
+    assert done.error is None and done.terminated and done.step_rewards == [1.0]
+
+    class BadReset(Echo):
+        def reset(self, *, seed=None, options=None):
+            return 42, {}
+
+    bad, good = run_episodes(Scripted([ids]), tokenizer, [BadReset(), Done()], [0, 1], [0, 1], max_turns=1,
+                             max_new_tokens=8, max_total_tokens=200)
+    assert bad.truncated and "reset" in bad.error and good.terminated
+
+
+def test_turn_and_total_budgets_truncate_and_mark(tokenizer):
+    long_turn = tokenizer("abcdefgh", add_special_tokens=False)["input_ids"]  # no stop token
+    (e,) = run_episodes(Scripted([long_turn], stop=False), tokenizer, [Echo()], [0], [0], max_turns=3,
+                        max_new_tokens=4, max_total_tokens=1000)
+    assert e.turn_truncated == 3 and all(end - start == 4 for start, end in e.turn_spans)
+    assert e.ids[e.turn_spans[0][1]] == tokenizer.eos_token_id and e.loss_mask[e.turn_spans[0][1]] == 0
+    (e,) = run_episodes(Scripted([long_turn], stop=False), tokenizer, [Echo()], [0], [0], max_turns=10,
+                        max_new_tokens=4, max_total_tokens=40)
+    assert e.truncated and len(e.prompt_ids) + sum(e.loss_mask) <= 40 and len(e.turn_spans) < 10
+
+
+def test_rollout_batch_masks(tokenizer):
+    ids = tokenizer("R", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    episodes = run_episodes(Scripted([ids]), tokenizer, [Echo(), Done()], [0, 1], [0, 1], max_turns=2,
+                            max_new_tokens=8, max_total_tokens=200)
+    batch = RolloutBatch.from_episodes(episodes, tokenizer.pad_token_id)
+    assert batch.loss_mask.sum(dim=1).tolist() == [2 * len(ids), len(ids)]
+    assert (batch.loss_mask <= batch.completion_mask).all()
+    assert batch.completion_mask.sum(dim=1).tolist() == [len(e.ids) for e in episodes]
+    assert batch.step_index[0][batch.loss_mask[0].bool()].tolist() == [0] * len(ids) + [1] * len(ids)
+    assert (batch.step_index[batch.loss_mask == 0] == -1).all()
+    assert batch.truncated.tolist() == [True, False]
+    assert torch.allclose(batch.sampler_logprobs[batch.loss_mask.bool()], torch.tensor(-0.5))
+
+
+class Recording(HFGenerator):
+    def generate_ids(self, prompts, **kwargs):
+        out = super().generate_ids(prompts, **kwargs)
+        self.seen = getattr(self, "seen", []) + [out]
+        return out
+
+
+def test_hf_generator_ids_are_exactly_what_the_model_sampled(tokenizer):
+    torch.manual_seed(0)
+    model = load_causal_lm("builtin:tiny", "float32", None, False)
+    generator = Recording(model, tokenizer, temperature=1.0)
+    episodes = run_episodes(generator, tokenizer, [Grid(), Grid()], [3, 3], [5, 6], max_turns=3, max_new_tokens=6,
+                            max_total_tokens=240)
+    sampled_turns = {0: [], 1: []}
+    for out in generator.seen:
+        live = [i for i in (0, 1) if len(sampled_turns[i]) < len(episodes[i].turn_spans)]
+        for row, i in enumerate(live):
+            sampled_turns[i].append((out.ids[row], out.logprobs[row]))
+    for i, e in enumerate(episodes):
+        for (start, end), (ids, logprobs) in zip(e.turn_spans, sampled_turns[i]):
+            assert e.ids[start:end] == ids and e.logprobs[start:end] == logprobs
+    # the sampler log-probs equal the policy's log-probs of the trained tokens (temperature 1)
+    from rlx.models.forward import completion_logprobs
+    batch = RolloutBatch.from_episodes(episodes, tokenizer.pad_token_id)
+    logp, _ = completion_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
+    mask = batch.loss_mask.bool()
+    assert torch.allclose(logp[mask], batch.sampler_logprobs[mask], atol=1e-4)
