@@ -7,7 +7,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-slow lint tiny-model clean reproduce bench-algorithms bench
+.PHONY: help install train test test-slow test-gpu lint tiny-model clean reproduce bench-algorithms bench
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -28,6 +28,9 @@ test: $(STAMP) ## Run the test suite (offline, CPU)
 
 test-slow: $(STAMP) ## Run the long checks marked slow
 	$(PY) -m pytest -q -m slow $(ARGS)
+
+test-gpu: $(STAMP) ## GRPO steps on every GPU path (bf16, LoRA, vLLM, FSDP2, DeepSpeed), random-init 0.5B shape; needs CUDA
+	$(PY) scripts/gpu_smoke.py $(ARGS)
 
 bench: $(STAMP) ## rlx vs TRL (GRPO and DPO) speed and memory, CPU (~1 h; ARGS="--rounds 1" is quicker)
 	$(PY) -m pip install -q -e '.[bench]'

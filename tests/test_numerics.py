@@ -287,3 +287,12 @@ def test_zero_temperature_is_refused_for_training():
 
     with pytest.raises(UserError, match="rollout.temperature"):
         check_settings(check_overrides(["rollout.temperature=0"]))
+
+
+def test_gpu_smoke_without_cuda_fails_with_one_line():
+    """`make test-gpu` on a machine without CUDA: exit code 2 and one line saying why, no traceback."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_smoke.py")], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "no CUDA device" in proc.stderr
