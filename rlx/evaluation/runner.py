@@ -35,6 +35,7 @@ from rlx.evaluation.metrics import (
     paired_bootstrap_diff,
     pass_at_k,
 )
+from rlx.rollout.vllm import build_engine
 
 log = logging.getLogger("rlx")
 
@@ -171,9 +172,14 @@ class _Progress:
 
 @torch.no_grad()
 def run_benchmark(model, tokenizer, bench: Benchmark, problems: list[dict], results: Path, sampling, *,
-                  chat_template: bool, seed: int, label: str, progress) -> list[dict]:
-    """Generate and score every problem not yet in `results`; returns all records in problem order."""
+                  chat_template: bool, seed: int, label: str, progress, engine=None) -> list[dict]:
+    """Generate and score every problem not yet in `results`; returns all records in problem order.
+    `engine` (rollout=vllm) generates instead of the model itself when given."""
+    from functools import partial
+
     from rlx.rollout.hf import generate
+
+    generate = engine.generate if engine is not None else partial(generate, model, tokenizer)
 
     done = {r["id"]: r for r in read_records(results)}
     todo = [p for p in problems if p["id"] not in done]
@@ -196,12 +202,12 @@ def run_benchmark(model, tokenizer, bench: Benchmark, problems: list[dict], resu
             torch.manual_seed(_batch_seed(seed, batch[0]["id"]))
             texts, truncated = [], []
             if greedy:
-                out = generate(model, tokenizer, inputs, samples_per_prompt=1, max_new_tokens=max_new, greedy=True,
+                out = generate(inputs, samples_per_prompt=1, max_new_tokens=max_new, greedy=True,
                                batch_size=int(sampling.batch_size))
                 texts += out.texts
                 truncated += out.truncated.tolist()
             if n:
-                out = generate(model, tokenizer, inputs, samples_per_prompt=n, max_new_tokens=max_new,
+                out = generate(inputs, samples_per_prompt=n, max_new_tokens=max_new,
                                temperature=float(sampling.temperature), top_p=float(sampling.top_p),
                                top_k=int(sampling.top_k), batch_size=int(sampling.batch_size))
                 texts += out.texts
@@ -358,6 +364,9 @@ def check_settings(cfg: DictConfig) -> None:
         raise UserError(f"metrics.ks={list(cfg.metrics.ks)} must all be >= 1")
     if not 0 < cfg.metrics.confidence < 1:
         raise UserError(f"metrics.confidence={cfg.metrics.confidence} must lie in (0, 1)")
+    if cfg.rollout.backend == "vllm" and cfg.compare:
+        raise UserError("rollout=vllm evaluates one model per run (one engine per process); "
+                        "evaluate the compare= model in a second run, or use rollout=hf")
 
 
 def _saved_config(out_dir: Path, cfg: DictConfig) -> DictConfig:
@@ -401,13 +410,14 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
     for role, (path, _) in subjects.items():
         model, tokenizer = load_model(path, cfg.model, device)
         log.info("%s: %s (%.2fM parameters) on %s", role, path, sum(p.numel() for p in model.parameters()) / 1e6, device)
+        engine = build_engine(cfg.rollout, model, tokenizer, int(cfg.seed))  # None: generate with the model
         for bench in benchmarks:
             records[bench.name][role] = run_benchmark(
                 model, tokenizer, bench, problems[bench.name], out_dir / bench.name / f"{role}.jsonl", cfg.sampling,
                 chat_template=bool(cfg.model.chat_template), seed=int(cfg.seed), label=f"{bench.name} {role}",
-                progress=cfg.progress,
+                progress=cfg.progress, engine=engine,
             )
-        del model
+        del model, engine
     summary = {
         "models": {role: {"path": path, "label": label} for role, (path, label) in subjects.items()},
         "sampling": OmegaConf.to_container(cfg.sampling),

@@ -32,6 +32,7 @@ import torch
 from rlx.algorithms.advantages import outcome_advantages, sign_weighted, tied_groups, zero_std_group_fraction
 from rlx.algorithms.kl import adaptive_kl_coef, penalized_token_loss, sequence_kl_in_reward
 from rlx.algorithms.losses import aggregate, clipped_surrogate, top_entropy_mask
+from rlx.algorithms.offpolicy import logprob_gap, truncated_importance_weights
 from rlx.checkpoint import Checkpointer, GeneratorState
 from rlx.data.tasks import PromptStream
 from rlx.loops.common import (
@@ -100,6 +101,8 @@ def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         torch.cat([_pad_to(r.completion_mask, c_width, 0, left=False) for r in parts]),  # (N, C)
         torch.cat([r.truncated for r in parts]),
         [t for r in parts for t in r.texts],
+        torch.cat([_pad_to(r.logprobs, c_width, 0, left=False) for r in parts])  # (N, C)
+        if all(r.logprobs is not None for r in parts) else None,
     )
 
 
@@ -107,6 +110,7 @@ def select_rollout(rollout: Rollout, index: torch.Tensor) -> Rollout:
     return Rollout(
         rollout.prompt_ids[index], rollout.prompt_mask[index], rollout.completion_ids[index],
         rollout.completion_mask[index], rollout.truncated[index], [rollout.texts[i] for i in index.tolist()],
+        rollout.logprobs[index] if rollout.logprobs is not None else None,
     )
 
 
@@ -322,6 +326,11 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
                              algo.dynamic_sampling, algo.max_sample_batches, step, engine, acc)
         rollout, rewards, local = batch.rollout, batch.rewards, batch.local  # rewards: (N,) global
         generation_time = time.perf_counter() - step_start
+        if engine is not None:
+            engine.sleep()  # rollout.sleep_level: the engine's memory is given back for the update
+        sampler_logp = rollout.logprobs  # (N, C) the engine's log-probs of the sampled tokens, or None
+        tis_cap = roll.get("tis_cap") if sampler_logp is not None else None
+        gap = {"sum": 0.0, "max": 0.0, "count": 0, "capped": 0, "weight_sum": 0.0}
         num_samples = rollout.completion_ids.shape[0]
         completion_mask = rollout.completion_mask  # (N, C)
         if algo.mask_truncated:
@@ -373,6 +382,17 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
                         logp, old, advantages[idx].to(logp.device), pg_mask[idx].to(logp.device), algo.clip_low,
                         algo.clip_high, algo.dual_clip, algo.ratio_level,
                     )
+                    if sampler_logp is not None and _epoch == 0:  # `old`: the trainer's log-probs at sampling time
+                        sampled = sampler_logp[idx].to(logp.device)
+                        gap_sum, gap_max, gap_count = logprob_gap(old, sampled, mask.to(logp.device))
+                        gap["sum"], gap["count"] = gap["sum"] + gap_sum, gap["count"] + gap_count
+                        gap["max"] = max(gap["max"], gap_max)
+                    if tis_cap is not None:  # truncated importance sampling: the sampler is not the trainer
+                        weights, capped = truncated_importance_weights(old, sampler_logp[idx].to(logp.device), tis_cap)
+                        token_loss = token_loss * weights  # (n, C)
+                        if _epoch == 0:
+                            gap["capped"] += int((capped & device_mask.bool()).sum())
+                            gap["weight_sum"] += (weights * device_mask).sum().item()
                     token_loss, kl = penalized_token_loss(
                         token_loss, logp, ref_logp[idx].to(logp.device) if ref_logp is not None else None, entropy,
                         device_mask, kl_coef, algo.kl_estimator, algo.kl_in, algo.entropy_coef,
@@ -390,8 +410,8 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
                 grad_norm = optimizer_step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm)
                 if grad_norm is not None:
                     stats["grad_norm"].append(grad_norm)
-                if engine is not None:
-                    engine.sync_weights(acc.unwrap_model(model))
+        if engine is not None:
+            engine.sync_weights(acc.unwrap_model(model))  # the next rollout samples from the updated policy
         model.eval()  # generation, old/reference log-probs and evaluation run in eval mode
         if reference is not None and algo.kl_target is not None:
             total_samples = rewards.numel()
@@ -417,6 +437,14 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
         }
         if algo.dynamic_sampling:
             metrics["train/filled_groups"] = batch.filled_groups
+        if sampler_logp is not None:  # sampler vs trainer: |log pi_train - log pi_sampler| over the sampled tokens
+            count = global_sum(acc, gap["count"])
+            metrics["rollout/logprob_gap_mean"] = global_sum(acc, gap["sum"]) / max(count, 1)
+            metrics["rollout/logprob_gap_max"] = gather(acc, torch.tensor([gap["max"]])).max().item()
+            if tis_cap is not None:
+                tokens = max(global_sum(acc, loss_mask.sum().item()), 1)
+                metrics["rollout/tis_weight_mean"] = global_sum(acc, gap["weight_sum"]) / tokens
+                metrics["rollout/tis_capped_frac"] = global_sum(acc, gap["capped"]) / tokens
         if stats["kl"]:
             metrics["train/kl_ref"] = global_mean(acc, mean_of(stats["kl"]))
             metrics["train/kl_coef"] = kl_coef

@@ -32,7 +32,9 @@ from omegaconf import OmegaConf
 from rlx.algorithms.advantages import gae_advantages, whiten
 from rlx.algorithms.kl import adaptive_kl_coef, penalized_token_loss, token_rewards
 from rlx.algorithms.losses import aggregate, clipped_surrogate, explained_variance, value_loss
+from rlx.algorithms.offpolicy import logprob_gap
 from rlx.checkpoint import Checkpointer, GeneratorState
+from rlx.config import UserError
 from rlx.data.tasks import PromptStream
 from rlx.loops.common import (
     Components,
@@ -56,7 +58,8 @@ from rlx.loops.policy_gradient import (
 )
 from rlx.models.forward import completion_logprobs
 from rlx.models.value import build_value_model
-from rlx.parallel import gather_padded, global_mean, global_sum, gradient_scale
+from rlx.parallel import gather, gather_padded, global_mean, global_sum, gradient_scale
+from rlx.rollout.vllm import build_engine
 from rlx.run import MetricsLog, write_samples
 
 log = logging.getLogger("rlx")
@@ -88,6 +91,10 @@ def train_ppo(cfg, parts: Components) -> dict:
         reference = copy.deepcopy(parts.model).eval().requires_grad_(False)
     kl_state = KLCoefficient(float(algo.kl_coef))
     reference_reset = ReferenceReset(reference, algo.ref_reset_every)
+    if roll.get("tis_cap") is not None:
+        raise UserError("rollout.tis_cap (truncated importance sampling) is implemented for the policy-gradient "
+                        "family (GRPO, RLOO, ...), not PPO; unset it")
+    engine = build_engine(roll, parts.model, tokenizer, cfg.seed)  # None: generate with the policy (rollout=hf)
     # the policy first: the checkpointer saves the LoRA adapter of the first prepared model
     model, optimizer, value_model, value_optimizer = acc.prepare(parts.model, optimizer, value_model, value_optimizer)
     stream = PromptStream(parts.train_rows, cfg.seed)
@@ -106,7 +113,7 @@ def train_ppo(cfg, parts: Components) -> dict:
         reference_reset.maybe_reset(step, acc.unwrap_model(model))
         # 1. rollout and rewards (this process's shard of the global batch)
         batch = sample_batch(acc.unwrap_model(model), tokenizer, stream, cfg, train_rewards, group_size,
-                             algo.dynamic_sampling, algo.max_sample_batches, step, None, acc)
+                             algo.dynamic_sampling, algo.max_sample_batches, step, engine, acc)
         rollout, rewards, local = batch.rollout, batch.rewards, batch.local  # rewards: (N,) global
         generation_time = time.perf_counter() - step_start
         num_samples = rollout.completion_ids.shape[0]  # n, this process
@@ -119,6 +126,10 @@ def train_ppo(cfg, parts: Components) -> dict:
         ref_logp = (batched_logprobs(reference, rollout, cfg.micro_batch_size, temperature=roll.temperature)[0]
                     if reference is not None else None)
         old_values = batched_values(value_model, rollout, cfg.micro_batch_size)  # (n, C)
+        gap = None
+        if rollout.logprobs is not None:  # sampler vs trainer: |log pi_train - log pi_sampler| over the sampled tokens
+            engine.sleep()  # rollout.sleep_level: the engine's memory is given back for the update
+            gap = logprob_gap(old_logp, rollout.logprobs, rollout.completion_mask)  # (sum, max, count)
 
         # 3. token rewards and GAE per sequence; whitening over the global batch: every process's tokens,
         # padded to the longest completion of any process
@@ -182,6 +193,8 @@ def train_ppo(cfg, parts: Components) -> dict:
                 if grad_norm is not None:
                     stats["grad_norm"].append(grad_norm)
                     stats["value_grad_norm"].append(value_grad_norm)
+        if engine is not None:
+            engine.sync_weights(acc.unwrap_model(model))  # the next rollout samples from the updated policy
         model.eval()  # generation, old/reference log-probs and evaluation run in eval mode
         if reference is not None and algo.kl_target is not None:
             total_samples = rewards.numel()
@@ -209,6 +222,9 @@ def train_ppo(cfg, parts: Components) -> dict:
             "perf/generation_time_s": generation_time,
             "perf/tokens_per_s": global_mask.sum().item() / step_time,
         }
+        if gap is not None:
+            metrics["rollout/logprob_gap_mean"] = global_sum(acc, gap[0]) / max(global_sum(acc, gap[2]), 1)
+            metrics["rollout/logprob_gap_max"] = gather(acc, torch.tensor([gap[1]])).max().item()
         if stats["kl"]:
             metrics["train/kl_ref"] = global_mean(acc, mean_of(stats["kl"]))
             metrics["train/kl_coef"] = kl_coef

@@ -21,6 +21,7 @@ class Rollout:
     completion_mask: torch.Tensor   # (N, C) 1 on generated tokens up to and including the first EOS
     truncated: torch.Tensor         # (N,) bool: no EOS within the budget
     texts: list[str]                # decoded completions (special tokens removed)
+    logprobs: torch.Tensor | None = None  # (N, C) the sampler's log-probs of the completion tokens (vLLM), or None
 
     @property
     def lengths(self) -> torch.Tensor:
