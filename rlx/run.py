@@ -129,6 +129,47 @@ def check_run_free(run_dir: Path) -> None:
         RunLock(run_dir).acquire(record=False).release()
 
 
+NO_SIGNAL_STEPS = 5  # consecutive steps with every group tied before the no-signal warning
+ENTROPY_FLOOR = 0.01  # nats per token; below it for NO_SIGNAL_STEPS steps the policy has collapsed
+
+
+class SignalWatch:
+    """Says once, with the likely cause, when training has stopped learning anything:
+    every group tied for NO_SIGNAL_STEPS steps in a row (zero advantage everywhere), or the policy's
+    token entropy below ENTROPY_FLOOR for as long (it samples one answer only)."""
+
+    CHECKS = {
+        "no_signal": (lambda m: _finite(m.get("train/frac_zero_std_groups")) and m["train/frac_zero_std_groups"] >= 1.0,
+                      "every group of the last {n} steps had identical rewards, so every advantage is 0 and nothing is "
+                      "learned; likely causes: rollout.temperature too low (identical samples), a task far too hard or "
+                      "too easy for the model, or a reward that ignores the completion (see samples/)"),
+        "entropy_collapse": (lambda m: _finite(m.get("train/entropy")) and m["train/entropy"] < ENTROPY_FLOOR,
+                             "the policy's token entropy stayed below {floor} for {n} steps: it has collapsed onto one "
+                             "answer; likely causes: a learning rate too high (optim.lr), no KL or entropy term "
+                             "(algorithm.kl_coef, algorithm.entropy_coef), or a reward that is easy to hack"),
+    }
+
+    def __init__(self, patience: int = NO_SIGNAL_STEPS):
+        self.patience = patience
+        self.streak = dict.fromkeys(self.CHECKS, 0)
+        self.warned: set[str] = set()
+
+    def observe(self, step: int, metrics: dict) -> list[str]:
+        said = []
+        for name, (hit, message) in self.CHECKS.items():
+            self.streak[name] = self.streak[name] + 1 if hit(metrics) else 0
+            if self.streak[name] >= self.patience and name not in self.warned:
+                self.warned.add(name)
+                said.append(message.format(n=self.patience, floor=ENTROPY_FLOOR))
+                log.warning("step %d: %s", step, said[-1])
+        return said
+
+
+def _finite(value) -> bool:
+    value = _jsonable(value)
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
 class MetricsLog:
     """Appends one JSON object per logged step to metrics.jsonl and shows progress on the terminal."""
 
@@ -150,6 +191,7 @@ class MetricsLog:
             self._task = self._bar.add_task("train", total=total_steps, status="")
             self._bar.start()
         self._last_print = 0.0
+        self.watch = SignalWatch()
 
     def write(self, step: int, metrics: dict) -> None:
         if not self.enabled:
@@ -173,6 +215,7 @@ class MetricsLog:
             if metrics.get(key) is not None:
                 parts.append(f"{label} {_shown(metrics[key], fmt)}")
         status = "  ".join(parts)
+        self.watch.observe(step, metrics)
         if self._bar is not None:
             self._bar.update(self._task, completed=step, status=status)
         elif step in (0, self.total) or step % max(1, self.total // 20) == 0 or any(k.startswith("eval/") for k in metrics):

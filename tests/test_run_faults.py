@@ -319,3 +319,19 @@ def test_a_non_finite_gradient_stops_before_the_optimizer_step(tmp_path, max_gra
     assert "at step 1" in str(info.value) and "gradient norm" in str(info.value)
     assert all(torch.equal(a, b.detach()) for a, b in zip(before, model.parameters()))
     assert scheduler.last_epoch == 0
+
+
+# ---- collapse and no-signal warnings ----
+
+def test_no_signal_and_entropy_collapse_are_each_said_once(tmp_path, caplog):
+    log = MetricsLog(tmp_path, total_steps=20, progress=False)
+    with caplog.at_level(logging.WARNING, logger="rlx"):
+        for step in range(1, 4):  # a short streak is not worth a warning
+            log.show(step, {"train/frac_zero_std_groups": 1.0, "train/entropy": 0.5})
+        log.show(4, {"train/frac_zero_std_groups": 0.5, "train/entropy": 0.5})
+        assert "identical rewards" not in caplog.text
+        for step in range(5, 20):
+            log.show(step, {"train/frac_zero_std_groups": 1.0, "train/entropy": 0.001})
+    assert caplog.text.count("identical rewards") == 1 and "rollout.temperature" in caplog.text
+    assert caplog.text.count("entropy stayed below") == 1
+    assert "step 9: every group" in caplog.text  # steps 5..9 are the five in a row
