@@ -113,13 +113,20 @@ def check_overrides(overrides: list[str], config_name: str = "train") -> DictCon
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         missing_key = _missing_key(message)
         if missing_key is not None:
+            from rlx.peer_names import peer_pointer
+
+            pointer = peer_pointer(missing_key)
+            if pointer is not None:
+                fail(pointer)
             try:
                 with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
                     base = compose(config_name=config_name, overrides=[o for o in single if not o.startswith(missing_key)])
                 known = _flat_keys(base)
             except Exception:
                 known = []
-            fail(f"unknown key '{missing_key}'{_nearest(missing_key, known)}; add it with +{missing_key}=... if intended")
+            command = "eval" if config_name == "eval" else "train"
+            fail(f"unknown key '{missing_key}'{_nearest(missing_key, known)}; `rlx {command} --help` shows every key "
+                 f"with its comment")
         fail(message)
     finally:
         GlobalHydra.instance().clear()

@@ -6,6 +6,7 @@ preference (DPO family, SimPO, ORPO) or reward_model (Bradley-Terry).
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -237,6 +238,16 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
     rewards = build_rewards(cfg.reward)
     model, tokenizer = build_model_and_tokenizer(cfg, train_rows)
     model = prepare_policy(model, cfg.model, cfg.hardware)
+    if cfg.algorithm.family in ("policy_gradient", "ppo") and cfg.data.get("max_prompt_length") is not None:
+        from rlx.loops.common import limit_prompt_length
+
+        train_rows, counts = limit_prompt_length(tokenizer, train_rows, cfg.data.max_prompt_length,
+                                                 cfg.data.get("overlong_prompts", "drop"), cfg.model.chat_template,
+                                                 cfg.data.system_prompt)
+        log.info("data.max_prompt_length=%d: %d of %d training prompts longer (%d dropped, %d truncated)",
+                 cfg.data.max_prompt_length, counts["over_length"], counts["prompts"], counts["dropped"], counts["truncated"])
+        if accelerator.is_main_process:
+            (run_dir / "prompt_length.json").write_text(json.dumps(dict(counts, max_prompt_length=cfg.data.max_prompt_length)) + "\n")
     log.info("run directory: %s", run_dir)
     log.info("model: %s (%.2fM parameters), %d train / %d held-out rows", cfg.model.path or "built from scratch",
              sum(p.numel() for p in model.parameters()) / 1e6, len(train_rows), len(eval_rows))

@@ -135,3 +135,50 @@ def test_trl_reward_reads_the_datasets_own_answer_column_in_a_training_run(tmp_p
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in (only_run_dir(tmp_path) / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["eval/accuracy"] == 1.0 and rows[1]["reward/sol"] == 1.0
+
+
+def test_max_prompt_length_drops_or_truncates_and_counts():
+    from rlx.loops.common import limit_prompt_length
+    from rlx.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer("builtin:tiny", None, False)
+    short = {"prompt": "1 + 2 =", "answer": "3"}
+    long = {"prompt": "9 + 9 + 9 + 9 + 9 + 9 + 9 + 9 + 9 + 9 + 9 + 9 = what? 1 + 2 =", "answer": "3"}
+    chat = {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": long["prompt"]}], "answer": "3"}
+
+    def length(row):
+        return len(tokenizer(format_prompts(tokenizer, [row], True, None)[0], add_special_tokens=False)["input_ids"])
+
+    limit = length(short) + 4
+    assert length(long) > limit and length(chat) > limit
+    kept, counts = limit_prompt_length(tokenizer, [short, long, chat], limit, "drop", True, None)
+    assert kept == [short] and counts == {"prompts": 3, "over_length": 2, "dropped": 2, "truncated": 0}
+    kept, counts = limit_prompt_length(tokenizer, [short, long, chat], length(long) - 3, "truncate", True, None)
+    assert counts["over_length"] == 2 and counts["truncated"] + counts["dropped"] == 2 and counts["truncated"] >= 1
+    for row in kept:
+        assert length(row) <= length(long) - 3
+        text = row["prompt"][-1]["content"] if isinstance(row["prompt"], list) else row["prompt"]
+        assert text.endswith("1 + 2 =")  # the end of the user message is kept
+    assert limit_prompt_length(tokenizer, [short, long], None, "drop", True, None)[0] == [short, long]
+
+
+def test_chat_list_dataset_trains_with_max_prompt_length(tmp_path):
+    data = tmp_path / "chat.jsonl"
+    lines = []
+    for a in range(5):
+        for b in range(5):
+            filler = " and then" * (12 if (a + b) % 3 == 0 else 0)
+            messages = [{"role": "system", "content": "Answer in tags."},
+                        {"role": "user", "content": f"What is{filler} {a} + {b}?"}]
+            lines.append(json.dumps({"prompt": messages, "answer": str(a + b)}))
+    data.write_text("\n".join(lines) + "\n")
+    result = run_rlx(["train", "data=file", f"data.train_path={data}", "data.eval_size=4", "data.max_prompt_length=40",
+                      "steps=1", "prompts_per_step=2", "rollout.samples_per_prompt=2", "eval.size=4",
+                      "rollout.max_new_tokens=8", "save.final=false", "save.plot=false", "hardware.num_threads=1"],
+                     tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = only_run_dir(tmp_path)
+    counts = json.loads((run / "prompt_length.json").read_text())
+    assert counts["dropped"] > 0 and counts["prompts"] == 21 and counts["max_prompt_length"] == 40
+    sample = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert "reward/total" in sample

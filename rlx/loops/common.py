@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rlx.config import UserError
 from rlx.rewards import RewardComponent, compute_rewards, token_lists, with_system_prompt
 from rlx.rollout.hf import generate
 
@@ -52,6 +53,51 @@ def format_prompts(tokenizer, rows: list[dict], use_chat_template: bool, system_
         messages = row["prompt"] if isinstance(row["prompt"], list) else [{"role": "user", "content": row["prompt"]}]
         out.append("\n\n".join(m["content"] for m in with_system_prompt(messages, system_prompt)))
     return out
+
+
+def limit_prompt_length(tokenizer, rows: list[dict], max_tokens: int | None, mode: str, use_chat_template: bool,
+                        system_prompt: str | None) -> tuple[list[dict], dict]:
+    """Keep RL prompts within max_tokens tokens of model input (TRL/verl's max_prompt_length).
+    mode "drop" leaves longer prompts out; "truncate" cuts the start of the (last) user message, keeping
+    its end, until the rendered prompt fits. Returns the rows and counts {prompts, over_length, dropped, truncated}."""
+    counts = {"prompts": len(rows), "over_length": 0, "dropped": 0, "truncated": 0}
+    if max_tokens is None:
+        return rows, counts
+    if mode not in ("drop", "truncate"):
+        raise UserError(f"data.overlong_prompts={mode!r}; valid choices: drop, truncate")
+
+    def length(row):
+        return len(tokenizer(format_prompts(tokenizer, [row], use_chat_template, system_prompt)[0],
+                             add_special_tokens=False)["input_ids"])
+
+    kept = []
+    for row in rows:
+        over = length(row) - max_tokens
+        if over <= 0:
+            kept.append(row)
+            continue
+        counts["over_length"] += 1
+        if mode == "drop":
+            counts["dropped"] += 1
+            continue
+        row = dict(row)
+        for _ in range(4):  # re-tokenising the cut text can differ by a token or two
+            messages = row["prompt"] if isinstance(row["prompt"], list) else None
+            text = messages[-1]["content"] if messages else row["prompt"]
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            text = tokenizer.decode(ids[min(len(ids), over):])
+            row["prompt"] = messages[:-1] + [dict(messages[-1], content=text)] if messages else text
+            over = length(row) - max_tokens
+            if over <= 0:
+                break
+        if over > 0:  # the template alone is longer than the budget
+            counts["dropped"] += 1
+            continue
+        counts["truncated"] += 1
+        kept.append(row)
+    if not kept:
+        raise UserError(f"data.max_prompt_length={max_tokens} leaves no training prompt; raise it")
+    return kept, counts
 
 
 def lr_lambda(schedule: str, warmup_steps: int, total_steps: int):
