@@ -110,7 +110,7 @@ def train_agent(cfg, parts: Components) -> dict:
 
     def run_eval(step: int) -> dict:
         episodes = play(generator_for(acc.unwrap_model(model)), tokenizer, factory, env_cfg, eval_seeds,
-                        list(range(len(eval_seeds))), greedy=True, use_chat_template=cfg.model.chat_template)
+                        list(range(len(eval_seeds))), greedy=env_cfg.eval_greedy, use_chat_template=cfg.model.chat_template)
         return episode_metrics(episodes, "eval")
 
     last_eval = evaluate_at_start(cfg, acc, start_step, metrics_log, run_eval)

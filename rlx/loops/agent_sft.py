@@ -55,8 +55,9 @@ def train_agent_sft(cfg, parts: Components) -> dict:
     eval_seeds = [EVAL_SEED_BASE + k for k in range(env_cfg.eval_episodes)]
 
     def run_eval(step: int) -> dict:
-        generator = HFGenerator(acc.unwrap_model(model), tokenizer, batch_size=cfg.rollout.batch_size)
-        episodes = play(generator, tokenizer, factory, env_cfg, eval_seeds, list(range(len(eval_seeds))), greedy=True,
+        generator = HFGenerator(acc.unwrap_model(model), tokenizer, temperature=cfg.rollout.temperature,
+                                batch_size=cfg.rollout.batch_size)
+        episodes = play(generator, tokenizer, factory, env_cfg, eval_seeds, list(range(len(eval_seeds))), greedy=env_cfg.eval_greedy,
                         use_chat_template=cfg.model.chat_template)
         return episode_metrics(episodes, "eval")
 
