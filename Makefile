@@ -7,7 +7,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-slow test-gpu lint tiny-model clean reproduce bench-algorithms bench
+.PHONY: help install train test test-slow test-gpu lint tiny-model tiny-agent-model clean reproduce bench-algorithms bench
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -47,6 +47,11 @@ tiny-model: $(STAMP) ## Rebuild the shipped tiny model from scratch (recipe tiny
 	rm -rf outputs/tiny_sft_build
 	$(VENV)/bin/rlx train tiny_sft name=tiny_sft_build hydra.run.dir=outputs/tiny_sft_build
 	rm -rf rlx/models/assets/tiny && cp -r outputs/tiny_sft_build/final rlx/models/assets/tiny
+
+tiny-agent-model: $(STAMP) ## Rebuild the agent warm start (recipe tiny_agent_sft) and copy it into the package
+	rm -rf outputs/tiny_agent_sft_build
+	$(VENV)/bin/rlx train tiny_agent_sft name=tiny_agent_sft_build hydra.run.dir=outputs/tiny_agent_sft_build
+	rm -rf rlx/models/assets/tiny_agent && cp -r outputs/tiny_agent_sft_build/final rlx/models/assets/tiny_agent
 
 reproduce: $(STAMP) ## Run every CPU-scale recipe (*_tiny) on 3 seeds, check the expected numbers, update README
 	$(VENV)/bin/rlx recipes reproduce $(ARGS)

@@ -1,6 +1,7 @@
 """`rlx train`: build every component from the config (the one place that instantiates) and run a loop.
 
-The loop is picked by `algorithm.family`: policy_gradient (GRPO family), ppo (with a critic), sft,
+The loop is picked by `algorithm.family`: policy_gradient (GRPO family), ppo (with a critic), agent
+(multi-turn environments), sft,
 preference (DPO family, SimPO, ORPO) or reward_model (Bradley-Terry).
 """
 
@@ -21,7 +22,7 @@ from rlx.run import RunInUse
 
 log = logging.getLogger("rlx")
 
-FAMILIES = ("policy_gradient", "ppo", "sft", "preference", "reward_model")
+FAMILIES = ("policy_gradient", "ppo", "sft", "preference", "reward_model", "agent", "agent_sft")
 
 
 def check_settings(cfg: DictConfig) -> None:
@@ -49,6 +50,17 @@ def check_settings(cfg: DictConfig) -> None:
             )
     if family in ("preference", "reward_model"):
         check_preference_settings(cfg)
+    if family == "agent":
+        check_agent_settings(cfg)
+    if family == "agent_sft" and cfg.get("env") is None:
+        raise UserError("algorithm=agent_sft imitates demonstrations in an environment: add env=grid (or corridor, ...)")
+    if family == "agent_sft":
+        from rlx.envs import EnvError, env_factory
+
+        try:
+            env_factory(cfg.env.name, cfg.env.get("target"), cfg.env.get("kwargs"))
+        except EnvError as exc:
+            raise UserError(str(exc)) from None
     for name, spec in cfg.reward.components.items():
         if spec.get("_target_") == "rlx.rewards.model.model_reward" and not spec.get("path"):
             raise UserError(f"reward component '{name}' needs a reward model: set reward.components.{name}.path=PATH "
@@ -76,6 +88,37 @@ def check_preference_settings(cfg: DictConfig) -> None:
                             length_normalize=algo.length_normalize)
         except ValueError as exc:
             raise UserError(f"algorithm settings: {exc}") from None
+
+
+def check_agent_settings(cfg: DictConfig) -> None:
+    """The multi-turn loop (rlx/loops/agent.py) needs an environment and a known credit estimator."""
+    from rlx.algorithms.gigpo import CREDIT, SCALES
+
+    algo, env = cfg.algorithm, cfg.get("env")
+    if env is None:
+        raise UserError(f"algorithm={algo.name} plays an environment: add env=grid (or guess_number, corridor, tool_use, "
+                        f"custom env.target=my_module.MyEnv)")
+    from rlx.envs import EnvError, env_factory
+
+    try:  # builds one environment: a wrong name, target or kwargs stops here, before any model is loaded
+        env_factory(env.name, env.get("target"), env.get("kwargs"))
+    except EnvError as exc:
+        raise UserError(str(exc)) from None
+    if algo.credit not in CREDIT:
+        raise UserError(f"unknown algorithm.credit '{algo.credit}'; valid choices: {', '.join(CREDIT)}")
+    if algo.scale not in SCALES:
+        raise UserError(f"algorithm.scale={algo.scale} is not available to the agent loop; valid choices: {', '.join(SCALES)}")
+    if cfg.rollout.samples_per_prompt < 2 or cfg.prompts_per_step < 1:
+        raise UserError(f"algorithm.family=agent compares the episodes of a task: rollout.samples_per_prompt="
+                        f"{cfg.rollout.samples_per_prompt} must be at least 2 (and prompts_per_step at least 1)")
+    if algo.clip_high < algo.clip_low or algo.clip_low < 0:
+        raise UserError(f"algorithm.clip_low={algo.clip_low} must be >= 0 and clip_high={algo.clip_high} >= clip_low")
+    if algo.mini_batches < 1 or (cfg.prompts_per_step * cfg.rollout.samples_per_prompt) % algo.mini_batches:
+        raise UserError(f"algorithm.mini_batches={algo.mini_batches} must divide prompts_per_step x rollout.samples_per_prompt")
+    if env.max_turns < 1 or env.max_new_tokens < 1 or env.max_total_tokens < 2:
+        raise UserError("env.max_turns, env.max_new_tokens and env.max_total_tokens must be at least 1")
+    if not 0 <= algo.gamma <= 1:
+        raise UserError(f"algorithm.gamma={algo.gamma} must be in [0, 1]")
 
 
 def check_policy_gradient_settings(cfg: DictConfig) -> None:
@@ -264,6 +307,10 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
         from rlx.loops.reward_model import train_reward_model as loop
     elif cfg.algorithm.family == "ppo":
         from rlx.loops.ppo import train_ppo as loop
+    elif cfg.algorithm.family == "agent":
+        from rlx.loops.agent import train_agent as loop
+    elif cfg.algorithm.family == "agent_sft":
+        from rlx.loops.agent_sft import train_agent_sft as loop
     else:
         from rlx.loops.policy_gradient import train_policy_gradient as loop
     result = loop(cfg, parts)

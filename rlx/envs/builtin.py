@@ -49,6 +49,13 @@ class GuessNumber:
         info = {"anchor": (self.lo, self.hi), "is_action_valid": valid, "metrics": {"success": float(terminated)}}
         return obs, reward, terminated, truncated, info
 
+    def expert_action(self) -> str:
+        """Binary search (demonstrations for a warm start; not part of the environment protocol)."""
+        return str((self.lo + self.hi) // 2)
+
+    def random_action(self, rng: random.Random) -> str:
+        return str(rng.randint(1, self.high))
+
 
 class Grid:
     """FrozenLake-style grid (gymnasium's FrozenLake, made text and deterministic): reach G from S
@@ -98,19 +105,32 @@ class Grid:
         info = {"anchor": self.position, "is_action_valid": move is not None, "metrics": {"success": float(success)}}
         return self._render(), float(success), terminated, truncated, info
 
+    def expert_action(self) -> str:
+        """First move of a shortest safe path to the goal (demonstrations; not part of the protocol)."""
+        return _first_move(self.size, self.position, self.goal, self.hole_cells)
+
+    def random_action(self, rng: random.Random) -> str:
+        return rng.choice(list(MOVES))
+
+
+def _first_move(size: int, start, goal, holes: set) -> str | None:
+    """Breadth-first search: the first move of a shortest path avoiding holes, None when unreachable."""
+    first = {start: None}
+    queue = deque([start])
+    while queue:
+        cell = queue.popleft()
+        if cell == goal:
+            return first[cell] or "L"  # already at the goal: any move
+        for name, (dr, dc) in MOVES.items():
+            nxt = (cell[0] + dr, cell[1] + dc)
+            if 0 <= nxt[0] < size and 0 <= nxt[1] < size and nxt not in holes and nxt not in first:
+                first[nxt] = first[cell] or name
+                queue.append(nxt)
+    return None
+
 
 def _reachable(size: int, start, goal, holes: set) -> bool:
-    seen, queue = {start}, deque([start])
-    while queue:
-        r, c = queue.popleft()
-        if (r, c) == goal:
-            return True
-        for dr, dc in MOVES.values():
-            nxt = (r + dr, c + dc)
-            if 0 <= nxt[0] < size and 0 <= nxt[1] < size and nxt not in holes and nxt not in seen:
-                seen.add(nxt)
-                queue.append(nxt)
-    return False
+    return _first_move(size, start, goal, holes) is not None
 
 
 class Corridor:
@@ -151,3 +171,10 @@ class Corridor:
         truncated = not success and self.steps >= self.max_steps
         info = {"anchor": (self.position, self.has_key), "is_action_valid": valid, "metrics": {"success": float(success)}}
         return self._render(), float(success), success, truncated, info
+
+    def expert_action(self) -> str:
+        """Left to the key, then right to the door (demonstrations; not part of the protocol)."""
+        return "R" if self.has_key else "L"
+
+    def random_action(self, rng: random.Random) -> str:
+        return rng.choice(["L", "R"])

@@ -81,6 +81,14 @@ class ToolUse:
                 "metrics": {"success": reward, "tool_calls": float(match is not None and match.group(1) != "answer")}}
         return obs, reward, terminated, truncated, info
 
+    def expert_action(self) -> str:
+        """Calculator first, then the answer it gave (demonstrations; not part of the protocol)."""
+        return f"<calc>{self.expression}</calc>" if self.calls == 0 else f"<answer>{self.answer}</answer>"
+
+    def random_action(self, rng: random.Random) -> str:
+        """A plausible mistake: answering without the tool, off by a little."""
+        return f"<answer>{self.answer + rng.choice([-10, -1, 1, 10])}</answer>"
+
     def _call(self, tool: str, argument: str) -> tuple[str, bool]:
         if tool == "calc":
             try:

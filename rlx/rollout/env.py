@@ -19,9 +19,17 @@ from __future__ import annotations
 import math
 
 from rlx.rollout.generator import Generator
+from rlx.rollout.sampling import sample_seed
 from rlx.rollout.types import Episode
 
 _PLACEHOLDER_USER, _PLACEHOLDER_ASSISTANT = "\x01U\x01", "\x01A\x01"
+TURN_STRIDE = 1000003  # turn t of the episode with sample seed s samples with seed s * TURN_STRIDE + t
+EVAL_SEED_BASE = 2**31  # held-out environment seeds start here; training seeds stay below
+
+
+def train_env_seed(seed: int, step: int, task: int) -> int:
+    """Environment seed of task `task` at training step `step` (below EVAL_SEED_BASE)."""
+    return sample_seed(seed ^ 0x5EED, step, task) & (EVAL_SEED_BASE - 1)
 
 
 class ChatFormat:
@@ -83,7 +91,7 @@ def run_episodes(generator: Generator, tokenizer, envs: list, env_seeds: list[in
                  ) -> list[Episode]:
     """Play one episode in each env (reset with env_seeds[i]); returns the episodes in input order.
 
-    sample_seeds[i] seeds the sampling of episode i (its turn t uses sample_seeds[i] * 1000003 + t), so
+    sample_seeds[i] seeds the sampling of episode i (its turn t uses sample_seeds[i] * TURN_STRIDE + t), so
     an episode does not depend on which other episodes share its batch."""
     fmt = ChatFormat(tokenizer, system_prompt, use_chat_template)
     stop_ids = stop_ids if stop_ids is not None else [tokenizer.eos_token_id]
@@ -109,7 +117,7 @@ def run_episodes(generator: Generator, tokenizer, envs: list, env_seeds: list[in
             break
         contexts = [episodes[i].prompt_ids + episodes[i].ids for i in live]
         out = generator.generate_ids(contexts, max_new_tokens=max(budgets[i] for i in live),
-                                     seeds=[sample_seeds[i] * 1000003 + turn for i in live], greedy=greedy)
+                                     seeds=[sample_seeds[i] * TURN_STRIDE + turn for i in live], greedy=greedy)
         still = []
         for row, i in enumerate(live):
             e = episodes[i]

@@ -1,0 +1,206 @@
+"""Multi-turn agent training loop (family `agent`): the policy plays text environments, read top to bottom.
+
+Each step:
+  1. draw `prompts_per_step` tasks (environment seeds) and play G = rollout.samples_per_prompt
+     episodes of each, all live episodes generating one turn at a time (rollout/env.py): the model's
+     tokens are kept as sampled, environment answers are appended with loss mask 0;
+  2. per-step rewards from the environment, minus algorithm.invalid_penalty for each invalid action;
+  3. per-step advantages by algorithm.credit (algorithms/gigpo.py, registry CREDIT):
+     trajectory (GRPO over the episodes of a task), gigpo (episode + anchor-state step groups),
+     turn (MT-GRPO outcome + lambda * turn); every sampled token of a step gets its step's advantage;
+  4. the clipped surrogate, KL penalty and entropy bonus of the GRPO family (algorithms/losses.py,
+     algorithms/kl.py), aggregated per algorithm.loss_agg over the sampled tokens only, for
+     algorithm.epochs x algorithm.mini_batches optimizer steps.
+Environment seeds are a function of (seed, step, task index) and every episode gets a fresh
+environment, so a resumed run replays exactly the tasks an uninterrupted run would (the environments'
+randomness is part of the step, not hidden state). Held-out evaluation plays greedy episodes on seeds
+no training step draws. One process only (hardware=cpu or gpu).
+Departure from GiGPO's reference code: the episode-level std normalisation and the step-level one use
+the same `algorithm.scale` (the paper allows either for both).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from rlx.algorithms.gigpo import CREDIT, invalid_action_penalty
+from rlx.algorithms.kl import penalized_token_loss
+from rlx.algorithms.losses import aggregate, clipped_surrogate
+from rlx.checkpoint import Checkpointer, GeneratorState
+from rlx.config import UserError
+from rlx.envs import EnvError, env_factory
+from rlx.evaluation.agents import episode_metrics, episode_records, play
+from rlx.loops.common import (
+    Components,
+    build_optimizer,
+    end_step,
+    eval_due,
+    evaluate_at_start,
+    optimizer_step,
+)
+from rlx.models.forward import completion_logprobs
+from rlx.models.lora import reference_model
+from rlx.rollout.env import EVAL_SEED_BASE, train_env_seed
+from rlx.rollout.generator import HFGenerator
+from rlx.rollout.sampling import sample_seed
+from rlx.rollout.types import Episode, RolloutBatch
+from rlx.run import MetricsLog, write_samples
+
+log = logging.getLogger("rlx")
+
+def step_tensors(episodes: list[Episode], group_size: int, invalid_penalty: float):
+    """Flatten episodes for algorithms/gigpo.py: episode_group (E,), step_episode (S,), step_rewards (S,)
+    with the invalid-action penalty applied, step_anchor (S,) (-1: no anchor; anchors are numbered in
+    order of appearance, so equal keys get equal ids)."""
+    anchor_ids: dict = {}
+    step_episode, rewards, anchors, valid = [], [], [], []
+    for i, e in enumerate(episodes):
+        for t, reward in enumerate(e.step_rewards):
+            step_episode.append(i)
+            rewards.append(reward)
+            key = e.anchors[t] if t < len(e.anchors) else None
+            anchors.append(-1 if key is None else anchor_ids.setdefault(key, len(anchor_ids)))
+            valid.append(e.valid[t] if t < len(e.valid) else True)
+    episode_group = torch.arange(len(episodes)) // group_size  # (E,)
+    rewards = invalid_action_penalty(torch.tensor(rewards, dtype=torch.float32), torch.tensor(valid, dtype=torch.bool),
+                                     invalid_penalty)
+    return episode_group, torch.tensor(step_episode, dtype=torch.long), rewards, torch.tensor(anchors, dtype=torch.long)
+
+
+def token_advantages(step_adv: torch.Tensor, step_episode: torch.Tensor, step_index: torch.Tensor) -> torch.Tensor:
+    """(N, C) advantage of every sampled token: the advantage of its step (0 on environment tokens)."""
+    num_episodes = step_index.shape[0]
+    counts = torch.bincount(step_episode, minlength=num_episodes)
+    offsets = torch.cumsum(counts, 0) - counts  # (E,) first step of each episode in the flat list
+    flat = offsets.unsqueeze(1) + step_index.clamp(min=0)  # (N, C)
+    values = step_adv[flat.clamp(max=max(step_adv.numel() - 1, 0))] if step_adv.numel() else torch.zeros(flat.shape)
+    return torch.where(step_index >= 0, values, torch.zeros_like(values))
+
+
+def train_agent(cfg, parts: Components) -> dict:
+    algo, roll, env_cfg = cfg.algorithm, cfg.rollout, cfg.env
+    acc, tokenizer, run_dir = parts.accelerator, parts.tokenizer, parts.run_dir
+    if acc.num_processes > 1:
+        raise UserError("algorithm.family=agent runs in one process; use hardware=cpu or hardware=gpu")
+    try:
+        factory = env_factory(env_cfg.name, env_cfg.get("target"), env_cfg.get("kwargs"))
+    except EnvError as exc:
+        raise UserError(str(exc)) from None
+    credit = CREDIT[algo.credit]
+    knobs = dict(gamma=algo.gamma, step_weight=algo.step_weight, turn_weight=algo.turn_weight, scale=algo.scale,
+                 eps=algo.eps)
+    group_size = roll.samples_per_prompt
+    updates_per_step = algo.epochs * algo.mini_batches
+    optimizer, scheduler = build_optimizer(parts.model, cfg.optim, cfg.steps * updates_per_step)
+    reference = reference_model(parts.model) if algo.kl_coef > 0 else None
+    model, optimizer = acc.prepare(parts.model, optimizer)
+    shuffle = torch.Generator().manual_seed(cfg.seed)
+    checkpointer = Checkpointer.from_config(cfg, acc, run_dir)
+    start_step = checkpointer.restore(scheduler=scheduler, shuffle=GeneratorState(shuffle))
+    metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
+
+    def generator_for(policy):
+        return HFGenerator(policy, tokenizer, temperature=roll.temperature, top_p=roll.top_p, top_k=roll.top_k,
+                           batch_size=roll.batch_size)
+
+    eval_seeds = [EVAL_SEED_BASE + k for k in range(env_cfg.eval_episodes)]
+
+    def run_eval(step: int) -> dict:
+        episodes = play(generator_for(acc.unwrap_model(model)), tokenizer, factory, env_cfg, eval_seeds,
+                        list(range(len(eval_seeds))), greedy=env_cfg.eval_greedy, use_chat_template=cfg.model.chat_template)
+        return episode_metrics(episodes, "eval")
+
+    last_eval = evaluate_at_start(cfg, acc, start_step, metrics_log, run_eval)
+
+    for step in range(start_step + 1, cfg.steps + 1):
+        step_start = time.perf_counter()
+        # 1. episodes: G per task, adjacent
+        env_seeds = [train_env_seed(cfg.seed, step, task) for task in range(cfg.prompts_per_step) for _ in range(group_size)]
+        sample_seeds = [sample_seed(cfg.seed, step, i) for i in range(len(env_seeds))]
+        episodes = play(generator_for(acc.unwrap_model(model)), tokenizer, factory, env_cfg, env_seeds, sample_seeds,
+                        greedy=False, use_chat_template=cfg.model.chat_template)
+        generation_time = time.perf_counter() - step_start
+        batch = RolloutBatch.from_episodes(episodes, tokenizer.pad_token_id)
+        # 2-3. rewards and per-step advantages -> per-token advantages (N, C)
+        episode_group, step_episode, step_rewards, step_anchor = step_tensors(episodes, group_size, algo.invalid_penalty)
+        step_adv, credit_metrics = credit(episode_group, step_episode, step_rewards, step_anchor, **knobs)  # (S,)
+        advantages = token_advantages(step_adv, step_episode, batch.step_index)  # (N, C)
+        loss_mask = batch.loss_mask
+        if algo.mask_truncated:
+            loss_mask = loss_mask * (~batch.truncated).long().unsqueeze(1)
+        ref_logp = None
+        if reference is not None:
+            with torch.no_grad():
+                ref_logp = torch.cat([completion_logprobs(reference, batch.prompt_ids[i:i + cfg.micro_batch_size],
+                                                          batch.prompt_mask[i:i + cfg.micro_batch_size],
+                                                          batch.completion_ids[i:i + cfg.micro_batch_size],
+                                                          batch.completion_mask[i:i + cfg.micro_batch_size])[0].cpu()
+                                      for i in range(0, len(episodes), cfg.micro_batch_size)])
+        # 4. optimisation; the sampler's log-probs are the old log-probs (same weights, same distribution
+        # at temperature 1; otherwise the first ratio is not 1 and the clip bounds the step)
+        old_logp = batch.sampler_logprobs if updates_per_step > 1 else None
+        num = len(episodes)
+        stats = {"loss": 0.0, "kl": [], "entropy": [], "clip": [], "grad_norm": []}
+        for _epoch in range(algo.epochs):
+            order = torch.randperm(num, generator=shuffle) if updates_per_step > 1 else torch.arange(num)
+            for mini in order.chunk(algo.mini_batches):
+                mini_tokens = float(loss_mask[mini].sum())
+                mini_seqs = float((loss_mask[mini].sum(dim=1) > 0).sum())
+                for lo in range(0, len(mini), cfg.micro_batch_size):
+                    idx = mini[lo:lo + cfg.micro_batch_size]
+                    logp, entropy = completion_logprobs(model, batch.prompt_ids[idx], batch.prompt_mask[idx],
+                                                        batch.completion_ids[idx], batch.completion_mask[idx],
+                                                        with_entropy=True, entropy_grad=algo.entropy_coef > 0)
+                    mask = loss_mask[idx].to(logp.device)
+                    old = old_logp[idx].to(logp.device) if old_logp is not None else logp.detach()
+                    token_loss, clip_stats = clipped_surrogate(logp, old, advantages[idx].to(logp.device), mask,
+                                                               algo.clip_low, algo.clip_high, algo.dual_clip)
+                    token_loss, kl = penalized_token_loss(
+                        token_loss, logp, ref_logp[idx].to(logp.device) if ref_logp is not None else None, entropy,
+                        mask, algo.kl_coef, algo.kl_estimator, "loss", algo.entropy_coef)
+                    width = int(env_cfg.max_total_tokens)
+                    loss = aggregate(token_loss, mask, algo.loss_agg, mini_tokens, mini_seqs, width)
+                    acc.backward(loss)
+                    stats["loss"] += loss.item() / updates_per_step
+                    valid = mask.sum().clamp(min=1)
+                    stats["entropy"].append(((entropy.detach() * mask).sum() / valid).item())
+                    stats["clip"].append(clip_stats["train/clip_frac_high"].item() + clip_stats["train/clip_frac_low"].item())
+                    if kl is not None:
+                        stats["kl"].append(((kl.detach() * mask).sum() / valid).item())
+                grad_norm = optimizer_step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm)
+                if grad_norm is not None:
+                    stats["grad_norm"].append(grad_norm)
+
+        step_time = time.perf_counter() - step_start
+        mean = lambda values: sum(values) / len(values) if values else 0.0  # noqa: E731
+        sampled = batch.loss_mask.bool()
+        metrics = {
+            **episode_metrics(episodes, "env"),
+            "env/anchor_group_size": credit_metrics.get("env/anchor_group_size", 0.0),
+            "env/turn_truncated": sum(e.turn_truncated for e in episodes) / max(num, 1),
+            "train/loss": stats["loss"],
+            "train/lr": scheduler.get_last_lr()[0],
+            "train/entropy": mean(stats["entropy"]),
+            "train/clip_frac": mean(stats["clip"]),
+            "train/advantage_mean": advantages[sampled].mean().item() if sampled.any() else 0.0,
+            "train/advantage_std": advantages[sampled].std().item() if sampled.sum() > 1 else 0.0,
+            "completions/tokens_per_episode": sampled.sum().item() / max(num, 1),
+            "perf/step_time_s": step_time,
+            "perf/generation_time_s": generation_time,
+        }
+        if stats["kl"]:
+            metrics["train/kl_ref"] = mean(stats["kl"])
+        if stats["grad_norm"]:
+            metrics["train/grad_norm"] = mean(stats["grad_norm"])
+        if eval_due(cfg, step, acc):
+            last_eval = run_eval(step)
+            metrics.update(last_eval)
+        if cfg.log.samples_every and (step % cfg.log.samples_every == 0 or step == 1):
+            extra = [{"advantages": step_adv[step_episode == i].tolist()} for i in range(num)]
+            write_samples(run_dir, step, episode_records(episodes, cfg.log.num_samples, extra))
+        end_step(cfg, step, metrics, metrics_log, checkpointer)
+    metrics_log.close()
+    return {"model": model, "final_eval": last_eval}

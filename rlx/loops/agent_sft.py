@@ -1,0 +1,109 @@
+"""Agent warm start (family `agent_sft`): behaviour cloning of a partly skilled demonstrator, read top to bottom.
+
+Each step plays `prompts_per_step` x rollout.samples_per_prompt demonstration episodes through the
+same token-in/token-out rollout as RL (rollout/env.py), the model replaced by envs/demos.py's
+ExpertGenerator: the environment's expert move with probability algorithm.skill, a plausible mistake
+otherwise. The policy takes one optimizer step on the token-mean negative log-likelihood of the
+demonstrated turns (loss mask 1; environment tokens are context only). Demonstration seeds come from
+(seed, step), so a resumed run sees the same demonstrations. Held-out evaluation: greedy episodes of
+the policy itself, as in the agent loop. One process only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from rlx.checkpoint import Checkpointer
+from rlx.config import UserError
+from rlx.envs import EnvError, env_factory
+from rlx.envs.demos import ExpertGenerator
+from rlx.evaluation.agents import episode_metrics, play
+from rlx.loops.common import (
+    Components,
+    build_optimizer,
+    end_step,
+    eval_due,
+    evaluate_at_start,
+    optimizer_step,
+)
+from rlx.models.forward import completion_logprobs
+from rlx.rollout.env import EVAL_SEED_BASE, run_episodes, train_env_seed
+from rlx.rollout.generator import HFGenerator
+from rlx.rollout.types import RolloutBatch
+from rlx.run import MetricsLog
+
+log = logging.getLogger("rlx")
+
+
+def train_agent_sft(cfg, parts: Components) -> dict:
+    algo, env_cfg = cfg.algorithm, cfg.env
+    acc, tokenizer, run_dir = parts.accelerator, parts.tokenizer, parts.run_dir
+    if acc.num_processes > 1:
+        raise UserError("algorithm.family=agent_sft runs in one process; use hardware=cpu or hardware=gpu")
+    try:
+        factory = env_factory(env_cfg.name, env_cfg.get("target"), env_cfg.get("kwargs"))
+    except EnvError as exc:
+        raise UserError(str(exc)) from None
+    optimizer, scheduler = build_optimizer(parts.model, cfg.optim, cfg.steps)
+    model, optimizer = acc.prepare(parts.model, optimizer)
+    checkpointer = Checkpointer.from_config(cfg, acc, run_dir)
+    start_step = checkpointer.restore(scheduler=scheduler)
+    metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
+    eval_seeds = [EVAL_SEED_BASE + k for k in range(env_cfg.eval_episodes)]
+
+    def run_eval(step: int) -> dict:
+        generator = HFGenerator(acc.unwrap_model(model), tokenizer, temperature=cfg.rollout.temperature,
+                                batch_size=cfg.rollout.batch_size)
+        episodes = play(generator, tokenizer, factory, env_cfg, eval_seeds, list(range(len(eval_seeds))), greedy=env_cfg.eval_greedy,
+                        use_chat_template=cfg.model.chat_template)
+        return episode_metrics(episodes, "eval")
+
+    last_eval = evaluate_at_start(cfg, acc, start_step, metrics_log, run_eval)
+    num = cfg.prompts_per_step * cfg.rollout.samples_per_prompt
+    for step in range(start_step + 1, cfg.steps + 1):
+        start = time.perf_counter()
+        seeds = [train_env_seed(cfg.seed, step, i) for i in range(num)]  # one task per demonstration
+        envs = [factory() for _ in seeds]
+        expert = ExpertGenerator(envs, tokenizer, algo.skill, seed=cfg.seed * 1_000_003 + step)
+        episodes = run_episodes(expert, tokenizer, envs, seeds, list(range(num)), max_turns=env_cfg.max_turns,
+                                max_new_tokens=env_cfg.max_new_tokens, max_total_tokens=env_cfg.max_total_tokens,
+                                system_prompt=env_cfg.system_prompt, use_chat_template=cfg.model.chat_template,
+                                stop_ids=[tokenizer.eos_token_id])
+        batch = RolloutBatch.from_episodes(episodes, tokenizer.pad_token_id)
+        total_tokens = max(float(batch.loss_mask.sum()), 1.0)
+        loss_sum = 0.0
+        for lo in range(0, num, cfg.micro_batch_size):
+            sl = slice(lo, lo + cfg.micro_batch_size)
+            logp, _ = completion_logprobs(model, batch.prompt_ids[sl], batch.prompt_mask[sl], batch.completion_ids[sl],
+                                          batch.completion_mask[sl])
+            mask = batch.loss_mask[sl].to(logp.device, logp.dtype)
+            loss = -(logp * mask).sum() / total_tokens  # token-mean NLL over the demonstrated turns
+            acc.backward(loss)
+            loss_sum += loss.item()
+        grad_norm = optimizer_step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm)
+        metrics = {
+            "train/loss": loss_sum,
+            "train/lr": scheduler.get_last_lr()[0],
+            "train/grad_norm": grad_norm,
+            **episode_metrics(episodes, "demo"),
+            "perf/step_time_s": time.perf_counter() - start,
+        }
+        if eval_due(cfg, step, acc):
+            last_eval = run_eval(step)
+            metrics.update(last_eval)
+        end_step(cfg, step, metrics, metrics_log, checkpointer)
+    metrics_log.close()
+    return {"model": model, "final_eval": last_eval}
+
+
+def demo_sanity(tokenizer, factory, env_cfg, skill: float, num: int = 64) -> float:
+    """Success rate of the demonstrator itself (what a perfect imitation would reach)."""
+    envs = [factory() for _ in range(num)]
+    seeds = [EVAL_SEED_BASE + k for k in range(num)]
+    episodes = run_episodes(ExpertGenerator(envs, tokenizer, skill, seed=0), tokenizer, envs, seeds, list(range(num)),
+                            max_turns=env_cfg.max_turns, max_new_tokens=env_cfg.max_new_tokens,
+                            max_total_tokens=env_cfg.max_total_tokens, stop_ids=[tokenizer.eos_token_id])
+    return float(torch.tensor([e.success for e in episodes]).mean())
