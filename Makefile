@@ -26,7 +26,8 @@ train: $(STAMP) ## Run the default training (GRPO on the built-in tiny model, CP
 test: $(STAMP) ## Run the test suite (offline, CPU)
 	$(PY) -m pytest -q $(ARGS)
 
-test-slow: $(STAMP) ## Run the long checks marked slow
+test-slow: $(STAMP) ## Run the long checks marked slow (installs the deepspeed extra for the ZeRO checks)
+	$(PY) -m pip install -q -e '.[deepspeed]'
 	$(PY) -m pytest -q -m slow $(ARGS)
 
 bench: $(STAMP) ## rlx vs TRL (GRPO and DPO) speed and memory, CPU (~1 h; ARGS="--rounds 1" is quicker)

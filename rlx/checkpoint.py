@@ -141,7 +141,9 @@ class Checkpointer:
             return 0
         step, path = found
         # strict=False: safetensors drops tied duplicates (lm_head = embeddings) and LoRA saves only adapters
-        self.acc.load_state(str(path), strict=False)
+        # (DeepSpeed's engine loads its own checkpoint format and names the flag load_module_strict)
+        deepspeed = self.acc.state.deepspeed_plugin is not None
+        self.acc.load_state(str(path), **({"load_module_strict": False} if deepspeed else {"strict": False}))
         if self.acc.is_main_process:
             kept = truncate_metrics(self.run_dir / "metrics.jsonl", step)
             log.info("resumed from %s (step %d; %d metrics rows kept)", path, step, kept)

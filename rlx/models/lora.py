@@ -64,10 +64,31 @@ class AdapterDisabled(torch.nn.Module):
 
 
 def reference_model(policy):
-    """Frozen reference for the KL penalty: the adapter-disabled base under LoRA, else a frozen copy."""
+    """Frozen reference for the KL penalty: the adapter-disabled base under LoRA, else a frozen copy.
+    Call it before `accelerator.prepare` (the copy is taken from the full weights, not ZeRO-3 shards),
+    then `place_reference`."""
     if is_peft(policy):
         return AdapterDisabled(policy)
     return copy.deepcopy(policy).eval().requires_grad_(False)
+
+
+def place_reference(reference, accelerator):
+    """The frozen copy placed like the prepared policy: on its device (the copy keeps the policy's dtype),
+    and under DeepSpeed ZeRO-3 partitioned over the ranks by an optimizer-free DeepSpeed engine, so
+    no rank holds a full second model. The LoRA reference (the policy itself) and None pass through."""
+    if reference is None or isinstance(reference, AdapterDisabled):
+        return reference
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is not None and plugin.deepspeed_config["zero_optimization"]["stage"] == 3:
+        import deepspeed
+
+        config = copy.deepcopy(plugin.deepspeed_config)
+        config.pop("optimizer", None)
+        config.pop("scheduler", None)
+        engine, *_ = deepspeed.initialize(model=reference, config=config)
+        engine.eval()  # DeepSpeedEngine.eval returns None, not the module
+        return engine
+    return reference.to(accelerator.device)
 
 
 def save_adapter(model, folder: Path) -> None:
@@ -76,9 +97,10 @@ def save_adapter(model, folder: Path) -> None:
         model.save_pretrained(folder)
 
 
-def save_final(model, tokenizer, run_dir: Path, merged: bool) -> None:
-    """<run>/final: the full model, or with LoRA the adapter; with `merged`, also <run>/final_merged."""
-    model.save_pretrained(run_dir / "final")
+def save_final(model, tokenizer, run_dir: Path, merged: bool, state_dict: dict | None = None) -> None:
+    """<run>/final: the full model, or with LoRA the adapter; with `merged`, also <run>/final_merged.
+    `state_dict`: the full weights gathered over the ranks of a sharded policy (rlx.parallel.full_state_dict)."""
+    model.save_pretrained(run_dir / "final", state_dict=state_dict)
     tokenizer.save_pretrained(run_dir / "final")
     if merged and is_peft(model):
         full = copy.deepcopy(model).merge_and_unload()
