@@ -26,7 +26,8 @@ train: $(STAMP) ## Run the default training (GRPO on the built-in tiny model, CP
 test: $(STAMP) ## Run the test suite (offline, CPU)
 	$(PY) -m pytest -q $(ARGS)
 
-test-slow: $(STAMP) ## Run the long checks marked slow
+test-slow: $(STAMP) ## Run the long checks marked slow (installs the deepspeed extra for the ZeRO checks)
+	$(PY) -m pip install -q -e '.[deepspeed]'
 	$(PY) -m pytest -q -m slow $(ARGS)
 
 test-gpu: $(STAMP) ## GRPO steps on every GPU path (bf16, LoRA, vLLM, FSDP2, DeepSpeed), random-init 0.5B shape; needs CUDA

@@ -248,12 +248,14 @@ class Checkpointer:
         schedulers = [o for o in objects.values() if isinstance(o, torch.optim.lr_scheduler.LambdaLR)]
         configured_lrs = [[g.get("initial_lr", g["lr"]) for g in s.optimizer.param_groups] for s in schedulers]
         problems = []
+        deepspeed = self.acc.state.deepspeed_plugin is not None
         for step, path in reversed(found):
             try:
                 if (path / CHECKSUM_FILE).is_file():  # checkpoints of older versions have none
                     verify_checkpoint(path)
                 # strict=False: safetensors drops tied duplicates (lm_head = embeddings) and LoRA saves only adapters
-                self.acc.load_state(str(path), strict=False)
+                # (DeepSpeed's engine loads its own checkpoint format and names the flag load_module_strict)
+                self.acc.load_state(str(path), **({"load_module_strict": False} if deepspeed else {"strict": False}))
                 self._check_rng_restored(path)
             except CheckpointDamaged as exc:
                 problems.append(str(exc))

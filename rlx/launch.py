@@ -57,14 +57,17 @@ def needs_launch(hardware) -> bool:
     return world_size(hardware) > 1 and not is_worker()
 
 
-def check_batch(cfg, processes: int) -> None:
-    """The global batch must split evenly over processes, micro-batches and accumulation steps."""
+def check_batch(cfg, processes: int) -> int:
+    """The global batch must split evenly over processes, micro-batches and accumulation steps.
+    Returns the per-process batch of one optimizer step. With advantage=median each prompt has G + 1
+    samples (the pivot too), so the rollout batch is prompts_per_step x (G + 1)."""
     hw = cfg.hardware
     if processes > 1 and cfg.algorithm.get("dynamic_sampling"):
         raise UserError("algorithm.dynamic_sampling runs on one process for now; set algorithm.dynamic_sampling=false "
                         "or hardware.num_processes=1")
     if cfg.algorithm.family in ("policy_gradient", "ppo"):
-        prompts, group = cfg.prompts_per_step, cfg.rollout.samples_per_prompt
+        prompts = cfg.prompts_per_step
+        group = cfg.rollout.samples_per_prompt + (cfg.algorithm.get("advantage") == "median")
         if prompts % processes:
             raise UserError(
                 f"prompts_per_step={prompts} does not split over {processes} processes "
@@ -74,11 +77,11 @@ def check_batch(cfg, processes: int) -> None:
         mini_batches = cfg.algorithm.get("mini_batches", 1)
         if local % mini_batches:
             raise UserError(
-                f"each process holds prompts_per_step/processes x samples_per_prompt = {local} samples, which "
+                f"each process holds prompts_per_step/processes x samples per prompt = {local} samples, which "
                 f"algorithm.mini_batches={mini_batches} does not divide; change prompts_per_step or mini_batches"
             )
         local_step = local // mini_batches
-        what = "prompts_per_step/processes x samples_per_prompt / algorithm.mini_batches"
+        what = "prompts_per_step/processes x samples per prompt / algorithm.mini_batches"
     else:
         batch = cfg.algorithm.get("batch_size", cfg.prompts_per_step)
         if batch % processes:
@@ -95,6 +98,7 @@ def check_batch(cfg, processes: int) -> None:
             f"the per-process batch of one optimizer step ({what} = {local_step}); change one of them, "
             f"or set hardware.gradient_accumulation_steps=null to derive it"
         )
+    return local_step
 
 
 def check_strategy(hardware) -> None:
@@ -105,13 +109,21 @@ def check_strategy(hardware) -> None:
     import torch
 
     strategy = hardware.get("distributed", "no")
-    if strategy not in ("fsdp", "deepspeed"):
-        return
-    if hardware.get("cpu") or not torch.cuda.is_available():
-        raise UserError(f"hardware.distributed={strategy} needs GPUs (Accelerate has no CPU backend for it) and none is "
-                        f"usable here; use hardware=ddp (runs on CPU with gloo) or hardware=cpu")
-    if strategy == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
-        raise UserError("hardware=deepspeed_zero2/3 needs DeepSpeed: pip install deepspeed")
+    if strategy == "fsdp" and (hardware.get("cpu") or not torch.cuda.is_available()):
+        raise UserError("hardware.distributed=fsdp needs GPUs (Accelerate 1.15 falls back to DDP on the CPU) and none is "
+                        "usable here; use hardware=deepspeed_zero3 (runs on the CPU) or hardware=ddp")
+    if strategy == "deepspeed":
+        if importlib.util.find_spec("deepspeed") is None:
+            raise UserError("hardware=deepspeed_zero2/3 needs DeepSpeed: pip install 'rlx[deepspeed]'")
+        if hardware.get("cpu"):
+            raise UserError("hardware.distributed=deepspeed ignores hardware.cpu=true (Accelerate then drops DeepSpeed); "
+                            "set hardware.cpu=false: without a GPU DeepSpeed runs on the CPU with gloo")
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _free_port() -> int:
@@ -157,6 +169,8 @@ def launch_workers(hardware, run_dir: Path, overrides: list[str]) -> int:
     worker_args = ["train", *overrides, f"hydra.run.dir='{quoted}'", "hydra.output_subdir=null"]
     cmd = launcher_command(hardware, worker_args)
     env = dict(os.environ, **{WORKER_ENV: str(run_dir)})
+    if hardware.get("distributed") == "deepspeed" and not _cuda_available():
+        env.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU accelerator (gloo) when no GPU is visible
     if hardware.num_threads:
         env["OMP_NUM_THREADS"] = str(hardware.num_threads)
     log.info("launching %d processes: %s", world_size(hardware), " ".join(cmd))

@@ -5,7 +5,15 @@ global batch, so N processes take exactly the optimizer step one process would t
 Gradients: DistributedDataParallel averages gradients over processes. A loss normalised by a global
 count (all tokens of the batch) gives on process r the gradient g_r of its share of the global loss,
 and the full gradient is sum_r g_r = N * mean_r g_r; so each process scales its loss by N
-(`gradient_scale`) and DDP's average becomes that sum.
+(`gradient_scale`) and DDP's average becomes that sum. The K micro-batches of one optimizer step go
+through Accelerate's gradient accumulation (`backward`): Accelerate (and DeepSpeed's engine) divide each
+micro-batch loss by K, so the scale is N x K, and gradients are synchronised (DDP) or the DeepSpeed
+engine steps only on the K-th micro-batch.
+
+Sharded engines (DeepSpeed ZeRO, FSDP2) run the same loops: `deepspeed_config` builds DeepSpeed's
+config from rlx's settings, `full_state_dict` gathers the policy's full weights (final save, vLLM),
+and every forward pass of a sharded model is a collective, so all ranks must run the same number of
+them (generation keeps stepping until every rank is done: rollout/hf.py).
 """
 
 from __future__ import annotations
@@ -20,8 +28,80 @@ def shard(count: int, accelerator) -> slice:
 
 
 def gradient_scale(accelerator) -> float:
-    """Factor on a globally normalised loss so that DDP's gradient average becomes the global gradient."""
-    return float(accelerator.num_processes)
+    """Factor on a globally normalised loss so that DDP's gradient average over N processes, after
+    Accelerate's division by K accumulation steps, becomes the global gradient: N x K."""
+    return float(accelerator.num_processes * accelerator.gradient_accumulation_steps)
+
+
+def backward(accelerator, loss: torch.Tensor, *models) -> None:
+    """Backward of one micro-batch's share of a globally normalised loss. Inside Accelerate's
+    `accumulate`, gradients are all-reduced (DDP) or the DeepSpeed engine steps (clip, optimizer,
+    schedule) only on the last of the K micro-batches of an optimizer step."""
+    with accelerator.accumulate(*models):
+        accelerator.backward(loss * gradient_scale(accelerator))
+
+
+def micro_batches_per_step(local_batch: int, micro_batch_size: int) -> int:
+    """K = ceil(local batch of one optimizer step / micro_batch_size): the micro-batches every loop runs
+    before each optimizer step (Accelerate's gradient_accumulation_steps)."""
+    return max(1, -(-int(local_batch) // int(micro_batch_size)))
+
+
+def deepspeed_config(zero_stage: int, micro_batch_size: int, accumulation: int, world_size: int,
+                     max_grad_norm: float | None, mixed_precision: str = "no", offload_optimizer: str = "none",
+                     offload_param: str = "none") -> dict:
+    """DeepSpeed's config dict from rlx's settings, every number filled in.
+
+    Accelerate fills DeepSpeed's "auto" batch sizes from a prepared dataloader, which rlx's loops do
+    not use, so they are given here: train_batch_size = micro x K x world size. DeepSpeed clips at
+    `gradient_clipping` inside its step (1.0 when left to Accelerate), so it is optim.max_grad_norm
+    (0 = no clipping). Stage 3 gathers the full 16-bit-or-fp32 weights on save (final/ holds a full
+    state dict). Example: stage 2, micro 2, K 4, 2 processes, clip 1.0 ->
+    {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,
+     "gradient_clipping": 1.0, "zero_optimization": {"stage": 2, ...}, ...}."""
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"hardware.deepspeed.zero_stage={zero_stage}; valid choices: 0, 1, 2, 3")
+    if mixed_precision not in ("no", "bf16", "fp16"):
+        raise ValueError(f"hardware.mixed_precision={mixed_precision}; valid choices: no, bf16, fp16")
+    zero = {"stage": int(zero_stage)}
+    if offload_optimizer != "none":
+        zero["offload_optimizer"] = {"device": offload_optimizer}
+    if zero_stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+        if offload_param != "none":
+            zero["offload_param"] = {"device": offload_param}
+    return {
+        "train_batch_size": int(micro_batch_size) * int(accumulation) * int(world_size),
+        "train_micro_batch_size_per_gpu": int(micro_batch_size),
+        "gradient_accumulation_steps": int(accumulation),
+        "gradient_clipping": float(max_grad_norm or 0.0),
+        "zero_optimization": zero,
+        "bf16": {"enabled": mixed_precision == "bf16"},
+        "fp16": {"enabled": mixed_precision == "fp16"},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 2**31 - 1,  # DeepSpeed's own progress lines: rlx logs its metrics
+    }
+
+
+def full_state_dict(accelerator, model) -> dict:
+    """The policy's full (unsharded) state dict, gathered over the ranks of a sharded engine.
+
+    Every process must call it (the gather is a collective); DDP and one process return the module's own
+    state dict. The one way to read the policy's complete weights: final save, vLLM weight sync."""
+    return accelerator.get_state_dict(model)
+
+
+def is_sharded(model) -> bool:
+    """True when the model's parameters are partitioned over ranks (DeepSpeed ZeRO-3 or FSDP2): a
+    parameter then holds only a shard (ZeRO-3: an empty placeholder, FSDP2: a DTensor), so code that
+    reads weights directly (the chunked output head, the hand-written decode step) must not run."""
+    for param in model.parameters():
+        return hasattr(param, "ds_id") or _is_dtensor(param)
+    return False
+
+
+def _is_dtensor(tensor) -> bool:
+    return type(tensor).__name__ == "DTensor" or type(getattr(tensor, "data", None)).__name__ == "DTensor"
 
 
 def gather(accelerator, tensor: torch.Tensor) -> torch.Tensor:

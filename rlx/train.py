@@ -160,7 +160,7 @@ def check_policy_gradient_settings(cfg: DictConfig) -> None:
                         f"(got {algo.kl_estimator})")
     if algo.kl_coef == 0 and (algo.kl_target is not None or algo.ref_reset_every):
         raise UserError("algorithm.kl_target / algorithm.ref_reset_every need a reference: set algorithm.kl_coef > 0")
-    if algo.ref_reset_every and family == "policy_gradient" and cfg.model.lora.enabled:
+    if algo.ref_reset_every and cfg.model.lora.enabled:
         raise UserError("algorithm.ref_reset_every copies the policy into the reference, but under LoRA the reference is "
                         "the base with the adapter off; set algorithm.ref_reset_every=0 or model.lora.enabled=false")
     if algo.kl_target is not None and algo.kl_target <= 0:
@@ -177,6 +177,52 @@ def check_policy_gradient_settings(cfg: DictConfig) -> None:
         raise UserError("algorithm.positive_weight and algorithm.negative_weight must be >= 0")
     if family == "ppo" and not (0 <= algo.gamma <= 1 and 0 <= algo.lam <= 1):
         raise UserError(f"algorithm.gamma={algo.gamma} and algorithm.lam={algo.lam} must be in [0, 1]")
+
+
+def check_sharded_settings(cfg: DictConfig) -> None:
+    """What the sharded engines do not run (yet), stopped before any work."""
+    hw = cfg.hardware
+    if hw.get("distributed") != "deepspeed":
+        return
+    if cfg.algorithm.family == "ppo":
+        raise UserError("algorithm=ppo trains two models (policy and critic), which rlx does not prepare under DeepSpeed; "
+                        "use hardware=ddp or a critic-free algorithm (grpo, rloo, ...)")
+    if cfg.rollout.backend != "hf":
+        raise UserError("rollout=vllm reads the full policy weights after each update, not run under DeepSpeed yet; "
+                        "use rollout=hf or hardware=ddp")
+    if hw.deepspeed.zero_stage == 3 and cfg.algorithm.get("ref_reset_every"):
+        raise UserError("algorithm.ref_reset_every copies the policy into the reference, not done between ZeRO-3 shards; "
+                        "set algorithm.ref_reset_every=0 or hardware=deepspeed_zero2")
+    lora = cfg.model.get("lora")
+    if (hw.deepspeed.zero_stage == 3 and hw.deepspeed.zero3_init_flag and cfg.algorithm.get("kl_coef", 0) > 0
+            and not (lora is not None and lora.enabled)):
+        raise UserError("hardware.deepspeed.zero3_init_flag=true loads the policy already partitioned, so the KL reference "
+                        "cannot be copied from it; set hardware.deepspeed.zero3_init_flag=false or use model.lora.enabled=true")
+
+
+def deepspeed_plugin(cfg: DictConfig, accumulation: int):
+    """Accelerate's DeepSpeedPlugin with rlx's own config (rlx.parallel.deepspeed_config), or None."""
+    hw = cfg.hardware
+    if hw.get("distributed") != "deepspeed":
+        return None
+    from accelerate.utils import DeepSpeedPlugin
+
+    from rlx import launch
+    from rlx.parallel import deepspeed_config
+
+    ds = hw.deepspeed
+    config = deepspeed_config(ds.zero_stage, cfg.micro_batch_size, accumulation, launch.world_size(hw),
+                              cfg.optim.max_grad_norm, hw.mixed_precision, ds.offload_optimizer_device, ds.offload_param_device)
+    return DeepSpeedPlugin(hf_ds_config=config, zero3_init_flag=bool(ds.zero3_init_flag and ds.zero_stage == 3))
+
+
+def process_group_kwargs(cfg: DictConfig) -> list:
+    """DeepSpeed without a GPU: Accelerate finds no backend for hardware.cpu=false, so name gloo."""
+    if cfg.hardware.get("distributed") != "deepspeed" or torch.cuda.is_available():
+        return []
+    from accelerate.utils import InitProcessGroupKwargs
+
+    return [InitProcessGroupKwargs(backend="gloo")]
 
 
 def build_model_and_tokenizer(cfg: DictConfig, train_rows: list[dict]):
@@ -217,7 +263,9 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
     check_settings(cfg)
     launch.check_batch(cfg, launch.world_size(cfg.hardware))
     launch.check_strategy(cfg.hardware)
-    lock = None if launch.is_worker() else RunLock(run_dir).acquire()  # one process (tree) per run directory
+    check_sharded_settings(cfg)
+    # one process (tree) per run directory; machine 0's launcher holds it for a multi-node run
+    lock = None if launch.is_worker() or cfg.hardware.machine_rank != 0 else RunLock(run_dir).acquire()
     try:
         return _run_locked(cfg, run_dir, overrides)
     finally:
@@ -233,9 +281,11 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
     from rlx.data.tasks import load_rows
     from rlx.loops.common import Components, seed_everything
     from rlx.models.lora import final_is_complete, prepare_policy, save_final
+    from rlx.parallel import full_state_dict, micro_batches_per_step
     from rlx.rewards import build_rewards
     from rlx.run import plot_run, write_run_files
 
+    local_batch = launch.check_batch(cfg, launch.world_size(cfg.hardware))
     rebuild_final = False
     if cfg.resume is not None:  # the cli pointed the run directory at the run being resumed
         found = latest_checkpoint(run_dir)
@@ -248,7 +298,7 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
                         run_dir, found[0])
             rebuild_final = True
     if launch.needs_launch(cfg.hardware):  # parent of a multi-process run: write the run files, start workers
-        if not rebuild_final:
+        if not rebuild_final and cfg.hardware.machine_rank == 0:  # machine 0 writes the shared run directory's files
             if cfg.resume is not None:
                 _record_resume(cfg, run_dir, overrides)
             write_run_files(run_dir, cfg, overrides)
@@ -261,8 +311,18 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
         torch.set_num_threads(cfg.hardware.num_threads)
     trackers = tracking.tracker_names(cfg.logger)
     tracking.tracker_environment(cfg.logger, run_dir)
+    accumulation = micro_batches_per_step(local_batch, cfg.micro_batch_size)
+    # the schedule steps once per optimizer step (a prepared scheduler would otherwise step N times)
     accelerator = Accelerator(cpu=cfg.hardware.cpu, mixed_precision=cfg.hardware.mixed_precision,
-                              log_with=trackers or None, project_dir=str(run_dir))
+                              log_with=trackers or None, project_dir=str(run_dir), gradient_accumulation_steps=accumulation,
+                              step_scheduler_with_optimizer=False, deepspeed_plugin=deepspeed_plugin(cfg, accumulation),
+                              kwargs_handlers=process_group_kwargs(cfg))
+    if cfg.hardware.get("distributed") == "deepspeed" and not accelerator.state.deepspeed_plugin.zero3_init_flag:
+        # Accelerate registers its stage-3 config with transformers even when zero3_init_flag is off, and
+        # from_pretrained would then load the weights already partitioned (and the reference copy empty)
+        from transformers.integrations import unset_hf_deepspeed_config
+
+        unset_hf_deepspeed_config()
     if accelerator.num_processes != launch.world_size(cfg.hardware):
         raise UserError(f"{accelerator.num_processes} processes are running but hardware.num_processes x num_machines = "
                         f"{launch.world_size(cfg.hardware)}; start runs with `rlx train`, not `accelerate launch`")
@@ -316,16 +376,19 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
     result = loop(cfg, parts)
 
     accelerator.wait_for_everyone()
+    # every process takes part in gathering the full weights of a sharded policy; the main one writes them
+    state = full_state_dict(accelerator, result["model"]) if cfg.save.final else None
     if rebuild_final:  # the loop restored the last checkpoint and had nothing to train
         if accelerator.is_main_process:
-            save_final(accelerator.unwrap_model(result["model"]), tokenizer, run_dir, cfg.model.lora.save_merged, cfg.steps)
+            save_final(accelerator.unwrap_model(result["model"]), tokenizer, run_dir, cfg.model.lora.save_merged, cfg.steps,
+                       state)
             log.info("final/ rebuilt from the last checkpoint")
         accelerator.end_training()
         return None
     if accelerator.is_main_process:
         if cfg.save.final:
             save_final(accelerator.unwrap_model(result["model"]), tokenizer, run_dir, cfg.model.lora.save_merged,
-                       cfg.steps)
+                       cfg.steps, state)
         if cfg.save.plot:
             plot_run(run_dir)
         summary = {k: v for k, v in result["final_eval"].items()}

@@ -79,19 +79,31 @@ def clipped_surrogate(
     return loss, metrics
 
 
-def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, rho: float) -> torch.Tensor:
+def entropy_threshold(entropy: torch.Tensor, mask: torch.Tensor, rho: float) -> torch.Tensor | None:
+    """The entropy of the round(rho x M)-th highest of the M valid tokens (at least one kept): the
+    forking-token threshold. None when nothing is valid. With several processes, pass the gathered
+    global batch so every process uses the one threshold a single process would. entropy, mask: (N, T)."""
+    values = entropy[mask.bool()]
+    if values.numel() == 0:
+        return None
+    keep_count = max(1, int(round(rho * values.numel())))
+    return values.topk(keep_count).values.min()
+
+
+def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, rho: float,
+                     threshold: torch.Tensor | None = None) -> torch.Tensor:
     """Keep only the top-rho fraction of valid tokens by entropy ("forking tokens", Wang et al. 2025,
     "Beyond the 80/20 Rule": rho = 0.2 matches or beats training on all tokens).
 
-    The threshold is the (1 - rho) quantile of the valid tokens' entropies; tokens at or above it stay.
-    rho = 1 keeps every valid token. Example: entropies [0.1, 0.9, 0.5, 0.3], rho = 0.5 -> keep the
-    two highest: [F, T, T, F]. entropy, mask: (N, T). Returns (N, T) bool (False where mask is 0)."""
+    The threshold is the (1 - rho) quantile of the valid tokens' entropies (`entropy_threshold`, or the
+    given one, e.g. computed over all processes); tokens at or above it stay. rho = 1 keeps every valid
+    token. Example: entropies [0.1, 0.9, 0.5, 0.3], rho = 0.5 -> keep the two highest: [F, T, T, F].
+    entropy, mask: (N, T). Returns (N, T) bool (False where mask is 0)."""
     valid = mask.bool()
     if rho >= 1.0 or not valid.any():
         return valid
-    values = entropy[valid]
-    keep_count = max(1, int(round(rho * values.numel())))
-    threshold = values.topk(keep_count).values.min()
+    if threshold is None:
+        threshold = entropy_threshold(entropy, mask, rho)
     return valid & (entropy >= threshold)
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from rlx.config import UserError
+from rlx.parallel import gather, global_sum
 from rlx.rewards import RewardComponent, compute_rewards, token_lists, with_system_prompt
 from rlx.rollout.hf import generate
 
@@ -121,7 +122,12 @@ def lr_lambda(schedule: str, warmup_steps: int, total_steps: int):
 
 def optimizer_step(accelerator, model, optimizer, scheduler, max_grad_norm: float | None) -> float | None:
     """Clip the global gradient norm (when max_grad_norm is set), step, advance the schedule, clear the
-    gradients. Returns the pre-clipping gradient norm, or None without clipping."""
+    gradients. Returns the pre-clipping gradient norm, or None without clipping. Under DeepSpeed the
+    engine has already clipped (at optim.max_grad_norm) and stepped in the last micro-batch's backward;
+    the calls here then return its norm and do nothing else."""
+    if not accelerator.sync_gradients:  # a loop ran fewer micro-batches than gradient_accumulation_steps
+        raise RuntimeError(f"optimizer step before the last of {accelerator.gradient_accumulation_steps} micro-batches: "
+                           f"the loop's micro-batch count and train.py's gradient accumulation disagree")
     grad_norm = None
     if max_grad_norm:
         grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), max_grad_norm))
@@ -224,41 +230,68 @@ def eval_settings(cfg) -> dict:
     )
 
 
+def eval_shard(count: int, acc) -> tuple[slice, int]:
+    """This process's rows of an evaluation split over all processes: a contiguous block of
+    ceil(count / N) rows (the last blocks shorter or empty), and how many copies of a row pad it to
+    that size, so every process generates the same number of rows (the same collectives under ZeRO-3)
+    and the gathered blocks start with the `count` real rows in order."""
+    processes = acc.num_processes if acc is not None else 1
+    rank = acc.process_index if acc is not None else 0
+    per = -(-count // processes)
+    lo, hi = min(count, rank * per), min(count, (rank + 1) * per)
+    return slice(lo, hi), per - (hi - lo)
+
+
 @torch.no_grad()
 def evaluate(model, tokenizer, rows: list[dict], rewards: list[RewardComponent], *, accuracy_key: str,
              use_chat_template: bool, system_prompt: str | None, max_new_tokens: int, batch_size: int,
-             on_error: str = "raise") -> tuple[dict, list[dict]]:
-    """Greedy completions on held-out rows; returns eval/* metrics and per-row records."""
+             on_error: str = "raise", acc=None) -> tuple[dict, list[dict]]:
+    """Greedy completions on held-out rows; returns eval/* metrics and per-row records.
+
+    With several processes (acc), every process generates its block of the rows (eval_shard) and the
+    per-row results are gathered, so each process returns the metrics of all rows; the records are
+    this process's rows (the main process's are the first ones)."""
+    mine, padding = eval_shard(len(rows), acc)
+    rows = rows[mine] + rows[:1] * padding if rows else rows
     prompts = format_prompts(tokenizer, rows, use_chat_template, system_prompt)
     rollout = generate(model, tokenizer, prompts, samples_per_prompt=1, max_new_tokens=max_new_tokens,
                        greedy=True, batch_size=batch_size)
     total, per_component, _ = compute_rewards(rewards, prompts, rollout.texts, rows, on_error, system_prompt=system_prompt,
                                               completion_ids=token_lists(rollout.completion_ids, rollout.completion_mask))
+    lengths, truncated = rollout.lengths.float(), rollout.truncated.float()
+    local = {"total": total, "lengths": lengths, "truncated": truncated, **{f"component/{k}": v for k, v in per_component.items()}}
+    if acc is not None and acc.num_processes > 1:  # (N x block,) -> the `count` real rows, in order
+        count = int(global_sum(acc, mine.stop - mine.start))
+        local = {name: gather(acc, values.float())[:count] for name, values in local.items()}
+    total, lengths, truncated = local["total"], local["lengths"], local["truncated"]
+    scores = {name[len("component/"):]: values for name, values in local.items() if name.startswith("component/")}
     metrics = {
-        "eval/accuracy": torch.nan_to_num(per_component[accuracy_key], nan=0.0).mean().item(),
+        "eval/accuracy": torch.nan_to_num(scores[accuracy_key], nan=0.0).mean().item(),
         "eval/reward": total.mean().item(),
-        "eval/mean_length": rollout.lengths.float().mean().item(),
-        "eval/truncated_frac": rollout.truncated.float().mean().item(),
+        "eval/mean_length": lengths.mean().item(),
+        "eval/truncated_frac": truncated.mean().item(),
     }
-    for name, values in per_component.items():
+    for name, values in scores.items():
         metrics[f"eval/{name}"] = torch.nan_to_num(values, nan=0.0).mean().item()
+    real = mine.stop - mine.start
     records = [
         {"prompt": row["prompt"], "answer": row.get("answer"), "completion": text,
          "score": per_component[accuracy_key][i].item()}
-        for i, (row, text) in enumerate(zip(rows, rollout.texts))
+        for i, (row, text) in enumerate(zip(rows[:real], rollout.texts[:real]))
     ]
     return metrics, records
 
 
 def eval_due(cfg, step: int, acc) -> bool:
-    """Evaluate every eval.every steps and at the last step, on the main process only."""
-    return bool(cfg.eval.every) and (step % cfg.eval.every == 0 or step == cfg.steps) and acc.is_main_process
+    """Evaluate every eval.every steps and at the last step, on every process (each generates its share
+    of the rows; a sharded model needs all of them in every forward pass)."""
+    return bool(cfg.eval.every) and (step % cfg.eval.every == 0 or step == cfg.steps)
 
 
 def evaluate_at_start(cfg, acc, start_step: int, metrics_log, run_eval, extra: dict | None = None) -> dict:
-    """The step-0 evaluation of a fresh run (eval.at_start), on the main process; written to the
-    metrics file together with `extra` (e.g. data counts). {} when skipped."""
-    if not (cfg.eval.at_start and start_step == 0 and acc.is_main_process):
+    """The step-0 evaluation of a fresh run (eval.at_start), on every process; written to the metrics
+    file (by the main process) together with `extra` (e.g. data counts). {} when skipped."""
+    if not (cfg.eval.at_start and start_step == 0):
         return {}
     metrics = run_eval(0)
     metrics_log.write(0, {**(extra or {}), **metrics})
@@ -280,7 +313,7 @@ def task_evaluator(cfg, acc, parts: Components, model):
     kwargs, rows = eval_settings(cfg), parts.eval_rows[: cfg.eval.size]
 
     def run_eval(step: int) -> dict:
-        metrics, _ = evaluate(acc.unwrap_model(model), parts.tokenizer, rows, parts.rewards, **kwargs)
+        metrics, _ = evaluate(acc.unwrap_model(model), parts.tokenizer, rows, parts.rewards, **kwargs, acc=acc)
         return metrics
 
     return run_eval

@@ -31,7 +31,7 @@ import torch
 
 from rlx.algorithms.advantages import outcome_advantages, sign_weighted, tied_groups, zero_std_group_fraction
 from rlx.algorithms.kl import adaptive_kl_coef, penalized_token_loss, sequence_kl_in_reward
-from rlx.algorithms.losses import aggregate, clipped_surrogate, top_entropy_mask
+from rlx.algorithms.losses import aggregate, clipped_surrogate, entropy_threshold, top_entropy_mask
 from rlx.algorithms.offpolicy import logprob_gap, truncated_importance_weights
 from rlx.checkpoint import Checkpointer, GeneratorState
 from rlx.data.tasks import PromptStream
@@ -46,8 +46,8 @@ from rlx.loops.common import (
     task_evaluator,
 )
 from rlx.models.forward import completion_logprobs
-from rlx.models.lora import reference_model
-from rlx.parallel import gather, global_mean, global_sum, gradient_scale, shard
+from rlx.models.lora import place_reference, reference_model
+from rlx.parallel import backward, gather, gather_padded, global_mean, global_sum, shard
 from rlx.rewards import RewardComponent, TrainerState, compute_rewards, token_lists
 from rlx.rewards.overlong import overlong_penalty
 from rlx.rollout.hf import Rollout, generate
@@ -306,12 +306,14 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
     kl_state = KLCoefficient(float(algo.kl_coef))
     reference_reset = ReferenceReset(reference, algo.ref_reset_every)
     engine = build_engine(roll, parts.model, tokenizer, cfg.seed)  # None: generate with the policy (rollout=hf)
-    model, optimizer = acc.prepare(parts.model, optimizer)
+    # the scheduler prepared too: under DeepSpeed the engine steps it (and saves it in checkpoints)
+    model, optimizer, scheduler = acc.prepare(parts.model, optimizer, scheduler)
+    reference = place_reference(reference, acc)
     stream = PromptStream(parts.train_rows, cfg.seed)
     train_rewards = training_rewards(parts, algo, roll.max_new_tokens)
     shuffle = torch.Generator().manual_seed(cfg.seed)
     checkpointer = Checkpointer.from_config(cfg, acc, run_dir)
-    start_step = checkpointer.restore(scheduler=scheduler, data=stream, shuffle=GeneratorState(shuffle), kl=kl_state,
+    start_step = checkpointer.restore(data=stream, shuffle=GeneratorState(shuffle), kl=kl_state,
                                       **reference_reset.checkpointed())
     metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
     run_eval = task_evaluator(cfg, acc, parts, model)
@@ -354,8 +356,9 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
         advantages, keep = global_advantages[local], global_keep[local]  # (n,), (n,)
         loss_mask = completion_mask * keep.long().unsqueeze(1)  # (N, C): pivots and masked rows leave the loss
         pg_mask = loss_mask  # (N, C): tokens in the policy-gradient term
-        if algo.forking_rho < 1:
-            pg_mask = loss_mask * top_entropy_mask(old_entropy, loss_mask, algo.forking_rho).long()
+        if algo.forking_rho < 1:  # one threshold over the global batch (every process's valid tokens)
+            threshold = entropy_threshold(gather_padded(acc, old_entropy), gather_padded(acc, loss_mask), algo.forking_rho)
+            pg_mask = loss_mask * top_entropy_mask(old_entropy, loss_mask, algo.forking_rho, threshold).long()
         if not need_old:
             old_logp = None
 
@@ -401,7 +404,7 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
                         stats["kl"].append(masked_mean(kl.detach(), device_mask))
                         seq_kl_sum += (kl.detach() * device_mask).sum().item()
                     loss = aggregate(token_loss, device_mask, algo.loss_agg, mini_tokens, mini_seqs, roll.max_new_tokens)
-                    acc.backward(loss * gradient_scale(acc))
+                    backward(acc, loss, model)
                     stats["loss"] += loss.item() / updates_per_step
                     stats["entropy"].append(masked_mean(entropy.detach(), mask.to(logp.device)))
                     stats["clip_low"].append(clip_stats["train/clip_frac_low"].item())

@@ -22,7 +22,6 @@ algorithm.ref_reset_every, the reference weights (rlx/checkpoint.py).
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 
@@ -57,8 +56,9 @@ from rlx.loops.policy_gradient import (
     training_rewards,
 )
 from rlx.models.forward import completion_logprobs
+from rlx.models.lora import place_reference, reference_model
 from rlx.models.value import build_value_model
-from rlx.parallel import gather, gather_padded, global_mean, global_sum, gradient_scale
+from rlx.parallel import backward, gather, gather_padded, global_mean, global_sum
 from rlx.rollout.vllm import build_engine
 from rlx.run import MetricsLog, write_samples
 
@@ -86,9 +86,8 @@ def train_ppo(cfg, parts: Components) -> dict:
     optimizer, scheduler = build_optimizer(parts.model, cfg.optim, total_updates)
     value_optim_cfg = OmegaConf.merge(cfg.optim, {"lr": algo.value_lr})
     value_optimizer, value_scheduler = build_optimizer(value_model, value_optim_cfg, total_updates)
-    reference = None
-    if algo.kl_coef > 0:
-        reference = copy.deepcopy(parts.model).eval().requires_grad_(False)
+    # frozen starting policy (with LoRA: the base with the adapter off); not built when the KL term is off
+    reference = reference_model(parts.model) if algo.kl_coef > 0 else None
     kl_state = KLCoefficient(float(algo.kl_coef))
     reference_reset = ReferenceReset(reference, algo.ref_reset_every)
     if roll.get("tis_cap") is not None:
@@ -97,6 +96,7 @@ def train_ppo(cfg, parts: Components) -> dict:
     engine = build_engine(roll, parts.model, tokenizer, cfg.seed)  # None: generate with the policy (rollout=hf)
     # the policy first: the checkpointer saves the LoRA adapter of the first prepared model
     model, optimizer, value_model, value_optimizer = acc.prepare(parts.model, optimizer, value_model, value_optimizer)
+    reference = place_reference(reference, acc)
     stream = PromptStream(parts.train_rows, cfg.seed)
     train_rewards = training_rewards(parts, algo, roll.max_new_tokens)
     shuffle = torch.Generator().manual_seed(cfg.seed)
@@ -180,7 +180,7 @@ def train_ppo(cfg, parts: Components) -> dict:
                     policy_part = aggregate(token_loss, device_mask, algo.loss_agg, mini_tokens, mini_seqs, roll.max_new_tokens)
                     value_part = aggregate(v_loss, micro_mask.to(values.device), "token-mean", mini_tokens, mini_seqs)
                     loss = policy_part + algo.vf_coef * value_part
-                    acc.backward(loss * gradient_scale(acc))
+                    backward(acc, loss, model, value_model)
                     stats["loss"] += policy_part.item() / updates_per_step
                     stats["value_loss"] += value_part.item() / updates_per_step
                     stats["value_clip"].append(v_stats["train/value_clip_frac"].item())

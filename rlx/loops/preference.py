@@ -38,7 +38,7 @@ from rlx.loops.common import (
 )
 from rlx.models.forward import completion_logprobs
 from rlx.models.lora import reference_model
-from rlx.parallel import global_sum, gradient_scale, shard
+from rlx.parallel import backward, global_sum, shard
 from rlx.run import MetricsLog, write_samples
 
 log = logging.getLogger("rlx")
@@ -121,10 +121,11 @@ def train_preference(cfg, parts: Components) -> dict:
                  time.perf_counter() - start, run_dir / "reference_logps.pt")
 
     optimizer, scheduler = build_optimizer(parts.model, cfg.optim, cfg.steps)
-    model, optimizer = acc.prepare(parts.model, optimizer)
+    # the scheduler prepared too: under DeepSpeed the engine steps it (and saves it in checkpoints)
+    model, optimizer, scheduler = acc.prepare(parts.model, optimizer, scheduler)
     stream = PromptStream(train_pairs, cfg.seed)
     checkpointer = Checkpointer.from_config(cfg, acc, run_dir)
-    start_step = checkpointer.restore(scheduler=scheduler, data=stream)
+    start_step = checkpointer.restore(data=stream)
     metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
     loss_kwargs = dict(loss_type=algo.loss_type, beta=algo.beta, label_smoothing=algo.label_smoothing, gamma=algo.gamma,
                        length_normalize=algo.length_normalize)
@@ -165,7 +166,7 @@ def train_preference(cfg, parts: Components) -> dict:
                 sums["eval/pref_accuracy_logp"] += (chosen / chosen_len > rejected / rejected_len).float().mean().item() * weight
             metrics.update(sums)
         if eval_rows:
-            task_metrics, records = evaluate(policy, tokenizer, eval_rows, parts.rewards, **eval_kwargs)
+            task_metrics, records = evaluate(policy, tokenizer, eval_rows, parts.rewards, **eval_kwargs, acc=acc)
             metrics.update(task_metrics)
             if acc.is_main_process:
                 write_samples(run_dir, step, records[: cfg.log.num_samples])
@@ -191,7 +192,7 @@ def train_preference(cfg, parts: Components) -> dict:
                                             rejected_lengths=rejected_len, **loss_kwargs)  # (m,)
             nll = sft_nll(chosen, chosen_len)  # (m,)
             loss = (losses.sum() + algo.sft_weight * nll.sum()) / batch_size  # mean over the GLOBAL batch
-            acc.backward(loss * gradient_scale(acc))
+            backward(acc, loss, model)
             weight = len(chunk) / batch_size
             stats = {**stats, "train/loss": loss.detach() / weight, "train/pref_loss": losses.detach().mean(),
                      "train/sft_nll": nll.detach().mean(), "pref/chosen_length": chosen_len.mean(),

@@ -32,7 +32,7 @@ from rlx.loops.common import (
     optimizer_step,
 )
 from rlx.loops.preference import load_prepared_pairs
-from rlx.parallel import global_sum, gradient_scale, shard
+from rlx.parallel import backward, global_sum, shard
 from rlx.rewards.model import forward_scores
 from rlx.run import MetricsLog
 
@@ -62,10 +62,11 @@ def train_reward_model(cfg, parts: Components) -> dict:
     if algo.use_margin and not any("margin" in p for p in train_pairs):
         raise UserError("algorithm.use_margin=true but the pairs have no margin; set data.pairs.columns.margin=COLUMN")
     optimizer, scheduler = build_optimizer(parts.model, cfg.optim, cfg.steps)
-    model, optimizer = acc.prepare(parts.model, optimizer)
+    # the scheduler prepared too: under DeepSpeed the engine steps it (and saves it in checkpoints)
+    model, optimizer, scheduler = acc.prepare(parts.model, optimizer, scheduler)
     stream = PromptStream(train_pairs, cfg.seed)
     checkpointer = Checkpointer.from_config(cfg, acc, run_dir)
-    start_step = checkpointer.restore(scheduler=scheduler, data=stream)
+    start_step = checkpointer.restore(data=stream)
     metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
 
     def margins(pairs: list[dict], device) -> torch.Tensor | None:
@@ -106,7 +107,7 @@ def train_reward_model(cfg, parts: Components) -> dict:
             # 2. Bradley-Terry loss (+ margin, + centering), mean over the batch
             losses, stats = bradley_terry_loss(chosen, rejected, margins(chunk, chosen.device), algo.center_coef)
             loss = losses.sum() / batch_size  # mean over the GLOBAL batch
-            acc.backward(loss * gradient_scale(acc))
+            backward(acc, loss, model)
             weight = len(chunk) / batch_size
             for key, value in {**stats, "train/loss": losses.detach().mean()}.items():
                 totals[key] = totals.get(key, 0.0) + float(value) * weight

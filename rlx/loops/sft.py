@@ -26,7 +26,7 @@ from rlx.loops.common import (
     optimizer_step,
 )
 from rlx.models.forward import completion_logprobs
-from rlx.parallel import global_sum, gradient_scale, shard
+from rlx.parallel import backward, global_sum, shard
 from rlx.run import MetricsLog, write_samples
 
 log = logging.getLogger("rlx")
@@ -49,16 +49,17 @@ def tokenize_pairs(tokenizer, prompts: list[str], completions: list[str]):
 def train_sft(cfg, parts: Components) -> dict:
     acc, tokenizer, run_dir = parts.accelerator, parts.tokenizer, parts.run_dir
     optimizer, scheduler = build_optimizer(parts.model, cfg.optim, cfg.steps)
-    model, optimizer = acc.prepare(parts.model, optimizer)
+    # the scheduler prepared too: under DeepSpeed the engine steps it (and saves it in checkpoints)
+    model, optimizer, scheduler = acc.prepare(parts.model, optimizer, scheduler)
     stream = PromptStream(parts.train_rows, cfg.seed)
     checkpointer = Checkpointer.from_config(cfg, acc, run_dir)
-    start_step = checkpointer.restore(scheduler=scheduler, data=stream)
+    start_step = checkpointer.restore(data=stream)
     metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
     eval_kwargs = eval_settings(cfg)
     eval_rows = parts.eval_rows[: cfg.eval.size]
 
     def run_eval(step: int) -> dict:
-        metrics, records = evaluate(acc.unwrap_model(model), tokenizer, eval_rows, parts.rewards, **eval_kwargs)
+        metrics, records = evaluate(acc.unwrap_model(model), tokenizer, eval_rows, parts.rewards, **eval_kwargs, acc=acc)
         if acc.is_main_process:
             write_samples(run_dir, step, records[: cfg.log.num_samples])
         return metrics
@@ -80,7 +81,7 @@ def train_sft(cfg, parts: Components) -> dict:
             logp, _ = completion_logprobs(model, prompt_ids[sl], prompt_mask[sl], completion_ids[sl], completion_mask[sl])
             mask = completion_mask[sl].to(logp.device, logp.dtype)
             loss = -(logp * mask).sum() / total_tokens  # token-mean over the whole batch
-            acc.backward(loss * gradient_scale(acc))
+            backward(acc, loss, model)
             loss_sum += loss.item()
         grad_norm = optimizer_step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm)
         elapsed = time.perf_counter() - start

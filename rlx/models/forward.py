@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from rlx.algorithms.logprobs import chunked_linear_logprobs, token_entropy, token_logprobs
+from rlx.parallel import is_sharded
 
 LOGIT_CHUNK_ELEMENTS = 2**22  # logits materialised at once (chunk_tokens x V floats, 16 MB in float32)
 
@@ -22,6 +23,8 @@ def position_ids_from_mask(attention: torch.Tensor) -> torch.Tensor:
 def _output_head(model):
     """The output projection when logits are a plain linear map of the last hidden state, else None."""
     inner = getattr(model, "module", model)  # DistributedDataParallel keeps the model in .module
+    if is_sharded(inner):  # ZeRO-3 / FSDP2: the head's weight is a shard; only its module forward gathers it
+        return None
     config = getattr(inner, "config", None)
     if config is None or getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
         return None  # logits are post-processed (Gemma 2 soft-capping, Cohere scaling): use the plain path

@@ -81,10 +81,31 @@ class AdapterDisabled(torch.nn.Module):
 
 
 def reference_model(policy):
-    """Frozen reference for the KL penalty: the adapter-disabled base under LoRA, else a frozen copy."""
+    """Frozen reference for the KL penalty: the adapter-disabled base under LoRA, else a frozen copy.
+    Call it before `accelerator.prepare` (the copy is taken from the full weights, not ZeRO-3 shards),
+    then `place_reference`."""
     if is_peft(policy):
         return AdapterDisabled(policy)
     return copy.deepcopy(policy).eval().requires_grad_(False)
+
+
+def place_reference(reference, accelerator):
+    """The frozen copy placed like the prepared policy: on its device (the copy keeps the policy's dtype),
+    and under DeepSpeed ZeRO-3 partitioned over the ranks by an optimizer-free DeepSpeed engine, so
+    no rank holds a full second model. The LoRA reference (the policy itself) and None pass through."""
+    if reference is None or isinstance(reference, AdapterDisabled):
+        return reference
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is not None and plugin.deepspeed_config["zero_optimization"]["stage"] == 3:
+        import deepspeed
+
+        config = copy.deepcopy(plugin.deepspeed_config)
+        config.pop("optimizer", None)
+        config.pop("scheduler", None)
+        engine, *_ = deepspeed.initialize(model=reference, config=config)
+        engine.eval()  # DeepSpeedEngine.eval returns None, not the module
+        return engine
+    return reference.to(accelerator.device)
 
 
 def save_adapter(model, folder: Path) -> None:
@@ -101,25 +122,27 @@ def final_is_complete(run_dir: Path, merged: bool = False) -> bool:
     return all((Path(run_dir) / name / FINAL_MARKER).is_file() for name in folders)
 
 
-def save_final(model, tokenizer, run_dir: Path, merged: bool, step: int | None = None) -> None:
+def save_final(model, tokenizer, run_dir: Path, merged: bool, step: int | None = None,
+               state_dict: dict | None = None) -> None:
     """<run>/final: the full model, or with LoRA the adapter; with `merged`, also <run>/final_merged.
 
     Each is written into a temporary folder and renamed when complete, so a kill never leaves a
-    partial final/ (resume rebuilds a missing one from the last checkpoint)."""
+    partial final/ (resume rebuilds a missing one from the last checkpoint).
+    `state_dict`: the full weights gathered over the ranks of a sharded policy (rlx.parallel.full_state_dict)."""
     import json
     import os
     import shutil
 
-    def write(name: str, what) -> None:
+    def write(name: str, what, state=None) -> None:
         target, tmp = Path(run_dir) / name, Path(run_dir) / f".tmp-{name}"
         shutil.rmtree(tmp, ignore_errors=True)
-        what.save_pretrained(tmp)
+        what.save_pretrained(tmp, state_dict=state)
         tokenizer.save_pretrained(tmp)
         (tmp / FINAL_MARKER).write_text(json.dumps({"step": step}) + "\n")
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
 
-    write("final", model)
+    write("final", model, state_dict)
     if merged and is_peft(model):
         write("final_merged", copy.deepcopy(model).merge_and_unload())

@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlx.parallel import is_sharded
+
 SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
 
@@ -56,6 +58,8 @@ def decode_step_for(model) -> DecodeStep | None:
     if any(kind != "full_attention" for kind in (getattr(config, "layer_types", None) or [])):
         return None
     if getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True):
+        return None
+    if is_sharded(model):  # ZeRO-3 / FSDP2 parameters hold shards: the modules' forward gathers them
         return None
     base = getattr(model, "model", None)
     head = getattr(model, "lm_head", None)

@@ -9,6 +9,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from rlx.models.forward import position_ids_from_mask
+from rlx.parallel import is_sharded
 from rlx.rollout.fast_decode import decode_step_for
 from rlx.rollout.sampling import sample_tokens
 
@@ -128,8 +129,12 @@ def generate(
     chunking or sharding the batch does not change what is drawn. Without seeds, they are drawn from
     the global torch generator. Each prompt is encoded once and its KV cache copied to its G samples;
     rows that emitted a stop token leave the batch, and generation ends when every row has stopped.
-    min_new_tokens > 0 forbids the stop tokens before that many tokens (fixed-length benchmarks)."""
+    min_new_tokens > 0 forbids the stop tokens before that many tokens (fixed-length benchmarks).
+    A sharded model (ZeRO-3, FSDP2) gathers its weights in every forward pass, a collective: there no
+    row leaves the batch early and every process keeps stepping until all processes' rows have stopped
+    (`lockstep`), so each runs the same forward passes; each process must then pass as many prompts."""
     device = next(model.parameters()).device
+    lockstep = is_sharded(model) and torch.distributed.is_available() and torch.distributed.is_initialized()
     stop_ids = eos_ids(model, tokenizer)
     was_training = model.training
     model.eval()
@@ -152,12 +157,14 @@ def generate(
         chunk = _decode(
             model, unique_ids[first:last].to(device), unique_mask[first:last].to(device), group, seed_tensor[rows],
             max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, stop_ids=stop_ids, pad_id=pad_id,
-            greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p,
+            greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, lockstep=lockstep,
         )  # (n, c)
         completion_ids[rows, : chunk.shape[1]] = chunk.cpu()
         width = max(width, chunk.shape[1])
-    completion_ids = completion_ids[:, :width]  # (N, C): padded to the longest completion, not the budget
-    completion_mask, truncated = completion_mask_from_ids(completion_ids, stop_ids)
+    completion_mask, truncated = completion_mask_from_ids(completion_ids[:, :width], stop_ids)
+    # (N, C): padded to the longest completion, not the budget (nor past it, as a lockstep batch may run)
+    width = int(completion_mask.sum(dim=1).max()) if num_rows else 0
+    completion_ids, completion_mask = completion_ids[:, :width], completion_mask[:, :width]
     completion_ids = completion_ids.masked_fill(completion_mask == 0, pad_id)
     texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
     if was_training:
@@ -167,9 +174,18 @@ def generate(
     return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, truncated, texts)
 
 
+def _all_stopped(stopped: torch.Tensor) -> bool:
+    """True when every row of every process has stopped (one all-reduce)."""
+    flag = torch.tensor([0.0 if bool(stopped.all()) else 1.0], device=stopped.device)
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+    return flag.item() == 0.0
+
+
 def _decode(model, prompt_ids, prompt_mask, group, seeds, *, max_new_tokens, min_new_tokens, stop_ids, pad_id, greedy,
-            temperature, top_k, top_p) -> torch.Tensor:
-    """Token-by-token decoding of `group` samples for each of b prompts. Returns (b*group, c) token ids."""
+            temperature, top_k, top_p, lockstep=False) -> torch.Tensor:
+    """Token-by-token decoding of `group` samples for each of b prompts. Returns (b*group, c) token ids.
+    lockstep: rows that stopped stay in the batch (their later tokens are masked by the caller) and the
+    loop runs until every process's rows have stopped."""
     device = prompt_ids.device
     num_rows = prompt_ids.shape[0] * group
     out = torch.full((num_rows, max_new_tokens), pad_id, dtype=torch.long, device=device)  # (n, C_max)
@@ -183,6 +199,7 @@ def _decode(model, prompt_ids, prompt_mask, group, seeds, *, max_new_tokens, min
     cache = step.past_key_values
     # the per-token steps: rlx's own decode step for Llama-family models (rollout/fast_decode.py)
     fast = decode_step_for(model) if all(isinstance(layer, PreallocatedLayer) for layer in cache.layers) else None
+    stopped = torch.zeros(num_rows, dtype=torch.bool, device=device)  # lockstep: rows that emitted a stop token
     if group > 1:
         cache.batch_repeat_interleave(group)
     attention = prompt_mask.repeat_interleave(group, dim=0)  # (n, P + t)
@@ -202,7 +219,12 @@ def _decode(model, prompt_ids, prompt_mask, group, seeds, *, max_new_tokens, min
         if t == max_new_tokens - 1:
             break
         finished = torch.isin(token, stop)  # (a,)
-        if finished.any():
+        if lockstep:
+            stopped |= finished
+            if _all_stopped(stopped):
+                used = t + 1
+                break
+        elif finished.any():
             keep = (~finished).nonzero().squeeze(1)
             if keep.numel() == 0:
                 used = t + 1
