@@ -177,6 +177,7 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
     check_settings(cfg)
     launch.check_batch(cfg, launch.world_size(cfg.hardware))
     launch.check_strategy(cfg.hardware)
+    launch.check_device(cfg.hardware)
     if cfg.resume is not None:  # the cli pointed the run directory at the run being resumed
         found = latest_checkpoint(run_dir)
         if found is not None and found[0] >= cfg.steps:
@@ -240,7 +241,8 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         if cfg.save.final:
-            save_final(accelerator.unwrap_model(result["model"]), tokenizer, run_dir, cfg.model.lora.save_merged)
+            save_final(accelerator.unwrap_model(result["model"]), tokenizer, run_dir, cfg.model.lora.save_merged,
+                       base_name=cfg.model.path)
         if cfg.save.plot:
             plot_run(run_dir)
         summary = {k: v for k, v in result["final_eval"].items()}

@@ -76,8 +76,17 @@ def save_adapter(model, folder: Path) -> None:
         model.save_pretrained(folder)
 
 
-def save_final(model, tokenizer, run_dir: Path, merged: bool) -> None:
+def portable_base_name(model, base_name: str | None) -> None:
+    """Record the base model of a LoRA adapter by its config name (builtin:tiny, a hub id, the path the
+    user gave), not the absolute folder it was loaded from, so a saved adapter survives moving the run."""
+    if base_name is not None and is_peft(model):
+        for config in model.peft_config.values():
+            config.base_model_name_or_path = str(base_name)
+
+
+def save_final(model, tokenizer, run_dir: Path, merged: bool, base_name: str | None = None) -> None:
     """<run>/final: the full model, or with LoRA the adapter; with `merged`, also <run>/final_merged."""
+    portable_base_name(model, base_name)
     model.save_pretrained(run_dir / "final")
     tokenizer.save_pretrained(run_dir / "final")
     if merged and is_peft(model):
