@@ -54,12 +54,30 @@ def _split_recipe(args: list[str]) -> list[str]:
 
 def _hydra_app(app, prog: str, args: list[str], config_name: str) -> None:
     flags = {a.split("=", 1)[0] for a in args if a.startswith("-")}
+    multirun = bool(flags & {"-m", "--multirun"}) and config_name == "train"
     if not flags & _PASSTHROUGH_FLAGS:
         overrides = [a for a in args if not a.startswith("-") and "=" in a]
-        check_overrides(overrides, config_name=config_name)
+        cfg = check_overrides(overrides, config_name=config_name)
+        if multirun:
+            from rlx.config import UserError
+            from rlx.sweep import check_every_trial, default_sweep_dir
+
+            try:
+                check_every_trial(overrides, config_name)
+            except UserError as exc:
+                fail(str(exc))
+            if not any(o.startswith("hydra.sweep.dir=") for o in overrides):
+                first = next(i for i, a in enumerate(args) if a in overrides)  # overrides stay together for argparse
+                args = args[:first] + [f"hydra.sweep.dir={default_sweep_dir(overrides, cfg.name)}"] + args[first:]
     sys.argv = [prog] + args
     os.environ.setdefault("HYDRA_FULL_ERROR", "0")
     app()
+    if multirun:
+        from rlx.sweep import FAILED_TRIALS, TRIAL_COUNT
+
+        if FAILED_TRIALS:
+            fail(f"{len(FAILED_TRIALS)} of {TRIAL_COUNT[0] if TRIAL_COUNT else '?'} trials failed: "
+                 f"{', '.join(FAILED_TRIALS)} (failure.json in each trial folder; the others finished)", code=1)
 
 
 def _shell_completion(args: list[str]) -> None:

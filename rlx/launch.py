@@ -126,6 +126,17 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def check_device(hardware) -> None:
+    """A GPU option (hardware.cpu false) on a machine where torch sees no GPU: stop with the alternative
+    instead of failing later (bf16 autocast on the CPU) or quietly running on the CPU."""
+    import torch
+
+    if not hardware.get("cpu", True) and not torch.cuda.is_available():
+        raise UserError(f"hardware={hardware.get('name', 'gpu')} needs a GPU and torch sees none "
+                        f"(torch {torch.__version__}, cuda available: False); use hardware=cpu, or hardware.cpu=true "
+                        f"to keep the other settings on the CPU")
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -32,6 +32,9 @@ FAILURE_FILE = "failure.json"
 SUMMARY_CSV = "summary.csv"
 SUMMARY_MD = "summary.md"
 DEFAULT_TEST_SEEDS = (1000, 1001, 1002)  # far from the usual tuning seeds 0, 1, 2, ...
+# filled by SweepSummary at the end of a multirun; rlx.cli exits non-zero when a trial failed
+FAILED_TRIALS: list[str] = []
+TRIAL_COUNT: list[int] = []
 
 
 def is_multirun(hydra_cfg) -> bool:
@@ -101,19 +104,47 @@ def trial_dirs(sweep_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
 
 
+def _finite(row: dict, metric: str) -> float | None:
+    value = row["metrics"].get(metric)
+    ok = row["status"] == "ok" and isinstance(value, (int, float)) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def configuration(overrides: list[str]) -> tuple[str, ...]:
+    """A trial's configuration: its overrides without the seed (trials differing only in seed repeat it)."""
+    return tuple(o for o in overrides if o.split("=", 1)[0].lstrip("+~") != "seed")
+
+
 def summarize_sweep(sweep_dir: Path, optimized_metric: str, direction: str = "maximize") -> list[dict]:
-    """Read every trial, sort by the optimized metric (failed and incomplete trials last), write
-    summary.csv and summary.md into sweep_dir. Returns the sorted rows."""
+    """Read every trial, write summary.csv and summary.md into sweep_dir, return the rows in order.
+
+    Trials that differ only in their seed are one configuration: configurations are ranked by their mean
+    over seeds (a trial with a lucky seed does not make its configuration best), the trials of one
+    configuration stay together, failed and incomplete trials go last. A sweep over seeds only is not
+    ranked (there is one configuration): its trials stay in order and the summary gives mean and spread."""
     rows = [read_trial(p) for p in trial_dirs(sweep_dir)]
     sign = -1.0 if direction == "maximize" else 1.0
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(configuration(row["overrides"]), []).append(row)
+    for members in groups.values():
+        values = [v for v in (_finite(r, optimized_metric) for r in members) if v is not None]
+        for row in members:
+            row["config_mean"] = sum(values) / len(values) if values else None
+            row["config_values"] = values
+    seeds_only = len(groups) == 1 and len(rows) > 1
 
     def key(row):
-        value = row["metrics"].get(optimized_metric)
-        ok = row["status"] == "ok" and isinstance(value, (int, float)) and math.isfinite(value)
+        value, mean = _finite(row, optimized_metric), row["config_mean"]
         number = int(row["trial"]) if row["trial"].isdigit() else math.inf
-        return (0 if ok else 1, sign * value if ok else 0.0, number, row["trial"])
+        if seeds_only:
+            return (0 if value is not None else 1, number, row["trial"])
+        return (0 if value is not None else 1, sign * mean if mean is not None else 0.0,
+                configuration(row["overrides"]), sign * value if value is not None else 0.0, number, row["trial"])
 
     rows.sort(key=key)
+    for row in rows:
+        row["seeds_only"] = seeds_only
     common = set(rows[0]["overrides"]).intersection(*(set(r["overrides"]) for r in rows[1:])) if rows else set()
     for row in rows:  # what tells the trials apart, for the tables
         row["varying"] = [o for o in row["overrides"] if o not in common] if len(rows) > 1 else row["overrides"]
@@ -129,7 +160,10 @@ def summarize_sweep(sweep_dir: Path, optimized_metric: str, direction: str = "ma
 
 
 def best_trial(rows: list[dict], optimized_metric: str) -> dict | None:
-    """The first row of summarize_sweep's order if it finished with a finite optimized metric."""
+    """The first row of summarize_sweep's order if it finished with a finite optimized metric (a trial of
+    the best configuration); None for a seeds-only sweep, which has nothing to rank."""
+    if rows and rows[0].get("seeds_only"):
+        return None
     if rows and rows[0]["status"] == "ok":
         value = rows[0]["metrics"].get(optimized_metric)
         if isinstance(value, (int, float)) and math.isfinite(value):
@@ -141,6 +175,32 @@ def _fmt(value) -> str:
     return f"{value:.4f}" if isinstance(value, float) else ("" if value is None else str(value))
 
 
+def short_override(text: str) -> str:
+    """`optim.lr=0.00012345678` -> `optim.lr=0.000123`: float values at 3 significant digits, for tables
+    (summary.csv keeps the exact overrides)."""
+    key, sep, value = text.partition("=")
+    if not sep or value.lstrip("-").isdigit():
+        return text
+    try:
+        number = float(value)
+    except ValueError:
+        return text
+    return f"{key}={number:.3g}" if math.isfinite(number) else text
+
+
+def spread(values: list[float]) -> str:
+    """`mean ± std (n)` of a configuration's seeds."""
+    if not values:
+        return ""
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+    return f"{mean:.4f} ± {std:.4f} ({len(values)})"
+
+
+def failed_trials(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if r["status"] != "ok"]
+
+
 def _markdown(rows: list[dict], metric_names: list[str], optimized_metric: str, direction: str) -> str:
     failed = sum(r["status"] != "ok" for r in rows)
     lines = [f"# Sweep summary: {len(rows)} trials, {len(rows) - failed} finished, {failed} failed or incomplete", ""]
@@ -148,15 +208,21 @@ def _markdown(rows: list[dict], metric_names: list[str], optimized_metric: str, 
     if common:
         lines += [f"Overrides shared by every trial: `{' '.join(common)}`", ""]
     best = best_trial(rows, optimized_metric)
-    if best is not None:
+    if rows and rows[0].get("seeds_only"):
+        lines += [f"Seeds only (one configuration, not ranked): {optimized_metric} mean ± std (seeds) = "
+                  f"{spread(rows[0]['config_values'])}", ""]
+    elif best is not None:
+        repeated = len(best["config_values"]) > 1
         lines += [f"Best trial: {best['trial']} ({optimized_metric} = {_fmt(best['metrics'][optimized_metric])}, "
-                  f"{direction}d) with `{' '.join(best['varying'])}`", ""]
-    lines.append("| rank | trial | status | overrides (varying) | " + " | ".join(metric_names) + " |")
-    lines.append("|---" * (4 + len(metric_names)) + "|")
+                  f"{direction}d) with `{' '.join(short_override(o) for o in best['varying'])}`"
+                  + (f"; its configuration over seeds: {spread(best['config_values'])}" if repeated else ""), ""]
+    lines.append("| rank | trial | status | overrides (varying) | " + " | ".join(metric_names)
+                 + f" | {optimized_metric} over seeds |")
+    lines.append("|---" * (5 + len(metric_names)) + "|")
     for rank, row in enumerate(rows, 1):
         status = row["status"] if row["status"] == "ok" else f"{row['status']}: {row['error'][:80]}"
-        cells = [str(rank), row["trial"], status.replace("|", "/"), f"`{' '.join(row['varying'])}`"]
-        cells += [_fmt(row["metrics"].get(m)) for m in metric_names]
+        cells = [str(rank), row["trial"], status.replace("|", "/"), f"`{' '.join(short_override(o) for o in row['varying'])}`"]
+        cells += [_fmt(row["metrics"].get(m)) for m in metric_names] + [spread(row["config_values"])]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -171,7 +237,7 @@ def print_summary(rows: list[dict], optimized_metric: str, sweep_dir: Path) -> N
         table.add_column(column, overflow="fold", min_width=24 if column == "overrides" else None)
     for row in rows:
         status = row["status"] if row["status"] == "ok" else f"[red]{row['status']}[/red]"
-        table.add_row(row["trial"], status, " ".join(row["varying"]),
+        table.add_row(row["trial"], status, " ".join(short_override(o) for o in row["varying"]),
                       *[_fmt(row["metrics"].get(m)) for m in (optimized_metric, *extra)])
     console = Console(stderr=True)
     if not console.is_terminal:  # logs and CI: a wider table instead of rich's 80-column default
@@ -192,10 +258,15 @@ class SweepSummary(Callback):
         rows = summarize_sweep(sweep_dir, metric, sweep_direction(config.hydra))
         print_summary(rows, metric, sweep_dir)
         best = best_trial(rows, metric)
-        if best is not None:
+        if rows and rows[0].get("seeds_only"):
+            log.info("seeds only: %s = %s", metric, spread(rows[0]["config_values"]))
+        elif best is not None:
             log.info("best trial %s: %s = %.4f with %s", best["trial"], metric, best["metrics"][metric],
-                     " ".join(best["varying"]))
+                     " ".join(short_override(o) for o in best["varying"]))
         log.info("summary: %s", sweep_dir / SUMMARY_MD)
+        FAILED_TRIALS[:] = [f"{r['trial']} ({' '.join(short_override(o) for o in r['varying'])})"
+                            for r in failed_trials(rows)]
+        TRIAL_COUNT[:] = [len(rows)]
 
 
 def best_overrides(sweep_dir: Path) -> list[str]:
@@ -283,3 +354,97 @@ def retest(sweep_dir: Path, args: list[str], launch) -> Path:
     print(result["summary"].read_text())
     print(f"test-seed report: {result['summary']}")
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# Before a multirun starts (rlx.cli): one sweep directory, every combination composes
+# --------------------------------------------------------------------------------------------
+SEARCH_KEYS = ("algorithm", "name", "recipes", "sweep")  # keys the run name depends on
+
+
+def grid_combinations(overrides: list[str], extra_params: dict | None = None) -> list[list[str]]:
+    """Every combination of a basic-sweeper multirun: `seed=0,1 algorithm=grpo,dapo` -> 4 override lists
+    (the sweep file's hydra.sweeper.params as extra_params {key: "a,b"})."""
+    import itertools
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    texts = list(overrides) + [f"{k}={v}" for k, v in (extra_params or {}).items()]
+    parsed = OverridesParser.create().parse_overrides(texts)
+    choices = []
+    for override, text in zip(parsed, texts):
+        prefix = text.split("=", 1)[0]
+        if override.is_sweep_override() and override.is_interval_sweep():  # interval(a,b): a search space
+            raise ValueError(f"{text} is a search space, not a list")
+        if override.is_sweep_override():
+            choices.append([f"{prefix}={v}" for v in override.sweep_string_iterator()])
+        else:
+            choices.append([text])
+    return [list(combo) for combo in itertools.product(*choices)]
+
+
+def sweeper_params(overrides: list[str]) -> tuple[str, dict]:
+    """(sweeper target, hydra.sweeper.params) of the composed config (a sweep file sets them)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from rlx.config import CONF_DIR
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="train", overrides=[o for o in overrides if "," not in o.split("=", 1)[-1]
+                                                           or o.startswith("sweep=")], return_hydra_config=True)
+        params = OmegaConf.to_container(cfg.hydra.sweeper.get("params") or {}, resolve=False)
+        return str(cfg.hydra.sweeper.get("_target_", "")), {k: str(v) for k, v in params.items()}
+    except Exception:
+        return "", {}
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def check_every_trial(overrides: list[str], config_name: str = "train") -> int:
+    """Compose every combination of a grid multirun before the first trial starts; a combination that
+    does not compose stops the sweep with one line naming it (e.g. a key of one algorithm family swept
+    together with an algorithm of another family). Returns the number of combinations checked (0 for an
+    Optuna search, whose trials are sampled as it goes: its first values were checked already)."""
+    import contextlib
+    import io
+
+    from rlx.config import UserError, check_overrides
+
+    task = [o for o in overrides if not o.startswith(("hydra.", "hydra/"))]
+    target, params = sweeper_params(task) if config_name == "train" else ("", {})
+    if "optuna" in target.lower():
+        return 0
+    try:
+        combos = grid_combinations(task, {k: v for k, v in params.items() if k not in {o.split("=")[0] for o in task}})
+    except ValueError:  # an interval search space: the sweeper samples it
+        return 0
+    for number, combo in enumerate(combos):
+        if len(combos) == 1:
+            break
+        stderr = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(stderr):
+                check_overrides([o for o in combo if not o.startswith("sweep=")] if params else combo, config_name)
+        except SystemExit:
+            varying = [o for o in combo if o not in task]
+            message = stderr.getvalue().strip().removeprefix("error: ")
+            raise UserError(f"sweep combination {number + 1} of {len(combos)} ({' '.join(varying) or ' '.join(combo)}) "
+                            f"does not compose: {message}; nothing was run") from None
+    return len(combos)
+
+
+def default_sweep_dir(overrides: list[str], name: str) -> str:
+    """One directory for the whole multirun: <outputs>/multirun/<time>_<name>, where name is the run name
+    unless the sweep varies what it depends on (then `multirun`), so `-m algorithm=grpo,dapo` is one sweep."""
+    import os
+    from datetime import datetime
+
+    varied = any("," in o.split("=", 1)[-1] and o.split("=", 1)[0].lstrip("+~").split(".")[0] in SEARCH_KEYS
+                 for o in overrides if "=" in o)
+    label = "multirun" if varied else name
+    stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S.%f")
+    return str(Path(os.environ.get("RLX_OUTPUTS", "outputs")) / "multirun" / f"{stamp}_{label}")

@@ -263,6 +263,7 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
     check_settings(cfg)
     launch.check_batch(cfg, launch.world_size(cfg.hardware))
     launch.check_strategy(cfg.hardware)
+    launch.check_device(cfg.hardware)
     check_sharded_settings(cfg)
     # one process (tree) per run directory; machine 0's launcher holds it for a multi-node run
     lock = None if launch.is_worker() or cfg.hardware.machine_rank != 0 else RunLock(run_dir).acquire()
@@ -381,14 +382,14 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
     if rebuild_final:  # the loop restored the last checkpoint and had nothing to train
         if accelerator.is_main_process:
             save_final(accelerator.unwrap_model(result["model"]), tokenizer, run_dir, cfg.model.lora.save_merged, cfg.steps,
-                       state)
+                       state, base_name=cfg.model.path)
             log.info("final/ rebuilt from the last checkpoint")
         accelerator.end_training()
         return None
     if accelerator.is_main_process:
         if cfg.save.final:
             save_final(accelerator.unwrap_model(result["model"]), tokenizer, run_dir, cfg.model.lora.save_merged,
-                       cfg.steps, state)
+                       cfg.steps, state, base_name=cfg.model.path)
         if cfg.save.plot:
             plot_run(run_dir)
         summary = {k: v for k, v in result["final_eval"].items()}

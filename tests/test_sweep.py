@@ -41,12 +41,16 @@ def test_grid_multirun_writes_four_runs_and_a_sorted_summary(tmp_path):
     rows = _summary_rows(sweep)
     assert [r["status"] for r in rows] == ["ok"] * 4
     assert sorted(r["trial"] for r in rows) == trials
+    # configurations (optim.lr) ranked by their mean over the two seeds, the trials of one kept together
+    lrs = [[o for o in r["overrides"].split() if o.startswith("optim.lr=")][0] for r in rows]
+    assert lrs[0] == lrs[1] and lrs[2] == lrs[3] and lrs[0] != lrs[2]
     values = [float(r["eval/accuracy"]) for r in rows]
-    assert values == sorted(values, reverse=True)  # best first
-    assert values == sorted(finals.values(), reverse=True)
+    assert (values[0] + values[1]) / 2 >= (values[2] + values[3]) / 2
+    assert sorted(values) == sorted(finals.values())
     assert "seed=1 optim.lr=0.003" in " ".join(r["overrides"] for r in rows)
     summary = (sweep / "summary.md").read_text()
     assert "4 trials, 4 finished, 0 failed" in summary and f"Best trial: {rows[0]['trial']}" in summary
+    assert "its configuration over seeds:" in summary
 
 
 def test_one_crashing_trial_is_recorded_and_the_sweep_goes_on(tmp_path):
@@ -54,7 +58,9 @@ def test_one_crashing_trial_is_recorded_and_the_sweep_goes_on(tmp_path):
     probe = ["+reward.components.probe._target_=tests.helpers.crash_when_both", "+reward.components.probe.weight=0.0",
              "+reward.components.probe.first=false,true", "+reward.components.probe.second=false,true"]
     result = run_rlx(["train", "-m", *FAST, *probe], tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 1, result.stderr[-3000:]  # the others finished; the exit code says one failed
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: 1 of 4 trials failed: 3 (") and "probe.first=True" in last, last
     sweep = _only_sweep_dir(tmp_path)
     results = sorted(p.parent.name for p in sweep.glob("*/result.json"))
     failures = sorted(p.parent.name for p in sweep.glob("*/failure.json"))
@@ -117,3 +123,40 @@ def test_every_sweep_composes_with_its_sweeper(name):
     assert cfg.hydra.callbacks.sweep_summary._target_ == "rlx.sweep.SweepSummary"
     if name == "optuna":
         assert "OptunaSweeper" in cfg.hydra.sweeper._target_ and cfg.hydra.sweeper.direction == "maximize"
+
+
+def test_cross_algorithm_multirun_is_one_sweep_and_seeds_only_is_not_ranked(tmp_path):
+    one = ["steps=1", "eval.every=1", *[a for a in FAST if not a.startswith(("steps=", "eval.every="))]]
+    result = run_rlx(["train", "-m", *one, "seed=0,1", "algorithm=grpo,dapo"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    sweep = _only_sweep_dir(tmp_path)
+    assert sweep.name.endswith("_multirun")  # not named after the first algorithm
+    rows = _summary_rows(sweep)
+    assert len(rows) == 4 and "4 trials, 4 finished" in (sweep / "summary.md").read_text()
+    assert {o for r in rows for o in r["overrides"].split() if o.startswith("algorithm=")} == {"algorithm=grpo",
+                                                                                               "algorithm=dapo"}
+    seeds = tmp_path / "seeds"
+    seeds.mkdir()
+    result = run_rlx(["train", "-m", *one, "seed=0,1"], seeds)
+    assert result.returncode == 0, result.stderr[-3000:]
+    sweep = _only_sweep_dir(seeds)
+    summary = (sweep / "summary.md").read_text()
+    assert "Seeds only (one configuration, not ranked)" in summary and "Best trial" not in summary
+    assert [r["trial"] for r in _summary_rows(sweep)] == ["0", "1"]  # trial order, not a ranking
+
+
+def test_a_combination_that_does_not_compose_stops_the_sweep_before_it_starts(tmp_path):
+    result = run_rlx(["train", "-m", "algorithm=grpo,dpo", "algorithm.clip_high=0.3", "seed=0,1"], tmp_path, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("error: sweep combination 3 of 4 (algorithm=dpo seed=0) does not compose: unknown key "
+                                     "'algorithm.clip_high' (did you mean 'algorithm.sft_weight'?); `rlx train --help` "
+                                     "shows every key with its comment; nothing was run")
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_hyper_parameters_print_at_three_significant_digits():
+    from rlx.sweep import short_override
+
+    assert short_override("optim.lr=0.00012345678901") == "optim.lr=0.000123"
+    assert short_override("algorithm.clip_high=0.2799999999") == "algorithm.clip_high=0.28"
+    assert short_override("seed=3") == "seed=3" and short_override("algorithm=dapo") == "algorithm=dapo"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 import zlib
@@ -61,19 +62,23 @@ if not OmegaConf.has_resolver("rlx_eval_dir"):
 
 def resolve_run(run: str, checkpoint: str = "final") -> tuple[str, str]:
     """(model folder, label) of a training run directory's final model or a chosen checkpoint."""
+    from rlx.models.loading import is_run_model
+
     run_dir = Path(run).expanduser()
-    if (run_dir / "config.json").is_file():  # already a model folder (final/ or a checkpoint)
+    if is_run_model(run_dir):  # already a model folder (final/, a LoRA adapter or a checkpoint)
         return str(run_dir), f"{run_dir.parent.name}/{run_dir.name}"
     if not run_dir.is_dir():
         raise UserError(f"run '{run}' is not a directory; give a training run directory such as outputs/train/<run>")
-    candidates = [run_dir / checkpoint, run_dir / "checkpoints" / checkpoint, Path(checkpoint).expanduser()]
+    step = re.fullmatch(r"step_?(\d+)", checkpoint)
+    named = f"step_{int(step.group(1)):06d}" if step else checkpoint  # step_2 -> step_000002
+    candidates = [run_dir / named, run_dir / "checkpoints" / named, Path(checkpoint).expanduser()]
     for folder in candidates:
-        if (folder / "config.json").is_file():
+        if is_run_model(folder):
             label = run_dir.name if checkpoint == "final" else f"{run_dir.name}/{checkpoint}"
             return str(folder), label
-    saved = sorted(p.name for p in (run_dir / "checkpoints").glob("*") if p.is_dir())
+    saved = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*") if is_run_model(p))
     raise UserError(
-        f"run '{run}' has no model '{checkpoint}' (no config.json in {run_dir / checkpoint}); valid choices: "
+        f"run '{run}' has no model '{checkpoint}'; valid choices: "
         f"{', '.join(['final'] * (run_dir / 'final').is_dir() + saved) or 'none (did the run finish?)'}"
     )
 
@@ -90,15 +95,20 @@ def resolve_compare(compare: str, run: str | None, checkpoint: str) -> tuple[str
         if base is None:
             raise UserError("compare=base: the run built its model from scratch; give compare=<model> instead")
         return str(base), f"base ({base})"
+    from rlx.models.loading import is_run_model
+
     folder = Path(compare).expanduser()
-    if folder.is_dir() and not (folder / "config.json").is_file():
+    if folder.is_dir() and not is_run_model(folder):
         return resolve_run(compare, "final")
     return compare, compare
 
 
 def load_model(path: str, model_cfg, device: torch.device):
-    from rlx.models.loading import load_causal_lm, load_tokenizer
+    from rlx.models.loading import is_run_model, load_causal_lm, load_run_model, load_tokenizer
 
+    if Path(path).is_dir() and is_run_model(Path(path)):  # a run's final/, LoRA adapter or checkpoint
+        model, tokenizer = load_run_model(path, model_cfg.dtype, model_cfg.trust_remote_code)
+        return model.to(device).eval(), tokenizer
     tokenizer = load_tokenizer(path, model_cfg.revision, model_cfg.trust_remote_code)
     model = load_causal_lm(path, model_cfg.dtype, model_cfg.revision, model_cfg.trust_remote_code)
     return model.to(device).eval(), tokenizer
@@ -393,8 +403,10 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
     check_settings(cfg)
     if cfg.hardware.num_threads:
         torch.set_num_threads(cfg.hardware.num_threads)
-    use_gpu = not cfg.hardware.cpu and torch.cuda.is_available()
-    device = torch.device("cuda" if use_gpu else "cpu")
+    from rlx.launch import check_device
+
+    check_device(cfg.hardware)  # hardware=gpu never falls back to the CPU silently
+    device = torch.device("cpu" if cfg.hardware.cpu else "cuda")
     if not cfg.resume:
         write_run_files(out_dir, cfg, overrides)
     benchmarks = [Benchmark(name, OmegaConf.to_container(spec, resolve=True)) for name, spec in cfg.benchmark.items()]

@@ -57,3 +57,60 @@ def load_causal_lm(path: str, dtype: str = "float32", revision: str | None = Non
         )
     except OSError as exc:
         raise _offline_hint(path, exc) from None
+
+
+def is_run_model(folder: Path) -> bool:
+    """A model folder of an rlx run: save_pretrained (config.json), a LoRA adapter (adapter_config.json),
+    or a resumable checkpoint (checkpoints/step_N: model.safetensors or adapter/ beside trainer_state.json)."""
+    return ((folder / "config.json").is_file() or (folder / "adapter_config.json").is_file()
+            or (folder / "trainer_state.json").is_file() and ((folder / "model.safetensors").is_file()
+                                                               or (folder / "adapter" / "adapter_config.json").is_file()))
+
+
+def _run_dir_of(folder: Path) -> Path | None:
+    for candidate in (folder.parent, folder.parent.parent):  # <run>/final, <run>/checkpoints/step_N
+        if (candidate / "config.yaml").is_file():
+            return candidate
+    return None
+
+
+def load_run_model(folder: str | Path, dtype: str = "float32", trust_remote_code: bool = False):
+    """(model, tokenizer) of a folder that `is_run_model`: the full model of final/, or the run's base model
+    (its config.yaml model.path, or final/'s architecture) with a LoRA adapter merged in, or with a
+    checkpoint's weights loaded. LoRA adapters record the base by its config name (builtin:tiny, a hub
+    id), so a run folder can move."""
+    from omegaconf import OmegaConf
+
+    folder = Path(folder).expanduser()
+    if (folder / "config.json").is_file():
+        return load_causal_lm(str(folder), dtype, None, trust_remote_code), load_tokenizer(str(folder), None, trust_remote_code)
+    run_dir = _run_dir_of(folder)
+    base = OmegaConf.load(run_dir / "config.yaml").model.get("path") if run_dir is not None else None
+    adapter = folder if (folder / "adapter_config.json").is_file() else folder / "adapter"
+    if run_dir is not None and (run_dir / "final" / "config.json").is_file() and not (adapter / "adapter_config.json").is_file():
+        base = str(run_dir / "final")  # a model built from scratch: final/ gives the architecture
+    if base is None and (adapter / "adapter_config.json").is_file():
+        import json
+
+        base = json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if base is None:
+        raise UserError(f"cannot tell the base model of {folder}: its run's config.yaml is missing or has model.path null "
+                        f"and no final/ model to take the architecture from")
+    model = load_causal_lm(str(base), dtype, None, trust_remote_code)
+    if (adapter / "adapter_config.json").is_file():
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    else:
+        from safetensors.torch import load_file
+
+        missing, unexpected = model.load_state_dict(load_file(folder / "model.safetensors"), strict=False)
+        tied = {name for name in missing if "lm_head" in name and getattr(model.config, "tie_word_embeddings", False)}
+        if unexpected or set(missing) - tied:
+            raise UserError(f"checkpoint {folder} does not fit the base model {base}: "
+                            f"{len(unexpected)} unexpected and {len(set(missing) - tied)} missing weights")
+        if tied:
+            model.tie_weights()
+    tokenizer_dir = next((str(d) for d in (folder, run_dir / "final" if run_dir else None)
+                          if d is not None and (d / "tokenizer_config.json").is_file()), str(base))
+    return model, load_tokenizer(tokenizer_dir, None, trust_remote_code)

@@ -122,8 +122,16 @@ def final_is_complete(run_dir: Path, merged: bool = False) -> bool:
     return all((Path(run_dir) / name / FINAL_MARKER).is_file() for name in folders)
 
 
+def portable_base_name(model, base_name: str | None) -> None:
+    """Record the base model of a LoRA adapter by its config name (builtin:tiny, a hub id, the path the
+    user gave), not the absolute folder it was loaded from, so a saved adapter survives moving the run."""
+    if base_name is not None and is_peft(model):
+        for config in model.peft_config.values():
+            config.base_model_name_or_path = str(base_name)
+
+
 def save_final(model, tokenizer, run_dir: Path, merged: bool, step: int | None = None,
-               state_dict: dict | None = None) -> None:
+               state_dict: dict | None = None, base_name: str | None = None) -> None:
     """<run>/final: the full model, or with LoRA the adapter; with `merged`, also <run>/final_merged.
 
     Each is written into a temporary folder and renamed when complete, so a kill never leaves a
@@ -132,6 +140,8 @@ def save_final(model, tokenizer, run_dir: Path, merged: bool, step: int | None =
     import json
     import os
     import shutil
+
+    portable_base_name(model, base_name)
 
     def write(name: str, what, state=None) -> None:
         target, tmp = Path(run_dir) / name, Path(run_dir) / f".tmp-{name}"
