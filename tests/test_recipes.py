@@ -23,7 +23,7 @@ from rlx.recipes import (
 from tests.conftest import run_rlx
 
 RECIPES = recipe_names()
-SOURCELESS = {"tiny_sft"}  # rlx's own model-building recipe: no paper to cite
+SOURCELESS = {"tiny_sft", "tiny_agent_sft"}  # rlx's own model-building recipes: no paper to cite
 ONE_STEP = ["steps=1", "prompts_per_step=2", "rollout.samples_per_prompt=4", "micro_batch_size=8", "eval.size=4",
             "eval.batch_size=4", "eval.every=1", "rollout.max_new_tokens=16", "log.samples_every=0", "save.final=false",
             "save.plot=false", "hardware.num_threads=1"]
