@@ -170,4 +170,4 @@ def test_sft_raises_the_targets(tmp_path):
     before = target_nll()
     sft.train_sft(cfg, components(tmp_path, model, tokenizer, data))
     after = target_nll()
-    assert after < before - 0.1, (before, after)
+    assert after < before - 0.05, (before, after)  # 0.49 -> 0.33 nats per token on the machine that wrote this
