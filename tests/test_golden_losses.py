@@ -118,8 +118,8 @@ def test_policy_gradient_loss_matches_the_formula(tmp_path, monkeypatch, case):
     sampler = FixedSampler(tokenizer, [LIKELY, UNLIKELY, MID])
     real_logprobs = policy_gradient.batched_logprobs
 
-    def sampling_policy_logprobs(net, rollout, micro, with_entropy=False):
-        logp, entropy = real_logprobs(net, rollout, micro, with_entropy)
+    def sampling_policy_logprobs(net, rollout, micro, with_entropy=False, temperature=1.0):
+        logp, entropy = real_logprobs(net, rollout, micro, with_entropy, temperature=temperature)
         if net is reference:
             return logp, entropy
         return logp + offsets(tuple(logp.shape)).to(logp.dtype), entropy  # the policy that sampled: pi + offset
@@ -192,7 +192,8 @@ def test_ppo_policy_and_value_losses_match_the_formulas(tmp_path, monkeypatch):
     monkeypatch.setattr(policy_gradient, "generate", sampler)
     monkeypatch.setattr(ppo, "build_value_model", critic)
     monkeypatch.setattr(ppo, "batched_logprobs",
-                        lambda net, rollout, micro, with_entropy=False: (real_logprobs(net, rollout, micro)[0]
+                        lambda net, rollout, micro, with_entropy=False, temperature=1.0: (
+                            real_logprobs(net, rollout, micro, temperature=temperature)[0]
                                                                         + offsets(tuple(rollout.completion_ids.shape)).float(), None))
     monkeypatch.setattr(ppo, "batched_values",
                         lambda net, rollout, micro: real_values(net, rollout, micro)
