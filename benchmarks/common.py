@@ -33,25 +33,11 @@ def large_vocab_model(target: Path = CACHE / "tiny_151k") -> Path:
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    target.mkdir(parents=True, exist_ok=True)
-    spec = json.loads((TINY / "tokenizer.json").read_text())
-    vocab = spec["model"]["vocab"]
-    next_id = max(max(vocab.values()), max(t["id"] for t in spec.get("added_tokens", [])) if spec.get("added_tokens") else 0) + 1
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    i = 0
-    while next_id < LARGE_VOCAB:
-        word, n = "", i
-        for _ in range(4):
-            word, n = word + letters[n % 26], n // 26
-        word = "qz" + word + str(i // 26**4)
-        if word not in vocab:
-            vocab[word] = next_id
-            next_id += 1
-        i += 1
-    (target / "tokenizer.json").write_text(json.dumps(spec))
-    for name in ("tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
-        if (TINY / name).is_file():
-            (target / name).write_text((TINY / name).read_text())
+    from rlx.models.shapes import grow_tokenizer
+
+    grow_tokenizer(target, LARGE_VOCAB)
+    if (TINY / "generation_config.json").is_file():
+        (target / "generation_config.json").write_text((TINY / "generation_config.json").read_text())
     tokenizer = AutoTokenizer.from_pretrained(target)
     assert len(tokenizer) == LARGE_VOCAB, len(tokenizer)
     model = AutoModelForCausalLM.from_pretrained(TINY)

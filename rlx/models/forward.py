@@ -46,6 +46,7 @@ def _can_share_prompts(model) -> bool:
     activation checkpointing (which turns the KV cache off)."""
     if hasattr(model, "module"):
         return False
+    model = getattr(model, "policy", model)  # a LoRA reference (models/lora.AdapterDisabled) runs its policy
     return not getattr(model, "is_activation_checkpointing", False) and not getattr(model, "_rlx_no_prompt_sharing", False)
 
 
