@@ -10,3 +10,8 @@ def crash_when_both(prompts, completions, first=False, second=False, **row):
     if first and second:
         raise RuntimeError("forced crash for the sweep failure test")
     return [0.0] * len(completions)
+
+
+def length_reward(prompts, completions, **row):
+    """Characters / 10: sampled completions of one prompt differ in length, so every group has a learning signal."""
+    return [len(c) / 10 for c in completions]
