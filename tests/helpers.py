@@ -15,3 +15,8 @@ def crash_when_both(prompts, completions, first=False, second=False, **row):
 def solution_is_a_number(completions, solution, **kwargs):
     """TRL-style: reads the dataset's `solution` column by its own name; 1.0 when it holds an integer."""
     return [1.0 if str(s).lstrip("-").isdigit() else 0.0 for s in solution]
+
+
+def length_reward(prompts, completions, **row):
+    """Characters / 10: sampled completions of one prompt differ in length, so every group has a learning signal."""
+    return [len(c) / 10 for c in completions]

@@ -222,7 +222,8 @@ def _metrics(run_dir):
 
 VLLM_TRAIN = ["train", "rollout=vllm", "rollout.kv_cache_gib=0.25", "rollout.dtype=float32", "steps=3",
               "prompts_per_step=4", "rollout.samples_per_prompt=4", "rollout.max_new_tokens=12", "eval.every=0",
-              "optim.lr=1e-2"]
+              "optim.lr=1e-2", "+reward.components.length._target_=tests.helpers.length_reward",
+              "+reward.components.length.weight=1.0"]  # rewards that differ within every group: the policy moves
 
 
 @needs_vllm
@@ -238,10 +239,10 @@ def test_grpo_steps_through_vllm_keep_sampler_and_trainer_together(tmp_path, ext
     rows = [r for r in _metrics(only_run_dir(tmp_path)) if r["step"] >= 1]
     assert [r["step"] for r in rows] == [1, 2, 3]
     for row in rows:
+        assert row["train/grad_norm"] > 0, row
         assert row["rollout/logprob_gap_max"] < 1e-3, row
         if "rollout.tis_cap=2" in extra:
             assert math.isclose(row["rollout/tis_weight_mean"], 1.0, abs_tol=1e-3) and row["rollout/tis_capped_frac"] == 0
-    assert rows[-1]["train/grad_norm"] > 0
 
 
 @needs_vllm
@@ -252,6 +253,7 @@ def test_eval_through_vllm_matches_hf_greedy(tmp_path):
     outs = {}
     for backend in ("hf", "vllm"):
         extra = ["rollout=vllm", "rollout.kv_cache_gib=0.25", "rollout.dtype=float32"] if backend == "vllm" else []
+        (tmp_path / backend).mkdir()
         result = run_rlx([*common, f"name={backend}", *extra], tmp_path / backend, timeout=900)
         assert result.returncode == 0, result.stderr[-3000:]
         (run,) = (tmp_path / backend / "outputs" / "eval").iterdir()
