@@ -187,9 +187,9 @@ def test_deepspeed_two_processes_match_one_and_resume(tmp_path, one_process, sta
 
 @pytest.mark.slow
 def test_forking_tokens_two_processes_match_one(tmp_path):
-    """~40 s: the top-20% entropy threshold is one over the global batch."""
+    """~40 s: the top-20% entropy threshold is one over the global batch (per-process thresholds: 1.0e-5)."""
     assert_same_parameters(tmp_path, ["steps=2", "prompts_per_step=4", "rollout.samples_per_prompt=4",
-                                      "algorithm.forking_rho=0.2"])
+                                      "algorithm.forking_rho=0.2"], atol=1e-6)
 
 
 def _free_port() -> int:
