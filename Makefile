@@ -45,7 +45,7 @@ tiny-model: $(STAMP) ## Rebuild the shipped tiny model from scratch (recipe tiny
 	$(VENV)/bin/rlx train tiny_sft name=tiny_sft_build hydra.run.dir=outputs/tiny_sft_build
 	rm -rf rlx/models/assets/tiny && cp -r outputs/tiny_sft_build/final rlx/models/assets/tiny
 
-reproduce: $(STAMP) ## Run every CPU-scale recipe (*_tiny) on 3 seeds, check the expected numbers, update README
+reproduce: $(STAMP) ## Run every CPU-scale recipe (*_tiny) on 3 seeds, check the expected numbers (exit 1 if off; ARGS=--update-readme writes the table)
 	$(VENV)/bin/rlx recipes reproduce $(ARGS)
 
 clean: ## Remove caches (keeps .venv and outputs/)
