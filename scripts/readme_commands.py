@@ -30,8 +30,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 SHORT_TRAIN = {"steps": "2", "prompts_per_step": "2", "rollout.samples_per_prompt": "2", "eval.size": "4",
                "eval.every": "2", "rollout.max_new_tokens": "8", "log.samples_every": "0", "save.plot": "false",
-               "hardware.num_threads": "1", "checkpoint.every": "1", "data.eval_size": "8", "algorithm.batch_size": "4",
-               "micro_batch_size": "8"}
+               "hardware.num_threads": "1", "checkpoint.every": "1", "data.eval_size": "8"}
+SHORT_BATCH = {"algorithm.batch_size": "4"}  # preference, reward-model and SFT runs (policy-gradient has no such key)
+BATCHED = re.compile(r"algorithm=(dpo|simpo|ipo|orpo|cdpo|hinge|robust_dpo|ln_dpo|sft|reward_model)\b|(dpo|simpo|sft)\w*$")
 SHORT_EVAL = {"limit": "3", "sampling.n": "2", "plot": "false", "hardware.num_threads": "1"}
 SHORT_PREFS = {"prompts": "12", "samples_per_prompt": "4"}
 # why a command cannot run on a CPU-only, offline machine (first match wins)
@@ -110,7 +111,8 @@ class Runner:
     def shorten(self, args: list[str]) -> list[str]:
         sub = args[1] if len(args) > 1 else ""
         if sub == "train" and not any(a in ("--help", "--cfg", "-h") for a in args):
-            args = _with(args, SHORT_TRAIN)
+            batched = any(BATCHED.search(a) for a in args[2:])
+            args = _with(args, {**SHORT_TRAIN, **(SHORT_BATCH if batched else {})})
             args = [re.sub(r"^seed=([^,]+,[^,]+),.*", r"seed=\1", a) for a in args]  # two seeds are enough
             return args
         if sub == "eval" and "--help" not in args:
