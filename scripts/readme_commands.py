@@ -169,8 +169,21 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir()
     prepare_files(work)
     runner = Runner(clone, work, opts.timeout)
-    results = []
-    for command in commands:
+    results, deferred = [], []
+    for command in commands + [None]:
+        if command is None:  # second pass: commands whose placeholders needed a later command's output
+            if not deferred:
+                break
+            pending, deferred = deferred, []
+            for late in pending:
+                resolved, why = runner.substitute(late)
+                if resolved is None:
+                    results.append(("skip", 0.0, late, why))
+                    continue
+                status, took, detail = runner.run(resolved)
+                results.append((status, took, late, detail))
+                print(f"{status:4} {took:6.1f}s  {late}" + (f"\n            {detail}" if status == "FAIL" else ""), flush=True)
+            break
         reason = next((why for pattern, why in SKIPS if re.search(pattern, command)), None)
         if not command.startswith("rlx ") and reason is None:
             reason = "not an rlx command"
@@ -181,7 +194,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         resolved, why = runner.substitute(command)
         if resolved is None:
-            results.append(("skip", 0.0, command, why))
+            if opts.list:
+                results.append(("skip", 0.0, command, why))
+            else:
+                deferred.append(command)
             continue
         if opts.list:
             results.append(("plan", 0.0, command, " ".join(runner.shorten(shlex.split(resolved)))[:200]))
