@@ -7,7 +7,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-slow test-gpu test-vllm lint tiny-model tiny-agent-model clean reproduce bench-algorithms bench
+.PHONY: help install train test test-slow test-gpu test-vllm lint tiny-model tiny-agent-model clean reproduce bench-algorithms bench readme-commands
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -70,8 +70,11 @@ tiny-agent-model: $(STAMP) ## Rebuild the agent warm start (recipe tiny_agent_sf
 	$(VENV)/bin/rlx train tiny_agent_sft name=tiny_agent_sft_build hydra.run.dir=outputs/tiny_agent_sft_build
 	rm -rf rlx/models/assets/tiny_agent && cp -r outputs/tiny_agent_sft_build/final rlx/models/assets/tiny_agent
 
-reproduce: $(STAMP) ## Run every CPU-scale recipe (*_tiny) on 3 seeds, check the expected numbers, update README
+reproduce: $(STAMP) ## Run every CPU-scale recipe (*_tiny) on 3 seeds, check the expected numbers (exit 1 if off; ARGS=--update-readme writes the table)
 	$(VENV)/bin/rlx recipes reproduce $(ARGS)
+
+readme-commands: $(STAMP) ## Run every README command on a fresh clone, trainings shortened, report failures (CPU, ~30 min)
+	$(PY) scripts/readme_commands.py $(ARGS)
 
 clean: ## Remove caches (keeps .venv and outputs/)
 	rm -rf .pytest_cache .ruff_cache $$(find . -name __pycache__ -not -path './.venv/*')

@@ -106,6 +106,22 @@ def _shell_completion(args: list[str]) -> None:
 COMMANDS = ("train", "eval", "data", "sweep", "recipes", "report")
 
 
+def quiet_libraries() -> None:
+    """No transformers/hub progress bars or advisory lines, no Future/DeprecationWarnings from libraries,
+    in this process and the processes it starts (environment variables are read at their import).
+    rlx's own log lines and progress bar stay. RLX_VERBOSE=1 keeps everything."""
+    import warnings
+
+    if os.environ.get("RLX_VERBOSE", "0") not in ("", "0"):
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # also transformers' loading/writing bars
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning,ignore::DeprecationWarning")
+    for category in (FutureWarning, DeprecationWarning):
+        warnings.filterwarnings("ignore", category=category)
+
+
 def _wants_help(args: list[str]) -> bool:
     return any(a in ("-h", "--help") for a in args)
 
@@ -120,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
 
         print(f"rlx {__version__}")
         return
+    quiet_libraries()
     if argv[0] in ("-sc", "--shell-completion"):
         _shell_completion(argv)
         return

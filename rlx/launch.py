@@ -220,10 +220,14 @@ def resolve_resume(args: list[str]) -> list[str]:
         from rlx.config import check_overrides
 
         name = check_overrides([a for a in args if not a.startswith("resume=")]).name
-        runs = sorted(p for p in outputs_root().glob(f"*_{name}") if (p / "config.yaml").is_file())
+        from rlx.checkpoint import latest_checkpoint
+
+        # the latest run of that name that has a checkpoint (a run that crashed before its first one has nothing to resume)
+        runs = sorted(p for p in outputs_root().glob(f"*_{name}") if (p / "config.yaml").is_file() and latest_checkpoint(p))
         if not runs:
-            print(f"resume=auto: no earlier run named '{name}' under {outputs_root()}; starting a new one", file=sys.stderr)
-            return args
+            print(f"resume=auto: no earlier run named '{name}' with a checkpoint under {outputs_root()}; starting a new one",
+                  file=sys.stderr)
+            return [a for a in args if not a.startswith("resume=")]
         run = runs[-1]
     else:
         run = Path(value).expanduser()

@@ -11,8 +11,9 @@ hardware (`# Hardware:`) and the numbers it should reproduce (`# Expected:`). CP
       tolerance: 0.08         # |measured mean - value| allowed
 
 `rlx recipes reproduce` runs each CPU-scale recipe on seeds 0-2 (a multirun per recipe, as a
-subprocess), compares the mean final metric with `expected`, and writes the table into README.md
-between the markers REPRODUCE_START and REPRODUCE_END.
+subprocess), compares the mean final metric with `expected`, writes the table to <out>/reproduce.md and,
+with --update-readme, into README.md between the markers REPRODUCE_START and REPRODUCE_END. It exits 1
+when a recipe is outside its tolerance or a run failed.
 """
 
 from __future__ import annotations
@@ -217,13 +218,20 @@ def recipes_command(args: list[str]) -> None:
         parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                             help="extra override for every run (repeatable), e.g. --set hardware.num_threads=1")
         parser.add_argument("--reuse", action="store_true", help="skip recipes whose directory already has all seeds")
-        parser.add_argument("--no-readme", action="store_true", help="do not write the table into README.md")
+        parser.add_argument("--update-readme", action="store_true",
+                            help="write the table into README.md between its markers (from a checkout; off by default)")
         opts = parser.parse_args(args[1:])
         if opts.seeds < 1:
             raise UserError(f"--seeds={opts.seeds} must be at least 1")
         names = opts.names or cpu_recipes()
         for name in names:
             recipe_path(name)
-        reproduce(names, opts.seeds, opts.out, opts.set, opts.reuse, not opts.no_readme)
+        rows = reproduce(names, opts.seeds, opts.out, opts.set, opts.reuse, opts.update_readme)
+        off = [r["recipe"] for r in rows if not r["status"].startswith(("ok", "not yet expected"))
+               or "failed" in r["status"]]
+        if off:
+            print(f"error: {len(off)} of {len(rows)} recipes outside their tolerance or failed: {', '.join(off)}",
+                  file=sys.stderr)
+            raise SystemExit(1)
         return
     raise UserError(f"unknown recipes command '{args[0]}'; valid choices: list, show NAME, reproduce")

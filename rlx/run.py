@@ -256,8 +256,35 @@ def read_metrics(path: Path) -> list[dict]:
     return rows
 
 
-def plot_run(run_dir: Path, keys: tuple[str, ...] = ("reward/total", "eval/accuracy")) -> Path | None:
-    """PNG of training reward and held-out accuracy over steps."""
+# (panel title, y label, metric keys in order of preference; the first present is drawn)
+RUN_PANELS = (
+    ("training reward", "reward (total)", ("reward/total",)),
+    ("held-out accuracy", "accuracy (greedy)", ("eval/accuracy",)),
+    ("KL to the reference", "KL (nats / token)", ("train/kl_ref", "train/approx_kl")),
+    ("policy entropy", "entropy (nats / token)", ("train/entropy",)),
+    ("response length", "tokens", ("completions/mean_length",)),
+    ("clipped tokens", "fraction", ("train/clip_frac_low", "train/clip_frac_high")),
+)
+
+
+SERIES_LABELS = {"train/clip_frac_low": "ratio below 1 - clip_low", "train/clip_frac_high": "ratio above 1 + clip_high"}
+
+
+def smooth(values: list[float], window: int) -> list[float]:
+    """Trailing moving average: mean of the last `window` values (fewer at the start)."""
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def plot_run(run_dir: Path) -> Path | None:
+    """plots/reward.png: what to look at first when a run goes wrong, one panel each (only those with
+    data): training reward (raw faint, moving average bold), held-out accuracy, KL to the reference,
+    entropy, response length, clip fractions. Integer steps on x; the run's name as the title."""
     rows = read_metrics(run_dir / "metrics.jsonl")
     if not rows:
         return None
@@ -265,22 +292,40 @@ def plot_run(run_dir: Path, keys: tuple[str, ...] = ("reward/total", "eval/accur
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    drawn = False
-    for key in keys:
-        points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
-        if points:
-            xs, ys = zip(*points)
-            ax.plot(xs, ys, marker="o" if len(points) < 20 else None, label=key)
-            drawn = True
-    if not drawn:
-        plt.close(fig)
+    panels = []
+    for title, ylabel, keys in RUN_PANELS:
+        series = {k: [(r["step"], r[k]) for r in rows if isinstance(r.get(k), (int, float))] for k in keys}
+        series = {k: v for k, v in series.items() if v}
+        if title == "KL to the reference" and len(series) > 1:
+            series = {keys[0]: series[keys[0]]}  # the penalised KL when there is one, else the policy-update KL
+        if series:
+            panels.append((title, ylabel, series))
+    if not panels:
         return None
-    ax.set_xlabel("step")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    ax.set_title(run_dir.name, fontsize=9)
+    columns = min(3, len(panels))
+    rows_n = (len(panels) + columns - 1) // columns
+    fig, axes = plt.subplots(rows_n, columns, figsize=(4.6 * columns, 3.2 * rows_n), squeeze=False)
+    for ax, (title, ylabel, series) in zip(axes.flat, panels):
+        for key, points in series.items():
+            xs, ys = zip(*points)
+            if key == "reward/total" and len(ys) >= 10:
+                window = max(5, len(ys) // 20)
+                ax.plot(xs, ys, color="C0", alpha=0.25, linewidth=1, label="per step")
+                ax.plot(xs, smooth(list(ys), window), color="C0", linewidth=2, label=f"moving average ({window} steps)")
+            else:
+                ax.plot(xs, ys, marker="o" if len(points) < 20 else None, markersize=3, label=SERIES_LABELS.get(key, key))
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel(ylabel)
+        ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        if len(series) > 1 or "reward/total" in series and len(series["reward/total"]) >= 10:
+            ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(run_dir.name, fontsize=9)
     out = run_dir / "plots" / "reward.png"
     out.parent.mkdir(exist_ok=True)
     fig.tight_layout()

@@ -45,7 +45,8 @@ def tracker_environment(logger_cfg, run_dir: Path) -> None:
         if logger_cfg.get("mode"):
             os.environ["WANDB_MODE"] = str(logger_cfg.mode)  # offline: files under <run>/wandb, `wandb sync` later
     if "mlflow" in names:
-        uri = logger_cfg.get("tracking_uri") or (Path(run_dir).resolve() / "mlruns").as_uri()
+        # a sqlite store in the run folder: mlflow >= 3 refuses its file store by default
+        uri = logger_cfg.get("tracking_uri") or f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
         os.environ.setdefault("MLFLOW_TRACKING_URI", uri)
     if "trackio" in names and logger_cfg.get("dir"):
         os.environ.setdefault("TRACKIO_DIR", str(logger_cfg.dir))

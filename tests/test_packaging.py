@@ -107,3 +107,13 @@ def test_wheel_installs_and_runs_from_any_directory(tmp_path):
     assert (run_dir / "final" / "model.safetensors").is_file() and (run_dir / "metrics.jsonl").is_file()
     recipe = run("train", "grpo_tiny", "--cfg", "job")
     assert recipe.returncode == 0 and "grpo" in recipe.stdout, recipe.stderr[-2000:]
+
+
+def test_training_output_is_quiet_outside_a_terminal(tmp_path):
+    result = run_rlx(["train", "steps=1", "prompts_per_step=2", "rollout.samples_per_prompt=2", "eval.size=4",
+                      "rollout.max_new_tokens=8", "save.plot=false", "hardware.num_threads=1"], tmp_path, timeout=300,
+                     env_extra={"RLX_VERBOSE": "0"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    for noise in ("Loading weights", "Writing model shards", "Warning", "\r", "\x1b["):
+        assert noise not in result.stderr + result.stdout, f"{noise!r} in the output:\n{result.stderr[-2000:]}"
+    assert "step 1/1" in result.stdout + result.stderr  # rlx's own lines stay

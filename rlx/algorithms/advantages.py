@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 ESTIMATORS = ("grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "median", "gae")
-SCALES = ("group", "batch", "none")
+SCALES = ("group", "batch", "none", "mad")
 GROUP_BASELINES = ("grpo", "rloo", "reinforce_pp_baseline", "median")  # need >= 2 samples per prompt
 
 
@@ -60,6 +60,11 @@ def _scaled(centered, grouped, rewards, scale: str, eps: float) -> torch.Tensor:
         return centered / (_batch_std(rewards) + eps)
     if scale == "none":
         return centered
+    if scale == "mad":  # median absolute deviation of the group (MC-GRPO authors' code)
+        median = grouped.sort(dim=1, stable=True)[0][:, (grouped.shape[1] - 1) // 2 : (grouped.shape[1] - 1) // 2 + 1]
+        deviation = (grouped - median).abs().sort(dim=1, stable=True)[0]  # (B, G)
+        mad = deviation[:, (grouped.shape[1] - 1) // 2 : (grouped.shape[1] - 1) // 2 + 1]  # (B, 1) lower middle
+        return centered / (mad + eps)
     raise ValueError(f"unknown advantage scale '{scale}'; valid choices: {', '.join(SCALES)}")
 
 
@@ -95,7 +100,11 @@ def reinforce_pp_advantages(rewards: torch.Tensor, group_size: int, baseline: bo
 def median_advantages(
     rewards: torch.Tensor, group_size: int, scale: str = "none", eps: float = 1e-6
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """MC-GRPO median baseline (Kim 2026, arXiv 2601.22582): A_i = (r_i - median(group(i))) / (s + eps), with s as in `group_advantages`.
+    """MC-GRPO median baseline (Kim 2026, arXiv 2601.22582): A_i = (r_i - median(group(i))) / (s + eps), with s as in
+    `group_advantages`, or scale "mad": s = MAD = median_j |r_j - median(group)| (lower middle), the
+    authors' code with eps = 1e-3 (mc_grpo.yaml's default). Example: [0.2, 0.9, 0.5] -> median 0.5,
+    deviations [0.3, 0.4, 0] -> MAD 0.3 -> A = [-0.3, 0.4, 0] / 0.301. A binary group [1, 0, 0] has MAD 0,
+    so A = [1, 0, 0] / 1e-3: the eps sets the step size of such groups (gradient clipping bounds it).
 
     Sampling G+1 completions per prompt (odd group size) makes the median one actual sample, the
     "pivot"; its advantage is exactly 0 and it is excluded from the gradient, so G samples train.

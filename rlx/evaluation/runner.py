@@ -333,8 +333,27 @@ def plot_pass_at_k(summary: dict, labels: dict[str, str], path: Path) -> Path | 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
-    for ax, (bench, result) in zip(axes[0], panels):
+    paired = any(any(m.startswith("pass@") for m in r.get("diff", {})) for _, r in panels)
+    fig, axes = plt.subplots(2 if paired else 1, len(panels), figsize=(5 * len(panels), 7.5 if paired else 4),
+                             squeeze=False)
+    for column, (bench, result) in enumerate(panels):
+        diff = sorted((int(m.split("@")[1]), e) for m, e in result.get("diff", {}).items() if m.startswith("pass@"))
+        if paired and diff:  # compare=: the paired difference model - compare, with its interval
+            ax = axes[1][column]
+            mid = np.array([e["value"] for _, e in diff])
+            err = np.array([[e["value"] - e["low"] for _, e in diff], [e["high"] - e["value"] for _, e in diff]])
+            ax.errorbar([k for k, _ in diff], mid, yerr=err, marker="o", capsize=3, color="C2",
+                        label=f"{labels['model']} - {labels['compare']}")
+            ax.axhline(0.0, color="grey", linewidth=1)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("k")
+            ax.set_ylabel("paired difference in pass@k")
+            ax.set_title(f"{bench}: paired difference ({result['diff']['problems']} problems)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        elif paired:
+            axes[1][column].axis("off")
+        ax = axes[0][column]
         for role in ("model", "compare"):
             if role not in result:
                 continue

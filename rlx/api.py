@@ -1,0 +1,120 @@
+"""Python entry points for scripts and notebooks: the same runs as the command line.
+
+    import rlx
+
+    def brevity(completions, **kwargs):                 # TRL's reward-function contract
+        return [1.0 if len(c) < 40 else 0.0 for c in completions]
+
+    result = rlx.fit(["steps=20", "algorithm=dapo"], rewards=[brevity])
+    result.run_dir, result.metrics["eval/accuracy"]
+    rlx.evaluate([f"run={result.run_dir}", "limit=50"]).metrics
+
+`fit` runs `rlx train` with the overrides in this process (Hydra composes the config, the run directory
+is the usual outputs/train/<time>_<name>) and returns the run directory and the final metrics.
+`rewards` are Python callables (or {name: callable} / {name: (callable, weight)}) that replace the
+configured reward components; the first one is reported as accuracy unless reward.accuracy is given.
+Bad input raises `rlx.config.UserError` with the one-line message the command line prints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import sys
+import types
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from rlx.config import UserError
+
+# Callables given to fit(rewards=...) live here, so a reward component's _target_ can name them
+# (rlx.api.registered.<name>); only this process sees them (no multi-process launch).
+registered = types.ModuleType("rlx.api.registered")
+sys.modules[registered.__name__] = registered
+
+
+@dataclass
+class RunResult:
+    run_dir: Path                       # the run (or evaluation) directory
+    metrics: dict = field(default_factory=dict)  # final metrics (fit) or summary.json (evaluate)
+
+
+def _reward_overrides(rewards, overrides: list[str]) -> list[str]:
+    if isinstance(rewards, Mapping):
+        items = list(rewards.items())
+    else:
+        items = [(getattr(fn, "__name__", f"reward_{i}"), fn) for i, fn in enumerate(rewards)]
+    if not items:
+        raise UserError("rewards= is empty; pass at least one reward function or leave it out")
+    out = ["reward.components={}"]
+    for name, spec in items:
+        fn, weight = spec if isinstance(spec, tuple) else (spec, 1.0)
+        if not callable(fn) or not str(name).isidentifier():
+            raise UserError(f"reward {name!r}: give callables with identifier names, e.g. rewards=[my_reward]")
+        setattr(registered, name, fn)
+        out += [f"+reward.components.{name}._target_=rlx.api.registered.{name}", f"+reward.components.{name}.weight={weight}"]
+    if not any(o.startswith("reward.accuracy=") for o in overrides):
+        out.append(f"reward.accuracy={items[0][0]}")
+    return out
+
+
+def _run_cli(command: list[str]) -> None:
+    """rlx.cli.main in this process; a one-line error (exit 2) becomes UserError, other exits RuntimeError."""
+    from rlx.cli import main
+
+    argv, stderr = sys.argv[:], io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            main(command)
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            text = stderr.getvalue().strip().splitlines()
+            message = next((line.removeprefix("error: ") for line in reversed(text) if line.startswith("error: ")),
+                           text[-1] if text else f"rlx {command[0]} exited with code {exc.code}")
+            raise (UserError if exc.code == 2 else RuntimeError)(message) from None
+    finally:
+        sys.argv = argv
+        sys.stderr.write(stderr.getvalue())
+
+
+def _new_dir(kind: str, name: str) -> Path:
+    stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S.%f")
+    return Path(os.environ.get("RLX_OUTPUTS", "outputs")) / kind / f"{stamp}_{name}"
+
+
+def fit(overrides: Iterable[str] = (), rewards: Iterable[Callable] | Mapping | None = None) -> RunResult:
+    """Train as `rlx train OVERRIDES` does; returns the run directory and the final metrics."""
+    from rlx.config import check_overrides
+
+    overrides = list(overrides)
+    if rewards is not None:
+        overrides += _reward_overrides(rewards, overrides)
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            cfg = check_overrides(overrides)
+    except SystemExit:
+        raise UserError(stderr.getvalue().strip().removeprefix("error: ")) from None
+    if rewards is not None and int(cfg.hardware.num_processes) * int(cfg.hardware.num_machines) > 1:
+        raise UserError("rewards= callables live in this process; with several processes put them in a module and "
+                        "name them in reward.components.<name>._target_")
+    run_dir = _new_dir("train", cfg.name)
+    _run_cli(["train", *overrides, f"hydra.run.dir={run_dir}"])
+    result = run_dir / "result.json"
+    metrics = json.loads(result.read_text())["metrics"] if result.is_file() else {}
+    return RunResult(run_dir.resolve(), metrics)
+
+
+def evaluate(overrides: Iterable[str] = ()) -> RunResult:
+    """Evaluate as `rlx eval OVERRIDES` does; returns the evaluation directory and its summary.json."""
+    overrides = list(overrides)
+    name = next((o.split("=", 1)[1] for o in overrides if o.startswith("name=")), "eval")
+    resume = next((o.split("=", 1)[1] for o in overrides if o.startswith("resume=")), None)
+    out_dir = Path(resume).expanduser() if resume else _new_dir("eval", name)
+    _run_cli(["eval", *overrides, f"hydra.run.dir={out_dir}"])
+    summary = out_dir / "summary.json"
+    return RunResult(out_dir.resolve(), json.loads(summary.read_text()) if summary.is_file() else {})

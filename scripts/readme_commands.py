@@ -1,0 +1,226 @@
+"""Run every command of the README's ```bash blocks on a fresh clone and report which fail.
+
+    python scripts/readme_commands.py                 # every runnable command, trainings shortened (~15-30 min on CPU)
+    python scripts/readme_commands.py --quick         # only commands that do not train (seconds; run by `make test`)
+    python scripts/readme_commands.py --list          # how each command would be run, without running it
+
+The clone is `git clone` of this checkout's HEAD into a temporary folder; each `rlx ...` runs there as
+`python -m rlx ...` with the clone first on PYTHONPATH, from an empty working folder, offline. Commands
+that train are shortened (2 steps, tiny batches, 8 new tokens; sweeps and prompt counts cut down).
+Placeholders (`<run>`, `<sweep>`, `<dir>`, `DIR`, `<..._rm>`, `run_a run_b`) become folders that earlier
+commands produced; the small files the README assumes (`my.jsonl`, `gsm8k_test.jsonl`) are written first.
+Commands that need a GPU, the network, a hub model or another package are listed as skipped, with why.
+Exit code 1 when a command failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+SHORT_TRAIN = {"steps": "2", "prompts_per_step": "2", "rollout.samples_per_prompt": "2", "eval.size": "4",
+               "eval.every": "2", "rollout.max_new_tokens": "8", "log.samples_every": "0", "save.plot": "false",
+               "hardware.num_threads": "1", "checkpoint.every": "1", "data.eval_size": "8"}
+SHORT_BATCH = {"algorithm.batch_size": "4"}  # preference, reward-model and SFT runs (policy-gradient has no such key)
+BATCHED = re.compile(r"algorithm=(dpo|simpo|ipo|orpo|cdpo|hinge|robust_dpo|ln_dpo|sft|reward_model)\b|(dpo|simpo|sft)\w*$")
+SHORT_EVAL = {"limit": "3", "sampling.n": "2", "plot": "false", "hardware.num_threads": "1"}
+SHORT_PREFS = {"prompts": "12", "samples_per_prompt": "4"}
+# why a command cannot run on a CPU-only, offline machine (first match wins)
+SKIPS = [
+    (r"hardware=(gpu|fsdp|multinode)|hardware=ddp(?!.*hardware\.cpu=true)|rollout=vllm", "needs GPUs"),
+    (r"model=(qwen|llama)|data=prefs_hub|benchmark=\[?gsm8k(?!.*load\.path)|math500", "needs a hub download"),
+    (r"^(pip|make bench|python benchmarks)", "installs packages or benchmarks for an hour"),
+    (r"^make (train|test|reproduce)", "make target (make test runs the suite; rlx commands cover the rest)"),
+    (r"^pytest", "a test command (the suite is run separately)"),
+    (r"model\.path=/local/dir|my\.parquet", "a placeholder the user replaces with their own files"),
+]
+QUICK = re.compile(r"^rlx (--help|--version|recipes( show \S+)?$|train --help|train --cfg job|\w+ --help)")
+
+
+def readme_commands(readme: Path) -> list[str]:
+    """Command lines of the ```bash blocks, continuation lines joined, comments dropped."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", readme.read_text(), re.DOTALL):
+        pending = ""
+        for raw in block.splitlines():
+            line = raw.split(" #", 1)[0].rstrip() if not raw.lstrip().startswith("#") else ""
+            if not line.strip():
+                continue
+            if line.endswith("\\"):
+                pending += line[:-1].strip() + " "
+                continue
+            commands.append((pending + line.strip()).strip())
+            pending = ""
+    return commands
+
+
+def _with(args: list[str], settings: dict) -> list[str]:
+    """args with these key=value settings replacing any given for the same keys."""
+    kept = [a for a in args if a.split("=", 1)[0].lstrip("+~") not in settings]
+    return kept + [f"{k}={v}" for k, v in settings.items()]
+
+
+class Runner:
+    def __init__(self, clone: Path, work: Path, timeout: int):
+        self.clone, self.work, self.timeout = clone, work, timeout
+        self.env = dict(os.environ, PYTHONPATH=str(clone), RLX_OUTPUTS=str(work / "outputs"), HF_HUB_OFFLINE="1",
+                        HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+        self.env.pop("VIRTUAL_ENV", None)
+
+    def newest(self, kind: str, pattern: str = "*") -> Path | None:
+        folder = self.work / "outputs" / kind
+        found = sorted(folder.glob(pattern), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
+        return found[-1] if found else None
+
+    def substitute(self, command: str) -> tuple[str | None, str]:
+        """Placeholders -> produced folders; returns (command or None, reason when None)."""
+        runs = sorted((self.work / "outputs" / "train").glob("*"), key=lambda p: p.stat().st_mtime) \
+            if (self.work / "outputs" / "train").is_dir() else []
+        runs = [r for r in runs if (r / "final").is_dir()]
+        sweep, evals = self.newest("multirun"), self.newest("eval")
+        rm = next((r for r in reversed(runs) if r.name.endswith("_rm")), None)
+        table = {"outputs/train/<run>": runs[-1] if runs else None, "outputs/train/<a>": runs[-1] if runs else None,
+                 "outputs/train/<b>": runs[-2] if len(runs) > 1 else None, "outputs/train/<..._rm>": rm,
+                 "outputs/multirun/<sweep>": sweep, "outputs/eval/<dir>": evals,
+                 "outputs/train/run_a": runs[-1] if runs else None, "outputs/train/run_b": runs[-2] if len(runs) > 1 else None,
+                 "outputs/train/2026-11-22_10-31-07.123456_grpo": runs[-1] if runs else None}
+        for placeholder, folder in table.items():
+            if placeholder in command:
+                if folder is None:
+                    return None, f"needs {placeholder} from an earlier command"
+                command = command.replace(placeholder, str(folder))
+        if re.search(r"\bDIR\b", command):
+            if sweep is None:
+                return None, "needs a sweep folder from an earlier command"
+            command = re.sub(r"\bDIR\b", str(sweep), command)
+        command = command.replace(" ...", "")
+        if "--compare c2 c1" in command:
+            return None, "names configurations c1, c2 of the user's own sweep"
+        return command, ""
+
+    def shorten(self, args: list[str]) -> list[str]:
+        sub = args[1] if len(args) > 1 else ""
+        if sub == "train" and not any(a in ("--help", "--cfg", "-h") for a in args):
+            batched = any(BATCHED.search(a) for a in args[2:])
+            args = _with(args, {**SHORT_TRAIN, **(SHORT_BATCH if batched else {})})
+            args = [re.sub(r"^seed=([^,]+,[^,]+),.*", r"seed=\1", a) for a in args]  # two seeds are enough
+            return args
+        if sub == "eval" and "--help" not in args:
+            return [a.replace("checkpoint=step_000100", "checkpoint=step_2") for a in _with(args, SHORT_EVAL)]
+        if args[1:3] == ["data", "prefs"]:
+            return _with(args, SHORT_PREFS)
+        if sub == "sweep" and len(args) > 2 and args[2] != "retest":
+            extra = {"hydra.sweeper.n_trials": "2", "hydra.sweeper.sampler.n_startup_trials": "1"} if "optuna" in args \
+                else {"seed": "0", "optim.lr": "1e-4", "algorithm.kl_coef": "0.0,0.01"}
+            return _with(args, {**SHORT_TRAIN, **extra})
+        if sub == "sweep" and len(args) > 2:  # retest: one test seed
+            return args + ["seeds=1000", *[f"{k}={v}" for k, v in SHORT_TRAIN.items()]]
+        return args
+
+    def run(self, command: str) -> tuple[str, float, str]:
+        args = shlex.split(command)
+        chained = " && " in command
+        if chained:
+            return "skip", 0.0, "a chained comparison of two longer runs"
+        args = self.shorten(args)
+        start = time.perf_counter()
+        try:
+            result = subprocess.run([sys.executable, "-m", "rlx", *args[1:]], cwd=self.work, env=self.env,
+                                    capture_output=True, text=True, timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            return "FAIL", time.perf_counter() - start, f"timed out after {self.timeout} s"
+        took = time.perf_counter() - start
+        if result.returncode != 0:
+            last = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
+            return "FAIL", took, f"exit {result.returncode}: {last[:200]}"
+        return "ok", took, " ".join(args[1:])[:160]
+
+
+def prepare_files(work: Path) -> None:
+    rows = [{"question": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(8) for b in range(8)]
+    (work / "my.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (work / "gsm8k_test.jsonl").write_text("".join(json.dumps({"question": r["question"], "answer": f"#### {r['answer']}"})
+                                                   + "\n" for r in rows[:8]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="only the commands that do not train")
+    parser.add_argument("--list", action="store_true", help="print the plan, run nothing")
+    parser.add_argument("--repo", type=Path, default=REPO, help="the checkout to clone (default: this one)")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per command")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    opts = parser.parse_args(argv)
+
+    commands = readme_commands(opts.repo / "README.md")
+    tmp = Path(tempfile.mkdtemp(prefix="rlx_readme_"))
+    clone, work = tmp / "rlx", tmp / "work"
+    subprocess.run(["git", "clone", "--quiet", str(opts.repo), str(clone)], check=True)
+    work.mkdir()
+    prepare_files(work)
+    runner = Runner(clone, work, opts.timeout)
+    results, deferred = [], []
+    for command in commands + [None]:
+        if command is None:  # second pass: commands whose placeholders needed a later command's output
+            if not deferred:
+                break
+            pending, deferred = deferred, []
+            for late in pending:
+                resolved, why = runner.substitute(late)
+                if resolved is None:
+                    results.append(("skip", 0.0, late, why))
+                    continue
+                status, took, detail = runner.run(resolved)
+                results.append((status, took, late, detail))
+                print(f"{status:4} {took:6.1f}s  {late}" + (f"\n            {detail}" if status == "FAIL" else ""), flush=True)
+            break
+        reason = next((why for pattern, why in SKIPS if re.search(pattern, command)), None)
+        if not command.startswith("rlx ") and reason is None:
+            reason = "not an rlx command"
+        if reason is None and opts.quick and not QUICK.match(command):
+            reason = "trains (left out by --quick)"
+        if reason is not None:
+            results.append(("skip", 0.0, command, reason))
+            continue
+        resolved, why = runner.substitute(command)
+        if resolved is None:
+            if opts.list:
+                results.append(("skip", 0.0, command, why))
+            else:
+                deferred.append(command)
+            continue
+        if opts.list:
+            results.append(("plan", 0.0, command, " ".join(runner.shorten(shlex.split(resolved)))[:200]))
+            continue
+        status, took, detail = runner.run(resolved)
+        results.append((status, took, command, detail))
+        print(f"{status:4} {took:6.1f}s  {command}" + (f"\n            {detail}" if status == "FAIL" else ""), flush=True)
+    failed = [r for r in results if r[0] == "FAIL"]
+    print(f"\n{len(results)} README commands: {sum(r[0] == 'ok' for r in results)} ok, {len(failed)} failed, "
+          f"{sum(r[0] == 'skip' for r in results)} skipped")
+    for status, _, command, detail in results:
+        if status in ("skip", "plan"):
+            print(f"  {status}: {command[:90]}  ({detail})")
+    for _, _, command, detail in failed:
+        print(f"  FAILED: {command}\n          {detail}")
+    if not opts.keep:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        print(f"kept: {tmp}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
