@@ -69,9 +69,11 @@ def test_agent_config_mistakes_are_one_line(tmp_path, args, needle):
 
 @pytest.mark.slow
 def test_agent_resume_matches_an_uninterrupted_run(tmp_path):
-    """~1-2 min on 2 shared cores. A custom environment with group-varying rewards, so the updates are real."""
+    """3.5 min on the shared 2-core machine (three runs). A custom environment with group-varying rewards, so the updates are real."""
     args = ["algorithm=gigpo", "env=custom", "env.target=tests.test_agent_train.ParityEnv", "eval.every=4",
-            "checkpoint.every=2", "optim.lr=1e-2", *BASE]
+            "checkpoint.every=2", "optim.lr=1e-2", "optim.schedule=constant", *BASE]  # lr independent of steps
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
     full = run_rlx(["train", *args, "steps=4", "name=full"], tmp_path / "a")
     assert full.returncode == 0, full.stderr[-3000:]
     half = run_rlx(["train", *args, "steps=2", "name=half"], tmp_path / "b")
@@ -80,8 +82,10 @@ def test_agent_resume_matches_an_uninterrupted_run(tmp_path):
     resumed = run_rlx(["train", f"resume={run}", "steps=4"], tmp_path / "b")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
-    def comparable(path):
-        return [{k: v for k, v in r.items() if not k.startswith("perf/") and k != "time"} for r in read_metrics(path)]
+    def comparable(path):  # the half run also evaluated at its last step (2): compare eval/* at the end only
+        rows = read_metrics(path)
+        return [{k: v for k, v in r.items() if not k.startswith("perf/") and k != "time"
+                 and (not k.startswith("eval/") or r is rows[-1] or r["step"] == 0)} for r in rows]
 
     a, b = comparable(only_run_dir(tmp_path / "a") / "metrics.jsonl"), comparable(run / "metrics.jsonl")
     assert any(r.get("train/advantage_std", 0) > 0 for r in a)  # the runs did learn something

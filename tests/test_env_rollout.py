@@ -149,3 +149,20 @@ def test_hf_generator_ids_are_exactly_what_the_model_sampled(tokenizer):
     logp, _ = completion_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
     mask = batch.loss_mask.bool()
     assert torch.allclose(logp[mask], batch.sampler_logprobs[mask], atol=1e-4)
+
+
+def test_tool_output_is_context_not_loss(tokenizer):
+    from rlx.envs.tools import ToolUse
+
+    env = ToolUse()
+    env.reset(seed=5)
+    expression, answer = env.expression, env.answer
+    turns = [tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+             for text in (f"<calc>{expression}</calc>", f"<answer>{answer}</answer>")]
+    (e,) = run_episodes(Scripted(turns), tokenizer, [ToolUse()], [5], [0], max_turns=3, max_new_tokens=32,
+                        max_total_tokens=240)
+    assert e.terminated and e.step_rewards == [0.0, 1.0] and e.observations[1] == f"<result>{answer}</result>"
+    trained = tokenizer.decode([i for i, m in zip(e.ids, e.loss_mask) if m])
+    context = tokenizer.decode([i for i, m in zip(e.ids, e.loss_mask) if not m])
+    assert "<result>" not in trained and f"<result>{answer}</result>" in context
+    assert f"<calc>{expression}</calc>" in trained and f"<answer>{answer}</answer>" in trained
