@@ -49,14 +49,15 @@ def micro_batches_per_step(local_batch: int, micro_batch_size: int) -> int:
 
 def deepspeed_config(zero_stage: int, micro_batch_size: int, accumulation: int, world_size: int,
                      max_grad_norm: float | None, mixed_precision: str = "no", offload_optimizer: str = "none",
-                     offload_param: str = "none") -> dict:
+                     offload_param: str = "none", param_persistence_threshold: int | None = None) -> dict:
     """DeepSpeed's config dict from rlx's settings, every number filled in.
 
     Accelerate fills DeepSpeed's "auto" batch sizes from a prepared dataloader, which rlx's loops do
     not use, so they are given here: train_batch_size = micro x K x world size. DeepSpeed clips at
     `gradient_clipping` inside its step (1.0 when left to Accelerate), so it is optim.max_grad_norm
     (0 = no clipping). Stage 3 gathers the full 16-bit-or-fp32 weights on save (final/ holds a full
-    state dict). Example: stage 2, micro 2, K 4, 2 processes, clip 1.0 ->
+    state dict); param_persistence_threshold: stage-3 parameters with fewer elements stay whole on every
+    process (None: DeepSpeed's default, 1e5, which keeps a tiny model entirely unpartitioned). Example: stage 2, micro 2, K 4, 2 processes, clip 1.0 ->
     {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,
      "gradient_clipping": 1.0, "zero_optimization": {"stage": 2, ...}, ...}."""
     if zero_stage not in (0, 1, 2, 3):
@@ -68,6 +69,8 @@ def deepspeed_config(zero_stage: int, micro_batch_size: int, accumulation: int, 
         zero["offload_optimizer"] = {"device": offload_optimizer}
     if zero_stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = True
+        if param_persistence_threshold is not None:
+            zero["stage3_param_persistence_threshold"] = int(param_persistence_threshold)
         if offload_param != "none":
             zero["offload_param"] = {"device": offload_param}
     return {

@@ -212,7 +212,8 @@ def deepspeed_plugin(cfg: DictConfig, accumulation: int):
 
     ds = hw.deepspeed
     config = deepspeed_config(ds.zero_stage, cfg.micro_batch_size, accumulation, launch.world_size(hw),
-                              cfg.optim.max_grad_norm, hw.mixed_precision, ds.offload_optimizer_device, ds.offload_param_device)
+                              cfg.optim.max_grad_norm, hw.mixed_precision, ds.offload_optimizer_device, ds.offload_param_device,
+                              ds.get("param_persistence_threshold"))
     return DeepSpeedPlugin(hf_ds_config=config, zero3_init_flag=bool(ds.zero3_init_flag and ds.zero_stage == 3))
 
 

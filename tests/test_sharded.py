@@ -33,6 +33,9 @@ def test_deepspeed_config_has_real_numbers_and_rlx_clipping():
     assert config["zero_optimization"] == {"stage": 2}
     assert not config["bf16"]["enabled"] and not config["fp16"]["enabled"]
     assert "auto" not in str(config)
+    assert "stage3_param_persistence_threshold" not in str(config)  # DeepSpeed's default unless asked
+    assert deepspeed_config(3, 1, 1, 1, 1.0, param_persistence_threshold=0)["zero_optimization"][
+        "stage3_param_persistence_threshold"] == 0
     three = deepspeed_config(3, 1, 1, 4, None, "bf16", offload_optimizer="cpu", offload_param="cpu")
     assert three["gradient_clipping"] == 0.0  # max_grad_norm null: no clipping
     assert three["train_batch_size"] == 4 and three["bf16"]["enabled"]
@@ -162,6 +165,8 @@ def test_deepspeed_two_processes_match_one_and_resume(tmp_path, one_process, sta
     start = load_file(ASSETS_DIR / "tiny" / "model.safetensors")
     moved = max((one[k] - start[k]).abs().max().item() for k in one)
     args = ["train", *GRPO, "name=ds", f"hardware=deepspeed_zero{stage}", "hardware.mixed_precision=no"]
+    if stage == 3:  # partition every parameter (DeepSpeed keeps ones under 1e5 elements whole: all of the tiny model's)
+        args.append("hardware.deepspeed.param_persistence_threshold=0")
     result = run_rlx(args, tmp_path, timeout=400)
     assert result.returncode == 0, result.stderr[-4000:]
     run = _run_dir(tmp_path, "ds")
@@ -249,3 +254,24 @@ def test_two_machines_on_loopback_match_one_process_and_resume(tmp_path, one_pro
     assert "resumed from" in outputs[0]
     gap = _max_gap(one, load_file(run / "final" / "model.safetensors"))
     assert gap < 1e-6, f"2 machines resumed from step 2 differ from 1 process by {gap:.2e}"
+
+
+@pytest.mark.slow
+def test_generation_on_zero3_keeps_ranks_in_lockstep(tmp_path):
+    """~40 s: 2 ranks with every parameter partitioned generate completions of different lengths (13 and
+    24 tokens); the rank that stops first keeps stepping, and both equal the unsharded model. Without
+    the lockstep the longer rank waits in a parameter gather forever (seen: killed at the timeout)."""
+    pytest.importorskip("deepspeed")
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                             str(_free_port()), str(REPO / "tests" / "zero3_generate_worker.py")],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert result.stdout.count(" ok") == 2, result.stdout[-2000:]
