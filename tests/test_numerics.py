@@ -296,3 +296,21 @@ def test_gpu_smoke_without_cuda_fails_with_one_line():
                           env=env, timeout=120)
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "no CUDA device" in proc.stderr
+
+
+def test_lora_reference_with_checkpointing_does_not_share_prompt_caches():
+    """With gradient checkpointing, a LoRA reference (the policy with its adapter off) must not take the
+    KV-cache prompt-sharing path: in train mode transformers turns the cache off under checkpointing.
+    Failed before: the check did not look through the reference wrapper to the policy."""
+    from omegaconf import OmegaConf
+
+    from rlx.models.forward import _can_share_prompts
+    from rlx.models.lora import prepare_policy, reference_model
+
+    lora = {"enabled": True, "rank": 2, "alpha": 4, "dropout": 0.0, "target_modules": "all-linear"}
+    policy = prepare_policy(_tiny_llama(), OmegaConf.create({"gradient_checkpointing": True, "lora": lora}),
+                            OmegaConf.create({"gradient_checkpointing": False}))
+    assert not _can_share_prompts(reference_model(policy))
+    plain = prepare_policy(_tiny_llama(), OmegaConf.create({"gradient_checkpointing": False, "lora": lora}),
+                           OmegaConf.create({"gradient_checkpointing": False}))
+    assert _can_share_prompts(reference_model(plain))
