@@ -236,6 +236,7 @@ def test_grpo_steps_through_vllm_keep_sampler_and_trainer_together(tmp_path, ext
 
     result = run_rlx([*VLLM_TRAIN, *extra], tmp_path, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]  # the engine shuts down cleanly
     rows = [r for r in _metrics(only_run_dir(tmp_path)) if r["step"] >= 1]
     assert [r["step"] for r in rows] == [1, 2, 3]
     for row in rows:
@@ -256,6 +257,7 @@ def test_eval_through_vllm_matches_hf_greedy(tmp_path):
         (tmp_path / backend).mkdir()
         result = run_rlx([*common, f"name={backend}", *extra], tmp_path / backend, timeout=900)
         assert result.returncode == 0, result.stderr[-3000:]
+        assert "Traceback" not in result.stderr, result.stderr[-3000:]
         (run,) = (tmp_path / backend / "outputs" / "eval").iterdir()
         outs[backend] = [json.loads(line) for line in (run / "chain_sum" / "model.jsonl").read_text().splitlines()]
     assert len(outs["vllm"]) == 8 and all(len(r["samples"]) == 2 for r in outs["vllm"])

@@ -448,6 +448,8 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
                 chat_template=bool(cfg.model.chat_template), seed=int(cfg.seed), label=f"{bench.name} {role}",
                 progress=cfg.progress, engine=engine,
             )
+        if engine is not None:
+            engine.close()
         del model, engine
     summary = {
         "models": {role: {"path": path, "label": label} for role, (path, label) in subjects.items()},

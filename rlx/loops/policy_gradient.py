@@ -460,5 +460,7 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
             # the main process holds the first shard, so its local sample i is global sample i
             write_samples(run_dir, step, sample_records(batch, advantages, cfg.log.num_samples))
         end_step(cfg, step, metrics, metrics_log, checkpointer)
+    if engine is not None:
+        engine.close()
     metrics_log.close()
     return {"model": model, "final_eval": last_eval}

@@ -252,6 +252,11 @@ class VLLMEngine:
         prompt_mask = unique_mask.repeat_interleave(group, dim=0)  # (N, P)
         return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, truncated, texts, logprobs)
 
+    def close(self) -> None:
+        """Shut the engine down now, while the process group it joined still exists (left to the interpreter's
+        exit, vLLM's teardown finds it destroyed and prints a traceback)."""
+        self.llm.llm_engine.engine_core.shutdown()
+
     def score(self, prompts: list[list[int]], completions: list[list[int]]) -> list[torch.Tensor]:
         """log p(completion_t | prompt, completion_<t) under the engine's weights, one (C_i,) tensor per pair
         (vLLM's prompt log-probs: the raw distribution, temperature 1)."""
