@@ -18,8 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from rlx.models.shapes import build_shaped_model
-
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES: list[str] = []
@@ -37,7 +35,13 @@ def models(tmp_path_factory):
         "qwen3_full": ("qwen3-0.6b", 2, None, "float32"),
         "llama_full": ("llama-3.2-1b", 2, None, "float32"),
     }
-    return {name: build_shaped_model(shape, base / name, layers, vocab, dtype) for name, (shape, layers, vocab, dtype) in specs.items()}
+    # built in child processes: a child's peak RSS (wait4) is at least its parent's RSS when it forked, so the
+    # test process itself must never hold these models
+    for name, (shape, layers, vocab, dtype) in specs.items():
+        args = [sys.executable, "-m", "rlx.models.shapes", shape, str(base / name), "--dtype", dtype, "--layers", str(layers)]
+        subprocess.run(args + (["--vocab", str(vocab)] if vocab else []), check=True, capture_output=True,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=900)
+    return {name: base / name for name in specs}
 
 
 def rlx_train(tmp_path: Path, model: Path, *overrides: str, prompts: int = 2, group: int = 2, tokens: int = 8,
