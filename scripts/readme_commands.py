@@ -31,7 +31,8 @@ REPO = Path(__file__).resolve().parents[1]
 SHORT_TRAIN = {"steps": "2", "prompts_per_step": "2", "rollout.samples_per_prompt": "2", "eval.size": "4",
                "eval.every": "2", "rollout.max_new_tokens": "8", "log.samples_every": "0", "save.plot": "false",
                "hardware.num_threads": "1", "checkpoint.every": "1", "data.eval_size": "8"}
-SHORT_BATCH = {"algorithm.batch_size": "4"}  # preference, reward-model and SFT runs (policy-gradient has no such key)
+SHORT_BATCH = {"algorithm.batch_size": "4", "data.pairs.eval_size": "4"}  # preference, reward-model and SFT runs (policy-gradient has no such key)
+# data.pairs.eval_size only exists with data=prefs*: added when the command names such data
 BATCHED = re.compile(r"algorithm=(dpo|simpo|ipo|orpo|cdpo|hinge|robust_dpo|ln_dpo|sft|reward_model)\b|(dpo|simpo|sft)\w*$")
 SHORT_EVAL = {"limit": "3", "sampling.n": "2", "plot": "false", "hardware.num_threads": "1"}
 SHORT_PREFS = {"prompts": "12", "samples_per_prompt": "4"}
@@ -112,7 +113,9 @@ class Runner:
         sub = args[1] if len(args) > 1 else ""
         if sub == "train" and not any(a in ("--help", "--cfg", "-h") for a in args):
             batched = any(BATCHED.search(a) for a in args[2:])
-            args = _with(args, {**SHORT_TRAIN, **(SHORT_BATCH if batched else {})})
+            pairs = any(a.startswith("data=prefs") for a in args)
+            extra = {k: v for k, v in SHORT_BATCH.items() if batched and (pairs or not k.startswith("data.pairs"))}
+            args = _with(args, {**SHORT_TRAIN, **extra})
             args = [re.sub(r"^seed=([^,]+,[^,]+),.*", r"seed=\1", a) for a in args]  # two seeds are enough
             return args
         if sub == "eval" and "--help" not in args:

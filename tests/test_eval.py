@@ -236,8 +236,12 @@ def test_unknown_benchmark_names_the_choices(overrides, needle, capsys):
 def test_missing_run_or_checkpoint_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="run 'no/such/run' is not a directory"):
         evaluate(_eval_cfg("run=no/such/run"), tmp_path / "a", [])
-    (tmp_path / "run" / "checkpoints" / "step_000010").mkdir(parents=True)
-    with pytest.raises(UserError, match="has no model 'final'.*valid choices: step_000010"):
+    (tmp_path / "run" / "checkpoints" / "step_000005").mkdir(parents=True)  # unfinished: never offered as a choice
+    step = tmp_path / "run" / "checkpoints" / "step_000010"
+    step.mkdir(parents=True)
+    (step / "trainer_state.json").write_text("{}")
+    (step / "model.safetensors").write_bytes(b"")
+    with pytest.raises(UserError, match="has no model 'final'; valid choices: step_000010$"):
         evaluate(_eval_cfg(f"run={tmp_path / 'run'}"), tmp_path / "b", [])
 
 

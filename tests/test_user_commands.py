@@ -97,3 +97,14 @@ def test_hardware_gpu_without_a_gpu_is_one_line(tmp_path, command):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: hardware=gpu needs a GPU and torch sees none"), result.stderr
+
+
+def test_report_of_a_sweep_with_test_seeds_finds_every_run(tmp_path):
+    """`rlx report <sweep>` after `rlx sweep retest` (trials 0/, 1/ beside test_seeds/0/) lists every run."""
+    from rlx.report.runs import find_runs
+
+    for trial in ("0", "1", "10", "test_seeds/0"):
+        (tmp_path / trial).mkdir(parents=True)
+        (tmp_path / trial / "metrics.jsonl").write_text('{"step": 0, "eval/accuracy": 0.5}\n')
+    names = [str(run.path.relative_to(tmp_path)) for run in find_runs([tmp_path])]
+    assert names == ["0", "1", "10", "test_seeds/0"]

@@ -101,7 +101,7 @@ def find_runs(paths: list[Path]) -> list[Run]:
             raise UserError(f"'{path}' is not a directory; pass run or sweep directories written by rlx train")
         candidates = [path] if (path / "metrics.jsonl").is_file() else sorted(
             {p.parent for name in ("metrics.jsonl", "failure.json") for p in path.rglob(name)},
-            key=lambda p: [int(part) if part.isdigit() else part for part in p.parts],
+            key=lambda p: [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in p.parts],  # 0/ 1/ test_seeds/0/
         )
         for candidate in candidates:
             found.setdefault(candidate.resolve(), None)
