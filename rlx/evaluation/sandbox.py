@@ -202,7 +202,9 @@ def check_program(
 ) -> SandboxResult:
     """HumanEval-style functional check (Chen et al. 2021): the program (prompt + completion),
     then the test code that defines `check(candidate)`, then `check(<entry_point>)`.
-    passed == all asserts held within the time limit."""
+    passed == all asserts held within the time limit AND the harness reached its end: it prints a
+    fresh token (read from the stdin pipe before the sample runs) only after check() returned and
+    every value the candidate returned was plain data; the exit status alone never passes."""
     if not entry_point.isidentifier():
         raise ValueError(f"entry_point must be a Python identifier, got {entry_point!r}")
     import secrets
