@@ -27,6 +27,9 @@ FAMILIES = ("policy_gradient", "ppo", "sft", "preference", "reward_model", "agen
 
 def check_settings(cfg: DictConfig) -> None:
     """Combinations that make no sense stop the run before any work, naming the settings."""
+    from rlx.config_schema import check_knobs
+
+    check_knobs(cfg)  # every knob's type and range first: the rules below compare them
     family = cfg.algorithm.family
     if family not in FAMILIES:
         raise UserError(f"unknown algorithm.family '{family}'; valid choices: {', '.join(FAMILIES)}")

@@ -66,38 +66,66 @@ def reasoning_gym_rows(task: str, task_config: dict, train_size: int, eval_size:
 
 def parse_jsonl(text: str, source: str) -> list[dict]:
     """One JSON object per non-empty line; a bad line is a one-line error naming source:line."""
+    return [row for _, row in _numbered_jsonl(text, source)]
+
+
+def _numbered_jsonl(text: str, source: str) -> list[tuple[int, dict]]:
     rows = []
     for number, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise UserError(f"{source}:{number}: not valid JSON ({exc.msg})") from None
+                raise UserError(f"{source}:{number}:{exc.colno}: not valid JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise UserError(f"{source}:{number}:1: a JSON {type(row).__name__}, not an object; each line must be "
+                                f'one object such as {{"prompt": "...", "answer": "..."}}')
+            rows.append((number, row))
+    if not rows:
+        raise UserError(f"{source}: the file holds no rows (empty); point data.train_path / data.eval_path at a data file")
     return rows
 
 
-def _read_table(path: str) -> list[dict]:
+def _read_table(path: str) -> list[tuple[str, dict]]:
+    """Rows of a .jsonl or .parquet file, each with where it came from ('file:line' or 'file row N')."""
     file = Path(path).expanduser()
     if not file.is_file():
         raise UserError(f"data file '{path}' not found; set data.train_path / data.eval_path to an existing .jsonl or .parquet")
     if file.suffix == ".jsonl":
-        return parse_jsonl(file.read_text(), path)
+        data = file.read_bytes()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = data.count(b"\n", 0, exc.start) + 1
+            column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+            raise UserError(f"{path}:{line}:{column}: byte 0x{data[exc.start]:02x} is not UTF-8; re-save the file as "
+                            f"UTF-8") from None
+        return [(f"{path}:{number}", row) for number, row in _numbered_jsonl(text, path)]
     if file.suffix == ".parquet":
         import datasets
 
-        return list(datasets.Dataset.from_parquet(str(file)))
+        rows = list(datasets.Dataset.from_parquet(str(file)))
+        if not rows:
+            raise UserError(f"{path}: the file holds no rows (empty)")
+        return [(f"{path} row {i + 1}", row) for i, row in enumerate(rows)]
     raise UserError(f"data file '{path}' must end in .jsonl or .parquet")
 
 
-def _map_columns(rows: list[dict], columns: dict, source: str, answer_regex: str | None = None) -> list[dict]:
+def _map_columns(rows: list, columns: dict, source: str, answer_regex: str | None = None) -> list[dict]:
+    """rows: dicts, or (where, dict) pairs from _read_table for messages that name the line."""
     out = []
-    for index, row in enumerate(rows):
+    for index, item in enumerate(rows):
+        where, row = item if isinstance(item, tuple) else (f"{source} row {index}", item)
         missing = [col for col in (columns["prompt"], columns["answer"]) if col not in row]
         if missing:
             raise UserError(
-                f"{source} row {index} has no column {missing[0]!r} (columns: {', '.join(row)}); "
+                f"{where} has no column {missing[0]!r} (columns: {', '.join(row)}); "
                 f"set data.columns.prompt / data.columns.answer"
             )
+        for col in (columns["prompt"], columns["answer"]):
+            if row[col] is None or (isinstance(row[col], str) and not row[col].strip()):
+                raise UserError(f"{where}: column {col!r} is {'null' if row[col] is None else 'empty'}; every row "
+                                f"needs a prompt and an answer (fix or drop the row)")
         mapped = dict(row)  # every column stays under its own name: reward functions get them by keyword (TRL)
         prompt = row[columns["prompt"]]
         if _is_messages(prompt):  # a conversational prompt: the chat messages are the prompt, no template
@@ -135,6 +163,10 @@ def file_rows(train_path: str, eval_path: str | None, eval_size: int, columns: d
         evals = _map_columns(_read_table(eval_path), columns, eval_path)
         held_out = {r["question"] for r in evals}
         return [r for r in train if r["question"] not in held_out], evals
+    questions = len({r["question"] for r in train})
+    if eval_size >= questions:
+        raise UserError(f"{train_path}: {questions} distinct prompts cannot give data.eval_size={eval_size} held-out rows "
+                        f"and leave any for training; lower data.eval_size or set data.eval_path")
     return split_held_out(train, eval_size, seed)
 
 

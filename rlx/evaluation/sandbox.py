@@ -163,9 +163,8 @@ def run_code(
         if os.geteuid() == 0:
             lease = _UID_POOL.acquire()
         Path(workdir, _MAIN).write_text(code, encoding="utf-8")
-        Path(workdir, _STDIN).write_text(stdin, encoding="utf-8")
         if lease is not None:
-            for path in (workdir, os.path.join(workdir, _MAIN), os.path.join(workdir, _STDIN)):
+            for path in (workdir, os.path.join(workdir, _MAIN)):
                 os.chown(path, lease.uid, lease.uid)
         # RLIMIT_NPROC counts every process of the uid; a non-root caller's own ones too.
         nproc = max_processes if lease is not None else _count_tasks(os.getuid()) + max_processes
@@ -180,7 +179,7 @@ def run_code(
             "max_processes": nproc,
             "env": {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir},
         }
-        return _launch_and_collect(config, lease, timeout_s, max_output_bytes)
+        return _launch_and_collect(config, lease, timeout_s, max_output_bytes, stdin.encode("utf-8"))
     finally:
         if lease is not None:
             _UID_POOL.release(lease)
@@ -203,11 +202,75 @@ def check_program(
 ) -> SandboxResult:
     """HumanEval-style functional check (Chen et al. 2021): the program (prompt + completion),
     then the test code that defines `check(candidate)`, then `check(<entry_point>)`.
-    passed == all asserts held within the time limit."""
+    passed == all asserts held within the time limit AND the harness reached its end: it prints a
+    fresh token (read from the stdin pipe before the sample runs) only after check() returned and
+    every value the candidate returned was plain data; the exit status alone never passes."""
     if not entry_point.isidentifier():
         raise ValueError(f"entry_point must be a Python identifier, got {entry_point!r}")
-    code = f"{program}\n\n{test}\n\ncheck({entry_point})\n"
-    return run_code(code, timeout_s=timeout_s, **run_kwargs)
+    import secrets
+
+    token = secrets.token_hex(16)  # fresh per run, reaches the harness through the stdin pipe only
+    code = _HARNESS.format(program=json.dumps(program), test=json.dumps(test), entry_point=json.dumps(entry_point),
+                          mark=json.dumps(_PASS_MARK))
+    result = run_code(code, timeout_s=timeout_s, stdin=token + "\n", **run_kwargs)
+    if result.status != "passed":
+        return result
+    reached_end = f"{_PASS_MARK}{token}" in result.stdout
+    if reached_end:
+        return result
+    # exit status 0 without the token: the program left before the checks finished (sys.exit(0),
+    # os._exit(0), atexit tricks...) or returned objects that override comparison
+    import dataclasses
+
+    return dataclasses.replace(result, passed=False, status="failed",
+                               stderr=result.stderr + "\nrlx: the test harness did not reach its end")
+
+
+_PASS_MARK = "rlx-harness-passed:"
+
+# The harness reads the token from stdin before any sample code runs and keeps it in a closure; the
+# program and tests run in their own namespace; the token is written with the saved os.write only
+# when check() returned normally and every value the candidate returned was plain data.
+_HARNESS = """
+def _rlx_harness():
+    import os, sys
+    write, token = os.write, sys.stdin.readline().strip()
+    plain = (int, float, complex, str, bytes, bool, type(None))
+    containers = (list, tuple, set, frozenset, dict)
+
+    def is_plain(value, depth=0):
+        kind = type(value)
+        if kind in plain:
+            return True
+        if kind in containers and depth < 50:
+            items = value.items() if kind is dict else value
+            if kind is dict:
+                return all(is_plain(k, depth + 1) and is_plain(v, depth + 1) for k, v in items)
+            return all(is_plain(v, depth + 1) for v in items)
+        return False
+
+    namespace = {{"__name__": "__main__"}}
+    exec(compile({program}, "main.py", "exec"), namespace)
+    exec(compile({test}, "test.py", "exec"), namespace)
+    function, returned_plain = namespace[{entry_point}], [True]
+
+    def candidate(*args, **kwargs):
+        value = function(*args, **kwargs)
+        if not is_plain(value):
+            returned_plain[0] = False
+            raise AssertionError("the candidate returned an object that is not plain data")
+        return value
+
+    try:
+        namespace["check"](candidate)
+    except SystemExit:
+        raise AssertionError("the program exited before the checks finished") from None
+    if returned_plain[0]:
+        write(1, ("\\n" + {mark} + token + "\\n").encode())
+
+
+_rlx_harness()
+"""
 
 
 # ============================================================================================
@@ -215,31 +278,44 @@ def check_program(
 # ============================================================================================
 
 
+def _feed(pipe, data: bytes) -> None:
+    try:
+        pipe.write(data)
+    except (BrokenPipeError, OSError):  # the sample closed its stdin or ended: fine
+        pass
+    finally:
+        try:
+            pipe.close()
+        except OSError:
+            pass
+
+
 def _launch_and_collect(
-    config: dict, lease: _Lease | None, timeout_s: float, max_output_bytes: int
+    config: dict, lease: _Lease | None, timeout_s: float, max_output_bytes: int, stdin: bytes = b""
 ) -> SandboxResult:
-    """Start the launcher, stream its output until exit or deadline, then clean up."""
+    """Start the launcher, stream its output until exit or deadline, then clean up.  stdin is a pipe
+    (never a host file the sample could reopen through /proc/self/fd/0), fed by a thread."""
     workdir = config["workdir"]
     report_read, report_write = os.pipe()
     config["report_fd"] = report_write
     start = time.monotonic()
     try:
-        with open(os.path.join(workdir, _STDIN), "rb") as stdin_file:
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", _LAUNCHER, json.dumps(config)],
-                stdin=stdin_file,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=workdir,
-                env=config["env"],
-                start_new_session=True,
-                pass_fds=(report_write,),
-            )
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", _LAUNCHER, json.dumps(config)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=workdir,
+            env=config["env"],
+            start_new_session=True,
+            pass_fds=(report_write,),
+        )
     except OSError as exc:
         os.close(report_read)
         return SandboxResult(False, "sandbox_error", None, "", f"could not start: {exc}", 0.0)
     finally:
         os.close(report_write)
+    threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
     streams = {proc.stdout.fileno(): _CappedBuffer(max_output_bytes),
                proc.stderr.fileno(): _CappedBuffer(max_output_bytes)}
     timed_out = True  # until shown otherwise; an interrupted wait still gets a full cleanup

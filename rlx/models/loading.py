@@ -28,6 +28,62 @@ def resolve_model_path(path: str) -> str:
     return str(Path(path).expanduser()) if looks_local else path
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def check_local_model(folder: str, need: str) -> None:
+    """A local model folder: one line naming the file that is missing, truncated or corrupt.
+    need: "tokenizer" or "weights"."""
+    import json
+
+    root = Path(folder)
+    config = root / "config.json"
+    if need == "weights" or config.is_file():
+        if not config.is_file() and not (root / "adapter_config.json").is_file():
+            raise UserError(f"{config} is missing: {folder} is not a save_pretrained model folder")
+        if config.is_file():
+            try:
+                json.loads(config.read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise UserError(f"{config} is broken ({exc}); re-save the model or repair the file") from None
+    if need == "tokenizer" and not any((root / name).is_file() for name in TOKENIZER_FILES):
+        raise UserError(f"{folder} has no tokenizer ({', '.join(TOKENIZER_FILES)}); save the tokenizer into the folder "
+                        f"(tokenizer.save_pretrained)")
+    if need == "weights":
+        shards = sorted(root.glob("*.safetensors"))
+        if not shards and not list(root.glob("*.bin")):
+            raise UserError(f"{folder} holds no weights (*.safetensors or *.bin)")
+        from safetensors import safe_open
+
+        for shard in shards:
+            try:
+                with safe_open(str(shard), framework="pt") as handle:
+                    keys = list(handle.keys())
+                    if keys:
+                        handle.get_slice(keys[-1])  # the header's last tensor must lie inside the file
+                size = shard.stat().st_size
+                with shard.open("rb") as raw:
+                    header = int.from_bytes(raw.read(8), "little")
+                    import json as _json
+
+                    meta = _json.loads(raw.read(header))
+                end = max((v["data_offsets"][1] for k, v in meta.items() if k != "__metadata__"), default=0)
+                if 8 + header + end > size:
+                    raise ValueError(f"{size} bytes, the header needs {8 + header + end}")
+            except Exception as exc:
+                raise UserError(f"{shard} is truncated or corrupt ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
+                                f"re-save or re-copy the model") from None
+
+
+def _is_local(path: str, resolved: str) -> bool:
+    return Path(resolved).is_dir()
+
+
+def _local_failure(path: str, exc: Exception) -> UserError:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return UserError(f"cannot load the local model folder {path}: {first}")
+
+
 def _offline_hint(path: str, exc: Exception) -> UserError:
     return UserError(
         f"cannot load '{path}' ({type(exc).__name__}): download it first (huggingface-cli download {path}) "
@@ -37,10 +93,13 @@ def _offline_hint(path: str, exc: Exception) -> UserError:
 
 def load_tokenizer(path: str, revision: str | None = None, trust_remote_code: bool = False):
     resolved = resolve_model_path(path)
+    local = _is_local(path, resolved)
+    if local:
+        check_local_model(resolved, "tokenizer")
     try:
         tok = AutoTokenizer.from_pretrained(resolved, revision=revision, trust_remote_code=trust_remote_code)
-    except OSError as exc:
-        raise _offline_hint(path, exc) from None
+    except (OSError, ValueError, KeyError) as exc:
+        raise (_local_failure(path, exc) if local else _offline_hint(path, exc)) from None
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
@@ -51,12 +110,15 @@ def load_causal_lm(path: str, dtype: str = "float32", revision: str | None = Non
     resolved = resolve_model_path(path)
     if dtype not in DTYPES:
         raise UserError(f"unknown model.dtype '{dtype}'; valid choices: {', '.join(DTYPES)}")
+    local = _is_local(path, resolved)
+    if local:
+        check_local_model(resolved, "weights")
     try:
         return AutoModelForCausalLM.from_pretrained(
             resolved, dtype=DTYPES[dtype], revision=revision, trust_remote_code=trust_remote_code
         )
-    except OSError as exc:
-        raise _offline_hint(path, exc) from None
+    except (OSError, ValueError, KeyError) as exc:
+        raise (_local_failure(path, exc) if local else _offline_hint(path, exc)) from None
 
 
 def is_run_model(folder: Path) -> bool:

@@ -1,0 +1,39 @@
+"""Bad data files get one line naming the file, line and column (issue 17); null never becomes "None"."""
+
+import json
+
+import pytest
+
+from rlx.config import UserError
+from rlx.data.tasks import file_rows
+
+COLUMNS = {"prompt": "prompt", "answer": "answer"}
+
+
+def _rows(n):
+    return "".join(json.dumps({"prompt": f"{i} + 1 =", "answer": str(i + 1)}) + "\n" for i in range(n))
+
+
+@pytest.mark.parametrize("content,needle", [
+    (b"", "holds no rows"),
+    (b"\n\n", "holds no rows"),
+    (_rows(3).encode() + b'{"prompt": "caf\xe9", "answer": "1"}\n', "data.jsonl:4:16: byte 0xe9 is not UTF-8"),
+    (_rows(2).encode() + b"[1, 2]\n", "data.jsonl:3:1: a JSON list, not an object"),
+    (_rows(2).encode() + b'{"prompt": "x", "answer": }\n', "data.jsonl:3:"),
+    (_rows(2).encode() + b'\n{"prompt": null, "answer": "1"}\n', "data.jsonl:4: column 'prompt' is null"),
+    (_rows(2).encode() + b'{"prompt": "x", "answer": null}\n', "data.jsonl:3: column 'answer' is null"),
+    (_rows(3).encode(), "3 distinct prompts cannot give data.eval_size=5"),
+])
+def test_bad_data_file_is_one_line_naming_file_line_and_column(tmp_path, content, needle):
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(UserError) as info:
+        file_rows(str(path), None, 5, COLUMNS, 0)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_good_file_still_loads(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_text(_rows(10))
+    train, held_out = file_rows(str(path), None, 3, COLUMNS, 0)
+    assert len(train) == 7 and len(held_out) == 3 and all(r["answer"] != "None" for r in train)
