@@ -43,14 +43,16 @@ class RunResult:
     metrics: dict = field(default_factory=dict)  # final metrics (fit) or summary.json (evaluate)
 
 
-def _reward_overrides(rewards, overrides: list[str]) -> list[str]:
+def _reward_overrides(rewards, overrides: list[str], configured: Iterable[str] = ()) -> list[str]:
+    """Hydra overrides that replace the `configured` reward components by the given callables (a dict value
+    given on the command line is merged into the configured one, so each configured name is deleted)."""
     if isinstance(rewards, Mapping):
         items = list(rewards.items())
     else:
         items = [(getattr(fn, "__name__", f"reward_{i}"), fn) for i, fn in enumerate(rewards)]
     if not items:
         raise UserError("rewards= is empty; pass at least one reward function or leave it out")
-    out = ["reward.components={}"]
+    out = [f"~reward.components.{name}" for name in configured]
     for name, spec in items:
         fn, weight = spec if isinstance(spec, tuple) else (spec, 1.0)
         if not callable(fn) or not str(name).isidentifier():
@@ -90,15 +92,19 @@ def fit(overrides: Iterable[str] = (), rewards: Iterable[Callable] | Mapping | N
     """Train as `rlx train OVERRIDES` does; returns the run directory and the final metrics."""
     from rlx.config import check_overrides
 
+    def checked(overrides: list[str]):
+        stderr = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(stderr):
+                return check_overrides(overrides)
+        except SystemExit:
+            raise UserError(stderr.getvalue().strip().removeprefix("error: ")) from None
+
     overrides = list(overrides)
     if rewards is not None:
-        overrides += _reward_overrides(rewards, overrides)
-    stderr = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(stderr):
-            cfg = check_overrides(overrides)
-    except SystemExit:
-        raise UserError(stderr.getvalue().strip().removeprefix("error: ")) from None
+        configured = list(checked(overrides).reward.components)
+        overrides += _reward_overrides(rewards, overrides, configured)
+    cfg = checked(overrides)
     if rewards is not None and int(cfg.hardware.num_processes) * int(cfg.hardware.num_machines) > 1:
         raise UserError("rewards= callables live in this process; with several processes put them in a module and "
                         "name them in reward.components.<name>._target_")

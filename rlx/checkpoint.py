@@ -245,7 +245,9 @@ class Checkpointer:
                 log.warning("no complete checkpoint in %s: starting from step 0", self.folder)
                 truncate_metrics(self.run_dir / "metrics.jsonl", -1)
             return 0
-        schedulers = [o for o in objects.values() if isinstance(o, torch.optim.lr_scheduler.LambdaLR)]
+        # a scheduler prepared by Accelerate (AcceleratedScheduler) wraps the LambdaLR
+        schedulers = [inner for inner in (getattr(o, "scheduler", o) for o in objects.values())
+                      if isinstance(inner, torch.optim.lr_scheduler.LambdaLR)]
         configured_lrs = [[g.get("initial_lr", g["lr"]) for g in s.optimizer.param_groups] for s in schedulers]
         problems = []
         deepspeed = self.acc.state.deepspeed_plugin is not None
