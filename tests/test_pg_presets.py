@@ -78,7 +78,7 @@ CONFLICTS = [
     (["algorithm.kl_coef=0.1", "algorithm.kl_in=reward"], "set algorithm.kl_estimator=k1"),
     (["algorithm.ref_reset_every=5"], "need a reference"),
     (["algorithm.dual_clip=0.5"], "dual_clip=0.5 must be > 1"),
-    (["algorithm.forking_rho=0"], "forking_rho=0 must be in (0, 1]"),
+    (["algorithm.forking_rho=0"], "algorithm.forking_rho=0 is not valid: it must be a number in (0, 1]"),
     (["algorithm=reinforce_pp", "algorithm.dynamic_sampling=true"], "not one"),
     (["algorithm.advantage=rlooo"], "unknown algorithm.advantage 'rlooo'; valid choices: grpo, rloo"),
     (["algorithm.loss_agg=mean"], "unknown algorithm.loss_agg 'mean'"),
