@@ -245,8 +245,10 @@ class Checkpointer:
                 log.warning("no complete checkpoint in %s: starting from step 0", self.folder)
                 truncate_metrics(self.run_dir / "metrics.jsonl", -1)
             return 0
-        # a scheduler prepared by Accelerate (AcceleratedScheduler) wraps the LambdaLR
-        schedulers = [inner for inner in (getattr(o, "scheduler", o) for o in objects.values())
+        # schedulers prepared by Accelerate (AcceleratedScheduler, wrapping the LambdaLR) are checkpointed by
+        # Accelerate itself, not registered here
+        candidates = [*objects.values(), *getattr(self.acc, "_schedulers", [])]
+        schedulers = [inner for inner in (getattr(o, "scheduler", o) for o in candidates)
                       if isinstance(inner, torch.optim.lr_scheduler.LambdaLR)]
         configured_lrs = [[g.get("initial_lr", g["lr"]) for g in s.optimizer.param_groups] for s in schedulers]
         problems = []
