@@ -216,6 +216,14 @@ def test_ctrl_c_writes_a_checkpoint_and_resume_finishes(tmp_path):
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == list(range(0, 7))
 
 
+def stream_state(checkpoint):
+    """The prompt stream's saved position: the registered object whose state has an epoch and an index (its
+    custom_checkpoint_N number depends on what else the loop registers)."""
+    states = [torch.load(f, weights_only=False) for f in sorted(checkpoint.glob("custom_checkpoint_*.pkl"))]
+    (state,) = [s for s in states if isinstance(s, dict) and {"epoch", "index"} <= set(s)]
+    return state
+
+
 @pytest.mark.slow
 def test_resume_across_a_data_epoch_boundary(tmp_path):
     data = tmp_path / "train.jsonl"
@@ -224,10 +232,10 @@ def test_resume_across_a_data_epoch_boundary(tmp_path):
     first = run_rlx(["train", *args, "steps=2"], tmp_path)  # 2 steps x 2 prompts = 4 rows; 8 training rows left
     assert first.returncode == 0, first.stderr[-3000:]
     run = only_run_dir(tmp_path)
-    state = torch.load(list_checkpoints(run)[-1][1] / "custom_checkpoint_1.pkl", weights_only=False)
+    state = stream_state(list_checkpoints(run)[-1][1])
     assert state == {"epoch": 0, "index": 4}
     more = run_rlx(["train", f"resume={run}", "steps=6"], tmp_path)  # crosses the end of the 8-row epoch
     assert more.returncode == 0, more.stderr[-3000:]
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == list(range(0, 7))
-    state = torch.load(list_checkpoints(run)[-1][1] / "custom_checkpoint_1.pkl", weights_only=False)
+    state = stream_state(list_checkpoints(run)[-1][1])
     assert state == {"epoch": 1, "index": 4}
