@@ -42,7 +42,7 @@ from rlx.loops.common import (
     optimizer_step,
 )
 from rlx.models.forward import completion_logprobs
-from rlx.models.lora import reference_model
+from rlx.models.lora import place_reference, reference_model
 from rlx.rollout.env import EVAL_SEED_BASE, train_env_seed
 from rlx.rollout.generator import HFGenerator
 from rlx.rollout.sampling import sample_seed
@@ -97,6 +97,7 @@ def train_agent(cfg, parts: Components) -> dict:
     optimizer, scheduler = build_optimizer(parts.model, cfg.optim, cfg.steps * updates_per_step)
     reference = reference_model(parts.model) if algo.kl_coef > 0 else None
     model, optimizer = acc.prepare(parts.model, optimizer)
+    reference = place_reference(reference, acc)  # on the policy's device, as in the other loops
     shuffle = torch.Generator().manual_seed(cfg.seed)
     checkpointer = Checkpointer.from_config(cfg, acc, run_dir)
     start_step = checkpointer.restore(scheduler=scheduler, shuffle=GeneratorState(shuffle))
