@@ -131,6 +131,8 @@ def check_device(hardware) -> None:
     instead of failing later (bf16 autocast on the CPU) or quietly running on the CPU."""
     import torch
 
+    if hardware.get("distributed") == "deepspeed":  # runs on the CPU too (DS_ACCELERATOR=cpu, gloo)
+        return
     if not hardware.get("cpu", True) and not torch.cuda.is_available():
         raise UserError(f"hardware={hardware.get('name', 'gpu')} needs a GPU and torch sees none "
                         f"(torch {torch.__version__}, cuda available: False); use hardware=cpu, or hardware.cpu=true "
