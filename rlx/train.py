@@ -229,6 +229,14 @@ def process_group_kwargs(cfg: DictConfig) -> list:
     return [InitProcessGroupKwargs(backend="gloo")]
 
 
+def describe_data_source(data_cfg) -> str:
+    """How error messages name the data: the file or hub id a row came from."""
+    for key in ("train_path", "id", "task"):
+        if data_cfg.get(key):
+            return f"data.{key}={data_cfg.get(key)}"
+    return f"data.source={data_cfg.get('source')}"
+
+
 def build_model_and_tokenizer(cfg: DictConfig, train_rows: list[dict]):
     from rlx.loops.common import format_prompts
     from rlx.models.loading import load_causal_lm, load_tokenizer
@@ -356,6 +364,13 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
                  cfg.data.max_prompt_length, counts["over_length"], counts["prompts"], counts["dropped"], counts["truncated"])
         if accelerator.is_main_process:
             (run_dir / "prompt_length.json").write_text(json.dumps(dict(counts, max_prompt_length=cfg.data.max_prompt_length)) + "\n")
+    if cfg.algorithm.family in ("policy_gradient", "ppo"):
+        from rlx.loops.common import check_context, model_context
+
+        source = describe_data_source(cfg.data)
+        for rows, split in ((train_rows, "training"), (eval_rows, "held-out")):
+            check_context(tokenizer, rows, model_context(model), cfg.rollout.max_new_tokens, cfg.model.chat_template,
+                          cfg.data.system_prompt, f"{source} ({split})")
     log.info("run directory: %s", run_dir)
     log.info("model: %s (%.2fM parameters), %d train / %d held-out rows", cfg.model.path or "built from scratch",
              sum(p.numel() for p in model.parameters()) / 1e6, len(train_rows), len(eval_rows))

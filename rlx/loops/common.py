@@ -101,6 +101,36 @@ def limit_prompt_length(tokenizer, rows: list[dict], max_tokens: int | None, mod
     return kept, counts
 
 
+def model_context(model) -> int | None:
+    """The longest sequence the model's position embeddings cover (None when its config does not say)."""
+    config = getattr(model, "config", None)
+    value = getattr(config, "max_position_embeddings", None)
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
+def check_context(tokenizer, rows: list[dict], context: int | None, max_new_tokens: int, use_chat_template: bool,
+                  system_prompt: str | None, source: str) -> None:
+    """Stop before training when a prompt plus the completion budget is longer than the model's context.
+
+    Positions past max_position_embeddings either crash inside the model or (rotary models) silently
+    extrapolate, so one line names the first such row, its length and the knobs that fix it."""
+    if context is None or not rows:
+        return
+    if max_new_tokens >= context:
+        raise UserError(f"rollout.max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's context "
+                        f"({context} tokens, max_position_embeddings); lower it")
+    texts = format_prompts(tokenizer, rows, use_chat_template, system_prompt)
+    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    budget = context - max_new_tokens
+    for index, length in enumerate(lengths):
+        if length > budget:
+            over = sum(n > budget for n in lengths)
+            raise UserError(f"{source} row {index}: the prompt is {length} tokens, and with rollout.max_new_tokens="
+                            f"{max_new_tokens} it exceeds the model's context ({context} tokens; {over} of {len(rows)} "
+                            f"prompts do); set data.max_prompt_length={budget} (drops or truncates them) or lower "
+                            f"rollout.max_new_tokens")
+
+
 def lr_lambda(schedule: str, warmup_steps: int, total_steps: int):
     """Multiplier of the peak learning rate at each optimizer step: linear warmup, then the schedule."""
 
