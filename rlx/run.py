@@ -170,6 +170,35 @@ def _finite(value) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
+class PhaseProgress:
+    """A rich bar for one long phase before or outside the training steps (reference log-probs, data
+    building) on a terminal; nothing otherwise (the phase's log line reports its duration)."""
+
+    def __init__(self, description: str, total: int, progress: str | bool = "auto", enabled: bool = True,
+                 console=None):
+        show = sys.stderr.isatty() if progress == "auto" else bool(progress)
+        self._bar = None
+        if enabled and show and total > 0:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._bar = Progress(TextColumn(f"[bold]{description}"), MofNCompleteColumn(), BarColumn(),
+                                 TimeRemainingColumn(), transient=True, console=console)
+            self._task = self._bar.add_task(description, total=total)
+
+    def __enter__(self) -> PhaseProgress:
+        if self._bar is not None:
+            self._bar.start()
+        return self
+
+    def advance(self, amount: int = 1) -> None:
+        if self._bar is not None:
+            self._bar.advance(self._task, amount)
+
+    def __exit__(self, *exc) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
 class MetricsLog:
     """Appends one JSON object per logged step to metrics.jsonl and shows progress on the terminal."""
 

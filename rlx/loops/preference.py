@@ -39,7 +39,7 @@ from rlx.loops.common import (
 from rlx.models.forward import completion_logprobs
 from rlx.models.lora import reference_model
 from rlx.parallel import backward, global_sum, shard
-from rlx.run import MetricsLog, write_samples
+from rlx.run import MetricsLog, PhaseProgress, write_samples
 
 log = logging.getLogger("rlx")
 
@@ -82,14 +82,17 @@ def sequence_logps(model, pairs: list[dict], pad_id: int) -> tuple[torch.Tensor,
 
 
 @torch.no_grad()
-def reference_logps(model, pairs: list[dict], micro: int, pad_id: int) -> torch.Tensor:
-    """(N, 2) summed log-probs of (chosen, rejected) under `model`, in the order of `pairs`."""
+def reference_logps(model, pairs: list[dict], micro: int, pad_id: int, progress=None) -> torch.Tensor:
+    """(N, 2) summed log-probs of (chosen, rejected) under `model`, in the order of `pairs`.
+    progress: an object with .advance(n) (rlx.run.PhaseProgress), told of every pair done."""
     was_training = model.training
     model.eval()
     out = []
     for lo in range(0, len(pairs), micro):
         chosen, rejected, _, _ = sequence_logps(model, pairs[lo : lo + micro], pad_id)
         out.append(torch.stack([chosen, rejected], dim=1).float().cpu())
+        if progress is not None:
+            progress.advance(len(pairs[lo : lo + micro]))
     model.train(was_training)
     return torch.cat(out) if out else torch.zeros(0, 2)
 
@@ -110,8 +113,10 @@ def train_preference(cfg, parts: Components) -> dict:
     elif uses_reference:
         start = time.perf_counter()
         parts.model.to(acc.device)
-        cached = {"train": reference_logps(parts.model, train_pairs, micro, pad_id),
-                  "eval": reference_logps(parts.model, eval_pairs, micro, pad_id)}
+        with PhaseProgress("reference log-probs", len(train_pairs) + len(eval_pairs), cfg.log.progress,
+                           enabled=acc.is_main_process) as bar:
+            cached = {"train": reference_logps(parts.model, train_pairs, micro, pad_id, bar),
+                      "eval": reference_logps(parts.model, eval_pairs, micro, pad_id, bar)}
         if acc.is_main_process:
             torch.save(cached, run_dir / "reference_logps.pt")
         for split, pairs in (("train", train_pairs), ("eval", eval_pairs)):
