@@ -136,6 +136,18 @@ TRAIN_KNOBS: tuple[Knob, ...] = (
     _nonneg("algorithm.sft_weight"), _bool("algorithm.length_normalize"),
 )
 
+# `rlx eval` (rlx/conf/eval.yaml): checked by rlx.evaluation.runner.check_settings before any model loads
+EVAL_KNOBS: tuple[Knob, ...] = (
+    _int("seed", 0, 2**32 - 1), _int("limit", 1, nullable=True),
+    _bool("sampling.greedy"), _int("sampling.n", 0), _pos("sampling.temperature"),
+    _frac("sampling.top_p", low_open=True), _int("sampling.top_k", 0), _int("sampling.max_new_tokens", 1, nullable=True),
+    _int("sampling.batch_size", 1),
+    _frac("metrics.correct_threshold"), _int("metrics.bootstrap_resamples", 1), _frac("metrics.confidence", True, True),
+    _int("metrics.bootstrap_seed", 0), Knob("progress", "choice", choices=("auto", True, False)), _bool("plot"),
+    _choice("model.dtype", "float32", "bfloat16", "float16", "auto"), _bool("model.chat_template"),
+    _int("hardware.num_threads", 1, nullable=True),
+)
+
 # knobs whose meaning depends on the family: checked only there
 FAMILY_ONLY = {"algorithm.gamma": ("ppo",)}
 

@@ -47,3 +47,33 @@ def test_bad_knob_from_the_cli_is_one_line_exit_2_before_loading(tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("error: rollout.temperature=-1 is not valid")
     assert "Loading weights" not in result.stderr
+
+
+EVAL_BAD = [
+    ("sampling.temperature=0", "sampling.temperature=0"), ("sampling.top_p=2", "(0, 1]"),
+    ("sampling.n=-1", "sampling.n"), ("sampling.n=two", "sampling.n=two"), ("sampling.batch_size=0", "sampling.batch_size"),
+    ("metrics.confidence=1", "(0, 1)"), ("metrics.bootstrap_resamples=0", "metrics.bootstrap_resamples"),
+    ("limit=0", "limit=0"), ("progress=maybe", "auto, true, false"), ("sampling.max_new_tokens=0", ">= 1"),
+]
+
+
+@pytest.mark.parametrize("override,needle", EVAL_BAD)
+def test_a_bad_eval_knob_is_named_with_its_valid_range(override, needle):
+    from omegaconf import OmegaConf
+
+    from rlx.evaluation.runner import check_settings as check_eval
+
+    cfg = check_overrides([override], config_name="eval")
+    with pytest.raises(UserError) as info:
+        check_eval(OmegaConf.create(OmegaConf.to_container(cfg, resolve=True)))
+    assert needle in str(info.value) and override.split("=")[0] in str(info.value)
+
+
+def test_every_eval_knob_exists_in_the_eval_config():
+    from rlx.config_schema import EVAL_KNOBS, _lookup
+
+    cfg = check_overrides([], config_name="eval")
+    assert [k.name for k in EVAL_KNOBS if not _lookup(cfg, k.name)[0]] == []
+    from rlx.evaluation.runner import check_settings as check_eval
+
+    check_eval(cfg)  # the defaults pass

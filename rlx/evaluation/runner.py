@@ -381,6 +381,9 @@ def plot_pass_at_k(summary: dict, labels: dict[str, str], path: Path) -> Path | 
 
 
 def check_settings(cfg: DictConfig) -> None:
+    from rlx.config_schema import EVAL_KNOBS, check_knobs
+
+    check_knobs(cfg, EVAL_KNOBS)  # types and ranges, one line naming the knob
     sampling = cfg.sampling
     if sampling.n < 0 or (sampling.n == 0 and not sampling.greedy):
         raise UserError(f"sampling.n={sampling.n} with sampling.greedy={sampling.greedy} generates nothing; "
