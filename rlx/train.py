@@ -7,6 +7,7 @@ preference (DPO family, SimPO, ORPO) or reward_model (Bradley-Terry).
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 from pathlib import Path
@@ -22,7 +23,17 @@ from rlx.run import RunInUse
 
 log = logging.getLogger("rlx")
 
-FAMILIES = ("policy_gradient", "ppo", "sft", "preference", "reward_model", "agent", "agent_sft")
+# algorithm.family -> its training loop (imported when chosen: a run loads only its own family's code)
+LOOPS = {
+    "policy_gradient": "rlx.loops.policy_gradient:train_policy_gradient",
+    "ppo": "rlx.loops.ppo:train_ppo",
+    "sft": "rlx.loops.sft:train_sft",
+    "preference": "rlx.loops.preference:train_preference",
+    "reward_model": "rlx.loops.reward_model:train_reward_model",
+    "agent": "rlx.loops.agent:train_agent",
+    "agent_sft": "rlx.loops.agent_sft:train_agent_sft",
+}
+FAMILIES = tuple(LOOPS)
 
 
 def check_settings(cfg: DictConfig) -> None:
@@ -238,8 +249,8 @@ def describe_data_source(data_cfg) -> str:
 
 
 def build_model_and_tokenizer(cfg: DictConfig, train_rows: list[dict]):
-    from rlx.loops.common import format_prompts
     from rlx.models.loading import load_causal_lm, load_tokenizer
+    from rlx.rollout.prompts import format_prompts
 
     if cfg.model.build is not None:  # a fresh tiny model whose tokenizer learns the task's own text
         from rlx.models.tiny import build_model, build_tokenizer
@@ -379,20 +390,8 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
         _record_resume(cfg, run_dir, overrides)
         write_run_files(run_dir, cfg, overrides)
 
-    if cfg.algorithm.family == "sft":
-        from rlx.loops.sft import train_sft as loop
-    elif cfg.algorithm.family == "preference":
-        from rlx.loops.preference import train_preference as loop
-    elif cfg.algorithm.family == "reward_model":
-        from rlx.loops.reward_model import train_reward_model as loop
-    elif cfg.algorithm.family == "ppo":
-        from rlx.loops.ppo import train_ppo as loop
-    elif cfg.algorithm.family == "agent":
-        from rlx.loops.agent import train_agent as loop
-    elif cfg.algorithm.family == "agent_sft":
-        from rlx.loops.agent_sft import train_agent_sft as loop
-    else:
-        from rlx.loops.policy_gradient import train_policy_gradient as loop
+    module, function = LOOPS[cfg.algorithm.family].split(":")
+    loop = getattr(importlib.import_module(module), function)
     result = loop(cfg, parts)
 
     accelerator.wait_for_everyone()

@@ -64,7 +64,8 @@ def _assert_good_up_bad_down(before: dict, after: dict):
 def _run_rl(tmp_path, monkeypatch, loop, *overrides):
     model, tokenizer = tiny_policy()
     sampler = FixedSampler(tokenizer, [LIKELY, UNLIKELY])
-    monkeypatch.setattr(policy_gradient, "generate", sampler)  # the PPO loop samples through the same function
+    monkeypatch.setattr(policy_gradient, "generate", sampler)
+    monkeypatch.setattr(ppo, "generate", sampler)
     cfg = loop_config(*RL, *overrides)
     parts = components(tmp_path, model, tokenizer, rows(PROMPTS[:2]), scored_by({LIKELY: 1.0, UNLIKELY: 0.0}))
     start, _ = tiny_policy()

@@ -190,6 +190,7 @@ def test_ppo_policy_and_value_losses_match_the_formulas(tmp_path, monkeypatch):
         return value_model
 
     monkeypatch.setattr(policy_gradient, "generate", sampler)
+    monkeypatch.setattr(ppo, "generate", sampler)
     monkeypatch.setattr(ppo, "build_value_model", critic)
     monkeypatch.setattr(ppo, "batched_logprobs",
                         lambda net, rollout, micro, with_entropy=False, temperature=1.0: (

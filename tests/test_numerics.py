@@ -118,6 +118,7 @@ def test_policy_gradient_and_ppo_loops_score_at_the_sampling_temperature_in_trai
     update passes run in train mode (where gradient checkpointing acts), the others in eval mode.
     Failed before: temperature absent (log-probs of softmax(z), not of softmax(z/T)); the model was never
     put in train mode."""
+    import rlx.loops.common as common
     import rlx.loops.policy_gradient as pg
     import rlx.loops.ppo as ppo
     from rlx.config import check_overrides
@@ -132,6 +133,7 @@ def test_policy_gradient_and_ppo_loops_score_at_the_sampling_temperature_in_trai
 
     monkeypatch.setattr(pg, "completion_logprobs", recording)
     monkeypatch.setattr(ppo, "completion_logprobs", recording)
+    monkeypatch.setattr(common, "completion_logprobs", recording)  # batched_logprobs: old and reference passes
     common = ["steps=1", "prompts_per_step=2", "rollout.samples_per_prompt=2", "rollout.max_new_tokens=6",
               "rollout.temperature=0.7", "eval.every=0", "eval.at_start=false", "save.final=false", "save.plot=false",
               "log.progress=false", "checkpoint.every=0", "algorithm.kl_coef=0.05"]

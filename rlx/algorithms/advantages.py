@@ -52,20 +52,32 @@ def _zero_tied(advantages: torch.Tensor, grouped: torch.Tensor, tolerance: float
     return advantages.masked_fill(spread <= tolerance, 0.0)
 
 
+def _median_absolute_deviation(grouped: torch.Tensor) -> torch.Tensor:
+    """(B, 1): the lower-middle absolute deviation from the lower-middle value of each group."""
+    middle = (grouped.shape[1] - 1) // 2
+    median = grouped.sort(dim=1, stable=True)[0][:, middle : middle + 1]
+    deviation = (grouped - median).abs().sort(dim=1, stable=True)[0]  # (B, G)
+    return deviation[:, middle : middle + 1]
+
+
+def _group_std(grouped: torch.Tensor) -> torch.Tensor:
+    return grouped.std(dim=1, keepdim=True) if grouped.shape[1] > 1 else torch.zeros_like(grouped[:, :1])
+
+
+# the advantage's denominator: fn(grouped (B, G), rewards (B*G,), eps) -> a tensor broadcastable to (B, G)
+SCALE_REGISTRY = {
+    "group": lambda grouped, rewards, eps: _group_std(grouped) + eps,
+    "batch": lambda grouped, rewards, eps: _batch_std(rewards) + eps,
+    "none": lambda grouped, rewards, eps: 1.0,
+    "mad": lambda grouped, rewards, eps: _median_absolute_deviation(grouped) + eps,  # MC-GRPO authors' code
+}
+
+
 def _scaled(centered, grouped, rewards, scale: str, eps: float) -> torch.Tensor:
-    if scale == "group":
-        std = grouped.std(dim=1, keepdim=True) if grouped.shape[1] > 1 else torch.zeros_like(grouped[:, :1])
-        return centered / (std + eps)
-    if scale == "batch":
-        return centered / (_batch_std(rewards) + eps)
-    if scale == "none":
-        return centered
-    if scale == "mad":  # median absolute deviation of the group (MC-GRPO authors' code)
-        median = grouped.sort(dim=1, stable=True)[0][:, (grouped.shape[1] - 1) // 2 : (grouped.shape[1] - 1) // 2 + 1]
-        deviation = (grouped - median).abs().sort(dim=1, stable=True)[0]  # (B, G)
-        mad = deviation[:, (grouped.shape[1] - 1) // 2 : (grouped.shape[1] - 1) // 2 + 1]  # (B, 1) lower middle
-        return centered / (mad + eps)
-    raise ValueError(f"unknown advantage scale '{scale}'; valid choices: {', '.join(SCALES)}")
+    if scale not in SCALE_REGISTRY:
+        raise ValueError(f"unknown advantage scale '{scale}'; valid choices: {', '.join(SCALES)}")
+    denominator = SCALE_REGISTRY[scale](grouped, rewards, eps)
+    return centered if scale == "none" else centered / denominator
 
 
 def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -127,16 +139,23 @@ def outcome_advantages(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dispatch on the estimator name. Returns advantages (B*G,) and keep (B*G,) bool: which samples
     enter the policy-gradient loss (all but the median pivots)."""
-    keep = torch.ones_like(rewards, dtype=torch.bool)
-    if estimator == "grpo":
-        return group_advantages(rewards, group_size, scale, eps), keep
-    if estimator == "rloo":
-        return rloo_advantages(rewards, group_size), keep
-    if estimator in ("reinforce_pp", "reinforce_pp_baseline"):
-        return reinforce_pp_advantages(rewards, group_size, estimator == "reinforce_pp_baseline", eps), keep
-    if estimator == "median":
-        return median_advantages(rewards, group_size, scale, eps)
-    raise ValueError(f"unknown outcome advantage estimator '{estimator}'; valid choices: {', '.join(ESTIMATORS[:-1])}")
+    if estimator not in OUTCOME_ESTIMATORS:
+        raise ValueError(f"unknown outcome advantage estimator '{estimator}'; valid choices: {', '.join(OUTCOME_ESTIMATORS)}")
+    return OUTCOME_ESTIMATORS[estimator](rewards, group_size, scale, eps)
+
+
+def _all_kept(advantages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return advantages, torch.ones_like(advantages, dtype=torch.bool)
+
+
+# outcome estimators: fn(rewards (B*G,), group_size, scale, eps) -> (advantages (B*G,), keep (B*G,) bool)
+OUTCOME_ESTIMATORS = {
+    "grpo": lambda r, g, scale, eps: _all_kept(group_advantages(r, g, scale, eps)),
+    "rloo": lambda r, g, scale, eps: _all_kept(rloo_advantages(r, g)),
+    "reinforce_pp": lambda r, g, scale, eps: _all_kept(reinforce_pp_advantages(r, g, False, eps)),
+    "reinforce_pp_baseline": lambda r, g, scale, eps: _all_kept(reinforce_pp_advantages(r, g, True, eps)),
+    "median": median_advantages,
+}
 
 
 def sign_weighted(advantages: torch.Tensor, positive_weight: float, negative_weight: float) -> torch.Tensor:

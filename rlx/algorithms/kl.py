@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import torch
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
+# per-token KL estimators of the log-ratio x = log pi - log pi_ref (Schulman 2020, "Approximating KL divergence")
+KL_ESTIMATOR_REGISTRY = {
+    "k1": lambda x: x,
+    "k2": lambda x: 0.5 * x.pow(2),
+    "k3": lambda x: torch.exp(-x) - 1.0 + x,
+}
+KL_ESTIMATORS = tuple(KL_ESTIMATOR_REGISTRY)
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
     """logp, ref_logp: (N, T). Returns the per-token estimate (N, T)."""
-    log_ratio = logp - ref_logp
-    if estimator == "k1":
-        return log_ratio
-    if estimator == "k2":
-        return 0.5 * log_ratio.pow(2)
-    if estimator == "k3":
-        return torch.exp(-log_ratio) - 1.0 + log_ratio
-    raise ValueError(f"unknown KL estimator '{estimator}'; valid choices: {', '.join(KL_ESTIMATORS)}")
+    if estimator not in KL_ESTIMATOR_REGISTRY:
+        raise ValueError(f"unknown KL estimator '{estimator}'; valid choices: {', '.join(KL_ESTIMATORS)}")
+    return KL_ESTIMATOR_REGISTRY[estimator](logp - ref_logp)
 
 
 KL_PLACEMENTS = ("loss", "reward")

@@ -153,15 +153,17 @@ def aggregate(
       seq-mean-token-sum       sum_i sum_t l_it / total_seqs
       seq-mean-token-sum-norm  sum_i sum_t l_it / (total_seqs * max_len)      (Dr. GRPO constant normaliser)
     Fully masked rows contribute 0."""
+    if mode not in AGGREGATIONS:
+        raise ValueError(f"unknown loss aggregation '{mode}'; valid choices: {', '.join(LOSS_AGGREGATIONS)}")
     mask = mask.to(token_loss.dtype)
-    masked = token_loss * mask
-    if mode == "token-mean":
-        return masked.sum() / max(total_tokens, 1.0)
-    if mode == "seq-mean-token-mean":
-        lengths = mask.sum(dim=1).clamp(min=1.0)  # (N,)
-        return (masked.sum(dim=1) / lengths).sum() / max(total_seqs, 1.0)
-    if mode == "seq-mean-token-sum":
-        return masked.sum() / max(total_seqs, 1.0)
-    if mode == "seq-mean-token-sum-norm":
-        return masked.sum() / (max(total_seqs, 1.0) * max_len)
-    raise ValueError(f"unknown loss aggregation '{mode}'; valid choices: {', '.join(LOSS_AGGREGATIONS)}")
+    return AGGREGATIONS[mode](token_loss * mask, mask, max(total_tokens, 1.0), max(total_seqs, 1.0), max_len)
+
+
+# fn(masked token loss (N, T), mask (N, T), total_tokens, total_seqs, max_len) -> scalar
+AGGREGATIONS = {
+    "token-mean": lambda masked, mask, tokens, seqs, max_len: masked.sum() / tokens,
+    "seq-mean-token-mean": lambda masked, mask, tokens, seqs, max_len:
+        (masked.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)).sum() / seqs,
+    "seq-mean-token-sum": lambda masked, mask, tokens, seqs, max_len: masked.sum() / seqs,
+    "seq-mean-token-sum-norm": lambda masked, mask, tokens, seqs, max_len: masked.sum() / (seqs * max_len),
+}

@@ -30,12 +30,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-PREFERENCE_LOSSES = ("dpo", "cdpo", "robust", "ipo", "hinge", "simpo", "orpo")
-"""Valid values of `loss_type` in `preference_loss`."""
-
-REFERENCE_FREE = {"simpo", "orpo"}
-"""Loss types that never look at a reference model (the loop can skip the reference forward)."""
-
 _LABEL_SMOOTHING_LOSSES = {"cdpo", "robust"}
 
 
@@ -183,6 +177,41 @@ def orpo_odds_ratio_loss(
 # ---------------------------------------------------------------------------------------------
 
 
+# ---------------------------------------------------------------------------------------------
+# Registries: a new loss is one function above plus one entry here (and a YAML preset)
+# ---------------------------------------------------------------------------------------------
+
+REFERENCE_LOSSES = {
+    "dpo": lambda h, beta, label_smoothing: dpo_loss(h, beta),
+    "cdpo": cdpo_loss,
+    "robust": robust_dpo_loss,
+    "ipo": lambda h, beta, label_smoothing: ipo_loss(h, beta),
+    "hinge": lambda h, beta, label_smoothing: hinge_loss(h, beta),
+}
+"""Reference-based losses: fn(h, beta, label_smoothing) -> (B,) with h the log-ratio difference."""
+
+
+def _simpo(chosen_avg: Tensor, rejected_avg: Tensor, beta: float, gamma: float):
+    chosen_rewards, rejected_rewards = beta * chosen_avg, beta * rejected_avg
+    return simpo_loss(chosen_rewards, rejected_rewards, gamma), chosen_rewards, rejected_rewards
+
+
+def _orpo(chosen_avg: Tensor, rejected_avg: Tensor, beta: float, gamma: float):
+    chosen_rewards, rejected_rewards = log_odds(chosen_avg), log_odds(rejected_avg)
+    return orpo_odds_ratio_loss(chosen_rewards, rejected_rewards, weight=beta), chosen_rewards, rejected_rewards
+
+
+REFERENCE_FREE_LOSSES = {"simpo": _simpo, "orpo": _orpo}
+"""Reference-free losses: fn(chosen_avg, rejected_avg, beta, gamma) -> (losses (B,), chosen_rewards,
+rejected_rewards), from the per-token average policy log-probs."""
+
+PREFERENCE_LOSSES = (*REFERENCE_LOSSES, *REFERENCE_FREE_LOSSES)
+"""Valid values of `loss_type` in `preference_loss`."""
+
+REFERENCE_FREE = set(REFERENCE_FREE_LOSSES)
+"""Loss types that never look at a reference model (the loop can skip the reference forward)."""
+
+
 def preference_loss(
     policy_chosen_logps: Tensor,
     policy_rejected_logps: Tensor,
@@ -236,10 +265,10 @@ def preference_loss(
       pref/accuracy: fraction of pairs with chosen_reward > rejected_reward (ties count as wrong).
       pref/chosen_logp, pref/rejected_logp: mean summed policy log-probs.
     """
-    if loss_type not in PREFERENCE_LOSSES:
+    if loss_type not in REFERENCE_LOSSES and loss_type not in REFERENCE_FREE_LOSSES:
         raise ValueError(
             f"unknown preference loss_type {loss_type!r}; "
-            f"valid choices: {', '.join(PREFERENCE_LOSSES)}"
+            f"valid choices: {', '.join([*REFERENCE_LOSSES, *REFERENCE_FREE_LOSSES])}"
         )
     if beta <= 0:
         raise ValueError(f"beta must be > 0, got {beta}")
@@ -258,7 +287,7 @@ def preference_loss(
             f"{tuple(policy_chosen_logps.shape)} vs {tuple(policy_rejected_logps.shape)}"
         )
 
-    if loss_type in REFERENCE_FREE:
+    if loss_type in REFERENCE_FREE_LOSSES:
         if ref_chosen_logps is not None or ref_rejected_logps is not None:
             raise ValueError(
                 f"{loss_type} is reference-free: pass ref_chosen_logps=None and "
@@ -268,12 +297,7 @@ def preference_loss(
         rejected_avg = _per_token(
             policy_rejected_logps, rejected_lengths, "rejected_lengths", loss_type
         )
-        if loss_type == "simpo":
-            chosen_rewards, rejected_rewards = beta * chosen_avg, beta * rejected_avg
-            losses = simpo_loss(chosen_rewards, rejected_rewards, gamma)
-        else:
-            chosen_rewards, rejected_rewards = log_odds(chosen_avg), log_odds(rejected_avg)
-            losses = orpo_odds_ratio_loss(chosen_rewards, rejected_rewards, weight=beta)
+        losses, chosen_rewards, rejected_rewards = REFERENCE_FREE_LOSSES[loss_type](chosen_avg, rejected_avg, beta, gamma)
     else:
         if ref_chosen_logps is None or ref_rejected_logps is None:
             raise ValueError(
@@ -290,16 +314,7 @@ def preference_loss(
             )
         logratio_diff = chosen_logratios - rejected_logratios  # h, (B,)
         chosen_rewards, rejected_rewards = beta * chosen_logratios, beta * rejected_logratios
-        if loss_type == "dpo":
-            losses = dpo_loss(logratio_diff, beta)
-        elif loss_type == "cdpo":
-            losses = cdpo_loss(logratio_diff, beta, label_smoothing)
-        elif loss_type == "robust":
-            losses = robust_dpo_loss(logratio_diff, beta, label_smoothing)
-        elif loss_type == "ipo":
-            losses = ipo_loss(logratio_diff, beta)
-        else:
-            losses = hinge_loss(logratio_diff, beta)
+        losses = REFERENCE_LOSSES[loss_type](logratio_diff, beta, label_smoothing)
 
     with torch.no_grad():
         chosen_rewards, rejected_rewards = chosen_rewards.detach(), rejected_rewards.detach()

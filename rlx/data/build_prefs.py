@@ -25,10 +25,11 @@ log = logging.getLogger("rlx")
 def build(cfg: DictConfig) -> dict:
     from rlx.data.preferences import pairs_from_samples
     from rlx.data.tasks import PromptStream, load_rows
-    from rlx.loops.common import format_prompts, seed_everything
+    from rlx.loops.common import seed_everything
     from rlx.models.loading import load_causal_lm, load_tokenizer
     from rlx.rewards import build_rewards, compute_rewards
     from rlx.rollout.hf import generate
+    from rlx.rollout.prompts import format_prompts
 
     if cfg.prompts < 1 or cfg.samples_per_prompt < 2 or cfg.pairs_per_prompt < 1:
         raise UserError("prompts and pairs_per_prompt must be >= 1 and samples_per_prompt >= 2")

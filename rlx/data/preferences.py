@@ -299,3 +299,18 @@ def pairs_from_samples(rows: list[dict], completions: list[str], scores: list[fl
             out.append({"prompt": row["prompt"], "chosen": chosen, "rejected": rejected, "question": row.get("question"),
                         "answer": row.get("answer")})
     return out
+
+
+def load_prepared_pairs(cfg, tokenizer) -> tuple[list[dict], list[dict], dict]:
+    """Train and held-out pairs, tokenized, and data/* counts for metrics.jsonl."""
+    train, evals, stats = load_pairs(cfg.data.pairs, cfg.seed)
+    train = prepare_pairs(cfg.data.pairs, tokenizer, train, cfg.model.chat_template, cfg.data.system_prompt, stats)
+    evals = prepare_pairs(cfg.data.pairs, tokenizer, evals, cfg.model.chat_template, cfg.data.system_prompt, stats)
+    if not train:
+        from rlx.config import UserError
+
+        raise UserError("every training pair is over data.pairs.max_prompt_length / max_completion_length; raise them")
+    logging.getLogger("rlx").info(
+        "preference pairs: %d train, %d held out (%d malformed skipped, %d too long dropped, %d truncated)",
+        len(train), len(evals), sum(stats.invalid.values()), stats.too_long_dropped, stats.completions_truncated)
+    return train, evals, stats.as_metrics("data")

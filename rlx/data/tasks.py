@@ -188,22 +188,22 @@ def hub_rows(dataset_id: str, subset, train_split: str, eval_split, eval_size: i
     return split_held_out(train, eval_size, seed)
 
 
+# data.source -> fn(data_cfg, seed) -> (train rows, held-out rows)
+DATA_SOURCES = {
+    "reasoning_gym": lambda d, seed: reasoning_gym_rows(d.task, dict(d.task_config or {}), d.train_size, d.eval_size,
+                                                        seed, d.eval_seed),
+    "file": lambda d, seed: file_rows(d.train_path, d.eval_path, d.eval_size, dict(d.columns), d.seed),
+    "hub": lambda d, seed: hub_rows(d.id, d.subset, d.train_split, d.eval_split, d.eval_size, dict(d.columns), d.seed,
+                                    d.get("answer_regex")),
+}
+
+
 def load_rows(data_cfg, seed: int) -> tuple[list[dict], list[dict]]:
-    """Dispatch on data.source and apply the prompt template."""
+    """Rows from the data.source's reader (DATA_SOURCES), with the prompt template applied."""
     source = data_cfg.source
-    if source == "reasoning_gym":
-        train, evals = reasoning_gym_rows(
-            data_cfg.task, dict(data_cfg.task_config or {}), data_cfg.train_size, data_cfg.eval_size, seed, data_cfg.eval_seed
-        )
-    elif source == "file":
-        train, evals = file_rows(data_cfg.train_path, data_cfg.eval_path, data_cfg.eval_size, dict(data_cfg.columns), data_cfg.seed)
-    elif source == "hub":
-        train, evals = hub_rows(
-            data_cfg.id, data_cfg.subset, data_cfg.train_split, data_cfg.eval_split, data_cfg.eval_size,
-            dict(data_cfg.columns), data_cfg.seed, data_cfg.get("answer_regex"),
-        )
-    else:
-        raise UserError(f"unknown data.source '{source}'; valid choices: reasoning_gym, file, hub")
+    if source not in DATA_SOURCES:
+        raise UserError(f"unknown data.source '{source}'; valid choices: {', '.join(DATA_SOURCES)}")
+    train, evals = DATA_SOURCES[source](data_cfg, seed)
     template = data_cfg.prompt_template
     return _format_rows(train, template), _format_rows(evals, template)
 

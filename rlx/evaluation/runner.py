@@ -144,7 +144,7 @@ def _batch_seed(seed: int, problem_id: str) -> int:
 
 
 def _model_inputs(tokenizer, problems: list[dict], chat_template: bool, system_prompt: str | None) -> list[str]:
-    from rlx.loops.common import format_prompts
+    from rlx.rollout.prompts import format_prompts
 
     return format_prompts(tokenizer, problems, chat_template, system_prompt)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import random
@@ -12,9 +13,12 @@ import numpy as np
 import torch
 
 from rlx.config import UserError
+from rlx.models.forward import completion_logprobs
 from rlx.parallel import gather, global_sum
-from rlx.rewards import RewardComponent, compute_rewards, token_lists, with_system_prompt
-from rlx.rollout.hf import generate
+from rlx.rewards import RewardComponent, compute_rewards, token_lists
+from rlx.rewards.overlong import overlong_penalty
+from rlx.rollout.hf import Rollout, generate
+from rlx.rollout.prompts import format_prompts  # noqa: F401  (re-exported: loops and users import it from here)
 
 
 @dataclass
@@ -35,25 +39,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def format_prompts(tokenizer, rows: list[dict], use_chat_template: bool, system_prompt: str | None) -> list[str]:
-    """User messages (a string, or a chat message list for conversational data) -> model input text
-    (chat template with the generation prompt when available; the system prompt goes first unless the
-    message list has its own)."""
-    if use_chat_template and getattr(tokenizer, "chat_template", None):
-        out = []
-        for row in rows:
-            prompt = row["prompt"]
-            messages = with_system_prompt(prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}],
-                                          system_prompt)
-            out.append(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
-        return out
-    out = []
-    for row in rows:  # no chat template: messages are joined as plain text
-        messages = row["prompt"] if isinstance(row["prompt"], list) else [{"role": "user", "content": row["prompt"]}]
-        out.append("\n\n".join(m["content"] for m in with_system_prompt(messages, system_prompt)))
-    return out
 
 
 def limit_prompt_length(tokenizer, rows: list[dict], max_tokens: int | None, mode: str, use_chat_template: bool,
@@ -347,3 +332,87 @@ def task_evaluator(cfg, acc, parts: Components, model):
         return metrics
 
     return run_eval
+
+
+@torch.no_grad()
+def batched_logprobs(model, rollout: Rollout, micro: int, with_entropy: bool = False, temperature: float = 1.0):
+    """Log-probs (N, C) of the sampled completions under `model` at the sampling temperature, without
+    gradients, and the token entropies (N, C) when asked (else None)."""
+    logps, entropies = [], []
+    for lo in range(0, rollout.completion_ids.shape[0], micro):
+        sl = slice(lo, lo + micro)
+        logp, entropy = completion_logprobs(
+            model, rollout.prompt_ids[sl], rollout.prompt_mask[sl], rollout.completion_ids[sl], rollout.completion_mask[sl],
+            with_entropy=with_entropy, temperature=temperature,
+        )
+        logps.append(logp.cpu())
+        if with_entropy:
+            entropies.append(entropy.cpu())
+    return torch.cat(logps), (torch.cat(entropies) if with_entropy else None)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+    mask = mask.to(values.dtype)
+    return ((values * mask).sum() / mask.sum().clamp(min=1)).item()
+
+
+def training_rewards(parts: Components, algo, max_new_tokens: int) -> list[RewardComponent]:
+    """The reward components used in training: the configured ones, plus DAPO's overlong punishment."""
+    components = list(parts.rewards)
+    if algo.overlong_buffer > 0:
+        fn = functools.partial(overlong_penalty, max_length=max_new_tokens, buffer=algo.overlong_buffer)
+        components.append(RewardComponent("overlong", fn, float(algo.overlong_weight)))
+    return components
+
+
+def advantage_metrics(advantages: torch.Tensor, mask: torch.Tensor | None = None) -> dict:
+    """train/advantage_mean|std|max over the samples (or valid tokens when a mask is given)."""
+    values = advantages[mask.bool()] if mask is not None else advantages
+    if values.numel() == 0:
+        return {"train/advantage_mean": 0.0, "train/advantage_std": 0.0, "train/advantage_max": 0.0}
+    return {
+        "train/advantage_mean": values.mean().item(),
+        "train/advantage_std": values.std().item() if values.numel() > 1 else 0.0,
+        "train/advantage_max": values.abs().max().item(),
+    }
+
+
+class KLCoefficient:
+    """The (possibly adaptive) KL coefficient, saved in checkpoints like any other training state."""
+
+    def __init__(self, value: float):
+        self.value = value
+
+    def state_dict(self) -> dict:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = float(state["value"])
+
+
+class ReferenceReset:
+    """`algorithm.ref_reset_every` = N: the frozen reference becomes a copy of the current policy at the
+    start of steps N+1, 2N+1, ... After a reset the reference is no longer the starting policy, so its
+    weights are training state: registered with the Checkpointer (see `checkpointed`), they are saved
+    in checkpoints and restored on resume."""
+
+    def __init__(self, reference, every: int):
+        self.reference, self.every = reference, int(every or 0)
+
+    def checkpointed(self) -> dict:
+        """{"reference": self} when resets can happen, for Checkpointer.restore(**...); else {}."""
+        return {"reference": self} if self.reference is not None and self.every else {}
+
+    def maybe_reset(self, step: int, policy) -> None:
+        if self.reference is not None and self.every and step > 1 and (step - 1) % self.every == 0:
+            self.reference.load_state_dict(policy.state_dict())
+
+    def state_dict(self) -> dict:
+        return {name: tensor.detach().cpu() for name, tensor in self.reference.state_dict().items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.reference.load_state_dict(state)
+
+
+def mean_of(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0

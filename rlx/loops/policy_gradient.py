@@ -14,22 +14,20 @@ Each step:
      `micro_batch_size` sequences (the normalisers are those of the whole mini-batch).
 Departures from the GRPO paper: token-mean aggregation by default (DAPO), and the old log-probs are
 not recomputed when only one optimizer step is taken per batch (the ratio is then exactly 1).
-The batch sampling and metric helpers here are shared with the PPO loop (loops/ppo.py).
+Batch sampling lives in rollout/batch.py and the helpers shared with PPO in loops/common.py.
 With several processes (hardware=ddp), each takes its contiguous shard of the global batch, and
 rewards, advantages and loss normalisers are computed over the global batch (rlx/parallel.py).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
-from dataclasses import dataclass, field
 from functools import partial
 
 import torch
 
-from rlx.algorithms.advantages import outcome_advantages, sign_weighted, tied_groups, zero_std_group_fraction
+from rlx.algorithms.advantages import outcome_advantages, sign_weighted
 from rlx.algorithms.kl import adaptive_kl_coef, penalized_token_loss, sequence_kl_in_reward
 from rlx.algorithms.losses import aggregate, clipped_surrogate, entropy_threshold, top_entropy_mask
 from rlx.algorithms.offpolicy import logprob_gap, truncated_importance_weights
@@ -37,261 +35,29 @@ from rlx.checkpoint import Checkpointer, GeneratorState
 from rlx.data.tasks import PromptStream
 from rlx.loops.common import (
     Components,
+    KLCoefficient,
+    ReferenceReset,
+    advantage_metrics,
+    batched_logprobs,
     build_optimizer,
     end_step,
     eval_due,
     evaluate_at_start,
-    format_prompts,
+    masked_mean,
+    mean_of,
     optimizer_step,
     task_evaluator,
+    training_rewards,
 )
 from rlx.models.forward import completion_logprobs
 from rlx.models.lora import place_reference, reference_model
-from rlx.parallel import backward, gather, gather_padded, global_mean, global_sum, shard
-from rlx.rewards import RewardComponent, TrainerState, compute_rewards, token_lists
-from rlx.rewards.overlong import overlong_penalty
-from rlx.rollout.hf import Rollout, generate
-from rlx.rollout.sampling import sample_seed
+from rlx.parallel import backward, gather, gather_padded, global_mean, global_sum
+from rlx.rollout.batch import sample_batch, sample_records
+from rlx.rollout.hf import generate
 from rlx.rollout.vllm import build_engine
 from rlx.run import MetricsLog, write_samples
 
 log = logging.getLogger("rlx")
-
-
-@torch.no_grad()
-def batched_logprobs(model, rollout: Rollout, micro: int, with_entropy: bool = False, temperature: float = 1.0):
-    """Log-probs (N, C) of the sampled completions under `model` at the sampling temperature, without
-    gradients, and the token entropies (N, C) when asked (else None)."""
-    logps, entropies = [], []
-    for lo in range(0, rollout.completion_ids.shape[0], micro):
-        sl = slice(lo, lo + micro)
-        logp, entropy = completion_logprobs(
-            model, rollout.prompt_ids[sl], rollout.prompt_mask[sl], rollout.completion_ids[sl], rollout.completion_mask[sl],
-            with_entropy=with_entropy, temperature=temperature,
-        )
-        logps.append(logp.cpu())
-        if with_entropy:
-            entropies.append(entropy.cpu())
-    return torch.cat(logps), (torch.cat(entropies) if with_entropy else None)
-
-
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
-    mask = mask.to(values.dtype)
-    return ((values * mask).sum() / mask.sum().clamp(min=1)).item()
-
-
-def _pad_to(tensor: torch.Tensor, width: int, value: int, left: bool) -> torch.Tensor:
-    missing = width - tensor.shape[1]
-    if missing == 0:
-        return tensor
-    pad = torch.full((tensor.shape[0], missing), value, dtype=tensor.dtype)
-    return torch.cat([pad, tensor] if left else [tensor, pad], dim=1)
-
-
-def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
-    """Concatenate rollouts along the sample axis (prompts stay left-padded, completions right-padded)."""
-    if len(parts) == 1:
-        return parts[0]
-    p_width = max(r.prompt_ids.shape[1] for r in parts)
-    c_width = max(r.completion_ids.shape[1] for r in parts)
-    return Rollout(
-        torch.cat([_pad_to(r.prompt_ids, p_width, pad_id, left=True) for r in parts]),  # (N, P)
-        torch.cat([_pad_to(r.prompt_mask, p_width, 0, left=True) for r in parts]),  # (N, P)
-        torch.cat([_pad_to(r.completion_ids, c_width, pad_id, left=False) for r in parts]),  # (N, C)
-        torch.cat([_pad_to(r.completion_mask, c_width, 0, left=False) for r in parts]),  # (N, C)
-        torch.cat([r.truncated for r in parts]),
-        [t for r in parts for t in r.texts],
-        torch.cat([_pad_to(r.logprobs, c_width, 0, left=False) for r in parts])  # (N, C)
-        if all(r.logprobs is not None for r in parts) else None,
-    )
-
-
-def select_rollout(rollout: Rollout, index: torch.Tensor) -> Rollout:
-    return Rollout(
-        rollout.prompt_ids[index], rollout.prompt_mask[index], rollout.completion_ids[index],
-        rollout.completion_mask[index], rollout.truncated[index], [rollout.texts[i] for i in index.tolist()],
-        rollout.logprobs[index] if rollout.logprobs is not None else None,
-    )
-
-
-@dataclass
-class Batch:
-    """One step's training samples: G adjacent completions per prompt."""
-
-    rows: list[dict]              # (n,) data row of each sample of this process
-    prompts: list[str]            # (n,) formatted prompt of each sample of this process
-    rollout: Rollout              # this process's n samples
-    rewards: torch.Tensor         # (N,) weighted total reward of the GLOBAL batch, in global sample order
-    drawn_metrics: dict           # reward/* and completions/* over every sample drawn this step
-    prompts_drawn: int            # prompts generated for this step (more than the batch with dynamic sampling)
-    rounds: int                   # generation rounds
-    filled_groups: int            # tied groups kept to fill the batch when dynamic sampling ran out of rounds
-    local: slice = field(default_factory=lambda: slice(None))  # this process's samples in the global batch
-
-
-def training_rewards(parts: Components, algo, max_new_tokens: int) -> list[RewardComponent]:
-    """The reward components used in training: the configured ones, plus DAPO's overlong punishment."""
-    components = list(parts.rewards)
-    if algo.overlong_buffer > 0:
-        fn = functools.partial(overlong_penalty, max_length=max_new_tokens, buffer=algo.overlong_buffer)
-        components.append(RewardComponent("overlong", fn, float(algo.overlong_weight)))
-    return components
-
-
-def sample_batch(model, tokenizer, stream: PromptStream, cfg, rewards: list[RewardComponent], group_size: int,
-                 dynamic_sampling: bool, max_rounds: int, step: int, engine=None, acc=None) -> Batch:
-    """Generate and score `prompts_per_step` groups. With dynamic sampling, drop tied groups and draw
-    the missing number of prompts again, for at most `max_rounds` rounds; if still short, fill with
-    tied groups (zero advantage under group baselines) so the batch size stays fixed.
-    Completion i drawn at this step is sampled with seed sample_seed(seed, step, i). `engine` (rollout=vllm)
-    generates instead of the policy itself when given. With several processes (acc), every process
-    draws the same prompts, generates and scores its own shard, and the rewards are gathered
-    (dynamic sampling is single-process; train.py refuses the combination)."""
-    sample = engine.generate if engine is not None else partial(generate, model, tokenizer)
-    roll, wanted = cfg.rollout, cfg.prompts_per_step
-    rollouts, all_rows, all_prompts, totals, components, errors = [], [], [], [], [], 0
-    kept_groups, rounds = 0, 0
-    while True:
-        rows = stream.take(wanted - kept_groups if dynamic_sampling else wanted)
-        mine = shard(len(rows), acc) if acc is not None else slice(0, len(rows))
-        rows = rows[mine]
-        prompts = format_prompts(tokenizer, rows, cfg.model.chat_template, cfg.data.system_prompt)
-        first = sum(t.numel() for t in totals) + mine.start * group_size  # global index of this shard's first sample
-        rollout = sample(
-            prompts, samples_per_prompt=group_size, max_new_tokens=roll.max_new_tokens,
-            temperature=roll.temperature, top_p=roll.top_p, top_k=roll.top_k, batch_size=roll.batch_size,
-            seeds=[sample_seed(cfg.seed, step, first + i) for i in range(len(prompts) * group_size)],
-            min_new_tokens=roll.get("min_new_tokens", 0),
-        )
-        sample_rows = [row for row in rows for _ in range(group_size)]
-        if any(c.name == "overlong" for c in rewards):
-            sample_rows = [dict(row, completion_tokens=int(n)) for row, n in zip(sample_rows, rollout.lengths)]
-        sample_prompts = [p for p in prompts for _ in range(group_size)]
-        total, per_component, round_errors = compute_rewards(
-            rewards, sample_prompts, rollout.texts, sample_rows, cfg.reward.on_error, system_prompt=cfg.data.system_prompt,
-            completion_ids=token_lists(rollout.completion_ids, rollout.completion_mask),
-            state=TrainerState(global_step=step, max_steps=cfg.steps))  # (n,)
-        rollouts.append(rollout)
-        all_rows += sample_rows
-        all_prompts += sample_prompts
-        totals.append(total)
-        components.append(per_component)
-        errors += round_errors
-        rounds += 1
-        if not dynamic_sampling:
-            break
-        kept_groups += int((~tied_groups(total, group_size)).sum())
-        if kept_groups >= wanted or rounds >= max_rounds:
-            break
-    rollout = cat_rollouts(rollouts, tokenizer.pad_token_id)
-    rewards_all = torch.cat(totals)  # (N_drawn,) this process
-    per_component = {name: torch.cat([c[name] for c in components]) for name in components[0]}
-    local = slice(0, rewards_all.numel())
-    if acc is not None and acc.num_processes > 1:  # the global batch, in global sample order
-        local = slice(acc.process_index * rewards_all.numel(), (acc.process_index + 1) * rewards_all.numel())
-        rewards_all = gather(acc, rewards_all)  # (N,)
-        per_component = {name: gather(acc, values) for name, values in per_component.items()}
-        errors = int(global_sum(acc, errors))
-    drawn_metrics = outcome_metrics(rewards_all, per_component, errors, rollout, cfg.reward.accuracy, group_size, acc)
-    filled = 0
-    if dynamic_sampling:
-        tied = tied_groups(rewards_all, group_size)  # (groups drawn,)
-        informative = torch.nonzero(~tied).flatten()[:wanted]
-        filled = wanted - len(informative)
-        groups = torch.cat([informative, torch.nonzero(tied).flatten()[:filled]])  # (wanted,)
-        index = (groups.unsqueeze(1) * group_size + torch.arange(group_size)).flatten()  # (wanted * G,)
-        rollout = select_rollout(rollout, index)
-        rewards_all = rewards_all[index]
-        local = slice(0, rewards_all.numel())
-        all_rows = [all_rows[i] for i in index.tolist()]
-        all_prompts = [all_prompts[i] for i in index.tolist()]
-    prompts_drawn = sum(len(t) for t in totals) // group_size
-    return Batch(all_rows, all_prompts, rollout, rewards_all, drawn_metrics, prompts_drawn, rounds, filled, local)
-
-
-def outcome_metrics(rewards, per_component, errors, rollout, accuracy_key, group_size, acc=None) -> dict:
-    """reward/*, completions/* and train/frac_zero_std_groups over the samples drawn (all processes)."""
-    n = rewards.numel()
-    lengths = rollout.lengths.float()
-    truncated = rollout.truncated.float()
-    if acc is not None and acc.num_processes > 1:
-        lengths, truncated = gather(acc, lengths), gather(acc, truncated)
-    metrics = {
-        "reward/total": rewards.mean().item(),
-        "reward/total_std": rewards.std().item() if n > 1 else 0.0,
-        "reward/accuracy": torch.nan_to_num(per_component[accuracy_key], nan=0.0).mean().item(),
-        "reward/errors": errors,
-        "completions/mean_length": lengths.mean().item(),
-        "completions/max_length": lengths.max().item(),
-        "completions/truncated_frac": truncated.mean().item(),
-        "train/frac_zero_std_groups": zero_std_group_fraction(rewards, group_size),
-    }
-    for name, values in per_component.items():
-        present = values[~torch.isnan(values)]
-        metrics[f"reward/{name}"] = present.mean().item() if present.numel() else None
-        metrics[f"reward/{name}_std"] = present.std().item() if present.numel() > 1 else None
-    return metrics
-
-
-def advantage_metrics(advantages: torch.Tensor, mask: torch.Tensor | None = None) -> dict:
-    """train/advantage_mean|std|max over the samples (or valid tokens when a mask is given)."""
-    values = advantages[mask.bool()] if mask is not None else advantages
-    if values.numel() == 0:
-        return {"train/advantage_mean": 0.0, "train/advantage_std": 0.0, "train/advantage_max": 0.0}
-    return {
-        "train/advantage_mean": values.mean().item(),
-        "train/advantage_std": values.std().item() if values.numel() > 1 else 0.0,
-        "train/advantage_max": values.abs().max().item(),
-    }
-
-
-def sample_records(batch: Batch, advantages: torch.Tensor, count: int) -> list[dict]:
-    return [
-        {"prompt": batch.prompts[i], "completion": batch.rollout.texts[i], "reward": batch.rewards[i].item(),
-         "advantage": advantages[i].item(), "answer": batch.rows[i].get("answer")}
-        for i in range(min(count, len(batch.prompts)))
-    ]
-
-
-class KLCoefficient:
-    """The (possibly adaptive) KL coefficient, saved in checkpoints like any other training state."""
-
-    def __init__(self, value: float):
-        self.value = value
-
-    def state_dict(self) -> dict:
-        return {"value": self.value}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.value = float(state["value"])
-
-
-class ReferenceReset:
-    """`algorithm.ref_reset_every` = N: the frozen reference becomes a copy of the current policy at the
-    start of steps N+1, 2N+1, ... After a reset the reference is no longer the starting policy, so its
-    weights are training state: registered with the Checkpointer (see `checkpointed`), they are saved
-    in checkpoints and restored on resume."""
-
-    def __init__(self, reference, every: int):
-        self.reference, self.every = reference, int(every or 0)
-
-    def checkpointed(self) -> dict:
-        """{"reference": self} when resets can happen, for Checkpointer.restore(**...); else {}."""
-        return {"reference": self} if self.reference is not None and self.every else {}
-
-    def maybe_reset(self, step: int, policy) -> None:
-        if self.reference is not None and self.every and step > 1 and (step - 1) % self.every == 0:
-            self.reference.load_state_dict(policy.state_dict())
-
-    def state_dict(self) -> dict:
-        return {name: tensor.detach().cpu() for name, tensor in self.reference.state_dict().items()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.reference.load_state_dict(state)
-
-
-def mean_of(values: list[float]) -> float:
-    return sum(values) / len(values) if values else 0.0
 
 
 def train_policy_gradient(cfg, parts: Components) -> dict:
@@ -324,8 +90,9 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
         step_start = time.perf_counter()
         reference_reset.maybe_reset(step, acc.unwrap_model(model))
         # 1-2. rollout (G samples per prompt, adjacent in the batch) and rewards
-        batch = sample_batch(acc.unwrap_model(model), tokenizer, stream, cfg, train_rewards, group_size,
-                             algo.dynamic_sampling, algo.max_sample_batches, step, engine, acc)
+        sample = engine.generate if engine is not None else partial(generate, acc.unwrap_model(model), tokenizer)
+        batch = sample_batch(sample, tokenizer, stream, cfg, train_rewards, group_size,
+                             algo.dynamic_sampling, algo.max_sample_batches, step, acc)
         rollout, rewards, local = batch.rollout, batch.rewards, batch.local  # rewards: (N,) global
         generation_time = time.perf_counter() - step_start
         if engine is not None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 
 import torch
 from omegaconf import OmegaConf
@@ -37,28 +38,26 @@ from rlx.config import UserError
 from rlx.data.tasks import PromptStream
 from rlx.loops.common import (
     Components,
-    build_optimizer,
-    end_step,
-    eval_due,
-    evaluate_at_start,
-    optimizer_step,
-    task_evaluator,
-)
-from rlx.loops.policy_gradient import (
     KLCoefficient,
     ReferenceReset,
     advantage_metrics,
     batched_logprobs,
+    build_optimizer,
+    end_step,
+    eval_due,
+    evaluate_at_start,
     masked_mean,
     mean_of,
-    sample_batch,
-    sample_records,
+    optimizer_step,
+    task_evaluator,
     training_rewards,
 )
 from rlx.models.forward import completion_logprobs
 from rlx.models.lora import place_reference, reference_model
 from rlx.models.value import build_value_model
 from rlx.parallel import backward, gather, gather_padded, global_mean, global_sum
+from rlx.rollout.batch import sample_batch, sample_records
+from rlx.rollout.hf import generate
 from rlx.rollout.vllm import build_engine
 from rlx.run import MetricsLog, write_samples
 
@@ -112,8 +111,9 @@ def train_ppo(cfg, parts: Components) -> dict:
         step_start = time.perf_counter()
         reference_reset.maybe_reset(step, acc.unwrap_model(model))
         # 1. rollout and rewards (this process's shard of the global batch)
-        batch = sample_batch(acc.unwrap_model(model), tokenizer, stream, cfg, train_rewards, group_size,
-                             algo.dynamic_sampling, algo.max_sample_batches, step, engine, acc)
+        sample = engine.generate if engine is not None else partial(generate, acc.unwrap_model(model), tokenizer)
+        batch = sample_batch(sample, tokenizer, stream, cfg, train_rewards, group_size,
+                             algo.dynamic_sampling, algo.max_sample_batches, step, acc)
         rollout, rewards, local = batch.rollout, batch.rewards, batch.local  # rewards: (N,) global
         generation_time = time.perf_counter() - step_start
         num_samples = rollout.completion_ids.shape[0]  # n, this process

@@ -24,7 +24,7 @@ import torch
 
 from rlx.algorithms.preference import REFERENCE_FREE, preference_loss, sft_nll
 from rlx.checkpoint import Checkpointer
-from rlx.data.preferences import collate, load_pairs, prepare_pairs
+from rlx.data.preferences import collate, load_prepared_pairs
 from rlx.data.tasks import PromptStream
 from rlx.loops.common import (
     Components,
@@ -42,20 +42,6 @@ from rlx.parallel import backward, global_sum, shard
 from rlx.run import MetricsLog, PhaseProgress, write_samples
 
 log = logging.getLogger("rlx")
-
-
-def load_prepared_pairs(cfg, tokenizer) -> tuple[list[dict], list[dict], dict]:
-    """Train and held-out pairs, tokenized, and data/* counts for metrics.jsonl."""
-    train, evals, stats = load_pairs(cfg.data.pairs, cfg.seed)
-    train = prepare_pairs(cfg.data.pairs, tokenizer, train, cfg.model.chat_template, cfg.data.system_prompt, stats)
-    evals = prepare_pairs(cfg.data.pairs, tokenizer, evals, cfg.model.chat_template, cfg.data.system_prompt, stats)
-    if not train:
-        from rlx.config import UserError
-
-        raise UserError("every training pair is over data.pairs.max_prompt_length / max_completion_length; raise them")
-    log.info("preference pairs: %d train, %d held out (%d malformed skipped, %d too long dropped, %d truncated)",
-             len(train), len(evals), sum(stats.invalid.values()), stats.too_long_dropped, stats.completions_truncated)
-    return train, evals, stats.as_metrics("data")
 
 
 def sequence_logps(model, pairs: list[dict], pad_id: int) -> tuple[torch.Tensor, ...]:

@@ -22,6 +22,7 @@ import torch
 from rlx.algorithms.preference import bradley_terry_loss
 from rlx.checkpoint import Checkpointer
 from rlx.config import UserError
+from rlx.data.preferences import load_prepared_pairs
 from rlx.data.tasks import PromptStream
 from rlx.loops.common import (
     Components,
@@ -31,7 +32,6 @@ from rlx.loops.common import (
     evaluate_at_start,
     optimizer_step,
 )
-from rlx.loops.preference import load_prepared_pairs
 from rlx.parallel import backward, global_sum, shard
 from rlx.rewards.model import forward_scores
 from rlx.run import MetricsLog

@@ -284,12 +284,22 @@ def _repack_tied_head(model) -> None:
 def build_engine(rollout_cfg, model, tokenizer, seed: int) -> VLLMEngine | None:
     """The vLLM engine when rollout.backend is vllm, None for hf (generation with the policy itself)."""
     backend = rollout_cfg.backend
-    if backend == "hf":
-        return None
-    if backend != "vllm":
-        raise UserError(f"unknown rollout.backend '{backend}'; valid choices: hf, vllm")
+    if backend not in ROLLOUT_BACKENDS:
+        raise UserError(f"unknown rollout.backend '{backend}'; valid choices: {', '.join(ROLLOUT_BACKENDS)}")
+    return ROLLOUT_BACKENDS[backend](rollout_cfg, model, tokenizer, seed)
+
+
+def _vllm_engine(rollout_cfg, model, tokenizer, seed: int) -> VLLMEngine:
     if getattr(model, "name_or_path", None) in (None, ""):
         raise UserError("rollout=vllm loads the model from model.path; a model built from scratch needs rollout=hf")
     engine = VLLMEngine(model, tokenizer, rollout_cfg, seed)
     engine.sync_weights(model)
     return engine
+
+
+# rollout.backend -> fn(rollout_cfg, model, tokenizer, seed) -> an engine with .generate, or None: the policy
+# generates itself (rlx.rollout.hf.generate)
+ROLLOUT_BACKENDS = {
+    "hf": lambda rollout_cfg, model, tokenizer, seed: None,
+    "vllm": _vllm_engine,
+}

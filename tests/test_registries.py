@@ -1,0 +1,51 @@
+"""Variants are chosen from registries (dicts of functions with one signature each, issue 15): the valid
+names a config may use are exactly the registry's keys, and every shipped preset names a registered entry."""
+
+import pytest
+
+from rlx.algorithms import advantages, kl, losses, preference
+from rlx.config import check_overrides, group_options
+
+
+def test_valid_names_are_the_registry_keys():
+    assert tuple(advantages.OUTCOME_ESTIMATORS) == advantages.ESTIMATORS[:-1]  # gae is the PPO loop's own
+    assert tuple(advantages.SCALE_REGISTRY) == advantages.SCALES
+    assert tuple(kl.KL_ESTIMATOR_REGISTRY) == kl.KL_ESTIMATORS
+    assert tuple(losses.AGGREGATIONS) == losses.LOSS_AGGREGATIONS
+    assert preference.PREFERENCE_LOSSES == (*preference.REFERENCE_LOSSES, *preference.REFERENCE_FREE_LOSSES)
+
+
+@pytest.mark.parametrize("option", group_options("algorithm"))
+def test_every_preset_names_registered_variants(option):
+    algo = check_overrides([f"algorithm={option}"]).algorithm
+    if algo.family == "preference":
+        assert algo.loss_type in preference.PREFERENCE_LOSSES
+    if algo.family in ("policy_gradient", "ppo"):
+        assert algo.advantage in advantages.ESTIMATORS and algo.scale in advantages.SCALES
+        assert algo.loss_agg in losses.AGGREGATIONS and algo.kl_estimator in kl.KL_ESTIMATOR_REGISTRY
+
+
+def test_a_registered_variant_is_used_by_name(monkeypatch):
+    """A new entry is all it takes: the dispatcher finds it by name (no if/elif to extend)."""
+    import torch
+
+    monkeypatch.setitem(kl.KL_ESTIMATOR_REGISTRY, "abs", lambda x: x.abs())
+    out = kl.kl_penalty(torch.tensor([[0.0, -1.0]]), torch.tensor([[0.5, 0.0]]), "abs")
+    assert out.tolist() == [[0.5, 1.0]]
+    monkeypatch.setitem(preference.REFERENCE_LOSSES, "double_dpo",
+                        lambda h, beta, label_smoothing: 2 * preference.dpo_loss(h, beta))
+    args = [torch.tensor([-1.0]), torch.tensor([-2.0]), torch.tensor([-1.5]), torch.tensor([-1.5])]
+    double, _ = preference.preference_loss(*args, loss_type="double_dpo", beta=0.1)
+    single, _ = preference.preference_loss(*args, loss_type="dpo", beta=0.1)
+    assert torch.allclose(double, 2 * single)
+
+
+def test_every_family_names_a_loop_that_exists():
+    import importlib
+
+    from rlx.train import FAMILIES, LOOPS
+
+    assert FAMILIES == tuple(LOOPS)
+    for family, target in LOOPS.items():
+        module, function = target.split(":")
+        assert callable(getattr(importlib.import_module(module), function)), family
