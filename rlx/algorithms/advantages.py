@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import torch
 
-ESTIMATORS = ("grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "median", "gae")
-SCALES = ("group", "batch", "none", "mad")
 GROUP_BASELINES = ("grpo", "rloo", "reinforce_pp_baseline", "median")  # need >= 2 samples per prompt
 
 
@@ -71,6 +69,7 @@ SCALE_REGISTRY = {
     "none": lambda grouped, rewards, eps: 1.0,
     "mad": lambda grouped, rewards, eps: _median_absolute_deviation(grouped) + eps,  # MC-GRPO authors' code
 }
+SCALES = tuple(SCALE_REGISTRY)
 
 
 def _scaled(centered, grouped, rewards, scale: str, eps: float) -> torch.Tensor:
@@ -156,6 +155,7 @@ OUTCOME_ESTIMATORS = {
     "reinforce_pp_baseline": lambda r, g, scale, eps: _all_kept(reinforce_pp_advantages(r, g, True, eps)),
     "median": median_advantages,
 }
+ESTIMATORS = (*OUTCOME_ESTIMATORS, "gae")  # gae: the PPO loop's own (needs a critic)
 
 
 def sign_weighted(advantages: torch.Tensor, positive_weight: float, negative_weight: float) -> torch.Tensor:

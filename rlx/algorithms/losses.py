@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import torch
 
-LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-
-
 RATIO_LEVELS = ("token", "sequence")
 
 
@@ -167,3 +164,4 @@ AGGREGATIONS = {
     "seq-mean-token-sum": lambda masked, mask, tokens, seqs, max_len: masked.sum() / seqs,
     "seq-mean-token-sum-norm": lambda masked, mask, tokens, seqs, max_len: masked.sum() / (seqs * max_len),
 }
+LOSS_AGGREGATIONS = tuple(AGGREGATIONS)
