@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from omegaconf import DictConfig, ListConfig
 
 from rlx.config import UserError
+from rlx.tasks import VERIFIERS
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,7 @@ TRAIN_KNOBS: tuple[Knob, ...] = (
     _frac("model.lora.dropout", high_open=True), _bool("model.lora.save_merged"),
     # data and reward
     _int("data.eval_size", 0), _int("data.train_size", 1), _choice("reward.on_error", "raise", "zero"),
+    _choice("data.verifier", *VERIFIERS, nullable=True),
     # hardware
     _choice("hardware.mixed_precision", "no", "bf16", "fp16", "fp8"), _int("hardware.num_threads", 1, nullable=True),
     _int("hardware.num_processes", 1), _int("hardware.num_machines", 1), _int("hardware.machine_rank", 0),

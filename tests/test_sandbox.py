@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from rlx.evaluation import sandbox
-from rlx.evaluation.sandbox import check_program, run_code, run_many
+from rlx.tasks import sandbox
+from rlx.tasks.sandbox import check_program, run_code, run_many
 
 IS_ROOT = os.geteuid() == 0
 FAST = {"timeout_s": 1.5, "memory_mb": 256}

@@ -2,9 +2,10 @@
 
 A benchmark config (conf/benchmark/<name>.yaml) names the three functions by dotted path:
 
-    load:    {_target_: loader, **kwargs}    -> list of problems {id, prompt, answer, ...}
-    extract: {_target_: extractor, **kwargs} fn(completion, problem) -> str | None
-    verify:  {_target_: verifier, **kwargs}  fn(extracted, problems) -> list[float]  (1.0 = correct)
+    load:     {_target_: loader, **kwargs}    -> list of problems {id, prompt, answer, ...}
+    verifier: a name from rlx.tasks.VERIFIERS (the same checks training rewards use), or
+    extract:  {_target_: extractor, **kwargs} fn(completion, problem) -> str | None
+    verify:   {_target_: verifier, **kwargs}  fn(extracted, problems) -> list[float]  (1.0 = correct)
 
 `prompt` is the user message (the question put through the benchmark's prompt template); the model's
 chat template is applied later.  The verifier sees a whole batch, so a slow check (running code) can
@@ -16,14 +17,11 @@ from __future__ import annotations
 import functools
 import gzip
 import json
-import math
 import re
-import threading
 from pathlib import Path
 
 from rlx.config import UserError
 from rlx.data.tasks import parse_jsonl
-from rlx.rewards.rule import extract_answer
 
 # --------------------------------------------------------------------------------------------
 # Loaders
@@ -138,147 +136,18 @@ def humaneval_problems(path: str | None = None, size: int | None = None) -> list
     return problems
 
 
-# --------------------------------------------------------------------------------------------
-# Answer extractors: fn(completion, problem) -> str | None
-# --------------------------------------------------------------------------------------------
-
-_NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-
-
-def answer_tag(completion: str, problem: dict) -> str | None:
-    """The text of the last <answer>...</answer> (the format rlx trains for)."""
-    return extract_answer(completion)
-
-
-def answer_tag_or_last_number(completion: str, problem: dict) -> str | None:
-    """<answer> tag, else the number after '####', else the last number in the text (GSM8K)."""
-    tagged = extract_answer(completion)
-    if tagged is not None:
-        return tagged
-    marked = re.search(r"####\s*(\S+)", completion)
-    if marked:
-        return marked.group(1)
-    numbers = _NUMBER_RE.findall(completion)
-    return numbers[-1] if numbers else None
-
-
-def _last_boxed(text: str) -> str | None:
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth, begin = 0, start + len("\\boxed{")
-    for i in range(begin - 1, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[begin:i].strip()
-    return None
-
-
-def answer_tag_or_boxed(completion: str, problem: dict) -> str | None:
-    """<answer> tag, else the last \\boxed{...} (MATH-style solutions)."""
-    tagged = extract_answer(completion)
-    return tagged if tagged is not None else _last_boxed(completion)
-
-
-def code_completion(completion: str, problem: dict, stop: tuple[str, ...] = ()) -> str | None:
-    """The program to test: the prompt plus the completion cut at the first stop sequence (the
-    Codex protocol: stop at the next top-level def/class/if/print).  A fenced ```python block that
-    defines the entry point is taken as the whole program instead (chat models)."""
-    fenced = re.findall(r"```(?:python|py)?\n(.*?)```", completion, flags=re.DOTALL)
-    for block in reversed(fenced):
-        if f"def {problem['entry_point']}" in block:
-            return block
-    cut = len(completion)
-    for marker in stop:
-        found = completion.find(marker)
-        if found >= 0:
-            cut = min(cut, found)
-    return problem["prompt"] + completion[:cut]
-
-
-# --------------------------------------------------------------------------------------------
-# Verifiers: fn(extracted, problems) -> list[float]
-# --------------------------------------------------------------------------------------------
-
-
-def reasoning_gym_score(extracted: list[str | None], problems: list[dict]) -> list[float]:
-    """reasoning-gym's own scorer of each task (1.0 for a correct answer)."""
-    import reasoning_gym
-
-    scores = []
-    for answer, problem in zip(extracted, problems):
-        if answer is None:
-            scores.append(0.0)
-            continue
-        entry = {"question": problem["question"], "answer": problem["answer"], "metadata": json.loads(problem["metadata"])}
-        scores.append(float(reasoning_gym.get_score_answer_fn(problem["task"])(answer, entry)))
-    return scores
-
-
-def _as_number(text: str) -> float | None:
-    cleaned = text.strip().replace(",", "").replace("$", "").rstrip(".")
-    if cleaned.endswith("%"):
-        cleaned = cleaned[:-1]
-    try:
-        return float(cleaned)
-    except ValueError:
-        return None
-
-
-def numeric_match(extracted: list[str | None], problems: list[dict], rel_tol: float = 1e-6) -> list[float]:
-    """1.0 when the answer and the reference parse to the same number (commas, '$', '%' ignored);
-    otherwise exact string match after whitespace normalisation."""
-    scores = []
-    for answer, problem in zip(extracted, problems):
-        if answer is None:
-            scores.append(0.0)
-            continue
-        got, want = _as_number(answer), _as_number(problem["answer"])
-        if got is not None and want is not None:
-            scores.append(1.0 if math.isclose(got, want, rel_tol=rel_tol, abs_tol=1e-9) else 0.0)
-        else:
-            scores.append(1.0 if " ".join(answer.split()) == " ".join(problem["answer"].split()) else 0.0)
-    return scores
-
-
-def math_equivalence(extracted: list[str | None], problems: list[dict]) -> list[float]:
-    """1.0 when math-verify finds the answer equivalent to the reference (LaTeX or plain).
-    Its timeouts use signal.alarm, which only works in the main thread."""
-    from math_verify import parse, verify
-
-    timeout = 5 if threading.current_thread() is threading.main_thread() else None
-    scores = []
-    for answer, problem in zip(extracted, problems):
-        if answer is None:
-            scores.append(0.0)
-            continue
-        gold = parse(f"${problem['answer']}$", parsing_timeout=timeout)
-        pred = parse(f"${answer}$", parsing_timeout=timeout)
-        scores.append(1.0 if gold and pred and verify(gold, pred, timeout_seconds=timeout) else 0.0)
-    return scores
-
-
-def unit_tests(extracted: list[str | None], problems: list[dict], timeout_s: float = 5.0, memory_mb: int = 512,
-               workers: int = 4) -> list[float]:
-    """Run each program against its problem's tests in the sandbox (rlx.evaluation.sandbox), a few at
-    a time; 1.0 when every assert holds within the limits.  Broken or hostile programs score 0."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from rlx.evaluation.sandbox import check_program
-
-    def one(pair) -> float:
-        program, problem = pair
-        if program is None:
-            return 0.0
-        result = check_program(program, problem["test"], problem["entry_point"], timeout_s=timeout_s, memory_mb=memory_mb)
-        return 1.0 if result.passed else 0.0
-
-    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="rlx-eval-verify") as pool:
-        return list(pool.map(one, zip(extracted, problems)))
-
+# Extractors and verifiers live in rlx/tasks (one implementation for rewards and benchmarks); these names
+# stay importable from here so that benchmark YAML files written against rlx.evaluation.benchmarks keep working.
+from rlx.tasks import (  # noqa: E402,F401
+    answer_tag,
+    answer_tag_or_boxed,
+    answer_tag_or_last_number,
+    code_completion,
+    math_equivalence,
+    numeric_match,
+    reasoning_gym_score,
+    unit_tests,
+)
 
 # --------------------------------------------------------------------------------------------
 # From config to callables
@@ -306,8 +175,20 @@ class Benchmark:
     def __init__(self, name: str, cfg: dict):
         self.name = name
         self.cfg = cfg
-        self.extract = _callable(cfg["extract"], "extract", name)
-        self.verify = _callable(cfg["verify"], "verify", name)
+        if cfg.get("verifier") is not None:  # a registered verifier (rlx/tasks): the one training rewards use
+            from rlx.tasks import VERIFIERS
+
+            if cfg["verifier"] not in VERIFIERS:
+                raise UserError(f"benchmark '{name}': unknown verifier '{cfg['verifier']}'; valid choices: "
+                                f"{', '.join(VERIFIERS)}")
+            chosen = VERIFIERS[cfg["verifier"]]
+            self.extract, self.verify = chosen.extract, chosen.verify
+        if cfg.get("extract") is not None:  # explicit functions (with arguments) override the verifier's
+            self.extract = _callable(cfg["extract"], "extract", name)
+        if cfg.get("verify") is not None:
+            self.verify = _callable(cfg["verify"], "verify", name)
+        if not hasattr(self, "extract") or not hasattr(self, "verify"):
+            raise UserError(f"benchmark '{name}' needs a verifier (rlx/tasks VERIFIERS) or extract and verify functions")
         self.max_new_tokens = int(cfg["max_new_tokens"])
         self.chat_template = cfg.get("chat_template")  # None: follow the model's setting
         self.system_prompt = cfg.get("system_prompt")
@@ -326,5 +207,7 @@ class Benchmark:
 
     def score(self, completions: list[str], problems: list[dict]) -> tuple[list[str | None], list[float]]:
         """Extract an answer from each completion (problems[i] belongs to completions[i]) and verify it."""
-        extracted = [self.extract(c, p) for c, p in zip(completions, problems)]
+        from rlx.rewards import completion_text
+
+        extracted = [self.extract(completion_text(c), p) for c, p in zip(completions, problems)]
         return extracted, [float(s) for s in self.verify(extracted, problems)]

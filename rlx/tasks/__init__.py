@@ -1,0 +1,243 @@
+"""Tasks: one scoring contract for training rewards and `rlx eval` benchmarks.
+
+A verifier is a pair (extract, verify), registered by name in VERIFIERS:
+
+    extract: fn(completion: str, problem: dict) -> str | None        the answer the completion gives
+    verify:  fn(extracted: list[str | None], problems: list[dict]) -> list[float]   1.0 = correct
+
+A problem is a data row (question, answer, and any other columns: task/metadata for reasoning-gym,
+test/entry_point for code). The same pair scores a benchmark (conf/benchmark/*.yaml: `verifier: <name>`)
+and, through `verifier_reward`, a training reward component (conf/reward/*.yaml), so training reward and
+`rlx eval` score agree on the same completion by construction (tests/test_scoring_contract.py).
+Data configs name their task's verifier (`data.verifier`), which the default reward (`reward=task`) uses.
+A new task is one verifier (two functions and a VERIFIERS entry, or an existing name) plus a YAML file.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+import threading
+from dataclasses import dataclass
+
+from rlx.rewards import completion_text
+
+ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def extract_answer(completion) -> str | None:
+    """The text inside the last <answer>...</answer> pair, stripped; None when there is none."""
+    found = ANSWER_RE.findall(completion_text(completion))
+    return found[-1].strip() if found else None
+
+
+# --------------------------------------------------------------------------------------------
+# Answer extractors: fn(completion, problem) -> str | None
+# --------------------------------------------------------------------------------------------
+
+_NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def answer_tag(completion: str, problem: dict) -> str | None:
+    """The text of the last <answer>...</answer> (the format rlx trains for)."""
+    return extract_answer(completion)
+
+
+def answer_tag_or_last_number(completion: str, problem: dict) -> str | None:
+    """<answer> tag, else the number after '####', else the last number in the text (GSM8K)."""
+    tagged = extract_answer(completion)
+    if tagged is not None:
+        return tagged
+    marked = re.search(r"####\s*(\S+)", completion)
+    if marked:
+        return marked.group(1)
+    numbers = _NUMBER_RE.findall(completion)
+    return numbers[-1] if numbers else None
+
+
+def _last_boxed(text: str) -> str | None:
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, begin = 0, start + len("\\boxed{")
+    for i in range(begin - 1, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[begin:i].strip()
+    return None
+
+
+def answer_tag_or_boxed(completion: str, problem: dict) -> str | None:
+    """<answer> tag, else the last \\boxed{...} (MATH-style solutions)."""
+    tagged = extract_answer(completion)
+    return tagged if tagged is not None else _last_boxed(completion)
+
+
+def code_completion(completion: str, problem: dict, stop: tuple[str, ...] = ()) -> str | None:
+    """The program to test: the prompt plus the completion cut at the first stop sequence (the
+    Codex protocol: stop at the next top-level def/class/if/print).  A fenced ```python block that
+    defines the entry point is taken as the whole program instead (chat models)."""
+    fenced = re.findall(r"```(?:python|py)?\n(.*?)```", completion, flags=re.DOTALL)
+    for block in reversed(fenced):
+        if f"def {problem['entry_point']}" in block:
+            return block
+    cut = len(completion)
+    for marker in stop:
+        found = completion.find(marker)
+        if found >= 0:
+            cut = min(cut, found)
+    return problem["prompt"] + completion[:cut]
+
+
+# --------------------------------------------------------------------------------------------
+# Verifiers: fn(extracted, problems) -> list[float]
+# --------------------------------------------------------------------------------------------
+
+
+def reasoning_gym_score(extracted: list[str | None], problems: list[dict]) -> list[float]:
+    """reasoning-gym's own scorer of each task (1.0 for a correct answer)."""
+    import reasoning_gym
+
+    scores = []
+    for answer, problem in zip(extracted, problems):
+        if answer is None:
+            scores.append(0.0)
+            continue
+        entry = {"question": problem["question"], "answer": problem["answer"], "metadata": json.loads(problem["metadata"])}
+        scores.append(float(reasoning_gym.get_score_answer_fn(problem["task"])(answer, entry)))
+    return scores
+
+
+def _as_number(text: str) -> float | None:
+    cleaned = text.strip().replace(",", "").replace("$", "").rstrip(".")
+    if cleaned.endswith("%"):
+        cleaned = cleaned[:-1]
+    try:
+        return float(cleaned)
+    except ValueError:
+        return None
+
+
+def numeric_match(extracted: list[str | None], problems: list[dict], rel_tol: float = 1e-6) -> list[float]:
+    """1.0 when the answer and the reference parse to the same number (commas, '$', '%' ignored);
+    otherwise exact string match after whitespace normalisation."""
+    scores = []
+    for answer, problem in zip(extracted, problems):
+        if answer is None:
+            scores.append(0.0)
+            continue
+        got, want = _as_number(answer), _as_number(problem["answer"])
+        if got is not None and want is not None:
+            scores.append(1.0 if math.isclose(got, want, rel_tol=rel_tol, abs_tol=1e-9) else 0.0)
+        else:
+            scores.append(1.0 if " ".join(answer.split()) == " ".join(problem["answer"].split()) else 0.0)
+    return scores
+
+
+def math_equivalence(extracted: list[str | None], problems: list[dict]) -> list[float]:
+    """1.0 when math-verify finds the answer equivalent to the reference (LaTeX or plain).
+    Its timeouts use signal.alarm, which only works in the main thread."""
+    from math_verify import parse, verify
+
+    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    scores = []
+    for answer, problem in zip(extracted, problems):
+        if answer is None:
+            scores.append(0.0)
+            continue
+        gold = parse(f"${problem['answer']}$", parsing_timeout=timeout)
+        pred = parse(f"${answer}$", parsing_timeout=timeout)
+        scores.append(1.0 if gold and pred and verify(gold, pred, timeout_seconds=timeout) else 0.0)
+    return scores
+
+
+def unit_tests(extracted: list[str | None], problems: list[dict], timeout_s: float = 5.0, memory_mb: int = 512,
+               workers: int = 4) -> list[float]:
+    """Run each program against its problem's tests in the sandbox (rlx.tasks.sandbox), a few at
+    a time; 1.0 when every assert holds within the limits.  Broken or hostile programs score 0."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rlx.tasks.sandbox import check_program
+
+    def one(pair) -> float:
+        program, problem = pair
+        if program is None:
+            return 0.0
+        result = check_program(program, problem["test"], problem["entry_point"], timeout_s=timeout_s, memory_mb=memory_mb)
+        return 1.0 if result.passed else 0.0
+
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="rlx-eval-verify") as pool:
+        return list(pool.map(one, zip(extracted, problems)))
+
+
+def _normalize(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def exact_string(extracted: list[str | None], problems: list[dict]) -> list[float]:
+    """1.0 when the answer equals the reference after whitespace normalisation."""
+    return [1.0 if answer is not None and _normalize(answer) == _normalize(problem["answer"]) else 0.0
+            for answer, problem in zip(extracted, problems)]
+
+
+# --------------------------------------------------------------------------------------------
+# The registry, and the bridge to the reward contract
+# --------------------------------------------------------------------------------------------
+
+
+CODE_STOP = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")  # end of a completed function body
+
+
+@dataclass(frozen=True)
+class Verifier:
+    extract: object  # fn(completion, problem) -> str | None
+    verify: object   # fn(extracted, problems) -> list[float]
+    needs: tuple = ("answer",)  # problem columns it reads
+
+    def score(self, completions: list, problems: list[dict]) -> tuple[list[str | None], list[float]]:
+        extracted = [self.extract(completion_text(c), p) for c, p in zip(completions, problems)]
+        return extracted, [float(s) for s in self.verify(extracted, problems)]
+
+
+VERIFIERS = {
+    "exact": Verifier(answer_tag, exact_string),
+    "numeric": Verifier(answer_tag_or_last_number, numeric_match),
+    "math": Verifier(answer_tag_or_boxed, math_equivalence),
+    "reasoning_gym": Verifier(answer_tag, reasoning_gym_score, ("answer", "question", "task", "metadata")),
+    "unit_tests": Verifier(functools.partial(code_completion, stop=CODE_STOP), unit_tests, ("prompt", "test", "entry_point")),
+}
+
+
+def get_verifier(name: str) -> Verifier:
+    from rlx.config import UserError
+
+    if name not in VERIFIERS:
+        raise UserError(f"unknown verifier '{name}'; valid choices: {', '.join(VERIFIERS)}")
+    return VERIFIERS[name]
+
+
+def verifier_reward(prompts, completions, verifier: str | None = None, **columns) -> list[float]:
+    """A reward component (TRL keyword contract: one value per completion in every column) that scores
+    each completion with a registered verifier: exactly the score `rlx eval` gives it.
+    verifier None: reasoning-gym's scorer for rows generated from a reasoning-gym task (task and metadata
+    columns), exact match otherwise."""
+    if verifier is None:
+        generated = any(v is not None for v in columns.get("task") or []) and any(
+            v is not None for v in columns.get("metadata") or [])
+        verifier = "reasoning_gym" if generated else "exact"
+    chosen = get_verifier(verifier)
+    missing = [c for c in chosen.needs if c not in columns and c != "prompt"]
+    if missing:
+        from rlx.config import UserError
+
+        raise UserError(f"verifier '{verifier}' needs the data column(s) {', '.join(missing)}; map them with data.columns")
+    problems = [{k: v[i] for k, v in columns.items() if isinstance(v, list) and len(v) == len(completions)}
+                for i in range(len(completions))]
+    for problem, prompt in zip(problems, prompts or [None] * len(problems)):
+        problem.setdefault("prompt", prompt if isinstance(prompt, str) else "")
+    return chosen.score(completions, problems)[1]

