@@ -146,6 +146,16 @@ def full_state_dict(accelerator, model) -> dict:
     return {k: v for k, v in state.items() if k not in tied}
 
 
+def gathered_trainable_weights(model) -> dict | None:
+    """{name: full tensor} of the trainable parameters (a LoRA adapter) of an FSDP2-sharded model, gathered
+    from their DTensor shards (a collective: every rank calls it); None when the model is not FSDP2-sharded.
+    Only the adapter moves, not the frozen base: what a checkpoint's adapter/ folder needs."""
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    if not named or not _is_dtensor(named[0][1]):
+        return None
+    return {name: p.detach().full_tensor().cpu() for name, p in named}
+
+
 def is_sharded(model) -> bool:
     """True when the model's parameters are partitioned over ranks (DeepSpeed ZeRO-3 or FSDP2): a
     parameter then holds only a shard (ZeRO-3: an empty placeholder, FSDP2: a DTensor), so code that

@@ -185,6 +185,16 @@ def check_policy_gradient_settings(cfg: DictConfig) -> None:
 def check_sharded_settings(cfg: DictConfig) -> None:
     """What the sharded engines do not run (yet), stopped before any work."""
     hw = cfg.hardware
+    if hw.get("distributed") == "fsdp":
+        if cfg.algorithm.family == "ppo":
+            raise UserError("algorithm=ppo trains two models (policy and critic), and Accelerate's FSDP2 prepares one; "
+                            "use hardware=ddp or a critic-free algorithm (grpo, rloo, ...)")
+        if cfg.rollout.backend != "hf":
+            raise UserError("rollout=vllm reads the full policy weights after each update, not run under FSDP yet; "
+                            "use rollout=hf or hardware=ddp")
+        if cfg.model.lora.enabled and cfg.model.lora.save_merged:
+            raise UserError("model.lora.save_merged=true merges a copy of the policy, not done between FSDP shards; "
+                            "set model.lora.save_merged=false (final/ holds the adapter) or use hardware=ddp")
     if hw.get("distributed") != "deepspeed":
         return
     if cfg.algorithm.family == "ppo":

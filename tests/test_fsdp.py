@@ -20,7 +20,7 @@ from rlx.config import ASSETS_DIR, check_overrides
 from rlx.launch import launcher_command, needs_launch
 from rlx.parallel import fsdp_plugin, full_state_dict
 from tests.conftest import REPO, run_rlx
-from tests.parallel_helpers import QUIET, SENSITIVE
+from tests.parallel_helpers import QUIET, SENSITIVE, assert_same_parameters
 
 # ---------------------------------------------------------------- fast
 
@@ -65,6 +65,13 @@ def test_full_state_dict_writes_a_tied_weight_once():
     state = full_state_dict(Gathered(), model)
     assert "lm_head.weight" not in state and "model.embed_tokens.weight" in state
     assert set(state) == set(model.state_dict()) - {"lm_head.weight"}
+
+
+def test_what_fsdp_does_not_run_stops_with_the_fix(tmp_path):
+    """PPO prepares two models (Accelerate's FSDP2 takes one) and vLLM would read DTensor shards: one line, exit 2."""
+    result = run_rlx(["train", "algorithm=ppo", *FSDP_CPU, "hardware.num_processes=2"], tmp_path)
+    assert result.returncode == 2 and "Accelerate's FSDP2 prepares one" in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
 
 
 # ---------------------------------------------------------------- slow: processes on the CPU
@@ -171,3 +178,33 @@ def test_fsdp_one_launched_process_matches_plain_one(tmp_path, one_process):
     assert _max_gap(one, load_file(run / "final" / "model.safetensors")) < 1e-6
     assert _eval_of(run) == pytest.approx(one_eval)
 
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", [
+    ["algorithm=sft", "steps=2", "algorithm.batch_size=8", "micro_batch_size=2"],
+    ["algorithm=dpo", "data=prefs", "steps=2", "algorithm.batch_size=8", "micro_batch_size=2"],
+], ids=["sft", "dpo"])
+def test_other_loops_under_fsdp_match_one_process(tmp_path, family):
+    """SFT (~25 s) and DPO (~45 s; its reference is a full copy on each rank) on 2 FSDP2 processes end with
+    the 1-process weights."""
+    assert_same_parameters(tmp_path, family, strategy="fsdp", atol=1e-5)
+
+
+@pytest.mark.slow
+def test_lora_under_fsdp_matches_one_process(tmp_path):
+    """~40 s: GRPO with LoRA on 2 FSDP2 processes (base and adapter sharded, the KL reference the policy with
+    the adapter off): the adapter in final/ and in the last checkpoint's adapter/ (gathered from the shards)
+    equals the 1-process adapter."""
+    args = ["steps=2", "prompts_per_step=4", "rollout.samples_per_prompt=4", "algorithm.kl_coef=0.1",
+            "model.lora.enabled=true", "model.lora.rank=4", "checkpoint.every=2", *SENSITIVE,
+            *[q for q in QUIET if not q.startswith("checkpoint.")]]
+    for name, extra in (("one", []), ("many", [*FSDP_CPU, "hardware.num_processes=2"])):
+        result = run_rlx(["train", *args, *extra, f"name={name}"], tmp_path, timeout=400)
+        assert result.returncode == 0, result.stderr[-4000:]
+    one = load_file(_run_dir(tmp_path, "one") / "final" / "adapter_model.safetensors")
+    many = _run_dir(tmp_path, "many")
+    assert max(v.abs().max().item() for k, v in one.items() if "lora_B" in k) > 1e-4  # the adapter trained (B starts at 0)
+    assert _max_gap(one, load_file(many / "final" / "adapter_model.safetensors")) < 1e-6
+    checkpoint = load_file(many / "checkpoints" / "step_000002" / "adapter" / "adapter_model.safetensors")
+    assert _max_gap(one, checkpoint) < 1e-6

@@ -114,10 +114,11 @@ def place_reference(reference, accelerator):
     return reference.to(accelerator.device)
 
 
-def save_adapter(model, folder: Path) -> None:
-    """With LoRA, write the adapter (peft save_pretrained format); otherwise nothing."""
+def save_adapter(model, folder: Path, state_dict: dict | None = None) -> None:
+    """With LoRA, write the adapter (peft save_pretrained format); otherwise nothing. `state_dict`: the
+    adapter's full weights gathered from a sharded policy (rlx.parallel.gathered_trainable_weights)."""
     if is_peft(model):
-        model.save_pretrained(folder)
+        model.save_pretrained(folder, state_dict=state_dict)
 
 
 FINAL_MARKER = "rlx_complete.json"  # written last into final/: a final/ without it is partial
