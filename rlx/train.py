@@ -192,6 +192,10 @@ def check_sharded_settings(cfg: DictConfig) -> None:
         if cfg.rollout.backend != "hf":
             raise UserError("rollout=vllm reads the full policy weights after each update, not run under FSDP yet; "
                             "use rollout=hf or hardware=ddp")
+        if cfg.model.dtype in ("bfloat16", "float16") and hw.mixed_precision == "no":
+            raise UserError(f"hardware=fsdp with model.dtype={cfg.model.dtype} and hardware.mixed_precision=no would step "
+                            f"{cfg.model.dtype} weights without fp32 master copies; set hardware.mixed_precision=bf16 "
+                            f"(FSDP2 then trains fp32 masters and computes in bf16) or model.dtype=float32")
         if cfg.model.lora.enabled and cfg.model.lora.save_merged:
             raise UserError("model.lora.save_merged=true merges a copy of the policy, not done between FSDP shards; "
                             "set model.lora.save_merged=false (final/ holds the adapter) or use hardware=ddp")

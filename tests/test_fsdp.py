@@ -72,6 +72,13 @@ def test_what_fsdp_does_not_run_stops_with_the_fix(tmp_path):
     result = run_rlx(["train", "algorithm=ppo", *FSDP_CPU, "hardware.num_processes=2"], tmp_path)
     assert result.returncode == 2 and "Accelerate's FSDP2 prepares one" in result.stderr, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
+    from rlx.config import UserError
+    from rlx.train import check_sharded_settings
+
+    with pytest.raises(UserError, match="without fp32 master copies"):  # FSDP2 keeps masters only under mixed precision
+        check_sharded_settings(check_overrides([*FSDP_CPU, "model.dtype=bfloat16"]))
+    check_sharded_settings(check_overrides(["hardware=fsdp", "hardware.cpu=true", "hardware.mixed_precision=bf16",
+                                            "model.dtype=bfloat16"]))
 
 
 # ---------------------------------------------------------------- slow: processes on the CPU
