@@ -129,9 +129,12 @@ def _cuda_available() -> bool:
 
 def check_device(hardware) -> None:
     """A GPU option (hardware.cpu false) on a machine where torch sees no GPU: stop with the alternative
-    instead of failing later (bf16 autocast on the CPU) or quietly running on the CPU."""
+    instead of failing later (bf16 autocast on the CPU) or quietly running on the CPU. DeepSpeed is the
+    exception: it needs hardware.cpu=false and runs on the CPU through its own CPU accelerator (gloo)."""
     import torch
 
+    if hardware.get("distributed") == "deepspeed":
+        return
     if not hardware.get("cpu", True) and not torch.cuda.is_available():
         raise UserError(f"hardware={hardware.get('name', 'gpu')} needs a GPU and torch sees none "
                         f"(torch {torch.__version__}, cuda available: False); use hardware=cpu, or hardware.cpu=true "

@@ -137,6 +137,8 @@ def full_state_dict(accelerator, model) -> dict:
     A tied weight (the output head sharing the embeddings) appears once, under its first name, as in the
     module's own save_pretrained: gathered copies no longer share storage, so the duplicate would be written."""
     state = accelerator.get_state_dict(model)
+    if not state:  # ranks other than the main one get nothing (DeepSpeed ZeRO-3) or an empty dict
+        return state
     first_name, tied = {}, set()  # id(parameter) -> its first name; the later names of shared parameters
     for name, param in accelerator.unwrap_model(model).named_parameters(remove_duplicate=False):
         if id(param) in first_name:

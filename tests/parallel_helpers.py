@@ -30,12 +30,13 @@ def checkpoint_weights(tmp_path, name, step, file="model.safetensors"):
 
 
 def train_both(tmp_path, args, processes=2, strategy="ddp"):
-    """Run `args` on 1 process and on `processes` gloo processes under hardware=`strategy` (ddp, fsdp);
+    """Run `args` on 1 process and on `processes` gloo processes under hardware=`strategy` (ddp, fsdp, deepspeed_zero2);
     return (one, many, start) weights."""
     common = [*args, *SENSITIVE, *QUIET]
     one = run_rlx(["train", *common, "name=one"], tmp_path)
     assert one.returncode == 0, one.stderr[-3000:]
-    many = run_rlx(["train", *common, "name=many", f"hardware={strategy}", "hardware.cpu=true", "hardware.mixed_precision=no",
+    on_cpu = [] if strategy.startswith("deepspeed") else ["hardware.cpu=true"]  # DeepSpeed finds the CPU itself
+    many = run_rlx(["train", *common, "name=many", f"hardware={strategy}", *on_cpu, "hardware.mixed_precision=no",
                     f"hardware.num_processes={processes}"], tmp_path)
     assert many.returncode == 0, many.stderr[-3000:]
     start = load_file(ASSETS_DIR / "tiny" / "model.safetensors")
