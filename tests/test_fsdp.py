@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
@@ -215,3 +216,26 @@ def test_lora_under_fsdp_matches_one_process(tmp_path):
     assert _max_gap(one, load_file(many / "final" / "adapter_model.safetensors")) < 1e-6
     checkpoint = load_file(many / "checkpoints" / "step_000002" / "adapter" / "adapter_model.safetensors")
     assert _max_gap(one, checkpoint) < 1e-6
+
+
+@pytest.mark.slow
+def test_fsdp_bf16_weights_train_fp32_masters(tmp_path):
+    """~30 s: bf16 weights under hardware.mixed_precision=bf16 (what the GPU presets run) on 2 FSDP2 processes:
+    FSDP2 upcasts the trainable weights to fp32 masters and computes in bf16, so final/ is fp32, every step's
+    loss is finite, and the weights move by updates far below a bf16 ulp (lr 1e-5: plain bf16 AdamW would
+    round most of them away)."""
+    args = ["steps=2", "prompts_per_step=4", "rollout.samples_per_prompt=4", "algorithm.kl_coef=0.1",
+            "optim.lr=1e-5", "optim.warmup_steps=0", "model.dtype=bfloat16", "hardware=fsdp", "hardware.cpu=true",
+            "hardware.mixed_precision=bf16", "hardware.num_processes=2", "name=bf16",
+            *[q for q in QUIET if not q.startswith("checkpoint.")], "checkpoint.every=2"]
+    result = run_rlx(["train", *args], tmp_path, timeout=400)
+    assert result.returncode == 0, result.stderr[-4000:]
+    run = _run_dir(tmp_path, "bf16")
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["train/loss"] == r["train/loss"] for r in rows)  # not NaN
+    final = load_file(run / "final" / "model.safetensors")
+    start = load_file(ASSETS_DIR / "tiny" / "model.safetensors")
+    assert {t.dtype for t in final.values()} == {torch.float32}
+    moved = [(final[k] - start[k].to(torch.bfloat16).float()).abs() for k in final if k in start]
+    changed = sum(int((m > 0).sum()) for m in moved) / sum(m.numel() for m in moved)
+    assert changed > 0.5, f"only {changed:.1%} of the weights changed: the updates were rounded away"
