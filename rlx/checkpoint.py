@@ -322,10 +322,13 @@ class Checkpointer:
         try:
             self.acc.save_state(str(tmp))  # every process: its RNG state, and its shard under FSDP/DeepSpeed
             self.acc.wait_for_everyone()
-            if self.acc.is_main_process:
-                from rlx.models.lora import save_adapter
+            from rlx.models.lora import is_peft, save_adapter
+            from rlx.parallel import gathered_trainable_weights
 
-                save_adapter(self.acc.unwrap_model(self.acc._models[0]), tmp / "adapter")
+            policy = self.acc.unwrap_model(self.acc._models[0])
+            adapter = gathered_trainable_weights(policy) if is_peft(policy) else None  # FSDP2: every rank gathers
+            if self.acc.is_main_process:
+                save_adapter(policy, tmp / "adapter", adapter)
                 state = {"step": step, "total_steps": self.total_steps, "num_processes": self.acc.num_processes,
                          "objects": self._object_names}
                 (tmp / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")

@@ -132,7 +132,7 @@ TRAIN_KNOBS: tuple[Knob, ...] = (
     _int("algorithm.kl_horizon", 1), _int("algorithm.ref_reset_every", 0), _bool("algorithm.dynamic_sampling"),
     _int("algorithm.max_sample_batches", 1), _bool("algorithm.mask_truncated"), _int("algorithm.overlong_buffer", 0),
     _nonneg("algorithm.overlong_weight"), _int("algorithm.epochs", 1), _int("algorithm.mini_batches", 1),
-    _pos("algorithm.value_lr"), _nonneg("algorithm.vf_coef"), _nonneg("algorithm.value_clip", nullable=True),
+    _pos("algorithm.value_lr", nullable=True), _pos("algorithm.value_lr_ratio"), _nonneg("algorithm.vf_coef"), _nonneg("algorithm.value_clip", nullable=True),
     _frac("algorithm.gamma"), _frac("algorithm.lam"), _bool("algorithm.whiten_advantages"),
     _int("algorithm.batch_size", 1), _frac("algorithm.label_smoothing", high_open=True),
     _nonneg("algorithm.sft_weight"), _bool("algorithm.length_normalize"),

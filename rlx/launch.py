@@ -53,8 +53,9 @@ def check_not_externally_launched() -> None:
 
 
 def needs_launch(hardware) -> bool:
-    """True in the parent of a multi-process run (the workers have RLX_RUN_DIR set)."""
-    return world_size(hardware) > 1 and not is_worker()
+    """True in the parent of a multi-process run (the workers have RLX_RUN_DIR set). FSDP is launched even
+    with one process: FSDP2 shards over a process group, which only the launcher's workers have."""
+    return (world_size(hardware) > 1 or hardware.get("distributed") == "fsdp") and not is_worker()
 
 
 def check_batch(cfg, processes: int) -> int:
@@ -102,16 +103,16 @@ def check_batch(cfg, processes: int) -> int:
 
 
 def check_strategy(hardware) -> None:
-    """FSDP and DeepSpeed shard over accelerators: on a machine without one they would fail inside every
-    worker, so stop first with the alternative."""
+    """Sharded engines that could not start inside the workers: stop first with the fix. FSDP runs on
+    GPUs, and on the CPU with hardware.cpu=true (gloo; rlx forces Accelerate's FSDP2 path there)."""
     import importlib.util
 
     import torch
 
     strategy = hardware.get("distributed", "no")
-    if strategy == "fsdp" and (hardware.get("cpu") or not torch.cuda.is_available()):
-        raise UserError("hardware.distributed=fsdp needs GPUs (Accelerate 1.15 falls back to DDP on the CPU) and none is "
-                        "usable here; use hardware=deepspeed_zero3 (runs on the CPU) or hardware=ddp")
+    if strategy == "fsdp" and not hardware.get("cpu") and not torch.cuda.is_available():
+        raise UserError("hardware=fsdp without a GPU needs hardware.cpu=true (FSDP2 then runs on CPU processes with gloo); "
+                        "add hardware.cpu=true hardware.mixed_precision=no")
     if strategy == "deepspeed":
         if importlib.util.find_spec("deepspeed") is None:
             raise UserError("hardware=deepspeed_zero2/3 needs DeepSpeed: pip install 'rlx[deepspeed]'")
@@ -128,7 +129,8 @@ def _cuda_available() -> bool:
 
 def check_device(hardware) -> None:
     """A GPU option (hardware.cpu false) on a machine where torch sees no GPU: stop with the alternative
-    instead of failing later (bf16 autocast on the CPU) or quietly running on the CPU."""
+    instead of failing later (bf16 autocast on the CPU) or quietly running on the CPU. DeepSpeed is the
+    exception: it needs hardware.cpu=false and runs on the CPU through its own CPU accelerator (gloo)."""
     import torch
 
     if hardware.get("distributed") == "deepspeed":  # runs on the CPU too (DS_ACCELERATOR=cpu, gloo)
@@ -159,7 +161,9 @@ def launcher_command(hardware, worker_args: list[str]) -> list[str]:
     strategy = hardware.get("distributed", "ddp")
     if strategy == "fsdp":
         fsdp = hardware.fsdp
-        cmd += ["--use_fsdp", "--fsdp_sharding_strategy", str(fsdp.sharding_strategy),
+        # the workers build the same plugin from the config (rlx.parallel.fsdp_plugin); the flags tell the launcher
+        cmd += ["--use_fsdp", "--fsdp_version", str(fsdp.version),
+                "--fsdp_reshard_after_forward", str(bool(fsdp.reshard_after_forward)).lower(),
                 "--fsdp_auto_wrap_policy", str(fsdp.auto_wrap_policy), "--fsdp_state_dict_type", str(fsdp.state_dict_type),
                 "--fsdp_offload_params", str(bool(fsdp.cpu_offload)).lower()]
     elif strategy == "deepspeed":

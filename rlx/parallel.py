@@ -86,12 +86,76 @@ def deepspeed_config(zero_stage: int, micro_batch_size: int, accumulation: int, 
     }
 
 
+def fsdp_plugin(fsdp_cfg, mixed_precision: str = "no"):
+    """Accelerate's FSDP2 plugin (torch's `fully_shard`) from rlx's `hardware.fsdp` settings.
+
+    Every decoder layer is its own FSDP2 unit (auto_wrap_policy TRANSFORMER_BASED_WRAP: the classes in
+    the model's `_no_split_modules`), the root module takes the rest (embeddings, final norm, head).
+    reshard_after_forward: true frees each unit's gathered parameters after its forward (ZeRO-3-like),
+    false keeps them until the backward (ZeRO-2-like, more memory, fewer all-gathers). Checkpoints:
+    SHARDED_STATE_DICT writes each rank's shards through torch.distributed.checkpoint (a `.distcp` file
+    per rank), FULL_STATE_DICT one file gathered on rank 0. The model is loaded whole on every rank and
+    sharded by `prepare` (cpu_ram_efficient_loading off: rlx copies the KL reference from the full weights)."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    if int(fsdp_cfg.version) != 2:
+        raise ValueError(f"hardware.fsdp.version={fsdp_cfg.version}; rlx runs FSDP2 only (valid choice: 2)")
+    plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=2, reshard_after_forward=bool(fsdp_cfg.reshard_after_forward),
+        auto_wrap_policy=str(fsdp_cfg.auto_wrap_policy).lower(), state_dict_type=str(fsdp_cfg.state_dict_type),
+        cpu_offload=bool(fsdp_cfg.cpu_offload), cpu_ram_efficient_loading=False)
+    if mixed_precision != "no":
+        plugin.set_mixed_precision(mixed_precision)
+    return plugin
+
+
+def use_fsdp_on_cpu(accelerator, plugin) -> None:
+    """Run Accelerate's FSDP2 path on CPU processes (gloo).
+
+    Accelerate 1.15 picks FSDP only on accelerators: on the CPU its state says MULTI_CPU and the plugin
+    is dropped, so `prepare` would wrap the model in DDP. torch's FSDP2 itself runs on gloo, so both of
+    Accelerate's shared state objects (AcceleratorState, and PartialState, which AcceleratorState copies
+    from whenever it is constructed again) are pointed at FSDP with rlx's plugin, before `prepare`.
+    Nothing changes where Accelerate already chose FSDP (GPUs)."""
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType
+
+    if accelerator.distributed_type == DistributedType.FSDP:
+        return
+    if accelerator.distributed_type != DistributedType.MULTI_CPU:
+        raise RuntimeError(f"FSDP on {accelerator.distributed_type}: expected several CPU processes (gloo)")
+    accelerator.state.fsdp_plugin = plugin
+    accelerator.state.distributed_type = DistributedType.FSDP
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+
+
 def full_state_dict(accelerator, model) -> dict:
     """The policy's full (unsharded) state dict, gathered over the ranks of a sharded engine.
 
     Every process must call it (the gather is a collective); DDP and one process return the module's own
-    state dict. The one way to read the policy's complete weights: final save, vLLM weight sync."""
-    return accelerator.get_state_dict(model)
+    state dict. The one way to read the policy's complete weights: final save, vLLM weight sync.
+    A tied weight (the output head sharing the embeddings) appears once, under its first name, as in the
+    module's own save_pretrained: gathered copies no longer share storage, so the duplicate would be written."""
+    state = accelerator.get_state_dict(model)
+    if not state:  # ranks other than the main one get nothing (DeepSpeed ZeRO-3) or an empty dict
+        return state
+    first_name, tied = {}, set()  # id(parameter) -> its first name; the later names of shared parameters
+    for name, param in accelerator.unwrap_model(model).named_parameters(remove_duplicate=False):
+        if id(param) in first_name:
+            tied.add(name)
+        else:
+            first_name[id(param)] = name
+    return {k: v for k, v in state.items() if k not in tied}
+
+
+def gathered_trainable_weights(model) -> dict | None:
+    """{name: full tensor} of the trainable parameters (a LoRA adapter) of an FSDP2-sharded model, gathered
+    from their DTensor shards (a collective: every rank calls it); None when the model is not FSDP2-sharded.
+    Only the adapter moves, not the frozen base: what a checkpoint's adapter/ folder needs."""
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    if not named or not _is_dtensor(named[0][1]):
+        return None
+    return {name: p.detach().full_tensor().cpu() for name, p in named}
 
 
 def is_sharded(model) -> bool:

@@ -196,6 +196,20 @@ def check_policy_gradient_settings(cfg: DictConfig) -> None:
 def check_sharded_settings(cfg: DictConfig) -> None:
     """What the sharded engines do not run (yet), stopped before any work."""
     hw = cfg.hardware
+    if hw.get("distributed") == "fsdp":
+        if cfg.algorithm.family == "ppo":
+            raise UserError("algorithm=ppo trains two models (policy and critic), and Accelerate's FSDP2 prepares one; "
+                            "use hardware=ddp or a critic-free algorithm (grpo, rloo, ...)")
+        if cfg.rollout.backend != "hf":
+            raise UserError("rollout=vllm reads the full policy weights after each update, not run under FSDP yet; "
+                            "use rollout=hf or hardware=ddp")
+        if cfg.model.dtype in ("bfloat16", "float16") and hw.mixed_precision == "no":
+            raise UserError(f"hardware=fsdp with model.dtype={cfg.model.dtype} and hardware.mixed_precision=no would step "
+                            f"{cfg.model.dtype} weights without fp32 master copies; set hardware.mixed_precision=bf16 "
+                            f"(FSDP2 then trains fp32 masters and computes in bf16) or model.dtype=float32")
+        if cfg.model.lora.enabled and cfg.model.lora.save_merged:
+            raise UserError("model.lora.save_merged=true merges a copy of the policy, not done between FSDP shards; "
+                            "set model.lora.save_merged=false (final/ holds the adapter) or use hardware=ddp")
     if hw.get("distributed") != "deepspeed":
         return
     if cfg.algorithm.family == "ppo":
@@ -305,7 +319,7 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
     from rlx.data.tasks import load_rows
     from rlx.loops.common import Components, seed_everything
     from rlx.models.lora import final_is_complete, prepare_policy, save_final
-    from rlx.parallel import full_state_dict, micro_batches_per_step
+    from rlx.parallel import fsdp_plugin, full_state_dict, micro_batches_per_step, use_fsdp_on_cpu
     from rlx.rewards import build_rewards
     from rlx.run import plot_run, write_run_files
 
@@ -336,11 +350,14 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
     trackers = tracking.tracker_names(cfg.logger)
     tracking.tracker_environment(cfg.logger, run_dir)
     accumulation = micro_batches_per_step(local_batch, cfg.micro_batch_size)
+    fsdp = fsdp_plugin(cfg.hardware.fsdp, cfg.hardware.mixed_precision) if cfg.hardware.get("distributed") == "fsdp" else None
     # the schedule steps once per optimizer step (a prepared scheduler would otherwise step N times)
     accelerator = Accelerator(cpu=cfg.hardware.cpu, mixed_precision=cfg.hardware.mixed_precision,
                               log_with=trackers or None, project_dir=str(run_dir), gradient_accumulation_steps=accumulation,
                               step_scheduler_with_optimizer=False, deepspeed_plugin=deepspeed_plugin(cfg, accumulation),
-                              kwargs_handlers=process_group_kwargs(cfg))
+                              fsdp_plugin=fsdp, kwargs_handlers=process_group_kwargs(cfg))
+    if fsdp is not None and cfg.hardware.cpu:
+        use_fsdp_on_cpu(accelerator, fsdp)  # Accelerate drops the plugin on the CPU; torch's FSDP2 runs there (gloo)
     if cfg.hardware.get("distributed") == "deepspeed" and not accelerator.state.deepspeed_plugin.zero3_init_flag:
         # Accelerate registers its stage-3 config with transformers even when zero3_init_flag is off, and
         # from_pretrained would then load the weights already partitioned (and the reference copy empty)

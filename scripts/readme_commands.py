@@ -38,7 +38,7 @@ SHORT_EVAL = {"limit": "3", "sampling.n": "2", "plot": "false", "hardware.num_th
 SHORT_PREFS = {"prompts": "12", "samples_per_prompt": "4"}
 # why a command cannot run on a CPU-only, offline machine (first match wins)
 SKIPS = [
-    (r"hardware=(gpu|fsdp|multinode)|hardware=ddp(?!.*hardware\.cpu=true)|rollout=vllm", "needs GPUs"),
+    (r"hardware=(gpu|multinode)|hardware=(ddp|fsdp)(?!.*hardware\.cpu=true)|rollout=vllm", "needs GPUs"),
     (r"model=(qwen|llama)|data=prefs_hub|benchmark=\[?gsm8k(?!.*load\.path)|math500", "needs a hub download"),
     (r"^(pip|make bench|python benchmarks)", "installs packages or benchmarks for an hour"),
     (r"^make (train|test|reproduce)", "make target (make test runs the suite; rlx commands cover the rest)"),

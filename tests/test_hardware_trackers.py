@@ -21,7 +21,7 @@ FAST = ["steps=2", "prompts_per_step=2", "rollout.samples_per_prompt=4", "eval.s
     "option,flags",
     [
         ("ddp", ["--multi_gpu", "--num_processes 2"]),
-        ("fsdp", ["--use_fsdp", "--fsdp_sharding_strategy FULL_SHARD"]),
+        ("fsdp", ["--use_fsdp", "--fsdp_version 2", "--fsdp_reshard_after_forward true"]),
         ("deepspeed_zero2", ["--use_deepspeed", "--zero_stage 2"]),
         ("deepspeed_zero3", ["--use_deepspeed", "--zero_stage 3", "--zero3_init_flag false"]),  # the reference copies full weights
     ],
@@ -37,8 +37,9 @@ def test_strategies_become_accelerate_launch_flags(option, flags):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without GPUs")
 def test_sharded_strategies_without_a_gpu_stop_with_the_alternative(tmp_path):
-    with pytest.raises(UserError, match="needs GPUs.*hardware=ddp"):
+    with pytest.raises(UserError, match="hardware=fsdp without a GPU needs hardware.cpu=true"):
         check_strategy(check_overrides(["hardware=fsdp"]).hardware)
+    check_strategy(check_overrides(["hardware=fsdp", "hardware.cpu=true"]).hardware)  # FSDP2 on gloo: no error
     # DeepSpeed runs on the CPU (gloo); without the package installed it is one line naming the extra
     if importlib.util.find_spec("deepspeed") is None:
         with pytest.raises(UserError, match=r"pip install 'rlx\[deepspeed\]'"):
@@ -47,7 +48,7 @@ def test_sharded_strategies_without_a_gpu_stop_with_the_alternative(tmp_path):
         check_strategy(check_overrides(["hardware=deepspeed_zero3"]).hardware)
     check_strategy(check_overrides(["hardware=ddp"]).hardware)  # DDP runs on CPU: no error
     result = run_rlx(["train", "hardware=fsdp", "hardware.num_processes=2", *FAST], tmp_path)
-    assert result.returncode == 2 and "needs GPUs" in result.stderr and "Traceback" not in result.stderr
+    assert result.returncode == 2 and "needs hardware.cpu=true" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_multinode_needs_the_main_address_and_passes_the_machine_layout():

@@ -110,3 +110,40 @@ def test_ppo_critic_of_a_lora_policy_trains_its_own_adapter_only():
     ids = torch.tensor([[5, 6, 7, 8]])
     values = critic(ids[:, :2], torch.ones(1, 2, dtype=torch.long), ids[:, 2:], torch.ones(1, 2, dtype=torch.long))
     assert values.shape == (1, 2)
+
+
+def test_lora_on_a_bf16_base_trains_fp32_adapters_under_autocast():
+    """bf16 base weights + LoRA + bf16 autocast on the CPU (the real-model presets' setting, shrunk to the tiny
+    model: CPU bf16 matmuls are slow): the adapters are fp32 (peft upcasts them, so AdamW steps them without
+    master copies), two policy-gradient steps give finite losses, move every adapter and leave the bf16
+    base exactly as loaded, with no gradient."""
+    from rlx.loops.common import MasterWeightAdamW, build_optimizer
+    from rlx.models.forward import completion_logprobs
+
+    cfg = OmegaConf.create({"gradient_checkpointing": False, "lora": dict(LORA, dropout=0.05)})
+    policy = prepare_policy(load_causal_lm("builtin:tiny", "bfloat16"), cfg, OmegaConf.create({"gradient_checkpointing": False}))
+    adapters = {n: p for n, p in policy.named_parameters() if p.requires_grad}
+    base = {n: p for n, p in policy.named_parameters() if not p.requires_grad}
+    assert adapters and all("lora_" in n and p.dtype == torch.float32 for n, p in adapters.items())
+    assert base and all(p.dtype == torch.bfloat16 for p in base.values())
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    optim = OmegaConf.create({"lr": 1e-2, "betas": [0.9, 0.99], "eps": 1e-8, "weight_decay": 0.0, "schedule": "constant",
+                              "warmup_steps": 0})
+    optimizer, _ = build_optimizer(policy, optim, total_updates=1)
+    assert type(optimizer) is torch.optim.AdamW and not isinstance(optimizer, MasterWeightAdamW)  # fp32 adapters
+    prompt_ids, prompt_mask = torch.tensor([[5, 9, 17, 3], [5, 9, 17, 3]]), torch.ones(2, 4, dtype=torch.long)  # (2, P)
+    completion_ids, completion_mask = torch.tensor([[12, 7, 30], [8, 21, 4]]), torch.ones(2, 3, dtype=torch.long)  # (2, C)
+    advantages = torch.tensor([[1.0], [-1.0]])  # one completion rewarded, the other not
+    policy.train()
+    for step in range(2):  # peft starts lora_B at 0, so lora_A first gets a gradient in the second step
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logp, _ = completion_logprobs(policy, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature=0.7)
+        loss = -(logp * advantages).mean()  # (2, C) -> ()
+        assert torch.isfinite(loss), step
+        loss.backward()
+        assert all(p.grad is None for p in base.values())
+        assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in adapters.values())
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    assert all(torch.equal(p, before[n]) for n, p in base.items())  # the frozen bf16 base did not move
+    assert all(not torch.equal(p, before[n]) for n, p in adapters.items())  # every adapter did

@@ -275,3 +275,15 @@ def test_generation_on_zero3_keeps_ranks_in_lockstep(tmp_path):
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     assert result.stdout.count(" ok") == 2, result.stdout[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", [
+    ["algorithm=sft", "steps=2", "algorithm.batch_size=8", "micro_batch_size=2"],
+    ["algorithm=dpo", "data=prefs", "steps=2", "algorithm.batch_size=8", "micro_batch_size=2"],
+], ids=["sft", "dpo"])
+def test_sft_and_dpo_under_zero2_match_one_process(tmp_path, family):
+    """~30 and ~50 s: SFT and DPO (precomputed reference log-probs) on 2 ZeRO-2 processes (CPU,
+    gloo; 2 micro-batches per process and step) end with the 1-process weights (measured 3e-8 and 7e-9)."""
+    pytest.importorskip("deepspeed")
+    assert_same_parameters(tmp_path, family, strategy="deepspeed_zero2", atol=1e-6)

@@ -75,6 +75,13 @@ def batched_values(value_model, rollout, micro: int) -> torch.Tensor:
     return torch.cat(out)
 
 
+def value_learning_rate(value_lr: float | None, ratio: float, policy_lr: float) -> float:
+    """The critic's AdamW learning rate: algorithm.value_lr when set, else ratio x optim.lr, so the critic
+    follows the model preset's learning rate (tiny model 1e-4 -> 5e-4; real-model presets 1e-6 -> 5e-6 at
+    the default ratio 5; verl's and OpenRLHF's PPO examples run the critic 10-20x the actor's rate)."""
+    return float(value_lr) if value_lr is not None else float(ratio) * float(policy_lr)
+
+
 def train_ppo(cfg, parts: Components) -> dict:
     algo, roll = cfg.algorithm, cfg.rollout
     acc, tokenizer, run_dir = parts.accelerator, parts.tokenizer, parts.run_dir
@@ -83,7 +90,7 @@ def train_ppo(cfg, parts: Components) -> dict:
     total_updates = cfg.steps * updates_per_step
     value_model = build_value_model(parts.model, algo.value_model, cfg.model.dtype, cfg.model.trust_remote_code)
     optimizer, scheduler = build_optimizer(parts.model, cfg.optim, total_updates)
-    value_optim_cfg = OmegaConf.merge(cfg.optim, {"lr": algo.value_lr})
+    value_optim_cfg = OmegaConf.merge(cfg.optim, {"lr": value_learning_rate(algo.value_lr, algo.value_lr_ratio, cfg.optim.lr)})
     value_optimizer, value_scheduler = build_optimizer(value_model, value_optim_cfg, total_updates)
     # frozen starting policy (with LoRA: the base with the adapter off); not built when the KL term is off
     reference = reference_model(parts.model) if algo.kl_coef > 0 else None

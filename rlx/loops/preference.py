@@ -37,7 +37,7 @@ from rlx.loops.common import (
     optimizer_step,
 )
 from rlx.models.forward import completion_logprobs
-from rlx.models.lora import reference_model
+from rlx.models.lora import place_reference, reference_model
 from rlx.parallel import backward, global_sum, shard
 from rlx.run import MetricsLog, PhaseProgress, write_samples
 
@@ -95,7 +95,7 @@ def train_preference(cfg, parts: Components) -> dict:
     # 2. reference log-probs: precomputed once by the starting policy, or a frozen copy kept in memory
     reference = None
     if uses_reference and algo.reference == "model":
-        reference = reference_model(parts.model).to(acc.device)  # LoRA: the base with the adapter off
+        reference = reference_model(parts.model)  # LoRA: the base with the adapter off; placed after prepare
     elif uses_reference:
         start = time.perf_counter()
         parts.model.to(acc.device)
@@ -114,6 +114,7 @@ def train_preference(cfg, parts: Components) -> dict:
     optimizer, scheduler = build_optimizer(parts.model, cfg.optim, cfg.steps)
     # the scheduler prepared too: under DeepSpeed the engine steps it (and saves it in checkpoints)
     model, optimizer, scheduler = acc.prepare(parts.model, optimizer, scheduler)
+    reference = place_reference(reference, acc)  # on the policy's device; sharded like it under FSDP2 / ZeRO-3
     stream = PromptStream(train_pairs, cfg.seed)
     checkpointer = Checkpointer.from_config(cfg, acc, run_dir)
     start_step = checkpointer.restore(data=stream)

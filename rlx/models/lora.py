@@ -91,10 +91,16 @@ def reference_model(policy):
 
 def place_reference(reference, accelerator):
     """The frozen copy placed like the prepared policy: on its device (the copy keeps the policy's dtype),
-    and under DeepSpeed ZeRO-3 partitioned over the ranks by an optimizer-free DeepSpeed engine, so
-    no rank holds a full second model. The LoRA reference (the policy itself) and None pass through."""
+    under DeepSpeed ZeRO-3 partitioned over the ranks by an optimizer-free DeepSpeed engine, and under
+    FSDP2 sharded by `fully_shard` with the policy's plugin (one unit per decoder layer), so no rank holds
+    a full second model; its forward passes are then collectives, run by every rank alike. The LoRA
+    reference (the policy itself) and None pass through."""
     if reference is None or isinstance(reference, AdapterDisabled):
         return reference
+    if getattr(accelerator, "is_fsdp2", False):
+        from accelerate.utils import fsdp2_prepare_model
+
+        return fsdp2_prepare_model(accelerator, reference.to(accelerator.device)).eval()
     plugin = getattr(accelerator.state, "deepspeed_plugin", None)
     if plugin is not None and plugin.deepspeed_config["zero_optimization"]["stage"] == 3:
         import deepspeed
@@ -108,10 +114,11 @@ def place_reference(reference, accelerator):
     return reference.to(accelerator.device)
 
 
-def save_adapter(model, folder: Path) -> None:
-    """With LoRA, write the adapter (peft save_pretrained format); otherwise nothing."""
+def save_adapter(model, folder: Path, state_dict: dict | None = None) -> None:
+    """With LoRA, write the adapter (peft save_pretrained format); otherwise nothing. `state_dict`: the
+    adapter's full weights gathered from a sharded policy (rlx.parallel.gathered_trainable_weights)."""
     if is_peft(model):
-        model.save_pretrained(folder)
+        model.save_pretrained(folder, state_dict=state_dict)
 
 
 FINAL_MARKER = "rlx_complete.json"  # written last into final/: a final/ without it is partial
