@@ -37,3 +37,35 @@ def test_good_file_still_loads(tmp_path):
     path.write_text(_rows(10))
     train, held_out = file_rows(str(path), None, 3, COLUMNS, 0)
     assert len(train) == 7 and len(held_out) == 3 and all(r["answer"] != "None" for r in train)
+
+
+@pytest.mark.parametrize("reader", ["training", "preferences", "benchmark"])
+def test_one_reader_gives_training_pairs_and_benchmarks_the_same_errors(tmp_path, reader):
+    """Training data, preference pairs and benchmark files go through rlx/data/readers.py (issue 15)."""
+    from rlx.data.preferences import read_table
+    from rlx.evaluation.benchmarks import _read_records
+
+    read = {"training": lambda p: file_rows(p, None, 1, COLUMNS, 0), "preferences": read_table,
+            "benchmark": lambda p: _read_records(p, "get it")}[reader]
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(_rows(3).encode() + b'{"prompt": "caf\xe9", "answer": "1"}\n')
+    with pytest.raises(UserError, match="data.jsonl:4:16: byte 0xe9 is not UTF-8"):
+        read(str(path))
+    path.write_bytes(_rows(2).encode() + b"[1, 2]\n")
+    with pytest.raises(UserError, match="data.jsonl:3:1: a JSON list, not an object"):
+        read(str(path))
+
+
+def test_json_lists_and_gzipped_jsonl_are_read(tmp_path):
+    import gzip
+
+    from rlx.data.readers import read_records
+
+    rows = [{"prompt": f"{i} + 1 =", "answer": str(i + 1)} for i in range(3)]
+    (tmp_path / "a.json").write_text(json.dumps(rows))
+    (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress(_rows(3).encode()))
+    assert [r for _, r in read_records(str(tmp_path / "a.json"), "x")] == rows
+    assert [r for _, r in read_records(str(tmp_path / "b.jsonl.gz"), "x")] == rows
+    (tmp_path / "c.json").write_text("[1]")
+    with pytest.raises(UserError, match="item 0 is a JSON int"):
+        read_records(str(tmp_path / "c.json"), "x")

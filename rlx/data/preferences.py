@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 
 from rlx.config import PACKAGE_DIR, UserError
-from rlx.data.tasks import parse_jsonl
+from rlx.data.readers import read_hub as hub
+from rlx.data.readers import read_records
 
 log = logging.getLogger("rlx")
 
@@ -65,30 +66,15 @@ def resolve_pairs_path(path: str) -> Path:
 
 
 def read_table(path: str) -> list[dict]:
-    file = resolve_pairs_path(path)
-    if not file.is_file():
+    if not path.startswith("builtin:") and not Path(path).expanduser().is_file():
         raise UserError(f"preference file '{path}' not found; set data.pairs.path to a .jsonl or .parquet file "
                         f"(or build one with `rlx data prefs out=FILE`)")
-    if file.suffix == ".jsonl":
-        return parse_jsonl(file.read_text(), path)
-    if file.suffix == ".parquet":
-        import datasets
-
-        return list(datasets.Dataset.from_parquet(str(file)))
-    raise UserError(f"preference file '{path}' must end in .jsonl or .parquet")
+    return [row for _, row in read_records(str(resolve_pairs_path(path)), "set data.pairs.path",
+                                                kind="preference file")]
 
 
 def read_hub(dataset_id: str, subset, split: str) -> list[dict]:
-    import datasets
-
-    try:
-        loaded = datasets.load_dataset(dataset_id, subset, split=split)
-    except Exception as exc:
-        raise UserError(
-            f"cannot load preference dataset '{dataset_id}' split '{split}' ({type(exc).__name__}); download it with "
-            f"network access first (it is then cached), or save it as jsonl and use data.pairs.source=file"
-        ) from None
-    return list(loaded)
+    return list(hub(dataset_id, subset, split, "save it as jsonl and use data.pairs.source=file"))
 
 
 def _is_conversation(value) -> bool:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 import random
 import re
-from pathlib import Path
 
 from rlx.config import UserError
+from rlx.data.readers import numbered_jsonl, read_hub, read_records
 
 
 def _is_messages(value) -> bool:
@@ -66,49 +66,12 @@ def reasoning_gym_rows(task: str, task_config: dict, train_size: int, eval_size:
 
 def parse_jsonl(text: str, source: str) -> list[dict]:
     """One JSON object per non-empty line; a bad line is a one-line error naming source:line."""
-    return [row for _, row in _numbered_jsonl(text, source)]
-
-
-def _numbered_jsonl(text: str, source: str) -> list[tuple[int, dict]]:
-    rows = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{source}:{number}:{exc.colno}: not valid JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise UserError(f"{source}:{number}:1: a JSON {type(row).__name__}, not an object; each line must be "
-                                f'one object such as {{"prompt": "...", "answer": "..."}}')
-            rows.append((number, row))
-    if not rows:
-        raise UserError(f"{source}: the file holds no rows (empty); point data.train_path / data.eval_path at a data file")
-    return rows
+    return [row for _, row in numbered_jsonl(text, source)]
 
 
 def _read_table(path: str) -> list[tuple[str, dict]]:
-    """Rows of a .jsonl or .parquet file, each with where it came from ('file:line' or 'file row N')."""
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise UserError(f"data file '{path}' not found; set data.train_path / data.eval_path to an existing .jsonl or .parquet")
-    if file.suffix == ".jsonl":
-        data = file.read_bytes()
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            line = data.count(b"\n", 0, exc.start) + 1
-            column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-            raise UserError(f"{path}:{line}:{column}: byte 0x{data[exc.start]:02x} is not UTF-8; re-save the file as "
-                            f"UTF-8") from None
-        return [(f"{path}:{number}", row) for number, row in _numbered_jsonl(text, path)]
-    if file.suffix == ".parquet":
-        import datasets
-
-        rows = list(datasets.Dataset.from_parquet(str(file)))
-        if not rows:
-            raise UserError(f"{path}: the file holds no rows (empty)")
-        return [(f"{path} row {i + 1}", row) for i, row in enumerate(rows)]
-    raise UserError(f"data file '{path}' must end in .jsonl or .parquet")
+    """Rows of a data file, each with where it came from ('file:line' or 'file row N')."""
+    return read_records(path, "set data.train_path / data.eval_path to an existing .jsonl or .parquet")
 
 
 def _map_columns(rows: list, columns: dict, source: str, answer_regex: str | None = None) -> list[dict]:
@@ -171,15 +134,7 @@ def file_rows(train_path: str, eval_path: str | None, eval_size: int, columns: d
 
 
 def hub_rows(dataset_id: str, subset, train_split: str, eval_split, eval_size: int, columns: dict, seed: int, answer_regex):
-    import datasets
-
-    try:
-        loaded = datasets.load_dataset(dataset_id, subset)
-    except Exception as exc:
-        raise UserError(
-            f"cannot load dataset '{dataset_id}' ({type(exc).__name__}); download it with network access first "
-            f"(it is then cached), or save it as jsonl and use data=file data.train_path=..."
-        ) from None
+    loaded = read_hub(dataset_id, subset, None, "save it as jsonl and use data=file data.train_path=...")
     train = _map_columns(list(loaded[train_split]), columns, dataset_id, answer_regex)
     if eval_split:
         evals = _map_columns(list(loaded[eval_split]), columns, dataset_id, answer_regex)[:eval_size]

@@ -15,13 +15,11 @@ run in parallel.  Adding a benchmark is a YAML file plus, at most, one small fun
 from __future__ import annotations
 
 import functools
-import gzip
 import json
 import re
-from pathlib import Path
 
 from rlx.config import UserError
-from rlx.data.tasks import parse_jsonl
+from rlx.data.readers import read_hub, read_records
 
 # --------------------------------------------------------------------------------------------
 # Loaders
@@ -57,19 +55,7 @@ def reasoning_gym_problems(data: dict, size: int | None = None) -> list[dict]:
 
 
 def _read_records(path: str, how_to_get: str) -> list[dict]:
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise UserError(f"benchmark file '{path}' not found; {how_to_get}")
-    if file.suffix == ".parquet":
-        import datasets
-
-        return list(datasets.Dataset.from_parquet(str(file)))
-    opener = gzip.open if file.suffix == ".gz" else open
-    with opener(file, "rt") as handle:
-        text = handle.read()
-    if file.suffix == ".json" and text.lstrip().startswith("["):
-        return json.loads(text)
-    return parse_jsonl(text, path)
+    return [row for _, row in read_records(path, how_to_get, kind="benchmark file")]
 
 
 def qa_problems(name: str, question_column: str, answer_column: str, prompt_template: str, path: str | None = None,
@@ -86,16 +72,8 @@ def qa_problems(name: str, question_column: str, answer_column: str, prompt_temp
         records = _read_records(path, how_to_get)
         source = path
     else:
-        import datasets
-
-        try:
-            records = list(datasets.load_dataset(hub_id, subset, split=split))
-        except Exception as exc:  # offline, unknown id, no cache: one line with what to do
-            raise UserError(
-                f"cannot load hub dataset '{hub_id}' ({type(exc).__name__}); run once with network access "
-                f"(it is then cached), or save the {split} split as jsonl with columns {question_column}, "
-                f"{answer_column} and set benchmark.{name}.load.path=FILE"
-            ) from None
+        records = list(read_hub(hub_id, subset, split, f"save the {split} split as jsonl with columns "
+                                f"{question_column}, {answer_column} and set benchmark.{name}.load.path=FILE"))
         source = hub_id
     problems = []
     for index, record in enumerate(records[:size] if size else records):
