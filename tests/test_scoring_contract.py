@@ -119,3 +119,23 @@ def test_the_knob_schema_lists_every_verifier():
 
     knob = next(k for k in TRAIN_KNOBS if k.name == "data.verifier")
     assert knob.choices == tuple(VERIFIERS)
+
+
+def test_in_training_evaluation_and_rlx_eval_measure_the_same_thing(tmp_path):
+    """The default run's held-out evaluation and `rlx eval run=` (benchmark chain_sum, greedy) see the same
+    problems through the same verifier: the same accuracy (one problem of slack: the two batch differently,
+    and a padding difference may flip one greedy token on some CPUs)."""
+    from tests.conftest import only_run_dir, run_rlx
+
+    train = run_rlx(["train", "steps=1", "eval.size=30", "eval.every=1", "eval.at_start=false", "save.plot=false",
+                     "rollout.max_new_tokens=16", "hardware.num_threads=1"], tmp_path, timeout=300)
+    assert train.returncode == 0, train.stderr[-3000:]
+    run = only_run_dir(tmp_path)
+    trained = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["eval/accuracy"]
+    result = run_rlx(["eval", f"run={run}", "sampling.n=0", "limit=30", "plot=false", "hardware.num_threads=1",
+                      f"hydra.run.dir={tmp_path / 'eval'}"], tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    evaluated = summary["benchmarks"]["chain_sum"]["model"]["greedy/accuracy"]["value"]
+    assert summary["benchmarks"]["chain_sum"]["problems"]["model"] == 30
+    assert abs(trained - evaluated) <= 1 / 30 + 1e-6, (trained, evaluated)
