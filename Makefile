@@ -7,7 +7,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-slow test-gpu test-vllm lint tiny-model tiny-agent-model clean reproduce bench-algorithms bench readme-commands
+.PHONY: help install train test test-slow test-gpu test-vllm bench-scale lint tiny-model tiny-agent-model clean reproduce bench-algorithms bench readme-commands
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -53,6 +53,10 @@ bench: $(STAMP) ## rlx vs TRL (GRPO and DPO) speed and memory, CPU (~1 h; ARGS="
 	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) benchmarks/grpo_vs_trl.py $(ARGS)
 	$(PY) benchmarks/dpo_vs_trl.py $(ARGS)
+
+bench-scale: $(STAMP) ## rlx vs TRL GRPO on the random-init Qwen2.5-0.5B shape, fp32 CPU, 2 threads, with the compute floor (~15 min per round; ARGS="--rounds 3")
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) benchmarks/grpo_vs_trl.py --settings "0.5b 2x4x64" --threads 2 --rounds 1 --steps 2 $(ARGS)
 
 lint: $(STAMP) ## ruff check
 	$(VENV)/bin/ruff check rlx tests

@@ -37,12 +37,67 @@ SETTINGS = {  # name: (model, prompts per step, samples per prompt, completion t
     "8x8x32": ("tiny", 8, 8, 32),
     "8x8x128": ("tiny", 8, 8, 128),
     "151k-vocab 8x8x256": ("large", 8, 8, 256),
+    # random-init Qwen2.5-0.5B shape (494M parameters, 151,936 vocabulary), built offline (make bench-scale)
+    "0.5b 2x4x64": ("0.5b", 2, 4, 64),
+    "0.5b 2x4x256": ("0.5b", 2, 4, 256),
 }
 LR = 1e-6
+PROMPT_TOKENS = 40  # about the rendered length of write_prompts' questions (chat template included), for the floor
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _parameters(folder: Path) -> int:
+    """Parameter count of a saved model from its safetensors header (no weights loaded)."""
+    from safetensors import safe_open
+
+    total = 0
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as handle:
+        for key in handle.keys():
+            total += _product(handle.get_slice(key).get_shape())
+    return total
+
+
+def _product(shape) -> int:
+    out = 1
+    for n in shape:
+        out *= n
+    return out
 
 
 def model_dir(kind: str) -> Path:
+    if kind == "0.5b":
+        folder = CACHE / "qwen2.5-0.5b-shape"
+        if not (folder / "model.safetensors").is_file():
+            from rlx.models.shapes import build_shaped_model
+
+            build_shaped_model("qwen2.5-0.5b", folder)
+        return folder
     return TINY if kind == "tiny" else large_vocab_model()
+
+
+def matmul_gflops(threads: int, size: int = 2048, repeats: int = 5) -> float:
+    """The machine's measured fp32 matmul rate (GFLOP/s) with `threads` torch threads: best of `repeats`."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b  # warm-up
+    best = min(_timed(lambda: a @ b) for _ in range(repeats))
+    return 2 * size**3 / best / 1e9
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def step_flops(parameters: int, rows: int, prompt_tokens: int, completion_tokens: int) -> float:
+    """Arithmetic of one GRPO step without KL or old-log-prob passes: generation ~2 N FLOPs per token
+    (prefill of the prompt and one decode step per completion token), the update ~6 N per token (forward
+    and backward over prompt + completion). Attention's own FLOPs are left out (small at these lengths)."""
+    tokens = rows * (prompt_tokens + completion_tokens)
+    return 2 * parameters * tokens + 6 * parameters * tokens
 
 
 def rlx_worker(setting: str, steps: int, prompts_file: Path, warmup: int, threads: int = 1) -> dict:
@@ -132,6 +187,8 @@ def main() -> None:
         print(json.dumps(worker(args.setting, args.steps, prompts_file, args.warmup, args.threads)), flush=True)
         return
     write_prompts(prompts_file)
+    rate = matmul_gflops(args.threads)
+    print(f"fp32 matmul rate with {args.threads} thread(s): {rate:.1f} GFLOP/s", flush=True)
     results = []
     for setting in args.settings.split(","):
         model_dir(SETTINGS[setting][0])  # build outside the timed children
@@ -148,16 +205,26 @@ def main() -> None:
                 print(f"[{setting}] round {round_index + 1} {tool}: step {step:.2f}s  {tokens / step:.0f} tok/s  "
                       f"peak RSS {rss:.0f} MiB  ({load_summary()})", flush=True)
         summary = {tool: [median([r[i] for r in runs[tool]]) for i in range(3)] for tool in runs}
-        results.append((setting, summary))
+        kind, prompts, group, length = SETTINGS[setting]
+        parameters = _parameters(model_dir(kind))
+        floor = step_flops(parameters, prompts * group, PROMPT_TOKENS, length) / (rate * 1e9)
+        print(f"[{setting}] compute floor: {step_flops(parameters, prompts * group, PROMPT_TOKENS, length) / 1e12:.2f} "
+              f"TFLOP per step / {rate:.0f} GFLOP/s = {floor:.1f} s", flush=True)
+        results.append((setting, summary, floor))
     rows = []
-    for setting, s in results:
-        rows.append([setting, f"{s['rlx'][0]:.2f}", f"{s['trl'][0]:.2f}", f"{s['rlx'][1]:.0f}", f"{s['trl'][1]:.0f}",
-                     f"{s['rlx'][1] / s['trl'][1]:.2f}x", f"{s['rlx'][2]:.0f}", f"{s['trl'][2]:.0f}",
+    for setting, s, floor in results:
+        rows.append([setting, f"{s['rlx'][0]:.2f}", f"{s['trl'][0]:.2f}", f"{floor:.2f}", f"{s['rlx'][1]:.0f}",
+                     f"{s['trl'][1]:.0f}", f"{s['rlx'][1] / s['trl'][1]:.2f}x", f"{s['rlx'][2]:.0f}", f"{s['trl'][2]:.0f}",
                      f"{s['rlx'][2] / s['trl'][2]:.2f}"])
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        name = "grpo_vs_trl_" + setting.replace(" ", "_") + ".json"
+        (RESULTS / name).write_text(json.dumps({"setting": setting, "rlx": s["rlx"], "trl": s["trl"], "floor_s": floor,
+                                                "matmul_gflops": rate, "threads": args.threads, "rounds": args.rounds,
+                                                "steps": args.steps, "load": load_summary()}, indent=1) + "\n")
     print()
     print(f"GRPO, medians of {args.rounds} alternating runs x {args.steps} timed steps after {args.warmup} warm-up; "
           f"{load_summary()}")
-    print(table(rows, ["setting", "rlx step s", "TRL step s", "rlx tok/s", "TRL tok/s", "tok/s rlx/TRL",
+    print(table(rows, ["setting", "rlx step s", "TRL step s", "floor s", "rlx tok/s", "TRL tok/s", "tok/s rlx/TRL",
                        "rlx peak RSS MiB", "TRL peak RSS MiB", "RSS rlx/TRL"]))
 
 

@@ -73,6 +73,28 @@ def _shared_prompt_hidden(model, prompt_ids, prompt_mask, completion_ids, attent
     return torch.cat([first_hidden.unsqueeze(1), out.hidden_states[-1][:, :-1]], dim=1)  # (N, C, H)
 
 
+def trim_padding(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+                 completion_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Drop the columns that are padding in every row: leading prompt columns (prompts are left-padded) and
+    trailing completion columns (completions are right-padded). A micro-batch cut from a larger batch keeps
+    the batch's widths; its own are often much shorter (natural-length completions, mixed prompt lengths).
+    Position ids follow the attention mask and padded positions attend to nothing, so the log-probs of the
+    real tokens are unchanged. Returns the four tensors trimmed: (N, P'), (N, P'), (N, C'), (N, C')."""
+    used_prompt = prompt_mask.bool().any(dim=0)  # (P,)
+    start = int(used_prompt.int().argmax()) if bool(used_prompt.any()) else prompt_mask.shape[1] - 1
+    start = min(start, prompt_mask.shape[1] - 1)  # keep at least one prompt column (it predicts the first token)
+    used_completion = completion_mask.bool().any(dim=0)  # (C,)
+    width = int(used_completion.nonzero().max()) + 1 if bool(used_completion.any()) else 1
+    return prompt_ids[:, start:], prompt_mask[:, start:], completion_ids[:, :width], completion_mask[:, :width]
+
+
+def _pad_columns(values: torch.Tensor | None, width: int) -> torch.Tensor | None:
+    """(N, c) -> (N, width) with zeros on the right (positions that carry no loss)."""
+    if values is None or values.shape[1] == width:
+        return values
+    return torch.nn.functional.pad(values, (0, width - values.shape[1]))
+
+
 def completion_logprobs(
     model,
     prompt_ids: torch.Tensor,
@@ -83,6 +105,7 @@ def completion_logprobs(
     entropy_grad: bool = False,
     chunked: bool = True,
     temperature: float = 1.0,
+    trim: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi_T(completion_t | prompt, completion_<t) for every completion position, where
     pi_T = softmax(logits / T) is the distribution the sampler drew from at temperature T (the log-probs
@@ -93,9 +116,17 @@ def completion_logprobs(
     generation, so the numbers match the sampler's. Returns logp (N, C) and entropy (N, C) or None;
     positions where completion_mask is 0 hold 0 when chunked (they carry no loss). The entropy carries
     gradients only with entropy_grad=True (an entropy bonus); both paths compute it chunk by chunk when
-    the output head is a plain linear map (never the full (N, C, V) logits)."""
+    the output head is a plain linear map (never the full (N, C, V) logits). trim: columns that are padding
+    in every row are not computed (trim_padding); the outputs keep the input's width C."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
+    full_width = completion_ids.shape[1]
+    if trim:
+        prompt_ids, prompt_mask, completion_ids, completion_mask = trim_padding(
+            prompt_ids, prompt_mask, completion_ids, completion_mask)
+        logp, entropy = completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                            with_entropy, entropy_grad, chunked, temperature, trim=False)
+        return _pad_columns(logp, full_width), _pad_columns(entropy, full_width)
     device = next(model.parameters()).device
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1).to(device)  # (N, P+C)
     attention = torch.cat([prompt_mask, completion_mask], dim=1).to(device)  # (N, P+C)
