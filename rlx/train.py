@@ -196,13 +196,16 @@ def check_policy_gradient_settings(cfg: DictConfig) -> None:
 def check_sharded_settings(cfg: DictConfig) -> None:
     """What the sharded engines do not run (yet), stopped before any work."""
     hw = cfg.hardware
-    if hw.get("distributed") == "fsdp":
+    engine = {"fsdp": "FSDP", "deepspeed": "DeepSpeed"}.get(hw.get("distributed"))
+    if engine is not None:  # what neither sharded engine runs
         if cfg.algorithm.family == "ppo":
-            raise UserError("algorithm=ppo trains two models (policy and critic), and Accelerate's FSDP2 prepares one; "
-                            "use hardware=ddp or a critic-free algorithm (grpo, rloo, ...)")
+            why = "Accelerate's FSDP2 prepares one" if engine == "FSDP" else "which rlx does not prepare under DeepSpeed"
+            raise UserError(f"algorithm=ppo trains two models (policy and critic), {why}; use hardware=ddp or a "
+                            f"critic-free algorithm (grpo, rloo, ...)")
         if cfg.rollout.backend != "hf":
-            raise UserError("rollout=vllm reads the full policy weights after each update, not run under FSDP yet; "
-                            "use rollout=hf or hardware=ddp")
+            raise UserError(f"rollout=vllm reads the full policy weights after each update, not run under {engine} yet; "
+                            f"use rollout=hf or hardware=ddp")
+    if hw.get("distributed") == "fsdp":
         if cfg.model.dtype in ("bfloat16", "float16") and hw.mixed_precision == "no":
             raise UserError(f"hardware=fsdp with model.dtype={cfg.model.dtype} and hardware.mixed_precision=no would step "
                             f"{cfg.model.dtype} weights without fp32 master copies; set hardware.mixed_precision=bf16 "
@@ -212,12 +215,6 @@ def check_sharded_settings(cfg: DictConfig) -> None:
                             "set model.lora.save_merged=false (final/ holds the adapter) or use hardware=ddp")
     if hw.get("distributed") != "deepspeed":
         return
-    if cfg.algorithm.family == "ppo":
-        raise UserError("algorithm=ppo trains two models (policy and critic), which rlx does not prepare under DeepSpeed; "
-                        "use hardware=ddp or a critic-free algorithm (grpo, rloo, ...)")
-    if cfg.rollout.backend != "hf":
-        raise UserError("rollout=vllm reads the full policy weights after each update, not run under DeepSpeed yet; "
-                        "use rollout=hf or hardware=ddp")
     if hw.deepspeed.zero_stage == 3 and cfg.algorithm.get("ref_reset_every"):
         raise UserError("algorithm.ref_reset_every copies the policy into the reference, not done between ZeRO-3 shards; "
                         "set algorithm.ref_reset_every=0 or hardware=deepspeed_zero2")
