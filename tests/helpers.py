@@ -20,3 +20,9 @@ def solution_is_a_number(completions, solution, **kwargs):
 def length_reward(prompts, completions, **row):
     """Characters / 10: sampled completions of one prompt differ in length, so every group has a learning signal."""
     return [len(c) / 10 for c in completions]
+
+
+def alternating_reward(prompts, completions, **row):
+    """1.0 for every other completion of the batch: samples of one prompt sit next to each other, so every group
+    of two or more has tied-free rewards whatever the CPU samples (a learning signal by construction)."""
+    return [float(i % 2 == 0) for i in range(len(completions))]

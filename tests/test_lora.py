@@ -62,7 +62,11 @@ def test_lora_unknown_target_module_is_a_user_error():
 def test_lora_grpo_run_with_kl_writes_adapter_checkpoints_and_env(tmp_path):
     args = ["train", "model.lora.enabled=true", "model.lora.rank=4", "algorithm.kl_coef=0.05", "steps=2",
             "prompts_per_step=2", "rollout.samples_per_prompt=4", "eval.size=4", "checkpoint.every=1",
-            "hardware.num_threads=1", "save.plot=false", "optim.lr=1e-2"]
+            "hardware.num_threads=1", "save.plot=false", "optim.lr=1e-2",
+            # rewards that differ inside every group by construction: a well-trained tiny model may sample the same
+            # answer G times, and tied groups give zero advantages (the adapter would not move on such a CPU)
+            "+reward.components.alternate._target_=tests.helpers.alternating_reward",
+            "+reward.components.alternate.weight=1.0"]
     result = run_rlx(args, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     run = only_run_dir(tmp_path)
