@@ -29,22 +29,22 @@ def checkpoint_weights(tmp_path, name, step, file="model.safetensors"):
     return load_file(runs[0] / "checkpoints" / f"step_{step:06d}" / file)
 
 
-def train_both(tmp_path, args, processes=2, strategy="ddp"):
-    """Run `args` on 1 process and on `processes` gloo processes under hardware=`strategy` (ddp, fsdp, deepspeed_zero2);
-    return (one, many, start) weights."""
+def train_both(tmp_path, args, processes=2, strategy="ddp", many_args=()):
+    """Run `args` on 1 process and on `processes` gloo processes under hardware=`strategy` (ddp, fsdp, deepspeed_zero2),
+    the latter with `many_args` added (settings of that strategy's group); return (one, many, start) weights."""
     common = [*args, *SENSITIVE, *QUIET]
     one = run_rlx(["train", *common, "name=one"], tmp_path)
     assert one.returncode == 0, one.stderr[-3000:]
     on_cpu = [] if strategy.startswith("deepspeed") else ["hardware.cpu=true"]  # DeepSpeed finds the CPU itself
     many = run_rlx(["train", *common, "name=many", f"hardware={strategy}", *on_cpu, "hardware.mixed_precision=no",
-                    f"hardware.num_processes={processes}"], tmp_path)
+                    f"hardware.num_processes={processes}", *many_args], tmp_path)
     assert many.returncode == 0, many.stderr[-3000:]
     start = load_file(ASSETS_DIR / "tiny" / "model.safetensors")
     return final_weights(tmp_path, "one"), final_weights(tmp_path, "many"), start
 
 
-def assert_same_parameters(tmp_path, args, processes=2, atol=1e-5, strategy="ddp"):
-    one, many, start = train_both(tmp_path, args, processes, strategy)
+def assert_same_parameters(tmp_path, args, processes=2, atol=1e-5, strategy="ddp", many_args=()):
+    one, many, start = train_both(tmp_path, args, processes, strategy, many_args)
     moved = max((one[k] - start[k]).abs().max().item() for k in one if k in start)  # a fresh head is not in start
     gap = max((one[k] - many[k]).abs().max().item() for k in one)
     assert moved > 100 * atol, f"training barely moved the weights ({moved:.2e}); the comparison would prove nothing"
