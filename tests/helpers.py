@@ -20,3 +20,15 @@ def solution_is_a_number(completions, solution, **kwargs):
 def length_reward(prompts, completions, **row):
     """Characters / 10: sampled completions of one prompt differ in length, so every group has a learning signal."""
     return [len(c) / 10 for c in completions]
+
+
+class SeedParity:
+    """A text environment whose outcome is fixed by its seed, whatever the model says: the first step
+    ends the episode, successful (reward 1) when the reset seed is even."""
+
+    def reset(self, *, seed=None, options=None):
+        self.win = (seed or 0) % 2 == 0
+        return "say anything", {}
+
+    def step(self, action):
+        return "done", float(self.win), True, False, {"metrics": {"success": float(self.win)}}
