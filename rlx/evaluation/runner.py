@@ -517,6 +517,9 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
         engine = build_engine(cfg.rollout, model, tokenizer, int(cfg.seed))  # None: generate with the model
         if environment:
             name, factory, tasks = environment
+            if engine is not None:  # generate_ids samples with these knobs
+                engine.sampling = {"temperature": float(cfg.sampling.temperature), "top_p": float(cfg.sampling.top_p),
+                                   "top_k": int(cfg.sampling.top_k)}
             records[name][role] = run_environment(
                 engine or _hf_generator(model, tokenizer, cfg.sampling), tokenizer, cfg.env, factory, tasks,
                 out_dir / name / f"{role}.jsonl", cfg.sampling, chat_template=bool(cfg.model.chat_template),
