@@ -3,7 +3,6 @@ through the real CLI (rlx/evaluation/runner.py): intervals, compare=, run=, resu
 
 import json
 
-import numpy as np
 import pytest
 
 from rlx.evaluation.agents import per_task_values

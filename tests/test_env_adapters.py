@@ -74,7 +74,6 @@ def test_textarena_guess_the_number_plays_seeded_episodes():
 
     import numpy as np
 
-    from rlx.envs.adapters import TextArena
     from rlx.models.loading import load_tokenizer
     from rlx.rollout.env import run_episodes
     from rlx.rollout.types import Generation

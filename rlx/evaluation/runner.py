@@ -30,6 +30,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlx.config import CONF_DIR, UserError, fail
+from rlx.evaluation.agents import per_task_values
 from rlx.evaluation.benchmarks import Benchmark
 from rlx.evaluation.metrics import (
     bootstrap_ci,
@@ -38,7 +39,6 @@ from rlx.evaluation.metrics import (
     paired_bootstrap_diff,
     pass_at_k,
 )
-from rlx.evaluation.agents import per_task_values
 from rlx.rollout.hf import eos_ids
 from rlx.rollout.vllm import build_engine
 
