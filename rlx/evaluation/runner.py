@@ -156,8 +156,8 @@ def _model_inputs(tokenizer, problems: list[dict], chat_template: bool, system_p
 class _Progress:
     """Problems done, samples/s and the running metric: a rich bar on a terminal, log lines otherwise."""
 
-    def __init__(self, label: str, total: int, done: int, enabled: str | bool):
-        self.label, self.total, self.done = label, total, done
+    def __init__(self, label: str, total: int, done: int, enabled: str | bool, unit: str = "problems"):
+        self.label, self.total, self.done, self.unit = label, total, done, unit
         self.samples, self.start = 0, time.monotonic()
         show = sys.stderr.isatty() if enabled == "auto" else bool(enabled)
         self._bar = None
@@ -177,7 +177,7 @@ class _Progress:
         if self._bar is not None:
             self._bar.update(self._task, completed=self.done, status=status)
         else:
-            log.info("%s: %d/%d problems  %s", self.label, self.done, self.total, status)
+            log.info("%s: %d/%d %s  %s", self.label, self.done, self.total, self.unit, status)
 
     def close(self) -> None:
         if self._bar is not None:
@@ -261,7 +261,7 @@ def run_environment(generator, tokenizer, env_cfg, factory, tasks: int, results:
     todo = [t for t, i in enumerate(ids) if i not in done]
     n, greedy = int(sampling.n), bool(sampling.greedy)
     step = max(1, int(sampling.batch_size) // (n + int(greedy)))  # tasks per batch
-    bar = _Progress(label, tasks, tasks - len(todo), progress)
+    bar = _Progress(label, tasks, tasks - len(todo), progress, unit="tasks")
     running = [r["greedy"]["success"] if greedy else float(np.mean([e["success"] for e in r["episodes"]]))
                for r in done.values()]
     results.parent.mkdir(parents=True, exist_ok=True)
@@ -341,7 +341,7 @@ def render_table(summary: dict, labels: dict[str, str], confidence: float):
     from rich.table import Table
 
     pct = f"{confidence:.0%}"
-    table = Table(title=f"rlx eval ({pct} bootstrap intervals over problems)")
+    table = Table(title=f"rlx eval ({pct} bootstrap intervals over problems or environment tasks)")
     table.add_column("benchmark")
     table.add_column("metric")
     table.add_column(labels["model"], justify="right")
