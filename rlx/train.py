@@ -201,6 +201,9 @@ def check_sharded_settings(cfg: DictConfig) -> None:
     hw = cfg.hardware
     engine = {"fsdp": "FSDP", "deepspeed": "DeepSpeed"}.get(hw.get("distributed"))
     if engine is not None:  # what neither sharded engine runs
+        if cfg.algorithm.family in ("agent", "agent_sft"):
+            raise UserError(f"algorithm={cfg.algorithm.name} plays episodes whose turn counts differ between processes, "
+                            f"which {engine}'s collective forward passes do not allow yet; use hardware=ddp")
         if cfg.algorithm.family == "ppo":
             why = "Accelerate's FSDP2 prepares one" if engine == "FSDP" else "which rlx does not prepare under DeepSpeed"
             raise UserError(f"algorithm=ppo trains two models (policy and critic), {why}; use hardware=ddp or a "
