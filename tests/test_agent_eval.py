@@ -6,7 +6,7 @@ import json
 import pytest
 
 from rlx.evaluation.agents import per_task_values
-from tests.conftest import run_rlx
+from tests.conftest import REPO, run_rlx
 
 
 def _episode(success, ret, turns):
@@ -33,17 +33,22 @@ def _summary(tmp_path):
 
 @pytest.mark.slow
 def test_rlx_eval_env_custom_with_run_dir_and_compare(tmp_path):
-    """env=custom through the CLI on a run directory, compared with the same weights: the seed decides
+    """env=custom through the CLI on a run directory (the environment read from the run's config.yaml),
+    compared with the same weights: the seed decides
     the outcome (tasks 0..3, even seeds win), so every number is known by hand and every paired
     difference is exactly 0."""
+    from omegaconf import OmegaConf
+
     from rlx.models.loading import load_causal_lm, load_tokenizer
 
     final = tmp_path / "run" / "final"
     load_causal_lm("builtin:tiny_agent", "float32").save_pretrained(final)
     load_tokenizer("builtin:tiny_agent").save_pretrained(final)
-    result = run_rlx(["eval", f"run={tmp_path / 'run'}", "compare=builtin:tiny_agent", "env=custom",
-                      "env.target=tests.helpers.SeedParity", "limit=4", "sampling.n=3", "metrics.ks=[1,2]",
-                      "plot=false", "hardware.num_threads=1"], tmp_path, timeout=300)
+    env = OmegaConf.load(REPO / "rlx" / "conf" / "env" / "custom.yaml")
+    env.target = "tests.helpers.SeedParity"
+    OmegaConf.save({"env": env}, tmp_path / "run" / "config.yaml")  # the run's environment: no env= needed
+    result = run_rlx(["eval", f"run={tmp_path / 'run'}", "compare=builtin:tiny_agent", "limit=4", "sampling.n=3",
+                      "metrics.ks=[1,2]", "plot=false", "hardware.num_threads=1"], tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     run, summary = _summary(tmp_path)
     env = summary["benchmarks"]["env_SeedParity"]
@@ -65,8 +70,6 @@ def test_agents_alias_then_resume_plays_the_same_episodes(tmp_path):
     import os
     import subprocess
     import sys
-
-    from tests.conftest import REPO
 
     env = dict(os.environ, RLX_OUTPUTS=str(tmp_path / "outputs"), PYTHONPATH=str(REPO))
     result = subprocess.run([sys.executable, "-m", "rlx.evaluation.agents", "--model", "builtin:tiny_agent", "--env",

@@ -469,6 +469,18 @@ def _environment(cfg: DictConfig):
     return f"env_{label}", factory, int(cfg.limit or env_cfg.eval_episodes)
 
 
+def _run_environment(run: str):
+    """The `env` config a training run played (its config.yaml), or None (not an agent run)."""
+    saved = Path(run).expanduser() / "config.yaml"
+    if not saved.is_file():
+        return None
+    env = OmegaConf.load(saved).get("env")
+    if env:
+        log.info("run=%s trained on env=%s: evaluating held-out episodes of it (benchmark=... evaluates benchmarks)",
+                 run, env.name)
+    return env or None
+
+
 def _hf_generator(model, tokenizer, sampling):
     from rlx.rollout.generator import HFGenerator
 
@@ -497,6 +509,8 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
     device = torch.device("cpu" if cfg.hardware.cpu else "cuda")
     if not cfg.resume:
         write_run_files(out_dir, cfg, overrides)
+    if cfg.run and not cfg.get("env") and not any(o.lstrip("+~").startswith("benchmark") for o in overrides):
+        cfg.env = _run_environment(cfg.run)  # an agent run: its own environment, unless benchmark= is given
     environment = _environment(cfg)  # (name, factory, tasks) with env=, else None
     benchmarks = [] if environment else [Benchmark(name, OmegaConf.to_container(spec, resolve=True))
                                          for name, spec in cfg.benchmark.items()]
