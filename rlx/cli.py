@@ -1,7 +1,7 @@
 """`rlx` command line: a thin dispatcher onto Hydra apps.
 
     rlx train [RECIPE] [overrides...]     RL / preference / SFT training (Hydra: -m, --cfg job, --help)
-    rlx eval [overrides...]               benchmarks with pass@k / maj@k and bootstrap intervals
+    rlx eval [overrides...]               benchmarks (or env= episodes) with pass@k / maj@k and bootstrap intervals
     rlx data prefs [overrides...]         build preference pairs by sampling a model on a task
     rlx sweep NAME [overrides...]         a sweep from rlx/conf/sweep/ (grid or Optuna); `retest` re-runs the best
     rlx recipes [show NAME | reproduce]   reproduced configurations in rlx/recipes/
@@ -23,7 +23,7 @@ USAGE = """usage: rlx <command> [args...]
 
 commands:
   train [RECIPE] [key=value ...]   train a model (RL, preference optimization, SFT); --help shows the configs
-  eval [key=value ...]             evaluate a model or run on benchmarks (pass@k, maj@k, intervals, compare=)
+  eval [key=value ...]             evaluate a model or run on benchmarks or env=NAME episodes (pass@k, intervals, compare=)
   data prefs [key=value ...]       write (prompt, chosen, rejected) pairs sampled from a model (rlx/conf/data_prefs.yaml)
   sweep NAME [key=value ...]       run rlx/conf/sweep/NAME.yaml (grid or Optuna) as a multirun with a summary
   sweep retest SWEEP_DIR [seeds=1000,1001,1002] [key=value ...]   re-run a sweep's best trial on test seeds

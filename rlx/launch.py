@@ -66,7 +66,7 @@ def check_batch(cfg, processes: int) -> int:
     if processes > 1 and cfg.algorithm.get("dynamic_sampling"):
         raise UserError("algorithm.dynamic_sampling runs on one process for now; set algorithm.dynamic_sampling=false "
                         "or hardware.num_processes=1")
-    if cfg.algorithm.family in ("policy_gradient", "ppo"):
+    if cfg.algorithm.family in ("policy_gradient", "ppo", "agent"):  # agent: tasks x episodes per task
         prompts = cfg.prompts_per_step
         group = cfg.rollout.samples_per_prompt + (cfg.algorithm.get("advantage") == "median")
         if prompts % processes:

@@ -118,6 +118,9 @@ def check_agent_settings(cfg: DictConfig) -> None:
         env_factory(env.name, env.get("target"), env.get("kwargs"))
     except EnvError as exc:
         raise UserError(str(exc)) from None
+    if cfg.rollout.backend != "hf":
+        raise UserError(f"rollout={cfg.rollout.backend} is not wired into the agent loop yet (it plays episodes with the "
+                        f"policy itself); use rollout=hf (rlx eval env= does run through rollout=vllm)")
     if algo.credit not in CREDIT:
         raise UserError(f"unknown algorithm.credit '{algo.credit}'; valid choices: {', '.join(CREDIT)}")
     if algo.scale not in SCALES:
@@ -198,6 +201,9 @@ def check_sharded_settings(cfg: DictConfig) -> None:
     hw = cfg.hardware
     engine = {"fsdp": "FSDP", "deepspeed": "DeepSpeed"}.get(hw.get("distributed"))
     if engine is not None:  # what neither sharded engine runs
+        if cfg.algorithm.family in ("agent", "agent_sft"):
+            raise UserError(f"algorithm={cfg.algorithm.name} plays episodes whose turn counts differ between processes, "
+                            f"which {engine}'s collective forward passes do not allow yet; use hardware=ddp")
         if cfg.algorithm.family == "ppo":
             why = "Accelerate's FSDP2 prepares one" if engine == "FSDP" else "which rlx does not prepare under DeepSpeed"
             raise UserError(f"algorithm=ppo trains two models (policy and critic), {why}; use hardware=ddp or a "

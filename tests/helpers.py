@@ -26,3 +26,15 @@ def alternating_reward(prompts, completions, **row):
     """1.0 for every other completion of the batch: samples of one prompt sit next to each other, so every group
     of two or more has tied-free rewards whatever the CPU samples (a learning signal by construction)."""
     return [float(i % 2 == 0) for i in range(len(completions))]
+
+
+class SeedParity:
+    """A text environment whose outcome is fixed by its seed, whatever the model says: the first step
+    ends the episode, successful (reward 1) when the reset seed is even."""
+
+    def reset(self, *, seed=None, options=None):
+        self.win = (seed or 0) % 2 == 0
+        return "say anything", {}
+
+    def step(self, action):
+        return "done", float(self.win), True, False, {"metrics": {"success": float(self.win)}}

@@ -59,6 +59,8 @@ def test_agent_training_runs_and_reports_env_metrics(tmp_path, algorithm):
 @pytest.mark.parametrize("args,needle", [
     (["algorithm=gigpo"], "add env=grid"),
     (["algorithm=gigpo", "env=custom", "env.target=nowhere_xyz.Env"], "cannot import nowhere_xyz"),
+    (["algorithm=gigpo", "env=grid", "rollout=vllm"], "not wired into the agent loop"),
+    (["algorithm=gigpo", "env=grid", "hardware=fsdp", "hardware.cpu=true"], "use hardware=ddp"),
 ])
 def test_agent_config_mistakes_are_one_line(tmp_path, args, needle):
     result = run_rlx(["train", *args, "data.source=none", "steps=1"], tmp_path, timeout=300)
@@ -90,3 +92,24 @@ def test_agent_resume_matches_an_uninterrupted_run(tmp_path):
     a, b = comparable(only_run_dir(tmp_path / "a") / "metrics.jsonl"), comparable(run / "metrics.jsonl")
     assert any(r.get("train/advantage_std", 0) > 0 for r in a)  # the runs did learn something
     assert a == b
+
+
+@pytest.mark.slow
+def test_agent_micro_batching_does_not_change_the_step(tmp_path):
+    """~40 s. One optimizer step over 8 episodes as 1 micro-batch of 8 or 4 of 2 (gradient accumulation):
+    the same loss, so the same weights (Adam eps=1 makes the update proportional to the gradient, so a
+    loss divided by the number of micro-batches would show)."""
+    from safetensors.torch import load_file
+
+    from rlx.config import ASSETS_DIR
+    from tests.parallel_helpers import QUIET, SENSITIVE, final_weights
+
+    args = ["algorithm=gigpo", "env=custom", "env.target=tests.test_agent_train.ParityEnv", "steps=2",
+            "prompts_per_step=4", "algorithm.loss_agg=token-mean", *BASE[2:-1], *SENSITIVE, *QUIET]
+    for name, micro in (("whole", 8), ("micro", 2)):
+        result = run_rlx(["train", *args, "data.source=none", f"micro_batch_size={micro}", f"name={name}"], tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+    whole, micro = final_weights(tmp_path, "whole"), final_weights(tmp_path, "micro")
+    start = load_file(ASSETS_DIR / "tiny" / "model.safetensors")
+    assert max((whole[k] - start[k]).abs().max().item() for k in whole) > 1e-3  # the steps moved the weights
+    assert max((whole[k] - micro[k]).abs().max().item() for k in whole) < 1e-5

@@ -66,3 +66,61 @@ def test_tool_class_env_public_methods_become_tools(monkeypatch):
     assert obs.startswith("error:") and info["is_action_valid"] is False
     obs, reward, terminated, _, _ = env.step("finished")
     assert terminated and reward == 1.0
+
+
+def test_textarena_guess_the_number_plays_seeded_episodes():
+    pytest.importorskip("textarena", reason="textarena not installed (optional extra: pip install 'rlx[agents]')")
+    import random
+
+    import numpy as np
+
+    from rlx.models.loading import load_tokenizer
+    from rlx.rollout.env import run_episodes
+    from rlx.rollout.types import Generation
+
+    factory = env_factory("custom", "rlx.envs.adapters.TextArena", {"env_id": "GuessTheNumber-v0"})
+    env = factory()
+    random.seed(7)
+    np.random.seed(7)
+    outside = random.random(), np.random.rand()
+    random.seed(7)
+    np.random.seed(7)
+    first, info = env.reset(seed=5)
+    assert isinstance(first, str) and "Guess The Number" in first
+    low, high, turns = 1, 20, 0
+    while True:  # binary search on the game's own hints: wins within log2(20) + 1 turns
+        guess = (low + high) // 2
+        observation, reward, terminated, truncated, info = env.step(f"my guess: [{guess}]")
+        turns += 1
+        assert isinstance(observation, str) and "[" not in observation  # the game's answer, not our move echoed
+        if terminated:
+            break
+        assert reward == 0.0 and info["is_action_valid"] and not truncated
+        low, high = (guess + 1, high) if "higher" in observation else (low, guess - 1)
+    assert reward == 1.0 and info["metrics"]["success"] == 1.0 and turns <= 5
+    assert (random.random(), np.random.rand()) == outside  # the process's global RNGs were not touched
+
+    # the seed alone fixes the secret: equal seeds equal games, whatever ran in between
+    secrets = []
+    for seed in (5, 6, 5):
+        other = factory()
+        other.reset(seed=seed)
+        random.random()
+        secrets.append(other.env.game_number)
+    assert secrets[0] == secrets[2] == env.env.game_number and secrets[1] != secrets[0]
+    assert other.step("no brackets")[4]["is_action_valid"] is False
+
+    # through the token-in/token-out rollout: text observations, the game's feedback as the next turn
+    tokenizer = load_tokenizer("builtin:tiny", None, False)
+    ids = tokenizer("[10]", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+    class Fixed:
+        def generate_ids(self, prompts, *, max_new_tokens, seeds, greedy=False):
+            return Generation([list(ids) for _ in prompts], [[0.0] * len(ids) for _ in prompts], [True] * len(prompts))
+
+    episodes = run_episodes(Fixed(), tokenizer, [factory(), factory()], [5, 6], [0, 1], max_turns=3, max_new_tokens=8,
+                            max_total_tokens=10_000)
+    for e in episodes:
+        assert e.error is None and e.actions == ["[10]"] * len(e.actions)
+        assert e.observations[1] in ("The target number is higher.", "The target number is lower.")
+        assert e.valid[1] is False  # the same guess twice is rejected by the game

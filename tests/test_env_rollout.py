@@ -47,6 +47,16 @@ class NonString(Echo):
         return {"board": 1}, 0.0, False, False, {}
 
 
+class BadReward(Echo):
+    def step(self, action):
+        return "fine", float("nan"), False, False, {}
+
+
+class WordReward(Echo):
+    def step(self, action):
+        return "fine", "1", False, False, {}
+
+
 class Done(Echo):
     def step(self, action):
         return "bye", 1.0, True, False, {"metrics": {"success": 1.0}, "is_action_valid": action == "higher"}
@@ -79,10 +89,12 @@ def test_token_in_token_out_keeps_sampled_ids_that_retokenizing_would_change(tok
 
 def test_faulty_environments_lose_only_their_own_episode(tokenizer):
     ids = tokenizer("R", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    envs = [Raises(), NonString(), Echo(), Done()]
-    episodes = run_episodes(Scripted([ids]), tokenizer, envs, [0, 1, 2, 3], [0, 1, 2, 3], max_turns=3,
+    envs = [Raises(), NonString(), Echo(), Done(), BadReward(), WordReward()]
+    episodes = run_episodes(Scripted([ids]), tokenizer, envs, [0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5], max_turns=3,
                             max_new_tokens=8, max_total_tokens=200)
-    raised, nonstring, echo, done = episodes
+    raised, nonstring, echo, done, nan_reward, word_reward = episodes
+    for bad in (nan_reward, word_reward):  # a reward that is not a finite number ends only its episode, marked
+        assert bad.truncated and "not a finite number" in bad.error and bad.step_rewards == [0.0]
     assert raised.truncated and "env crashed" in raised.error
     assert nonstring.truncated and "not a string" in nonstring.error
     assert echo.error is None and echo.truncated and len(echo.turn_spans) == 3  # never terminates: cut at max_turns

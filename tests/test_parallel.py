@@ -45,3 +45,28 @@ def test_reward_model_two_processes_match_one(tmp_path):
     # the comparison meaningful (moved > 100 x atol)
     assert_same_parameters(tmp_path, ["algorithm=reward_model", "data=prefs", "steps=4", "algorithm.batch_size=8",
                                       "micro_batch_size=2"], atol=2e-6)
+
+
+def test_agent_two_processes_match_one(tmp_path):
+    """GiGPO on a custom environment whose rewards differ within every group: each process plays its two
+    tasks (episode and anchor groups lie within a task), token-mean loss over the global token count
+    (a per-process count would differ: episodes have different lengths), two micro-batches per step
+    (gradient accumulation), KL to the reference. Same weights and the same global env/train metrics
+    (gathered from both processes) as one process."""
+    import json
+
+    args = ["algorithm=gigpo", "env=custom", "env.target=tests.test_agent_train.ParityEnv", "data.source=none",
+            "steps=2", "prompts_per_step=4", "rollout.samples_per_prompt=2", "micro_batch_size=2",
+            "algorithm.loss_agg=token-mean", "algorithm.kl_coef=0.1", "env.max_turns=2", "env.max_new_tokens=3",
+            "env.eval_episodes=4", "log.progress=false"]
+    assert_same_parameters(tmp_path, args)
+    rows = {}
+    for name in ("one", "many"):
+        (run,) = (tmp_path / "outputs" / "train").glob(f"*_{name}")
+        rows[name] = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for a, b in zip(rows["one"], rows["many"], strict=True):
+        for key in ("env/success", "env/return", "env/turns", "env/anchor_group_size", "train/advantage_std",
+                    "completions/tokens_per_episode"):
+            assert a[key] == pytest.approx(b[key], abs=1e-6), (key, a[key], b[key])
+        assert a["train/loss"] == pytest.approx(b["train/loss"], abs=1e-5)
+    assert any(r["train/advantage_std"] > 0 for r in rows["one"])  # a learning signal, by construction

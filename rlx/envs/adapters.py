@@ -8,6 +8,7 @@ env.kwargs={task:chain_sum}`.
                      CliffWalking) through an observation-to-text function and action names
   ToolClassEnv       a TRL `environment_factory` class: its public methods become tools the model
                      calls as <tool>name(arg=value, ...)</tool>, get_reward() gives the reward
+  TextArena          a single-player textarena game (GuessTheNumber, Wordle, FrozenLake, ...)
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import random
 import re
+from contextlib import contextmanager
 
 
 class ReasoningGymRetry:
@@ -146,3 +149,69 @@ class ToolClassEnv:
             observation, valid = f"error: {type(exc).__name__}: {exc}", False
         truncated = self.calls >= self.max_calls
         return observation, 0.0, False, truncated, {"anchor": self.calls, "is_action_valid": valid}
+
+
+class TextArena:
+    """A single-player textarena game (pip install textarena; `ta.make(env_id)` without its LLM
+    wrappers) as a text environment.
+
+    env_id: a registered id such as "GuessTheNumber-v0" or "Wordle-v0" (its "-raw" variant is made:
+    rlx keeps the conversation itself, so each observation is only what is new since the last turn:
+    the game's messages, never the player's own action echoed back); env_kwargs: passed to ta.make.
+    textarena games draw from Python's global `random` (and some from numpy's): each episode gets
+    its own states of both, seeded from reset(seed=...) and swapped in only while the game runs, so
+    an episode depends on its seed alone (not on the other episodes stepping in between) and the
+    process's own global RNGs are left as they were. The reward is the game's final reward for the
+    player (0 before the end; some games give partial credit); success when it reaches
+    `success_reward`. A move the game rejects (it answers "invalid move" and counts an error) is an
+    invalid action."""
+
+    def __init__(self, env_id: str = "GuessTheNumber-v0", env_kwargs: dict | None = None, success_reward: float = 1.0):
+        import textarena  # optional extra: pip install 'rlx[agents]'
+
+        self._make = textarena.make
+        self.env_id = env_id if env_id.endswith("-raw") else f"{env_id}-raw"
+        self.env_kwargs, self.success_reward = dict(env_kwargs or {}), success_reward
+        self._rng_states = None
+
+    @contextmanager
+    def _own_rng(self):
+        import numpy as np
+
+        outside = random.getstate(), np.random.get_state()
+        random.setstate(self._rng_states[0])
+        np.random.set_state(self._rng_states[1])
+        try:
+            yield
+        finally:
+            self._rng_states = random.getstate(), np.random.get_state()
+            random.setstate(outside[0])
+            np.random.set_state(outside[1])
+
+    def _observation(self) -> str:
+        player, messages = self.env.get_observation()
+        return "\n".join(str(text) for sender, text, *_ in messages if sender != player)
+
+    def reset(self, *, seed=None, options=None):
+        import numpy as np
+
+        seed = 0 if seed is None else int(seed)
+        self._rng_states = random.Random(seed).getstate(), np.random.RandomState(seed % 2**32).get_state()
+        with self._own_rng():
+            self.env = self._make(self.env_id, **self.env_kwargs)
+            self.env.reset(num_players=1, seed=seed)
+            return self._observation(), {}
+
+    def step(self, action: str):
+        with self._own_rng():
+            errors = getattr(self.env.state, "error_count", 0)
+            done, _ = self.env.step(action)
+            invalid = getattr(self.env.state, "error_count", 0) > errors
+            if not done:
+                return self._observation(), 0.0, False, False, {"is_action_valid": not invalid, "metrics": {"success": 0.0}}
+            rewards, game_info = self.env.close()
+        reward = float(rewards.get(0, 0.0)) if rewards else 0.0
+        info = game_info.get(0, {}) if isinstance(game_info, dict) else {}
+        invalid = invalid or bool(info.get("invalid_move"))
+        return (str(info.get("reason", "game over")), reward, True, False,
+                {"is_action_valid": not invalid, "metrics": {"success": float(reward >= self.success_reward)}})

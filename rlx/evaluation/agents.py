@@ -2,15 +2,16 @@
 
 episode_metrics: success rate, mean return, mean turns, invalid actions, truncated fraction, errors.
 play: fresh environments, one episode each, through rollout/env.py (token-in/token-out).
-evaluate_env / summarize_env_eval / main: held-out success, return, turns and pass@k over episodes with
-bootstrap intervals and a paired comparison (`python -m rlx.evaluation.agents --help`).
+play_tasks / per_task_values: held-out tasks for `rlx eval env=NAME` (rlx/evaluation/runner.py), which
+adds the bootstrap intervals, the paired comparison and resume; main: `python -m rlx.evaluation.agents`,
+an alias of it.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from rlx.evaluation.metrics import bootstrap_ci, paired_bootstrap_diff, pass_at_k_per_problem
+from rlx.evaluation.metrics import pass_at_k
 from rlx.rollout.env import run_episodes
 from rlx.rollout.hf import eos_ids
 from rlx.rollout.types import Episode
@@ -47,57 +48,66 @@ def episode_records(episodes: list[Episode], count: int, extra: list[dict] | Non
             for i, e in enumerate(episodes[:count])]
 
 
-def summarize_env_eval(success: np.ndarray, returns: np.ndarray, turns: np.ndarray, ks: list[int],
-                       n_resamples: int = 1000, confidence: float = 0.95, seed: int = 0) -> dict:
-    """Metrics over T held-out tasks x n sampled episodes each, with bootstrap intervals over tasks.
-
-    success, returns, turns: (T, n). success/return/turns: means over all episodes; pass@k: the
-    unbiased estimator of Chen et al. 2021 over the n episodes of each task (a task passes when one
-    of k episodes succeeds), averaged over tasks. Each value is (point, low, high) from a percentile
-    bootstrap over tasks (evaluation/metrics.py)."""
-    per_task = {"success": success.mean(axis=1), "return": returns.mean(axis=1), "turns": turns.mean(axis=1)}
-    n = success.shape[1]
-    correct = (success > 0.5).sum(axis=1)
-    for k in ks:
-        if k <= n:
-            per_task[f"pass@{k}"] = pass_at_k_per_problem(n, correct, k)
-    return {name: tuple(bootstrap_ci(values, n_resamples, confidence, seed)) for name, values in per_task.items()}, per_task
+def episode_summary(e: Episode) -> dict:
+    """One line of an evaluation file: what happened in the episode and its three numbers."""
+    return {"observations": e.observations, "actions": e.actions, "rewards": e.step_rewards, "success": e.success,
+            "return": float(sum(e.step_rewards)), "turns": len(e.step_rewards), "truncated": e.truncated,
+            "error": e.error}
 
 
-def evaluate_env(model, tokenizer, env_cfg, factory, *, tasks: int, samples: int, temperature: float = 1.0,
-                 seed: int = 0, use_chat_template: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Play `samples` sampled episodes (greedy when samples == 0: one) on each of `tasks` held-out
-    seeds. Returns success, return, turns arrays (tasks, max(samples, 1))."""
+def play_tasks(generator, tokenizer, factory, env_cfg, tasks: list[int], *, n: int, greedy: bool, seed: int,
+               use_chat_template: bool = True, stop_ids: list[int] | None = None) -> list[dict]:
+    """One record per held-out task t (environment seed EVAL_SEED_BASE + t): its greedy episode (when
+    `greedy`) and `n` sampled episodes. Sampled episode j of task t samples with sample_seed(seed, t, j),
+    so a task's episodes do not depend on which tasks share its batch (resume gives the same records)."""
     from rlx.rollout.env import EVAL_SEED_BASE
-    from rlx.rollout.generator import HFGenerator
     from rlx.rollout.sampling import sample_seed
 
-    n = max(samples, 1)
-    env_seeds = [EVAL_SEED_BASE + t for t in range(tasks) for _ in range(n)]
-    sample_seeds = [sample_seed(seed, 0, i) for i in range(len(env_seeds))]
-    generator = HFGenerator(model, tokenizer, temperature=temperature)
-    episodes = play(generator, tokenizer, factory, env_cfg, env_seeds, sample_seeds, greedy=samples == 0,
-                    use_chat_template=use_chat_template)
-    shape = (tasks, n)
-    success = np.array([e.success for e in episodes]).reshape(shape)
-    returns = np.array([sum(e.step_rewards) for e in episodes]).reshape(shape)
-    turns = np.array([len(e.step_rewards) for e in episodes], dtype=np.float64).reshape(shape)
-    return success, returns, turns
+    records = [{"id": f"task_{t:06d}", "env_seed": EVAL_SEED_BASE + t, "greedy": None, "episodes": []} for t in tasks]
+    if greedy:
+        seeds = [EVAL_SEED_BASE + t for t in tasks]
+        for record, episode in zip(records, play(generator, tokenizer, factory, env_cfg, seeds, list(tasks), greedy=True,
+                                                 use_chat_template=use_chat_template, stop_ids=stop_ids)):
+            record["greedy"] = episode_summary(episode)
+    if n:
+        seeds = [EVAL_SEED_BASE + t for t in tasks for _ in range(n)]
+        sample_seeds = [sample_seed(seed, t, j) for t in tasks for j in range(n)]
+        episodes = play(generator, tokenizer, factory, env_cfg, seeds, sample_seeds, greedy=False,
+                        use_chat_template=use_chat_template, stop_ids=stop_ids)
+        for i, record in enumerate(records):
+            record["episodes"] = [episode_summary(e) for e in episodes[i * n:(i + 1) * n]]
+    return records
+
+
+def per_task_values(records: list[dict], ks: list[int], threshold: float = 0.5) -> dict[str, np.ndarray]:
+    """One value per task for every metric, over T tasks with n sampled episodes each:
+    greedy/success|return|turns (the greedy episode), success|return|turns (mean over the n episodes),
+    pass@k (Chen et al. 2021's unbiased estimator: 1 - C(n-c, k)/C(n, k) with c the episodes whose
+    success >= threshold; a task passes when one of k episodes succeeds). k > n is left out."""
+    values: dict[str, list[float]] = {}
+    if records and records[0].get("greedy") is not None:
+        for name in ("success", "return", "turns"):
+            values[f"greedy/{name}"] = [float(r["greedy"][name]) for r in records]
+    n = min(len(r["episodes"]) for r in records) if records else 0
+    if n:
+        for name in ("success", "return", "turns"):
+            values[name] = [float(np.mean([e[name] for e in r["episodes"]])) for r in records]
+        for k in [k for k in ks if 1 <= k <= n]:
+            values[f"pass@{k}"] = [pass_at_k(len(r["episodes"]), sum(e["success"] >= threshold for e in r["episodes"]), k)
+                                   for r in records]
+    return {name: np.asarray(v, dtype=np.float64) for name, v in values.items()}  # each (T,)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m rlx.evaluation.agents --model PATH --env grid [--compare PATH]: success, return, turns
-    and pass@k over held-out environment seeds, with bootstrap intervals and a paired comparison."""
+    """python -m rlx.evaluation.agents --model PATH --env grid [--compare PATH]: an alias of
+    `rlx eval env=grid model.path=PATH [compare=PATH]` (success, return, turns and pass@k over held-out
+    environment seeds with bootstrap intervals and a paired comparison)."""
     import argparse
 
-    from omegaconf import OmegaConf
-
-    from rlx.config import CONF_DIR
-    from rlx.envs import env_factory
-    from rlx.models.loading import load_causal_lm, load_tokenizer
+    from rlx.cli import main as rlx_main
 
     parser = argparse.ArgumentParser(prog="python -m rlx.evaluation.agents", description=main.__doc__)
-    parser.add_argument("--model", required=True, help="builtin:NAME, a save_pretrained folder or a run's final/")
+    parser.add_argument("--model", required=True, help="builtin:NAME, a save_pretrained folder or a run directory")
     parser.add_argument("--compare", default=None, help="a second model, compared on the same tasks and seeds")
     parser.add_argument("--env", default="grid", help="an env config name (conf/env/NAME.yaml)")
     parser.add_argument("--tasks", type=int, default=100, help="held-out tasks (environment seeds)")
@@ -105,25 +115,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--ks", type=int, nargs="*", default=[1, 2, 4, 8])
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    env_cfg = OmegaConf.load(CONF_DIR / "env" / f"{args.env}.yaml")
-    factory = env_factory(env_cfg.name, env_cfg.get("target"), env_cfg.get("kwargs"))
-    results = {}
-    for role, path in (("model", args.model), ("compare", args.compare)):
-        if path is None:
-            continue
-        tokenizer, model = load_tokenizer(path), load_causal_lm(path, "float32")
-        arrays = evaluate_env(model, tokenizer, env_cfg, factory, tasks=args.tasks, samples=args.samples,
-                              temperature=args.temperature, seed=args.seed)
-        results[role] = summarize_env_eval(*arrays, ks=args.ks, seed=args.seed)
-        print(f"{role} ({path}):")
-        for name, (point, low, high) in results[role][0].items():
-            print(f"  {name:10s} {point:.3f}  [{low:.3f}, {high:.3f}]")
-    if "compare" in results:
-        print("model - compare (paired bootstrap over tasks):")
-        for name in results["model"][1]:
-            diff = paired_bootstrap_diff(results["model"][1][name], results["compare"][1][name], seed=args.seed)
-            print(f"  {name:10s} {diff.diff:+.3f}  [{diff.low:+.3f}, {diff.high:+.3f}]  P(>0)={diff.frac_positive:.2f}")
+    args, rest = parser.parse_known_args(argv)
+    from pathlib import Path
+
+    from rlx.models.loading import is_run_model
+
+    model = Path(args.model).expanduser()
+    subject = f"run={args.model}" if model.is_dir() and not is_run_model(model) else f"model.path={args.model}"
+    overrides = [subject, f"env={args.env}", f"limit={args.tasks}", f"sampling.n={args.samples}",
+                 f"sampling.greedy={str(args.samples == 0).lower()}", f"sampling.temperature={args.temperature}",
+                 f"metrics.ks=[{','.join(map(str, args.ks))}]", f"seed={args.seed}", "name=env_eval"]
+    if args.compare:
+        overrides.append(f"compare={args.compare}")
+    rlx_main(["eval", *overrides, *rest])
     return 0
 
 

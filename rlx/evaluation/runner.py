@@ -1,13 +1,15 @@
-"""`rlx eval`: generate on benchmark problems, score, and report metrics with bootstrap intervals.
+"""`rlx eval`: generate on benchmark problems (or play held-out episodes of a text environment, env=),
+score, and report metrics with bootstrap intervals.
 
     outputs/eval/<time>_<name>/
       config.yaml  overrides.yaml  eval.log
       <benchmark>/model.jsonl      one line per problem: prompt, completions, extracted answers, scores
       <benchmark>/compare.jsonl    the same for compare= (the paired second model)
+      env_<env>/model.jsonl        with env=: one line per task: its greedy and sampled episodes
       summary.json  summary.txt    every metric with its interval, and the paired differences
       plots/pass_at_k.png          pass@k against k (with intervals), one panel per benchmark
 
-Per-problem lines are appended as each batch of problems finishes, so `rlx eval resume=<dir>` reads
+Per-problem (per-task) lines are appended as each batch of problems finishes, so `rlx eval resume=<dir>` reads
 them back and generates only for the problems that are missing.
 """
 
@@ -28,6 +30,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlx.config import CONF_DIR, UserError, fail
+from rlx.evaluation.agents import per_task_values
 from rlx.evaluation.benchmarks import Benchmark
 from rlx.evaluation.metrics import (
     bootstrap_ci,
@@ -36,6 +39,7 @@ from rlx.evaluation.metrics import (
     paired_bootstrap_diff,
     pass_at_k,
 )
+from rlx.rollout.hf import eos_ids
 from rlx.rollout.vllm import build_engine
 
 log = logging.getLogger("rlx")
@@ -152,8 +156,8 @@ def _model_inputs(tokenizer, problems: list[dict], chat_template: bool, system_p
 class _Progress:
     """Problems done, samples/s and the running metric: a rich bar on a terminal, log lines otherwise."""
 
-    def __init__(self, label: str, total: int, done: int, enabled: str | bool):
-        self.label, self.total, self.done = label, total, done
+    def __init__(self, label: str, total: int, done: int, enabled: str | bool, unit: str = "problems"):
+        self.label, self.total, self.done, self.unit = label, total, done, unit
         self.samples, self.start = 0, time.monotonic()
         show = sys.stderr.isatty() if enabled == "auto" else bool(enabled)
         self._bar = None
@@ -173,7 +177,7 @@ class _Progress:
         if self._bar is not None:
             self._bar.update(self._task, completed=self.done, status=status)
         else:
-            log.info("%s: %d/%d problems  %s", self.label, self.done, self.total, status)
+            log.info("%s: %d/%d %s  %s", self.label, self.done, self.total, self.unit, status)
 
     def close(self) -> None:
         if self._bar is not None:
@@ -245,6 +249,40 @@ def run_benchmark(model, tokenizer, bench: Benchmark, problems: list[dict], resu
     return [done[p["id"]] for p in problems]
 
 
+@torch.no_grad()
+def run_environment(generator, tokenizer, env_cfg, factory, tasks: int, results: Path, sampling, *,
+                    chat_template: bool, seed: int, label: str, progress, stop_ids: list[int]) -> list[dict]:
+    """Play every held-out task not yet in `results` (its greedy episode and sampling.n sampled ones,
+    evaluation/agents.py: play_tasks); returns all task records in task order."""
+    from rlx.evaluation.agents import play_tasks
+
+    ids = [f"task_{t:06d}" for t in range(tasks)]
+    done = {r["id"]: r for r in read_records(results)}
+    todo = [t for t, i in enumerate(ids) if i not in done]
+    n, greedy = int(sampling.n), bool(sampling.greedy)
+    step = max(1, int(sampling.batch_size) // (n + int(greedy)))  # tasks per batch
+    bar = _Progress(label, tasks, tasks - len(todo), progress, unit="tasks")
+    running = [r["greedy"]["success"] if greedy else float(np.mean([e["success"] for e in r["episodes"]]))
+               for r in done.values()]
+    results.parent.mkdir(parents=True, exist_ok=True)
+    _drop_partial_line(results)
+    try:
+        for start in range(0, len(todo), step):
+            batch = play_tasks(generator, tokenizer, factory, env_cfg, todo[start:start + step], n=n, greedy=greedy,
+                               seed=seed, use_chat_template=chat_template, stop_ids=stop_ids)
+            for record in batch:
+                done[record["id"]] = record
+                running.append(record["greedy"]["success"] if greedy else
+                               float(np.mean([e["success"] for e in record["episodes"]])))
+            with results.open("a") as handle:  # one write per batch: an interruption loses at most this batch
+                handle.write("".join(json.dumps(r) + "\n" for r in batch))
+            bar.update(len(batch), len(batch) * (n + int(greedy)), "greedy success" if greedy else "success",
+                       float(np.mean(running)))
+    finally:
+        bar.close()
+    return [done[i] for i in ids]
+
+
 # --------------------------------------------------------------------------------------------
 # Metrics with intervals, and the paired difference
 # --------------------------------------------------------------------------------------------
@@ -264,13 +302,15 @@ def per_problem_values(records: list[dict], ks: list[int], threshold: float) -> 
     return {name: np.asarray(v, dtype=np.float64) for name, v in values.items()}  # each (P,)
 
 
-def summarize(records_by_role: dict[str, list[dict]], metrics_cfg) -> dict:
-    """Per role: {metric: {value, low, high}}; with a compare role: paired differences on shared problems."""
+def summarize(records_by_role: dict[str, list[dict]], metrics_cfg, values_fn=per_problem_values) -> dict:
+    """Per role: {metric: {value, low, high}}; with a compare role: paired differences on shared problems.
+    values_fn(records, ks, threshold) -> {metric: (P,) one value per problem} (per_problem_values for
+    benchmarks, evaluation/agents.py: per_task_values for environments)."""
     ks = [int(k) for k in metrics_cfg.ks]
     boot = dict(n_resamples=int(metrics_cfg.bootstrap_resamples), confidence=float(metrics_cfg.confidence),
                 seed=int(metrics_cfg.bootstrap_seed))
     out: dict = {"problems": {role: len(recs) for role, recs in records_by_role.items()}}
-    values = {role: per_problem_values(recs, ks, float(metrics_cfg.correct_threshold))
+    values = {role: values_fn(recs, ks, float(metrics_cfg.correct_threshold))
               for role, recs in records_by_role.items()}
     for role, metrics in values.items():
         out[role] = {}
@@ -291,7 +331,9 @@ def summarize(records_by_role: dict[str, list[dict]], metrics_cfg) -> dict:
 
 def _metric_order(name: str) -> tuple:
     kind, _, k = name.partition("@")
-    return ({"greedy/accuracy": 0, "pass": 1, "maj": 2, "mean": 3}.get(kind, 4), int(k) if k.isdigit() else 0)
+    order = {"greedy/accuracy": 0, "greedy/success": 0, "greedy/return": 1, "greedy/turns": 2, "success": 3, "return": 4,
+             "turns": 5, "pass": 6, "maj": 7, "mean": 8}
+    return (order.get(kind, 9), int(k) if k.isdigit() else 0)
 
 
 def render_table(summary: dict, labels: dict[str, str], confidence: float):
@@ -299,7 +341,7 @@ def render_table(summary: dict, labels: dict[str, str], confidence: float):
     from rich.table import Table
 
     pct = f"{confidence:.0%}"
-    table = Table(title=f"rlx eval ({pct} bootstrap intervals over problems)")
+    table = Table(title=f"rlx eval ({pct} bootstrap intervals over problems or environment tasks)")
     table.add_column("benchmark")
     table.add_column("metric")
     table.add_column(labels["model"], justify="right")
@@ -390,8 +432,8 @@ def check_settings(cfg: DictConfig) -> None:
                         "set sampling.n >= 1 or sampling.greedy=true")
     if sampling.batch_size < 1:
         raise UserError(f"sampling.batch_size={sampling.batch_size} must be at least 1")
-    if not cfg.benchmark:
-        raise UserError("no benchmark selected; e.g. benchmark=chain_sum or benchmark=[chain_sum,gsm8k]")
+    if not cfg.benchmark and not cfg.get("env"):
+        raise UserError("no benchmark selected; e.g. benchmark=chain_sum or benchmark=[chain_sum,gsm8k], or env=grid")
     if any(int(k) < 1 for k in cfg.metrics.ks):
         raise UserError(f"metrics.ks={list(cfg.metrics.ks)} must all be >= 1")
     if not 0 < cfg.metrics.confidence < 1:
@@ -412,6 +454,40 @@ def _saved_config(out_dir: Path, cfg: DictConfig) -> DictConfig:
     return old
 
 
+def _environment(cfg: DictConfig):
+    """(results folder name, environment factory, number of tasks) when env= is set, else None."""
+    env_cfg = cfg.get("env")
+    if not env_cfg:
+        return None
+    from rlx.envs import EnvError, env_factory
+
+    try:
+        factory = env_factory(env_cfg.name, env_cfg.get("target"), env_cfg.get("kwargs"))
+    except EnvError as exc:
+        raise UserError(str(exc)) from None
+    label = str(env_cfg.target).rpartition(".")[2] if env_cfg.name == "custom" else env_cfg.name
+    return f"env_{label}", factory, int(cfg.limit or env_cfg.eval_episodes)
+
+
+def _run_environment(run: str):
+    """The `env` config a training run played (its config.yaml), or None (not an agent run)."""
+    saved = Path(run).expanduser() / "config.yaml"
+    if not saved.is_file():
+        return None
+    env = OmegaConf.load(saved).get("env")
+    if env:
+        log.info("run=%s trained on env=%s: evaluating held-out episodes of it (benchmark=... evaluates benchmarks)",
+                 run, env.name)
+    return env or None
+
+
+def _hf_generator(model, tokenizer, sampling):
+    from rlx.rollout.generator import HFGenerator
+
+    return HFGenerator(model, tokenizer, temperature=float(sampling.temperature), top_p=float(sampling.top_p),
+                       top_k=int(sampling.top_k), batch_size=int(sampling.batch_size))
+
+
 def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
     """Evaluate according to cfg, writing everything into out_dir. Returns summary.json's content."""
     from rich.console import Console
@@ -423,6 +499,8 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
     else:
         cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     check_settings(cfg)
+    if cfg.get("env") and any(o.lstrip("+~").startswith("benchmark") for o in overrides):
+        raise UserError("env= evaluates an environment instead of benchmarks; evaluate benchmark= in a separate run")
     if cfg.hardware.num_threads:
         torch.set_num_threads(cfg.hardware.num_threads)
     from rlx.launch import check_device
@@ -431,7 +509,11 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
     device = torch.device("cpu" if cfg.hardware.cpu else "cuda")
     if not cfg.resume:
         write_run_files(out_dir, cfg, overrides)
-    benchmarks = [Benchmark(name, OmegaConf.to_container(spec, resolve=True)) for name, spec in cfg.benchmark.items()]
+    if cfg.run and not cfg.get("env") and not any(o.lstrip("+~").startswith("benchmark") for o in overrides):
+        cfg.env = _run_environment(cfg.run)  # an agent run: its own environment, unless benchmark= is given
+    environment = _environment(cfg)  # (name, factory, tasks) with env=, else None
+    benchmarks = [] if environment else [Benchmark(name, OmegaConf.to_container(spec, resolve=True))
+                                         for name, spec in cfg.benchmark.items()]
     problems = {b.name: b.load(cfg.limit) for b in benchmarks}
     subjects = {"model": resolve_run(cfg.run, cfg.checkpoint) if cfg.run else (cfg.model.path, cfg.model.path)}
     if cfg.compare:
@@ -441,10 +523,22 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
         labels["compare"] += " (compare)"
     log.info("eval directory: %s", out_dir)
     records: dict[str, dict[str, list[dict]]] = {b.name: {} for b in benchmarks}
+    if environment:
+        records[environment[0]] = {}
     for role, (path, _) in subjects.items():
         model, tokenizer = load_model(path, cfg.model, device)
         log.info("%s: %s (%.2fM parameters) on %s", role, path, sum(p.numel() for p in model.parameters()) / 1e6, device)
         engine = build_engine(cfg.rollout, model, tokenizer, int(cfg.seed))  # None: generate with the model
+        if environment:
+            name, factory, tasks = environment
+            if engine is not None:  # generate_ids samples with these knobs
+                engine.sampling = {"temperature": float(cfg.sampling.temperature), "top_p": float(cfg.sampling.top_p),
+                                   "top_k": int(cfg.sampling.top_k)}
+            records[name][role] = run_environment(
+                engine or _hf_generator(model, tokenizer, cfg.sampling), tokenizer, cfg.env, factory, tasks,
+                out_dir / name / f"{role}.jsonl", cfg.sampling, chat_template=bool(cfg.model.chat_template),
+                seed=int(cfg.seed), label=f"{name} {role}", progress=cfg.progress,
+                stop_ids=engine.stop_ids if engine is not None else eos_ids(model, tokenizer))
         for bench in benchmarks:
             records[bench.name][role] = run_benchmark(
                 model, tokenizer, bench, problems[bench.name], out_dir / bench.name / f"{role}.jsonl", cfg.sampling,
@@ -457,7 +551,8 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
     summary = {
         "models": {role: {"path": path, "label": label} for role, (path, label) in subjects.items()},
         "sampling": OmegaConf.to_container(cfg.sampling),
-        "benchmarks": {name: summarize(by_role, cfg.metrics) for name, by_role in records.items()},
+        "benchmarks": {name: summarize(by_role, cfg.metrics, per_task_values if environment else per_problem_values)
+                       for name, by_role in records.items()},
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     console = Console(record=True, width=160)
@@ -470,9 +565,10 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
 
 
 def headline(summary: dict) -> float | None:
-    """The number a sweeper optimizes: greedy accuracy (else pass@1) of the first benchmark."""
+    """The number a sweeper optimizes: greedy accuracy (else pass@1) of the first benchmark; with env=:
+    greedy success (else success)."""
     for result in summary["benchmarks"].values():
-        for name in ("greedy/accuracy", "pass@1"):
+        for name in ("greedy/accuracy", "greedy/success", "pass@1", "success"):
             if name in result["model"]:
                 return result["model"][name]["value"]
     return None

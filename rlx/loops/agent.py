@@ -14,7 +14,12 @@ Each step:
 Environment seeds are a function of (seed, step, task index) and every episode gets a fresh
 environment, so a resumed run replays exactly the tasks an uninterrupted run would (the environments'
 randomness is part of the step, not hidden state). Held-out evaluation plays greedy episodes on seeds
-no training step draws. One process only (hardware=cpu or gpu).
+no training step draws.
+With several processes (hardware=ddp), each plays its contiguous shard of the tasks (all G episodes
+of a task on one process; an episode depends only on its seeds, not on its batch-mates), the episodes'
+rewards, anchors and validity are gathered, and the advantages (episode groups, GiGPO's anchor groups,
+turn groups) and the loss normalisers are computed over the global batch, so N processes take the
+optimizer step one process would take (rlx/parallel.py). Held-out episodes are split over processes.
 Departure from GiGPO's reference code: the episode-level std normalisation and the step-level one use
 the same `algorithm.scale` (the paper allows either for both).
 """
@@ -25,6 +30,7 @@ import logging
 import time
 
 import torch
+from accelerate.utils import gather_object
 
 from rlx.algorithms.gigpo import CREDIT, invalid_action_penalty
 from rlx.algorithms.kl import penalized_token_loss
@@ -43,6 +49,7 @@ from rlx.loops.common import (
 )
 from rlx.models.forward import completion_logprobs
 from rlx.models.lora import place_reference, reference_model
+from rlx.parallel import backward, gather_padded, global_mean, global_sum, shard
 from rlx.rollout.env import EVAL_SEED_BASE, train_env_seed
 from rlx.rollout.generator import HFGenerator
 from rlx.rollout.sampling import sample_seed
@@ -83,8 +90,6 @@ def token_advantages(step_adv: torch.Tensor, step_episode: torch.Tensor, step_in
 def train_agent(cfg, parts: Components) -> dict:
     algo, roll, env_cfg = cfg.algorithm, cfg.rollout, cfg.env
     acc, tokenizer, run_dir = parts.accelerator, parts.tokenizer, parts.run_dir
-    if acc.num_processes > 1:
-        raise UserError("algorithm.family=agent runs in one process; use hardware=cpu or hardware=gpu")
     try:
         factory = env_factory(env_cfg.name, env_cfg.get("target"), env_cfg.get("kwargs"))
     except EnvError as exc:
@@ -110,25 +115,31 @@ def train_agent(cfg, parts: Components) -> dict:
     eval_seeds = [EVAL_SEED_BASE + k for k in range(env_cfg.eval_episodes)]
 
     def run_eval(step: int) -> dict:
-        episodes = play(generator_for(acc.unwrap_model(model)), tokenizer, factory, env_cfg, eval_seeds,
-                        list(range(len(eval_seeds))), greedy=env_cfg.eval_greedy, use_chat_template=cfg.model.chat_template)
-        return episode_metrics(episodes, "eval")
+        mine = list(range(acc.process_index, len(eval_seeds), acc.num_processes))  # this process's held-out episodes
+        episodes = play(generator_for(acc.unwrap_model(model)), tokenizer, factory, env_cfg, [eval_seeds[k] for k in mine],
+                        mine, greedy=env_cfg.eval_greedy, use_chat_template=cfg.model.chat_template)
+        return episode_metrics(gather_object(episodes), "eval")
 
     last_eval = evaluate_at_start(cfg, acc, start_step, metrics_log, run_eval)
 
     for step in range(start_step + 1, cfg.steps + 1):
         step_start = time.perf_counter()
-        # 1. episodes: G per task, adjacent
-        env_seeds = [train_env_seed(cfg.seed, step, task) for task in range(cfg.prompts_per_step) for _ in range(group_size)]
-        sample_seeds = [sample_seed(cfg.seed, step, i) for i in range(len(env_seeds))]
+        # 1. episodes: G per task, adjacent; this process plays its shard of the tasks (global episode index i)
+        tasks = shard(cfg.prompts_per_step, acc)
+        mine = range(tasks.start * group_size, tasks.stop * group_size)
+        env_seeds = [train_env_seed(cfg.seed, step, i // group_size) for i in mine]
+        sample_seeds = [sample_seed(cfg.seed, step, i) for i in mine]
         episodes = play(generator_for(acc.unwrap_model(model)), tokenizer, factory, env_cfg, env_seeds, sample_seeds,
                         greedy=False, use_chat_template=cfg.model.chat_template)
         generation_time = time.perf_counter() - step_start
         batch = RolloutBatch.from_episodes(episodes, tokenizer.pad_token_id)
-        # 2-3. rewards and per-step advantages -> per-token advantages (N, C)
-        episode_group, step_episode, step_rewards, step_anchor = step_tensors(episodes, group_size, algo.invalid_penalty)
+        # 2-3. rewards and per-step advantages over the global batch -> this process's per-token advantages (n, C)
+        all_episodes = gather_object(episodes)  # every process's episodes, in global order
+        episode_group, step_episode, step_rewards, step_anchor = step_tensors(all_episodes, group_size, algo.invalid_penalty)
         step_adv, credit_metrics = credit(episode_group, step_episode, step_rewards, step_anchor, **knobs)  # (S,)
-        advantages = token_advantages(step_adv, step_episode, batch.step_index)  # (N, C)
+        local_steps = (step_episode >= mine.start) & (step_episode < mine.stop)
+        step_adv, step_episode = step_adv[local_steps], step_episode[local_steps] - mine.start  # this process's steps
+        advantages = token_advantages(step_adv, step_episode, batch.step_index)  # (n, C)
         loss_mask = batch.loss_mask
         if algo.mask_truncated:
             loss_mask = loss_mask * (~batch.truncated).long().unsqueeze(1)
@@ -148,8 +159,8 @@ def train_agent(cfg, parts: Components) -> dict:
         for _epoch in range(algo.epochs):
             order = torch.randperm(num, generator=shuffle) if updates_per_step > 1 else torch.arange(num)
             for mini in order.chunk(algo.mini_batches):
-                mini_tokens = float(loss_mask[mini].sum())
-                mini_seqs = float((loss_mask[mini].sum(dim=1) > 0).sum())
+                mini_tokens = global_sum(acc, float(loss_mask[mini].sum()))  # normalisers: the whole mini-batch
+                mini_seqs = global_sum(acc, float((loss_mask[mini].sum(dim=1) > 0).sum()))
                 for lo in range(0, len(mini), cfg.micro_batch_size):
                     idx = mini[lo:lo + cfg.micro_batch_size]
                     logp, entropy = completion_logprobs(model, batch.prompt_ids[idx], batch.prompt_mask[idx],
@@ -164,7 +175,7 @@ def train_agent(cfg, parts: Components) -> dict:
                         mask, algo.kl_coef, algo.kl_estimator, "loss", algo.entropy_coef)
                     width = int(env_cfg.max_total_tokens)
                     loss = aggregate(token_loss, mask, algo.loss_agg, mini_tokens, mini_seqs, width)
-                    acc.backward(loss)
+                    backward(acc, loss, model)
                     stats["loss"] += loss.item() / updates_per_step
                     valid = mask.sum().clamp(min=1)
                     stats["entropy"].append(((entropy.detach() * mask).sum() / valid).item())
@@ -177,29 +188,31 @@ def train_agent(cfg, parts: Components) -> dict:
 
         step_time = time.perf_counter() - step_start
         mean = lambda values: sum(values) / len(values) if values else 0.0  # noqa: E731
-        sampled = batch.loss_mask.bool()
+        sampled = gather_padded(acc, batch.loss_mask).bool()  # (N, C) over the global batch
+        all_advantages = gather_padded(acc, advantages)  # (N, C)
         metrics = {
-            **episode_metrics(episodes, "env"),
+            **episode_metrics(all_episodes, "env"),
             "env/anchor_group_size": credit_metrics.get("env/anchor_group_size", 0.0),
-            "env/turn_truncated": sum(e.turn_truncated for e in episodes) / max(num, 1),
-            "train/loss": stats["loss"],
+            "env/turn_truncated": sum(e.turn_truncated for e in all_episodes) / max(len(all_episodes), 1),
+            "train/loss": global_sum(acc, stats["loss"]),
             "train/lr": scheduler.get_last_lr()[0],
-            "train/entropy": mean(stats["entropy"]),
-            "train/clip_frac": mean(stats["clip"]),
-            "train/advantage_mean": advantages[sampled].mean().item() if sampled.any() else 0.0,
-            "train/advantage_std": advantages[sampled].std().item() if sampled.sum() > 1 else 0.0,
-            "completions/tokens_per_episode": sampled.sum().item() / max(num, 1),
+            "train/entropy": global_mean(acc, mean(stats["entropy"])),
+            "train/clip_frac": global_mean(acc, mean(stats["clip"])),
+            "train/advantage_mean": all_advantages[sampled].mean().item() if sampled.any() else 0.0,
+            "train/advantage_std": all_advantages[sampled].std().item() if sampled.sum() > 1 else 0.0,
+            "completions/tokens_per_episode": sampled.sum().item() / max(len(all_episodes), 1),
             "perf/step_time_s": step_time,
             "perf/generation_time_s": generation_time,
         }
-        if stats["kl"]:
-            metrics["train/kl_ref"] = mean(stats["kl"])
+        if reference is not None:
+            metrics["train/kl_ref"] = global_mean(acc, mean(stats["kl"]))
         if stats["grad_norm"]:
-            metrics["train/grad_norm"] = mean(stats["grad_norm"])
+            metrics["train/grad_norm"] = mean(stats["grad_norm"])  # the clipped norm is already global
         if eval_due(cfg, step, acc):
             last_eval = run_eval(step)
             metrics.update(last_eval)
-        if cfg.log.samples_every and (step % cfg.log.samples_every == 0 or step == 1):
+        if cfg.log.samples_every and (step % cfg.log.samples_every == 0 or step == 1) and acc.is_main_process:
+            # the main process holds the first shard, so its local episode i is global episode i
             extra = [{"advantages": step_adv[step_episode == i].tolist()} for i in range(num)]
             write_samples(run_dir, step, episode_records(episodes, cfg.log.num_samples, extra))
         end_step(cfg, step, metrics, metrics_log, checkpointer)

@@ -40,6 +40,7 @@ import torch
 
 from rlx.config import UserError
 from rlx.rollout.hf import Rollout, completion_mask_from_ids, eos_ids
+from rlx.rollout.types import Generation
 
 log = logging.getLogger("rlx")
 
@@ -170,6 +171,9 @@ class VLLMEngine:
             self.sleep_level = 0
         self.asleep = False
         self.seeding = rollout_cfg.get("seeding", "request")
+        # sampling knobs of generate_ids (the generator protocol has none): rollout's, or what the caller sets
+        self.sampling = {"temperature": float(rollout_cfg.get("temperature", 1.0)),
+                         "top_p": float(rollout_cfg.get("top_p", 1.0)), "top_k": int(rollout_cfg.get("top_k", 0))}
         self.tokenizer = tokenizer
         self.stop_ids = eos_ids(model, tokenizer)
         # one process, no separate engine core: the weights can then be written in place after each update
@@ -251,6 +255,39 @@ class VLLMEngine:
         prompt_ids = unique_ids.repeat_interleave(group, dim=0)  # (N, P)
         prompt_mask = unique_mask.repeat_interleave(group, dim=0)  # (N, P)
         return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, truncated, texts, logprobs)
+
+    @torch.no_grad()
+    def generate_ids(self, prompts: list[list[int]], *, max_new_tokens: int, seeds: list[int],
+                     greedy: bool = False) -> Generation:
+        """The generator protocol (rollout/generator.py) for multi-turn rollouts: each prompt's token ids go
+        in as they are (prompt_token_ids, never re-encoded); out come the sampled ids (ending in the stop
+        token when one ended the row), the sampler's log-probs of the temperature-scaled distribution (as
+        HFGenerator's) and whether a stop token ended the row. Knobs from self.sampling; seeds as in generate."""
+        from vllm import SamplingParams
+
+        if len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+        knobs = self.sampling
+        per_request = self.seeding == "request" and not greedy
+        params = [SamplingParams(
+            n=1, max_tokens=max_new_tokens, seed=int(seed) if per_request else None,
+            temperature=0.0 if greedy else knobs["temperature"], top_p=knobs["top_p"],
+            top_k=knobs["top_k"] if knobs["top_k"] > 0 else -1, stop_token_ids=self.stop_ids, detokenize=False,
+            logprobs=0) for seed in seeds]
+        devices = [] if self.on_cpu else [torch.cuda.current_device()]
+        with torch.random.fork_rng(devices=devices):
+            if not per_request and seeds:
+                torch.manual_seed(int(seeds[0]))
+            outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+        ids, logprobs, stopped = [], [], []
+        for out in outputs:
+            sample = out.outputs[0]
+            tokens = list(sample.token_ids)
+            ids.append(tokens)
+            logprobs.append([d[t].logprob for d, t in zip(sample.logprobs, tokens)] if sample.logprobs is not None
+                            else [0.0] * len(tokens))
+            stopped.append(bool(tokens) and tokens[-1] in self.stop_ids)
+        return Generation(ids, logprobs, stopped)
 
     def close(self) -> None:
         """Shut the engine down now, while the process group it joined still exists (left to the interpreter's
