@@ -327,6 +327,14 @@ def resolve_resume(args: list[str]) -> list[str]:
         run = Path(value).expanduser()
         if not (run / "config.yaml").is_file():
             fail(f"resume={value} is not a run directory (no config.yaml); pass a run directory or resume=auto")
+        try:  # read again at the end of the resume (the record of what changed): a damaged one must stop it now
+            from omegaconf import DictConfig, OmegaConf
+
+            if not isinstance(OmegaConf.load(run / "config.yaml"), DictConfig):
+                raise ValueError("not a mapping of settings")
+        except Exception as exc:
+            fail(f"{run / 'config.yaml'} is damaged ({(str(exc).strip().splitlines() or [type(exc).__name__])[0]}); "
+                 "the run cannot be resumed as it was")
     from rlx.run import RunInUse, check_run_free
 
     try:
