@@ -121,6 +121,22 @@ def test_a_weighted_total_beyond_float32_is_a_reward_error():
         compute_rewards(components, ["p", "q"], ["a", "b"], [{}, {}])
 
 
+def test_none_for_every_completion_from_every_component_is_said_once(caplog, monkeypatch):
+    import rlx.rewards
+
+    monkeypatch.setattr(rlx.rewards, "_NOTHING_SCORED_WARNED", [])
+    components = [RewardComponent("math", lambda completions, **kw: [None] * len(completions), 1.0),
+                  RewardComponent("code", lambda completions, **kw: [None] * len(completions), 1.0)]
+    with caplog.at_level("WARNING", logger="rlx"):
+        for _ in range(2):
+            total, _, _ = compute_rewards(components, ["p", "q"], ["a", "b"], [{}, {}])
+        compute_rewards(components[:1] + [RewardComponent("one", lambda completions, **kw: [1.0, None], 1.0)],
+                        ["p", "q"], ["a", "b"], [{}, {}])
+    assert total.tolist() == [0.0, 0.0]
+    said = [r.getMessage() for r in caplog.records if "returned None" in r.getMessage()]
+    assert len(said) == 1 and "(math, code)" in said[0] and "all 2 completions" in said[0]
+
+
 def test_numpy_and_tensor_scores_are_accepted():
     components = [RewardComponent("np", lambda completions, **kw: np.array([1.0, 0.5]), 1.0),
                   RewardComponent("torch", lambda completions, **kw: torch.tensor([0.0, 1.0]), 1.0),

@@ -105,6 +105,19 @@ def _subset(values, index: int):
 
 
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+_NOTHING_SCORED_WARNED = []
+
+
+def _warn_nothing_scored(names: list[str], n: int) -> None:
+    """Once per process: every component said None (not applicable) for a whole batch, so it scores 0 everywhere."""
+    if _NOTHING_SCORED_WARNED:
+        return
+    _NOTHING_SCORED_WARNED.append(True)
+    import logging
+
+    logging.getLogger("rlx").warning(
+        "every reward component (%s) returned None (not applicable) for all %d completions of a batch: they score 0 "
+        "and carry no learning signal; check that the reward reads the right data columns (said once)", ", ".join(names), n)
 
 
 def check_scores(name: str, scores, completions: list) -> list[float | None]:
@@ -190,6 +203,8 @@ def compute_rewards(
         values = torch.tensor([math.nan if s is None else s for s in scores], dtype=torch.float32)  # (N,)
         per_component[comp.name] = values
         total += comp.weight * torch.nan_to_num(values, nan=0.0)
+    if n and per_component and all(torch.isnan(v).all() for v in per_component.values()):
+        _warn_nothing_scored(list(per_component), n)
     if not torch.isfinite(total).all():
         raise RewardError(f"the weighted reward total overflows float32 (components {', '.join(per_component)} with weights "
                           f"{', '.join(f'{c.weight:g}' for c in components)}); scale the rewards or weights down")
