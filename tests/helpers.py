@@ -51,3 +51,14 @@ def nan_on_rank_one(prompts, completions, **row):
     if late is not None and late >= 0:
         return [3e38 if i % 2 == 0 else 2e38 for i in range(len(completions))]
     return [len(c) / 10 for c in completions]
+
+
+def killed_on_rank_one(prompts, completions, **row):
+    """Scores by length; from call RLX_TEST_FAIL_FROM_CALL on, rank 1 SIGKILLs itself (as the OOM killer would)."""
+    import os
+    import signal
+
+    late = _calls_on_rank_one()
+    if late is not None and late >= 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return [len(c) / 10 for c in completions]

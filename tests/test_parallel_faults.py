@@ -77,6 +77,15 @@ def test_a_non_finite_loss_on_one_rank_stops_every_rank_with_one_line(tmp_path):
     _assert_stopped_cleanly_and_resumes(tmp_path, result, [1, 2])
 
 
+def test_a_rank_killed_without_a_word_is_named_with_its_signal(tmp_path):
+    result = run_rlx(["train", *DDP, *_reward("killed_on_rank_one")], tmp_path, env_extra={"RLX_TEST_FAIL_FROM_CALL": "3"})
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "rank 1 was killed by signal 9" in _one_error_line(result.stderr)
+    run = only_run_dir(tmp_path)
+    assert _processes_of(run) == []
+    assert [step for step, _ in list_checkpoints(run)] == [1, 2]
+
+
 def test_sigterm_to_the_launching_process_checkpoints_and_leaves_nothing_behind(tmp_path):
     env = dict(os.environ, RLX_OUTPUTS=str(tmp_path / "outputs"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                PYTHONPATH=str(REPO))
