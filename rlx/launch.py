@@ -27,6 +27,10 @@ from rlx.config import UserError, fail
 log = logging.getLogger("rlx")
 
 WORKER_ENV = "RLX_RUN_DIR"  # set in workers started by `launch_workers`: the shared run directory
+ERRORS_ENV = "RLX_WORKER_ERRORS"  # a folder where workers and the launcher record why they stopped (read by the parent)
+# a collective that failed because another process of the run died: that process's error is the one to show
+PEER_FAILURE_MARKS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Socket Timeout",
+                      "connection reset", "closed by remote")
 
 
 def world_size(hardware) -> int:
@@ -181,30 +185,114 @@ def launcher_command(hardware, worker_args: list[str]) -> list[str]:
 
 
 def launch_workers(hardware, run_dir: Path, overrides: list[str]) -> int:
-    """Start world_size workers on this machine's share; returns the launcher's exit code."""
+    """Start world_size workers on this machine's share; returns the exit code of the run.
+
+    A failing worker stops the whole run (the launcher ends the others) and the run ends with one `error:` line:
+    workers do not print their errors but record them (`record_worker_error`), a worker that only saw another one
+    die records nothing, and this process prints each distinct recorded error once (a NaN found on every rank is
+    one line), or, when a worker died without a word (killed), which rank died how. SIGTERM to this process is
+    passed on to the launcher (the workers checkpoint and stop), and the launcher gets SIGTERM should this
+    process die, so no worker outlives the run."""
+    import tempfile
+
     quoted = str(run_dir).replace("'", "\\'")
     worker_args = ["train", *overrides, f"hydra.run.dir='{quoted}'", "hydra.output_subdir=null"]
     cmd = launcher_command(hardware, worker_args)
-    env = dict(os.environ, **{WORKER_ENV: str(run_dir)})
+    errors = Path(tempfile.mkdtemp(prefix="rlx-worker-errors-"))
+    env = dict(os.environ, **{WORKER_ENV: str(run_dir), ERRORS_ENV: str(errors)})
     if hardware.get("distributed") == "deepspeed" and not _cuda_available():
         env.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU accelerator (gloo) when no GPU is visible
     if hardware.num_threads:
         env["OMP_NUM_THREADS"] = str(hardware.num_threads)
     log.info("launching %d processes: %s", world_size(hardware), " ".join(cmd))
     # Ctrl-C reaches the launcher and the workers from the terminal; the workers finish their step and
-    # checkpoint, so this process only waits for them instead of killing the launcher
+    # checkpoint, so this process only waits for them instead of killing the launcher. SIGTERM reaches only
+    # this process: it is passed on to the launcher, which passes it to the workers.
     interrupted = []
+    proc = None
 
     def wait_for_workers(signum, frame):
         interrupted.append(signum)
+        if signum == signal.SIGTERM and proc is not None:
+            proc.send_signal(signal.SIGTERM)
         log.warning("waiting for the workers to checkpoint")
 
-    previous = signal.signal(signal.SIGINT, wait_for_workers)
+    previous = {sig: signal.signal(sig, wait_for_workers) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        code = subprocess.run(cmd, env=env).returncode
+        # run in-process by the wrapper at the end of this file: accelerate's launcher without its traceback
+        proc = subprocess.Popen([cmd[0], "-m", "rlx.launch", *cmd[3:]], env=env, preexec_fn=_term_with_parent)
+        code = proc.wait()
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+    try:
+        if code and not interrupted:
+            code = _report_worker_errors(errors, code, run_dir)
+    finally:
+        import shutil
+
+        shutil.rmtree(errors, ignore_errors=True)
     return 130 if interrupted and code else code  # the launcher reports the workers' exit 130 as a failure
+
+
+def _term_with_parent() -> None:
+    """In the launcher before exec: SIGTERM when the rlx process that started it dies (even by SIGKILL)."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+def record_worker_error(message: str | None, code: int) -> None:
+    """In a worker: record why it stops (message None: another process failed first) for the parent to print."""
+    import json
+
+    folder = os.environ.get(ERRORS_ENV)
+    if not folder:
+        if message:
+            print(f"error: {message}", file=sys.stderr)
+        return
+    rank = os.environ.get("RANK", "0")
+    Path(folder, f"rank{rank}.json").write_text(json.dumps({"rank": int(rank), "code": code, "message": message}))
+
+
+def is_peer_failure(exc: BaseException) -> bool:
+    """Whether `exc` (or one it came from) is a collective that failed because another process died."""
+    while exc is not None:
+        if type(exc).__name__ == "DistBackendError" or any(m in str(exc) for m in PEER_FAILURE_MARKS):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _report_worker_errors(errors: Path, code: int, run_dir: Path) -> int:
+    """Print each distinct recorded worker error once (or what killed a silent worker) and the resume command;
+    returns the exit code of the run (the first recorded error's, else the launcher's)."""
+    import json
+
+    from rlx.checkpoint import latest_checkpoint
+
+    records = sorted((json.loads(p.read_text()) for p in errors.glob("*.json")), key=lambda r: r["rank"])
+    messages = [r for r in records if r.get("message")]
+    shown = []
+    for record in messages:
+        if record["message"] not in shown:
+            shown.append(record["message"])
+            print(f"error: {record['message']}", file=sys.stderr)
+    if shown:
+        code = messages[0]["code"]
+    else:
+        died = [r for r in records if "exitcode" in r and r["exitcode"]]
+        what = ", ".join(f"rank {r['rank']} " + (f"was killed by signal {-r['exitcode']}" if r["exitcode"] < 0
+                                                  else f"exited with code {r['exitcode']}") for r in died)
+        print(f"error: a worker process stopped without an error message ({what or f'launcher exit code {code}'}); "
+              f"see {run_dir / 'train.log'}", file=sys.stderr)
+    if code != 2:  # not a refused setting: the run may have checkpoints to continue from
+        found = latest_checkpoint(run_dir)
+        if found is not None:
+            print(f"checkpoints up to step {found[0]} are intact; continue with: rlx train resume={run_dir}", file=sys.stderr)
+    return code
 
 
 def outputs_root() -> Path:
@@ -239,6 +327,14 @@ def resolve_resume(args: list[str]) -> list[str]:
         run = Path(value).expanduser()
         if not (run / "config.yaml").is_file():
             fail(f"resume={value} is not a run directory (no config.yaml); pass a run directory or resume=auto")
+        try:  # read again at the end of the resume (the record of what changed): a damaged one must stop it now
+            from omegaconf import DictConfig, OmegaConf
+
+            if not isinstance(OmegaConf.load(run / "config.yaml"), DictConfig):
+                raise ValueError("not a mapping of settings")
+        except Exception as exc:
+            fail(f"{run / 'config.yaml'} is damaged ({(str(exc).strip().splitlines() or [type(exc).__name__])[0]}); "
+                 "the run cannot be resumed as it was")
     from rlx.run import RunInUse, check_run_free
 
     try:
@@ -282,3 +378,28 @@ def check_resume_compatible(run: Path, overrides: list[str]) -> None:
         if get(old, key) is not missing and get(old, key) != get(new, key):
             fail(f"resume cannot change {key} (the run has {get(old, key)!r}, the command asks for {get(new, key)!r}): "
                  f"the checkpoints were made under it; start a new run instead (drop resume=), or drop {key}=")
+
+
+def _run_launcher_quietly() -> None:
+    """`python -m rlx.launch <accelerate launch arguments>`: Accelerate's launcher, but a failed worker ends it
+    with its exit code and a record for the parent instead of a traceback (the parent prints one line)."""
+    import json
+    import logging as _logging
+
+    from accelerate.commands.launch import main as accelerate_launch
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    _logging.getLogger("torch.distributed.elastic").setLevel(_logging.CRITICAL)  # per-worker noise; the parent says it
+    try:
+        accelerate_launch()
+    except ChildFailedError as exc:
+        first = exc.get_first_failure()[1]
+        folder = os.environ.get(ERRORS_ENV)
+        if folder:
+            for rank, failure in exc.failures.items():
+                Path(folder, f"launcher-rank{rank}.json").write_text(json.dumps({"rank": rank, "exitcode": failure.exitcode}))
+        raise SystemExit(first.exitcode if first.exitcode > 0 else 1) from None
+
+
+if __name__ == "__main__":
+    _run_launcher_quietly()

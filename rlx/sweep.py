@@ -276,8 +276,14 @@ def best_overrides(sweep_dir: Path) -> list[str]:
     summary = sweep_dir / SUMMARY_CSV
     if not summary.is_file():
         raise UserError(f"{summary} not found; pass the directory of a finished sweep (it holds summary.csv)")
-    with summary.open() as handle:
-        rows = list(csv.DictReader(handle))
+    try:
+        with summary.open(encoding="utf-8") as handle:
+            rows = list(csv.DictReader(handle))
+        if rows and not {"status", "overrides"} <= set(rows[0]):
+            raise ValueError(f"no 'status' and 'overrides' columns, found {', '.join(map(str, rows[0]))}")
+    except (ValueError, csv.Error) as exc:  # UnicodeDecodeError is a ValueError
+        raise UserError(f"{summary} is damaged or was not written by rlx sweep ({exc}); pass the directory of a "
+                        "finished sweep") from None
     finished = [r for r in rows if r["status"] == "ok"]
     if not finished:
         raise UserError(f"no trial of {sweep_dir} finished; nothing to re-run")
@@ -413,7 +419,9 @@ def check_every_trial(overrides: list[str], config_name: str = "train") -> int:
     import io
 
     from rlx.config import UserError, check_overrides
+    from rlx.config_schema import EVAL_KNOBS, TRAIN_KNOBS, check_knobs
 
+    knobs = {"train": TRAIN_KNOBS, "eval": EVAL_KNOBS}
     task = [o for o in overrides if not o.startswith(("hydra.", "hydra/"))]
     target, params = sweeper_params(task) if config_name == "train" else ("", {})
     if "optuna" in target.lower():
@@ -426,14 +434,19 @@ def check_every_trial(overrides: list[str], config_name: str = "train") -> int:
         if len(combos) == 1:
             break
         stderr = io.StringIO()
+        varying = [o for o in combo if o not in task]
         try:
             with contextlib.redirect_stderr(stderr):
-                check_overrides([o for o in combo if not o.startswith("sweep=")] if params else combo, config_name)
+                cfg = check_overrides([o for o in combo if not o.startswith("sweep=")] if params else combo, config_name)
         except SystemExit:
-            varying = [o for o in combo if o not in task]
             message = stderr.getvalue().strip().removeprefix("error: ")
             raise UserError(f"sweep combination {number + 1} of {len(combos)} ({' '.join(varying) or ' '.join(combo)}) "
                             f"does not compose: {message}; nothing was run") from None
+        try:  # types and ranges of every knob, as the trial would check them only when its turn comes
+            check_knobs(cfg, knobs[config_name])
+        except UserError as exc:
+            raise UserError(f"sweep combination {number + 1} of {len(combos)} ({' '.join(varying) or ' '.join(combo)}) "
+                            f"is refused: {exc}; nothing was run") from None
     return len(combos)
 
 

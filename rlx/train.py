@@ -451,6 +451,7 @@ def _record_resume(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> None
 def train_app(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
+    from rlx import launch
     from rlx.sweep import is_multirun, record_failure, write_result
 
     hydra_cfg = HydraConfig.get()
@@ -463,10 +464,15 @@ def train_app(cfg: DictConfig) -> float | None:
     except (Exception, SystemExit) as exc:
         if is_multirun(hydra_cfg):  # one crashing trial is recorded and the sweep goes on
             return record_failure(run_dir, exc, hydra_cfg)
-        if isinstance(exc, (UserError, RunInUse)):
-            fail(str(exc))
-        if isinstance(exc, (RewardError, NonFiniteError, CheckpointWriteError, CheckpointDamaged)):
-            fail(str(exc), code=1)
+        known = {UserError: 2, RunInUse: 2, RewardError: 1, NonFiniteError: 1, CheckpointWriteError: 1, CheckpointDamaged: 1}
+        code = next((c for kind, c in known.items() if isinstance(exc, kind)), None)
+        if launch.is_worker() and (code is not None or launch.is_peer_failure(exc)):
+            # the parent prints each distinct error once; a rank that only saw another one die stays silent
+            log.debug("worker stopped: %r", exc)
+            launch.record_worker_error(str(exc) if code is not None else None, code or 1)
+            raise SystemExit(code or 1) from None
+        if code is not None:
+            fail(str(exc), code=code)
         raise
     if final is None:  # nothing ran here (already finished, final/ rebuilt, parent or non-main worker)
         return None

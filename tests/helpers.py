@@ -38,3 +38,45 @@ class SeedParity:
 
     def step(self, action):
         return "done", float(self.win), True, False, {"metrics": {"success": float(self.win)}}
+
+
+def _calls_on_rank_one() -> int | None:
+    """How many times this was called on the second process (RANK=1) from the call that should fail
+    (RLX_TEST_FAIL_FROM_CALL, counted per process); None elsewhere or when the variable is unset."""
+    import os
+
+    if os.environ.get("RANK") != "1" or not os.environ.get("RLX_TEST_FAIL_FROM_CALL"):
+        return None
+    _CALLS[0] += 1
+    return _CALLS[0] - int(os.environ["RLX_TEST_FAIL_FROM_CALL"])
+
+
+_CALLS = [0]
+
+
+def fail_on_rank_one(prompts, completions, **row):
+    """Scores by length; raises on rank 1 from call RLX_TEST_FAIL_FROM_CALL on."""
+    late = _calls_on_rank_one()
+    if late is not None and late >= 0:
+        raise RuntimeError("reward crashed on rank 1 only")
+    return [len(c) / 10 for c in completions]
+
+
+def nan_on_rank_one(prompts, completions, **row):
+    """Scores by length; from call RLX_TEST_FAIL_FROM_CALL on, rank 1 returns 3e38 and 2e38 in turn: each finite
+    in float32, but a group's sum overflows (inf), so its advantages, the loss and the gradient turn NaN there."""
+    late = _calls_on_rank_one()
+    if late is not None and late >= 0:
+        return [3e38 if i % 2 == 0 else 2e38 for i in range(len(completions))]
+    return [len(c) / 10 for c in completions]
+
+
+def killed_on_rank_one(prompts, completions, **row):
+    """Scores by length; from call RLX_TEST_FAIL_FROM_CALL on, rank 1 SIGKILLs itself (as the OOM killer would)."""
+    import os
+    import signal
+
+    late = _calls_on_rank_one()
+    if late is not None and late >= 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return [len(c) / 10 for c in completions]

@@ -239,3 +239,13 @@ def test_resume_across_a_data_epoch_boundary(tmp_path):
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == list(range(0, 7))
     state = stream_state(list_checkpoints(run)[-1][1])
     assert state == {"epoch": 1, "index": 4}
+
+
+@pytest.mark.parametrize("content", [b"\x00\x01garbage", b"- a list\n- not settings\n"])
+def test_resume_of_a_run_with_a_damaged_config_is_one_line_before_anything_runs(tmp_path, monkeypatch, capsys, content):
+    run = _fake_run(tmp_path, ["steps=2"], 1)
+    (run / "config.yaml").write_bytes(content)
+    with pytest.raises(SystemExit) as exit_info:
+        resolve_resume([f"resume={run}"])
+    assert exit_info.value.code == 2
+    assert f"error: {run / 'config.yaml'} is damaged (" in capsys.readouterr().err

@@ -69,3 +69,17 @@ def test_json_lists_and_gzipped_jsonl_are_read(tmp_path):
     (tmp_path / "c.json").write_text("[1]")
     with pytest.raises(UserError, match="item 0 is a JSON int"):
         read_records(str(tmp_path / "c.json"), "x")
+
+
+def test_windows_files_and_raw_unicode_line_separators_are_read(tmp_path):
+    """A byte-order mark, CRLF line ends, and characters that str.splitlines() treats as line breaks but JSON strings
+    may hold raw (U+2028, U+0085, \x1c): the rows arrive whole."""
+    from rlx.data.readers import read_records
+
+    rows = [{"prompt": "a\u2028b", "answer": "1"}, {"prompt": "c\x85d\x1ce", "answer": "2"}]
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\r\n" for r in rows)
+    (tmp_path / "win.jsonl").write_bytes(b"\xef\xbb\xbf" + text.encode())
+    (tmp_path / "win.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(rows, ensure_ascii=False).encode())
+    assert [r for _, r in read_records(str(tmp_path / "win.jsonl"), "x")] == rows
+    assert [r for _, r in read_records(str(tmp_path / "win.json"), "x")] == rows
+    assert [where for where, _ in read_records(str(tmp_path / "win.jsonl"), "x")][1].endswith("win.jsonl:2")

@@ -1,6 +1,7 @@
 """`rlx eval`: benchmark loaders/extractors/verifiers, per-problem metrics, resume, and the command."""
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -190,6 +191,20 @@ def test_resume_generates_only_the_missing_problems(tmp_path, caplog):
     assert results.read_text().splitlines()[:3] == lines[:3]  # finished problems were not redone
     assert all(len(r["samples"]) == 2 for r in records)
     assert again["benchmarks"]["chain_sum"]["problems"] == {"model": 6}
+
+
+@pytest.mark.parametrize("content, needle", [
+    (b"\x00\x01garbage", "is damaged ("),
+    (b"model:\n  path: builtin:tiny\nsteps: 2\n", "was not written by rlx eval (a training run?)"),
+])
+def test_resume_of_a_damaged_or_foreign_directory_is_one_line(tmp_path, content, needle):
+    from rlx.config import UserError
+
+    out = tmp_path / "eval"
+    out.mkdir()
+    (out / "config.yaml").write_bytes(content)
+    with pytest.raises(UserError, match=re.escape(needle)):
+        evaluate(_eval_cfg(f"resume={out}"), out, [])
 
 
 def test_eval_run_with_compare_base_and_two_benchmarks(tmp_path):

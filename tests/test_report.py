@@ -101,3 +101,18 @@ def test_report_on_a_three_seed_multirun(tmp_path):
     # IQM of 3 values cuts floor(3/4) = 0 from each end: the plain mean
     assert float(rows[0]["iqm"]) == pytest.approx(sum(finals) / 3)
     assert "| c1 | eval/accuracy | 3 |" in (out / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("name, content", [
+    ("result.json", "{not json"),
+    ("result.json", "[1, 2]"),
+    ("failure.json", b"\xff\xfe\x00garbage"),
+    ("overrides.yaml", b"\x00\x01garbage"),
+])
+def test_a_damaged_run_file_is_one_line_naming_it(two_configs, name, content):
+    from rlx.config import UserError
+
+    target = two_configs / "a1" / name
+    target.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(UserError, match=rf"{target} is damaged \(.+\); repair or remove it"):
+        find_runs([two_configs])

@@ -10,8 +10,10 @@ only, the path of a root container without CAP_SYS_ADMIN).
 import json
 import os
 import shutil
+import signal
 import socket
 import stat
+import subprocess
 import sys
 import time
 import uuid
@@ -70,8 +72,43 @@ def sentinel(tmp_path) -> Path:
     return outside
 
 
+LEASED_UIDS: set[int] = set()
+"""Sample uids this test process was given.  Other processes on the machine (a parallel test
+run, a training run scoring code) lease other uids of the same range at the same time; their
+samples are none of our business."""
+
+
+@pytest.fixture(autouse=True)
+def _record_leased_uids(monkeypatch):
+    acquire = sandbox._UID_POOL.acquire
+
+    def recording_acquire():
+        lease = acquire()
+        LEASED_UIDS.add(lease.uid)
+        return lease
+
+    monkeypatch.setattr(sandbox._UID_POOL, "acquire", recording_acquire)
+
+
 def _live_sandbox_processes() -> list[int]:
-    """Pids of live (not zombie) processes running under any sample uid."""
+    """Pids of live (not zombie) processes left under a sample uid that this test process
+    leased.  Each uid is checked while holding its lease lock: a uid that another process
+    holds right now runs that process's sample (which got the uid only after finding it
+    empty), so it is skipped."""
+    pids = []
+    for uid in sorted(LEASED_UIDS):
+        lock_fd = sandbox._UID_POOL._try_lock(uid)
+        if lock_fd is None:
+            continue
+        try:
+            pids += _live_processes({uid})
+        finally:
+            os.close(lock_fd)
+    return pids
+
+
+def _live_processes(uids: set[int]) -> list[int]:
+    """Live (not zombie) processes whose real uid is in `uids`."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -82,8 +119,7 @@ def _live_sandbox_processes() -> list[int]:
             )
         except (OSError, ValueError):
             continue
-        uid = int(status["Uid"].split()[0])
-        if uid in sandbox.SANDBOX_UIDS and status["State"].split()[0] not in ("Z", "X"):
+        if int(status["Uid"].split()[0]) in uids and status["State"].split()[0] not in ("Z", "X"):
             pids.append(int(entry.name))
     return pids
 
@@ -167,12 +203,14 @@ def test_workdir_is_fresh_and_removed(mode):
 def test_resource_limits_are_set():
     result = run_code(
         "import resource as r\n"
-        "for name in ('RLIMIT_CPU', 'RLIMIT_AS', 'RLIMIT_FSIZE', 'RLIMIT_NPROC', 'RLIMIT_CORE'):\n"
+        "for name in ('RLIMIT_CPU', 'RLIMIT_AS', 'RLIMIT_FSIZE', 'RLIMIT_NPROC', 'RLIMIT_CORE',\n"
+        "             'RLIMIT_NOFILE'):\n"
         "    print(name, *r.getrlimit(getattr(r, name)))",
         timeout_s=3,
         memory_mb=300,
         max_file_bytes=1 << 20,
         max_processes=20,
+        max_open_files=100,
     )
     limits = {name: (int(soft), int(hard)) for name, soft, hard in map(str.split,
                                                                          result.stdout.splitlines())}
@@ -180,6 +218,7 @@ def test_resource_limits_are_set():
     assert limits["RLIMIT_AS"] == (300 * 2**20,) * 2
     assert limits["RLIMIT_FSIZE"] == (2**20,) * 2
     assert limits["RLIMIT_CORE"] == (0, 0)
+    assert limits["RLIMIT_NOFILE"] == (100, 100)
     if IS_ROOT:  # otherwise the caller's own process count is added
         assert limits["RLIMIT_NPROC"] == (20, 20)
 
@@ -366,6 +405,124 @@ def test_printing_megabytes_is_bounded(sentinel):
     _assert_contained(sentinel)
 
 
+def test_opening_files_without_end_fails(sentinel, mode):
+    code = "files = []\nwhile True:\n    files.append(open('main.py'))\n"
+    result = run_code(code, max_open_files=64, **mode, **FAST)
+    assert result.status == "failed"
+    assert "Too many open files" in result.stderr
+    _assert_contained(sentinel, mode)
+
+
+# --------------------------------------------------------------------------------------------
+# The per-run cgroup: one bound on memory and processes for all processes of a run
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cgroup_here(default_isolation):
+    if "cgroup" not in default_isolation:
+        pytest.skip(f"no writable cgroup here ({sandbox._Cgroup.unavailable}); the fallback is tested below")
+
+
+def _our_cgroups() -> list[str]:
+    """Group directories this test process made that still exist."""
+    if not sandbox._Cgroup._backend:
+        return []
+    prefix = f"rlx-sandbox-{os.getpid()}-"
+    return [os.path.join(parent, name) for parent in sandbox._Cgroup._backend[1]
+            for name in os.listdir(parent) if name.startswith(prefix)]
+
+
+# Each child stays below the per-process address-space limit (256 MB) and touches its pages;
+# together they need ~600 MB.  Passes only if every child finished.
+MEMORY_HOG = (
+    "import os, time\n"
+    "children = []\n"
+    "for _ in range(6):\n"
+    "    pid = os.fork()\n"
+    "    if pid == 0:\n"
+    "        block = bytearray(100 * 2**20)\n"
+    "        for i in range(0, len(block), 4096):\n"
+    "            block[i] = 1\n"
+    "        time.sleep(1)\n"
+    "        os._exit(0)\n"
+    "    children.append(pid)\n"
+    "codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children]\n"
+    "print(codes)\n"
+    "raise SystemExit(0 if codes == [0] * 6 else 1)\n"
+)
+
+
+def test_memory_hog_across_processes_is_stopped(sentinel, mode, cgroup_here):
+    result = run_code(MEMORY_HOG, timeout_s=20, memory_mb=256, **mode)
+    assert "cgroup" in result.isolation
+    assert (result.passed, result.status) == (False, "failed"), result
+    assert "total memory bound (256 MiB) was hit" in result.stderr
+    os.kill(os.getpid(), 0)  # the caller lives on
+    assert _our_cgroups() == []
+    _assert_contained(sentinel, mode)
+
+
+def test_process_bound_of_the_cgroup(sentinel, mode, cgroup_here, monkeypatch):
+    # The cgroup alone bounds processes: RLIMIT_NPROC is left at 64, pids.max set to 8.
+    create = sandbox._Cgroup.create
+    monkeypatch.setattr(sandbox._Cgroup, "create", lambda memory, pids: create(memory, 8))
+    code = (
+        "import os, time\ncount = 0\nwhile True:\n    try:\n        pid = os.fork()\n"
+        "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n"
+        "    count += 1\nprint(count)\n"
+    )
+    result = run_code(code, max_processes=64, **mode)
+    assert result.status == "passed", result.stderr
+    # 8 = launcher + namespace init (with a pid namespace) + sample + its children
+    assert 0 < int(result.stdout) <= 6
+    assert _our_cgroups() == []
+    _assert_contained(sentinel, mode)
+
+
+@pytest.fixture
+def no_cgroup_backend(monkeypatch):
+    """A machine where no cgroup can be written: a fresh process that has not warned yet."""
+    monkeypatch.setattr(sandbox._Cgroup, "_backend", False)
+    monkeypatch.setattr(sandbox._Cgroup, "unavailable", "cgroup2: not writable (test)")
+    monkeypatch.setattr(sandbox, "_WARNED_NO_CGROUP", [])
+
+
+def test_without_a_cgroup_runs_warn_once_and_keep_the_rlimits(sentinel, no_cgroup_backend):
+    with pytest.warns(RuntimeWarning, match=r"no per-run cgroup here \(cgroup2: not writable \(test\)\)") as caught:
+        first = run_code("print('ok')")
+        second = run_code("x = bytearray(8 * 1024**3)", **FAST)
+    assert len([w for w in caught if "cgroup" in str(w.message)]) == 1
+    assert first.passed and "cgroup" not in first.isolation
+    assert second.status == "failed" and "MemoryError" in second.stderr  # the per-process bound holds
+    _assert_contained(sentinel)
+
+
+def test_a_cgroup_the_launcher_cannot_join_falls_back_with_the_reason(sentinel, monkeypatch):
+    monkeypatch.setattr(sandbox, "_WARNED_NO_CGROUP", [])
+
+    class Unjoinable:
+        join_error = ""
+
+        def procs_files(self):
+            return ["/nonexistent-rlx-cgroup/cgroup.procs"]
+
+        def remove(self):
+            pass
+
+    monkeypatch.setattr(sandbox._Cgroup, "create", lambda memory, pids: Unjoinable())
+    with pytest.warns(RuntimeWarning, match="could not join /nonexistent-rlx-cgroup/cgroup.procs"):
+        result = run_code("print('ok')")
+    assert result.passed and "cgroup" not in result.isolation
+    _assert_contained(sentinel)
+
+
+def test_cgroup_false_skips_it_silently(recwarn):
+    result = run_code("print('ok')", cgroup=False)
+    assert result.passed and "cgroup" not in result.isolation
+    assert not [w for w in recwarn if "cgroup" in str(w.message)]
+
+
 # --------------------------------------------------------------------------------------------
 # Failing closed, concurrency, HumanEval
 # --------------------------------------------------------------------------------------------
@@ -413,6 +570,35 @@ def test_run_many_keeps_order_and_isolates_concurrent_samples(sentinel, mode):
     if IS_ROOT:
         assert all(int(out[1]) in sandbox.SANDBOX_UIDS for out in outputs)
     _assert_contained(sentinel, mode)
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="sample uids are a root-runner feature")
+def test_containment_checks_ignore_samples_of_other_processes(sentinel, tmp_path):
+    # Another process on the machine (a parallel test run, a training run) has a sample running
+    # under a sample uid while this test checks that nothing of its own was left behind.
+    script = tmp_path / "other.py"
+    script.write_text("import sys\nfrom rlx.tasks.sandbox import run_code\n"
+                      "run_code('import time\\ntime.sleep(60)', timeout_s=60, namespaces=False, "
+                      "interpreter=sys.argv[1])\n")
+    other = subprocess.Popen([sys.executable, str(script), _world_runnable_python() or sys.executable],
+                             start_new_session=True)
+
+    def parent(pid: int) -> int:
+        try:
+            return int(Path(f"/proc/{pid}/status").read_text().split("PPid:")[1].split()[0])
+        except OSError:
+            return -1
+
+    try:
+        # wait until the other process's sample runs (launcher -> sample; bounded by the test's timeout)
+        while not [pid for pid in _live_processes(set(sandbox.SANDBOX_UIDS)) if parent(parent(pid)) == other.pid]:
+            assert other.poll() is None, "the other process ended early"
+            time.sleep(0.05)
+        run_code("print('mine')")
+        _assert_contained(sentinel)
+    finally:
+        os.killpg(other.pid, signal.SIGKILL)
+        other.wait()
 
 
 def test_check_program_humaneval_style():

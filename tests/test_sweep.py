@@ -154,6 +154,28 @@ def test_a_combination_that_does_not_compose_stops_the_sweep_before_it_starts(tm
     assert not (tmp_path / "outputs").exists()
 
 
+def test_a_combination_with_a_value_out_of_range_stops_the_sweep_before_it_starts():
+    # it composes, and used to fail only when its turn came (a failed trial, after the others had run)
+    from rlx.config import UserError
+    from rlx.sweep import check_every_trial
+
+    with pytest.raises(UserError) as info:
+        check_every_trial(["seed=0,1", "optim.lr=0.1,-1"])
+    assert str(info.value) == ("sweep combination 2 of 4 (seed=0 optim.lr=-1) is refused: optim.lr=-1 is not valid: it "
+                               "must be a number > 0; nothing was run")
+    assert check_every_trial(["seed=0,1", "optim.lr=0.1,0.2"]) == 4
+
+
+@pytest.mark.parametrize("content", [b"\x00garbage,,\n1,2\n", b"a,b\n1,2\n", b"\xff\xfe,status\n"])
+def test_retest_of_a_damaged_summary_is_one_line(tmp_path, content):
+    from rlx.config import UserError
+    from rlx.sweep import best_overrides
+
+    (tmp_path / "summary.csv").write_bytes(content)
+    with pytest.raises(UserError, match="summary.csv is damaged or was not written by rlx sweep"):
+        best_overrides(tmp_path)
+
+
 def test_hyper_parameters_print_at_three_significant_digits():
     from rlx.sweep import short_override
 

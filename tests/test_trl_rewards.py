@@ -100,6 +100,7 @@ def test_conversational_rows_give_message_lists_to_rewards_and_chat_templates():
     (["1.0", 0.0], "returned str '1.0' for completion 'first answer'"),
     ([float("nan"), 0.0], "returned nan for completion 'first answer'"),
     ([0.0, float("inf")], "returned inf for completion 'second answer'"),
+    ([0.0, 1e300], "returned 1e+300 for completion 'second answer', beyond float32"),  # finite, inf once float32
     ([1.0], "returned 1 scores for 2 completions"),
     (3.0, "returned float, not a list"),
     ([{"score": 1}, 0.0], "returned dict"),
@@ -110,6 +111,30 @@ def test_bad_reward_outputs_raise_reward_error_naming_component_and_completion(o
         with pytest.raises(RewardError, match="reward 'mine'") as info:
             compute_rewards([component], ["p", "q"], ["first answer", "second answer"], [{}, {}], on_error=on_error)
         assert needle in str(info.value)
+
+
+def test_a_weighted_total_beyond_float32_is_a_reward_error():
+    # each score fits float32, their weighted sum does not: it would tie every group at inf (zero advantage)
+    components = [RewardComponent("big", lambda completions, **kw: [3e38, 1.0], 1.0),
+                  RewardComponent("bigger", lambda completions, **kw: [3e38, 1.0], 1.0)]
+    with pytest.raises(RewardError, match="weighted reward total overflows float32"):
+        compute_rewards(components, ["p", "q"], ["a", "b"], [{}, {}])
+
+
+def test_none_for_every_completion_from_every_component_is_said_once(caplog, monkeypatch):
+    import rlx.rewards
+
+    monkeypatch.setattr(rlx.rewards, "_NOTHING_SCORED_WARNED", [])
+    components = [RewardComponent("math", lambda completions, **kw: [None] * len(completions), 1.0),
+                  RewardComponent("code", lambda completions, **kw: [None] * len(completions), 1.0)]
+    with caplog.at_level("WARNING", logger="rlx"):
+        for _ in range(2):
+            total, _, _ = compute_rewards(components, ["p", "q"], ["a", "b"], [{}, {}])
+        compute_rewards(components[:1] + [RewardComponent("one", lambda completions, **kw: [1.0, None], 1.0)],
+                        ["p", "q"], ["a", "b"], [{}, {}])
+    assert total.tolist() == [0.0, 0.0]
+    said = [r.getMessage() for r in caplog.records if "returned None" in r.getMessage()]
+    assert len(said) == 1 and "(math, code)" in said[0] and "all 2 completions" in said[0]
 
 
 def test_numpy_and_tensor_scores_are_accepted():

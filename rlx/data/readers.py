@@ -20,8 +20,9 @@ SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".parquet")
 
 
 def _decode(data: bytes, path: str) -> str:
+    """UTF-8 text; a leading byte-order mark (Windows editors write one) is dropped."""
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
@@ -32,7 +33,9 @@ def _decode(data: bytes, path: str) -> str:
 def numbered_jsonl(text: str, source: str) -> list[tuple[int, dict]]:
     """(line number, object) for every non-empty line; a bad line is one error naming source:line:column."""
     rows = []
-    for number, line in enumerate(text.splitlines(), 1):
+    # lines end at \n only (a \r before it is JSON whitespace): str.splitlines would also cut at characters that
+    # JSON strings may hold raw, such as U+2028 (LINE SEPARATOR) or \x1c, pasted in from web pages
+    for number, line in enumerate(text.split("\n"), 1):
         if line.strip():
             try:
                 row = json.loads(line)

@@ -448,7 +448,14 @@ def _saved_config(out_dir: Path, cfg: DictConfig) -> DictConfig:
     saved = out_dir / "config.yaml"
     if not saved.is_file():
         raise UserError(f"resume={out_dir}: no config.yaml there; give a directory written by rlx eval")
-    old = OmegaConf.load(saved)
+    try:
+        old = OmegaConf.load(saved)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UserError(f"resume={out_dir}: {saved} is damaged ({first}); the evaluation cannot be resumed as it was") from None
+    if not isinstance(old, DictConfig) or "sampling" not in old or "metrics" not in old:
+        raise UserError(f"resume={out_dir}: {saved} was not written by rlx eval (a training run?); give a directory "
+                        "written by rlx eval, or evaluate a training run with run=<run>")
     old.resume = str(out_dir)
     old.progress = cfg.progress
     return old

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlx.config import UserError
 from rlx.run import read_metrics
 
 # Overrides that do not change the configuration being measured.
@@ -71,21 +72,37 @@ def _seed_of(overrides: list[str], run_dir: Path) -> int | None:
     if config.is_file():
         from omegaconf import OmegaConf
 
-        return OmegaConf.load(config).get("seed")
+        return _read(config, OmegaConf.load).get("seed")
     return None
 
 
+def _read(path: Path, load):
+    """load(path), or one line naming the damaged file (bad YAML/JSON, bytes that are not text, wrong shape)."""
+    try:
+        return load(path)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UserError(f"{path} is damaged ({first}); repair or remove it, or leave this run out of the report") from None
+
+
+def _json_object(path: Path) -> dict:
+    value = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(value, dict):
+        raise ValueError(f"a JSON object was expected, not {type(value).__name__}")
+    return value
+
+
 def load_run(run_dir: Path) -> Run:
+    from omegaconf import OmegaConf
+
     overrides = []
     if (run_dir / "overrides.yaml").is_file():
-        from omegaconf import OmegaConf
-
-        overrides = [str(o) for o in OmegaConf.load(run_dir / "overrides.yaml")]
+        overrides = [str(o) for o in _read(run_dir / "overrides.yaml", lambda p: list(OmegaConf.load(p)))]
     final, failed = {}, ""
     if (run_dir / "result.json").is_file():
-        final = json.loads((run_dir / "result.json").read_text()).get("metrics", {})
+        final = _read(run_dir / "result.json", _json_object).get("metrics", {})
     if (run_dir / "failure.json").is_file():
-        failed = json.loads((run_dir / "failure.json").read_text()).get("error", "failed")
+        failed = _read(run_dir / "failure.json", _json_object).get("error", "failed")
     return Run(run_dir, overrides, _seed_of(overrides, run_dir), read_metrics(run_dir / "metrics.jsonl"), final, failed)
 
 

@@ -104,6 +104,22 @@ def _subset(values, index: int):
     return values[index : index + 1] if isinstance(values, list) else values
 
 
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+_NOTHING_SCORED_WARNED = []
+
+
+def _warn_nothing_scored(names: list[str], n: int) -> None:
+    """Once per process: every component said None (not applicable) for a whole batch, so it scores 0 everywhere."""
+    if _NOTHING_SCORED_WARNED:
+        return
+    _NOTHING_SCORED_WARNED.append(True)
+    import logging
+
+    logging.getLogger("rlx").warning(
+        "every reward component (%s) returned None (not applicable) for all %d completions of a batch: they score 0 "
+        "and carry no learning signal; check that the reward reads the right data columns (said once)", ", ".join(names), n)
+
+
 def check_scores(name: str, scores, completions: list) -> list[float | None]:
     """The output of reward component `name`: one float (finite) or None per completion, else RewardError
     naming the component and an offending completion."""
@@ -133,6 +149,9 @@ def check_scores(name: str, scores, completions: list) -> list[float | None]:
         if not math.isfinite(value):
             raise RewardError(f"reward '{name}' returned {value} for completion {_shown(completions[i])}; return a finite "
                               f"float, or None when the reward does not apply")
+        if abs(value) > FLOAT32_MAX:  # would turn inf in the float32 reward tensor, and ties or NaN after it
+            raise RewardError(f"reward '{name}' returned {value:g} for completion {_shown(completions[i])}, beyond float32 "
+                              f"(|score| <= {FLOAT32_MAX:.3g}); scale the reward down")
         checked.append(value)
     return checked
 
@@ -184,6 +203,11 @@ def compute_rewards(
         values = torch.tensor([math.nan if s is None else s for s in scores], dtype=torch.float32)  # (N,)
         per_component[comp.name] = values
         total += comp.weight * torch.nan_to_num(values, nan=0.0)
+    if n and per_component and all(torch.isnan(v).all() for v in per_component.values()):
+        _warn_nothing_scored(list(per_component), n)
+    if not torch.isfinite(total).all():
+        raise RewardError(f"the weighted reward total overflows float32 (components {', '.join(per_component)} with weights "
+                          f"{', '.join(f'{c.weight:g}' for c in components)}); scale the rewards or weights down")
     return total, per_component, errors
 
 

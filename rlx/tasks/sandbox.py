@@ -21,13 +21,23 @@ stdout/stderr, keeping the first ``max_output_bytes`` of each and discarding the
 sample is never blocked on a full pipe), SIGKILLs the whole process group at the wall-clock
 deadline or once the launcher exits, and removes the directory.  In every mode a sample gets:
 
-- rlimits: CPU seconds, address space (memory), file size, processes, no core dumps;
+- rlimits: CPU seconds, address space (memory), file size, processes, open files, no core
+  dumps;
 - ``PR_SET_NO_NEW_PRIVS`` (setuid binaries cannot raise privileges) and a parent-death signal;
 - its own session, killed as a whole when the run ends or times out;
 - a parent inside the sandbox (launcher or namespace init), so ``os.kill(os.getppid(), 9)``
   cannot reach the caller.
 
 Layers that depend on the machine (listed in ``SandboxResult.isolation``):
+
+- ``"cgroup"``: a control group per run (cgroup v2, or v1 on a hybrid host; see ``_Cgroup``)
+  that the launcher enters before it forks: the memory of all processes of the run and of their
+  private tmpfs files together is bounded (``total_memory_mb``, default ``memory_mb``; the
+  kernel's OOM killer acts inside the group and the result's stderr says so), so is the number
+  of processes and threads (``max_processes`` + 2), and every process in it is killed at the end,
+  also one that left the session.  Without a writable cgroup (non-root without delegation,
+  read-only /sys) the run goes on without it and a RuntimeWarning says so once per process:
+  memory is then bounded only per process, up to ``memory_mb`` x ``max_processes`` in total.
 
 - ``"uid"`` (runner is root): the sample runs as an unprivileged uid/gid from ``SANDBOX_UIDS``
   (60000..60255; uids with a passwd entry or with running processes are skipped).  Each run
@@ -57,8 +67,9 @@ Guarantees
 ----------
 Root with namespaces (CAP_SYS_ADMIN, Linux >= 5.12; our CI): the sample cannot create, change,
 delete or chmod anything on the host, cannot reach the network, cannot see or signal host
-processes, and leaves no process behind; memory, CPU time, processes, file sizes, its private
-disk and the captured output are bounded.  Root without namespaces (e.g. Docker's default
+processes, and leaves no process behind; memory, CPU time, processes, open files, file sizes,
+its private disk and the captured output are bounded, memory and processes also in total for
+the run (with a cgroup).  Root without namespaces (e.g. Docker's default
 capabilities): the uid still protects root's files and other processes and the sweep still
 removes strays, but world-writable places such as /tmp stay writable and the network is only
 guarded by the prelude.  If root cannot switch to the sample uid, or that uid cannot execute
@@ -77,6 +88,7 @@ packages.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import json
@@ -92,6 +104,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,7 +156,10 @@ def run_code(
     stdin: str = "",
     max_processes: int = 64,
     max_file_bytes: int = 16 * 2**20,
+    max_open_files: int = 256,
+    total_memory_mb: int | None = None,
     namespaces: bool = True,
+    cgroup: bool = True,
     interpreter: str | None = None,
 ) -> SandboxResult:
     """Run `code` as the main script of a fresh interpreter inside the sandbox.
@@ -152,14 +168,22 @@ def run_code(
     memory_mb: address-space limit of each process.  max_output_bytes: kept per stream.
     stdin: text fed to the program.  max_processes: RLIMIT_NPROC (threads count too).
     max_file_bytes: RLIMIT_FSIZE, and the size of each private tmpfs.
+    max_open_files: RLIMIT_NOFILE (file descriptors per process).
+    total_memory_mb: memory of the whole run, all its processes and private tmpfs files together
+    (the per-run cgroup's memory limit; default memory_mb).  The cgroup also bounds the run's
+    processes to max_processes (+ 2 for the launcher and the namespace init).
     namespaces: try Linux namespaces (set False to exercise the fallback).
+    cgroup: try a per-run cgroup (set False to exercise the fallback; see _Cgroup).
     interpreter: the Python that runs the sample (default: this one with symlinks resolved).
     Thread-safe; see run_many.
     """
     interpreter = os.path.realpath(interpreter or sys.executable)
     workdir = tempfile.mkdtemp(prefix="rlx-sandbox-")
-    lease = None
+    lease = group = None
     try:
+        if cgroup:
+            total = (total_memory_mb or memory_mb) * 2**20
+            group = _Cgroup.create(total, max_processes + 2)
         if os.geteuid() == 0:
             lease = _UID_POOL.acquire()
         Path(workdir, _MAIN).write_text(code, encoding="utf-8")
@@ -177,10 +201,17 @@ def run_code(
             "memory_bytes": memory_mb * 2**20,
             "max_file_bytes": max_file_bytes,
             "max_processes": nproc,
+            "max_open_files": max_open_files,
+            "cgroup_procs": [] if group is None else group.procs_files(),
             "env": {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir},
         }
-        return _launch_and_collect(config, lease, timeout_s, max_output_bytes, stdin.encode("utf-8"))
+        result = _launch_and_collect(config, lease, timeout_s, max_output_bytes, stdin.encode("utf-8"), group)
+        if cgroup and "cgroup" not in result.isolation and result.status != "sandbox_error":
+            _warn_no_cgroup(_Cgroup.unavailable if group is None else group.join_error)
+        return result
     finally:
+        if group is not None:
+            group.remove()
         if lease is not None:
             _UID_POOL.release(lease)
         shutil.rmtree(workdir, ignore_errors=True)
@@ -291,7 +322,8 @@ def _feed(pipe, data: bytes) -> None:
 
 
 def _launch_and_collect(
-    config: dict, lease: _Lease | None, timeout_s: float, max_output_bytes: int, stdin: bytes = b""
+    config: dict, lease: _Lease | None, timeout_s: float, max_output_bytes: int, stdin: bytes = b"",
+    group: _Cgroup | None = None,
 ) -> SandboxResult:
     """Start the launcher, stream its output until exit or deadline, then clean up.  stdin is a pipe
     (never a host file the sample could reopen through /proc/self/fd/0), fed by a thread."""
@@ -327,6 +359,14 @@ def _launch_and_collect(
         _signal_group(proc.pid)
         proc.wait()
         report = _read_report(report_read)
+        if group is not None:
+            group.join_error = report.get("cgroup_error", "")
+        if group is not None and "cgroup" in report.get("isolation", ()):
+            group.kill()  # also what left the session, before the uid sweep below
+            if group.oom_kills():
+                streams[proc.stderr.fileno()].add(
+                    f"\nrlx: the run's total memory bound ({group.memory_bytes >> 20} MiB) was hit; "
+                    "the kernel killed a process\n".encode())
         # With a pid namespace, a launcher that exited on its own means the namespace's init
         # exited, and the kernel killed everything inside first; otherwise sweep the uid.
         if lease is not None and (timed_out or "pidns" not in report.get("isolation", ())):
@@ -449,6 +489,234 @@ def _read_report(fd: int) -> dict:
     for line in b"".join(chunks).decode("utf-8", errors="replace").splitlines():
         report.update(json.loads(line))
     return report
+
+
+# --------------------------------------------------------------------------------------------
+# Per-run cgroup: one bound on the memory and the processes of the whole run
+# --------------------------------------------------------------------------------------------
+
+
+class _Cgroup:
+    """A control group made for one run: memory limit (all processes and their tmpfs files
+    together; the kernel's OOM killer acts inside the group only) and process limit (pids.max,
+    threads count too).  The launcher moves itself in before it forks, so everything the sample
+    starts is inside, also what leaves the session; `kill` ends them all.
+
+    Where: cgroup v2 (memory.max, pids.max, cgroup.kill) below the caller's own cgroup, whose
+    cgroup.subtree_control must offer "memory pids" (a systemd unit with Delegate=yes, or a
+    container's root), or below RLX_SANDBOX_CGROUP (a directory of a delegated v2 tree); else
+    cgroup v1 (memory.limit_in_bytes, pids.max) below the caller's memory and pids groups, as
+    root.  Neither writable (an unprivileged caller without delegation, a read-only /sys): the
+    run goes on with per-process rlimits only, a warning says so once per process, and
+    "cgroup" is missing from SandboxResult.isolation."""
+
+    unavailable = ""  # why no backend works here ("" until one was tried)
+    _backend = None  # (name, [parent dirs]) once found; False when none works
+    _lock = threading.Lock()
+    _serial = 0
+
+    def __init__(self, kind: str, dirs: list[str], memory_bytes: int):
+        self.kind, self.dirs, self.memory_bytes = kind, dirs, memory_bytes
+        self.join_error = ""
+
+    @classmethod
+    def create(cls, memory_bytes: int, max_pids: int) -> _Cgroup | None:
+        with cls._lock:
+            if cls._backend is None:
+                cls._backend = cls._find_backend() or False
+            if not cls._backend:
+                return None
+            cls._serial += 1
+            name = f"rlx-sandbox-{os.getpid()}-{cls._serial}"
+        kind, parents = cls._backend
+        dirs = [os.path.join(parent, name) for parent in parents]
+        made = []
+        try:
+            for directory in dirs:
+                os.mkdir(directory, 0o755)
+                made.append(directory)
+            for key, value in _CGROUP_LIMITS[kind](memory_bytes, max_pids):
+                for directory in dirs:
+                    if os.path.exists(os.path.join(directory, key)):
+                        Path(directory, key).write_text(str(value))
+        except OSError as exc:
+            for directory in reversed(made):
+                _rmdir(directory)
+            cls.unavailable = f"could not set up {dirs[0]}: {exc}"
+            return None
+        return cls(kind, dirs, memory_bytes)
+
+    @classmethod
+    def _find_backend(cls) -> tuple[str, list[str]] | None:
+        reasons = []
+        for kind, find in _CGROUP_BACKENDS.items():
+            try:
+                parents = find()
+            except OSError as exc:
+                reasons.append(f"{kind}: {exc}")
+                continue
+            if isinstance(parents, str):
+                reasons.append(f"{kind}: {parents}")
+                continue
+            _remove_stale_groups(parents)
+            return kind, parents
+        cls.unavailable = "; ".join(reasons)
+        return None
+
+    def procs_files(self) -> list[str]:
+        return [os.path.join(directory, "cgroup.procs") for directory in self.dirs]
+
+    def pids(self) -> set[int]:
+        found = set()
+        for path in self.procs_files():
+            try:
+                found |= {int(line) for line in Path(path).read_text().split()}
+            except OSError:
+                pass
+        return found
+
+    def kill(self, settle_s: float = 1.0) -> bool:
+        """SIGKILL everything in the group (cgroup.kill where the kernel has it, else pid by pid
+        until empty: pids.max bounds what can appear meanwhile).  True once empty."""
+        kill_file = os.path.join(self.dirs[0], "cgroup.kill")
+        deadline = time.monotonic() + settle_s
+        while pids := self.pids():
+            if time.monotonic() > deadline:
+                return False
+            try:
+                if os.path.exists(kill_file):
+                    Path(kill_file).write_text("1")
+                else:
+                    for pid in pids:
+                        with contextlib.suppress(OSError):
+                            os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+            time.sleep(0.005)
+        return True
+
+    def oom_kills(self) -> int:
+        """How many processes the kernel killed for the group's memory limit."""
+        for directory in self.dirs:
+            for name in ("memory.events", "memory.oom_control"):
+                try:
+                    fields = dict(line.split() for line in Path(directory, name).read_text().splitlines())
+                except (OSError, ValueError):
+                    continue
+                return int(fields.get("oom_kill", 0))
+        return 0
+
+    def remove(self) -> None:
+        self.kill()
+        for directory in self.dirs:
+            _rmdir(directory)
+
+
+def _rmdir(directory: str, tries: int = 50) -> None:
+    """rmdir a cgroup; it fails while the last killed processes are still exiting."""
+    for _ in range(tries):
+        try:
+            os.rmdir(directory)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.01)
+
+
+def _remove_stale_groups(parents: list[str]) -> None:
+    """Empty groups left by a caller that died before removing them (their pid is gone)."""
+    for parent in parents:
+        for entry in os.scandir(parent):
+            parts = entry.name.split("-")
+            if entry.name.startswith("rlx-sandbox-") and len(parts) == 4 and parts[2].isdigit():
+                if not os.path.exists(f"/proc/{parts[2]}"):
+                    with contextlib.suppress(OSError):
+                        os.rmdir(entry.path)
+
+
+def _own_cgroups() -> dict[str, str]:
+    """{controller or "" (v2): path} from /proc/self/cgroup."""
+    groups = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(",") if controllers else [""]:
+            groups[controller] = path
+    return groups
+
+
+def _cgroup_mounts() -> list[tuple[str, str, str, set[str]]]:
+    """(fstype, mount point, mount root, super options) of every cgroup mount."""
+    mounts = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        before, after = line.split(" - ", 1)
+        fields, (fstype, _, options) = before.split(), after.split(" ", 2)
+        if fstype in ("cgroup", "cgroup2"):
+            mounts.append((fstype, fields[4], fields[3], set(options.split(","))))
+    return mounts
+
+
+def _below(mount_point: str, mount_root: str, path: str) -> str:
+    relative = os.path.relpath(path, mount_root) if path.startswith(mount_root) else path.lstrip("/")
+    return os.path.normpath(os.path.join(mount_point, relative))
+
+
+def _find_cgroup2() -> list[str] | str:
+    explicit = os.environ.get("RLX_SANDBOX_CGROUP")
+    if explicit:
+        parent = explicit
+    else:
+        own = _own_cgroups().get("")
+        mounts = [m for m in _cgroup_mounts() if m[0] == "cgroup2"]
+        if own is None or not mounts:
+            return "no cgroup2 hierarchy"
+        parent = _below(mounts[0][1], mounts[0][2], own)
+    control = os.path.join(parent, "cgroup.subtree_control")
+    enabled = set(Path(control).read_text().split())
+    if not {"memory", "pids"} <= enabled:
+        try:  # possible only for a group without processes of its own (or the root)
+            Path(control).write_text("+memory +pids")
+        except OSError as exc:
+            return f"{parent} does not hand the memory and pids controllers to subgroups ({exc.strerror})"
+    if not os.access(parent, os.W_OK):
+        return f"{parent} is not writable"
+    return [parent]
+
+
+def _find_cgroup1() -> list[str] | str:
+    own = _own_cgroups()
+    parents = []
+    for controller in ("memory", "pids"):
+        mount = next((m for m in _cgroup_mounts() if m[0] == "cgroup" and controller in m[3]), None)
+        if mount is None or controller not in own:
+            return f"no {controller} controller"
+        parent = _below(mount[1], mount[2], own[controller])
+        if not os.access(parent, os.W_OK):
+            return f"{parent} is not writable"
+        parents.append(parent)
+    return parents
+
+
+# kind -> how to find the parent directories, and the limit files to write (in order)
+_CGROUP_BACKENDS = {"cgroup2": _find_cgroup2, "cgroup1": _find_cgroup1}
+_CGROUP_LIMITS = {
+    "cgroup2": lambda memory, pids: [("memory.max", memory), ("memory.swap.max", 0), ("pids.max", pids)],
+    "cgroup1": lambda memory, pids: [("memory.limit_in_bytes", memory), ("memory.memsw.limit_in_bytes", memory),
+                                      ("pids.max", pids)],
+}
+_WARNED_NO_CGROUP = []
+
+
+def _warn_no_cgroup(reason: str) -> None:
+    """Once per process: the run had no total bound, only per-process rlimits."""
+    if not _WARNED_NO_CGROUP:
+        _WARNED_NO_CGROUP.append(True)
+        warnings.warn(
+            "rlx sandbox: no per-run cgroup here"
+            + (f" ({reason})" if reason else "")
+            + "; memory and processes are bounded per process only (RLIMIT_AS x RLIMIT_NPROC), "
+            "see rlx/tasks/sandbox.py", RuntimeWarning, stacklevel=3)
+
 
 
 # --------------------------------------------------------------------------------------------
@@ -660,7 +928,8 @@ def _launch(config: dict) -> None:
         libc = _Libc()
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # die with the caller
         code = Path(config["workdir"], _MAIN).read_bytes()
-        isolation = _enter_namespaces(libc, config)
+        isolation = _join_cgroup(config, report_fd)  # first: all that follows is inside
+        isolation += _enter_namespaces(libc, config)
         if "mountns" in isolation:
             isolation += _isolate_filesystem(libc, config, code)
         if "pidns" in isolation:
@@ -705,6 +974,20 @@ def _wait_and_exit_like(child: int, report_fd: int | None) -> None:
     if os.WIFSIGNALED(status) and report_fd is not None:
         _report(report_fd, {"signal": os.WTERMSIG(status)})
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+
+
+def _join_cgroup(config: dict, report_fd: int) -> list[str]:
+    """Move this process into the run's cgroup(s), before any fork.  A failure is reported, and
+    the run goes on without (the caller warns)."""
+    if not config["cgroup_procs"]:
+        return []
+    try:
+        for path in config["cgroup_procs"]:
+            Path(path).write_text(str(os.getpid()))
+    except OSError as exc:
+        _report(report_fd, {"cgroup_error": f"could not join {path}: {exc.strerror}"})
+        return []
+    return ["cgroup"]
 
 
 def _enter_namespaces(libc: _Libc, config: dict) -> list[str]:
@@ -845,6 +1128,7 @@ def _become_sample(libc: _Libc, config: dict, isolation: list[str]) -> list[str]
         resource.RLIMIT_AS: (config["memory_bytes"],) * 2,
         resource.RLIMIT_FSIZE: (config["max_file_bytes"],) * 2,
         resource.RLIMIT_NPROC: (config["max_processes"],) * 2,
+        resource.RLIMIT_NOFILE: (config["max_open_files"],) * 2,
         resource.RLIMIT_CORE: (0, 0),
     }
     for kind, (soft, hard) in limits.items():
