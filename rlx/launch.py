@@ -252,10 +252,35 @@ def resolve_resume(args: list[str]) -> list[str]:
     new = [a for a in args if not a.startswith("resume=")]
     new_keys = {a.split("=", 1)[0].lstrip("+~") for a in new}
     kept = [o for o in saved if o.split("=", 1)[0].lstrip("+~") not in new_keys and not o.startswith(("resume=", "hydra."))]
+    kept += legacy_pins(run, new_keys)
     if new:
         check_resume_compatible(run, [*kept, *new])
     quoted = str(run.resolve()).replace("'", "\\'")
     return [*kept, *new, f"resume='{quoted}'", f"hydra.run.dir='{quoted}'"]
+
+
+# knobs whose default changed after runs were made without them: the value such a run used. A resume of a run
+# whose config.yaml lacks the key pins it (rollout.sampler: v2 became the default; older runs drew with v1)
+LEGACY_DEFAULTS = {"rollout.sampler": "v1"}
+
+
+def legacy_pins(run: Path, new_keys: set[str]) -> list[str]:
+    """`++key=value` overrides that keep a resumed run on the LEGACY_DEFAULTS its config.yaml predates."""
+    try:
+        saved = yaml.safe_load((run / "config.yaml").read_text()) or {}
+    except yaml.YAMLError:
+        return []  # check_resume_compatible reports the damaged file
+    pins = []
+    for dotted, value in LEGACY_DEFAULTS.items():
+        node = saved
+        for part in dotted.split("."):
+            node = node.get(part, _MISSING) if isinstance(node, dict) else _MISSING
+        if node is _MISSING and dotted not in new_keys:
+            pins.append(f"++{dotted}={value}")
+    return pins
+
+
+_MISSING = object()
 
 
 # settings a resumed run cannot change: its checkpoints hold weights and states made under them
