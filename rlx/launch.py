@@ -93,6 +93,9 @@ def check_batch(cfg, processes: int) -> int:
         local_step = batch // processes
         what = "algorithm.batch_size / processes"
     accumulation = hw.get("gradient_accumulation_steps")
+    if cfg.get("micro_batch_tokens") is not None and hw.get("distributed") == "deepspeed":
+        raise UserError("micro_batch_tokens varies the micro-batch count per step, which DeepSpeed's engine fixes; "
+                        "set micro_batch_tokens=null (use micro_batch_size) or another hardware strategy")
     if accumulation is not None and local_step != accumulation * cfg.micro_batch_size:
         raise UserError(
             f"hardware.gradient_accumulation_steps={accumulation} x micro_batch_size={cfg.micro_batch_size} must equal "

@@ -55,7 +55,8 @@ from rlx.loops.common import (
 from rlx.models.forward import completion_logprobs
 from rlx.models.lora import place_reference, reference_model
 from rlx.models.value import build_value_model
-from rlx.parallel import backward, gather, gather_padded, global_mean, global_sum
+from rlx.loops.micro_batches import plan_micro_batches
+from rlx.parallel import backward, gather, gather_padded, global_max, global_mean, global_sum, set_accumulation
 from rlx.rollout.batch import sample_batch, sample_records
 from rlx.rollout.hf import generate
 from rlx.rollout.vllm import build_engine
@@ -160,8 +161,12 @@ def train_ppo(cfg, parts: Components) -> dict:
             for mini in order.chunk(algo.mini_batches):
                 mini_tokens = global_sum(acc, mask[mini].sum().item())  # normalisers: the whole mini-batch
                 mini_seqs = global_sum(acc, len(mini))
-                for lo in range(0, len(mini), cfg.micro_batch_size):
-                    idx = mini[lo : lo + cfg.micro_batch_size]
+                # a fixed count of rows, or a token budget (micro_batch_tokens; loops/micro_batches.py)
+                micro = plan_micro_batches(mini, rollout.prompt_mask, rollout.completion_mask, cfg.micro_batch_size,
+                                           cfg.get("micro_batch_tokens"), partial(global_max, acc))
+                if cfg.get("micro_batch_tokens"):
+                    set_accumulation(acc, len(micro))  # this optimizer step's count of backward passes
+                for idx in micro:
                     micro_mask = mask[idx]
                     logp, entropy = completion_logprobs(
                         model, rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx],
