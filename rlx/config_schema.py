@@ -99,7 +99,7 @@ def _bool(name):
 TRAIN_KNOBS: tuple[Knob, ...] = (
     # run
     _int("seed", 0, 2**32 - 1), _int("steps", 1), _int("prompts_per_step", 1), _int("micro_batch_size", 1),
-    _int("micro_batch_tokens", 1, nullable=True),
+    _int("micro_batch_tokens", 1, nullable=True), _bool("packed_forward"),
     # optimizer and schedule
     _pos("optim.lr"), _nonneg("optim.weight_decay"), _pos("optim.eps"), _int("optim.warmup_steps", 0),
     _choice("optim.schedule", "constant", "cosine", "linear"), _pos("optim.max_grad_norm", nullable=True),

@@ -99,6 +99,7 @@ PG_CASES = {
                                         "micro_batch_size=1"], "token-mean", "token"),
     "grpo-kl-k1-in-reward": (["algorithm=grpo", "algorithm.kl_coef=0.1", "algorithm.kl_in=reward",
                               "algorithm.kl_estimator=k1"], "token-mean", "token"),
+    "grpo-packed-forward": (["algorithm=grpo", "algorithm.kl_coef=0.1", "packed_forward=true"], "token-mean", "token"),
 }
 
 
@@ -118,8 +119,8 @@ def test_policy_gradient_loss_matches_the_formula(tmp_path, monkeypatch, case):
     sampler = FixedSampler(tokenizer, [LIKELY, UNLIKELY, MID])
     real_logprobs = policy_gradient.batched_logprobs
 
-    def sampling_policy_logprobs(net, rollout, micro, with_entropy=False, temperature=1.0):
-        logp, entropy = real_logprobs(net, rollout, micro, with_entropy, temperature=temperature)
+    def sampling_policy_logprobs(net, rollout, micro, with_entropy=False, temperature=1.0, pack=False):
+        logp, entropy = real_logprobs(net, rollout, micro, with_entropy, temperature=temperature, pack=pack)
         if net is reference:
             return logp, entropy
         return logp + offsets(tuple(logp.shape)).to(logp.dtype), entropy  # the policy that sampled: pi + offset
@@ -193,8 +194,8 @@ def test_ppo_policy_and_value_losses_match_the_formulas(tmp_path, monkeypatch):
     monkeypatch.setattr(ppo, "generate", sampler)
     monkeypatch.setattr(ppo, "build_value_model", critic)
     monkeypatch.setattr(ppo, "batched_logprobs",
-                        lambda net, rollout, micro, with_entropy=False, temperature=1.0: (
-                            real_logprobs(net, rollout, micro, temperature=temperature)[0]
+                        lambda net, rollout, micro, with_entropy=False, temperature=1.0, pack=False: (
+                            real_logprobs(net, rollout, micro, temperature=temperature, pack=pack)[0]
                                                                         + offsets(tuple(rollout.completion_ids.shape)).float(), None))
     monkeypatch.setattr(ppo, "batched_values",
                         lambda net, rollout, micro: real_values(net, rollout, micro)

@@ -111,8 +111,9 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
         old_logp, old_entropy = None, None
         if need_old or algo.forking_rho < 1:
             old_logp, old_entropy = batched_logprobs(model, rollout, cfg.micro_batch_size, with_entropy=algo.forking_rho < 1,
-                                                     temperature=roll.temperature)
-        ref_logp = (batched_logprobs(reference, rollout, cfg.micro_batch_size, temperature=roll.temperature)[0]
+                                                     temperature=roll.temperature, pack=cfg.get("packed_forward", False))
+        ref_logp = (batched_logprobs(reference, rollout, cfg.micro_batch_size, temperature=roll.temperature,
+                                     pack=cfg.get("packed_forward", False))[0]
                     if reference is not None else None)
         shaped, seq_kl = rewards, None
         if reference is not None and algo.kl_in == "reward":
@@ -150,6 +151,7 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
                     logp, entropy = completion_logprobs(
                         model, rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx], mask,
                         with_entropy=True, entropy_grad=algo.entropy_coef > 0, temperature=roll.temperature,
+                        pack=cfg.get("packed_forward", False),
                     )
                     device_mask = loss_mask[idx].to(logp.device)
                     old = old_logp[idx].to(logp.device) if old_logp is not None else logp.detach()

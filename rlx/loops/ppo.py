@@ -130,8 +130,10 @@ def train_ppo(cfg, parts: Components) -> dict:
             mask = mask * (~rollout.truncated).long().unsqueeze(1)
 
         # 2. sampling-policy log-probs, reference log-probs and values
-        old_logp, _ = batched_logprobs(model, rollout, cfg.micro_batch_size, temperature=roll.temperature)  # (n, C)
-        ref_logp = (batched_logprobs(reference, rollout, cfg.micro_batch_size, temperature=roll.temperature)[0]
+        old_logp, _ = batched_logprobs(model, rollout, cfg.micro_batch_size, temperature=roll.temperature,
+                                       pack=cfg.get("packed_forward", False))  # (n, C)
+        ref_logp = (batched_logprobs(reference, rollout, cfg.micro_batch_size, temperature=roll.temperature,
+                                     pack=cfg.get("packed_forward", False))[0]
                     if reference is not None else None)
         old_values = batched_values(value_model, rollout, cfg.micro_batch_size)  # (n, C)
         gap = None
@@ -171,7 +173,7 @@ def train_ppo(cfg, parts: Components) -> dict:
                     logp, entropy = completion_logprobs(
                         model, rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx],
                         rollout.completion_mask[idx], with_entropy=True, entropy_grad=algo.entropy_coef > 0,
-                        temperature=roll.temperature,
+                        temperature=roll.temperature, pack=cfg.get("packed_forward", False),
                     )
                     device_mask = micro_mask.to(logp.device)
                     token_loss, clip_stats = clipped_surrogate(
