@@ -275,15 +275,14 @@ def legacy_pins(run: Path, new_keys: set[str]) -> list[str]:
         return []  # check_resume_compatible reports the damaged file
     pins = []
     for dotted, value in LEGACY_DEFAULTS.items():
+        *parents, key = dotted.split(".")
         node = saved
-        for part in dotted.split("."):
-            node = node.get(part, _MISSING) if isinstance(node, dict) else _MISSING
-        if node is _MISSING and dotted not in new_keys:
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        # the group exists (the run has a rollout) but predates the key
+        if isinstance(node, dict) and key not in node and dotted not in new_keys:
             pins.append(f"++{dotted}={value}")
     return pins
-
-
-_MISSING = object()
 
 
 # settings a resumed run cannot change: its checkpoints hold weights and states made under them

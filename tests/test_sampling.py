@@ -149,3 +149,5 @@ def test_resume_pins_the_legacy_sampler(tmp_path):
     assert legacy_pins(tmp_path, {"rollout.sampler"}) == []
     (tmp_path / "config.yaml").write_text("rollout:\n  sampler: v2\n")
     assert legacy_pins(tmp_path, set()) == []
+    (tmp_path / "config.yaml").write_text("name: sft\n")  # no rollout at all: nothing to pin
+    assert legacy_pins(tmp_path, set()) == []
