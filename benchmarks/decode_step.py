@@ -69,7 +69,8 @@ def main() -> None:
     if not (folder / "config.json").exists():
         build_shaped_model(args.shape, folder, num_layers=args.layers)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    step = decode_step_for(model)
+    steps = {"default": decode_step_for(model), "onednn": decode_step_for(model, onednn=True)}
+    step = steps["default"]
     rows, prompt = args.rows, 32
     vocab = model.config.vocab_size
     ids = torch.randint(3, vocab, (rows, prompt))
@@ -77,16 +78,16 @@ def main() -> None:
     seeds = torch.arange(rows, dtype=torch.int64) * 7919 + 1
 
     def fresh():
-        cache = generation_cache(model, args.steps * args.repeats * 4 + 8)
+        cache = generation_cache(model, args.steps * args.repeats * 8 + 8)
         out = model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True, logits_to_keep=1)
         return out.past_key_values, out.logits[:, -1]
 
     cache, logits = fresh()
     state = {"attention": mask, "position": torch.full((rows,), prompt), "token": torch.zeros(rows, dtype=torch.long)}
 
-    def layers_and_head(t):
+    def layers_and_head(t, kind="default"):
         state["attention"] = torch.cat([state["attention"], state["attention"].new_ones(rows, 1)], dim=1)
-        out = step(state["token"], state["position"], state["attention"], cache)
+        out = steps[kind](state["token"], state["position"], state["attention"], cache)
         state["position"] = state["position"] + 1
         return out
 
@@ -103,7 +104,10 @@ def main() -> None:
     results = {}
     for name in SAMPLERS:
         results[f"step+sampler {name}"] = timed(lambda t: whole(t, name), args.steps, args.repeats)
-    results["step without sampler"] = timed(layers_and_head, args.steps, args.repeats)
+    for _ in range(2):  # alternating
+        for kind in steps:
+            name = f"step without sampler, {kind}"
+            results[name] = min(results.get(name, 1e9), timed(lambda t: layers_and_head(t, kind), args.steps, args.repeats))
     results["head (norm + lm_head)"] = timed(head, args.steps, args.repeats)
     for name in SAMPLERS:
         results[f"sampler {name} alone"] = timed(

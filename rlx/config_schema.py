@@ -107,6 +107,7 @@ TRAIN_KNOBS: tuple[Knob, ...] = (
     _int("rollout.samples_per_prompt", 1), _int("rollout.max_new_tokens", 1), _pos("rollout.temperature"),
     _frac("rollout.top_p", low_open=True), _int("rollout.top_k", 0), _int("rollout.batch_size", 1),
     _int("rollout.min_new_tokens", 0), _choice("rollout.sampler", "v1", "v2"),
+    _bool("rollout.onednn_decode"),
     # evaluation, logging, saving, checkpoints
     _int("eval.every", 0), _bool("eval.at_start"), _int("eval.size", 0), _int("eval.max_new_tokens", 1),
     _int("eval.batch_size", 1),

@@ -94,6 +94,7 @@ def sample_batch(sample, tokenizer, stream: PromptStream, cfg, rewards: list[Rew
             seeds=[sample_seed(cfg.seed, step, first + i) for i in range(len(prompts) * group_size)],
             min_new_tokens=roll.get("min_new_tokens", 0),
             sampler=roll.get("sampler", LEGACY_SAMPLER),  # a config from before sampler versions drew with v1
+            onednn=roll.get("onednn_decode", False),
         )
         sample_rows = [row for row in rows for _ in range(group_size)]
         if any(c.name == "overlong" for c in rewards):
