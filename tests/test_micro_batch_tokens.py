@@ -108,3 +108,13 @@ def test_token_budget_gives_the_fixed_count_gradients(tmp_path, monkeypatch, loo
         for name in want:
             error = (got[name] - want[name]).norm() / want[name].norm().clamp(min=1e-12)
             assert error < 1e-4, (name, error.item())  # float rounding of a different summation order only
+
+
+def test_token_budget_is_refused_under_deepspeed():
+    """DeepSpeed's engine fixes the micro-batch count per step: one line naming the fix, at start-up."""
+    from rlx.config import UserError, check_overrides
+    from rlx.launch import check_batch
+
+    check_batch(check_overrides(["micro_batch_tokens=512"]), 1)
+    with pytest.raises(UserError, match="micro_batch_tokens"):
+        check_batch(check_overrides(["hardware=deepspeed_zero2", "micro_batch_tokens=512"]), 1)
