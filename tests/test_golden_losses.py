@@ -170,7 +170,8 @@ def test_policy_gradient_loss_matches_the_formula(tmp_path, monkeypatch, case):
 # ------------------------------------------------------------------------------------------------
 
 
-def test_ppo_policy_and_value_losses_match_the_formulas(tmp_path, monkeypatch):
+@pytest.mark.parametrize("extra", [[], ["packed_forward=true"]], ids=["padded", "packed"])
+def test_ppo_policy_and_value_losses_match_the_formulas(tmp_path, monkeypatch, extra):
     """GAE (Schulman et al. 2016), gamma = 1, lambda = 0.95, outcome reward on the last token:
         delta_t = r_t + V_old(t+1) - V_old(t)  (V_old after the last token = 0),  A_t = delta_t + lambda A_{t+1},
         R_t = A_t + V_old(t);  A whitened over every valid token of the batch: (A - mean) / (std + 1e-8).
@@ -198,9 +199,9 @@ def test_ppo_policy_and_value_losses_match_the_formulas(tmp_path, monkeypatch):
                             real_logprobs(net, rollout, micro, temperature=temperature, pack=pack)[0]
                                                                         + offsets(tuple(rollout.completion_ids.shape)).float(), None))
     monkeypatch.setattr(ppo, "batched_values",
-                        lambda net, rollout, micro: real_values(net, rollout, micro)
+                        lambda net, rollout, micro, pack=False: real_values(net, rollout, micro, pack=pack)
                         + offsets(tuple(rollout.completion_ids.shape), scale=0.3).flip(0).float())
-    cfg = loop_config(*RL, "algorithm=ppo", "algorithm.value_lr=0")
+    cfg = loop_config(*RL, "algorithm=ppo", "algorithm.value_lr=0", *extra)
     ppo.train_ppo(cfg, components(tmp_path, model, tokenizer, rows(PROMPTS[:2]), scored_by(REWARDS)))
     algo = cfg.algorithm
 

@@ -43,3 +43,24 @@ def test_packed_forward_equals_the_padded_one(arch, request):
     assert lp1.shape == (3, 6) and (lp1[~mask] == 0).all()
     assert torch.allclose(lp1[mask], lp0[mask], atol=1e-5) and torch.allclose(en1[mask], en0[mask], atol=1e-5)
     assert torch.allclose(g1, g0, atol=1e-5, rtol=1e-4)
+
+
+def test_packed_value_model_equals_the_padded_one():
+    """PPO's critic (models/value.py) with pack=True: the same values and gradients on real completion tokens."""
+    from rlx.models.value import build_value_model
+
+    torch.manual_seed(0)
+    critic = build_value_model(load_causal_lm("builtin:tiny", "float32"))
+    torch.nn.init.normal_(critic.head.weight, std=0.1)  # the head starts at zero: make values depend on the states
+    batch = _batch()
+    mask = batch[3].bool()
+    results = {}
+    for pack in (False, True):
+        critic.zero_grad()
+        values = critic(*batch, pack=pack)
+        (values * mask).pow(2).sum().backward()
+        grads = torch.cat([p.grad.flatten() for p in critic.parameters() if p.grad is not None])
+        results[pack] = (values.detach(), grads)
+    (v0, g0), (v1, g1) = results[False], results[True]
+    assert v1.shape == v0.shape == (3, 6) and (v1[~mask] == 0).all()
+    assert torch.allclose(v1[mask], v0[mask], atol=1e-5) and torch.allclose(g1, g0, atol=1e-5, rtol=1e-4)

@@ -66,13 +66,13 @@ log = logging.getLogger("rlx")
 
 
 @torch.no_grad()
-def batched_values(value_model, rollout, micro: int) -> torch.Tensor:
-    """Values (N, C) of every completion position, without gradients."""
+def batched_values(value_model, rollout, micro: int, pack: bool = False) -> torch.Tensor:
+    """Values (N, C) of every completion position, without gradients (pack: packed_forward)."""
     out = []
     for lo in range(0, rollout.completion_ids.shape[0], micro):
         sl = slice(lo, lo + micro)
         out.append(value_model(rollout.prompt_ids[sl], rollout.prompt_mask[sl], rollout.completion_ids[sl],
-                               rollout.completion_mask[sl]).cpu())
+                               rollout.completion_mask[sl], pack=pack).cpu())
     return torch.cat(out)
 
 
@@ -135,7 +135,8 @@ def train_ppo(cfg, parts: Components) -> dict:
         ref_logp = (batched_logprobs(reference, rollout, cfg.micro_batch_size, temperature=roll.temperature,
                                      pack=cfg.get("packed_forward", False))[0]
                     if reference is not None else None)
-        old_values = batched_values(value_model, rollout, cfg.micro_batch_size)  # (n, C)
+        old_values = batched_values(value_model, rollout, cfg.micro_batch_size,
+                                    pack=cfg.get("packed_forward", False))  # (n, C)
         gap = None
         if rollout.logprobs is not None:  # sampler vs trainer: |log pi_train - log pi_sampler| over the sampled tokens
             engine.sleep()  # rollout.sleep_level: the engine's memory is given back for the update
@@ -188,7 +189,7 @@ def train_ppo(cfg, parts: Components) -> dict:
                         stats["kl"].append(masked_mean(kl.detach(), device_mask))
                         seq_kl_sum += (kl.detach() * device_mask).sum().item()
                     values = value_model(rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx],
-                                         rollout.completion_mask[idx])  # (n, C)
+                                         rollout.completion_mask[idx], pack=cfg.get("packed_forward", False))  # (n, C)
                     v_loss, v_stats = value_loss(values, old_values[idx].to(values.device), returns[idx].to(values.device),
                                                  micro_mask.to(values.device), algo.value_clip)
                     policy_part = aggregate(token_loss, device_mask, algo.loss_agg, mini_tokens, mini_seqs, roll.max_new_tokens)

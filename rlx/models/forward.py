@@ -98,16 +98,23 @@ def _packed_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_ma
     lengths, sdpa and eager a block-diagonal causal mask, so no token attends across rows. Cost: one
     sequence of sum_i (p_i + c_i) tokens instead of N x (max p + max c), and attention within rows only;
     each row encodes its own prompt (no shared-prompt pass)."""
+    input_ids, position_ids, predictor = pack_rows(prompt_ids, prompt_mask, completion_ids, completion_mask, device)
+    out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=None, use_cache=False,
+                output_hidden_states=True, logits_to_keep=1)
+    return out.hidden_states[-1][0][predictor]  # (M, H)
+
+
+def pack_rows(prompt_ids, prompt_mask, completion_ids, completion_mask, device):
+    """The packed sequence of _packed_hidden: input ids (1, L) and position ids (1, L) of every row's real
+    tokens back to back (positions restarting at 0 per row), and predictor (M,): the index in it of the token
+    before each real completion token, row-major (the hidden state there predicts that token)."""
     tokens = torch.cat([prompt_ids, completion_ids], dim=1).to(device)  # (N, P+C)
     real = torch.cat([prompt_mask, completion_mask], dim=1).to(device).bool()  # (N, P+C)
     positions = position_ids_from_mask(real.long())  # (N, P+C): 0.. within each row's real tokens
     flat_index = real.flatten().long().cumsum(0).view(real.shape) - 1  # (N, P+C): index in the packed sequence
-    out = model(input_ids=tokens[real].unsqueeze(0), position_ids=positions[real].unsqueeze(0), attention_mask=None,
-                use_cache=False, output_hidden_states=True, logits_to_keep=1)
-    hidden = out.hidden_states[-1][0]  # (L, H)
     keep = completion_mask.to(device).bool()  # (N, C)
-    predictor = flat_index[:, prompt_ids.shape[1] :][keep] - 1  # the token before each completion token
-    return hidden[predictor]  # (M, H)
+    predictor = flat_index[:, prompt_ids.shape[1] :][keep] - 1  # (M,)
+    return tokens[real].unsqueeze(0), positions[real].unsqueeze(0), predictor
 
 
 def _pad_columns(values: torch.Tensor | None, width: int) -> torch.Tensor | None:
