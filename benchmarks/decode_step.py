@@ -5,7 +5,8 @@
 Builds the random-init shape once into benchmarks/.cache/ (rlx.models.shapes), prefills `--rows` rows of
 a 32-token prompt through rlx.rollout.hf's preallocated cache, then times, min over `--repeats` runs of
 `--steps` steps each: the whole step (rlx.rollout.fast_decode.DecodeStep + sampler), the step without
-the sampler, the head alone (final norm + lm_head), and each sampler version alone on the step's logits.
+the sampler (default F.linear and rollout.onednn_decode, alternating), the head alone (final norm +
+lm_head), and each sampler version alone on the step's logits.
 The weight-read floor is the bytes of all weights / a measured read bandwidth (sum of a 1 GiB tensor).
 """
 
@@ -70,7 +71,6 @@ def main() -> None:
         build_shaped_model(args.shape, folder, num_layers=args.layers)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     steps = {"default": decode_step_for(model), "onednn": decode_step_for(model, onednn=True)}
-    step = steps["default"]
     rows, prompt = args.rows, 32
     vocab = model.config.vocab_size
     ids = torch.randint(3, vocab, (rows, prompt))
@@ -103,15 +103,15 @@ def main() -> None:
 
     results = {}
     for name in SAMPLERS:
-        results[f"step+sampler {name}"] = timed(lambda t: whole(t, name), args.steps, args.repeats)
+        results[f"step+sampler {name}"] = timed(lambda t, name=name: whole(t, name), args.steps, args.repeats)
     for _ in range(2):  # alternating
         for kind in steps:
             name = f"step without sampler, {kind}"
-            results[name] = min(results.get(name, 1e9), timed(lambda t: layers_and_head(t, kind), args.steps, args.repeats))
+            results[name] = min(results.get(name, 1e9), timed(lambda t, kind=kind: layers_and_head(t, kind), args.steps, args.repeats))
     results["head (norm + lm_head)"] = timed(head, args.steps, args.repeats)
     for name in SAMPLERS:
         results[f"sampler {name} alone"] = timed(
-            lambda t: sample_tokens(logits, seeds, t, 1.0, 0, 1.0, sampler=name), args.steps, args.repeats)
+            lambda t, name=name: sample_tokens(logits, seeds, t, 1.0, 0, 1.0, sampler=name), args.steps, args.repeats)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     bandwidth = read_bandwidth()
     print(f"shape {args.shape}, layers {model.config.num_hidden_layers}, rows {rows}, threads {args.threads}, "

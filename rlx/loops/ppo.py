@@ -52,11 +52,19 @@ from rlx.loops.common import (
     task_evaluator,
     training_rewards,
 )
+from rlx.loops.micro_batches import plan_micro_batches
 from rlx.models.forward import completion_logprobs
 from rlx.models.lora import place_reference, reference_model
 from rlx.models.value import build_value_model
-from rlx.loops.micro_batches import plan_micro_batches
-from rlx.parallel import backward, gather, gather_padded, global_max, global_mean, global_sum, set_accumulation
+from rlx.parallel import (
+    backward,
+    gather,
+    gather_padded,
+    global_max,
+    global_mean,
+    global_sum,
+    set_accumulation,
+)
 from rlx.rollout.batch import sample_batch, sample_records
 from rlx.rollout.hf import generate
 from rlx.rollout.vllm import build_engine
