@@ -1,5 +1,5 @@
-"""Training forward + backward over a natural-length batch, with and without skipping the padding columns a
-micro-batch shares (rlx.models.forward.trim_padding), in the order the loops run them.
+"""Training forward + backward over a natural-length batch: padded, skipping the padding columns a micro-batch
+shares (rlx.models.forward.trim_padding), and packed without padding (pack=True, packed_forward), alternating.
 
     python benchmarks/trim_padding.py [--model builtin:tiny|PATH] [--rows 64] [--micro 16] [--threads 2]
 
@@ -40,11 +40,11 @@ def natural_batch(rows: int, vocab: int, seed: int = 0):
     return (p_ids, p_mask, c_ids, c_mask), sum(completions), rows * C
 
 
-def one_pass(model, batch, micro: int, trim: bool) -> float:
+def one_pass(model, batch, micro: int, trim: bool, pack: bool = False) -> float:
     start = time.perf_counter()
     for lo in range(0, batch[0].shape[0], micro):
         part = [t[lo : lo + micro] for t in batch]
-        logp, _ = completion_logprobs(model, *part, trim=trim)
+        logp, _ = completion_logprobs(model, *part, trim=trim, pack=pack)
         (logp * part[3]).sum().backward()
     return time.perf_counter() - start
 
@@ -61,15 +61,17 @@ def main() -> None:
     model = load_causal_lm(args.model, "float32")
     model.train()
     batch, real, padded = natural_batch(args.rows, model.config.vocab_size)
-    times = {False: [], True: []}
+    variants = {"padded": (False, False), "trimmed": (True, False), "packed": (True, True)}
+    times = {name: [] for name in variants}
     for _ in range(args.repeats):
-        for trim in (False, True):  # alternating
+        for name, (trim, pack) in variants.items():  # alternating
             model.zero_grad(set_to_none=True)
-            times[trim].append(one_pass(model, batch, args.micro, trim))
-    off, on = min(times[False]), min(times[True])
+            times[name].append(one_pass(model, batch, args.micro, trim, pack))
+    off, on, packed = (min(times[name]) for name in variants)
     print(f"model {args.model}, {args.rows} rows in micro-batches of {args.micro}, {args.threads} threads; completion "
           f"tokens {real} real of {padded} padded; load {os.getloadavg()[0]:.2f}")
-    print(f"forward+backward, best of {args.repeats}: padded {off:.3f} s, trimmed {on:.3f} s ({off / on:.2f}x)")
+    print(f"forward+backward, best of {args.repeats}: padded {off:.3f} s, trimmed {on:.3f} s ({off / on:.2f}x), "
+          f"packed {packed:.3f} s ({off / packed:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -99,13 +99,15 @@ def _bool(name):
 TRAIN_KNOBS: tuple[Knob, ...] = (
     # run
     _int("seed", 0, 2**32 - 1), _int("steps", 1), _int("prompts_per_step", 1), _int("micro_batch_size", 1),
+    _int("micro_batch_tokens", 1, nullable=True), _bool("packed_forward"),
     # optimizer and schedule
     _pos("optim.lr"), _nonneg("optim.weight_decay"), _pos("optim.eps"), _int("optim.warmup_steps", 0),
     _choice("optim.schedule", "constant", "cosine", "linear"), _pos("optim.max_grad_norm", nullable=True),
     # rollout
     _int("rollout.samples_per_prompt", 1), _int("rollout.max_new_tokens", 1), _pos("rollout.temperature"),
     _frac("rollout.top_p", low_open=True), _int("rollout.top_k", 0), _int("rollout.batch_size", 1),
-    _int("rollout.min_new_tokens", 0),
+    _int("rollout.min_new_tokens", 0), _choice("rollout.sampler", "v1", "v2"),
+    _bool("rollout.onednn_decode"),
     # evaluation, logging, saving, checkpoints
     _int("eval.every", 0), _bool("eval.at_start"), _int("eval.size", 0), _int("eval.max_new_tokens", 1),
     _int("eval.batch_size", 1),

@@ -97,6 +97,9 @@ def check_batch(cfg, processes: int) -> int:
         local_step = batch // processes
         what = "algorithm.batch_size / processes"
     accumulation = hw.get("gradient_accumulation_steps")
+    if cfg.get("micro_batch_tokens") is not None and hw.get("distributed") == "deepspeed":
+        raise UserError("micro_batch_tokens varies the micro-batch count per step, which DeepSpeed's engine fixes; "
+                        "set micro_batch_tokens=null (use micro_batch_size) or another hardware strategy")
     if accumulation is not None and local_step != accumulation * cfg.micro_batch_size:
         raise UserError(
             f"hardware.gradient_accumulation_steps={accumulation} x micro_batch_size={cfg.micro_batch_size} must equal "
@@ -348,10 +351,34 @@ def resolve_resume(args: list[str]) -> list[str]:
     new = [a for a in args if not a.startswith("resume=")]
     new_keys = {a.split("=", 1)[0].lstrip("+~") for a in new}
     kept = [o for o in saved if o.split("=", 1)[0].lstrip("+~") not in new_keys and not o.startswith(("resume=", "hydra."))]
+    kept += legacy_pins(run, new_keys)
     if new:
         check_resume_compatible(run, [*kept, *new])
     quoted = str(run.resolve()).replace("'", "\\'")
     return [*kept, *new, f"resume='{quoted}'", f"hydra.run.dir='{quoted}'"]
+
+
+# knobs whose default changed after runs were made without them: the value such a run used. A resume of a run
+# whose config.yaml lacks the key pins it (rollout.sampler: v2 became the default; older runs drew with v1)
+LEGACY_DEFAULTS = {"rollout.sampler": "v1"}
+
+
+def legacy_pins(run: Path, new_keys: set[str]) -> list[str]:
+    """`++key=value` overrides that keep a resumed run on the LEGACY_DEFAULTS its config.yaml predates."""
+    try:
+        saved = yaml.safe_load((run / "config.yaml").read_text()) or {}
+    except yaml.YAMLError:
+        return []  # check_resume_compatible reports the damaged file
+    pins = []
+    for dotted, value in LEGACY_DEFAULTS.items():
+        *parents, key = dotted.split(".")
+        node = saved
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        # the group exists (the run has a rollout) but predates the key
+        if isinstance(node, dict) and key not in node and dotted not in new_keys:
+            pins.append(f"++{dotted}={value}")
+    return pins
 
 
 # settings a resumed run cannot change: its checkpoints hold weights and states made under them

@@ -41,6 +41,24 @@ def backward(accelerator, loss: torch.Tensor, *models) -> None:
         accelerator.backward(loss * gradient_scale(accelerator))
 
 
+def global_max(accelerator, value: int) -> int:
+    """The largest `value` over processes (one all-reduce)."""
+    if accelerator.num_processes == 1:
+        return value
+    top = torch.tensor([int(value)], dtype=torch.int64, device=accelerator.device)
+    return int(accelerator.reduce(top, reduction="max").item())
+
+
+def set_accumulation(accelerator, count: int) -> None:
+    """Accelerate's gradient accumulation set to `count` micro-batches for the coming optimizer step.
+
+    Token-budget micro-batches (micro_batch_tokens) vary in number from step to step; Accelerate syncs the
+    gradients (DDP all-reduce) on the count-th backward and `gradient_scale` reads the count, so the
+    global normalisers stay exact. Not for DeepSpeed, whose engine fixes the count (launch.check_batch)."""
+    accelerator.gradient_accumulation_steps = count
+    accelerator.step = 0
+
+
 def micro_batches_per_step(local_batch: int, micro_batch_size: int) -> int:
     """K = ceil(local batch of one optimizer step / micro_batch_size): the micro-batches every loop runs
     before each optimizer step (Accelerate's gradient_accumulation_steps)."""

@@ -42,7 +42,7 @@ def _model(kind: str):
 
 
 @torch.no_grad()
-def _max_logit_gap(model) -> float:
+def _max_logit_gap(model, onednn: bool = False) -> float:
     """Decode 6 tokens both ways from the same prefill (row 0 left-padded, row 2 leaving after 3 steps)."""
     g = torch.Generator().manual_seed(3)
     prompt_ids = torch.randint(1, 61, (3, 5), generator=g)  # (b, P)
@@ -55,8 +55,8 @@ def _max_logit_gap(model) -> float:
         out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, past_key_values=cache,
                     use_cache=True, logits_to_keep=1)
         caches.append(out.past_key_values)
-    step = decode_step_for(model)
-    assert step is not None
+    step = decode_step_for(model, onednn=onednn)
+    assert step is not None and bool(step.packed) == onednn  # 7 projections x 2 layers + the head
     token = out.logits[:, -1].argmax(-1)  # (b,)
     attention, position, gap = prompt_mask, positions[:, -1] + 1, 0.0
     for t in range(6):
@@ -79,6 +79,25 @@ def test_decode_step_matches_transformers_forward():
         assert _max_logit_gap(_model(kind)) < 1e-4, kind
 
 
+def test_onednn_decode_step_matches_transformers_forward():
+    """rollout.onednn_decode: the projections through oneDNN copies of the weights give the same logits."""
+    for kind in ("llama", "qwen2", "qwen3"):
+        assert _max_logit_gap(_model(kind), onednn=True) < 1e-4, kind
+
+
+def test_onednn_generation_is_independent_of_chunking():
+    """Seeded draws stay per-row with the oneDNN step: rows generated together or apart draw the same tokens."""
+    from rlx.config import ASSETS_DIR
+    from rlx.models.loading import load_causal_lm, load_tokenizer
+
+    model, tokenizer = load_causal_lm(str(ASSETS_DIR / "tiny")), load_tokenizer(str(ASSETS_DIR / "tiny"))
+    prompts = ["What is 3 + 4 =", "State the final answer: 12 - 5 + 1 =", "Compute 2 + 2 ="]
+    kwargs = dict(samples_per_prompt=2, max_new_tokens=12, seeds=list(range(6)), onednn=True)
+    whole = hf.generate(model, tokenizer, prompts, batch_size=6, **kwargs)
+    chunked = hf.generate(model, tokenizer, prompts, batch_size=2, **kwargs)
+    assert whole.texts == chunked.texts
+
+
 def test_generate_draws_the_same_tokens_with_and_without_the_fast_step(monkeypatch):
     from rlx.config import ASSETS_DIR
     from rlx.models.loading import load_causal_lm, load_tokenizer
@@ -87,7 +106,7 @@ def test_generate_draws_the_same_tokens_with_and_without_the_fast_step(monkeypat
     prompts = ["What is 3 + 4 =", "State the final answer: 12 - 5 + 1 ="]
     kwargs = dict(samples_per_prompt=4, max_new_tokens=12, seeds=list(range(8)))
     fast = hf.generate(model, tokenizer, prompts, **kwargs)
-    monkeypatch.setattr(hf, "decode_step_for", lambda m: None)
+    monkeypatch.setattr(hf, "decode_step_for", lambda m, **_: None)
     slow = hf.generate(model, tokenizer, prompts, **kwargs)
     assert torch.equal(fast.completion_ids, slow.completion_ids) and fast.texts == slow.texts
 

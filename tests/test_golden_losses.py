@@ -99,6 +99,7 @@ PG_CASES = {
                                         "micro_batch_size=1"], "token-mean", "token"),
     "grpo-kl-k1-in-reward": (["algorithm=grpo", "algorithm.kl_coef=0.1", "algorithm.kl_in=reward",
                               "algorithm.kl_estimator=k1"], "token-mean", "token"),
+    "grpo-packed-forward": (["algorithm=grpo", "algorithm.kl_coef=0.1", "packed_forward=true"], "token-mean", "token"),
 }
 
 
@@ -118,8 +119,8 @@ def test_policy_gradient_loss_matches_the_formula(tmp_path, monkeypatch, case):
     sampler = FixedSampler(tokenizer, [LIKELY, UNLIKELY, MID])
     real_logprobs = policy_gradient.batched_logprobs
 
-    def sampling_policy_logprobs(net, rollout, micro, with_entropy=False, temperature=1.0):
-        logp, entropy = real_logprobs(net, rollout, micro, with_entropy, temperature=temperature)
+    def sampling_policy_logprobs(net, rollout, micro, with_entropy=False, temperature=1.0, pack=False):
+        logp, entropy = real_logprobs(net, rollout, micro, with_entropy, temperature=temperature, pack=pack)
         if net is reference:
             return logp, entropy
         return logp + offsets(tuple(logp.shape)).to(logp.dtype), entropy  # the policy that sampled: pi + offset
@@ -169,7 +170,8 @@ def test_policy_gradient_loss_matches_the_formula(tmp_path, monkeypatch, case):
 # ------------------------------------------------------------------------------------------------
 
 
-def test_ppo_policy_and_value_losses_match_the_formulas(tmp_path, monkeypatch):
+@pytest.mark.parametrize("extra", [[], ["packed_forward=true"]], ids=["padded", "packed"])
+def test_ppo_policy_and_value_losses_match_the_formulas(tmp_path, monkeypatch, extra):
     """GAE (Schulman et al. 2016), gamma = 1, lambda = 0.95, outcome reward on the last token:
         delta_t = r_t + V_old(t+1) - V_old(t)  (V_old after the last token = 0),  A_t = delta_t + lambda A_{t+1},
         R_t = A_t + V_old(t);  A whitened over every valid token of the batch: (A - mean) / (std + 1e-8).
@@ -193,13 +195,13 @@ def test_ppo_policy_and_value_losses_match_the_formulas(tmp_path, monkeypatch):
     monkeypatch.setattr(ppo, "generate", sampler)
     monkeypatch.setattr(ppo, "build_value_model", critic)
     monkeypatch.setattr(ppo, "batched_logprobs",
-                        lambda net, rollout, micro, with_entropy=False, temperature=1.0: (
-                            real_logprobs(net, rollout, micro, temperature=temperature)[0]
+                        lambda net, rollout, micro, with_entropy=False, temperature=1.0, pack=False: (
+                            real_logprobs(net, rollout, micro, temperature=temperature, pack=pack)[0]
                                                                         + offsets(tuple(rollout.completion_ids.shape)).float(), None))
     monkeypatch.setattr(ppo, "batched_values",
-                        lambda net, rollout, micro: real_values(net, rollout, micro)
+                        lambda net, rollout, micro, pack=False: real_values(net, rollout, micro, pack=pack)
                         + offsets(tuple(rollout.completion_ids.shape), scale=0.3).flip(0).float())
-    cfg = loop_config(*RL, "algorithm=ppo", "algorithm.value_lr=0")
+    cfg = loop_config(*RL, "algorithm=ppo", "algorithm.value_lr=0", *extra)
     ppo.train_ppo(cfg, components(tmp_path, model, tokenizer, rows(PROMPTS[:2]), scored_by(REWARDS)))
     algo = cfg.algorithm
 

@@ -85,3 +85,69 @@ def test_blocked_inverse_cdf_matches_full_cdf():
     blocked = blocked_inverse_cdf_sample(weights, u, block=7)
     assert torch.equal(blocked, inverse_cdf_sample(weights.double() / weights.double().sum(-1, keepdim=True), u))
     assert (weights.gather(1, blocked[:, None]) > 0).all()
+
+
+def test_nucleus_sample_hand_values():
+    """Sampler v2: the CDF runs over the kept tokens in descending-probability order.
+    p = [0.05, 0.3, 0.5, 0.15] -> sorted ids [2, 1, 3, 0] with P = [0.5, 0.8, 0.95, 1.0]."""
+    from rlx.rollout.sampling import nucleus_sample
+
+    logits = torch.log(torch.tensor([[0.05, 0.3, 0.5, 0.15]])).repeat(4, 1)
+    u = torch.tensor([0.1, 0.62, 0.63, 0.999], dtype=torch.float64)
+    # top-p 0.7: mass before id 1 is 0.5 < 0.7 (kept), before id 3 is 0.8 (dropped): M = 0.8, Q = [0.5, 0.8]
+    # u * M = 0.08 -> id 2; 0.496 -> id 2; 0.504 -> id 1; 0.7992 -> id 1
+    assert nucleus_sample(logits, u, 1.0, 0, 0.7).tolist() == [2, 2, 1, 1]
+    # top-k 3: Q = [0.5, 0.8, 0.95] / 0.95 = [0.526, 0.842, 1]: u 0.1 -> 2, 0.62 -> 1, 0.999 -> 3
+    assert nucleus_sample(logits, u, 1.0, 3, 1.0).tolist() == [2, 1, 1, 3]
+    # candidates=1: the nucleus is not inside the first sorted token, the rows are redone with all of them
+    assert nucleus_sample(logits, u, 1.0, 0, 0.7, candidates=1).tolist() == [2, 2, 1, 1]
+    # temperature 0.5 squares p: [0.0025, 0.09, 0.25, 0.0225] / 0.365; top-p 0.5 keeps id 2 alone (0.685 >= 0.5)
+    assert nucleus_sample(logits, u, 0.5, 0, 0.5).tolist() == [2, 2, 2, 2]
+
+
+def test_nucleus_sample_matches_filtered_distribution_and_is_row_local():
+    """v2 draws from the same filtered distribution as v1 (frequencies), a row's draw depends only on its own
+    row (alone vs batched, flat rows that need the whole vocabulary sorted mixed with peaked ones), and the
+    candidates count changes nothing."""
+    from rlx.rollout.sampling import nucleus_sample, sample_tokens
+
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(1, 300, generator=g) * 2
+    n = 6000
+    seeds = torch.tensor([sample_seed(3, 0, i) for i in range(n)])
+    for top_k, top_p in ((0, 0.8), (20, 1.0), (20, 0.6)):
+        tokens = sample_tokens(base.repeat(n, 1), seeds, 0, 0.9, top_k, top_p, sampler="v2")
+        want = filtered_probs(base, 0.9, top_k, top_p)[0]
+        freq = torch.bincount(tokens, minlength=300).double() / n
+        assert (want[tokens] > 0).all()  # never outside the nucleus
+        assert (freq - want).abs().max() < 0.025
+    logits = torch.randn(12, 3000, generator=g) * torch.tensor([0.1, 8.0] * 6).unsqueeze(1)  # flat and peaked rows
+    u = torch.rand(12, generator=g, dtype=torch.float64)
+    batched = nucleus_sample(logits, u, 1.0, 0, 0.9, candidates=16)
+    alone = torch.cat([nucleus_sample(logits[i : i + 1], u[i : i + 1], 1.0, 0, 0.9, candidates=16) for i in range(12)])
+    assert torch.equal(batched, alone)
+    assert torch.equal(batched, nucleus_sample(logits, u, 1.0, 0, 0.9, candidates=3000))
+
+
+def test_sampler_versions_agree_without_filters_and_are_registered():
+    from rlx.rollout.sampling import LEGACY_SAMPLER, SAMPLERS, sample_tokens
+
+    assert set(SAMPLERS) == {"v1", "v2"} and LEGACY_SAMPLER == "v1"
+    g = torch.Generator().manual_seed(1)
+    logits, seeds = torch.randn(16, 2000, generator=g), torch.arange(16)
+    assert torch.equal(sample_tokens(logits, seeds, 5, 0.8, 0, 1.0, sampler="v1"),
+                       sample_tokens(logits, seeds, 5, 0.8, 0, 1.0, sampler="v2"))
+
+
+def test_resume_pins_the_legacy_sampler(tmp_path):
+    """A run whose config.yaml predates rollout.sampler resumes with v1 (what it drew with); a run that
+    recorded its version, or a resume that sets it, gets no pin."""
+    from rlx.launch import legacy_pins
+
+    (tmp_path / "config.yaml").write_text("rollout:\n  temperature: 1.0\n")
+    assert legacy_pins(tmp_path, set()) == ["++rollout.sampler=v1"]
+    assert legacy_pins(tmp_path, {"rollout.sampler"}) == []
+    (tmp_path / "config.yaml").write_text("rollout:\n  sampler: v2\n")
+    assert legacy_pins(tmp_path, set()) == []
+    (tmp_path / "config.yaml").write_text("name: sft\n")  # no rollout at all: nothing to pin
+    assert legacy_pins(tmp_path, set()) == []

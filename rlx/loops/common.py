@@ -335,15 +335,16 @@ def task_evaluator(cfg, acc, parts: Components, model):
 
 
 @torch.no_grad()
-def batched_logprobs(model, rollout: Rollout, micro: int, with_entropy: bool = False, temperature: float = 1.0):
+def batched_logprobs(model, rollout: Rollout, micro: int, with_entropy: bool = False, temperature: float = 1.0,
+                     pack: bool = False):
     """Log-probs (N, C) of the sampled completions under `model` at the sampling temperature, without
-    gradients, and the token entropies (N, C) when asked (else None)."""
+    gradients, and the token entropies (N, C) when asked (else None). pack: padding-free forward (packed_forward)."""
     logps, entropies = [], []
     for lo in range(0, rollout.completion_ids.shape[0], micro):
         sl = slice(lo, lo + micro)
         logp, entropy = completion_logprobs(
             model, rollout.prompt_ids[sl], rollout.prompt_mask[sl], rollout.completion_ids[sl], rollout.completion_mask[sl],
-            with_entropy=with_entropy, temperature=temperature,
+            with_entropy=with_entropy, temperature=temperature, pack=pack,
         )
         logps.append(logp.cpu())
         if with_entropy:

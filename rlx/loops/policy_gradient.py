@@ -49,9 +49,18 @@ from rlx.loops.common import (
     task_evaluator,
     training_rewards,
 )
+from rlx.loops.micro_batches import plan_micro_batches
 from rlx.models.forward import completion_logprobs
 from rlx.models.lora import place_reference, reference_model
-from rlx.parallel import backward, gather, gather_padded, global_mean, global_sum
+from rlx.parallel import (
+    backward,
+    gather,
+    gather_padded,
+    global_max,
+    global_mean,
+    global_sum,
+    set_accumulation,
+)
 from rlx.rollout.batch import sample_batch, sample_records
 from rlx.rollout.hf import generate
 from rlx.rollout.vllm import build_engine
@@ -110,8 +119,9 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
         old_logp, old_entropy = None, None
         if need_old or algo.forking_rho < 1:
             old_logp, old_entropy = batched_logprobs(model, rollout, cfg.micro_batch_size, with_entropy=algo.forking_rho < 1,
-                                                     temperature=roll.temperature)
-        ref_logp = (batched_logprobs(reference, rollout, cfg.micro_batch_size, temperature=roll.temperature)[0]
+                                                     temperature=roll.temperature, pack=cfg.get("packed_forward", False))
+        ref_logp = (batched_logprobs(reference, rollout, cfg.micro_batch_size, temperature=roll.temperature,
+                                     pack=cfg.get("packed_forward", False))[0]
                     if reference is not None else None)
         shaped, seq_kl = rewards, None
         if reference is not None and algo.kl_in == "reward":
@@ -139,12 +149,17 @@ def train_policy_gradient(cfg, parts: Components) -> dict:
             for mini in order.chunk(algo.mini_batches):
                 mini_tokens = global_sum(acc, loss_mask[mini].sum().item())  # normalisers: the whole mini-batch
                 mini_seqs = global_sum(acc, keep[mini].sum().item())
-                for lo in range(0, len(mini), cfg.micro_batch_size):
-                    idx = mini[lo : lo + cfg.micro_batch_size]
+                # a fixed count of rows, or a token budget (micro_batch_tokens; loops/micro_batches.py)
+                micro = plan_micro_batches(mini, rollout.prompt_mask, rollout.completion_mask, cfg.micro_batch_size,
+                                           cfg.get("micro_batch_tokens"), partial(global_max, acc))
+                if cfg.get("micro_batch_tokens"):
+                    set_accumulation(acc, len(micro))  # this optimizer step's count of backward passes
+                for idx in micro:
                     mask = completion_mask[idx]
                     logp, entropy = completion_logprobs(
                         model, rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx], mask,
                         with_entropy=True, entropy_grad=algo.entropy_coef > 0, temperature=roll.temperature,
+                        pack=cfg.get("packed_forward", False),
                     )
                     device_mask = loss_mask[idx].to(logp.device)
                     old = old_logp[idx].to(logp.device) if old_logp is not None else logp.detach()

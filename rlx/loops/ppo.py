@@ -52,10 +52,19 @@ from rlx.loops.common import (
     task_evaluator,
     training_rewards,
 )
+from rlx.loops.micro_batches import plan_micro_batches
 from rlx.models.forward import completion_logprobs
 from rlx.models.lora import place_reference, reference_model
 from rlx.models.value import build_value_model
-from rlx.parallel import backward, gather, gather_padded, global_mean, global_sum
+from rlx.parallel import (
+    backward,
+    gather,
+    gather_padded,
+    global_max,
+    global_mean,
+    global_sum,
+    set_accumulation,
+)
 from rlx.rollout.batch import sample_batch, sample_records
 from rlx.rollout.hf import generate
 from rlx.rollout.vllm import build_engine
@@ -65,13 +74,13 @@ log = logging.getLogger("rlx")
 
 
 @torch.no_grad()
-def batched_values(value_model, rollout, micro: int) -> torch.Tensor:
-    """Values (N, C) of every completion position, without gradients."""
+def batched_values(value_model, rollout, micro: int, pack: bool = False) -> torch.Tensor:
+    """Values (N, C) of every completion position, without gradients (pack: packed_forward)."""
     out = []
     for lo in range(0, rollout.completion_ids.shape[0], micro):
         sl = slice(lo, lo + micro)
         out.append(value_model(rollout.prompt_ids[sl], rollout.prompt_mask[sl], rollout.completion_ids[sl],
-                               rollout.completion_mask[sl]).cpu())
+                               rollout.completion_mask[sl], pack=pack).cpu())
     return torch.cat(out)
 
 
@@ -129,10 +138,13 @@ def train_ppo(cfg, parts: Components) -> dict:
             mask = mask * (~rollout.truncated).long().unsqueeze(1)
 
         # 2. sampling-policy log-probs, reference log-probs and values
-        old_logp, _ = batched_logprobs(model, rollout, cfg.micro_batch_size, temperature=roll.temperature)  # (n, C)
-        ref_logp = (batched_logprobs(reference, rollout, cfg.micro_batch_size, temperature=roll.temperature)[0]
+        old_logp, _ = batched_logprobs(model, rollout, cfg.micro_batch_size, temperature=roll.temperature,
+                                       pack=cfg.get("packed_forward", False))  # (n, C)
+        ref_logp = (batched_logprobs(reference, rollout, cfg.micro_batch_size, temperature=roll.temperature,
+                                     pack=cfg.get("packed_forward", False))[0]
                     if reference is not None else None)
-        old_values = batched_values(value_model, rollout, cfg.micro_batch_size)  # (n, C)
+        old_values = batched_values(value_model, rollout, cfg.micro_batch_size,
+                                    pack=cfg.get("packed_forward", False))  # (n, C)
         gap = None
         if rollout.logprobs is not None:  # sampler vs trainer: |log pi_train - log pi_sampler| over the sampled tokens
             engine.sleep()  # rollout.sleep_level: the engine's memory is given back for the update
@@ -160,13 +172,17 @@ def train_ppo(cfg, parts: Components) -> dict:
             for mini in order.chunk(algo.mini_batches):
                 mini_tokens = global_sum(acc, mask[mini].sum().item())  # normalisers: the whole mini-batch
                 mini_seqs = global_sum(acc, len(mini))
-                for lo in range(0, len(mini), cfg.micro_batch_size):
-                    idx = mini[lo : lo + cfg.micro_batch_size]
+                # a fixed count of rows, or a token budget (micro_batch_tokens; loops/micro_batches.py)
+                micro = plan_micro_batches(mini, rollout.prompt_mask, rollout.completion_mask, cfg.micro_batch_size,
+                                           cfg.get("micro_batch_tokens"), partial(global_max, acc))
+                if cfg.get("micro_batch_tokens"):
+                    set_accumulation(acc, len(micro))  # this optimizer step's count of backward passes
+                for idx in micro:
                     micro_mask = mask[idx]
                     logp, entropy = completion_logprobs(
                         model, rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx],
                         rollout.completion_mask[idx], with_entropy=True, entropy_grad=algo.entropy_coef > 0,
-                        temperature=roll.temperature,
+                        temperature=roll.temperature, pack=cfg.get("packed_forward", False),
                     )
                     device_mask = micro_mask.to(logp.device)
                     token_loss, clip_stats = clipped_surrogate(
@@ -181,7 +197,7 @@ def train_ppo(cfg, parts: Components) -> dict:
                         stats["kl"].append(masked_mean(kl.detach(), device_mask))
                         seq_kl_sum += (kl.detach() * device_mask).sum().item()
                     values = value_model(rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx],
-                                         rollout.completion_mask[idx])  # (n, C)
+                                         rollout.completion_mask[idx], pack=cfg.get("packed_forward", False))  # (n, C)
                     v_loss, v_stats = value_loss(values, old_values[idx].to(values.device), returns[idx].to(values.device),
                                                  micro_mask.to(values.device), algo.value_clip)
                     policy_part = aggregate(token_loss, device_mask, algo.loss_agg, mini_tokens, mini_seqs, roll.max_new_tokens)

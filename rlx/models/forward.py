@@ -88,6 +88,35 @@ def trim_padding(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion
     return prompt_ids[:, start:], prompt_mask[:, start:], completion_ids[:, :width], completion_mask[:, :width]
 
 
+def _packed_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask, device) -> torch.Tensor:
+    """Final hidden states (M, H) predicting each of the M real completion tokens (row-major order), from ONE
+    sequence holding every row's real tokens back to back (padding-free packing).
+
+    Row i's prompt and completion tokens (p_i + c_i of them) follow row i-1's, with position ids restarting
+    at 0 for each row. transformers (masking_utils.find_packed_sequence_indices) reads the restarts as
+    sequence boundaries when no attention mask is passed: flash-attention kernels get the sequence
+    lengths, sdpa and eager a block-diagonal causal mask, so no token attends across rows. Cost: one
+    sequence of sum_i (p_i + c_i) tokens instead of N x (max p + max c), and attention within rows only;
+    each row encodes its own prompt (no shared-prompt pass)."""
+    input_ids, position_ids, predictor = pack_rows(prompt_ids, prompt_mask, completion_ids, completion_mask, device)
+    out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=None, use_cache=False,
+                output_hidden_states=True, logits_to_keep=1)
+    return out.hidden_states[-1][0][predictor]  # (M, H)
+
+
+def pack_rows(prompt_ids, prompt_mask, completion_ids, completion_mask, device):
+    """The packed sequence of _packed_hidden: input ids (1, L) and position ids (1, L) of every row's real
+    tokens back to back (positions restarting at 0 per row), and predictor (M,): the index in it of the token
+    before each real completion token, row-major (the hidden state there predicts that token)."""
+    tokens = torch.cat([prompt_ids, completion_ids], dim=1).to(device)  # (N, P+C)
+    real = torch.cat([prompt_mask, completion_mask], dim=1).to(device).bool()  # (N, P+C)
+    positions = position_ids_from_mask(real.long())  # (N, P+C): 0.. within each row's real tokens
+    flat_index = real.flatten().long().cumsum(0).view(real.shape) - 1  # (N, P+C): index in the packed sequence
+    keep = completion_mask.to(device).bool()  # (N, C)
+    predictor = flat_index[:, prompt_ids.shape[1] :][keep] - 1  # (M,)
+    return tokens[real].unsqueeze(0), positions[real].unsqueeze(0), predictor
+
+
 def _pad_columns(values: torch.Tensor | None, width: int) -> torch.Tensor | None:
     """(N, c) -> (N, width) with zeros on the right (positions that carry no loss)."""
     if values is None or values.shape[1] == width:
@@ -106,6 +135,7 @@ def completion_logprobs(
     chunked: bool = True,
     temperature: float = 1.0,
     trim: bool = True,
+    pack: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi_T(completion_t | prompt, completion_<t) for every completion position, where
     pi_T = softmax(logits / T) is the distribution the sampler drew from at temperature T (the log-probs
@@ -117,7 +147,9 @@ def completion_logprobs(
     positions where completion_mask is 0 hold 0 when chunked (they carry no loss). The entropy carries
     gradients only with entropy_grad=True (an entropy bonus); both paths compute it chunk by chunk when
     the output head is a plain linear map (never the full (N, C, V) logits). trim: columns that are padding
-    in every row are not computed (trim_padding); the outputs keep the input's width C."""
+    in every row are not computed (trim_padding); the outputs keep the input's width C. pack: the rows' real
+    tokens run as one packed sequence without padding (_packed_hidden; every prompt needs >= 1 token), when
+    the head is a plain linear map and the model is not wrapped (DDP) or sharded; otherwise the padded path."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     full_width = completion_ids.shape[1]
@@ -125,7 +157,7 @@ def completion_logprobs(
         prompt_ids, prompt_mask, completion_ids, completion_mask = trim_padding(
             prompt_ids, prompt_mask, completion_ids, completion_mask)
         logp, entropy = completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                            with_entropy, entropy_grad, chunked, temperature, trim=False)
+                                            with_entropy, entropy_grad, chunked, temperature, trim=False, pack=pack)
         return _pad_columns(logp, full_width), _pad_columns(entropy, full_width)
     device = next(model.parameters()).device
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1).to(device)  # (N, P+C)
@@ -143,8 +175,11 @@ def completion_logprobs(
             with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
                 entropy = token_entropy(logits)  # (N, C)
         return logp, entropy
+    keep = completion_mask.to(device).bool()  # (N, C)
     first, group_of_row = prompt_groups(prompt_ids, prompt_mask)
-    if len(first) < len(group_of_row) and _can_share_prompts(model):
+    if pack and not hasattr(model, "module"):
+        hidden = _packed_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask, device)  # (M, H)
+    elif len(first) < len(group_of_row) and _can_share_prompts(model):
         hidden = _shared_prompt_hidden(model, prompt_ids, prompt_mask, completion_ids.to(device), attention,
                                        position_ids, first.to(device), group_of_row.to(device))
     else:
@@ -152,10 +187,11 @@ def completion_logprobs(
         out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False,
                     output_hidden_states=True, logits_to_keep=1)
         hidden = out.hidden_states[-1][:, prompt_len - 1 : -1]  # (N, C, H) final-norm states predicting each token
-    keep = completion_mask.to(device).bool()  # (N, C)
+    if hidden.dim() == 3:
+        hidden = hidden[keep]  # (M, H)
     chunk_tokens = max(1, LOGIT_CHUNK_ELEMENTS // head.weight.shape[0])
     flat_logp, flat_entropy = chunked_linear_logprobs(
-        hidden[keep], head.weight, targets[keep], bias=head.bias, chunk_tokens=chunk_tokens, with_entropy=with_entropy,
+        hidden, head.weight, targets[keep], bias=head.bias, chunk_tokens=chunk_tokens, with_entropy=with_entropy,
         temperature=temperature,
     )  # (M,) over the M real completion tokens
     if flat_entropy is not None and not (entropy_grad and torch.is_grad_enabled()):

@@ -11,6 +11,8 @@ import copy
 import torch
 from torch import nn
 
+from rlx.models.forward import pack_rows
+
 
 class ValueModel(nn.Module):
     """V(prompt, completion_<t): the value of the state before completion token t."""
@@ -22,9 +24,18 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.head.weight)  # start from V = 0 everywhere: no prior on the returns
         nn.init.zeros_(self.head.bias)
 
-    def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
-        """prompt_*: (N, P) left-padded; completion_*: (N, C). Returns values (N, C)."""
+    def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask, pack: bool = False) -> torch.Tensor:
+        """prompt_*: (N, P) left-padded; completion_*: (N, C). Returns values (N, C).
+        pack: the rows' real tokens as one padding-free sequence (models/forward.py pack_rows; packed_forward);
+        positions after a completion's end then hold 0 instead of a value nothing reads."""
         device = self.head.weight.device
+        if pack and not hasattr(self.backbone, "module"):
+            input_ids, position_ids, predictor = pack_rows(prompt_ids, prompt_mask, completion_ids, completion_mask, device)
+            hidden = self.backbone(input_ids=input_ids, position_ids=position_ids, attention_mask=None,
+                                   use_cache=False).last_hidden_state[0]  # (L, H)
+            flat = self.head(hidden[predictor].float()).squeeze(-1)  # (M,)
+            keep = completion_mask.to(device).bool()  # (N, C)
+            return torch.zeros(keep.shape, dtype=flat.dtype, device=device).masked_scatter(keep, flat)
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1).to(device)  # (N, P+C)
         attention = torch.cat([prompt_mask, completion_mask], dim=1).to(device)  # (N, P+C)
         position_ids = (attention.cumsum(dim=1) - 1).clamp(min=0)  # (N, P+C)

@@ -17,7 +17,7 @@ from rlx.parallel import gather, global_sum, shard
 from rlx.rewards import RewardComponent, TrainerState, compute_rewards, token_lists
 from rlx.rollout.hf import Rollout
 from rlx.rollout.prompts import format_prompts
-from rlx.rollout.sampling import sample_seed
+from rlx.rollout.sampling import LEGACY_SAMPLER, sample_seed
 
 
 def _pad_to(tensor: torch.Tensor, width: int, value: int, left: bool) -> torch.Tensor:
@@ -93,6 +93,8 @@ def sample_batch(sample, tokenizer, stream: PromptStream, cfg, rewards: list[Rew
             temperature=roll.temperature, top_p=roll.top_p, top_k=roll.top_k, batch_size=roll.batch_size,
             seeds=[sample_seed(cfg.seed, step, first + i) for i in range(len(prompts) * group_size)],
             min_new_tokens=roll.get("min_new_tokens", 0),
+            sampler=roll.get("sampler", LEGACY_SAMPLER),  # a config from before sampler versions drew with v1
+            onednn=roll.get("onednn_decode", False),
         )
         sample_rows = [row for row in rows for _ in range(group_size)]
         if any(c.name == "overlong" for c in rewards):

@@ -48,8 +48,9 @@ def _plain_linear(module) -> bool:
     return type(module) is nn.Linear  # peft's LoRA layers and quantised linears are subclasses or wrappers
 
 
-def decode_step_for(model) -> DecodeStep | None:
-    """A DecodeStep over `model`'s weights, or None when the model is outside what it reproduces exactly."""
+def decode_step_for(model, onednn: bool = False) -> DecodeStep | None:
+    """A DecodeStep over `model`'s weights, or None when the model is outside what it reproduces exactly.
+    onednn: on the CPU, run the projections through oneDNN on a copy of the weights (DecodeStep)."""
     config = getattr(model, "config", None)
     if config is None or getattr(config, "model_type", None) not in SUPPORTED_TYPES:
         return None
@@ -70,23 +71,53 @@ def decode_step_for(model) -> DecodeStep | None:
         linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         if not all(_plain_linear(m) for m in linears):
             return None
-    return DecodeStep(model)
+    return DecodeStep(model, onednn)
+
+
+def onednn_available(weight: torch.Tensor) -> bool:
+    return weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
 
 
 class DecodeStep:
     """logits (a, V) for one new token per row, appending its keys and values to a generation cache
-    whose layers are rollout.hf.PreallocatedLayer (the cache the prompt prefill filled)."""
+    whose layers are rollout.hf.PreallocatedLayer (the cache the prompt prefill filled).
 
-    def __init__(self, model):
+    onednn (float32 on the CPU): every projection and the output head run as oneDNN inner products on a
+    copy of the weights converted once per DecodeStep (one per generate call, so it follows the policy's
+    updates). At a few rows per step MKL's GEMM with a transposed weight reads the weights ~2x slower than
+    oneDNN's inner product (benchmarks/decode_step.py); the copy costs the weights' memory again while
+    generating. Float rounding differs from F.linear's, so draws can differ from the default path."""
+
+    def __init__(self, model, onednn: bool = False):
         base = model.model
         self.base, self.head = base, model.lm_head
         self.layers = list(base.layers)
+        self.packed = {}  # id(linear module) -> (oneDNN weight, oneDNN bias or None)
+        if onednn and onednn_available(self.head.weight):
+            with torch.no_grad():
+                for layer in self.layers:
+                    attn, mlp = layer.self_attn, layer.mlp
+                    for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj,
+                              mlp.down_proj):
+                        self._pack(m)
+                self._pack(self.head)
         attn = self.layers[0].self_attn
         self.head_dim = attn.head_dim
         self.heads = model.config.num_attention_heads
         self.kv_heads = getattr(model.config, "num_key_value_heads", None) or self.heads
         self.scaling = attn.scaling
         self.qk_norm = hasattr(attn, "q_norm")
+
+    def _pack(self, module) -> None:
+        bias = module.bias.detach().to_mkldnn() if module.bias is not None else None
+        self.packed[id(module)] = (module.weight.detach().to_mkldnn(), bias)
+
+    def linear(self, x: torch.Tensor, module) -> torch.Tensor:
+        """x W^T + b for a (rows, in) x, through the oneDNN copy when there is one."""
+        packed = self.packed.get(id(module)) if x.dtype == torch.float32 else None
+        if packed is None:
+            return F.linear(x, module.weight, module.bias)
+        return torch._C._nn.mkldnn_linear(x.contiguous().to_mkldnn(), *packed).to_dense()
 
     def __call__(self, token: torch.Tensor, position: torch.Tensor, attention: torch.Tensor, cache) -> torch.Tensor:
         """token, position: (a,); attention: (a, L) 1 on real tokens, the new one last; cache: its layers
@@ -111,9 +142,9 @@ class DecodeStep:
         for index, layer in enumerate(self.layers):
             attn, mlp = layer.self_attn, layer.mlp
             normed = rms_norm(x, layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)  # (a, H)
-            q = F.linear(normed, attn.q_proj.weight, attn.q_proj.bias).view(rows, h, d)  # (a, h, d)
-            k = F.linear(normed, attn.k_proj.weight, attn.k_proj.bias).view(rows, kv, d)  # (a, kv, d)
-            v = F.linear(normed, attn.v_proj.weight, attn.v_proj.bias).view(rows, kv, 1, d)  # (a, kv, 1, d)
+            q = self.linear(normed, attn.q_proj).view(rows, h, d)  # (a, h, d)
+            k = self.linear(normed, attn.k_proj).view(rows, kv, d)  # (a, kv, d)
+            v = self.linear(normed, attn.v_proj).view(rows, kv, 1, d)  # (a, kv, 1, d)
             if self.qk_norm:
                 q = rms_norm(q, attn.q_norm.weight, attn.q_norm.variance_epsilon)
                 k = rms_norm(k, attn.k_norm.weight, attn.k_norm.variance_epsilon)
@@ -125,10 +156,10 @@ class DecodeStep:
                 scores = scores.masked_fill(blocked, float("-inf"))
             weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
             mixed = torch.matmul(weights, values).reshape(rows, h * d)  # (a, h*d)
-            x = x + F.linear(mixed, attn.o_proj.weight, attn.o_proj.bias)
+            x = x + self.linear(mixed, attn.o_proj)
             normed = rms_norm(x, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
-            gate = F.linear(normed, mlp.gate_proj.weight, mlp.gate_proj.bias)
-            up = F.linear(normed, mlp.up_proj.weight, mlp.up_proj.bias)
-            x = x + F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+            gate = self.linear(normed, mlp.gate_proj)
+            up = self.linear(normed, mlp.up_proj)
+            x = x + self.linear(F.silu(gate) * up, mlp.down_proj)
         x = rms_norm(x, self.base.norm.weight, self.base.norm.variance_epsilon)
-        return F.linear(x, self.head.weight, self.head.bias)  # (a, V)
+        return self.linear(x, self.head)  # (a, V)

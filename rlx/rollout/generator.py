@@ -49,8 +49,8 @@ class HFGenerator:
     (before top-k / top-p filtering), recomputed by one forward pass over prompt + sample."""
 
     def __init__(self, model, tokenizer, *, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                 batch_size: int = 256):
-        self.model, self.tokenizer = model, tokenizer
+                 batch_size: int = 256, sampler: str = "v2"):
+        self.model, self.tokenizer, self.sampler = model, tokenizer, sampler
         self.temperature, self.top_p, self.top_k, self.batch_size = temperature, top_p, top_k, batch_size
 
     @torch.no_grad()
@@ -59,7 +59,7 @@ class HFGenerator:
         shim = _IdsTokenizer(self.tokenizer, prompts)
         out = generate(self.model, shim, [str(i) for i in range(len(prompts))], samples_per_prompt=1,
                        max_new_tokens=max_new_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                       greedy=greedy, batch_size=self.batch_size, seeds=seeds)
+                       greedy=greedy, batch_size=self.batch_size, seeds=seeds, sampler=self.sampler)
         lengths = out.completion_mask.sum(dim=1).tolist()
         ids = [out.completion_ids[i, :n].tolist() for i, n in enumerate(lengths)]
         logprobs = self._logprobs(out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask)

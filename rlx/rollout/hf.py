@@ -122,6 +122,8 @@ def generate(
     batch_size: int = 256,
     seeds: list[int] | None = None,
     min_new_tokens: int = 0,
+    sampler: str = "v2",
+    onednn: bool = False,
 ) -> Rollout:
     """G completions for each prompt, ordered prompt by prompt (the G samples of a prompt are adjacent).
 
@@ -130,6 +132,8 @@ def generate(
     the global torch generator. Each prompt is encoded once and its KV cache copied to its G samples;
     rows that emitted a stop token leave the batch, and generation ends when every row has stopped.
     min_new_tokens > 0 forbids the stop tokens before that many tokens (fixed-length benchmarks).
+    sampler: the draw's version (rollout/sampling.py SAMPLERS; training passes rollout.sampler).
+    onednn: the decode step's projections through oneDNN on the CPU (rollout.onednn_decode; fast_decode.py).
     A sharded model (ZeRO-3, FSDP2) gathers its weights in every forward pass, a collective: there no
     row leaves the batch early and every process keeps stepping until all processes' rows have stopped
     (`lockstep`), so each runs the same forward passes; each process must then pass as many prompts."""
@@ -157,7 +161,8 @@ def generate(
         chunk = _decode(
             model, unique_ids[first:last].to(device), unique_mask[first:last].to(device), group, seed_tensor[rows],
             max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, stop_ids=stop_ids, pad_id=pad_id,
-            greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, lockstep=lockstep,
+            greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, lockstep=lockstep, sampler=sampler,
+            onednn=onednn,
         )  # (n, c)
         completion_ids[rows, : chunk.shape[1]] = chunk.cpu()
         width = max(width, chunk.shape[1])
@@ -182,7 +187,7 @@ def _all_stopped(stopped: torch.Tensor) -> bool:
 
 
 def _decode(model, prompt_ids, prompt_mask, group, seeds, *, max_new_tokens, min_new_tokens, stop_ids, pad_id, greedy,
-            temperature, top_k, top_p, lockstep=False) -> torch.Tensor:
+            temperature, top_k, top_p, lockstep=False, sampler="v2", onednn=False) -> torch.Tensor:
     """Token-by-token decoding of `group` samples for each of b prompts. Returns (b*group, c) token ids.
     lockstep: rows that stopped stay in the batch (their later tokens are masked by the caller) and the
     loop runs until every process's rows have stopped."""
@@ -198,7 +203,7 @@ def _decode(model, prompt_ids, prompt_mask, group, seeds, *, max_new_tokens, min
     logits = step.logits[:, -1].repeat_interleave(group, dim=0)  # (n, V)
     cache = step.past_key_values
     # the per-token steps: rlx's own decode step for Llama-family models (rollout/fast_decode.py)
-    fast = decode_step_for(model) if all(isinstance(layer, PreallocatedLayer) for layer in cache.layers) else None
+    fast = decode_step_for(model, onednn=onednn) if all(isinstance(layer, PreallocatedLayer) for layer in cache.layers) else None
     stopped = torch.zeros(num_rows, dtype=torch.bool, device=device)  # lockstep: rows that emitted a stop token
     if group > 1:
         cache.batch_repeat_interleave(group)
@@ -214,7 +219,7 @@ def _decode(model, prompt_ids, prompt_mask, group, seeds, *, max_new_tokens, min
         if greedy:
             token = logits.argmax(dim=-1)  # (a,)
         else:
-            token = sample_tokens(logits, seeds[alive], t, temperature, top_k, top_p)  # (a,)
+            token = sample_tokens(logits, seeds[alive], t, temperature, top_k, top_p, sampler)  # (a,)
         out[alive, t] = token
         if t == max_new_tokens - 1:
             break
