@@ -170,6 +170,30 @@ def _finite(value) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
+def start_bar(bar) -> list:
+    """Start a rich Progress bar with log lines printed above it, not through it. While live, rich
+    sends sys.stdout / sys.stderr through its console, but logging handlers keep the streams they were
+    made with; this points those handlers at the redirected streams. Returns what stop_bar restores."""
+    bar.start()
+    proxies = {id(stream.rich_proxied_file): stream for stream in (sys.stdout, sys.stderr)
+               if hasattr(stream, "rich_proxied_file")}
+    loggers = [logging.getLogger(), *(item for item in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(item, logging.Logger))]
+    swapped = []
+    for handler in {h for logger in loggers for h in logger.handlers}:
+        if isinstance(handler, logging.StreamHandler) and id(handler.stream) in proxies:
+            swapped.append((handler, handler.stream))
+            handler.setStream(proxies[id(handler.stream)])
+    return swapped
+
+
+def stop_bar(bar, swapped: list) -> None:
+    """Stop a bar started by start_bar and give the logging handlers their own streams back."""
+    for handler, stream in swapped:
+        handler.setStream(stream)
+    bar.stop()
+
+
 class PhaseProgress:
     """A rich bar for one long phase before or outside the training steps (reference log-probs, data
     building) on a terminal; nothing otherwise (the phase's log line reports its duration)."""
@@ -187,7 +211,7 @@ class PhaseProgress:
 
     def __enter__(self) -> PhaseProgress:
         if self._bar is not None:
-            self._bar.start()
+            self._swapped = start_bar(self._bar)
         return self
 
     def advance(self, amount: int = 1) -> None:
@@ -196,7 +220,7 @@ class PhaseProgress:
 
     def __exit__(self, *exc) -> None:
         if self._bar is not None:
-            self._bar.stop()
+            stop_bar(self._bar, self._swapped)
 
 
 class MetricsLog:
@@ -218,7 +242,7 @@ class MetricsLog:
                 TextColumn("{task.fields[status]}"), transient=False,
             )
             self._task = self._bar.add_task("train", total=total_steps, status="")
-            self._bar.start()
+            self._swapped = start_bar(self._bar)
         self._last_print = 0.0
         self.watch = SignalWatch()
 
@@ -252,7 +276,8 @@ class MetricsLog:
 
     def close(self) -> None:
         if self._bar is not None:
-            self._bar.stop()
+            stop_bar(self._bar, self._swapped)
+            self._bar = None
 
 
 def write_samples(run_dir: Path, step: int, records: list[dict]) -> None:

@@ -37,6 +37,7 @@ from rlx.evaluation.metrics import (
     pass_at_k,
 )
 from rlx.rollout.vllm import build_engine
+from rlx.run import start_bar, stop_bar
 
 log = logging.getLogger("rlx")
 
@@ -163,7 +164,7 @@ class _Progress:
             self._bar = Progress(TextColumn("[bold]{task.description}"), MofNCompleteColumn(), BarColumn(),
                                  TimeRemainingColumn(), TextColumn("{task.fields[status]}"))
             self._task = self._bar.add_task(label, total=total, completed=done, status="")
-            self._bar.start()
+            self._swapped = start_bar(self._bar)
 
     def update(self, problems: int, samples: int, metric_name: str, metric: float) -> None:
         self.done += problems
@@ -177,7 +178,8 @@ class _Progress:
 
     def close(self) -> None:
         if self._bar is not None:
-            self._bar.stop()
+            stop_bar(self._bar, self._swapped)
+            self._bar = None
 
 
 @torch.no_grad()
