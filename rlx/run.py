@@ -335,6 +335,17 @@ def smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
+def integer_step_ticks(ax, steps) -> None:
+    """Whole-number step ticks on x; when all points sit within one step (a 1-step run), ticks at those
+    steps instead of matplotlib's fractions (MaxNLocator alone falls back to them)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    steps = sorted(set(steps))
+    if steps and steps[-1] - steps[0] < 2:
+        ax.set_xticks(steps)
+
+
 def plot_run(run_dir: Path) -> Path | None:
     """plots/reward.png: what to look at first when a run goes wrong, one panel each (only those with
     data): training reward (raw faint, moving average bold), held-out accuracy, KL to the reference,
@@ -346,7 +357,6 @@ def plot_run(run_dir: Path) -> Path | None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
     panels = []
     for title, ylabel, keys in RUN_PANELS:
@@ -373,7 +383,7 @@ def plot_run(run_dir: Path) -> Path | None:
         ax.set_title(title, fontsize=10)
         ax.set_ylabel(ylabel)
         ax.set_xlabel("step")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        integer_step_ticks(ax, [x for points in series.values() for x, _ in points])
         ax.grid(alpha=0.3)
         if len(series) > 1 or "reward/total" in series and len(series["reward/total"]) >= 10:
             ax.legend(fontsize=7)
