@@ -78,9 +78,12 @@ def resolve_run(run: str, checkpoint: str = "final") -> tuple[str, str]:
             label = run_dir.name if checkpoint == "final" else f"{run_dir.name}/{checkpoint}"
             return str(folder), label
     saved = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*") if is_run_model(p))
+    sharded = (run_dir / "checkpoints" / named / "trainer_state.json").is_file() and not is_run_model(
+        run_dir / "checkpoints" / named)
     raise UserError(
-        f"run '{run}' has no model '{checkpoint}'; valid choices: "
-        f"{', '.join(['final'] * (run_dir / 'final').is_dir() + saved) or 'none (did the run finish?)'}"
+        f"run '{run}' has no model '{checkpoint}'"
+        + (" (that checkpoint holds sharded FSDP/DeepSpeed states, not a model)" if sharded else "")
+        + f"; valid choices: {', '.join(['final'] * (run_dir / 'final').is_dir() + saved) or 'none (did the run finish?)'}"
     )
 
 
