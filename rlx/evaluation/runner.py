@@ -328,6 +328,12 @@ def render_table(summary: dict, labels: dict[str, str], confidence: float):
     return table
 
 
+def _k_ticks(ax, ks: list[int]) -> None:
+    """Ticks at the plotted k, written 1, 2, 4 (not 2^0, 2^1, 2^2)."""
+    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.minorticks_off()
+
+
 def plot_pass_at_k(summary: dict, labels: dict[str, str], path: Path) -> Path | None:
     """pass@k against k (log2 axis) with interval bars, one panel per benchmark."""
     panels = [(b, r) for b, r in summary["benchmarks"].items() if any(m.startswith("pass@") for m in r["model"])]
@@ -351,6 +357,7 @@ def plot_pass_at_k(summary: dict, labels: dict[str, str], path: Path) -> Path | 
                         label=f"{labels['model']} - {labels['compare']}")
             ax.axhline(0.0, color="grey", linewidth=1)
             ax.set_xscale("log", base=2)
+            _k_ticks(ax, [k for k, _ in diff])
             ax.set_xlabel("k")
             ax.set_ylabel("paired difference in pass@k")
             ax.set_title(f"{bench}: paired difference ({result['diff']['problems']} problems)")
@@ -368,6 +375,7 @@ def plot_pass_at_k(summary: dict, labels: dict[str, str], path: Path) -> Path | 
             err = np.array([[e["value"] - e["low"] for _, e in points], [e["high"] - e["value"] for _, e in points]])
             ax.errorbar(ks, mid, yerr=err, marker="o", capsize=3, label=labels[role])
         ax.set_xscale("log", base=2)
+        _k_ticks(ax, ks)
         ax.set_xlabel("k")
         ax.set_ylabel("pass@k")
         ax.set_title(bench)
