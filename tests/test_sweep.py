@@ -94,6 +94,7 @@ def test_optuna_sweep_names_its_best_trial_and_retest_uses_fresh_seeds(tmp_path)
     # line included) and no Optuna plugin lines; the trials themselves got the exact values
     printed = result.stdout + result.stderr
     assert "#0 : " in printed and "best max value" in printed and "A new study created" not in printed
+    assert "\x1b[" not in printed  # no ANSI codes outside a terminal (the summary table included)
     assert not re.search(r"=-?\d*\.\d{7,}", printed), re.findall(r"\S+=-?\d*\.\d{7,}", printed)
     assert any(len(o.split("=")[1]) > 8 for r in rows for o in r["overrides"].split() if o.startswith("optim.lr="))
 
