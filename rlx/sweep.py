@@ -196,7 +196,8 @@ class ShortNumbers(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         if "=" in message:
-            record.msg, record.args = " ".join(short_override(word) for word in message.split(" ")), None
+            words = [min(word, short_override(word), key=len) for word in message.split(" ")]  # 1e-4 stays 1e-4
+            record.msg, record.args = " ".join(words), None
         return True
 
 

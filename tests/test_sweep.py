@@ -177,5 +177,7 @@ def test_hydra_launcher_lines_print_short_numbers():
 
     record = logging.LogRecord("hydra", logging.INFO, "", 0, "\t#%d : %s", (1, "seed=0 optim.lr=0.00030000000000000003"), None)
     assert ShortNumbers().filter(record) and record.getMessage() == "\t#1 : seed=0 optim.lr=0.0003"
+    written = logging.LogRecord("hydra", logging.INFO, "", 0, "#0 : optim.lr=1e-4 data.train_path=a.jsonl", None, None)
+    assert ShortNumbers().filter(written) and written.getMessage() == "#0 : optim.lr=1e-4 data.train_path=a.jsonl"
     plain = logging.LogRecord("hydra", logging.INFO, "", 0, "Launching %d jobs locally", (4,), None)
     assert ShortNumbers().filter(plain) and plain.getMessage() == "Launching 4 jobs locally"
