@@ -170,20 +170,36 @@ def _finite(value) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
+class _AboveBar:
+    """A stream for logging handlers while a bar is live: each complete line goes through the bar's
+    console, which prints it above the bar, unwrapped (the terminal wraps it, so paths stay whole)."""
+
+    def __init__(self, console):
+        self.console, self._pending = console, ""
+
+    def write(self, text: str) -> int:
+        *lines, self._pending = (self._pending + text).split("\n")
+        for line in lines:
+            self.console.print(line, soft_wrap=True, markup=False, highlight=False, emoji=False)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
 def start_bar(bar) -> list:
-    """Start a rich Progress bar with log lines printed above it, not through it. While live, rich
-    sends sys.stdout / sys.stderr through its console, but logging handlers keep the streams they were
-    made with; this points those handlers at the redirected streams. Returns what stop_bar restores."""
+    """Start a rich Progress bar with log lines printed above it, not through it: logging handlers
+    writing to the terminal (stdout or stderr) write through the bar's console until stop_bar.
+    Returns what stop_bar restores."""
+    terminal = {id(sys.stdout), id(sys.stderr), id(sys.__stdout__), id(sys.__stderr__)}
     bar.start()
-    proxies = {id(stream.rich_proxied_file): stream for stream in (sys.stdout, sys.stderr)
-               if hasattr(stream, "rich_proxied_file")}
     loggers = [logging.getLogger(), *(item for item in logging.Logger.manager.loggerDict.values()
                                       if isinstance(item, logging.Logger))]
     swapped = []
     for handler in {h for logger in loggers for h in logger.handlers}:
-        if isinstance(handler, logging.StreamHandler) and id(handler.stream) in proxies:
+        if type(handler) is logging.StreamHandler and id(handler.stream) in terminal:
             swapped.append((handler, handler.stream))
-            handler.setStream(proxies[id(handler.stream)])
+            handler.setStream(_AboveBar(bar.console))
     return swapped
 
 

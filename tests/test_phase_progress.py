@@ -58,9 +58,11 @@ def test_a_log_line_during_a_bar_prints_above_it_and_the_handler_gets_its_stream
     try:
         with PhaseProgress("data building", 2, progress=True, console=Console(file=stream, force_terminal=True, width=100)):
             logger.warning("checkpoint written")
-            assert handler.stream is not sys.__stdout__ and hasattr(handler.stream, "rich_proxied_file")
-        # rich rendered the line through its console (above the bar), not into the bar's line
-        assert "checkpoint written\n" in stream.getvalue()
+            logger.warning("a long path /" + "x" * 150)
+            assert handler.stream is not sys.stdout
+        # rich rendered the lines through its console (above the bar), not into the bar's line, and left
+        # the long one unwrapped (100 columns here)
+        assert "checkpoint written\n" in stream.getvalue() and "/" + "x" * 150 + "\n" in stream.getvalue()
         assert handler.stream is sys.stdout
     finally:
         logger.removeHandler(handler)
