@@ -170,6 +170,46 @@ def _finite(value) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
+class _AboveBar:
+    """A stream for logging handlers while a bar is live: each complete line goes through the bar's
+    console, which prints it above the bar, unwrapped (the terminal wraps it, so paths stay whole)."""
+
+    def __init__(self, console):
+        self.console, self._pending = console, ""
+
+    def write(self, text: str) -> int:
+        *lines, self._pending = (self._pending + text).split("\n")
+        for line in lines:
+            self.console.print(line, soft_wrap=True, markup=False, highlight=False, emoji=False)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def start_bar(bar) -> list:
+    """Start a rich Progress bar with log lines printed above it, not through it: logging handlers
+    writing to the terminal (stdout or stderr) write through the bar's console until stop_bar.
+    Returns what stop_bar restores."""
+    terminal = {id(sys.stdout), id(sys.stderr), id(sys.__stdout__), id(sys.__stderr__)}
+    bar.start()
+    loggers = [logging.getLogger(), *(item for item in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(item, logging.Logger))]
+    swapped = []
+    for handler in {h for logger in loggers for h in logger.handlers}:
+        if type(handler) is logging.StreamHandler and id(handler.stream) in terminal:
+            swapped.append((handler, handler.stream))
+            handler.setStream(_AboveBar(bar.console))
+    return swapped
+
+
+def stop_bar(bar, swapped: list) -> None:
+    """Stop a bar started by start_bar and give the logging handlers their own streams back."""
+    for handler, stream in swapped:
+        handler.setStream(stream)
+    bar.stop()
+
+
 class PhaseProgress:
     """A rich bar for one long phase before or outside the training steps (reference log-probs, data
     building) on a terminal; nothing otherwise (the phase's log line reports its duration)."""
@@ -187,7 +227,7 @@ class PhaseProgress:
 
     def __enter__(self) -> PhaseProgress:
         if self._bar is not None:
-            self._bar.start()
+            self._swapped = start_bar(self._bar)
         return self
 
     def advance(self, amount: int = 1) -> None:
@@ -196,7 +236,7 @@ class PhaseProgress:
 
     def __exit__(self, *exc) -> None:
         if self._bar is not None:
-            self._bar.stop()
+            stop_bar(self._bar, self._swapped)
 
 
 class MetricsLog:
@@ -218,7 +258,7 @@ class MetricsLog:
                 TextColumn("{task.fields[status]}"), transient=False,
             )
             self._task = self._bar.add_task("train", total=total_steps, status="")
-            self._bar.start()
+            self._swapped = start_bar(self._bar)
         self._last_print = 0.0
         self.watch = SignalWatch()
 
@@ -252,7 +292,8 @@ class MetricsLog:
 
     def close(self) -> None:
         if self._bar is not None:
-            self._bar.stop()
+            stop_bar(self._bar, self._swapped)
+            self._bar = None
 
 
 def write_samples(run_dir: Path, step: int, records: list[dict]) -> None:
@@ -310,6 +351,17 @@ def smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
+def integer_step_ticks(ax, steps) -> None:
+    """Whole-number step ticks on x; when all points sit within one step (a 1-step run), ticks at those
+    steps instead of matplotlib's fractions (MaxNLocator alone falls back to them)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    steps = sorted(set(steps))
+    if steps and steps[-1] - steps[0] < 2:
+        ax.set_xticks(steps)
+
+
 def plot_run(run_dir: Path) -> Path | None:
     """plots/reward.png: what to look at first when a run goes wrong, one panel each (only those with
     data): training reward (raw faint, moving average bold), held-out accuracy, KL to the reference,
@@ -321,7 +373,6 @@ def plot_run(run_dir: Path) -> Path | None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
     panels = []
     for title, ylabel, keys in RUN_PANELS:
@@ -348,7 +399,7 @@ def plot_run(run_dir: Path) -> Path | None:
         ax.set_title(title, fontsize=10)
         ax.set_ylabel(ylabel)
         ax.set_xlabel("step")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        integer_step_ticks(ax, [x for points in series.values() for x, _ in points])
         ax.grid(alpha=0.3)
         if len(series) > 1 or "reward/total" in series and len(series["reward/total"]) >= 10:
             ax.legend(fontsize=7)

@@ -188,6 +188,19 @@ def short_override(text: str) -> str:
     return f"{key}={number:.3g}" if math.isfinite(number) else text
 
 
+class ShortNumbers(logging.Filter):
+    """Hydra's own launcher lines (`#1 : seed=0 optim.lr=0.00030000000000000003`) with each `key=float`
+    at 3 significant digits, as in the sweep table (conf/hydra/hydra_logging/rlx.yaml); the trials
+    themselves get the exact values."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "=" in message:
+            words = [min(word, short_override(word), key=len) for word in message.split(" ")]  # 1e-4 stays 1e-4
+            record.msg, record.args = " ".join(words), None
+        return True
+
+
 def spread(values: list[float]) -> str:
     """`mean ± std (n)` of a configuration's seeds."""
     if not values:

@@ -16,6 +16,7 @@ Exit code 1 when a command failed.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -43,8 +44,10 @@ SKIPS = [
     (r"^(pip|make bench|python benchmarks)", "installs packages or benchmarks for an hour"),
     (r"^make (train|test|reproduce)", "make target (make test runs the suite; rlx commands cover the rest)"),
     (r"^pytest", "a test command (the suite is run separately)"),
-    (r"model\.path=/local/dir|my\.parquet", "a placeholder the user replaces with their own files"),
+    (r"model\.path=/local/dir|my\.parquet|resume=/shared/", "a placeholder the user replaces with their own files"),
 ]
+if importlib.util.find_spec("deepspeed") is None:
+    SKIPS.insert(0, (r"hardware=deepspeed", "needs the deepspeed extra (pip install 'rlx[deepspeed]')"))
 QUICK = re.compile(r"^rlx (--help|--version|recipes( show \S+)?$|train --help|train --cfg job|\w+ --help)")
 
 
@@ -88,6 +91,9 @@ class Runner:
         runs = sorted((self.work / "outputs" / "train").glob("*"), key=lambda p: p.stat().st_mtime) \
             if (self.work / "outputs" / "train").is_dir() else []
         runs = [r for r in runs if (r / "final").is_dir()]
+        # <run> stands for a plain run: prefer one whose checkpoints hold a model (not FSDP/DeepSpeed shards)
+        runs = [r for r in runs if not any((r / "checkpoints").glob("step_*/*.distcp"))
+                and not any((r / "checkpoints").glob("step_*/pytorch_model_fsdp_0"))] or runs
         sweep, evals = self.newest("multirun"), self.newest("eval")
         rm = next((r for r in reversed(runs) if r.name.endswith("_rm")), None)
         table = {"outputs/train/<run>": runs[-1] if runs else None, "outputs/train/<a>": runs[-1] if runs else None,

@@ -47,3 +47,23 @@ def test_prompt_stream_state_roundtrip():
     b = PromptStream(rows, seed=3)
     b.load_state_dict(state)
     assert a.take(6) == b.take(6)
+
+
+def test_several_reasoning_gym_tasks_mix_in_one_run_each_scored_by_its_own_task():
+    """data.task=[gcd,leg_counting]: rows of both tasks, alternating, held out apart, each row's task kept
+    so the reasoning_gym verifier scores it with that task's scorer; per-task options by name."""
+    from rlx.tasks import reasoning_gym_score
+
+    cfg = _cfg(task=["gcd", "leg_counting"], task_config={"gcd": {"max_value": 50}}, train_size=60, eval_size=10)
+    train, evals = load_rows(cfg, seed=0)
+    assert [r["task"] for r in evals] == ["gcd", "leg_counting"] * 5
+    assert {r["task"] for r in train} == {"gcd", "leg_counting"} and 50 <= len(train) <= 60
+    assert not {r["question"] for r in train} & {r["question"] for r in evals}
+    gcd_numbers = [int(n) for r in train if r["task"] == "gcd" for n in json.loads(r["metadata"])["numbers"]]
+    assert max(gcd_numbers) <= 50  # the gcd options reached gcd
+    assert reasoning_gym_score([r["answer"] for r in evals], evals) == [1.0] * 10
+    assert all(score < 1.0 for score in reasoning_gym_score([str(int(r["answer"]) + 1) for r in evals], evals))
+    with pytest.raises(UserError, match="'max_value' is not one of"):
+        load_rows(_cfg(task=["gcd", "leg_counting"], task_config={"max_value": 50}), seed=0)
+    with pytest.raises(UserError, match="unknown reasoning-gym task 'gcdd'"):
+        load_rows(_cfg(task=["gcdd", "leg_counting"], task_config=None), seed=0)

@@ -258,6 +258,12 @@ def test_missing_run_or_checkpoint_is_a_user_error(tmp_path):
     (step / "model.safetensors").write_bytes(b"")
     with pytest.raises(UserError, match="has no model 'final'; valid choices: step_000010$"):
         evaluate(_eval_cfg(f"run={tmp_path / 'run'}"), tmp_path / "b", [])
+    sharded = tmp_path / "run" / "checkpoints" / "step_000020"  # an FSDP checkpoint: shards, no model
+    (sharded / "pytorch_model_fsdp_0").mkdir(parents=True)
+    (sharded / "trainer_state.json").write_text("{}")
+    with pytest.raises(UserError, match="'step_20' .that checkpoint holds sharded FSDP/DeepSpeed states, not a model.; "
+                                        "valid choices: step_000010$"):
+        evaluate(_eval_cfg(f"run={tmp_path / 'run'}", "checkpoint=step_20"), tmp_path / "c", [])
 
 
 def test_missing_benchmark_file_exits_2_with_one_line(tmp_path):

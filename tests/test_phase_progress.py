@@ -44,3 +44,25 @@ def test_phase_bar_draws_on_request_and_stays_silent_off_a_terminal():
     assert quiet._bar is None
     with quiet:
         quiet.advance()
+
+
+def test_a_log_line_during_a_bar_prints_above_it_and_the_handler_gets_its_stream_back():
+    import logging
+    import sys
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(sys.stdout)  # as Hydra's job logging makes it, before any bar starts
+    logger = logging.getLogger("rlx.test_bar")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        with PhaseProgress("data building", 2, progress=True, console=Console(file=stream, force_terminal=True, width=100)):
+            logger.warning("checkpoint written")
+            logger.warning("a long path /" + "x" * 150)
+            assert handler.stream is not sys.stdout
+        # rich rendered the lines through its console (above the bar), not into the bar's line, and left
+        # the long one unwrapped (100 columns here)
+        assert "checkpoint written\n" in stream.getvalue() and "/" + "x" * 150 + "\n" in stream.getvalue()
+        assert handler.stream is sys.stdout
+    finally:
+        logger.removeHandler(handler)

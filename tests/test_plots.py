@@ -41,3 +41,21 @@ def test_eval_plot_adds_the_paired_difference_row(tmp_path):
                                 "pass@2": {"value": 0.1, "low": 0.0, "high": 0.2, "frac_positive": 0.9}})
     both = plot_pass_at_k({"benchmarks": {"b": paired}}, {"model": "run_a", "compare": "base"}, tmp_path / "b.png")
     assert matplotlib.image.imread(alone).shape[0] == 400 and matplotlib.image.imread(both).shape[0] == 750
+
+
+def test_eval_plot_labels_k_plainly_and_names_both_models(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    from rlx.evaluation.runner import plot_pass_at_k
+
+    entry = {"value": 0.5, "low": 0.4, "high": 0.6}
+    result = {"model": {"pass@1": entry, "pass@4": entry}, "compare": {"pass@1": entry, "pass@4": entry},
+              "diff": {"problems": 3, "pass@1": entry, "pass@4": entry}}
+    drawn = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: drawn.append(fig))
+    plot_pass_at_k({"benchmarks": {"b": result}}, {"model": "run_a", "compare": "base (builtin:tiny)"}, tmp_path / "p.png")
+    (fig,) = drawn
+    top, bottom = fig.axes
+    assert [t.get_text() for t in top.get_xticklabels()] == ["1", "4"]
+    assert [t.get_text() for t in top.get_legend().get_texts()] == ["run_a", "base (builtin:tiny)"]
+    assert [t.get_text() for t in bottom.get_legend().get_texts()] == ["run_a - base (builtin:tiny)"]

@@ -2,6 +2,7 @@
 the reward=model source, and the ensemble aggregation (hand-derived)."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -105,7 +106,8 @@ def test_settings_mistakes_are_user_errors(overrides, needle):
 def test_rlx_data_prefs_on_a_few_prompts(tmp_path):
     out = tmp_path / "pairs.jsonl"
     result = run_rlx(["data", "prefs", f"out={out}", "prompts=12", "samples_per_prompt=6", "data.train_size=300",
-                      "hardware.num_threads=1"], tmp_path)
+                      "hardware.num_threads=1", "progress=true", "rollout.batch_size=12"], tmp_path,
+                     env_extra={"FORCE_COLOR": "1"})  # rich draws as on a terminal
     assert result.returncode == 0, result.stderr[-3000:]
     pairs = [json.loads(line) for line in out.read_text().splitlines()]
     assert 0 < len(pairs) <= 12
@@ -116,6 +118,9 @@ def test_rlx_data_prefs_on_a_few_prompts(tmp_path):
         # chosen is exactly right, rejected is not, by the task's own checker
         assert task_score(None, [pair["chosen"], pair["rejected"]], answer=[pair["answer"]] * 2) == [1.0, 0.0]
     assert f"wrote {len(pairs)} pairs" in result.stderr + result.stdout
+    # the sampling phase has a bar, advanced chunk by chunk (12 prompts, 2 per chunk of 12 samples)
+    drawn = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", result.stderr + result.stdout)
+    assert "sampling completions 12/12" in drawn, drawn[-2000:]
 
 
 def test_ensemble_aggregation_hand_values():

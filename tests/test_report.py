@@ -116,3 +116,38 @@ def test_a_damaged_run_file_is_one_line_naming_it(two_configs, name, content):
     target.write_bytes(content if isinstance(content, bytes) else content.encode())
     with pytest.raises(UserError, match=rf"{target} is damaged \(.+\); repair or remove it"):
         find_runs([two_configs])
+
+
+def test_legends_name_runs_and_short_values_and_steps_are_integers(tmp_path, monkeypatch):
+    """A run with no overrides of its own is named by its folder (not `shared overrides only`), a
+    trial by sweep/trial (not `0`); float values print at 3 significant digits, short ones as written;
+    the step axis ticks whole numbers."""
+    import matplotlib.figure
+    from matplotlib.ticker import MaxNLocator
+
+    from rlx.report.report import plot_curves
+
+    base, tuned = tmp_path / "2026-11-24_10-00-00_grpo", tmp_path / "2026-11-24_11-00-00_grpo"
+    _fake_run(base, ["steps=10"], 0, 0.5)
+    _fake_run(tuned, ["steps=10", "optim.lr=0.00030000000000000003"], 0, 0.7)
+    _fake_run(tmp_path / "sweep" / "0", ["optim.lr=1e-4"], 0, 0.4)
+    groups = group_runs(find_runs([base, tuned]))
+    assert [g.label for g in groups] == ["2026-11-24_10-00-00_grpo", "optim.lr=0.0003"]
+    assert [g.label for g in group_runs(find_runs([tmp_path / "sweep" / "0"]))] == ["sweep/0"]
+    assert [g.label for g in group_runs(find_runs([tmp_path / "sweep" / "0", base]))][0] == "optim.lr=1e-4"
+
+    drawn = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: drawn.append(fig))
+    plot_curves(groups, ["eval/accuracy"], tmp_path)
+    (fig,) = drawn
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert legend == ["c1: 2026-11-24_10-00-00_grpo (n=1)", "c2: optim.lr=0.0003 (n=1)"]
+    locator = fig.axes[0].xaxis.get_major_locator()
+    assert isinstance(locator, MaxNLocator) and all(float(t).is_integer() for t in locator.tick_values(0, 2))
+    # a one-step curve (steps 1 and 1): a tick at that step only, not 0.96, 0.98, ...
+    from rlx.run import integer_step_ticks
+
+    ax = matplotlib.figure.Figure().subplots()
+    ax.plot([1, 1], [0.2, 0.4])
+    integer_step_ticks(ax, [1, 1])
+    assert list(ax.get_xticks()) == [1]

@@ -4,6 +4,7 @@ test-seed re-runs work offline on the tiny model."""
 import csv
 import json
 import math
+import re
 
 import pytest
 from omegaconf import OmegaConf
@@ -89,6 +90,13 @@ def test_optuna_sweep_names_its_best_trial_and_retest_uses_fresh_seeds(tmp_path)
     assert f"Best trial: {rows[0]['trial']} (eval/accuracy = {max(finals.values()):.4f}" in (sweep / "summary.md").read_text()
     # the trials sampled the search space of conf/sweep/optuna.yaml
     assert all("optim.lr=" in r["overrides"] and "algorithm.clip_high=" in r["overrides"] for r in rows)
+    # the log prints the sampled values at 3 significant digits (Hydra's "#N : ..." lines and the optuna
+    # line included) and no Optuna plugin lines; the trials themselves got the exact values
+    printed = result.stdout + result.stderr
+    assert "#0 : " in printed and "best max value" in printed and "A new study created" not in printed
+    assert "\x1b[" not in printed  # no ANSI codes outside a terminal (the summary table included)
+    assert not re.search(r"=-?\d*\.\d{7,}", printed), re.findall(r"\S+=-?\d*\.\d{7,}", printed)
+    assert any(len(o.split("=")[1]) > 8 for r in rows for o in r["overrides"].split() if o.startswith("optim.lr="))
 
     reused = run_rlx(["sweep", "retest", str(sweep), "seeds=0,7"], tmp_path, timeout=120)
     assert reused.returncode == 2 and "test seeds [0] were already used for tuning" in reused.stderr
@@ -182,3 +190,16 @@ def test_hyper_parameters_print_at_three_significant_digits():
     assert short_override("optim.lr=0.00012345678901") == "optim.lr=0.000123"
     assert short_override("algorithm.clip_high=0.2799999999") == "algorithm.clip_high=0.28"
     assert short_override("seed=3") == "seed=3" and short_override("algorithm=dapo") == "algorithm=dapo"
+
+
+def test_hydra_launcher_lines_print_short_numbers():
+    import logging
+
+    from rlx.sweep import ShortNumbers
+
+    record = logging.LogRecord("hydra", logging.INFO, "", 0, "\t#%d : %s", (1, "seed=0 optim.lr=0.00030000000000000003"), None)
+    assert ShortNumbers().filter(record) and record.getMessage() == "\t#1 : seed=0 optim.lr=0.0003"
+    written = logging.LogRecord("hydra", logging.INFO, "", 0, "#0 : optim.lr=1e-4 data.train_path=a.jsonl", None, None)
+    assert ShortNumbers().filter(written) and written.getMessage() == "#0 : optim.lr=1e-4 data.train_path=a.jsonl"
+    plain = logging.LogRecord("hydra", logging.INFO, "", 0, "Launching %d jobs locally", (4,), None)
+    assert ShortNumbers().filter(plain) and plain.getMessage() == "Launching 4 jobs locally"

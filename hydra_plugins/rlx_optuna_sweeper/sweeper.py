@@ -94,6 +94,8 @@ class RlxOptunaSweeper(Sweeper):
     def sweep(self, arguments: list[str]) -> None:
         import optuna
 
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "A new study created" lines: rlx logs the result
+
         parser = OverridesParser.create()
         space = {o.get_key_element(): distribution(o) for o in parser.parse_overrides([f"{k}={v}" for k, v in self.params.items()])}
         fixed_args = []
@@ -134,4 +136,5 @@ class RlxOptunaSweeper(Sweeper):
             results.update(best_params=dict(study.best_params), best_value=float(study.best_value))
         OmegaConf.save(OmegaConf.create(results), sweep_dir / "optimization_results.yaml")
         log.info("optuna %s: %d of %d trials finished%s", optuna.__version__, len(finished), self.n_trials,
-                 f"; best {self.direction[:3]} value {study.best_value:.4f} with {study.best_params}" if finished else "")
+                 f"; best {self.direction[:3]} value {study.best_value:.4f} with "
+                 + " ".join(f"{k}={v}" for k, v in study.best_params.items()) if finished else "")

@@ -18,6 +18,7 @@ import torch
 from omegaconf import DictConfig
 
 from rlx.config import CONF_DIR, UserError, fail
+from rlx.run import PhaseProgress
 
 log = logging.getLogger("rlx")
 
@@ -45,16 +46,24 @@ def build(cfg: DictConfig) -> dict:
     rewards = build_rewards(cfg.reward)
     prompts = format_prompts(tokenizer, rows, cfg.model.chat_template, cfg.data.system_prompt)
     roll = cfg.rollout
-    rollout = generate(model, tokenizer, prompts, samples_per_prompt=cfg.samples_per_prompt,
-                       max_new_tokens=roll.max_new_tokens, temperature=roll.temperature, top_p=roll.top_p,
-                       top_k=roll.top_k, batch_size=roll.batch_size)
     group = cfg.samples_per_prompt
+    # drawn once, so sampling chunk by chunk (for the bar) draws what one call would (rollout/sampling.py)
+    seeds = torch.randint(0, 2**31 - 1, (len(prompts) * group,)).tolist()
+    per_chunk = max(1, roll.batch_size // group)
+    texts = []
+    with PhaseProgress("sampling completions", len(prompts), cfg.progress) as bar:
+        for first in range(0, len(prompts), per_chunk):
+            chunk = prompts[first:first + per_chunk]
+            texts += generate(model, tokenizer, chunk, samples_per_prompt=group, max_new_tokens=roll.max_new_tokens,
+                              temperature=roll.temperature, top_p=roll.top_p, top_k=roll.top_k,
+                              batch_size=roll.batch_size, seeds=seeds[first * group:(first + len(chunk)) * group]).texts
+            bar.advance(len(chunk))
     sample_rows = [row for row in rows for _ in range(group)]
     sample_prompts = [p for p in prompts for _ in range(group)]
-    _, per_component, _ = compute_rewards(rewards, sample_prompts, rollout.texts, sample_rows, cfg.reward.on_error,
+    _, per_component, _ = compute_rewards(rewards, sample_prompts, texts, sample_rows, cfg.reward.on_error,
                                           system_prompt=cfg.data.system_prompt)
     scores = torch.nan_to_num(per_component[cfg.reward.accuracy], nan=0.0).tolist()
-    pairs = pairs_from_samples(rows, rollout.texts, scores, group, cfg.pairs_per_prompt, cfg.seed)
+    pairs = pairs_from_samples(rows, texts, scores, group, cfg.pairs_per_prompt, cfg.seed)
     out = Path(cfg.out).expanduser()
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w") as handle:

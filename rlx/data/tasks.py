@@ -35,30 +35,62 @@ def _format_rows(rows: list[dict], prompt_template: str) -> list[dict]:
     return out
 
 
-def reasoning_gym_rows(task: str, task_config: dict, train_size: int, eval_size: int, seed: int, eval_seed: int):
-    """Generate a task offline; eval questions come from eval_seed and are removed from training."""
-    import reasoning_gym
+def reasoning_gym_tasks(task, task_config) -> list[tuple[str, dict]]:
+    """(task name, its dataset config) for data.task = one name or a list of names. With several tasks,
+    data.task_config is null or maps a task name to its options: {gcd: {max_value: 100}}."""
     from reasoning_gym.factory import DATASETS
 
-    if task not in DATASETS:
-        raise UserError(f"unknown reasoning-gym task '{task}'; valid choices include: {', '.join(sorted(DATASETS)[:40])}, ...")
-    try:
-        eval_ds = reasoning_gym.create_dataset(task, size=eval_size, seed=eval_seed, **task_config)
-        train_ds = reasoning_gym.create_dataset(task, size=train_size, seed=seed, **task_config)
-    except TypeError as exc:
-        raise UserError(f"bad data.task_config for '{task}': {exc}") from None
+    names = [task] if isinstance(task, str) else [str(t) for t in task]
+    if not names:
+        raise UserError("data.task is an empty list; name one reasoning-gym task or several: data.task=[gcd,leg_counting]")
+    for name in names:
+        if name not in DATASETS:
+            raise UserError(f"unknown reasoning-gym task '{name}'; valid choices include: {', '.join(sorted(DATASETS)[:40])}, ...")
+    config = dict(task_config or {})
+    if len(names) == 1:
+        return [(names[0], config)]
+    stray = sorted(set(config) - set(names))
+    if stray:
+        raise UserError(f"with several tasks, data.task_config maps a task to its options ({{{names[0]}: {{...}}}}); "
+                        f"'{stray[0]}' is not one of {names}")
+    return [(name, dict(config.get(name) or {})) for name in names]
 
-    def row(entry):
+
+def reasoning_gym_entries(tasks: list[tuple[str, dict]], size: int, seed: int) -> list[tuple[str, dict]]:
+    """`size` generated problems as (task, entry): several tasks share `size` evenly (the first ones
+    take the remainder) and alternate, task by task, so any first N problems mix the tasks."""
+    import reasoning_gym
+
+    per_task = []
+    for index, (name, config) in enumerate(tasks):
+        count = size // len(tasks) + (index < size % len(tasks))
+        try:
+            per_task.append([(name, entry) for entry in reasoning_gym.create_dataset(name, size=count, seed=seed, **config)]
+                            if count else [])
+        except TypeError as exc:
+            raise UserError(f"bad data.task_config for '{name}': {exc}") from None
+    longest = max(len(entries) for entries in per_task)
+    return [entries[i] for i in range(longest) for entries in per_task if i < len(entries)]
+
+
+def reasoning_gym_rows(task, task_config: dict, train_size: int, eval_size: int, seed: int, eval_seed: int):
+    """Generate one task or several (data.task=[gcd,leg_counting]) offline; eval questions come from
+    eval_seed and are removed from training. Each row keeps its task, so its own scorer checks it."""
+    tasks = reasoning_gym_tasks(task, task_config)
+    eval_entries = reasoning_gym_entries(tasks, eval_size, eval_seed)
+    train_entries = reasoning_gym_entries(tasks, train_size, seed)
+
+    def row(name, entry):
         return {
             "question": entry["question"],
             "answer": str(entry["answer"]),
-            "task": task,
+            "task": name,
             "metadata": json.dumps(entry["metadata"], default=str),
         }
 
-    eval_rows = [row(e) for e in eval_ds]
+    eval_rows = [row(*e) for e in eval_entries]
     held_out = {r["question"] for r in eval_rows}
-    train_rows = [row(e) for e in train_ds if e["question"] not in held_out]
+    train_rows = [row(*e) for e in train_entries if e[1]["question"] not in held_out]
     if not train_rows:
         raise UserError(f"task '{task}' has no training questions left after removing held-out ones; raise data.train_size")
     return train_rows, eval_rows
@@ -145,7 +177,7 @@ def hub_rows(dataset_id: str, subset, train_split: str, eval_split, eval_size: i
 
 # data.source -> fn(data_cfg, seed) -> (train rows, held-out rows)
 DATA_SOURCES = {
-    "reasoning_gym": lambda d, seed: reasoning_gym_rows(d.task, dict(d.task_config or {}), d.train_size, d.eval_size,
+    "reasoning_gym": lambda d, seed: reasoning_gym_rows(d.task, d.task_config, d.train_size, d.eval_size,
                                                         seed, d.eval_seed),
     "file": lambda d, seed: file_rows(d.train_path, d.eval_path, d.eval_size, dict(d.columns), d.seed),
     "hub": lambda d, seed: hub_rows(d.id, d.subset, d.train_split, d.eval_split, d.eval_size, dict(d.columns), d.seed,

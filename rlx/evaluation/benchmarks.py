@@ -28,23 +28,18 @@ from rlx.data.readers import read_hub, read_records
 
 def reasoning_gym_problems(data: dict, size: int | None = None) -> list[dict]:
     """The held-out split of a reasoning-gym training data config (conf/data/*.yaml): the same
-    task, difficulty, eval_seed and eval_size as `rlx train` uses, generated offline.  Training
+    task(s), difficulty, eval_seed and eval_size as `rlx train` uses, generated offline.  Training
     questions come from another seed and the training loader removes these ones, so the split
-    stays unseen."""
-    import reasoning_gym
-    from reasoning_gym.factory import DATASETS
+    stays unseen. Several tasks alternate, so the first N problems mix them."""
+    from rlx.data.tasks import reasoning_gym_entries, reasoning_gym_tasks
 
-    task = data["task"]
-    if task not in DATASETS:
-        raise UserError(f"unknown reasoning-gym task '{task}'; see reasoning_gym.factory.DATASETS for valid names")
+    tasks = reasoning_gym_tasks(data["task"], data["task_config"])
     count = data["eval_size"] if size is None else min(size, data["eval_size"])
-    dataset = reasoning_gym.create_dataset(task, size=data["eval_size"], seed=data["eval_seed"], **(data["task_config"] or {}))
-    problems = []
-    for index, entry in enumerate(dataset):
-        if index >= count:
-            break
+    problems, seen = [], {}
+    for task, entry in reasoning_gym_entries(tasks, data["eval_size"], data["eval_seed"])[:count]:
+        seen[task] = seen.get(task, -1) + 1
         problems.append({
-            "id": f"{task}/{index}",
+            "id": f"{task}/{seen[task]}",
             "question": entry["question"],
             "prompt": data["prompt_template"].format(question=entry["question"]),
             "answer": str(entry["answer"]),

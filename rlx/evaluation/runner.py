@@ -41,6 +41,7 @@ from rlx.evaluation.metrics import (
 )
 from rlx.rollout.hf import eos_ids
 from rlx.rollout.vllm import build_engine
+from rlx.run import start_bar, stop_bar
 
 log = logging.getLogger("rlx")
 
@@ -81,9 +82,12 @@ def resolve_run(run: str, checkpoint: str = "final") -> tuple[str, str]:
             label = run_dir.name if checkpoint == "final" else f"{run_dir.name}/{checkpoint}"
             return str(folder), label
     saved = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*") if is_run_model(p))
+    sharded = (run_dir / "checkpoints" / named / "trainer_state.json").is_file() and not is_run_model(
+        run_dir / "checkpoints" / named)
     raise UserError(
-        f"run '{run}' has no model '{checkpoint}'; valid choices: "
-        f"{', '.join(['final'] * (run_dir / 'final').is_dir() + saved) or 'none (did the run finish?)'}"
+        f"run '{run}' has no model '{checkpoint}'"
+        + (" (that checkpoint holds sharded FSDP/DeepSpeed states, not a model)" if sharded else "")
+        + f"; valid choices: {', '.join(['final'] * (run_dir / 'final').is_dir() + saved) or 'none (did the run finish?)'}"
     )
 
 
@@ -167,7 +171,7 @@ class _Progress:
             self._bar = Progress(TextColumn("[bold]{task.description}"), MofNCompleteColumn(), BarColumn(),
                                  TimeRemainingColumn(), TextColumn("{task.fields[status]}"))
             self._task = self._bar.add_task(label, total=total, completed=done, status="")
-            self._bar.start()
+            self._swapped = start_bar(self._bar)
 
     def update(self, problems: int, samples: int, metric_name: str, metric: float) -> None:
         self.done += problems
@@ -181,7 +185,8 @@ class _Progress:
 
     def close(self) -> None:
         if self._bar is not None:
-            self._bar.stop()
+            stop_bar(self._bar, self._swapped)
+            self._bar = None
 
 
 @torch.no_grad()
@@ -365,6 +370,12 @@ def render_table(summary: dict, labels: dict[str, str], confidence: float):
     return table
 
 
+def _k_ticks(ax, ks: list[int]) -> None:
+    """Ticks at the plotted k, written 1, 2, 4 (not 2^0, 2^1, 2^2)."""
+    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.minorticks_off()
+
+
 def plot_pass_at_k(summary: dict, labels: dict[str, str], path: Path) -> Path | None:
     """pass@k against k (log2 axis) with interval bars, one panel per benchmark."""
     panels = [(b, r) for b, r in summary["benchmarks"].items() if any(m.startswith("pass@") for m in r["model"])]
@@ -388,6 +399,7 @@ def plot_pass_at_k(summary: dict, labels: dict[str, str], path: Path) -> Path | 
                         label=f"{labels['model']} - {labels['compare']}")
             ax.axhline(0.0, color="grey", linewidth=1)
             ax.set_xscale("log", base=2)
+            _k_ticks(ax, [k for k, _ in diff])
             ax.set_xlabel("k")
             ax.set_ylabel("paired difference in pass@k")
             ax.set_title(f"{bench}: paired difference ({result['diff']['problems']} problems)")
@@ -405,6 +417,7 @@ def plot_pass_at_k(summary: dict, labels: dict[str, str], path: Path) -> Path | 
             err = np.array([[e["value"] - e["low"] for _, e in points], [e["high"] - e["value"] for _, e in points]])
             ax.errorbar(ks, mid, yerr=err, marker="o", capsize=3, label=labels[role])
         ax.set_xscale("log", base=2)
+        _k_ticks(ax, ks)
         ax.set_xlabel("k")
         ax.set_ylabel("pass@k")
         ax.set_title(bench)

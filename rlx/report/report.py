@@ -25,6 +25,7 @@ from rlx.report.stats import (
     probability_of_improvement_ci,
     stratified_bootstrap_ci,
 )
+from rlx.run import integer_step_ticks
 
 
 def aggregate(groups: list[Group], metrics: list[str], n_resamples: int = 2000, seed: int = 0) -> list[dict]:
@@ -80,6 +81,7 @@ def plot_curves(groups: list[Group], metrics: list[str], out: Path) -> Path | No
     fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 4), squeeze=False)
     drawn = False
     for ax, metric in zip(axes[0], metrics):
+        drawn_steps = []
         for group in groups:
             curves = [r.curve(metric) for r in group.runs if not r.failed]
             curves = [c for c in curves if c[0]]
@@ -93,9 +95,11 @@ def plot_curves(groups: list[Group], metrics: list[str], out: Path) -> Path | No
             line = ax.plot(steps, mean, marker="o" if len(steps) < 20 else None, markersize=3,
                            label=f"{group.name}: {group.label} (n={matrix.shape[0]})")[0]
             ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2)
+            drawn_steps += list(steps)
             drawn = True
         ax.set_title(metric)
         ax.set_xlabel("step")
+        integer_step_ticks(ax, drawn_steps)
         ax.grid(alpha=0.3)
     if not drawn:
         plt.close(fig)
@@ -118,7 +122,7 @@ def markdown(groups: list[Group], rows: list[dict], comparisons: list[dict], plo
     common = common_overrides(groups)
     if common:
         lines += [f"Overrides shared by every configuration: `{' '.join(common)}`", ""]
-    lines += ["## Configurations", "", "| id | overrides (besides the shared ones and the seed) | seeds | failed |",
+    lines += ["## Configurations", "", "| id | overrides (besides the shared ones and the seed), or the run's folder | seeds | failed |",
               "|---|---|---|---|"]
     for group in groups:
         seeds = sorted(str(r.seed) for r in group.runs if not r.failed)

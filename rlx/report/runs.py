@@ -125,9 +125,22 @@ def find_runs(paths: list[Path]) -> list[Run]:
     return [load_run(p) for p in found]
 
 
+def run_name(path: Path) -> str:
+    """A run's name for legends: its folder, with the sweep folder in front of a trial number (`0`)."""
+    return f"{path.parent.name}/{path.name}" if path.name.isdigit() else path.name
+
+
+def _short(override: str) -> str:
+    """`optim.lr=0.00030000000000000003` -> `optim.lr=0.0003`; `optim.lr=1e-4` stays as written."""
+    from rlx.sweep import short_override
+
+    return min(override, short_override(override), key=len)
+
+
 def group_runs(runs: list[Run]) -> list[Group]:
     """Groups of runs sharing a configuration, in order of first appearance; each gets a name
-    (c1, c2, ...) and a label made of the overrides that are not common to every group."""
+    (c1, c2, ...) and a label: the overrides not common to every group (floats at 3 significant
+    digits), or, for a single run with none of its own, the run's folder name."""
     groups: dict[tuple[str, ...], Group] = {}
     for run in runs:
         key = config_key(run.overrides)
@@ -136,11 +149,15 @@ def group_runs(runs: list[Run]) -> list[Group]:
     common = set(ordered[0].key).intersection(*(set(g.key) for g in ordered[1:])) if ordered else set()
     for index, group in enumerate(ordered, 1):
         group.name = f"c{index}"
-        differing = [o for o in group.key if o not in common]
+        differing = [_short(o) for o in group.key if o not in common]
         if len(ordered) == 1:
-            group.label = "all runs"
+            group.label = run_name(group.runs[0].path) if len(group.runs) == 1 else "all runs"
+        elif differing:
+            group.label = " ".join(differing)
+        elif len(group.runs) == 1:
+            group.label = run_name(group.runs[0].path)
         else:
-            group.label = " ".join(differing) if differing else ("defaults" if not group.key else "shared overrides only")
+            group.label = "defaults" if not group.key else "shared overrides only"
     return ordered
 
 
