@@ -10,11 +10,13 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from rlx.checkpoint import CheckpointDamaged, CheckpointWriteError, NonFiniteError, TrainingInterrupted
 from rlx.config import CONF_DIR, UserError, fail
@@ -34,6 +36,112 @@ LOOPS = {
     "agent_sft": "rlx.loops.agent_sft:train_agent_sft",
 }
 FAMILIES = tuple(LOOPS)
+
+
+def _one(algo) -> int:
+    return 1
+
+
+def _epochs_x_mini_batches(algo) -> int:
+    return algo.epochs * algo.mini_batches
+
+
+def _never(algo) -> bool:
+    return False
+
+
+def _kl_reference(algo) -> bool:  # the frozen starting policy of the KL term: not built when kl_coef is 0
+    return algo.kl_coef > 0
+
+
+def _preference_reference(algo) -> bool:  # reference=precompute keeps log-probs, not a model
+    from rlx.algorithms.preference import REFERENCE_FREE
+
+    return algo.loss_type not in REFERENCE_FREE and algo.reference == "model"
+
+
+@dataclass(frozen=True)
+class FamilyNeeds:
+    """What build_parts builds for a family. updates_per_step: optimizer steps per training step (the
+    length of the learning-rate schedule is steps x that); reference: whether a frozen reference model
+    is kept; prepare_scheduler: the schedule goes through accelerate.prepare (DeepSpeed then steps and
+    saves it) rather than to the Checkpointer; before_prepare: "module:function" run on the unprepared
+    policy, fn(cfg, parts) with parts.model not yet prepared (its results go to parts.extras)."""
+
+    updates_per_step: Callable = _one
+    reference: Callable = _never
+    value_model: bool = False
+    rollout_engine: bool = False
+    prepare_scheduler: bool = True
+    task_evaluator: bool = False
+    before_prepare: str | None = None
+
+
+NEEDS = {
+    "policy_gradient": FamilyNeeds(_epochs_x_mini_batches, _kl_reference, rollout_engine=True, task_evaluator=True),
+    "ppo": FamilyNeeds(_epochs_x_mini_batches, _kl_reference, value_model=True, rollout_engine=True,
+                       prepare_scheduler=False, task_evaluator=True),
+    "agent": FamilyNeeds(_epochs_x_mini_batches, _kl_reference, prepare_scheduler=False),
+    "agent_sft": FamilyNeeds(prepare_scheduler=False),
+    "sft": FamilyNeeds(),
+    "preference": FamilyNeeds(reference=_preference_reference, before_prepare="rlx.loops.preference:load_pairs"),
+    "reward_model": FamilyNeeds(),
+}
+assert set(NEEDS) == set(LOOPS)
+
+
+def build_parts(cfg: DictConfig, components) -> Parts:  # noqa: F821
+    """The one builder: from the loaded model, tokenizer, data and rewards (rlx.loops.common.Components),
+    every part the family's loop starts from (rlx.loops.common.Parts), as declared in NEEDS.
+
+    Order (the RNG draws and Accelerate's bookkeeping depend on it): the critic (its fresh head draws
+    from the global RNG), the optimizers and schedules, the reference (a copy taken from the full,
+    unprepared weights; under LoRA the policy with its adapter off, no copy), the rollout engine, then
+    one accelerate.prepare of policy, optimizer[, schedule][, critic, critic optimizer] (DeepSpeed and
+    FSDP prepare a model with its optimizer; the checkpointer saves the adapter of the first model), the
+    reference placed like the prepared policy, the checkpointer, the metrics log and the evaluator."""
+    from rlx.checkpoint import Checkpointer
+    from rlx.loops import common
+    from rlx.models import lora, value
+    from rlx.rollout.vllm import build_engine
+    from rlx.run import MetricsLog
+
+    needs, algo, acc = NEEDS[cfg.algorithm.family], cfg.algorithm, components.accelerator
+    parts = common.Parts(acc, components.model, components.tokenizer, components.train_rows, components.eval_rows,
+                         components.rewards, components.run_dir, optimizer=None, scheduler=None, checkpointer=None,
+                         metrics_log=None, extras=dict(components.extras))
+    total_updates = cfg.steps * needs.updates_per_step(algo)
+    if needs.value_model:
+        parts.value_model = value.build_value_model(parts.model, algo.value_model, cfg.model.dtype, cfg.model.trust_remote_code)
+    if needs.before_prepare is not None:
+        module, function = needs.before_prepare.split(":")
+        getattr(importlib.import_module(module), function)(cfg, parts)
+    reference = lora.reference_model(parts.model) if needs.reference(algo) else None
+    parts.optimizer, parts.scheduler = common.build_optimizer(parts.model, cfg.optim, total_updates)
+    if needs.value_model:
+        value_optim = OmegaConf.merge(cfg.optim, {"lr": value.value_learning_rate(algo.value_lr, algo.value_lr_ratio, cfg.optim.lr)})
+        parts.value_optimizer, parts.value_scheduler = common.build_optimizer(parts.value_model, value_optim, total_updates)
+    if needs.rollout_engine:  # None: generate with the policy (rollout=hf)
+        parts.engine = build_engine(cfg.rollout, parts.model, parts.tokenizer, cfg.seed)
+    prepared = [parts.model, parts.optimizer] + ([parts.scheduler] if needs.prepare_scheduler else [])
+    if needs.value_model:
+        prepared += [parts.value_model, parts.value_optimizer]
+    prepared = acc.prepare(*prepared)
+    parts.model, parts.optimizer = prepared[0], prepared[1]
+    if needs.prepare_scheduler:
+        parts.scheduler = prepared[2]
+    else:
+        parts.checkpointed["scheduler"] = parts.scheduler
+    if needs.value_model:
+        parts.value_model, parts.value_optimizer = prepared[-2], prepared[-1]
+        parts.checkpointed["value_scheduler"] = parts.value_scheduler
+    parts.reference = lora.place_reference(reference, acc)
+    parts.checkpointer = Checkpointer.from_config(cfg, acc, parts.run_dir)
+    parts.metrics_log = MetricsLog(parts.run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
+    if needs.task_evaluator:
+        parts.run_eval = common.task_evaluator(acc, parts.model, parts.tokenizer, parts.eval_rows[: cfg.eval.size],
+                                               parts.rewards, common.eval_settings(cfg))
+    return parts
 
 
 def check_settings(cfg: DictConfig) -> None:
@@ -189,6 +297,9 @@ def check_policy_gradient_settings(cfg: DictConfig) -> None:
                         f"{cfg.rollout.max_new_tokens}")
     if algo.positive_weight < 0 or algo.negative_weight < 0:
         raise UserError("algorithm.positive_weight and algorithm.negative_weight must be >= 0")
+    if family == "ppo" and cfg.rollout.get("tis_cap") is not None:
+        raise UserError("rollout.tis_cap (truncated importance sampling) is implemented for the policy-gradient "
+                        "family (GRPO, RLOO, ...), not PPO; unset it")
     if family == "ppo" and not (0 <= algo.gamma <= 1 and 0 <= algo.lam <= 1):
         raise UserError(f"algorithm.gamma={algo.gamma} and algorithm.lam={algo.lam} must be in [0, 1]")
 
@@ -406,7 +517,7 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
 
     module, function = LOOPS[cfg.algorithm.family].split(":")
     loop = getattr(importlib.import_module(module), function)
-    result = loop(cfg, parts)
+    result = loop(cfg, build_parts(cfg, parts))
 
     accelerator.wait_for_everyone()
     # every process takes part in gathering the full weights of a sharded policy; the main one writes them

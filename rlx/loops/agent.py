@@ -29,25 +29,23 @@ import torch
 from rlx.algorithms.gigpo import CREDIT, invalid_action_penalty
 from rlx.algorithms.kl import penalized_token_loss
 from rlx.algorithms.losses import aggregate, clipped_surrogate
-from rlx.checkpoint import Checkpointer, GeneratorState
+from rlx.checkpoint import GeneratorState
 from rlx.config import UserError
 from rlx.envs import EnvError, env_factory
 from rlx.evaluation.agents import episode_metrics, episode_records, play
 from rlx.loops.common import (
-    Components,
-    build_optimizer,
+    Parts,
     end_step,
     eval_due,
     evaluate_at_start,
     optimizer_step,
 )
 from rlx.models.forward import completion_logprobs
-from rlx.models.lora import place_reference, reference_model
 from rlx.rollout.env import EVAL_SEED_BASE, train_env_seed
 from rlx.rollout.generator import HFGenerator
 from rlx.rollout.sampling import sample_seed
 from rlx.rollout.types import Episode, RolloutBatch
-from rlx.run import MetricsLog, write_samples
+from rlx.run import write_samples
 
 log = logging.getLogger("rlx")
 
@@ -80,7 +78,7 @@ def token_advantages(step_adv: torch.Tensor, step_episode: torch.Tensor, step_in
     return torch.where(step_index >= 0, values, torch.zeros_like(values))
 
 
-def train_agent(cfg, parts: Components) -> dict:
+def train_agent(cfg, parts: Parts) -> dict:
     algo, roll, env_cfg = cfg.algorithm, cfg.rollout, cfg.env
     acc, tokenizer, run_dir = parts.accelerator, parts.tokenizer, parts.run_dir
     if acc.num_processes > 1:
@@ -94,14 +92,10 @@ def train_agent(cfg, parts: Components) -> dict:
                  eps=algo.eps)
     group_size = roll.samples_per_prompt
     updates_per_step = algo.epochs * algo.mini_batches
-    optimizer, scheduler = build_optimizer(parts.model, cfg.optim, cfg.steps * updates_per_step)
-    reference = reference_model(parts.model) if algo.kl_coef > 0 else None
-    model, optimizer = acc.prepare(parts.model, optimizer)
-    reference = place_reference(reference, acc)  # on the policy's device, as in the other loops
+    model, optimizer, scheduler, reference = parts.model, parts.optimizer, parts.scheduler, parts.reference
     shuffle = torch.Generator().manual_seed(cfg.seed)
-    checkpointer = Checkpointer.from_config(cfg, acc, run_dir)
-    start_step = checkpointer.restore(scheduler=scheduler, shuffle=GeneratorState(shuffle))
-    metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
+    checkpointer, metrics_log = parts.checkpointer, parts.metrics_log
+    start_step = checkpointer.restore(**parts.checkpointed, shuffle=GeneratorState(shuffle))
 
     def generator_for(policy):
         return HFGenerator(policy, tokenizer, temperature=roll.temperature, top_p=roll.top_p, top_k=roll.top_k,
