@@ -147,21 +147,25 @@ def check_context(tokenizer, rows: list[dict], context: int | None, max_new_toke
                             f"rollout.max_new_tokens")
 
 
+# optim.schedule after the warmup: fn(progress in [0, 1]) -> multiplier of the peak learning rate
+SCHEDULES = {
+    "constant": lambda progress: 1.0,
+    "cosine": lambda progress: 0.5 * (1.0 + math.cos(math.pi * progress)),
+    "linear": lambda progress: 1.0 - progress,
+}
+
+
 def lr_lambda(schedule: str, warmup_steps: int, total_steps: int):
     """Multiplier of the peak learning rate at each optimizer step: linear warmup, then the schedule."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown optim.schedule '{schedule}'; valid choices: {', '.join(SCHEDULES)}")
+    after_warmup = SCHEDULES[schedule]
 
     def factor(step: int) -> float:
         if warmup_steps > 0 and step < warmup_steps:
             return (step + 1) / warmup_steps
-        if schedule == "constant":
-            return 1.0
         progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-        progress = min(max(progress, 0.0), 1.0)
-        if schedule == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
-        if schedule == "linear":
-            return 1.0 - progress
-        raise ValueError(f"unknown optim.schedule '{schedule}'; valid choices: constant, cosine, linear")
+        return after_warmup(min(max(progress, 0.0), 1.0))
 
     return factor
 
