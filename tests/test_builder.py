@@ -61,3 +61,18 @@ def test_schedules_go_to_prepare_or_to_the_checkpointer_as_declared(tmp_path):
     assert ppo.value_optimizer is not None and ppo.run_eval is not None
     grpo = _built(tmp_path / "b", "algorithm=grpo")
     assert grpo.checkpointed == {} and grpo.value_model is None
+
+
+def test_every_family_has_its_cross_field_rules_in_one_module():
+    """rlx/config_checks.py holds the rules; FAMILY_CHECKS says which apply to which family, so a family's
+    rules run for it (and only for it) without an if/elif on the family name."""
+    from rlx.config import UserError, check_overrides
+    from rlx.config_checks import FAMILY_CHECKS, check_settings
+
+    assert set(FAMILY_CHECKS) == set(FAMILIES)
+    with pytest.raises(UserError, match="algorithm=agent_sft imitates demonstrations in an environment: add env=grid"):
+        check_settings(check_overrides(["algorithm=agent_sft"]))
+    with pytest.raises(UserError, match=r"rollout.tis_cap \(truncated importance sampling\) is implemented for the "
+                                        r"policy-gradient family"):
+        check_settings(check_overrides(["algorithm=ppo", "rollout=vllm", "rollout.tis_cap=2"]))
+    check_settings(check_overrides(["algorithm=grpo", "rollout=vllm", "rollout.tis_cap=2"]))  # the policy-gradient loop applies it
