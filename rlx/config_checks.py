@@ -94,6 +94,14 @@ def check_preference_settings(cfg: DictConfig) -> None:
             raise UserError(f"algorithm settings: {exc}") from None
 
 
+def check_one_process(cfg: DictConfig) -> None:
+    """The agent loops play environments in one process."""
+    from rlx.launch import world_size
+
+    if world_size(cfg.hardware) > 1:
+        raise UserError(f"algorithm.family={cfg.algorithm.family} runs in one process; use hardware=cpu or hardware=gpu")
+
+
 def check_agent_settings(cfg: DictConfig) -> None:
     """The multi-turn loop (rlx/loops/agent.py) needs an environment and a known credit estimator."""
     from rlx.algorithms.gigpo import CREDIT, SCALES
@@ -299,8 +307,8 @@ def check_device(hardware) -> None:
 FAMILY_CHECKS = {
     "policy_gradient": (check_policy_gradient_settings, check_rollout_batch),
     "ppo": (check_policy_gradient_settings, check_rollout_batch),
-    "agent": (check_agent_settings,),
-    "agent_sft": (check_agent_sft_settings,),
+    "agent": (check_agent_settings, check_one_process),
+    "agent_sft": (check_agent_sft_settings, check_one_process),
     "sft": (),
     "preference": (check_preference_settings,),
     "reward_model": (check_preference_settings,),

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import hydra
 import torch
@@ -30,6 +31,9 @@ from rlx.config_checks import (  # noqa: F401  (re-exported: their home was this
 )
 from rlx.rewards import RewardError
 from rlx.run import RunInUse
+
+if TYPE_CHECKING:
+    from rlx.loops.common import Components, Parts
 
 log = logging.getLogger("rlx")
 
@@ -98,7 +102,7 @@ NEEDS = {
 assert set(NEEDS) == set(LOOPS)
 
 
-def build_parts(cfg: DictConfig, components) -> Parts:  # noqa: F821
+def build_parts(cfg: DictConfig, components: Components) -> Parts:
     """The one builder: from the loaded model, tokenizer, data and rewards (rlx.loops.common.Components),
     every part the family's loop starts from (rlx.loops.common.Parts), as declared in NEEDS.
 

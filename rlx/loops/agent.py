@@ -81,8 +81,6 @@ def token_advantages(step_adv: torch.Tensor, step_episode: torch.Tensor, step_in
 def train_agent(cfg, parts: Parts) -> dict:
     algo, roll, env_cfg = cfg.algorithm, cfg.rollout, cfg.env
     acc, tokenizer, run_dir = parts.accelerator, parts.tokenizer, parts.run_dir
-    if acc.num_processes > 1:
-        raise UserError("algorithm.family=agent runs in one process; use hardware=cpu or hardware=gpu")
     try:
         factory = env_factory(env_cfg.name, env_cfg.get("target"), env_cfg.get("kwargs"))
     except EnvError as exc:
@@ -108,7 +106,7 @@ def train_agent(cfg, parts: Parts) -> dict:
                         list(range(len(eval_seeds))), greedy=env_cfg.eval_greedy, use_chat_template=cfg.model.chat_template)
         return episode_metrics(episodes, "eval")
 
-    last_eval = evaluate_at_start(cfg, acc, start_step, metrics_log, run_eval)
+    last_eval = evaluate_at_start(cfg.eval.at_start, start_step, metrics_log, run_eval)
 
     for step in range(start_step + 1, cfg.steps + 1):
         step_start = time.perf_counter()

@@ -38,8 +38,6 @@ log = logging.getLogger("rlx")
 def train_agent_sft(cfg, parts: Parts) -> dict:
     algo, env_cfg = cfg.algorithm, cfg.env
     acc, tokenizer = parts.accelerator, parts.tokenizer
-    if acc.num_processes > 1:
-        raise UserError("algorithm.family=agent_sft runs in one process; use hardware=cpu or hardware=gpu")
     try:
         factory = env_factory(env_cfg.name, env_cfg.get("target"), env_cfg.get("kwargs"))
     except EnvError as exc:
@@ -56,7 +54,7 @@ def train_agent_sft(cfg, parts: Parts) -> dict:
                         use_chat_template=cfg.model.chat_template)
         return episode_metrics(episodes, "eval")
 
-    last_eval = evaluate_at_start(cfg, acc, start_step, metrics_log, run_eval)
+    last_eval = evaluate_at_start(cfg.eval.at_start, start_step, metrics_log, run_eval)
     num = cfg.prompts_per_step * cfg.rollout.samples_per_prompt
     for step in range(start_step + 1, cfg.steps + 1):
         start = time.perf_counter()

@@ -338,10 +338,10 @@ def eval_due(cfg, step: int, acc) -> bool:
     return bool(cfg.eval.every) and (step % cfg.eval.every == 0 or step == cfg.steps)
 
 
-def evaluate_at_start(cfg, acc, start_step: int, metrics_log, run_eval, extra: dict | None = None) -> dict:
+def evaluate_at_start(at_start: bool, start_step: int, metrics_log, run_eval, extra: dict | None = None) -> dict:
     """The step-0 evaluation of a fresh run (eval.at_start), on every process; written to the metrics
     file (by the main process) together with `extra` (e.g. data counts). {} when skipped."""
-    if not (cfg.eval.at_start and start_step == 0):
+    if not (at_start and start_step == 0):
         return {}
     metrics = run_eval(0)
     metrics_log.write(0, {**(extra or {}), **metrics})

@@ -85,7 +85,7 @@ def train_ppo(cfg, parts: Parts) -> dict:
     checkpointer, metrics_log, run_eval = parts.checkpointer, parts.metrics_log, parts.run_eval
     start_step = checkpointer.restore(**parts.checkpointed, data=stream, shuffle=GeneratorState(shuffle), kl=kl_state,
                                       **reference_reset.checkpointed())
-    last_eval = evaluate_at_start(cfg, acc, start_step, metrics_log, run_eval)
+    last_eval = evaluate_at_start(cfg.eval.at_start, start_step, metrics_log, run_eval)
 
     for step in range(start_step + 1, cfg.steps + 1):
         kl_coef = kl_state.value

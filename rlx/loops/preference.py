@@ -164,7 +164,7 @@ def train_preference(cfg, parts: Parts) -> dict:
         policy.train(was_training)
         return metrics
 
-    last_eval = evaluate_at_start(cfg, acc, start_step, metrics_log, run_eval, data_counts)
+    last_eval = evaluate_at_start(cfg.eval.at_start, start_step, metrics_log, run_eval, data_counts)
 
     batch_size = algo.batch_size
     model.train()  # gradient checkpointing acts only in train mode; dropout is off (models/lora.py)

@@ -85,7 +85,7 @@ def train_reward_model(cfg, parts: Parts) -> dict:
         n = max(1, len(eval_pairs))
         return {"eval/pref_accuracy": correct / n, "eval/rm_margin": diff_sum / n, "eval/rm_loss": loss_sum / n}
 
-    last_eval = evaluate_at_start(cfg, acc, start_step, metrics_log, run_eval, data_counts) if eval_pairs else {}
+    last_eval = evaluate_at_start(cfg.eval.at_start, start_step, metrics_log, run_eval, data_counts) if eval_pairs else {}
 
     batch_size = algo.batch_size
     model.train()  # gradient checkpointing acts only in train mode; dropout is off (models/lora.py)

@@ -59,7 +59,7 @@ def train_sft(cfg, parts: Parts) -> dict:
             write_samples(run_dir, step, records[: cfg.log.num_samples])
         return metrics
 
-    last_eval = evaluate_at_start(cfg, acc, start_step, metrics_log, run_eval)
+    last_eval = evaluate_at_start(cfg.eval.at_start, start_step, metrics_log, run_eval)
 
     batch_size, micro = cfg.algorithm.batch_size, cfg.micro_batch_size
     model.train()  # gradient checkpointing acts only in train mode; dropout is off (models/lora.py)
