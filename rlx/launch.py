@@ -23,6 +23,7 @@ from pathlib import Path
 import yaml
 
 from rlx.config import UserError, fail
+from rlx.config_checks import check_batch, check_device, check_strategy  # noqa: F401  (re-exported: their home was here)
 
 log = logging.getLogger("rlx")
 
@@ -62,90 +63,10 @@ def needs_launch(hardware) -> bool:
     return (world_size(hardware) > 1 or hardware.get("distributed") == "fsdp") and not is_worker()
 
 
-def check_batch(cfg, processes: int) -> int:
-    """The global batch must split evenly over processes, micro-batches and accumulation steps.
-    Returns the per-process batch of one optimizer step. With advantage=median each prompt has G + 1
-    samples (the pivot too), so the rollout batch is prompts_per_step x (G + 1)."""
-    hw = cfg.hardware
-    if processes > 1 and cfg.algorithm.get("dynamic_sampling"):
-        raise UserError("algorithm.dynamic_sampling runs on one process for now; set algorithm.dynamic_sampling=false "
-                        "or hardware.num_processes=1")
-    if cfg.algorithm.family in ("policy_gradient", "ppo", "agent"):  # agent: tasks x episodes per task
-        prompts = cfg.prompts_per_step
-        group = cfg.rollout.samples_per_prompt + (cfg.algorithm.get("advantage") == "median")
-        if prompts % processes:
-            raise UserError(
-                f"prompts_per_step={prompts} does not split over {processes} processes "
-                f"(hardware.num_processes x num_machines); make prompts_per_step a multiple of {processes}"
-            )
-        local = prompts // processes * group
-        mini_batches = cfg.algorithm.get("mini_batches", 1)
-        if local % mini_batches:
-            raise UserError(
-                f"each process holds prompts_per_step/processes x samples per prompt = {local} samples, which "
-                f"algorithm.mini_batches={mini_batches} does not divide; change prompts_per_step or mini_batches"
-            )
-        local_step = local // mini_batches
-        what = "prompts_per_step/processes x samples per prompt / algorithm.mini_batches"
-    else:
-        batch = cfg.algorithm.get("batch_size", cfg.prompts_per_step)
-        if batch % processes:
-            raise UserError(
-                f"algorithm.batch_size={batch} does not split over {processes} processes; "
-                f"make it a multiple of {processes}"
-            )
-        local_step = batch // processes
-        what = "algorithm.batch_size / processes"
-    accumulation = hw.get("gradient_accumulation_steps")
-    if cfg.get("micro_batch_tokens") is not None and hw.get("distributed") == "deepspeed":
-        raise UserError("micro_batch_tokens varies the micro-batch count per step, which DeepSpeed's engine fixes; "
-                        "set micro_batch_tokens=null (use micro_batch_size) or another hardware strategy")
-    if accumulation is not None and local_step != accumulation * cfg.micro_batch_size:
-        raise UserError(
-            f"hardware.gradient_accumulation_steps={accumulation} x micro_batch_size={cfg.micro_batch_size} must equal "
-            f"the per-process batch of one optimizer step ({what} = {local_step}); change one of them, "
-            f"or set hardware.gradient_accumulation_steps=null to derive it"
-        )
-    return local_step
-
-
-def check_strategy(hardware) -> None:
-    """Sharded engines that could not start inside the workers: stop first with the fix. FSDP runs on
-    GPUs, and on the CPU with hardware.cpu=true (gloo; rlx forces Accelerate's FSDP2 path there)."""
-    import importlib.util
-
-    import torch
-
-    strategy = hardware.get("distributed", "no")
-    if strategy == "fsdp" and not hardware.get("cpu") and not torch.cuda.is_available():
-        raise UserError("hardware=fsdp without a GPU needs hardware.cpu=true (FSDP2 then runs on CPU processes with gloo); "
-                        "add hardware.cpu=true hardware.mixed_precision=no")
-    if strategy == "deepspeed":
-        if importlib.util.find_spec("deepspeed") is None:
-            raise UserError("hardware=deepspeed_zero2/3 needs DeepSpeed: pip install 'rlx[deepspeed]'")
-        if hardware.get("cpu"):
-            raise UserError("hardware.distributed=deepspeed ignores hardware.cpu=true (Accelerate then drops DeepSpeed); "
-                            "set hardware.cpu=false: without a GPU DeepSpeed runs on the CPU with gloo")
-
-
 def _cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
-
-
-def check_device(hardware) -> None:
-    """A GPU option (hardware.cpu false) on a machine where torch sees no GPU: stop with the alternative
-    instead of failing later (bf16 autocast on the CPU) or quietly running on the CPU. DeepSpeed is the
-    exception: it needs hardware.cpu=false and runs on the CPU through its own CPU accelerator (gloo)."""
-    import torch
-
-    if hardware.get("distributed") == "deepspeed":  # runs on the CPU too (DS_ACCELERATOR=cpu, gloo)
-        return
-    if not hardware.get("cpu", True) and not torch.cuda.is_available():
-        raise UserError(f"hardware={hardware.get('name', 'gpu')} needs a GPU and torch sees none "
-                        f"(torch {torch.__version__}, cuda available: False); use hardware=cpu, or hardware.cpu=true "
-                        f"to keep the other settings on the CPU")
 
 
 def _free_port() -> int:

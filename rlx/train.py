@@ -10,16 +10,30 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import hydra
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from rlx.checkpoint import CheckpointDamaged, CheckpointWriteError, NonFiniteError, TrainingInterrupted
 from rlx.config import CONF_DIR, UserError, fail
+from rlx.config_checks import (  # noqa: F401  (re-exported: their home was this module)
+    check_agent_settings,
+    check_policy_gradient_settings,
+    check_preference_settings,
+    check_run,
+    check_settings,
+    check_sharded_settings,
+)
 from rlx.rewards import RewardError
 from rlx.run import RunInUse
+
+if TYPE_CHECKING:
+    from rlx.loops.common import Components, Parts
 
 log = logging.getLogger("rlx")
 
@@ -36,199 +50,110 @@ LOOPS = {
 FAMILIES = tuple(LOOPS)
 
 
-def check_settings(cfg: DictConfig) -> None:
-    """Combinations that make no sense stop the run before any work, naming the settings."""
-    from rlx.config_schema import check_knobs
-
-    check_knobs(cfg)  # every knob's type and range first: the rules below compare them
-    family = cfg.algorithm.family
-    if family not in FAMILIES:
-        raise UserError(f"unknown algorithm.family '{family}'; valid choices: {', '.join(FAMILIES)}")
-    if cfg.steps < 1:
-        raise UserError(f"steps={cfg.steps} must be at least 1")
-    if cfg.micro_batch_size < 1:
-        raise UserError(f"micro_batch_size={cfg.micro_batch_size} must be at least 1")
-    if family in ("policy_gradient", "ppo"):
-        check_policy_gradient_settings(cfg)
-    if family in ("policy_gradient", "ppo"):
-        algo = cfg.algorithm
-        if cfg.rollout.samples_per_prompt < 1 or cfg.prompts_per_step < 1:
-            raise UserError("rollout.samples_per_prompt and prompts_per_step must be at least 1")
-        if algo.clip_low < 0 or algo.clip_high < 0:
-            raise UserError(f"algorithm.clip_low={algo.clip_low} and clip_high={algo.clip_high} must be >= 0")
-        batch = cfg.prompts_per_step * (cfg.rollout.samples_per_prompt + (algo.advantage == "median"))
-        if algo.mini_batches < 1 or batch % algo.mini_batches:
-            raise UserError(
-                f"algorithm.mini_batches={algo.mini_batches} must divide the rollout batch "
-                f"prompts_per_step x rollout.samples_per_prompt = {batch}"
-            )
-    if family in ("preference", "reward_model"):
-        check_preference_settings(cfg)
-    if family == "agent":
-        check_agent_settings(cfg)
-    if family == "agent_sft" and cfg.get("env") is None:
-        raise UserError("algorithm=agent_sft imitates demonstrations in an environment: add env=grid (or corridor, ...)")
-    if family == "agent_sft":
-        from rlx.envs import EnvError, env_factory
-
-        try:
-            env_factory(cfg.env.name, cfg.env.get("target"), cfg.env.get("kwargs"))
-        except EnvError as exc:
-            raise UserError(str(exc)) from None
-    for name, spec in cfg.reward.components.items():
-        if spec.get("_target_") == "rlx.rewards.model.model_reward" and not spec.get("path"):
-            raise UserError(f"reward component '{name}' needs a reward model: set reward.components.{name}.path=PATH "
-                            f"(an rlx reward-model run directory, a save_pretrained folder or a hub id; a list is an ensemble)")
+def _one(algo) -> int:
+    return 1
 
 
-def check_preference_settings(cfg: DictConfig) -> None:
-    """Preference data present, and the loss settings valid for the chosen loss_type."""
-    algo = cfg.algorithm
-    if cfg.data.get("pairs") is None:
-        raise UserError(f"algorithm={algo.name} trains on preference pairs; add data=prefs (the embedded chain_sum pairs) "
-                        f"or data=prefs_file data.pairs.path=FILE or data=prefs_hub data.pairs.id=ORG/NAME")
-    if algo.batch_size < 1:
-        raise UserError(f"algorithm.batch_size={algo.batch_size} must be at least 1")
-    if algo.family == "preference":
-        from rlx.algorithms.preference import REFERENCE_FREE, preference_loss
-
-        if algo.reference not in ("precompute", "model"):
-            raise UserError(f"unknown algorithm.reference '{algo.reference}'; valid choices: precompute, model")
-        one = torch.zeros(1)
-        ref = None if algo.loss_type in REFERENCE_FREE else one
-        try:  # the loss validates its own arguments; run it once on a dummy pair
-            preference_loss(-one, -one, ref, ref, loss_type=algo.loss_type, beta=algo.beta, label_smoothing=algo.label_smoothing,
-                            gamma=algo.gamma, chosen_lengths=one + 1, rejected_lengths=one + 1,
-                            length_normalize=algo.length_normalize)
-        except ValueError as exc:
-            raise UserError(f"algorithm settings: {exc}") from None
+def _epochs_x_mini_batches(algo) -> int:
+    return algo.epochs * algo.mini_batches
 
 
-def check_agent_settings(cfg: DictConfig) -> None:
-    """The multi-turn loop (rlx/loops/agent.py) needs an environment and a known credit estimator."""
-    from rlx.algorithms.gigpo import CREDIT, SCALES
-
-    algo, env = cfg.algorithm, cfg.get("env")
-    if env is None:
-        raise UserError(f"algorithm={algo.name} plays an environment: add env=grid (or guess_number, corridor, tool_use, "
-                        f"custom env.target=my_module.MyEnv)")
-    from rlx.envs import EnvError, env_factory
-
-    try:  # builds one environment: a wrong name, target or kwargs stops here, before any model is loaded
-        env_factory(env.name, env.get("target"), env.get("kwargs"))
-    except EnvError as exc:
-        raise UserError(str(exc)) from None
-    if cfg.rollout.backend != "hf":
-        raise UserError(f"rollout={cfg.rollout.backend} is not wired into the agent loop yet (it plays episodes with the "
-                        f"policy itself); use rollout=hf (rlx eval env= does run through rollout=vllm)")
-    if algo.credit not in CREDIT:
-        raise UserError(f"unknown algorithm.credit '{algo.credit}'; valid choices: {', '.join(CREDIT)}")
-    if algo.scale not in SCALES:
-        raise UserError(f"algorithm.scale={algo.scale} is not available to the agent loop; valid choices: {', '.join(SCALES)}")
-    if cfg.rollout.samples_per_prompt < 2 or cfg.prompts_per_step < 1:
-        raise UserError(f"algorithm.family=agent compares the episodes of a task: rollout.samples_per_prompt="
-                        f"{cfg.rollout.samples_per_prompt} must be at least 2 (and prompts_per_step at least 1)")
-    if algo.clip_high < algo.clip_low or algo.clip_low < 0:
-        raise UserError(f"algorithm.clip_low={algo.clip_low} must be >= 0 and clip_high={algo.clip_high} >= clip_low")
-    if algo.mini_batches < 1 or (cfg.prompts_per_step * cfg.rollout.samples_per_prompt) % algo.mini_batches:
-        raise UserError(f"algorithm.mini_batches={algo.mini_batches} must divide prompts_per_step x rollout.samples_per_prompt")
-    if env.max_turns < 1 or env.max_new_tokens < 1 or env.max_total_tokens < 2:
-        raise UserError("env.max_turns, env.max_new_tokens and env.max_total_tokens must be at least 1")
-    if not 0 <= algo.gamma <= 1:
-        raise UserError(f"algorithm.gamma={algo.gamma} must be in [0, 1]")
+def _never(algo) -> bool:
+    return False
 
 
-def check_policy_gradient_settings(cfg: DictConfig) -> None:
-    """Conflicting knobs of the policy-gradient and PPO families (see conf/algorithm/grpo.yaml)."""
-    from rlx.algorithms.advantages import ESTIMATORS, GROUP_BASELINES, SCALES
-    from rlx.algorithms.kl import KL_ESTIMATORS, KL_PLACEMENTS
-    from rlx.algorithms.losses import LOSS_AGGREGATIONS, RATIO_LEVELS
-
-    algo, family, samples = cfg.algorithm, cfg.algorithm.family, cfg.rollout.samples_per_prompt
-    for key, value, valid in (("advantage", algo.advantage, ESTIMATORS), ("scale", algo.scale, SCALES),
-                              ("loss_agg", algo.loss_agg, LOSS_AGGREGATIONS), ("ratio_level", algo.ratio_level, RATIO_LEVELS),
-                              ("kl_estimator", algo.kl_estimator, KL_ESTIMATORS), ("kl_in", algo.kl_in, KL_PLACEMENTS)):
-        if value not in valid:
-            raise UserError(f"unknown algorithm.{key} '{value}'; valid choices: {', '.join(valid)}")
-    if algo.advantage == "gae" and family != "ppo":
-        raise UserError("algorithm.advantage=gae needs a value model: use algorithm=ppo (algorithm.family=ppo)")
-    if family == "ppo" and algo.advantage != "gae":
-        raise UserError(f"algorithm.family=ppo trains a critic for algorithm.advantage=gae, got '{algo.advantage}'")
-    if algo.advantage in GROUP_BASELINES and algo.advantage != "median" and samples < 2:
-        raise UserError(f"algorithm.advantage={algo.advantage} compares samples of a prompt: "
-                        f"rollout.samples_per_prompt={samples} must be at least 2")
-    if algo.advantage == "median" and (samples < 2 or samples % 2):
-        raise UserError(f"algorithm.advantage=median samples G+1 completions so that the median is one of them: "
-                        f"rollout.samples_per_prompt={samples} must be even and at least 2")
-    if cfg.rollout.temperature <= 0:
-        raise UserError(f"rollout.temperature={cfg.rollout.temperature} must be > 0: training samples the completions "
-                        f"it scores (greedy decoding gives every sample of a group the same completion)")
-    if algo.clip_high < algo.clip_low:
-        raise UserError(f"algorithm.clip_high={algo.clip_high} is below algorithm.clip_low={algo.clip_low}; "
-                        f"clip-higher needs clip_high >= clip_low")
-    if algo.dual_clip is not None and algo.dual_clip <= 1:
-        raise UserError(f"algorithm.dual_clip={algo.dual_clip} must be > 1 (or null to turn it off)")
-    if not 0 < algo.forking_rho <= 1:
-        raise UserError(f"algorithm.forking_rho={algo.forking_rho} must be in (0, 1]")
-    if algo.kl_coef < 0 or algo.entropy_coef < 0:
-        raise UserError("algorithm.kl_coef and algorithm.entropy_coef must be >= 0")
-    if algo.kl_in == "reward" and algo.kl_estimator != "k1":
-        raise UserError(f"algorithm.kl_in=reward uses the k1 estimator; set algorithm.kl_estimator=k1 "
-                        f"(got {algo.kl_estimator})")
-    if algo.kl_coef == 0 and (algo.kl_target is not None or algo.ref_reset_every):
-        raise UserError("algorithm.kl_target / algorithm.ref_reset_every need a reference: set algorithm.kl_coef > 0")
-    if algo.ref_reset_every and cfg.model.lora.enabled:
-        raise UserError("algorithm.ref_reset_every copies the policy into the reference, but under LoRA the reference is "
-                        "the base with the adapter off; set algorithm.ref_reset_every=0 or model.lora.enabled=false")
-    if algo.kl_target is not None and algo.kl_target <= 0:
-        raise UserError(f"algorithm.kl_target={algo.kl_target} must be > 0 (or null for a fixed kl_coef)")
-    if algo.dynamic_sampling and algo.advantage not in GROUP_BASELINES:
-        raise UserError(f"algorithm.dynamic_sampling drops groups with tied rewards, which only carry no signal "
-                        f"under a group baseline; algorithm.advantage={algo.advantage} is not one")
-    if algo.dynamic_sampling and algo.max_sample_batches < 1:
-        raise UserError(f"algorithm.max_sample_batches={algo.max_sample_batches} must be at least 1")
-    if algo.overlong_buffer < 0 or algo.overlong_buffer > cfg.rollout.max_new_tokens:
-        raise UserError(f"algorithm.overlong_buffer={algo.overlong_buffer} must be in 0..rollout.max_new_tokens="
-                        f"{cfg.rollout.max_new_tokens}")
-    if algo.positive_weight < 0 or algo.negative_weight < 0:
-        raise UserError("algorithm.positive_weight and algorithm.negative_weight must be >= 0")
-    if family == "ppo" and not (0 <= algo.gamma <= 1 and 0 <= algo.lam <= 1):
-        raise UserError(f"algorithm.gamma={algo.gamma} and algorithm.lam={algo.lam} must be in [0, 1]")
+def _kl_reference(algo) -> bool:  # the frozen starting policy of the KL term: not built when kl_coef is 0
+    return algo.kl_coef > 0
 
 
-def check_sharded_settings(cfg: DictConfig) -> None:
-    """What the sharded engines do not run (yet), stopped before any work."""
-    hw = cfg.hardware
-    engine = {"fsdp": "FSDP", "deepspeed": "DeepSpeed"}.get(hw.get("distributed"))
-    if engine is not None:  # what neither sharded engine runs
-        if cfg.algorithm.family in ("agent", "agent_sft"):
-            raise UserError(f"algorithm={cfg.algorithm.name} plays episodes whose turn counts differ between processes, "
-                            f"which {engine}'s collective forward passes do not allow yet; use hardware=ddp")
-        if cfg.algorithm.family == "ppo":
-            why = "Accelerate's FSDP2 prepares one" if engine == "FSDP" else "which rlx does not prepare under DeepSpeed"
-            raise UserError(f"algorithm=ppo trains two models (policy and critic), {why}; use hardware=ddp or a "
-                            f"critic-free algorithm (grpo, rloo, ...)")
-        if cfg.rollout.backend != "hf":
-            raise UserError(f"rollout=vllm reads the full policy weights after each update, not run under {engine} yet; "
-                            f"use rollout=hf or hardware=ddp")
-    if hw.get("distributed") == "fsdp":
-        if cfg.model.dtype in ("bfloat16", "float16") and hw.mixed_precision == "no":
-            raise UserError(f"hardware=fsdp with model.dtype={cfg.model.dtype} and hardware.mixed_precision=no would step "
-                            f"{cfg.model.dtype} weights without fp32 master copies; set hardware.mixed_precision=bf16 "
-                            f"(FSDP2 then trains fp32 masters and computes in bf16) or model.dtype=float32")
-        if cfg.model.lora.enabled and cfg.model.lora.save_merged:
-            raise UserError("model.lora.save_merged=true merges a copy of the policy, not done between FSDP shards; "
-                            "set model.lora.save_merged=false (final/ holds the adapter) or use hardware=ddp")
-    if hw.get("distributed") != "deepspeed":
-        return
-    if hw.deepspeed.zero_stage == 3 and cfg.algorithm.get("ref_reset_every"):
-        raise UserError("algorithm.ref_reset_every copies the policy into the reference, not done between ZeRO-3 shards; "
-                        "set algorithm.ref_reset_every=0 or hardware=deepspeed_zero2")
-    lora = cfg.model.get("lora")
-    if (hw.deepspeed.zero_stage == 3 and hw.deepspeed.zero3_init_flag and cfg.algorithm.get("kl_coef", 0) > 0
-            and not (lora is not None and lora.enabled)):
-        raise UserError("hardware.deepspeed.zero3_init_flag=true loads the policy already partitioned, so the KL reference "
-                        "cannot be copied from it; set hardware.deepspeed.zero3_init_flag=false or use model.lora.enabled=true")
+def _preference_reference(algo) -> bool:  # reference=precompute keeps log-probs, not a model
+    from rlx.algorithms.preference import REFERENCE_FREE
+
+    return algo.loss_type not in REFERENCE_FREE and algo.reference == "model"
+
+
+@dataclass(frozen=True)
+class FamilyNeeds:
+    """What build_parts builds for a family. updates_per_step: optimizer steps per training step (the
+    length of the learning-rate schedule is steps x that); reference: whether a frozen reference model
+    is kept; prepare_scheduler: the schedule goes through accelerate.prepare (DeepSpeed then steps and
+    saves it) rather than to the Checkpointer; before_prepare: "module:function" run on the unprepared
+    policy, fn(cfg, parts) with parts.model not yet prepared (its results go to parts.extras)."""
+
+    updates_per_step: Callable = _one
+    reference: Callable = _never
+    value_model: bool = False
+    rollout_engine: bool = False
+    prepare_scheduler: bool = True
+    task_evaluator: bool = False
+    before_prepare: str | None = None
+
+
+NEEDS = {
+    "policy_gradient": FamilyNeeds(_epochs_x_mini_batches, _kl_reference, rollout_engine=True, task_evaluator=True),
+    "ppo": FamilyNeeds(_epochs_x_mini_batches, _kl_reference, value_model=True, rollout_engine=True,
+                       prepare_scheduler=False, task_evaluator=True),
+    "agent": FamilyNeeds(_epochs_x_mini_batches, _kl_reference, prepare_scheduler=False),
+    "agent_sft": FamilyNeeds(prepare_scheduler=False),
+    "sft": FamilyNeeds(),
+    "preference": FamilyNeeds(reference=_preference_reference, before_prepare="rlx.loops.preference:load_pairs"),
+    "reward_model": FamilyNeeds(),
+}
+assert set(NEEDS) == set(LOOPS)
+
+
+def build_parts(cfg: DictConfig, components: Components) -> Parts:
+    """The one builder: from the loaded model, tokenizer, data and rewards (rlx.loops.common.Components),
+    every part the family's loop starts from (rlx.loops.common.Parts), as declared in NEEDS.
+
+    Order (the RNG draws and Accelerate's bookkeeping depend on it): the critic (its fresh head draws
+    from the global RNG), the optimizers and schedules, the reference (a copy taken from the full,
+    unprepared weights; under LoRA the policy with its adapter off, no copy), the rollout engine, then
+    one accelerate.prepare of policy, optimizer[, schedule][, critic, critic optimizer] (DeepSpeed and
+    FSDP prepare a model with its optimizer; the checkpointer saves the adapter of the first model), the
+    reference placed like the prepared policy, the checkpointer, the metrics log and the evaluator."""
+    from rlx.checkpoint import Checkpointer
+    from rlx.loops import common
+    from rlx.models import lora, value
+    from rlx.rollout.vllm import build_engine
+    from rlx.run import MetricsLog
+
+    needs, algo, acc = NEEDS[cfg.algorithm.family], cfg.algorithm, components.accelerator
+    parts = common.Parts(acc, components.model, components.tokenizer, components.train_rows, components.eval_rows,
+                         components.rewards, components.run_dir, optimizer=None, scheduler=None, checkpointer=None,
+                         metrics_log=None, extras=dict(components.extras))
+    total_updates = cfg.steps * needs.updates_per_step(algo)
+    if needs.value_model:
+        parts.value_model = value.build_value_model(parts.model, algo.value_model, cfg.model.dtype, cfg.model.trust_remote_code)
+    if needs.before_prepare is not None:
+        module, function = needs.before_prepare.split(":")
+        getattr(importlib.import_module(module), function)(cfg, parts)
+    reference = lora.reference_model(parts.model) if needs.reference(algo) else None
+    parts.optimizer, parts.scheduler = common.build_optimizer(parts.model, cfg.optim, total_updates)
+    if needs.value_model:
+        value_optim = OmegaConf.merge(cfg.optim, {"lr": value.value_learning_rate(algo.value_lr, algo.value_lr_ratio, cfg.optim.lr)})
+        parts.value_optimizer, parts.value_scheduler = common.build_optimizer(parts.value_model, value_optim, total_updates)
+    if needs.rollout_engine:  # None: generate with the policy (rollout=hf)
+        parts.engine = build_engine(cfg.rollout, parts.model, parts.tokenizer, cfg.seed)
+    prepared = [parts.model, parts.optimizer] + ([parts.scheduler] if needs.prepare_scheduler else [])
+    if needs.value_model:
+        prepared += [parts.value_model, parts.value_optimizer]
+    prepared = acc.prepare(*prepared)
+    parts.model, parts.optimizer = prepared[0], prepared[1]
+    if needs.prepare_scheduler:
+        parts.scheduler = prepared[2]
+    else:
+        parts.checkpointed["scheduler"] = parts.scheduler
+    if needs.value_model:
+        parts.value_model, parts.value_optimizer = prepared[-2], prepared[-1]
+        parts.checkpointed["value_scheduler"] = parts.value_scheduler
+    parts.reference = lora.place_reference(reference, acc)
+    parts.checkpointer = Checkpointer.from_config(cfg, acc, parts.run_dir)
+    parts.metrics_log = MetricsLog(parts.run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
+    if needs.task_evaluator:
+        parts.run_eval = common.task_evaluator(acc, parts.model, parts.tokenizer, parts.eval_rows[: cfg.eval.size],
+                                               parts.rewards, common.eval_settings(cfg))
+    return parts
 
 
 def deepspeed_plugin(cfg: DictConfig, accumulation: int):
@@ -300,11 +225,7 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
     from rlx import launch
     from rlx.run import RunLock
 
-    check_settings(cfg)
-    launch.check_batch(cfg, launch.world_size(cfg.hardware))
-    launch.check_strategy(cfg.hardware)
-    launch.check_device(cfg.hardware)
-    check_sharded_settings(cfg)
+    check_run(cfg)
     # one process (tree) per run directory; machine 0's launcher holds it for a multi-node run
     lock = None if launch.is_worker() or cfg.hardware.machine_rank != 0 else RunLock(run_dir).acquire()
     try:
@@ -412,7 +333,7 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
 
     module, function = LOOPS[cfg.algorithm.family].split(":")
     loop = getattr(importlib.import_module(module), function)
-    result = loop(cfg, parts)
+    result = loop(cfg, build_parts(cfg, parts))
 
     accelerator.wait_for_everyone()
     # every process takes part in gathering the full weights of a sharded policy; the main one writes them

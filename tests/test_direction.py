@@ -20,6 +20,8 @@ import pytest
 import torch
 
 from rlx.loops import policy_gradient, ppo, preference, reward_model, sft
+from rlx.models import value as value_models
+from rlx.train import build_parts
 from tests.loop_fixtures import (
     LIKELY,
     PROMPTS,
@@ -69,7 +71,7 @@ def _run_rl(tmp_path, monkeypatch, loop, *overrides):
     cfg = loop_config(*RL, *overrides)
     parts = components(tmp_path, model, tokenizer, rows(PROMPTS[:2]), scored_by({LIKELY: 1.0, UNLIKELY: 0.0}))
     start, _ = tiny_policy()
-    loop(cfg, parts)
+    loop(cfg, build_parts(cfg, parts))
     assert sampler.samples, "the loop did not sample through rlx.rollout.hf.generate"
     return _sample_logps(start, sampler), _sample_logps(model, sampler), sampler, model, tokenizer
 
@@ -96,8 +98,8 @@ def test_ppo_raises_the_rewarded_completion_and_its_value(tmp_path, monkeypatch)
         built.append(value_model)
         return value_model
 
-    ppo_build = ppo.build_value_model
-    monkeypatch.setattr(ppo, "build_value_model", keep_value_model)
+    ppo_build = value_models.build_value_model
+    monkeypatch.setattr(value_models, "build_value_model", keep_value_model)
     before, after, sampler, *_ = _run_rl(tmp_path, monkeypatch, ppo.train_ppo, "algorithm=ppo", "algorithm.value_lr=1e-3")
     _assert_good_up_bad_down(before, after)
     # the critic starts at V = 0 everywhere; the return is 1 after LIKELY and 0 after UNLIKELY, so the values
@@ -118,7 +120,7 @@ def _pairs_world(tmp_path, algorithm, *overrides, scorer=False):
     cfg = pair_config(path, algorithm, "algorithm.batch_size=3", "micro_batch_size=2", *overrides)
     policy, tokenizer = tiny_policy()
     model = tiny_scorer(tokenizer) if scorer else policy
-    return cfg, components(tmp_path, model, tokenizer), model, tokenizer
+    return cfg, build_parts(cfg, components(tmp_path, model, tokenizer)), model, tokenizer
 
 
 def _pair_logps(model, tokenizer):
@@ -169,6 +171,6 @@ def test_sft_raises_the_targets(tmp_path):
         return -torch.cat(logps).mean().item()
 
     before = target_nll()
-    sft.train_sft(cfg, components(tmp_path, model, tokenizer, data))
+    sft.train_sft(cfg, build_parts(cfg, components(tmp_path, model, tokenizer, data)))
     after = target_nll()
     assert after < before - 0.05, (before, after)  # 0.49 -> 0.33 nats per token on the machine that wrote this

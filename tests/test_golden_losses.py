@@ -22,7 +22,10 @@ import pytest
 import torch
 
 from rlx.loops import policy_gradient, ppo, preference, reward_model, sft
+from rlx.models import lora
+from rlx.models import value as value_models
 from rlx.run import read_metrics
+from rlx.train import build_parts
 from tests.loop_fixtures import (
     LIKELY,
     MID,
@@ -126,11 +129,11 @@ def test_policy_gradient_loss_matches_the_formula(tmp_path, monkeypatch, case):
         return logp + offsets(tuple(logp.shape)).to(logp.dtype), entropy  # the policy that sampled: pi + offset
 
     monkeypatch.setattr(policy_gradient, "generate", sampler)
-    monkeypatch.setattr(policy_gradient, "reference_model", lambda policy: reference)
+    monkeypatch.setattr(lora, "reference_model", lambda policy: reference)
     monkeypatch.setattr(policy_gradient, "batched_logprobs", sampling_policy_logprobs)
     cfg = loop_config(*RL, *overrides)
-    policy_gradient.train_policy_gradient(cfg, components(tmp_path, model, tokenizer, rows(PROMPTS[:2]),
-                                                          scored_by(REWARDS)))
+    policy_gradient.train_policy_gradient(cfg, build_parts(cfg, components(tmp_path, model, tokenizer, rows(PROMPTS[:2]),
+                                                                           scored_by(REWARDS))))
     algo = cfg.algorithm
 
     samples = sampler.samples
@@ -179,7 +182,7 @@ def test_ppo_policy_and_value_losses_match_the_formulas(tmp_path, monkeypatch, e
         token-mean of 0.5 * max((V - R)^2, (V_old + clip(V - V_old, -0.2, 0.2) - R)^2)."""
     model, tokenizer = tiny_policy()
     sampler = FixedSampler(tokenizer, [LIKELY, UNLIKELY, MID])
-    real_logprobs, real_values, real_build = ppo.batched_logprobs, ppo.batched_values, ppo.build_value_model
+    real_logprobs, real_values, real_build = ppo.batched_logprobs, ppo.batched_values, value_models.build_value_model
     built = []
 
     def critic(*args, **kwargs):  # the real value model, its zero head replaced by small fixed weights
@@ -193,7 +196,7 @@ def test_ppo_policy_and_value_losses_match_the_formulas(tmp_path, monkeypatch, e
 
     monkeypatch.setattr(policy_gradient, "generate", sampler)
     monkeypatch.setattr(ppo, "generate", sampler)
-    monkeypatch.setattr(ppo, "build_value_model", critic)
+    monkeypatch.setattr(value_models, "build_value_model", critic)
     monkeypatch.setattr(ppo, "batched_logprobs",
                         lambda net, rollout, micro, with_entropy=False, temperature=1.0, pack=False: (
                             real_logprobs(net, rollout, micro, temperature=temperature, pack=pack)[0]
@@ -202,7 +205,7 @@ def test_ppo_policy_and_value_losses_match_the_formulas(tmp_path, monkeypatch, e
                         lambda net, rollout, micro, pack=False: real_values(net, rollout, micro, pack=pack)
                         + offsets(tuple(rollout.completion_ids.shape), scale=0.3).flip(0).float())
     cfg = loop_config(*RL, "algorithm=ppo", "algorithm.value_lr=0", *extra)
-    ppo.train_ppo(cfg, components(tmp_path, model, tokenizer, rows(PROMPTS[:2]), scored_by(REWARDS)))
+    ppo.train_ppo(cfg, build_parts(cfg, components(tmp_path, model, tokenizer, rows(PROMPTS[:2]), scored_by(REWARDS))))
     algo = cfg.algorithm
 
     samples, value_model = sampler.samples, built[0].eval()
@@ -285,8 +288,8 @@ def test_preference_loss_matches_the_formula(tmp_path, monkeypatch, case):
     algo = cfg.algorithm
     model, tokenizer = tiny_policy()
     reference = model if algo.reference == "precompute" else perturbed_copy(model)  # precompute: the starting policy
-    monkeypatch.setattr(preference, "reference_model", lambda policy: reference)
-    preference.train_preference(cfg, components(tmp_path, model, tokenizer))
+    monkeypatch.setattr(lora, "reference_model", lambda policy: reference)
+    preference.train_preference(cfg, build_parts(cfg, components(tmp_path, model, tokenizer)))
 
     losses = []
     for prompt, chosen, rejected in PAIRS:
@@ -319,7 +322,7 @@ def test_reward_model_loss_matches_the_formula(tmp_path):
                       "algorithm.use_margin=true", "algorithm.center_coef=0.05", "data.pairs.columns.margin=margin")
     _, tokenizer = tiny_policy()
     model = tiny_scorer(tokenizer)
-    reward_model.train_reward_model(cfg, components(tmp_path, model, tokenizer))
+    reward_model.train_reward_model(cfg, build_parts(cfg, components(tmp_path, model, tokenizer)))
     losses = []
     for (prompt, chosen, rejected), m in zip(PAIRS, margins):
         ids = render(tokenizer, prompt)
@@ -335,7 +338,7 @@ def test_sft_loss_is_the_token_mean_nll_of_the_batch(tmp_path):
     model, tokenizer = tiny_policy()
     data = [{"prompt": p, "answer": a} for p, a in zip(PROMPTS, ["7", "1234567", "3 + 4 = 7"])]
     cfg = loop_config("algorithm=sft", "algorithm.batch_size=3", "micro_batch_size=2", "optim.lr=0", "steps=1")
-    sft.train_sft(cfg, components(tmp_path, model, tokenizer, data))
+    sft.train_sft(cfg, build_parts(cfg, components(tmp_path, model, tokenizer, data)))
     logps = [plain_logprobs(model, render(tokenizer, row["prompt"]),
                             completion_tokens(tokenizer, f"<answer>{row['answer']}</answer>")) for row in data]
     assert len({len(lp) for lp in logps[:2]}) == 2  # targets of different lengths: padding in the first micro-batch

@@ -6,6 +6,7 @@ import torch
 
 from rlx.loops import micro_batches, policy_gradient, ppo
 from rlx.loops.micro_batches import plan_micro_batches, split_to_count, token_budget_split
+from rlx.train import build_parts
 from tests.loop_fixtures import (
     LIKELY,
     MID,
@@ -81,7 +82,7 @@ def _run(loop, tmp_path, monkeypatch, *overrides, accumulation=1):
         patch.setattr(module, "plan_micro_batches", recording_plan)
         cfg = loop_config(*RL, *overrides)
         train = policy_gradient.train_policy_gradient if loop == "pg" else ppo.train_ppo
-        parts = components(tmp_path, model, tokenizer, rows(PROMPTS[:2]), scored_by(REWARDS))
+        parts = build_parts(cfg, components(tmp_path, model, tokenizer, rows(PROMPTS[:2]), scored_by(REWARDS)))
         parts.accelerator.gradient_accumulation_steps = accumulation  # what train.py derives from micro_batch_size
         train(cfg, parts)
     return grads, sizes

@@ -3,7 +3,7 @@ names a config may use are exactly the registry's keys, and every shipped preset
 
 import pytest
 
-from rlx.algorithms import advantages, kl, losses, preference
+from rlx.algorithms import advantages, gigpo, kl, losses, preference
 from rlx.config import check_overrides, group_options
 
 
@@ -13,6 +13,36 @@ def test_valid_names_are_the_registry_keys():
     assert tuple(kl.KL_ESTIMATOR_REGISTRY) == kl.KL_ESTIMATORS
     assert tuple(losses.AGGREGATIONS) == losses.LOSS_AGGREGATIONS
     assert preference.PREFERENCE_LOSSES == (*preference.REFERENCE_LOSSES, *preference.REFERENCE_FREE_LOSSES)
+    assert tuple(losses.RATIO_LEVEL_REGISTRY) == losses.RATIO_LEVELS
+    assert tuple(kl.KL_PLACEMENT_REGISTRY) == kl.KL_PLACEMENTS
+    assert tuple(gigpo.SCALE_REGISTRY) == gigpo.SCALES
+
+
+def test_more_variants_are_found_by_name(monkeypatch):
+    """Schedules, ratio levels, KL placements, agent scales and preference-pair sources: a new entry
+    is used by name, and an unknown name is refused with the registry's keys."""
+    import torch
+
+    from rlx.data import preferences
+    from rlx.loops import common
+
+    monkeypatch.setitem(common.SCHEDULES, "half", lambda progress: 0.5)
+    assert common.lr_lambda("half", 0, 10)(3) == 0.5
+    with pytest.raises(ValueError, match="valid choices: constant, cosine, linear, half"):
+        common.lr_lambda("step", 0, 10)
+    logp, old, mask = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]]), torch.ones(1, 2)
+    monkeypatch.setitem(losses.RATIO_LEVEL_REGISTRY, "one", lambda logp, old_logp, mask: torch.ones_like(logp))
+    assert losses.importance_ratio(logp, old, mask, "one").tolist() == [[1.0, 1.0]]
+    monkeypatch.setitem(kl.KL_PLACEMENT_REGISTRY, "twice", lambda loss, k, m, c: loss + 2 * c * k * m)
+    out, k = kl.penalized_token_loss(torch.zeros(1, 2), logp, old, torch.zeros(1, 2), mask, 0.5, "k1", "twice", 0.0)
+    assert torch.allclose(out, k)  # 2 x 0.5 x KL
+    monkeypatch.setitem(gigpo.SCALE_REGISTRY, "double", lambda std, eps: 0.5)
+    grouped = gigpo.grouped_advantages(torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), "double")
+    assert grouped.tolist() == [1.0, -1.0]  # (r - 0.5) / 0.5
+    monkeypatch.setitem(preferences.PAIR_SOURCES, "inline", lambda cfg, columns, stats: (["train"], ["held"]))
+    from omegaconf import OmegaConf
+
+    assert preferences.load_pairs(OmegaConf.create({"source": "inline", "columns": {}, "eval_size": 5}), 0)[:2] == (["train"], ["held"])
 
 
 @pytest.mark.parametrize("option", group_options("algorithm"))

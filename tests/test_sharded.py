@@ -105,12 +105,14 @@ def test_reference_is_placed_like_the_policy():
     assert isinstance(place_reference(reference_model(lora), acc), AdapterDisabled)  # no second copy
 
 
-def test_ppo_builds_its_reference_like_the_policy_gradient_loop():
-    """PPO took a deepcopy of the (peft) policy: a second full model under LoRA, left on the CPU."""
-    import rlx.loops.ppo as ppo
+def test_no_loop_builds_its_own_reference():
+    """PPO took a deepcopy of the (peft) policy: a second full model under LoRA, left on the CPU. Now the
+    one builder (rlx.train.build_parts) makes every reference; no loop copies a model."""
+    from rlx.loops import agent, agent_sft, policy_gradient, ppo, preference, reward_model, sft
 
-    assert ppo.reference_model.__module__ == "rlx.models.lora"
-    assert "deepcopy" not in open(ppo.__file__).read()
+    for loop in (agent, agent_sft, policy_gradient, ppo, preference, reward_model, sft):
+        source = open(loop.__file__).read()
+        assert "deepcopy" not in source and "reference_model(" not in source, loop.__name__
 
 
 # ---------------------------------------------------------------- slow: 2 processes on the CPU

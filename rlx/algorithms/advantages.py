@@ -76,7 +76,7 @@ def _scaled(centered, grouped, rewards, scale: str, eps: float) -> torch.Tensor:
     if scale not in SCALE_REGISTRY:
         raise ValueError(f"unknown advantage scale '{scale}'; valid choices: {', '.join(SCALES)}")
     denominator = SCALE_REGISTRY[scale](grouped, rewards, eps)
-    return centered if scale == "none" else centered / denominator
+    return centered / denominator  # "none": / 1.0, exact
 
 
 def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import torch
 
-SCALES = ("group", "none")
+# the denominator s of the grouped advantage: fn(std (K,), eps) -> s, broadcastable to (K,)
+SCALE_REGISTRY = {"group": lambda std, eps: std + eps, "none": lambda std, eps: 1.0}
+SCALES = tuple(SCALE_REGISTRY)
 
 
 def _group_stats(values: torch.Tensor, groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -43,13 +45,13 @@ def grouped_advantages(values: torch.Tensor, groups: torch.Tensor, scale: str = 
 
     scale "group": s = unbiased std of the group (GRPO, Shao et al. 2024); "none": s = 1 (Dr. GRPO).
     A group of one element gets 0 (nothing to compare with). values, groups: (K,). Returns (K,)."""
-    if scale not in SCALES:
-        raise ValueError(f"unknown advantage scale '{scale}'; valid choices: {', '.join(SCALES)}")
+    if scale not in SCALE_REGISTRY:
+        raise ValueError(f"unknown advantage scale '{scale}'; valid choices: {', '.join(SCALE_REGISTRY)}")
     if values.numel() == 0:
         return values.clone()
     mean, std, count = _group_stats(values, groups)
     centered = values - mean
-    advantages = centered / (std + eps) if scale == "group" else centered
+    advantages = centered / SCALE_REGISTRY[scale](std, eps)
     return torch.where(count > 1, advantages, torch.zeros_like(advantages))
 
 

@@ -26,7 +26,13 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3"
     return KL_ESTIMATOR_REGISTRY[estimator](logp - ref_logp)
 
 
-KL_PLACEMENTS = ("loss", "reward")
+# where the KL to the reference acts: fn(token_loss, kl, mask, kl_coef) -> token_loss, each (n, T).
+# "reward": the loop shapes the rewards instead (sequence_kl_in_reward / token_rewards), the loss is left as is
+KL_PLACEMENT_REGISTRY = {
+    "loss": lambda token_loss, kl, mask, kl_coef: token_loss + kl_coef * kl * mask,
+    "reward": lambda token_loss, kl, mask, kl_coef: token_loss,
+}
+KL_PLACEMENTS = tuple(KL_PLACEMENT_REGISTRY)
 
 
 def penalized_token_loss(
@@ -43,8 +49,7 @@ def penalized_token_loss(
     kl = None
     if ref_logp is not None:
         kl = kl_penalty(logp, ref_logp, kl_estimator)  # (n, T)
-        if kl_in == "loss":
-            token_loss = token_loss + kl_coef * kl * mask
+        token_loss = KL_PLACEMENT_REGISTRY[kl_in](token_loss, kl, mask, kl_coef)
     if entropy_coef > 0:
         token_loss = token_loss - entropy_coef * entropy * mask
     return token_loss, kl

@@ -4,7 +4,20 @@ from __future__ import annotations
 
 import torch
 
-RATIO_LEVELS = ("token", "sequence")
+
+def _token_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.exp(logp - old_logp)
+
+
+def _sequence_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    mask = mask.to(logp.dtype)
+    mean_log_ratio = ((logp - old_logp) * mask).sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1)
+    return torch.exp(mean_log_ratio).expand_as(logp)  # (N, T)
+
+
+# the importance ratio's level: fn(logp (N, T), old_logp (N, T), mask (N, T)) -> ratio (N, T)
+RATIO_LEVEL_REGISTRY = {"token": _token_ratio, "sequence": _sequence_ratio}
+RATIO_LEVELS = tuple(RATIO_LEVEL_REGISTRY)
 
 
 def importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, level: str = "token") -> torch.Tensor:
@@ -15,13 +28,9 @@ def importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Ten
                   sequence i: the length-normalised sequence ratio of GSPO (Zheng et al. 2025).
                   Its gradient is s_i * mean_t grad logp_t. A fully masked row gets ratio 1.
     logp, old_logp, mask: (N, T)."""
-    if level == "token":
-        return torch.exp(logp - old_logp)
-    if level == "sequence":
-        mask = mask.to(logp.dtype)
-        mean_log_ratio = ((logp - old_logp) * mask).sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1)
-        return torch.exp(mean_log_ratio).expand_as(logp)  # (N, T)
-    raise ValueError(f"unknown ratio level '{level}'; valid choices: {', '.join(RATIO_LEVELS)}")
+    if level not in RATIO_LEVEL_REGISTRY:
+        raise ValueError(f"unknown ratio level '{level}'; valid choices: {', '.join(RATIO_LEVEL_REGISTRY)}")
+    return RATIO_LEVEL_REGISTRY[level](logp, old_logp, mask)
 
 
 def clipped_surrogate(

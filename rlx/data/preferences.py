@@ -156,25 +156,35 @@ def render_prompts(tokenizer, pairs: list[dict], use_chat_template: bool, system
             pair["prompt"] = "\n\n".join(m["content"] for m in messages)
 
 
+def _file_pairs(pairs_cfg, columns: dict, stats: PairStats) -> tuple[list[dict], list[dict] | None]:
+    train = normalize_rows(read_table(pairs_cfg.path), pairs_cfg.path, columns, pairs_cfg.layout, pairs_cfg.on_invalid, stats)
+    evals = None
+    if pairs_cfg.eval_path:
+        evals = normalize_rows(read_table(pairs_cfg.eval_path), pairs_cfg.eval_path, columns, pairs_cfg.layout,
+                               pairs_cfg.on_invalid, stats)
+    return train, evals
+
+
+def _hub_pairs(pairs_cfg, columns: dict, stats: PairStats) -> tuple[list[dict], list[dict] | None]:
+    train = normalize_rows(read_hub(pairs_cfg.id, pairs_cfg.subset, pairs_cfg.train_split), pairs_cfg.id, columns,
+                           pairs_cfg.layout, pairs_cfg.on_invalid, stats)
+    evals = None
+    if pairs_cfg.eval_split:
+        evals = normalize_rows(read_hub(pairs_cfg.id, pairs_cfg.subset, pairs_cfg.eval_split), pairs_cfg.id, columns,
+                               pairs_cfg.layout, pairs_cfg.on_invalid, stats)
+    return train, evals
+
+
+# data.pairs.source: fn(pairs_cfg, columns, stats) -> (train pairs, held-out pairs or None: split off train)
+PAIR_SOURCES = {"file": _file_pairs, "hub": _hub_pairs}
+
+
 def load_pairs(pairs_cfg, seed: int) -> tuple[list[dict], list[dict], PairStats]:
     """(train pairs, held-out pairs, stats) with messages/chosen/rejected; prompts are rendered later."""
     stats = PairStats()
-    columns = dict(pairs_cfg.columns)
-    if pairs_cfg.source == "file":
-        train = normalize_rows(read_table(pairs_cfg.path), pairs_cfg.path, columns, pairs_cfg.layout, pairs_cfg.on_invalid, stats)
-        evals = None
-        if pairs_cfg.eval_path:
-            evals = normalize_rows(read_table(pairs_cfg.eval_path), pairs_cfg.eval_path, columns, pairs_cfg.layout,
-                                   pairs_cfg.on_invalid, stats)
-    elif pairs_cfg.source == "hub":
-        train = normalize_rows(read_hub(pairs_cfg.id, pairs_cfg.subset, pairs_cfg.train_split), pairs_cfg.id, columns,
-                               pairs_cfg.layout, pairs_cfg.on_invalid, stats)
-        evals = None
-        if pairs_cfg.eval_split:
-            evals = normalize_rows(read_hub(pairs_cfg.id, pairs_cfg.subset, pairs_cfg.eval_split), pairs_cfg.id, columns,
-                                   pairs_cfg.layout, pairs_cfg.on_invalid, stats)
-    else:
-        raise UserError(f"unknown data.pairs.source '{pairs_cfg.source}'; valid choices: file, hub")
+    if pairs_cfg.source not in PAIR_SOURCES:
+        raise UserError(f"unknown data.pairs.source '{pairs_cfg.source}'; valid choices: {', '.join(PAIR_SOURCES)}")
+    train, evals = PAIR_SOURCES[pairs_cfg.source](pairs_cfg, dict(pairs_cfg.columns), stats)
     if stats.invalid:
         log.warning("skipped %d malformed preference rows: %s", sum(stats.invalid.values()),
                     ", ".join(f"{k} x{v}" for k, v in stats.invalid.items()))

@@ -35,26 +35,24 @@ from accelerate.utils import gather_object
 from rlx.algorithms.gigpo import CREDIT, invalid_action_penalty
 from rlx.algorithms.kl import penalized_token_loss
 from rlx.algorithms.losses import aggregate, clipped_surrogate
-from rlx.checkpoint import Checkpointer, GeneratorState
+from rlx.checkpoint import GeneratorState
 from rlx.config import UserError
 from rlx.envs import EnvError, env_factory
 from rlx.evaluation.agents import episode_metrics, episode_records, play
 from rlx.loops.common import (
-    Components,
-    build_optimizer,
+    Parts,
     end_step,
     eval_due,
     evaluate_at_start,
     optimizer_step,
 )
 from rlx.models.forward import completion_logprobs
-from rlx.models.lora import place_reference, reference_model
 from rlx.parallel import backward, gather_padded, global_mean, global_sum, shard
 from rlx.rollout.env import EVAL_SEED_BASE, train_env_seed
 from rlx.rollout.generator import HFGenerator
 from rlx.rollout.sampling import sample_seed
 from rlx.rollout.types import Episode, RolloutBatch
-from rlx.run import MetricsLog, write_samples
+from rlx.run import write_samples
 
 log = logging.getLogger("rlx")
 
@@ -87,7 +85,7 @@ def token_advantages(step_adv: torch.Tensor, step_episode: torch.Tensor, step_in
     return torch.where(step_index >= 0, values, torch.zeros_like(values))
 
 
-def train_agent(cfg, parts: Components) -> dict:
+def train_agent(cfg, parts: Parts) -> dict:
     algo, roll, env_cfg = cfg.algorithm, cfg.rollout, cfg.env
     acc, tokenizer, run_dir = parts.accelerator, parts.tokenizer, parts.run_dir
     try:
@@ -99,18 +97,14 @@ def train_agent(cfg, parts: Components) -> dict:
                  eps=algo.eps)
     group_size = roll.samples_per_prompt
     updates_per_step = algo.epochs * algo.mini_batches
-    optimizer, scheduler = build_optimizer(parts.model, cfg.optim, cfg.steps * updates_per_step)
-    reference = reference_model(parts.model) if algo.kl_coef > 0 else None
-    model, optimizer = acc.prepare(parts.model, optimizer)
-    reference = place_reference(reference, acc)  # on the policy's device, as in the other loops
+    model, optimizer, scheduler, reference = parts.model, parts.optimizer, parts.scheduler, parts.reference
     shuffle = torch.Generator().manual_seed(cfg.seed)
-    checkpointer = Checkpointer.from_config(cfg, acc, run_dir)
-    start_step = checkpointer.restore(scheduler=scheduler, shuffle=GeneratorState(shuffle))
-    metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
+    checkpointer, metrics_log = parts.checkpointer, parts.metrics_log
+    start_step = checkpointer.restore(**parts.checkpointed, shuffle=GeneratorState(shuffle))
 
     def generator_for(policy):
         return HFGenerator(policy, tokenizer, temperature=roll.temperature, top_p=roll.top_p, top_k=roll.top_k,
-                           batch_size=roll.batch_size)
+                           batch_size=roll.batch_size, sampler=roll.get("sampler", "v2"))
 
     eval_seeds = [EVAL_SEED_BASE + k for k in range(env_cfg.eval_episodes)]
 
@@ -120,7 +114,7 @@ def train_agent(cfg, parts: Components) -> dict:
                         mine, greedy=env_cfg.eval_greedy, use_chat_template=cfg.model.chat_template)
         return episode_metrics(gather_object(episodes), "eval")
 
-    last_eval = evaluate_at_start(cfg, acc, start_step, metrics_log, run_eval)
+    last_eval = evaluate_at_start(cfg.eval.at_start, start_step, metrics_log, run_eval)
 
     for step in range(start_step + 1, cfg.steps + 1):
         step_start = time.perf_counter()

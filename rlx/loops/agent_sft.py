@@ -16,14 +16,12 @@ import time
 
 import torch
 
-from rlx.checkpoint import Checkpointer
 from rlx.config import UserError
 from rlx.envs import EnvError, env_factory
 from rlx.envs.demos import ExpertGenerator
 from rlx.evaluation.agents import episode_metrics, play
 from rlx.loops.common import (
-    Components,
-    build_optimizer,
+    Parts,
     end_step,
     eval_due,
     evaluate_at_start,
@@ -33,25 +31,20 @@ from rlx.models.forward import completion_logprobs
 from rlx.rollout.env import EVAL_SEED_BASE, run_episodes, train_env_seed
 from rlx.rollout.generator import HFGenerator
 from rlx.rollout.types import RolloutBatch
-from rlx.run import MetricsLog
 
 log = logging.getLogger("rlx")
 
 
-def train_agent_sft(cfg, parts: Components) -> dict:
+def train_agent_sft(cfg, parts: Parts) -> dict:
     algo, env_cfg = cfg.algorithm, cfg.env
-    acc, tokenizer, run_dir = parts.accelerator, parts.tokenizer, parts.run_dir
-    if acc.num_processes > 1:
-        raise UserError("algorithm.family=agent_sft runs in one process; use hardware=cpu or hardware=gpu")
+    acc, tokenizer = parts.accelerator, parts.tokenizer
     try:
         factory = env_factory(env_cfg.name, env_cfg.get("target"), env_cfg.get("kwargs"))
     except EnvError as exc:
         raise UserError(str(exc)) from None
-    optimizer, scheduler = build_optimizer(parts.model, cfg.optim, cfg.steps)
-    model, optimizer = acc.prepare(parts.model, optimizer)
-    checkpointer = Checkpointer.from_config(cfg, acc, run_dir)
-    start_step = checkpointer.restore(scheduler=scheduler)
-    metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
+    model, optimizer, scheduler = parts.model, parts.optimizer, parts.scheduler
+    checkpointer, metrics_log = parts.checkpointer, parts.metrics_log
+    start_step = checkpointer.restore(**parts.checkpointed)
     eval_seeds = [EVAL_SEED_BASE + k for k in range(env_cfg.eval_episodes)]
 
     def run_eval(step: int) -> dict:
@@ -61,7 +54,7 @@ def train_agent_sft(cfg, parts: Components) -> dict:
                         use_chat_template=cfg.model.chat_template)
         return episode_metrics(episodes, "eval")
 
-    last_eval = evaluate_at_start(cfg, acc, start_step, metrics_log, run_eval)
+    last_eval = evaluate_at_start(cfg.eval.at_start, start_step, metrics_log, run_eval)
     num = cfg.prompts_per_step * cfg.rollout.samples_per_prompt
     for step in range(start_step + 1, cfg.steps + 1):
         start = time.perf_counter()

@@ -35,6 +35,37 @@ class Components:
     extras: dict = field(default_factory=dict)
 
 
+@dataclass
+class Parts:
+    """Everything a loop starts from, built by rlx.train.build_parts (the one builder): the policy
+    prepared by Accelerate with its optimizer and schedule, the frozen reference placed like the policy
+    (None when the family or config does not use one; under LoRA the base with the adapter off, no
+    copy), the PPO critic with its own optimizer and schedule, the rollout engine (None: generate with
+    the policy), the checkpointer, the metrics log and the held-out evaluator (None where the loop
+    evaluates its own way). `checkpointed`: training state the loop passes first to
+    Checkpointer.restore (the schedules Accelerate did not prepare), in the order checkpoints hold it."""
+
+    accelerator: object
+    model: object
+    tokenizer: object
+    train_rows: list[dict]
+    eval_rows: list[dict]
+    rewards: list[RewardComponent]
+    run_dir: Path
+    optimizer: object
+    scheduler: object
+    checkpointer: object
+    metrics_log: object
+    reference: object = None
+    value_model: object = None
+    value_optimizer: object = None
+    value_scheduler: object = None
+    engine: object = None
+    run_eval: object = None
+    checkpointed: dict = field(default_factory=dict)
+    extras: dict = field(default_factory=dict)
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -116,21 +147,25 @@ def check_context(tokenizer, rows: list[dict], context: int | None, max_new_toke
                             f"rollout.max_new_tokens")
 
 
+# optim.schedule after the warmup: fn(progress in [0, 1]) -> multiplier of the peak learning rate
+SCHEDULES = {
+    "constant": lambda progress: 1.0,
+    "cosine": lambda progress: 0.5 * (1.0 + math.cos(math.pi * progress)),
+    "linear": lambda progress: 1.0 - progress,
+}
+
+
 def lr_lambda(schedule: str, warmup_steps: int, total_steps: int):
     """Multiplier of the peak learning rate at each optimizer step: linear warmup, then the schedule."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown optim.schedule '{schedule}'; valid choices: {', '.join(SCHEDULES)}")
+    after_warmup = SCHEDULES[schedule]
 
     def factor(step: int) -> float:
         if warmup_steps > 0 and step < warmup_steps:
             return (step + 1) / warmup_steps
-        if schedule == "constant":
-            return 1.0
         progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-        progress = min(max(progress, 0.0), 1.0)
-        if schedule == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
-        if schedule == "linear":
-            return 1.0 - progress
-        raise ValueError(f"unknown optim.schedule '{schedule}'; valid choices: constant, cosine, linear")
+        return after_warmup(min(max(progress, 0.0), 1.0))
 
     return factor
 
@@ -303,10 +338,10 @@ def eval_due(cfg, step: int, acc) -> bool:
     return bool(cfg.eval.every) and (step % cfg.eval.every == 0 or step == cfg.steps)
 
 
-def evaluate_at_start(cfg, acc, start_step: int, metrics_log, run_eval, extra: dict | None = None) -> dict:
+def evaluate_at_start(at_start: bool, start_step: int, metrics_log, run_eval, extra: dict | None = None) -> dict:
     """The step-0 evaluation of a fresh run (eval.at_start), on every process; written to the metrics
     file (by the main process) together with `extra` (e.g. data counts). {} when skipped."""
-    if not (cfg.eval.at_start and start_step == 0):
+    if not (at_start and start_step == 0):
         return {}
     metrics = run_eval(0)
     metrics_log.write(0, {**(extra or {}), **metrics})
@@ -323,12 +358,12 @@ def end_step(cfg, step: int, metrics: dict, metrics_log, checkpointer) -> None:
     checkpointer.step_done(step)
 
 
-def task_evaluator(cfg, acc, parts: Components, model):
-    """run_eval(step) -> metrics: greedy evaluation of the (unwrapped) policy on the task's held-out split."""
-    kwargs, rows = eval_settings(cfg), parts.eval_rows[: cfg.eval.size]
+def task_evaluator(acc, model, tokenizer, rows: list[dict], rewards: list[RewardComponent], settings: dict):
+    """run_eval(step) -> metrics: greedy evaluation of the (unwrapped) policy on held-out `rows`
+    (settings: eval_settings(cfg))."""
 
     def run_eval(step: int) -> dict:
-        metrics, _ = evaluate(acc.unwrap_model(model), parts.tokenizer, rows, parts.rewards, **kwargs, acc=acc)
+        metrics, _ = evaluate(acc.unwrap_model(model), tokenizer, rows, rewards, **settings, acc=acc)
         return metrics
 
     return run_eval
@@ -357,12 +392,13 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     return ((values * mask).sum() / mask.sum().clamp(min=1)).item()
 
 
-def training_rewards(parts: Components, algo, max_new_tokens: int) -> list[RewardComponent]:
+def training_rewards(rewards: list[RewardComponent], overlong_buffer: int, overlong_weight: float,
+                     max_new_tokens: int) -> list[RewardComponent]:
     """The reward components used in training: the configured ones, plus DAPO's overlong punishment."""
-    components = list(parts.rewards)
-    if algo.overlong_buffer > 0:
-        fn = functools.partial(overlong_penalty, max_length=max_new_tokens, buffer=algo.overlong_buffer)
-        components.append(RewardComponent("overlong", fn, float(algo.overlong_weight)))
+    components = list(rewards)
+    if overlong_buffer > 0:
+        fn = functools.partial(overlong_penalty, max_length=max_new_tokens, buffer=overlong_buffer)
+        components.append(RewardComponent("overlong", fn, float(overlong_weight)))
     return components
 
 

@@ -31,27 +31,24 @@ from rlx.algorithms.advantages import outcome_advantages, sign_weighted
 from rlx.algorithms.kl import adaptive_kl_coef, penalized_token_loss, sequence_kl_in_reward
 from rlx.algorithms.losses import aggregate, clipped_surrogate, entropy_threshold, top_entropy_mask
 from rlx.algorithms.offpolicy import logprob_gap, truncated_importance_weights
-from rlx.checkpoint import Checkpointer, GeneratorState
+from rlx.checkpoint import GeneratorState
 from rlx.data.tasks import PromptStream
 from rlx.loops.common import (
-    Components,
     KLCoefficient,
+    Parts,
     ReferenceReset,
     advantage_metrics,
     batched_logprobs,
-    build_optimizer,
     end_step,
     eval_due,
     evaluate_at_start,
     masked_mean,
     mean_of,
     optimizer_step,
-    task_evaluator,
     training_rewards,
 )
 from rlx.loops.micro_batches import plan_micro_batches
 from rlx.models.forward import completion_logprobs
-from rlx.models.lora import place_reference, reference_model
 from rlx.parallel import (
     backward,
     gather,
@@ -63,36 +60,28 @@ from rlx.parallel import (
 )
 from rlx.rollout.batch import sample_batch, sample_records
 from rlx.rollout.hf import generate
-from rlx.rollout.vllm import build_engine
-from rlx.run import MetricsLog, write_samples
+from rlx.run import write_samples
 
 log = logging.getLogger("rlx")
 
 
-def train_policy_gradient(cfg, parts: Components) -> dict:
+def train_policy_gradient(cfg, parts: Parts) -> dict:
     algo, roll = cfg.algorithm, cfg.rollout
     acc, tokenizer, run_dir = parts.accelerator, parts.tokenizer, parts.run_dir
     # the median estimator samples one extra completion per prompt: the pivot, left out of the gradient
     group_size = roll.samples_per_prompt + (1 if algo.advantage == "median" else 0)
     updates_per_step = algo.epochs * algo.mini_batches
-    optimizer, scheduler = build_optimizer(parts.model, cfg.optim, cfg.steps * updates_per_step)
-    # frozen starting policy (with LoRA: the base with the adapter off); not built when the KL term is off
-    reference = reference_model(parts.model) if algo.kl_coef > 0 else None
+    model, optimizer, scheduler, engine = parts.model, parts.optimizer, parts.scheduler, parts.engine
+    reference = parts.reference  # frozen starting policy (with LoRA: the base with the adapter off) or None
     kl_state = KLCoefficient(float(algo.kl_coef))
     reference_reset = ReferenceReset(reference, algo.ref_reset_every)
-    engine = build_engine(roll, parts.model, tokenizer, cfg.seed)  # None: generate with the policy (rollout=hf)
-    # the scheduler prepared too: under DeepSpeed the engine steps it (and saves it in checkpoints)
-    model, optimizer, scheduler = acc.prepare(parts.model, optimizer, scheduler)
-    reference = place_reference(reference, acc)
     stream = PromptStream(parts.train_rows, cfg.seed)
-    train_rewards = training_rewards(parts, algo, roll.max_new_tokens)
+    train_rewards = training_rewards(parts.rewards, algo.overlong_buffer, algo.overlong_weight, roll.max_new_tokens)
     shuffle = torch.Generator().manual_seed(cfg.seed)
-    checkpointer = Checkpointer.from_config(cfg, acc, run_dir)
-    start_step = checkpointer.restore(data=stream, shuffle=GeneratorState(shuffle), kl=kl_state,
+    checkpointer, metrics_log, run_eval = parts.checkpointer, parts.metrics_log, parts.run_eval
+    start_step = checkpointer.restore(**parts.checkpointed, data=stream, shuffle=GeneratorState(shuffle), kl=kl_state,
                                       **reference_reset.checkpointed())
-    metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
-    run_eval = task_evaluator(cfg, acc, parts, model)
-    last_eval = evaluate_at_start(cfg, acc, start_step, metrics_log, run_eval)
+    last_eval = evaluate_at_start(cfg.eval.at_start, start_step, metrics_log, run_eval)
 
     for step in range(start_step + 1, cfg.steps + 1):
         kl_coef = kl_state.value

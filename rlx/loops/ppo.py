@@ -27,35 +27,30 @@ import time
 from functools import partial
 
 import torch
-from omegaconf import OmegaConf
 
 from rlx.algorithms.advantages import gae_advantages, whiten
 from rlx.algorithms.kl import adaptive_kl_coef, penalized_token_loss, token_rewards
 from rlx.algorithms.losses import aggregate, clipped_surrogate, explained_variance, value_loss
 from rlx.algorithms.offpolicy import logprob_gap
-from rlx.checkpoint import Checkpointer, GeneratorState
-from rlx.config import UserError
+from rlx.checkpoint import GeneratorState
 from rlx.data.tasks import PromptStream
 from rlx.loops.common import (
-    Components,
     KLCoefficient,
+    Parts,
     ReferenceReset,
     advantage_metrics,
     batched_logprobs,
-    build_optimizer,
     end_step,
     eval_due,
     evaluate_at_start,
     masked_mean,
     mean_of,
     optimizer_step,
-    task_evaluator,
     training_rewards,
 )
 from rlx.loops.micro_batches import plan_micro_batches
 from rlx.models.forward import completion_logprobs
-from rlx.models.lora import place_reference, reference_model
-from rlx.models.value import build_value_model
+from rlx.models.value import value_learning_rate  # noqa: F401  (re-exported: its home was this loop)
 from rlx.parallel import (
     backward,
     gather,
@@ -67,8 +62,7 @@ from rlx.parallel import (
 )
 from rlx.rollout.batch import sample_batch, sample_records
 from rlx.rollout.hf import generate
-from rlx.rollout.vllm import build_engine
-from rlx.run import MetricsLog, write_samples
+from rlx.run import write_samples
 
 log = logging.getLogger("rlx")
 
@@ -84,43 +78,23 @@ def batched_values(value_model, rollout, micro: int, pack: bool = False) -> torc
     return torch.cat(out)
 
 
-def value_learning_rate(value_lr: float | None, ratio: float, policy_lr: float) -> float:
-    """The critic's AdamW learning rate: algorithm.value_lr when set, else ratio x optim.lr, so the critic
-    follows the model preset's learning rate (tiny model 1e-4 -> 5e-4; real-model presets 1e-6 -> 5e-6 at
-    the default ratio 5; verl's and OpenRLHF's PPO examples run the critic 10-20x the actor's rate)."""
-    return float(value_lr) if value_lr is not None else float(ratio) * float(policy_lr)
-
-
-def train_ppo(cfg, parts: Components) -> dict:
+def train_ppo(cfg, parts: Parts) -> dict:
     algo, roll = cfg.algorithm, cfg.rollout
     acc, tokenizer, run_dir = parts.accelerator, parts.tokenizer, parts.run_dir
     group_size = roll.samples_per_prompt
     updates_per_step = algo.epochs * algo.mini_batches
-    total_updates = cfg.steps * updates_per_step
-    value_model = build_value_model(parts.model, algo.value_model, cfg.model.dtype, cfg.model.trust_remote_code)
-    optimizer, scheduler = build_optimizer(parts.model, cfg.optim, total_updates)
-    value_optim_cfg = OmegaConf.merge(cfg.optim, {"lr": value_learning_rate(algo.value_lr, algo.value_lr_ratio, cfg.optim.lr)})
-    value_optimizer, value_scheduler = build_optimizer(value_model, value_optim_cfg, total_updates)
-    # frozen starting policy (with LoRA: the base with the adapter off); not built when the KL term is off
-    reference = reference_model(parts.model) if algo.kl_coef > 0 else None
+    model, optimizer, scheduler, engine = parts.model, parts.optimizer, parts.scheduler, parts.engine
+    value_model, value_optimizer, value_scheduler = parts.value_model, parts.value_optimizer, parts.value_scheduler
+    reference = parts.reference  # frozen starting policy (with LoRA: the base with the adapter off) or None
     kl_state = KLCoefficient(float(algo.kl_coef))
     reference_reset = ReferenceReset(reference, algo.ref_reset_every)
-    if roll.get("tis_cap") is not None:
-        raise UserError("rollout.tis_cap (truncated importance sampling) is implemented for the policy-gradient "
-                        "family (GRPO, RLOO, ...), not PPO; unset it")
-    engine = build_engine(roll, parts.model, tokenizer, cfg.seed)  # None: generate with the policy (rollout=hf)
-    # the policy first: the checkpointer saves the LoRA adapter of the first prepared model
-    model, optimizer, value_model, value_optimizer = acc.prepare(parts.model, optimizer, value_model, value_optimizer)
-    reference = place_reference(reference, acc)
     stream = PromptStream(parts.train_rows, cfg.seed)
-    train_rewards = training_rewards(parts, algo, roll.max_new_tokens)
+    train_rewards = training_rewards(parts.rewards, algo.overlong_buffer, algo.overlong_weight, roll.max_new_tokens)
     shuffle = torch.Generator().manual_seed(cfg.seed)
-    checkpointer = Checkpointer.from_config(cfg, acc, run_dir)
-    start_step = checkpointer.restore(scheduler=scheduler, value_scheduler=value_scheduler, data=stream,
-                                      shuffle=GeneratorState(shuffle), kl=kl_state, **reference_reset.checkpointed())
-    metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
-    run_eval = task_evaluator(cfg, acc, parts, model)
-    last_eval = evaluate_at_start(cfg, acc, start_step, metrics_log, run_eval)
+    checkpointer, metrics_log, run_eval = parts.checkpointer, parts.metrics_log, parts.run_eval
+    start_step = checkpointer.restore(**parts.checkpointed, data=stream, shuffle=GeneratorState(shuffle), kl=kl_state,
+                                      **reference_reset.checkpointed())
+    last_eval = evaluate_at_start(cfg.eval.at_start, start_step, metrics_log, run_eval)
 
     for step in range(start_step + 1, cfg.steps + 1):
         kl_coef = kl_state.value

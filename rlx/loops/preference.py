@@ -23,12 +23,10 @@ import time
 import torch
 
 from rlx.algorithms.preference import REFERENCE_FREE, preference_loss, sft_nll
-from rlx.checkpoint import Checkpointer
 from rlx.data.preferences import collate, load_prepared_pairs
 from rlx.data.tasks import PromptStream
 from rlx.loops.common import (
-    Components,
-    build_optimizer,
+    Parts,
     end_step,
     eval_due,
     eval_settings,
@@ -37,9 +35,8 @@ from rlx.loops.common import (
     optimizer_step,
 )
 from rlx.models.forward import completion_logprobs
-from rlx.models.lora import place_reference, reference_model
 from rlx.parallel import backward, global_sum, shard
-from rlx.run import MetricsLog, PhaseProgress, write_samples
+from rlx.run import PhaseProgress, write_samples
 
 log = logging.getLogger("rlx")
 
@@ -83,20 +80,18 @@ def reference_logps(model, pairs: list[dict], micro: int, pad_id: int, progress=
     return torch.cat(out) if out else torch.zeros(0, 2)
 
 
-def train_preference(cfg, parts: Components) -> dict:
-    algo = cfg.algorithm
-    acc, tokenizer, run_dir = parts.accelerator, parts.tokenizer, parts.run_dir
-    pad_id, micro = tokenizer.pad_token_id, cfg.micro_batch_size
-    train_pairs, eval_pairs, data_counts = load_prepared_pairs(cfg, tokenizer)
+def load_pairs(cfg, parts: Parts) -> None:
+    """Run by the builder (rlx/train.py) on the unprepared starting policy: 1. the tokenized pairs, and
+    2. for a reference-based loss with algorithm.reference=precompute, the reference log-probs of every
+    pair (the starting policy is the reference), written into the pairs and <run>/reference_logps.pt.
+    Results go to parts.extras: train_pairs, eval_pairs, data_counts."""
+    algo, acc, run_dir = cfg.algorithm, parts.accelerator, parts.run_dir
+    pad_id, micro = parts.tokenizer.pad_token_id, cfg.micro_batch_size
+    train_pairs, eval_pairs, data_counts = load_prepared_pairs(cfg, parts.tokenizer)
     for index, pair in enumerate(train_pairs):
         pair["index"] = index
-    uses_reference = algo.loss_type not in REFERENCE_FREE
-
-    # 2. reference log-probs: precomputed once by the starting policy, or a frozen copy kept in memory
-    reference = None
-    if uses_reference and algo.reference == "model":
-        reference = reference_model(parts.model)  # LoRA: the base with the adapter off; placed after prepare
-    elif uses_reference:
+    parts.extras.update(train_pairs=train_pairs, eval_pairs=eval_pairs, data_counts=data_counts)
+    if algo.loss_type not in REFERENCE_FREE and algo.reference != "model":
         start = time.perf_counter()
         parts.model.to(acc.device)
         with PhaseProgress("reference log-probs", len(train_pairs) + len(eval_pairs), cfg.log.progress,
@@ -111,14 +106,18 @@ def train_preference(cfg, parts: Components) -> dict:
         log.info("reference log-probs of %d pairs precomputed in %.1fs -> %s", len(train_pairs) + len(eval_pairs),
                  time.perf_counter() - start, run_dir / "reference_logps.pt")
 
-    optimizer, scheduler = build_optimizer(parts.model, cfg.optim, cfg.steps)
-    # the scheduler prepared too: under DeepSpeed the engine steps it (and saves it in checkpoints)
-    model, optimizer, scheduler = acc.prepare(parts.model, optimizer, scheduler)
-    reference = place_reference(reference, acc)  # on the policy's device; sharded like it under FSDP2 / ZeRO-3
+
+def train_preference(cfg, parts: Parts) -> dict:
+    algo = cfg.algorithm
+    acc, tokenizer, run_dir = parts.accelerator, parts.tokenizer, parts.run_dir
+    pad_id, micro = tokenizer.pad_token_id, cfg.micro_batch_size
+    train_pairs, eval_pairs, data_counts = (parts.extras[k] for k in ("train_pairs", "eval_pairs", "data_counts"))
+    uses_reference = algo.loss_type not in REFERENCE_FREE
+    # reference log-probs: precomputed by load_pairs, or a frozen model (LoRA: the base with the adapter off)
+    model, optimizer, scheduler, reference = parts.model, parts.optimizer, parts.scheduler, parts.reference
     stream = PromptStream(train_pairs, cfg.seed)
-    checkpointer = Checkpointer.from_config(cfg, acc, run_dir)
-    start_step = checkpointer.restore(data=stream)
-    metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
+    checkpointer, metrics_log = parts.checkpointer, parts.metrics_log
+    start_step = checkpointer.restore(**parts.checkpointed, data=stream)
     loss_kwargs = dict(loss_type=algo.loss_type, beta=algo.beta, label_smoothing=algo.label_smoothing, gamma=algo.gamma,
                        length_normalize=algo.length_normalize)
 
@@ -165,7 +164,7 @@ def train_preference(cfg, parts: Components) -> dict:
         policy.train(was_training)
         return metrics
 
-    last_eval = evaluate_at_start(cfg, acc, start_step, metrics_log, run_eval, data_counts)
+    last_eval = evaluate_at_start(cfg.eval.at_start, start_step, metrics_log, run_eval, data_counts)
 
     batch_size = algo.batch_size
     model.train()  # gradient checkpointing acts only in train mode; dropout is off (models/lora.py)

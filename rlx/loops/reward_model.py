@@ -20,13 +20,11 @@ import time
 import torch
 
 from rlx.algorithms.preference import bradley_terry_loss
-from rlx.checkpoint import Checkpointer
 from rlx.config import UserError
 from rlx.data.preferences import load_prepared_pairs
 from rlx.data.tasks import PromptStream
 from rlx.loops.common import (
-    Components,
-    build_optimizer,
+    Parts,
     end_step,
     eval_due,
     evaluate_at_start,
@@ -34,7 +32,6 @@ from rlx.loops.common import (
 )
 from rlx.parallel import backward, global_sum, shard
 from rlx.rewards.model import forward_scores
-from rlx.run import MetricsLog
 
 log = logging.getLogger("rlx")
 
@@ -54,20 +51,17 @@ def pair_scores(model, pairs: list[dict], pad_id: int) -> tuple[torch.Tensor, to
     return scores[: len(pairs)], scores[len(pairs) :]
 
 
-def train_reward_model(cfg, parts: Components) -> dict:
+def train_reward_model(cfg, parts: Parts) -> dict:
     algo = cfg.algorithm
-    acc, tokenizer, run_dir = parts.accelerator, parts.tokenizer, parts.run_dir
+    acc, tokenizer = parts.accelerator, parts.tokenizer
     pad_id, micro = tokenizer.pad_token_id, cfg.micro_batch_size
     train_pairs, eval_pairs, data_counts = load_prepared_pairs(cfg, tokenizer)
     if algo.use_margin and not any("margin" in p for p in train_pairs):
         raise UserError("algorithm.use_margin=true but the pairs have no margin; set data.pairs.columns.margin=COLUMN")
-    optimizer, scheduler = build_optimizer(parts.model, cfg.optim, cfg.steps)
-    # the scheduler prepared too: under DeepSpeed the engine steps it (and saves it in checkpoints)
-    model, optimizer, scheduler = acc.prepare(parts.model, optimizer, scheduler)
+    model, optimizer, scheduler = parts.model, parts.optimizer, parts.scheduler
     stream = PromptStream(train_pairs, cfg.seed)
-    checkpointer = Checkpointer.from_config(cfg, acc, run_dir)
-    start_step = checkpointer.restore(data=stream)
-    metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
+    checkpointer, metrics_log = parts.checkpointer, parts.metrics_log
+    start_step = checkpointer.restore(**parts.checkpointed, data=stream)
 
     def margins(pairs: list[dict], device) -> torch.Tensor | None:
         if not algo.use_margin:
@@ -91,7 +85,7 @@ def train_reward_model(cfg, parts: Components) -> dict:
         n = max(1, len(eval_pairs))
         return {"eval/pref_accuracy": correct / n, "eval/rm_margin": diff_sum / n, "eval/rm_loss": loss_sum / n}
 
-    last_eval = evaluate_at_start(cfg, acc, start_step, metrics_log, run_eval, data_counts) if eval_pairs else {}
+    last_eval = evaluate_at_start(cfg.eval.at_start, start_step, metrics_log, run_eval, data_counts) if eval_pairs else {}
 
     batch_size = algo.batch_size
     model.train()  # gradient checkpointing acts only in train mode; dropout is off (models/lora.py)

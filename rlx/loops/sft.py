@@ -12,11 +12,9 @@ import time
 
 import torch
 
-from rlx.checkpoint import Checkpointer
 from rlx.data.tasks import PromptStream
 from rlx.loops.common import (
-    Components,
-    build_optimizer,
+    Parts,
     end_step,
     eval_due,
     eval_settings,
@@ -27,7 +25,7 @@ from rlx.loops.common import (
 )
 from rlx.models.forward import completion_logprobs
 from rlx.parallel import backward, global_sum, shard
-from rlx.run import MetricsLog, write_samples
+from rlx.run import write_samples
 
 log = logging.getLogger("rlx")
 
@@ -46,15 +44,12 @@ def tokenize_pairs(tokenizer, prompts: list[str], completions: list[str]):
     return enc["input_ids"], enc["attention_mask"], completion_ids, completion_mask
 
 
-def train_sft(cfg, parts: Components) -> dict:
+def train_sft(cfg, parts: Parts) -> dict:
     acc, tokenizer, run_dir = parts.accelerator, parts.tokenizer, parts.run_dir
-    optimizer, scheduler = build_optimizer(parts.model, cfg.optim, cfg.steps)
-    # the scheduler prepared too: under DeepSpeed the engine steps it (and saves it in checkpoints)
-    model, optimizer, scheduler = acc.prepare(parts.model, optimizer, scheduler)
+    model, optimizer, scheduler = parts.model, parts.optimizer, parts.scheduler
     stream = PromptStream(parts.train_rows, cfg.seed)
-    checkpointer = Checkpointer.from_config(cfg, acc, run_dir)
-    start_step = checkpointer.restore(data=stream)
-    metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
+    checkpointer, metrics_log = parts.checkpointer, parts.metrics_log
+    start_step = checkpointer.restore(**parts.checkpointed, data=stream)
     eval_kwargs = eval_settings(cfg)
     eval_rows = parts.eval_rows[: cfg.eval.size]
 
@@ -64,7 +59,7 @@ def train_sft(cfg, parts: Components) -> dict:
             write_samples(run_dir, step, records[: cfg.log.num_samples])
         return metrics
 
-    last_eval = evaluate_at_start(cfg, acc, start_step, metrics_log, run_eval)
+    last_eval = evaluate_at_start(cfg.eval.at_start, start_step, metrics_log, run_eval)
 
     batch_size, micro = cfg.algorithm.batch_size, cfg.micro_batch_size
     model.train()  # gradient checkpointing acts only in train mode; dropout is off (models/lora.py)

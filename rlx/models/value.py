@@ -70,3 +70,10 @@ def build_value_model(policy, path: str | None = None, dtype: str = "float32", t
         hidden_size = backbone.config.hidden_size
     backbone.requires_grad_(True)
     return ValueModel(backbone, hidden_size).train()
+
+
+def value_learning_rate(value_lr: float | None, ratio: float, policy_lr: float) -> float:
+    """The critic's AdamW learning rate: algorithm.value_lr when set, else ratio x optim.lr, so the critic
+    follows the model preset's learning rate (tiny model 1e-4 -> 5e-4; real-model presets 1e-6 -> 5e-6 at
+    the default ratio 5; verl's and OpenRLHF's PPO examples run the critic 10-20x the actor's rate)."""
+    return float(value_lr) if value_lr is not None else float(ratio) * float(policy_lr)

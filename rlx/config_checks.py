@@ -1,0 +1,324 @@
+"""Cross-field rules of `rlx train` configs, in one place: combinations of knobs that make no sense
+stop the run before any work with one line naming the settings and the fix (rlx.config.UserError).
+Each knob's own type and range is declared once in rlx/config_schema.py (check_knobs, run first);
+the rules here compare knobs. `check_run` is the front door train.py calls; which rules a family
+adds is the FAMILY_CHECKS registry."""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import DictConfig
+
+from rlx.config import UserError
+from rlx.config_schema import check_knobs
+
+
+def check_run(cfg: DictConfig) -> None:
+    """Every rule of a training run, in order: knobs, family, batch split, engine, device, sharding."""
+    from rlx.launch import world_size
+
+    check_settings(cfg)
+    check_batch(cfg, world_size(cfg.hardware))
+    check_strategy(cfg.hardware)
+    check_device(cfg.hardware)
+    check_sharded_settings(cfg)
+
+
+def check_settings(cfg: DictConfig) -> None:
+    """Combinations that make no sense stop the run before any work, naming the settings."""
+    from rlx.train import FAMILIES
+
+    check_knobs(cfg)  # every knob's type and range first: the rules below compare them
+    family = cfg.algorithm.family
+    if family not in FAMILIES:
+        raise UserError(f"unknown algorithm.family '{family}'; valid choices: {', '.join(FAMILIES)}")
+    if cfg.steps < 1:
+        raise UserError(f"steps={cfg.steps} must be at least 1")
+    if cfg.micro_batch_size < 1:
+        raise UserError(f"micro_batch_size={cfg.micro_batch_size} must be at least 1")
+    for check in FAMILY_CHECKS[family]:
+        check(cfg)
+    for name, spec in cfg.reward.components.items():
+        if spec.get("_target_") == "rlx.rewards.model.model_reward" and not spec.get("path"):
+            raise UserError(f"reward component '{name}' needs a reward model: set reward.components.{name}.path=PATH "
+                            f"(an rlx reward-model run directory, a save_pretrained folder or a hub id; a list is an ensemble)")
+
+
+def check_rollout_batch(cfg: DictConfig) -> None:
+    """The rollout batch of the policy-gradient and PPO families: sizes and its split into mini-batches."""
+    algo = cfg.algorithm
+    if cfg.rollout.samples_per_prompt < 1 or cfg.prompts_per_step < 1:
+        raise UserError("rollout.samples_per_prompt and prompts_per_step must be at least 1")
+    if algo.clip_low < 0 or algo.clip_high < 0:
+        raise UserError(f"algorithm.clip_low={algo.clip_low} and clip_high={algo.clip_high} must be >= 0")
+    batch = cfg.prompts_per_step * (cfg.rollout.samples_per_prompt + (algo.advantage == "median"))
+    if algo.mini_batches < 1 or batch % algo.mini_batches:
+        raise UserError(
+            f"algorithm.mini_batches={algo.mini_batches} must divide the rollout batch "
+            f"prompts_per_step x rollout.samples_per_prompt = {batch}"
+        )
+
+
+def check_agent_sft_settings(cfg: DictConfig) -> None:
+    """Imitation in an environment: the environment must exist and build."""
+    if cfg.get("env") is None:
+        raise UserError("algorithm=agent_sft imitates demonstrations in an environment: add env=grid (or corridor, ...)")
+    from rlx.envs import EnvError, env_factory
+
+    try:
+        env_factory(cfg.env.name, cfg.env.get("target"), cfg.env.get("kwargs"))
+    except EnvError as exc:
+        raise UserError(str(exc)) from None
+
+
+def check_preference_settings(cfg: DictConfig) -> None:
+    """Preference data present, and the loss settings valid for the chosen loss_type."""
+    algo = cfg.algorithm
+    if cfg.data.get("pairs") is None:
+        raise UserError(f"algorithm={algo.name} trains on preference pairs; add data=prefs (the embedded chain_sum pairs) "
+                        f"or data=prefs_file data.pairs.path=FILE or data=prefs_hub data.pairs.id=ORG/NAME")
+    if algo.batch_size < 1:
+        raise UserError(f"algorithm.batch_size={algo.batch_size} must be at least 1")
+    if algo.family == "preference":
+        from rlx.algorithms.preference import REFERENCE_FREE, preference_loss
+
+        if algo.reference not in ("precompute", "model"):
+            raise UserError(f"unknown algorithm.reference '{algo.reference}'; valid choices: precompute, model")
+        one = torch.zeros(1)
+        ref = None if algo.loss_type in REFERENCE_FREE else one
+        try:  # the loss validates its own arguments; run it once on a dummy pair
+            preference_loss(-one, -one, ref, ref, loss_type=algo.loss_type, beta=algo.beta, label_smoothing=algo.label_smoothing,
+                            gamma=algo.gamma, chosen_lengths=one + 1, rejected_lengths=one + 1,
+                            length_normalize=algo.length_normalize)
+        except ValueError as exc:
+            raise UserError(f"algorithm settings: {exc}") from None
+
+
+def check_one_process(cfg: DictConfig) -> None:
+    """The agent SFT loop imitates demonstrations in one process."""
+    from rlx.launch import world_size
+
+    if world_size(cfg.hardware) > 1:
+        raise UserError(f"algorithm.family={cfg.algorithm.family} runs in one process; use hardware=cpu or hardware=gpu")
+
+
+def check_agent_settings(cfg: DictConfig) -> None:
+    """The multi-turn loop (rlx/loops/agent.py) needs an environment and a known credit estimator."""
+    from rlx.algorithms.gigpo import CREDIT, SCALES
+
+    algo, env = cfg.algorithm, cfg.get("env")
+    if env is None:
+        raise UserError(f"algorithm={algo.name} plays an environment: add env=grid (or guess_number, corridor, tool_use, "
+                        f"custom env.target=my_module.MyEnv)")
+    from rlx.envs import EnvError, env_factory
+
+    try:  # builds one environment: a wrong name, target or kwargs stops here, before any model is loaded
+        env_factory(env.name, env.get("target"), env.get("kwargs"))
+    except EnvError as exc:
+        raise UserError(str(exc)) from None
+    if cfg.rollout.backend != "hf":
+        raise UserError(f"rollout={cfg.rollout.backend} is not wired into the agent loop yet (it plays episodes with the "
+                        f"policy itself); use rollout=hf (rlx eval env= does run through rollout=vllm)")
+    if algo.credit not in CREDIT:
+        raise UserError(f"unknown algorithm.credit '{algo.credit}'; valid choices: {', '.join(CREDIT)}")
+    if algo.scale not in SCALES:
+        raise UserError(f"algorithm.scale={algo.scale} is not available to the agent loop; valid choices: {', '.join(SCALES)}")
+    if cfg.rollout.samples_per_prompt < 2 or cfg.prompts_per_step < 1:
+        raise UserError(f"algorithm.family=agent compares the episodes of a task: rollout.samples_per_prompt="
+                        f"{cfg.rollout.samples_per_prompt} must be at least 2 (and prompts_per_step at least 1)")
+    if algo.clip_high < algo.clip_low or algo.clip_low < 0:
+        raise UserError(f"algorithm.clip_low={algo.clip_low} must be >= 0 and clip_high={algo.clip_high} >= clip_low")
+    if algo.mini_batches < 1 or (cfg.prompts_per_step * cfg.rollout.samples_per_prompt) % algo.mini_batches:
+        raise UserError(f"algorithm.mini_batches={algo.mini_batches} must divide prompts_per_step x rollout.samples_per_prompt")
+    if env.max_turns < 1 or env.max_new_tokens < 1 or env.max_total_tokens < 2:
+        raise UserError("env.max_turns, env.max_new_tokens and env.max_total_tokens must be at least 1")
+    if not 0 <= algo.gamma <= 1:
+        raise UserError(f"algorithm.gamma={algo.gamma} must be in [0, 1]")
+
+
+def check_policy_gradient_settings(cfg: DictConfig) -> None:
+    """Conflicting knobs of the policy-gradient and PPO families (see conf/algorithm/grpo.yaml)."""
+    from rlx.algorithms.advantages import ESTIMATORS, GROUP_BASELINES, SCALES
+    from rlx.algorithms.kl import KL_ESTIMATORS, KL_PLACEMENTS
+    from rlx.algorithms.losses import LOSS_AGGREGATIONS, RATIO_LEVELS
+
+    algo, family, samples = cfg.algorithm, cfg.algorithm.family, cfg.rollout.samples_per_prompt
+    for key, value, valid in (("advantage", algo.advantage, ESTIMATORS), ("scale", algo.scale, SCALES),
+                              ("loss_agg", algo.loss_agg, LOSS_AGGREGATIONS), ("ratio_level", algo.ratio_level, RATIO_LEVELS),
+                              ("kl_estimator", algo.kl_estimator, KL_ESTIMATORS), ("kl_in", algo.kl_in, KL_PLACEMENTS)):
+        if value not in valid:
+            raise UserError(f"unknown algorithm.{key} '{value}'; valid choices: {', '.join(valid)}")
+    if algo.advantage == "gae" and family != "ppo":
+        raise UserError("algorithm.advantage=gae needs a value model: use algorithm=ppo (algorithm.family=ppo)")
+    if family == "ppo" and algo.advantage != "gae":
+        raise UserError(f"algorithm.family=ppo trains a critic for algorithm.advantage=gae, got '{algo.advantage}'")
+    if algo.advantage in GROUP_BASELINES and algo.advantage != "median" and samples < 2:
+        raise UserError(f"algorithm.advantage={algo.advantage} compares samples of a prompt: "
+                        f"rollout.samples_per_prompt={samples} must be at least 2")
+    if algo.advantage == "median" and (samples < 2 or samples % 2):
+        raise UserError(f"algorithm.advantage=median samples G+1 completions so that the median is one of them: "
+                        f"rollout.samples_per_prompt={samples} must be even and at least 2")
+    if cfg.rollout.temperature <= 0:
+        raise UserError(f"rollout.temperature={cfg.rollout.temperature} must be > 0: training samples the completions "
+                        f"it scores (greedy decoding gives every sample of a group the same completion)")
+    if algo.clip_high < algo.clip_low:
+        raise UserError(f"algorithm.clip_high={algo.clip_high} is below algorithm.clip_low={algo.clip_low}; "
+                        f"clip-higher needs clip_high >= clip_low")
+    if algo.dual_clip is not None and algo.dual_clip <= 1:
+        raise UserError(f"algorithm.dual_clip={algo.dual_clip} must be > 1 (or null to turn it off)")
+    if not 0 < algo.forking_rho <= 1:
+        raise UserError(f"algorithm.forking_rho={algo.forking_rho} must be in (0, 1]")
+    if algo.kl_coef < 0 or algo.entropy_coef < 0:
+        raise UserError("algorithm.kl_coef and algorithm.entropy_coef must be >= 0")
+    if algo.kl_in == "reward" and algo.kl_estimator != "k1":
+        raise UserError(f"algorithm.kl_in=reward uses the k1 estimator; set algorithm.kl_estimator=k1 "
+                        f"(got {algo.kl_estimator})")
+    if algo.kl_coef == 0 and (algo.kl_target is not None or algo.ref_reset_every):
+        raise UserError("algorithm.kl_target / algorithm.ref_reset_every need a reference: set algorithm.kl_coef > 0")
+    if algo.ref_reset_every and cfg.model.lora.enabled:
+        raise UserError("algorithm.ref_reset_every copies the policy into the reference, but under LoRA the reference is "
+                        "the base with the adapter off; set algorithm.ref_reset_every=0 or model.lora.enabled=false")
+    if algo.kl_target is not None and algo.kl_target <= 0:
+        raise UserError(f"algorithm.kl_target={algo.kl_target} must be > 0 (or null for a fixed kl_coef)")
+    if algo.dynamic_sampling and algo.advantage not in GROUP_BASELINES:
+        raise UserError(f"algorithm.dynamic_sampling drops groups with tied rewards, which only carry no signal "
+                        f"under a group baseline; algorithm.advantage={algo.advantage} is not one")
+    if algo.dynamic_sampling and algo.max_sample_batches < 1:
+        raise UserError(f"algorithm.max_sample_batches={algo.max_sample_batches} must be at least 1")
+    if algo.overlong_buffer < 0 or algo.overlong_buffer > cfg.rollout.max_new_tokens:
+        raise UserError(f"algorithm.overlong_buffer={algo.overlong_buffer} must be in 0..rollout.max_new_tokens="
+                        f"{cfg.rollout.max_new_tokens}")
+    if algo.positive_weight < 0 or algo.negative_weight < 0:
+        raise UserError("algorithm.positive_weight and algorithm.negative_weight must be >= 0")
+    if family == "ppo" and cfg.rollout.get("tis_cap") is not None:
+        raise UserError("rollout.tis_cap (truncated importance sampling) is implemented for the policy-gradient "
+                        "family (GRPO, RLOO, ...), not PPO; unset it")
+    if family == "ppo" and not (0 <= algo.gamma <= 1 and 0 <= algo.lam <= 1):
+        raise UserError(f"algorithm.gamma={algo.gamma} and algorithm.lam={algo.lam} must be in [0, 1]")
+
+
+def check_sharded_settings(cfg: DictConfig) -> None:
+    """What the sharded engines do not run (yet), stopped before any work."""
+    hw = cfg.hardware
+    engine = {"fsdp": "FSDP", "deepspeed": "DeepSpeed"}.get(hw.get("distributed"))
+    if engine is not None:  # what neither sharded engine runs
+        if cfg.algorithm.family in ("agent", "agent_sft"):
+            raise UserError(f"algorithm={cfg.algorithm.name} plays episodes whose turn counts differ between processes, "
+                            f"which {engine}'s collective forward passes do not allow yet; use hardware=ddp")
+        if cfg.algorithm.family == "ppo":
+            why = "Accelerate's FSDP2 prepares one" if engine == "FSDP" else "which rlx does not prepare under DeepSpeed"
+            raise UserError(f"algorithm=ppo trains two models (policy and critic), {why}; use hardware=ddp or a "
+                            f"critic-free algorithm (grpo, rloo, ...)")
+        if cfg.rollout.backend != "hf":
+            raise UserError(f"rollout=vllm reads the full policy weights after each update, not run under {engine} yet; "
+                            f"use rollout=hf or hardware=ddp")
+    if hw.get("distributed") == "fsdp":
+        if cfg.model.dtype in ("bfloat16", "float16") and hw.mixed_precision == "no":
+            raise UserError(f"hardware=fsdp with model.dtype={cfg.model.dtype} and hardware.mixed_precision=no would step "
+                            f"{cfg.model.dtype} weights without fp32 master copies; set hardware.mixed_precision=bf16 "
+                            f"(FSDP2 then trains fp32 masters and computes in bf16) or model.dtype=float32")
+        if cfg.model.lora.enabled and cfg.model.lora.save_merged:
+            raise UserError("model.lora.save_merged=true merges a copy of the policy, not done between FSDP shards; "
+                            "set model.lora.save_merged=false (final/ holds the adapter) or use hardware=ddp")
+    if hw.get("distributed") != "deepspeed":
+        return
+    if hw.deepspeed.zero_stage == 3 and cfg.algorithm.get("ref_reset_every"):
+        raise UserError("algorithm.ref_reset_every copies the policy into the reference, not done between ZeRO-3 shards; "
+                        "set algorithm.ref_reset_every=0 or hardware=deepspeed_zero2")
+    lora = cfg.model.get("lora")
+    if (hw.deepspeed.zero_stage == 3 and hw.deepspeed.zero3_init_flag and cfg.algorithm.get("kl_coef", 0) > 0
+            and not (lora is not None and lora.enabled)):
+        raise UserError("hardware.deepspeed.zero3_init_flag=true loads the policy already partitioned, so the KL reference "
+                        "cannot be copied from it; set hardware.deepspeed.zero3_init_flag=false or use model.lora.enabled=true")
+
+
+def check_batch(cfg, processes: int) -> int:
+    """The global batch must split evenly over processes, micro-batches and accumulation steps.
+    Returns the per-process batch of one optimizer step. With advantage=median each prompt has G + 1
+    samples (the pivot too), so the rollout batch is prompts_per_step x (G + 1)."""
+    hw = cfg.hardware
+    if processes > 1 and cfg.algorithm.get("dynamic_sampling"):
+        raise UserError("algorithm.dynamic_sampling runs on one process for now; set algorithm.dynamic_sampling=false "
+                        "or hardware.num_processes=1")
+    if cfg.algorithm.family in ("policy_gradient", "ppo", "agent"):  # agent: tasks x episodes per task
+        prompts = cfg.prompts_per_step
+        group = cfg.rollout.samples_per_prompt + (cfg.algorithm.get("advantage") == "median")
+        if prompts % processes:
+            raise UserError(
+                f"prompts_per_step={prompts} does not split over {processes} processes "
+                f"(hardware.num_processes x num_machines); make prompts_per_step a multiple of {processes}"
+            )
+        local = prompts // processes * group
+        mini_batches = cfg.algorithm.get("mini_batches", 1)
+        if local % mini_batches:
+            raise UserError(
+                f"each process holds prompts_per_step/processes x samples per prompt = {local} samples, which "
+                f"algorithm.mini_batches={mini_batches} does not divide; change prompts_per_step or mini_batches"
+            )
+        local_step = local // mini_batches
+        what = "prompts_per_step/processes x samples per prompt / algorithm.mini_batches"
+    else:
+        batch = cfg.algorithm.get("batch_size", cfg.prompts_per_step)
+        if batch % processes:
+            raise UserError(
+                f"algorithm.batch_size={batch} does not split over {processes} processes; "
+                f"make it a multiple of {processes}"
+            )
+        local_step = batch // processes
+        what = "algorithm.batch_size / processes"
+    accumulation = hw.get("gradient_accumulation_steps")
+    if cfg.get("micro_batch_tokens") is not None and hw.get("distributed") == "deepspeed":
+        raise UserError("micro_batch_tokens varies the micro-batch count per step, which DeepSpeed's engine fixes; "
+                        "set micro_batch_tokens=null (use micro_batch_size) or another hardware strategy")
+    if accumulation is not None and local_step != accumulation * cfg.micro_batch_size:
+        raise UserError(
+            f"hardware.gradient_accumulation_steps={accumulation} x micro_batch_size={cfg.micro_batch_size} must equal "
+            f"the per-process batch of one optimizer step ({what} = {local_step}); change one of them, "
+            f"or set hardware.gradient_accumulation_steps=null to derive it"
+        )
+    return local_step
+
+
+def check_strategy(hardware) -> None:
+    """Sharded engines that could not start inside the workers: stop first with the fix. FSDP runs on
+    GPUs, and on the CPU with hardware.cpu=true (gloo; rlx forces Accelerate's FSDP2 path there)."""
+    import importlib.util
+
+    import torch
+
+    strategy = hardware.get("distributed", "no")
+    if strategy == "fsdp" and not hardware.get("cpu") and not torch.cuda.is_available():
+        raise UserError("hardware=fsdp without a GPU needs hardware.cpu=true (FSDP2 then runs on CPU processes with gloo); "
+                        "add hardware.cpu=true hardware.mixed_precision=no")
+    if strategy == "deepspeed":
+        if importlib.util.find_spec("deepspeed") is None:
+            raise UserError("hardware=deepspeed_zero2/3 needs DeepSpeed: pip install 'rlx[deepspeed]'")
+        if hardware.get("cpu"):
+            raise UserError("hardware.distributed=deepspeed ignores hardware.cpu=true (Accelerate then drops DeepSpeed); "
+                            "set hardware.cpu=false: without a GPU DeepSpeed runs on the CPU with gloo")
+
+
+def check_device(hardware) -> None:
+    """A GPU option (hardware.cpu false) on a machine where torch sees no GPU: stop with the alternative
+    instead of failing later (bf16 autocast on the CPU) or quietly running on the CPU. DeepSpeed is the
+    exception: it needs hardware.cpu=false and runs on the CPU through its own CPU accelerator (gloo)."""
+    import torch
+
+    if hardware.get("distributed") == "deepspeed":  # runs on the CPU too (DS_ACCELERATOR=cpu, gloo)
+        return
+    if not hardware.get("cpu", True) and not torch.cuda.is_available():
+        raise UserError(f"hardware={hardware.get('name', 'gpu')} needs a GPU and torch sees none "
+                        f"(torch {torch.__version__}, cuda available: False); use hardware=cpu, or hardware.cpu=true "
+                        f"to keep the other settings on the CPU")
+
+
+# algorithm.family -> the cross-field rules of its knobs, run in order after the common ones
+FAMILY_CHECKS = {
+    "policy_gradient": (check_policy_gradient_settings, check_rollout_batch),
+    "ppo": (check_policy_gradient_settings, check_rollout_batch),
+    "agent": (check_agent_settings,),  # data-parallel like the policy-gradient loop (hardware=ddp)
+    "agent_sft": (check_agent_sft_settings, check_one_process),
+    "sft": (),
+    "preference": (check_preference_settings,),
+    "reward_model": (check_preference_settings,),
+}
