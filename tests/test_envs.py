@@ -6,6 +6,7 @@ import pytest
 
 from rlx.envs import ENVIRONMENTS, EnvError, env_factory
 from rlx.envs.builtin import Corridor, Grid, GuessNumber
+from rlx.envs.mixture import Mixture
 from rlx.envs.tools import ToolUse, calculate
 
 
@@ -76,6 +77,21 @@ def test_grid_map_is_seeded_and_solvable_and_holes_end_the_episode():
                 assert terminated and reward == 0.0 and info["anchor"] == target
                 return
     pytest.fail("no map with a hole next to the start in 50 seeds")
+
+
+def test_grid_map_has_one_token_per_cell():
+    """Cells are space-separated, so the tiny tokenizer gives every map the same token layout (with
+    "..G" it merged ".." into one token and a cell's offset depended on its neighbours)."""
+    from transformers import AutoTokenizer
+
+    from rlx.config import ASSETS_DIR
+
+    env = Grid(size=3, holes=2)
+    obs = env.reset(seed=11)[0]
+    assert obs.split("\n")[env.position[0]].split(" ")[env.position[1]] == "P"
+    tokenizer = AutoTokenizer.from_pretrained(ASSETS_DIR / "tiny_agent")
+    lengths = {len(tokenizer(Grid().reset(seed=s)[0], add_special_tokens=False)["input_ids"]) for s in range(30)}
+    assert lengths == {17}  # 9 cells + 6 spaces + 2 newlines
 
 
 def test_grid_invalid_action_and_truncation():
@@ -152,3 +168,20 @@ def test_env_factory_builtin_custom_and_errors(monkeypatch):
                           (("grid", None, {"bogus": 1}), "cannot be built")):
         with pytest.raises(EnvError, match=message):
             env_factory(*args)
+
+
+def test_mixture_seed_picks_environment_and_task():
+    """seed % 3 picks the environment, seed // 3 its task: a group (same seed) plays one task, consecutive
+    seeds cycle through the environments, and the expert moves are the picked environment's."""
+    mix = Mixture({"corridor": {}, "grid": {}, "tool_use": {}})
+    for seed, cls in ((30, Corridor), (31, Grid), (32, ToolUse)):
+        obs, info = mix.reset(seed=seed)
+        alone = cls()
+        assert obs == alone.reset(seed=seed // 3)[0]
+        assert info["anchor"][0] == mix.names[seed % 3]
+        assert mix.expert_action() == alone.expert_action()
+        action = alone.expert_action()
+        assert mix.step(action)[:4] == alone.step(action)[:4]
+    assert mix.reset(seed=31)[0] == Mixture().reset(seed=31)[0]  # the default mixture is the same three
+    with pytest.raises(EnvError, match="cannot be built"):
+        env_factory("mixture", kwargs={"envs": {"nope": {}}})

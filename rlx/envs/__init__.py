@@ -15,9 +15,11 @@ from __future__ import annotations
 import importlib
 
 from rlx.envs.builtin import Corridor, Grid, GuessNumber
+from rlx.envs.mixture import Mixture
 from rlx.envs.tools import ToolUse
 
-ENVIRONMENTS = {"guess_number": GuessNumber, "grid": Grid, "corridor": Corridor, "tool_use": ToolUse}
+ENVIRONMENTS = {"guess_number": GuessNumber, "grid": Grid, "corridor": Corridor, "tool_use": ToolUse,
+                "mixture": Mixture}
 
 
 class EnvError(ValueError):

@@ -62,7 +62,7 @@ class Grid:
     without stepping into a hole H, with actions L, D, R, U (one letter).
 
     The map is drawn from the seed with a path from S to G guaranteed; the observation is the map
-    with the agent shown as P, one row per line. Reward 1 at the goal; a hole ends the episode with 0;
+    with the agent shown as P, one row per line, cells separated by spaces. Reward 1 at the goal; a hole ends the episode with 0;
     a move into the wall keeps the position (valid); any other answer is an invalid action. The
     episode is truncated after max_steps moves. Anchor: the agent's position (the map is fixed by the
     seed, so identical states recur across the episodes of a group)."""
@@ -82,15 +82,12 @@ class Grid:
         return self._render(), {"anchor": self.position}
 
     def _render(self) -> str:
-        rows = []
-        for r in range(self.size):
-            row = ""
-            for c in range(self.size):
-                cell = (r, c)
-                row += ("P" if cell == self.position else "G" if cell == self.goal else
-                        "H" if cell in self.hole_cells else ".")
-            rows.append(row)
-        return "\n".join(rows)
+        """One row per line, cells separated by spaces ("P . G"): each cell is its own token (a
+        tokenizer merges ".." into one), so a cell sits at the same token offset on every map."""
+        def cell(r, c):
+            return ("P" if (r, c) == self.position else "G" if (r, c) == self.goal else
+                    "H" if (r, c) in self.hole_cells else ".")
+        return "\n".join(" ".join(cell(r, c) for c in range(self.size)) for r in range(self.size))
 
     def step(self, action: str):
         self.steps += 1
