@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import time
-from functools import partial
 
 import torch
 from omegaconf import OmegaConf
@@ -57,7 +56,7 @@ from rlx.models.lora import place_reference, reference_model
 from rlx.models.value import build_value_model
 from rlx.parallel import backward, gather, gather_padded, global_mean, global_sum
 from rlx.rollout.batch import sample_batch, sample_records
-from rlx.rollout.hf import generate
+from rlx.rollout.generator import HFGenerator
 from rlx.rollout.vllm import build_engine
 from rlx.run import MetricsLog, write_samples
 
@@ -118,8 +117,10 @@ def train_ppo(cfg, parts: Components) -> dict:
         step_start = time.perf_counter()
         reference_reset.maybe_reset(step, acc.unwrap_model(model))
         # 1. rollout and rewards (this process's shard of the global batch)
-        sample = engine.generate if engine is not None else partial(generate, acc.unwrap_model(model), tokenizer)
-        batch = sample_batch(sample, tokenizer, stream, cfg, train_rewards, group_size,
+        generator = engine if engine is not None else HFGenerator(  # the policy itself samples (rollout=hf)
+            acc.unwrap_model(model), tokenizer, temperature=roll.temperature, top_p=roll.top_p, top_k=roll.top_k,
+            batch_size=roll.batch_size, logprobs=False)
+        batch = sample_batch(generator, tokenizer, stream, cfg, train_rewards, group_size,
                              algo.dynamic_sampling, algo.max_sample_batches, step, acc)
         rollout, rewards, local = batch.rollout, batch.rewards, batch.local  # rewards: (N,) global
         generation_time = time.perf_counter() - step_start
