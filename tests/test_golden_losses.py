@@ -124,7 +124,7 @@ def test_policy_gradient_loss_matches_the_formula(tmp_path, monkeypatch, case):
             return logp, entropy
         return logp + offsets(tuple(logp.shape)).to(logp.dtype), entropy  # the policy that sampled: pi + offset
 
-    monkeypatch.setattr(policy_gradient, "generate", sampler)
+    monkeypatch.setattr(policy_gradient, "HFGenerator", sampler)
     monkeypatch.setattr(policy_gradient, "reference_model", lambda policy: reference)
     monkeypatch.setattr(policy_gradient, "batched_logprobs", sampling_policy_logprobs)
     cfg = loop_config(*RL, *overrides)
@@ -189,8 +189,8 @@ def test_ppo_policy_and_value_losses_match_the_formulas(tmp_path, monkeypatch):
         built.append(value_model)
         return value_model
 
-    monkeypatch.setattr(policy_gradient, "generate", sampler)
-    monkeypatch.setattr(ppo, "generate", sampler)
+    monkeypatch.setattr(policy_gradient, "HFGenerator", sampler)
+    monkeypatch.setattr(ppo, "HFGenerator", sampler)
     monkeypatch.setattr(ppo, "build_value_model", critic)
     monkeypatch.setattr(ppo, "batched_logprobs",
                         lambda net, rollout, micro, with_entropy=False, temperature=1.0: (
