@@ -118,9 +118,6 @@ def check_agent_settings(cfg: DictConfig) -> None:
         env_factory(env.name, env.get("target"), env.get("kwargs"))
     except EnvError as exc:
         raise UserError(str(exc)) from None
-    if cfg.rollout.backend != "hf":
-        raise UserError(f"rollout={cfg.rollout.backend} is not wired into the agent loop yet (it plays episodes with the "
-                        f"policy itself); use rollout=hf (rlx eval env= does run through rollout=vllm)")
     if algo.credit not in CREDIT:
         raise UserError(f"unknown algorithm.credit '{algo.credit}'; valid choices: {', '.join(CREDIT)}")
     if algo.scale not in SCALES:

@@ -35,6 +35,7 @@ from accelerate.utils import gather_object
 from rlx.algorithms.gigpo import CREDIT, invalid_action_penalty
 from rlx.algorithms.kl import penalized_token_loss
 from rlx.algorithms.losses import aggregate, clipped_surrogate
+from rlx.algorithms.offpolicy import logprob_gap
 from rlx.checkpoint import Checkpointer, GeneratorState
 from rlx.config import UserError
 from rlx.envs import EnvError, env_factory
@@ -49,11 +50,12 @@ from rlx.loops.common import (
 )
 from rlx.models.forward import completion_logprobs
 from rlx.models.lora import place_reference, reference_model
-from rlx.parallel import backward, gather_padded, global_mean, global_sum, shard
+from rlx.parallel import backward, gather, gather_padded, global_mean, global_sum, shard
 from rlx.rollout.env import EVAL_SEED_BASE, train_env_seed
 from rlx.rollout.generator import HFGenerator
 from rlx.rollout.sampling import sample_seed
 from rlx.rollout.types import Episode, RolloutBatch
+from rlx.rollout.vllm import build_engine
 from rlx.run import MetricsLog, write_samples
 
 log = logging.getLogger("rlx")
@@ -101,6 +103,7 @@ def train_agent(cfg, parts: Components) -> dict:
     updates_per_step = algo.epochs * algo.mini_batches
     optimizer, scheduler = build_optimizer(parts.model, cfg.optim, cfg.steps * updates_per_step)
     reference = reference_model(parts.model) if algo.kl_coef > 0 else None
+    engine = build_engine(roll, parts.model, tokenizer, cfg.seed)  # None: the policy plays itself (rollout=hf)
     model, optimizer = acc.prepare(parts.model, optimizer)
     reference = place_reference(reference, acc)  # on the policy's device, as in the other loops
     shuffle = torch.Generator().manual_seed(cfg.seed)
@@ -109,6 +112,8 @@ def train_agent(cfg, parts: Components) -> dict:
     metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
 
     def generator_for(policy):
+        if engine is not None:  # rollout=vllm: the engine holds the policy's weights (synced after each update)
+            return engine
         return HFGenerator(policy, tokenizer, temperature=roll.temperature, top_p=roll.top_p, top_k=roll.top_k,
                            batch_size=roll.batch_size)
 
@@ -132,6 +137,8 @@ def train_agent(cfg, parts: Components) -> dict:
         episodes = play(generator_for(acc.unwrap_model(model)), tokenizer, factory, env_cfg, env_seeds, sample_seeds,
                         greedy=False, use_chat_template=cfg.model.chat_template)
         generation_time = time.perf_counter() - step_start
+        if engine is not None:
+            engine.sleep()  # rollout.sleep_level: the engine's memory is given back for the update
         batch = RolloutBatch.from_episodes(episodes, tokenizer.pad_token_id)
         # 2-3. rewards and per-step advantages over the global batch -> this process's per-token advantages (n, C)
         all_episodes = gather_object(episodes)  # every process's episodes, in global order
@@ -156,9 +163,10 @@ def train_agent(cfg, parts: Components) -> dict:
         old_logp = batch.sampler_logprobs if updates_per_step > 1 else None
         num = len(episodes)
         stats = {"loss": 0.0, "kl": [], "entropy": [], "clip": [], "grad_norm": []}
-        for _epoch in range(algo.epochs):
+        gap = {"sum": 0.0, "max": 0.0, "count": 0}  # rollout=vllm: engine vs trainer log-probs before the first update
+        for epoch in range(algo.epochs):
             order = torch.randperm(num, generator=shuffle) if updates_per_step > 1 else torch.arange(num)
-            for mini in order.chunk(algo.mini_batches):
+            for mini_index, mini in enumerate(order.chunk(algo.mini_batches)):
                 mini_tokens = global_sum(acc, float(loss_mask[mini].sum()))  # normalisers: the whole mini-batch
                 mini_seqs = global_sum(acc, float((loss_mask[mini].sum(dim=1) > 0).sum()))
                 for lo in range(0, len(mini), cfg.micro_batch_size):
@@ -167,6 +175,11 @@ def train_agent(cfg, parts: Components) -> dict:
                                                         batch.completion_ids[idx], batch.completion_mask[idx],
                                                         with_entropy=True, entropy_grad=algo.entropy_coef > 0)
                     mask = loss_mask[idx].to(logp.device)
+                    if engine is not None and epoch == 0 and mini_index == 0:  # weights the engine sampled with
+                        gap_sum, gap_max, gap_count = logprob_gap(logp, batch.sampler_logprobs[idx].to(logp.device),
+                                                                  batch.loss_mask[idx].to(logp.device))
+                        gap = {"sum": gap["sum"] + gap_sum, "max": max(gap["max"], gap_max),
+                               "count": gap["count"] + gap_count}
                     old = old_logp[idx].to(logp.device) if old_logp is not None else logp.detach()
                     token_loss, clip_stats = clipped_surrogate(logp, old, advantages[idx].to(logp.device), mask,
                                                                algo.clip_low, algo.clip_high, algo.dual_clip)
@@ -185,6 +198,8 @@ def train_agent(cfg, parts: Components) -> dict:
                 grad_norm = optimizer_step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm)
                 if grad_norm is not None:
                     stats["grad_norm"].append(grad_norm)
+        if engine is not None:
+            engine.sync_weights(acc.unwrap_model(model))  # the next episodes (and evaluation) play the updated policy
 
         step_time = time.perf_counter() - step_start
         mean = lambda values: sum(values) / len(values) if values else 0.0  # noqa: E731
@@ -204,6 +219,9 @@ def train_agent(cfg, parts: Components) -> dict:
             "perf/step_time_s": step_time,
             "perf/generation_time_s": generation_time,
         }
+        if engine is not None:  # float error when the engine holds the weights the trainer had (rollout.temperature 1)
+            metrics["rollout/logprob_gap_mean"] = global_sum(acc, gap["sum"]) / max(global_sum(acc, gap["count"]), 1)
+            metrics["rollout/logprob_gap_max"] = gather(acc, torch.tensor([gap["max"]])).max().item()
         if reference is not None:
             metrics["train/kl_ref"] = global_mean(acc, mean(stats["kl"]))
         if stats["grad_norm"]:
@@ -217,4 +235,6 @@ def train_agent(cfg, parts: Components) -> dict:
             write_samples(run_dir, step, episode_records(episodes, cfg.log.num_samples, extra))
         end_step(cfg, step, metrics, metrics_log, checkpointer)
     metrics_log.close()
+    if engine is not None:
+        engine.close()
     return {"model": model, "final_eval": last_eval}
