@@ -109,6 +109,8 @@ def train_agent(cfg, parts: Components) -> dict:
     shuffle = torch.Generator().manual_seed(cfg.seed)
     checkpointer = Checkpointer.from_config(cfg, acc, run_dir)
     start_step = checkpointer.restore(scheduler=scheduler, shuffle=GeneratorState(shuffle))
+    if engine is not None and start_step:  # resumed: the engine was built on the starting weights
+        engine.sync_weights(acc.unwrap_model(model))
     metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
 
     def generator_for(policy):

@@ -108,6 +108,8 @@ def train_ppo(cfg, parts: Components) -> dict:
     checkpointer = Checkpointer.from_config(cfg, acc, run_dir)
     start_step = checkpointer.restore(scheduler=scheduler, value_scheduler=value_scheduler, data=stream,
                                       shuffle=GeneratorState(shuffle), kl=kl_state, **reference_reset.checkpointed())
+    if engine is not None and start_step:  # resumed: the engine was built on the starting weights
+        engine.sync_weights(acc.unwrap_model(model))
     metrics_log = MetricsLog(run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
     run_eval = task_evaluator(cfg, acc, parts, model)
     last_eval = evaluate_at_start(cfg, acc, start_step, metrics_log, run_eval)
