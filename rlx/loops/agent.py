@@ -11,6 +11,9 @@ Each step:
   4. the clipped surrogate, KL penalty and entropy bonus of the GRPO family (algorithms/losses.py,
      algorithms/kl.py), aggregated per algorithm.loss_agg over the sampled tokens only, for
      algorithm.epochs x algorithm.mini_batches optimizer steps.
+Episodes are played by the policy itself (HFGenerator, rollout=hf) or by a colocated vLLM engine
+(rollout=vllm: the same generator protocol; asleep during the update, weights synced after it, and
+rollout/logprob_gap_* compares its log-probs with the trainer's before the first update of a step).
 Environment seeds are a function of (seed, step, task index) and every episode gets a fresh
 environment, so a resumed run replays exactly the tasks an uninterrupted run would (the environments'
 randomness is part of the step, not hidden state). Held-out evaluation plays greedy episodes on seeds
