@@ -116,9 +116,9 @@ def check_agent_settings(cfg: DictConfig) -> None:
         env_factory(env.name, env.get("target"), env.get("kwargs"))
     except EnvError as exc:
         raise UserError(str(exc)) from None
-    if cfg.rollout.backend != "hf":
-        raise UserError(f"rollout={cfg.rollout.backend} is not wired into the agent loop yet (it plays episodes with the "
-                        f"policy itself); use rollout=hf (rlx eval env= does run through rollout=vllm)")
+    if cfg.rollout.get("tis_cap") is not None:
+        raise UserError("rollout.tis_cap (truncated importance sampling) is implemented for the policy-gradient "
+                        "family (GRPO, RLOO, ...), not the agent loop; unset it")
     if algo.credit not in CREDIT:
         raise UserError(f"unknown algorithm.credit '{algo.credit}'; valid choices: {', '.join(CREDIT)}")
     if algo.scale not in SCALES:

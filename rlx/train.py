@@ -93,7 +93,7 @@ NEEDS = {
     "policy_gradient": FamilyNeeds(_epochs_x_mini_batches, _kl_reference, rollout_engine=True, task_evaluator=True),
     "ppo": FamilyNeeds(_epochs_x_mini_batches, _kl_reference, value_model=True, rollout_engine=True,
                        prepare_scheduler=False, task_evaluator=True),
-    "agent": FamilyNeeds(_epochs_x_mini_batches, _kl_reference, prepare_scheduler=False),
+    "agent": FamilyNeeds(_epochs_x_mini_batches, _kl_reference, rollout_engine=True, prepare_scheduler=False),
     "agent_sft": FamilyNeeds(prepare_scheduler=False),
     "sft": FamilyNeeds(),
     "preference": FamilyNeeds(reference=_preference_reference, before_prepare="rlx.loops.preference:load_pairs"),

@@ -3,7 +3,7 @@ tests/test_golden_losses.py.
 
 - the shipped tiny model (rlx/models/assets/tiny) and its tokenizer;
 - a config with evaluation, sampling files, plots and the final save turned off;
-- `FixedSampler`: stands in for `rlx.rollout.hf.generate` and returns fixed completions (so the
+- `FixedSampler`: stands in for the policy's generator (HFGenerator) and returns fixed completions (so the
   learning signal is built by construction and does not depend on which tokens a CPU samples);
 - `plain_logprobs`, `plain_score`: what a model gives a sequence, computed independently of rlx (one
   unpadded forward pass per sequence, no rlx batching, padding or masking), to judge the loops by.
@@ -20,7 +20,7 @@ import torch
 from rlx.config import check_overrides
 from rlx.loops.common import Components
 from rlx.rewards import RewardComponent
-from rlx.rollout.hf import Rollout
+from rlx.rollout.types import Generation
 
 # evaluation, sample files, plots and the final save off; the learning rate constant from the first step
 QUIET = ["eval.every=0", "eval.at_start=false", "log.samples_every=0", "log.progress=false", "save.final=false",
@@ -93,32 +93,25 @@ def completion_tokens(tokenizer, text: str) -> list[int]:
 
 
 class FixedSampler:
-    """Replaces `generate(model, tokenizer, prompts, samples_per_prompt=G, ...)`: sample j of each prompt is
-    completions[j % len(completions)] followed by EOS. Records every sample it handed out."""
+    """A generator (rlx.rollout.generator protocol) of fixed completions, put in place of HFGenerator in the
+    loops (`monkeypatch.setattr(loop, "policy_generator", sampler)`: building one returns this sampler): sample j
+    of each prompt is completions[j % len(completions)] followed by EOS. Records every sample it handed out."""
 
     def __init__(self, tokenizer, completions: list[str]):
         self.tokenizer, self.completions = tokenizer, completions
         self.samples: list[tuple[list[int], list[int], str]] = []  # (prompt ids, completion ids, text)
 
-    def __call__(self, model, tokenizer, prompts: list[str], samples_per_prompt: int, **_):
+    def __call__(self, model, tokenizer, *_, **__):
+        return self
+
+    def generate_ids(self, prompts: list[list[int]], *, samples_per_prompt: int = 1, **_) -> Generation:
         batch = []
-        for prompt in prompts:
-            ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        for ids in prompts:
             for j in range(samples_per_prompt):
                 text = self.completions[j % len(self.completions)]
-                batch.append((ids, completion_tokens(self.tokenizer, text), text))
+                batch.append((list(ids), completion_tokens(self.tokenizer, text), text))
         self.samples += batch
-        pad = self.tokenizer.pad_token_id
-        p_width, c_width = max(len(b[0]) for b in batch), max(len(b[1]) for b in batch)
-        prompt_ids = torch.full((len(batch), p_width), pad)  # (N, P) left-padded
-        prompt_mask = torch.zeros((len(batch), p_width), dtype=torch.long)
-        completion_ids = torch.full((len(batch), c_width), pad)  # (N, C) right-padded
-        completion_mask = torch.zeros((len(batch), c_width), dtype=torch.long)
-        for i, (p, c, _) in enumerate(batch):
-            prompt_ids[i, p_width - len(p):], prompt_mask[i, p_width - len(p):] = torch.tensor(p), 1
-            completion_ids[i, : len(c)], completion_mask[i, : len(c)] = torch.tensor(c), 1
-        return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask,
-                       torch.zeros(len(batch), dtype=torch.bool), [b[2] for b in batch])
+        return Generation([b[1] for b in batch], None, [True] * len(batch))
 
 
 @torch.no_grad()

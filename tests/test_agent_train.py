@@ -59,8 +59,8 @@ def test_agent_training_runs_and_reports_env_metrics(tmp_path, algorithm):
 @pytest.mark.parametrize("args,needle", [
     (["algorithm=gigpo"], "add env=grid"),
     (["algorithm=gigpo", "env=custom", "env.target=nowhere_xyz.Env"], "cannot import nowhere_xyz"),
-    (["algorithm=gigpo", "env=grid", "rollout=vllm"], "not wired into the agent loop"),
     (["algorithm=gigpo", "env=grid", "hardware=fsdp", "hardware.cpu=true"], "use hardware=ddp"),
+    (["algorithm=gigpo", "env=grid", "rollout=vllm", "rollout.tis_cap=2"], "not the agent loop; unset it"),
 ])
 def test_agent_config_mistakes_are_one_line(tmp_path, args, needle):
     result = run_rlx(["train", *args, "data.source=none", "steps=1"], tmp_path, timeout=300)

@@ -66,13 +66,13 @@ def _assert_good_up_bad_down(before: dict, after: dict):
 def _run_rl(tmp_path, monkeypatch, loop, *overrides):
     model, tokenizer = tiny_policy()
     sampler = FixedSampler(tokenizer, [LIKELY, UNLIKELY])
-    monkeypatch.setattr(policy_gradient, "generate", sampler)
-    monkeypatch.setattr(ppo, "generate", sampler)
+    monkeypatch.setattr(policy_gradient, "policy_generator", sampler)
+    monkeypatch.setattr(ppo, "policy_generator", sampler)
     cfg = loop_config(*RL, *overrides)
     parts = components(tmp_path, model, tokenizer, rows(PROMPTS[:2]), scored_by({LIKELY: 1.0, UNLIKELY: 0.0}))
     start, _ = tiny_policy()
     loop(cfg, build_parts(cfg, parts))
-    assert sampler.samples, "the loop did not sample through rlx.rollout.hf.generate"
+    assert sampler.samples, "the loop did not sample through its generator"
     return _sample_logps(start, sampler), _sample_logps(model, sampler), sampler, model, tokenizer
 
 

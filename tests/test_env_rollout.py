@@ -178,3 +178,21 @@ def test_tool_output_is_context_not_loss(tokenizer):
     context = tokenizer.decode([i for i, m in zip(e.ids, e.loss_mask) if not m])
     assert "<result>" not in trained and f"<result>{answer}</result>" in context
     assert f"<calc>{expression}</calc>" in trained and f"<answer>{answer}</answer>" in trained
+
+
+def test_play_closes_cut_turns_with_the_stop_ids_of_a_generator_without_a_model(tokenizer):
+    """The vLLM engine has no `.model`; play() takes its stop_ids, so a turn cut at its token budget is closed
+    with the engine's stop token (loss mask 0) exactly as with HFGenerator (whose stop ids come from the model's
+    generation config, which may differ from the tokenizer's eos: here the stop id is not the tokenizer's)."""
+    from omegaconf import OmegaConf
+
+    from rlx.evaluation.agents import play
+
+    generator = Scripted([tokenizer("higher lower", add_special_tokens=False)["input_ids"]], stop=False)
+    stop = tokenizer.eos_token_id + 1  # any id other than the tokenizer's eos
+    generator.stop_ids = [stop]
+    env_cfg = OmegaConf.create({"max_turns": 2, "max_new_tokens": 2, "max_total_tokens": 240, "system_prompt": None})
+    (episode,) = play(generator, tokenizer, Echo, env_cfg, [0], [1], greedy=False)
+    start, end = episode.turn_spans[0]
+    assert episode.turn_truncated == 2
+    assert episode.ids[end] == stop and episode.loss_mask[end] == 0

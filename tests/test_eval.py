@@ -285,3 +285,34 @@ def test_trained_run_beats_its_base_model_with_a_paired_interval(tmp_path):
     summary = json.loads((only_run_dir(tmp_path, "eval") / "summary.json").read_text())
     diff = summary["benchmarks"]["chain_sum"]["diff"]["greedy/accuracy"]
     assert diff["low"] > 0, diff
+
+
+def test_benchmark_sampling_through_the_generator_protocol_draws_what_generate_drew(tmp_path):
+    """run_benchmark samples through the generator protocol; its greedy and sampled completions must be exactly
+    those of the former path: rlx.rollout.hf.generate on the rendered prompts, seeds drawn by generate from the
+    torch RNG seeded per batch (greedy call first, then the sampled one)."""
+    import torch
+
+    from rlx.evaluation.runner import _batch_seed, _model_inputs, run_benchmark
+    from rlx.models.loading import load_causal_lm, load_tokenizer
+    from rlx.rollout.hf import generate
+
+    tok, model = load_tokenizer("builtin:tiny"), load_causal_lm("builtin:tiny")
+    bench = _benchmark("chain_sum")
+    problems = bench.load(5)
+    sampling = OmegaConf.create({"n": 3, "greedy": True, "max_new_tokens": 12, "temperature": 0.8, "top_p": 0.95,
+                                 "top_k": 0, "batch_size": 8})  # 2 problems (8 rows) per batch: 3 batches
+    records = run_benchmark(model, tok, bench, problems, tmp_path / "model.jsonl", sampling, chat_template=True,
+                            seed=3, label="chain_sum", progress=False)
+    for start in range(0, 5, 2):
+        batch = problems[start : start + 2]
+        inputs = _model_inputs(tok, batch, True, bench.system_prompt)
+        torch.manual_seed(_batch_seed(3, batch[0]["id"]))
+        greedy = generate(model, tok, inputs, samples_per_prompt=1, max_new_tokens=12, greedy=True, batch_size=8)
+        sampled = generate(model, tok, inputs, samples_per_prompt=3, max_new_tokens=12, temperature=0.8, top_p=0.95,
+                           top_k=0, batch_size=8)
+        for i, record in enumerate(records[start : start + 2]):
+            assert record["greedy"]["completion"] == greedy.texts[i]
+            assert record["samples"] == sampled.texts[3 * i : 3 * i + 3]
+            assert record["truncated"] == int(sampled.truncated[3 * i : 3 * i + 3].sum())
+    assert len({s for r in records for s in r["samples"]}) > 5  # really sampled, not all alike

@@ -128,7 +128,7 @@ def test_policy_gradient_loss_matches_the_formula(tmp_path, monkeypatch, case):
             return logp, entropy
         return logp + offsets(tuple(logp.shape)).to(logp.dtype), entropy  # the policy that sampled: pi + offset
 
-    monkeypatch.setattr(policy_gradient, "generate", sampler)
+    monkeypatch.setattr(policy_gradient, "policy_generator", sampler)
     monkeypatch.setattr(lora, "reference_model", lambda policy: reference)
     monkeypatch.setattr(policy_gradient, "batched_logprobs", sampling_policy_logprobs)
     cfg = loop_config(*RL, *overrides)
@@ -194,8 +194,8 @@ def test_ppo_policy_and_value_losses_match_the_formulas(tmp_path, monkeypatch, e
         built.append(value_model)
         return value_model
 
-    monkeypatch.setattr(policy_gradient, "generate", sampler)
-    monkeypatch.setattr(ppo, "generate", sampler)
+    monkeypatch.setattr(policy_gradient, "policy_generator", sampler)
+    monkeypatch.setattr(ppo, "policy_generator", sampler)
     monkeypatch.setattr(value_models, "build_value_model", critic)
     monkeypatch.setattr(ppo, "batched_logprobs",
                         lambda net, rollout, micro, with_entropy=False, temperature=1.0, pack=False: (

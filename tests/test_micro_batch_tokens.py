@@ -77,7 +77,7 @@ def _run(loop, tmp_path, monkeypatch, *overrides, accumulation=1):
         return plan
 
     with monkeypatch.context() as patch:
-        patch.setattr(module, "generate", sampler)
+        patch.setattr(module, "policy_generator", sampler)
         patch.setattr(module, "optimizer_step", recording_step)
         patch.setattr(module, "plan_micro_batches", recording_plan)
         cfg = loop_config(*RL, *overrides)

@@ -151,3 +151,35 @@ def test_resume_pins_the_legacy_sampler(tmp_path):
     assert legacy_pins(tmp_path, set()) == []
     (tmp_path / "config.yaml").write_text("name: sft\n")  # no rollout at all: nothing to pin
     assert legacy_pins(tmp_path, set()) == []
+
+
+def test_single_turn_sampling_through_the_generator_protocol_draws_what_generate_draws():
+    """rollout/batch.py samples through HFGenerator.generate_ids (token ids in, ids out) and builds the Rollout
+    from the ids: every tensor and text must equal the old text path (rlx.rollout.hf.generate on the rendered
+    prompts) token for token, for the same seeds, knobs, chunking and min_new_tokens."""
+    from rlx.models.loading import load_causal_lm, load_tokenizer
+    from rlx.rollout.generator import HFGenerator, sample_rollout
+    from rlx.rollout.hf import generate
+
+    tok, model = load_tokenizer("builtin:tiny"), load_causal_lm("builtin:tiny")
+    questions = ["Compute 4 + 3", "Compute 12 + 345 + 6", "What is 7?", "Compute 1 + 2 + 3 + 4 + 5"]
+    prompts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+               for q in questions]
+    settings = [dict(temperature=1.0, top_p=1.0, top_k=0, batch_size=256, min_new_tokens=0, greedy=False),
+                dict(temperature=0.7, top_p=0.9, top_k=20, batch_size=5, min_new_tokens=10, greedy=False),
+                dict(temperature=1.0, top_p=1.0, top_k=0, batch_size=4, min_new_tokens=0, greedy=True)]
+    endings = []
+    for knobs in settings:
+        group = 3
+        seeds = [sample_seed(5, 2, i) for i in range(len(prompts) * group)]
+        old = generate(model, tok, prompts, samples_per_prompt=group, max_new_tokens=12, seeds=seeds, **knobs)
+        generator = HFGenerator(model, tok, temperature=knobs["temperature"], top_p=knobs["top_p"], top_k=knobs["top_k"],
+                                batch_size=knobs["batch_size"], logprobs=False)
+        new = sample_rollout(generator, tok, prompts, samples_per_prompt=group, max_new_tokens=12, seeds=seeds,
+                             greedy=knobs["greedy"], min_new_tokens=knobs["min_new_tokens"])
+        for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated"):
+            assert torch.equal(getattr(new, name), getattr(old, name)), (name, knobs)
+        assert new.texts == old.texts and new.logprobs is None and old.logprobs is None
+        assert bool((old.lengths >= knobs["min_new_tokens"]).all())  # the tiny model stops after ~9 tokens unforced
+        endings += old.truncated.tolist()
+    assert any(endings) and not all(endings)  # rows that stopped and rows that ran out of budget

@@ -318,3 +318,45 @@ def test_eval_through_vllm_matches_hf_greedy(tmp_path):
     assert len(outs["vllm"]) == 8 and all(len(r["samples"]) == 2 for r in outs["vllm"])
     same = sum(a["greedy"]["completion"] == b["greedy"]["completion"] for a, b in zip(outs["hf"], outs["vllm"]))
     assert same >= 7  # greedy decoding of the same weights (float ties aside)
+
+
+VLLM_AGENT = ["train", "algorithm=gigpo", "env=corridor", "model.path=builtin:tiny_agent", "rollout=vllm",
+              "rollout.kv_cache_gib=0.25", "rollout.dtype=float32", "data.source=none", "prompts_per_step=2",
+              "rollout.samples_per_prompt=2", "env.max_turns=3", "env.eval_episodes=2", "algorithm.entropy_coef=0.05",
+              "optim.lr=1e-2", "hardware.num_threads=1", "save.plot=false", "log.progress=false",
+              "optimized_metric=eval/success"]
+
+
+@needs_vllm
+def test_agent_steps_through_vllm_keep_sampler_and_trainer_together(tmp_path):
+    """rollout=vllm in the agent loop (env=corridor, builtin:tiny_agent): the episodes are played by the engine,
+    and before each step's update the trainer's log-probs of the sampled tokens equal the engine's up to float
+    error, at every step: the weights reached the engine after each update (without the sync the gap grows with
+    the updates). The entropy bonus gives a gradient whatever the rewards, so every update moves the policy."""
+    from tests.conftest import only_run_dir, run_rlx
+
+    result = run_rlx([*VLLM_AGENT, "steps=3", "eval.every=3"], tmp_path, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]  # the engine shuts down cleanly
+    rows = [r for r in _metrics(only_run_dir(tmp_path)) if r["step"] >= 1]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for row in rows:
+        assert row["train/grad_norm"] > 0 and row["completions/tokens_per_episode"] > 0, row
+        assert row["rollout/logprob_gap_max"] < 1e-3, row
+    assert "eval/success" in rows[-1]  # held-out episodes played through the engine too
+
+
+@needs_vllm
+def test_resumed_agent_run_syncs_the_checkpoint_weights_into_the_engine(tmp_path):
+    """A resumed run builds its engine from model.path, then loads the checkpoint into the policy: the engine must
+    get those weights before the first resumed step (else the gap at step 3 is the two updates' worth)."""
+    from tests.conftest import only_run_dir, run_rlx
+
+    first = run_rlx([*VLLM_AGENT, "steps=2", "eval.every=0", "checkpoint.every=1"], tmp_path, timeout=900)
+    assert first.returncode == 0, first.stderr[-3000:]
+    run = only_run_dir(tmp_path)
+    resumed = run_rlx(["train", f"resume={run}", "steps=3"], tmp_path, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Traceback" not in resumed.stderr, resumed.stderr[-3000:]
+    (row,) = [r for r in _metrics(run) if r["step"] == 3]
+    assert row["rollout/logprob_gap_max"] < 1e-3, row

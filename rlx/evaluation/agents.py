@@ -34,8 +34,9 @@ def play(generator, tokenizer, factory, env_cfg, env_seeds: list[int], sample_se
          use_chat_template: bool = True, stop_ids: list[int] | None = None) -> list[Episode]:
     """One episode in a fresh environment (factory()) per seed, limits from the `env` config group."""
     envs = [factory() for _ in env_seeds]
-    if stop_ids is None and hasattr(generator, "model"):
-        stop_ids = eos_ids(generator.model, tokenizer)
+    if stop_ids is None:  # the vLLM engine carries its stop ids; HFGenerator's come from its model
+        stop_ids = (getattr(generator, "stop_ids", None) if not hasattr(generator, "model")
+                    else eos_ids(generator.model, tokenizer))
     return run_episodes(generator, tokenizer, envs, env_seeds, sample_seeds, max_turns=env_cfg.max_turns,
                         max_new_tokens=env_cfg.max_new_tokens, max_total_tokens=env_cfg.max_total_tokens, greedy=greedy,
                         system_prompt=env_cfg.system_prompt, use_chat_template=use_chat_template, stop_ids=stop_ids)

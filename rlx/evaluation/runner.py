@@ -193,12 +193,17 @@ class _Progress:
 def run_benchmark(model, tokenizer, bench: Benchmark, problems: list[dict], results: Path, sampling, *,
                   chat_template: bool, seed: int, label: str, progress, engine=None) -> list[dict]:
     """Generate and score every problem not yet in `results`; returns all records in problem order.
-    `engine` (rollout=vllm) generates instead of the model itself when given."""
-    from functools import partial
+    Sampling goes through the generator protocol (rlx.rollout.generator.sample_rollout): `engine` (rollout=vllm,
+    its knobs set to `sampling`'s) when given, else HFGenerator on the model. Seeds: drawn per completion from
+    the torch RNG seeded per batch (greedy rows first, then the sampled ones)."""
+    from rlx.rollout.generator import sample_rollout
 
-    from rlx.rollout.hf import generate
+    generator = engine if engine is not None else _hf_generator(model, tokenizer, sampling, logprobs=False)
 
-    generate = engine.generate if engine is not None else partial(generate, model, tokenizer)
+    def generate(inputs, *, samples_per_prompt, greedy=False):
+        seeds = torch.randint(0, 2**31 - 1, (len(inputs) * samples_per_prompt,)).tolist()
+        return sample_rollout(generator, tokenizer, inputs, samples_per_prompt=samples_per_prompt,
+                              max_new_tokens=max_new, seeds=seeds, greedy=greedy)
 
     done = {r["id"]: r for r in read_records(results)}
     todo = [p for p in problems if p["id"] not in done]
@@ -221,14 +226,11 @@ def run_benchmark(model, tokenizer, bench: Benchmark, problems: list[dict], resu
             torch.manual_seed(_batch_seed(seed, batch[0]["id"]))
             texts, truncated = [], []
             if greedy:
-                out = generate(inputs, samples_per_prompt=1, max_new_tokens=max_new, greedy=True,
-                               batch_size=int(sampling.batch_size))
+                out = generate(inputs, samples_per_prompt=1, greedy=True)
                 texts += out.texts
                 truncated += out.truncated.tolist()
             if n:
-                out = generate(inputs, samples_per_prompt=n, max_new_tokens=max_new,
-                               temperature=float(sampling.temperature), top_p=float(sampling.top_p),
-                               top_k=int(sampling.top_k), batch_size=int(sampling.batch_size))
+                out = generate(inputs, samples_per_prompt=n)
                 texts += out.texts
                 truncated += out.truncated.tolist()
             owners = (list(batch) if greedy else []) + [p for p in batch for _ in range(n)]
@@ -501,11 +503,11 @@ def _run_environment(run: str):
     return env or None
 
 
-def _hf_generator(model, tokenizer, sampling):
+def _hf_generator(model, tokenizer, sampling, logprobs: bool = True):
     from rlx.rollout.generator import HFGenerator
 
     return HFGenerator(model, tokenizer, temperature=float(sampling.temperature), top_p=float(sampling.top_p),
-                       top_k=int(sampling.top_k), batch_size=int(sampling.batch_size))
+                       top_k=int(sampling.top_k), batch_size=int(sampling.batch_size), logprobs=logprobs)
 
 
 def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
@@ -549,11 +551,11 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
         model, tokenizer = load_model(path, cfg.model, device)
         log.info("%s: %s (%.2fM parameters) on %s", role, path, sum(p.numel() for p in model.parameters()) / 1e6, device)
         engine = build_engine(cfg.rollout, model, tokenizer, int(cfg.seed))  # None: generate with the model
+        if engine is not None:  # generate_ids samples with these knobs
+            engine.sampling = {"temperature": float(cfg.sampling.temperature), "top_p": float(cfg.sampling.top_p),
+                               "top_k": int(cfg.sampling.top_k)}
         if environment:
             name, factory, tasks = environment
-            if engine is not None:  # generate_ids samples with these knobs
-                engine.sampling = {"temperature": float(cfg.sampling.temperature), "top_p": float(cfg.sampling.top_p),
-                                   "top_k": int(cfg.sampling.top_k)}
             records[name][role] = run_environment(
                 engine or _hf_generator(model, tokenizer, cfg.sampling), tokenizer, cfg.env, factory, tasks,
                 out_dir / name / f"{role}.jsonl", cfg.sampling, chat_template=bool(cfg.model.chat_template),

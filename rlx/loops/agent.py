@@ -11,6 +11,9 @@ Each step:
   4. the clipped surrogate, KL penalty and entropy bonus of the GRPO family (algorithms/losses.py,
      algorithms/kl.py), aggregated per algorithm.loss_agg over the sampled tokens only, for
      algorithm.epochs x algorithm.mini_batches optimizer steps.
+Episodes are played by the policy itself (HFGenerator, rollout=hf) or by a colocated vLLM engine
+(rollout=vllm: the same generator protocol; asleep during the update, weights synced after it, and
+rollout/logprob_gap_* compares its log-probs with the trainer's before the first update of a step).
 Environment seeds are a function of (seed, step, task index) and every episode gets a fresh
 environment, so a resumed run replays exactly the tasks an uninterrupted run would (the environments'
 randomness is part of the step, not hidden state). Held-out evaluation plays greedy episodes on seeds
@@ -35,6 +38,7 @@ from accelerate.utils import gather_object
 from rlx.algorithms.gigpo import CREDIT, invalid_action_penalty
 from rlx.algorithms.kl import penalized_token_loss
 from rlx.algorithms.losses import aggregate, clipped_surrogate
+from rlx.algorithms.offpolicy import logprob_gap
 from rlx.checkpoint import GeneratorState
 from rlx.config import UserError
 from rlx.envs import EnvError, env_factory
@@ -47,9 +51,9 @@ from rlx.loops.common import (
     optimizer_step,
 )
 from rlx.models.forward import completion_logprobs
-from rlx.parallel import backward, gather_padded, global_mean, global_sum, shard
+from rlx.parallel import backward, gather, gather_padded, global_mean, global_sum, shard
 from rlx.rollout.env import EVAL_SEED_BASE, train_env_seed
-from rlx.rollout.generator import HFGenerator
+from rlx.rollout.generator import policy_generator
 from rlx.rollout.sampling import sample_seed
 from rlx.rollout.types import Episode, RolloutBatch
 from rlx.run import write_samples
@@ -97,14 +101,18 @@ def train_agent(cfg, parts: Parts) -> dict:
                  eps=algo.eps)
     group_size = roll.samples_per_prompt
     updates_per_step = algo.epochs * algo.mini_batches
-    model, optimizer, scheduler, reference = parts.model, parts.optimizer, parts.scheduler, parts.reference
+    model, optimizer, scheduler, reference, engine = (
+        parts.model, parts.optimizer, parts.scheduler, parts.reference, parts.engine)
     shuffle = torch.Generator().manual_seed(cfg.seed)
     checkpointer, metrics_log = parts.checkpointer, parts.metrics_log
     start_step = checkpointer.restore(**parts.checkpointed, shuffle=GeneratorState(shuffle))
+    if engine is not None and start_step:  # resumed: the engine was built on the starting weights
+        engine.sync_weights(acc.unwrap_model(model))
 
     def generator_for(policy):
-        return HFGenerator(policy, tokenizer, temperature=roll.temperature, top_p=roll.top_p, top_k=roll.top_k,
-                           batch_size=roll.batch_size, sampler=roll.get("sampler", "v2"))
+        if engine is not None:  # rollout=vllm: the engine holds the policy's weights (synced after each update)
+            return engine
+        return policy_generator(policy, tokenizer, roll)
 
     eval_seeds = [EVAL_SEED_BASE + k for k in range(env_cfg.eval_episodes)]
 
@@ -126,6 +134,8 @@ def train_agent(cfg, parts: Parts) -> dict:
         episodes = play(generator_for(acc.unwrap_model(model)), tokenizer, factory, env_cfg, env_seeds, sample_seeds,
                         greedy=False, use_chat_template=cfg.model.chat_template)
         generation_time = time.perf_counter() - step_start
+        if engine is not None:
+            engine.sleep()  # rollout.sleep_level: the engine's memory is given back for the update
         batch = RolloutBatch.from_episodes(episodes, tokenizer.pad_token_id)
         # 2-3. rewards and per-step advantages over the global batch -> this process's per-token advantages (n, C)
         all_episodes = gather_object(episodes)  # every process's episodes, in global order
@@ -150,9 +160,10 @@ def train_agent(cfg, parts: Parts) -> dict:
         old_logp = batch.sampler_logprobs if updates_per_step > 1 else None
         num = len(episodes)
         stats = {"loss": 0.0, "kl": [], "entropy": [], "clip": [], "grad_norm": []}
-        for _epoch in range(algo.epochs):
+        gap = {"sum": 0.0, "max": 0.0, "count": 0}  # rollout=vllm: engine vs trainer log-probs before the first update
+        for epoch in range(algo.epochs):
             order = torch.randperm(num, generator=shuffle) if updates_per_step > 1 else torch.arange(num)
-            for mini in order.chunk(algo.mini_batches):
+            for mini_index, mini in enumerate(order.chunk(algo.mini_batches)):
                 mini_tokens = global_sum(acc, float(loss_mask[mini].sum()))  # normalisers: the whole mini-batch
                 mini_seqs = global_sum(acc, float((loss_mask[mini].sum(dim=1) > 0).sum()))
                 for lo in range(0, len(mini), cfg.micro_batch_size):
@@ -161,6 +172,11 @@ def train_agent(cfg, parts: Parts) -> dict:
                                                         batch.completion_ids[idx], batch.completion_mask[idx],
                                                         with_entropy=True, entropy_grad=algo.entropy_coef > 0)
                     mask = loss_mask[idx].to(logp.device)
+                    if engine is not None and epoch == 0 and mini_index == 0:  # weights the engine sampled with
+                        gap_sum, gap_max, gap_count = logprob_gap(logp, batch.sampler_logprobs[idx].to(logp.device),
+                                                                  batch.loss_mask[idx].to(logp.device))
+                        gap = {"sum": gap["sum"] + gap_sum, "max": max(gap["max"], gap_max),
+                               "count": gap["count"] + gap_count}
                     old = old_logp[idx].to(logp.device) if old_logp is not None else logp.detach()
                     token_loss, clip_stats = clipped_surrogate(logp, old, advantages[idx].to(logp.device), mask,
                                                                algo.clip_low, algo.clip_high, algo.dual_clip)
@@ -179,6 +195,8 @@ def train_agent(cfg, parts: Parts) -> dict:
                 grad_norm = optimizer_step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm)
                 if grad_norm is not None:
                     stats["grad_norm"].append(grad_norm)
+        if engine is not None:
+            engine.sync_weights(acc.unwrap_model(model))  # the next episodes (and evaluation) play the updated policy
 
         step_time = time.perf_counter() - step_start
         mean = lambda values: sum(values) / len(values) if values else 0.0  # noqa: E731
@@ -198,6 +216,9 @@ def train_agent(cfg, parts: Parts) -> dict:
             "perf/step_time_s": step_time,
             "perf/generation_time_s": generation_time,
         }
+        if engine is not None:  # float error when the engine holds the weights the trainer had (rollout.temperature 1)
+            metrics["rollout/logprob_gap_mean"] = global_sum(acc, gap["sum"]) / max(global_sum(acc, gap["count"]), 1)
+            metrics["rollout/logprob_gap_max"] = gather(acc, torch.tensor([gap["max"]])).max().item()
         if reference is not None:
             metrics["train/kl_ref"] = global_mean(acc, mean(stats["kl"]))
         if stats["grad_norm"]:
@@ -211,4 +232,6 @@ def train_agent(cfg, parts: Parts) -> dict:
             write_samples(run_dir, step, episode_records(episodes, cfg.log.num_samples, extra))
         end_step(cfg, step, metrics, metrics_log, checkpointer)
     metrics_log.close()
+    if engine is not None:
+        engine.close()
     return {"model": model, "final_eval": last_eval}

@@ -61,7 +61,7 @@ from rlx.parallel import (
     set_accumulation,
 )
 from rlx.rollout.batch import sample_batch, sample_records
-from rlx.rollout.hf import generate
+from rlx.rollout.generator import policy_generator
 from rlx.run import write_samples
 
 log = logging.getLogger("rlx")
@@ -94,6 +94,8 @@ def train_ppo(cfg, parts: Parts) -> dict:
     checkpointer, metrics_log, run_eval = parts.checkpointer, parts.metrics_log, parts.run_eval
     start_step = checkpointer.restore(**parts.checkpointed, data=stream, shuffle=GeneratorState(shuffle), kl=kl_state,
                                       **reference_reset.checkpointed())
+    if engine is not None and start_step:  # resumed: the engine was built on the starting weights
+        engine.sync_weights(acc.unwrap_model(model))
     last_eval = evaluate_at_start(cfg.eval.at_start, start_step, metrics_log, run_eval)
 
     for step in range(start_step + 1, cfg.steps + 1):
@@ -101,8 +103,9 @@ def train_ppo(cfg, parts: Parts) -> dict:
         step_start = time.perf_counter()
         reference_reset.maybe_reset(step, acc.unwrap_model(model))
         # 1. rollout and rewards (this process's shard of the global batch)
-        sample = engine.generate if engine is not None else partial(generate, acc.unwrap_model(model), tokenizer)
-        batch = sample_batch(sample, tokenizer, stream, cfg, train_rewards, group_size,
+        # rollout=vllm: the engine; rollout=hf: the policy itself samples (the loop recomputes old log-probs)
+        generator = engine if engine is not None else policy_generator(acc.unwrap_model(model), tokenizer, roll, logprobs=False)
+        batch = sample_batch(generator, tokenizer, stream, cfg, train_rewards, group_size,
                              algo.dynamic_sampling, algo.max_sample_batches, step, acc)
         rollout, rewards, local = batch.rollout, batch.rewards, batch.local  # rewards: (N,) global
         generation_time = time.perf_counter() - step_start

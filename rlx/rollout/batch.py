@@ -15,9 +15,10 @@ from rlx.algorithms.advantages import tied_groups, zero_std_group_fraction
 from rlx.data.tasks import PromptStream
 from rlx.parallel import gather, global_sum, shard
 from rlx.rewards import RewardComponent, TrainerState, compute_rewards, token_lists
+from rlx.rollout.generator import Generator, sample_rollout
 from rlx.rollout.hf import Rollout
 from rlx.rollout.prompts import format_prompts
-from rlx.rollout.sampling import LEGACY_SAMPLER, sample_seed
+from rlx.rollout.sampling import sample_seed
 
 
 def _pad_to(tensor: torch.Tensor, width: int, value: int, left: bool) -> torch.Tensor:
@@ -69,14 +70,15 @@ class Batch:
     local: slice = field(default_factory=lambda: slice(None))  # this process's samples in the global batch
 
 
-def sample_batch(sample, tokenizer, stream: PromptStream, cfg, rewards: list[RewardComponent], group_size: int,
+def sample_batch(generator: Generator, tokenizer, stream: PromptStream, cfg, rewards: list[RewardComponent], group_size: int,
                  dynamic_sampling: bool, max_rounds: int, step: int, acc=None) -> Batch:
     """Generate and score `prompts_per_step` groups. With dynamic sampling, drop tied groups and draw
     the missing number of prompts again, for at most `max_rounds` rounds; if still short, fill with
     tied groups (zero advantage under group baselines) so the batch size stays fixed.
-    Completion i drawn at this step is sampled with seed sample_seed(seed, step, i). `sample` generates:
-    `prompts, samples_per_prompt=, max_new_tokens=, ... seeds=` -> Rollout (rlx.rollout.hf.generate bound
-    to the policy, or a vLLM engine's generate). With several processes (acc), every process
+    Completion i drawn at this step is sampled with seed sample_seed(seed, step, i). `generator` samples
+    through the generator protocol (rollout/generator.py: HFGenerator on the policy, or the vLLM engine;
+    its temperature / top-p / top-k are rollout's), the one-turn case of the multi-turn rollouts: prompts
+    are tokenized once and the Rollout is built from the sampled ids. With several processes (acc), every process
     draws the same prompts, generates and scores its own shard, and the rewards are gathered
     (dynamic sampling is single-process; train.py refuses the combination)."""
     roll, wanted = cfg.rollout, cfg.prompts_per_step
@@ -88,13 +90,10 @@ def sample_batch(sample, tokenizer, stream: PromptStream, cfg, rewards: list[Rew
         rows = rows[mine]
         prompts = format_prompts(tokenizer, rows, cfg.model.chat_template, cfg.data.system_prompt)
         first = sum(t.numel() for t in totals) + mine.start * group_size  # global index of this shard's first sample
-        rollout = sample(
-            prompts, samples_per_prompt=group_size, max_new_tokens=roll.max_new_tokens,
-            temperature=roll.temperature, top_p=roll.top_p, top_k=roll.top_k, batch_size=roll.batch_size,
+        rollout = sample_rollout(
+            generator, tokenizer, prompts, samples_per_prompt=group_size, max_new_tokens=roll.max_new_tokens,
             seeds=[sample_seed(cfg.seed, step, first + i) for i in range(len(prompts) * group_size)],
             min_new_tokens=roll.get("min_new_tokens", 0),
-            sampler=roll.get("sampler", LEGACY_SAMPLER),  # a config from before sampler versions drew with v1
-            onednn=roll.get("onednn_decode", False),
         )
         sample_rows = [row for row in rows for _ in range(group_size)]
         if any(c.name == "overlong" for c in rewards):

@@ -18,7 +18,7 @@ class Generation:
     """What a Generator returns for a batch of token-id prompts (one entry per prompt row)."""
 
     ids: list[list[int]]            # sampled token ids, exactly as drawn, up to and including the stop token
-    logprobs: list[list[float]]     # log-prob of each sampled id under the sampling distribution
+    logprobs: list[list[float]] | None  # log-prob of each sampled id under the sampling distribution (None: not asked)
     stopped: list[bool]             # True when a stop token ended the row (False: the budget ran out)
 
 

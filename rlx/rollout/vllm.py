@@ -258,19 +258,22 @@ class VLLMEngine:
 
     @torch.no_grad()
     def generate_ids(self, prompts: list[list[int]], *, max_new_tokens: int, seeds: list[int],
-                     greedy: bool = False) -> Generation:
+                     greedy: bool = False, samples_per_prompt: int = 1, min_new_tokens: int = 0) -> Generation:
         """The generator protocol (rollout/generator.py) for multi-turn rollouts: each prompt's token ids go
         in as they are (prompt_token_ids, never re-encoded); out come the sampled ids (ending in the stop
         token when one ended the row), the sampler's log-probs of the temperature-scaled distribution (as
-        HFGenerator's) and whether a stop token ended the row. Knobs from self.sampling; seeds as in generate."""
+        HFGenerator's) and whether a stop token ended the row. Knobs from self.sampling; seeds as in generate.
+        samples_per_prompt G: G adjacent rows per prompt (one request each, seeded by its row's seed; vLLM's
+        prefix cache encodes the shared prompt once)."""
         from vllm import SamplingParams
 
+        prompts = [p for p in prompts for _ in range(samples_per_prompt)]
         if len(seeds) != len(prompts):
-            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} completions")
         knobs = self.sampling
         per_request = self.seeding == "request" and not greedy
         params = [SamplingParams(
-            n=1, max_tokens=max_new_tokens, seed=int(seed) if per_request else None,
+            n=1, max_tokens=max_new_tokens, min_tokens=min_new_tokens, seed=int(seed) if per_request else None,
             temperature=0.0 if greedy else knobs["temperature"], top_p=knobs["top_p"],
             top_k=knobs["top_k"] if knobs["top_k"] > 0 else -1, stop_token_ids=self.stop_ids, detokenize=False,
             logprobs=0) for seed in seeds]
