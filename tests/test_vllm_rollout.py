@@ -253,10 +253,20 @@ def test_engine_generate_ids_is_the_generator_protocol(engine):
 @needs_vllm
 def test_eval_env_through_vllm_matches_hf_greedy(tmp_path):
     """rlx eval env=grid with rollout=vllm: the greedy episodes (actions) of the HF backend, float ties aside."""
+    common = ["eval", "env=grid", "model.path=builtin:tiny_agent", "limit=8", "sampling.n=2", "plot=false"]
+    records = _eval_both_backends(tmp_path, common, "env_grid")
+    for backend in ("hf", "vllm"):
+        assert len(records[backend]) == 8 and all(len(r["episodes"]) == 2 for r in records[backend])
+    actions = {backend: [r["greedy"]["actions"] for r in rows] for backend, rows in records.items()}
+    assert sum(a == b for a, b in zip(actions["hf"], actions["vllm"])) >= 7
+
+
+def _eval_both_backends(tmp_path, common: list[str], benchmark_dir: str) -> dict:
+    """`rlx eval <common>` once with rollout=hf and once with rollout=vllm (a clean stderr each); the per-problem
+    records of `benchmark_dir`/model.jsonl of each, by backend."""
     from tests.conftest import run_rlx
 
-    common = ["eval", "env=grid", "model.path=builtin:tiny_agent", "limit=8", "sampling.n=2", "plot=false"]
-    actions = {}
+    records = {}
     for backend in ("hf", "vllm"):
         extra = ["rollout=vllm", "rollout.kv_cache_gib=0.25", "rollout.dtype=float32"] if backend == "vllm" else []
         (tmp_path / backend).mkdir()
@@ -264,10 +274,8 @@ def test_eval_env_through_vllm_matches_hf_greedy(tmp_path):
         assert result.returncode == 0, result.stderr[-3000:]
         assert "Traceback" not in result.stderr, result.stderr[-3000:]
         (run,) = (tmp_path / backend / "outputs" / "eval").iterdir()
-        records = [json.loads(line) for line in (run / "env_grid" / "model.jsonl").read_text().splitlines()]
-        assert len(records) == 8 and all(len(r["episodes"]) == 2 for r in records)
-        actions[backend] = [r["greedy"]["actions"] for r in records]
-    assert sum(a == b for a, b in zip(actions["hf"], actions["vllm"])) >= 7
+        records[backend] = [json.loads(line) for line in (run / benchmark_dir / "model.jsonl").read_text().splitlines()]
+    return records
 
 
 def _metrics(run_dir):
@@ -303,18 +311,8 @@ def test_grpo_steps_through_vllm_keep_sampler_and_trainer_together(tmp_path, ext
 
 @needs_vllm
 def test_eval_through_vllm_matches_hf_greedy(tmp_path):
-    from tests.conftest import run_rlx
-
     common = ["eval", "limit=8", "sampling.n=2", "sampling.max_new_tokens=12", "plot=false"]
-    outs = {}
-    for backend in ("hf", "vllm"):
-        extra = ["rollout=vllm", "rollout.kv_cache_gib=0.25", "rollout.dtype=float32"] if backend == "vllm" else []
-        (tmp_path / backend).mkdir()
-        result = run_rlx([*common, f"name={backend}", *extra], tmp_path / backend, timeout=900)
-        assert result.returncode == 0, result.stderr[-3000:]
-        assert "Traceback" not in result.stderr, result.stderr[-3000:]
-        (run,) = (tmp_path / backend / "outputs" / "eval").iterdir()
-        outs[backend] = [json.loads(line) for line in (run / "chain_sum" / "model.jsonl").read_text().splitlines()]
+    outs = _eval_both_backends(tmp_path, common, "chain_sum")
     assert len(outs["vllm"]) == 8 and all(len(r["samples"]) == 2 for r in outs["vllm"])
     same = sum(a["greedy"]["completion"] == b["greedy"]["completion"] for a, b in zip(outs["hf"], outs["vllm"]))
     assert same >= 7  # greedy decoding of the same weights (float ties aside)
