@@ -23,7 +23,6 @@ from pathlib import Path
 import yaml
 
 from rlx.config import UserError, fail
-from rlx.config_checks import check_batch, check_device, check_strategy  # noqa: F401  (re-exported: their home was here)
 
 log = logging.getLogger("rlx")
 

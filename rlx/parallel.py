@@ -22,7 +22,7 @@ import torch
 
 
 def shard(count: int, accelerator) -> slice:
-    """This process's contiguous share of `count` items (count must split evenly; see launch.check_batch)."""
+    """This process's contiguous share of `count` items (count must split evenly; see config_checks.check_batch)."""
     per = count // accelerator.num_processes
     return slice(accelerator.process_index * per, (accelerator.process_index + 1) * per)
 
@@ -54,7 +54,7 @@ def set_accumulation(accelerator, count: int) -> None:
 
     Token-budget micro-batches (micro_batch_tokens) vary in number from step to step; Accelerate syncs the
     gradients (DDP all-reduce) on the count-th backward and `gradient_scale` reads the count, so the
-    global normalisers stay exact. Not for DeepSpeed, whose engine fixes the count (launch.check_batch)."""
+    global normalisers stay exact. Not for DeepSpeed, whose engine fixes the count (config_checks.check_batch)."""
     accelerator.gradient_accumulation_steps = count
     accelerator.step = 0
 

@@ -21,14 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlx.checkpoint import CheckpointDamaged, CheckpointWriteError, NonFiniteError, TrainingInterrupted
 from rlx.config import CONF_DIR, UserError, fail
-from rlx.config_checks import (  # noqa: F401  (re-exported: their home was this module)
-    check_agent_settings,
-    check_policy_gradient_settings,
-    check_preference_settings,
-    check_run,
-    check_settings,
-    check_sharded_settings,
-)
+from rlx.config_checks import check_batch, check_run
 from rlx.rewards import RewardError
 from rlx.run import RunInUse
 
@@ -247,7 +240,7 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
     from rlx.rewards import build_rewards
     from rlx.run import plot_run, write_run_files
 
-    local_batch = launch.check_batch(cfg, launch.world_size(cfg.hardware))
+    local_batch = check_batch(cfg, launch.world_size(cfg.hardware))
     rebuild_final = False
     if cfg.resume is not None:  # the cli pointed the run directory at the run being resumed
         found = latest_checkpoint(run_dir)

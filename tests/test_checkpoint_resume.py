@@ -14,8 +14,9 @@ from safetensors.torch import load_file
 
 from rlx.checkpoint import Checkpointer, GeneratorState, list_checkpoints, truncate_metrics
 from rlx.config import UserError, check_overrides
+from rlx.config_checks import check_batch
 from rlx.data.tasks import PromptStream
-from rlx.launch import check_batch, resolve_resume
+from rlx.launch import resolve_resume
 from rlx.run import read_metrics
 from tests.conftest import REPO, only_run_dir, run_rlx
 

@@ -3,8 +3,8 @@
 import pytest
 
 from rlx.config import UserError, check_overrides, group_options
+from rlx.config_checks import check_settings
 from rlx.config_schema import TRAIN_KNOBS, check_knobs
-from rlx.train import check_settings
 from tests.conftest import run_rlx
 
 BAD = [

@@ -74,7 +74,7 @@ def test_what_fsdp_does_not_run_stops_with_the_fix(tmp_path):
     assert result.returncode == 2 and "Accelerate's FSDP2 prepares one" in result.stderr, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     from rlx.config import UserError
-    from rlx.train import check_sharded_settings
+    from rlx.config_checks import check_sharded_settings
 
     with pytest.raises(UserError, match="without fp32 master copies"):  # FSDP2 keeps masters only under mixed precision
         check_sharded_settings(check_overrides([*FSDP_CPU, "model.dtype=bfloat16"]))

@@ -8,7 +8,8 @@ import torch
 from omegaconf import OmegaConf
 
 from rlx.config import UserError, check_overrides
-from rlx.launch import check_strategy, launcher_command
+from rlx.config_checks import check_strategy
+from rlx.launch import launcher_command
 from rlx.run import read_metrics
 from rlx.tracking import environment_info, flat_config, tracker_names
 from tests.conftest import only_run_dir, run_rlx

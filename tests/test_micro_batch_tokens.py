@@ -114,7 +114,7 @@ def test_token_budget_gives_the_fixed_count_gradients(tmp_path, monkeypatch, loo
 def test_token_budget_is_refused_under_deepspeed():
     """DeepSpeed's engine fixes the micro-batch count per step: one line naming the fix, at start-up."""
     from rlx.config import UserError, check_overrides
-    from rlx.launch import check_batch
+    from rlx.config_checks import check_batch
 
     check_batch(check_overrides(["micro_batch_tokens=512"]), 1)
     with pytest.raises(UserError, match="micro_batch_tokens"):

@@ -285,7 +285,7 @@ def test_model_presets_carry_their_own_learning_rate():
 
 def test_zero_temperature_is_refused_for_training():
     from rlx.config import UserError, check_overrides
-    from rlx.train import check_settings
+    from rlx.config_checks import check_settings
 
     with pytest.raises(UserError, match="rollout.temperature"):
         check_settings(check_overrides(["rollout.temperature=0"]))

@@ -5,8 +5,8 @@ import pytest
 import yaml
 
 from rlx.config import CONF_DIR, UserError, check_overrides
+from rlx.config_checks import check_settings
 from rlx.run import read_metrics
-from rlx.train import check_settings
 from tests.conftest import run_rlx
 
 PRESETS = ["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "lite_ppo", "mc_grpo", "gspo", "ppo"]

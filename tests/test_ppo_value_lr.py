@@ -3,7 +3,7 @@
 import pytest
 
 from rlx.config import check_overrides
-from rlx.loops.ppo import value_learning_rate
+from rlx.models.value import value_learning_rate
 
 
 def test_value_lr_is_a_ratio_of_the_policy_lr_unless_set():

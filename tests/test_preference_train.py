@@ -96,7 +96,7 @@ def test_reward_model_then_reward_model_as_grpo_reward(tmp_path, small_pairs):
 ])
 def test_settings_mistakes_are_user_errors(overrides, needle):
     from rlx.config import UserError, check_overrides
-    from rlx.train import check_settings
+    from rlx.config_checks import check_settings
 
     with pytest.raises(UserError) as err:
         check_settings(check_overrides(overrides))

@@ -14,10 +14,9 @@ from safetensors.torch import load_file
 
 from rlx.checkpoint import Checkpointer, list_checkpoints
 from rlx.config import UserError
-from rlx.launch import check_batch
+from rlx.config_checks import check_batch, check_settings
 from rlx.loops.common import ReferenceReset
 from rlx.run import read_metrics
-from rlx.train import check_settings
 from tests.conftest import only_run_dir, run_rlx
 from tests.test_checkpoint_resume import _cfg, _comparable
 

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from rlx.algorithms.losses import entropy_threshold, top_entropy_mask
 from rlx.config import ASSETS_DIR, check_overrides
-from rlx.launch import check_batch
+from rlx.config_checks import check_batch
 from rlx.loops.common import eval_shard
 from rlx.parallel import deepspeed_config, micro_batches_per_step
 from tests.conftest import run_rlx

@@ -525,7 +525,7 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
         raise UserError("env= evaluates an environment instead of benchmarks; evaluate benchmark= in a separate run")
     if cfg.hardware.num_threads:
         torch.set_num_threads(cfg.hardware.num_threads)
-    from rlx.launch import check_device
+    from rlx.config_checks import check_device
 
     check_device(cfg.hardware)  # hardware=gpu never falls back to the CPU silently
     device = torch.device("cpu" if cfg.hardware.cpu else "cuda")

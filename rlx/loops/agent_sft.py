@@ -29,7 +29,7 @@ from rlx.loops.common import (
 )
 from rlx.models.forward import completion_logprobs
 from rlx.rollout.env import EVAL_SEED_BASE, run_episodes, train_env_seed
-from rlx.rollout.generator import HFGenerator
+from rlx.rollout.generator import policy_generator
 from rlx.rollout.types import RolloutBatch
 
 log = logging.getLogger("rlx")
@@ -48,8 +48,7 @@ def train_agent_sft(cfg, parts: Parts) -> dict:
     eval_seeds = [EVAL_SEED_BASE + k for k in range(env_cfg.eval_episodes)]
 
     def run_eval(step: int) -> dict:
-        generator = HFGenerator(acc.unwrap_model(model), tokenizer, temperature=cfg.rollout.temperature,
-                                batch_size=cfg.rollout.batch_size)
+        generator = policy_generator(acc.unwrap_model(model), tokenizer, cfg.rollout)
         episodes = play(generator, tokenizer, factory, env_cfg, eval_seeds, list(range(len(eval_seeds))), greedy=env_cfg.eval_greedy,
                         use_chat_template=cfg.model.chat_template)
         return episode_metrics(episodes, "eval")

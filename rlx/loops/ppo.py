@@ -50,7 +50,6 @@ from rlx.loops.common import (
 )
 from rlx.loops.micro_batches import plan_micro_batches
 from rlx.models.forward import completion_logprobs
-from rlx.models.value import value_learning_rate  # noqa: F401  (re-exported: its home was this loop)
 from rlx.parallel import (
     backward,
     gather,
