@@ -54,9 +54,10 @@ bench: $(STAMP) ## rlx vs TRL (GRPO and DPO) speed and memory, CPU (~1 h; ARGS="
 	$(PY) benchmarks/grpo_vs_trl.py $(ARGS)
 	$(PY) benchmarks/dpo_vs_trl.py $(ARGS)
 
-bench-scale: $(STAMP) ## rlx vs TRL GRPO on the random-init Qwen2.5-0.5B shape, fp32 CPU, 2 threads, with the compute floor (~15 min per round; ARGS="--rounds 3")
+DEVICE ?= cpu
+bench-scale: $(STAMP) ## rlx vs TRL GRPO on the random-init Qwen2.5-0.5B shape: fp32 CPU, 2 threads (~15 min per round), or DEVICE=cuda (bf16, 8x8x256); ARGS="--rounds 3 --lora --kl"
 	$(PY) -m pip install -q -e '.[bench]'
-	$(PY) benchmarks/grpo_vs_trl.py --settings "0.5b 2x4x64" --threads 2 --rounds 1 --steps 2 $(ARGS)
+	$(PY) benchmarks/grpo_vs_trl.py --device $(DEVICE) --settings "$(if $(filter cuda,$(DEVICE)),0.5b 8x8x256,0.5b 2x4x64)" --threads $(if $(filter cuda,$(DEVICE)),8,2) --rounds 1 --steps 2 $(ARGS)
 
 lint: $(STAMP) ## ruff check
 	$(VENV)/bin/ruff check rlx tests

@@ -58,15 +58,21 @@ def write_prompts(path: Path, count: int = 400, seed: int = 0) -> Path:
     return path
 
 
-def run_child(args: list[str], timeout: float) -> tuple[dict, float]:
-    """Run `python <args>`; return the JSON its last stdout line holds and its peak RSS in MiB."""
+def run_child(args: list[str], timeout: float, gpu_memory: bool = False) -> tuple[dict, float]:
+    """Run `python <args>`; return the JSON its last stdout line holds and its peak RSS in MiB (with
+    `gpu_memory`: GPU 0's peak used memory in MiB instead, from nvidia-smi every 0.2 s, so it counts the
+    CUDA context and the allocator's cache as a user sees them)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT), WANDB_DISABLED="true")
+               OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               WANDB_DISABLED="true")
     log = CACHE / "child.log"
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, *args], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
         start = time.monotonic()
+        gpu_peak = 0
         while True:
+            if gpu_memory:
+                gpu_peak = max(gpu_peak, _gpu_used_mib())
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
@@ -80,7 +86,17 @@ def run_child(args: list[str], timeout: float) -> tuple[dict, float]:
     lines = [line for line in text.splitlines() if line.startswith("{") and line.endswith("}")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"child {' '.join(args)} failed ({proc.returncode}):\n{text[-3000:]}")
-    return json.loads(lines[-1]), usage.ru_maxrss / 1024  # ru_maxrss is in KiB on Linux
+    return json.loads(lines[-1]), gpu_peak if gpu_memory else usage.ru_maxrss / 1024  # ru_maxrss: KiB on Linux
+
+
+def _gpu_used_mib() -> int:
+    """GPU 0's used memory in MiB (nvidia-smi); 0 when it cannot be read."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+                             capture_output=True, text=True, timeout=10).stdout
+        return int(out.split()[0])
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return 0
 
 
 def median(values):

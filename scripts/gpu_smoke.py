@@ -65,7 +65,7 @@ def run_path(name: str, overrides: list[str], model: Path, out: Path, args) -> b
               f"rollout.min_new_tokens={args.tokens}", f"micro_batch_size={args.micro}", "optim.warmup_steps=0",
               "eval.every=0", "eval.at_start=false", "save.final=false", "save.plot=false", "log.progress=false",
               "checkpoint.every=0", f"hydra.run.dir={run_dir}"]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                RLX_OUTPUTS=str(out / "outputs"))
     samples: list[int] = []
     stop = threading.Event()

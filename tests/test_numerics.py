@@ -316,3 +316,24 @@ def test_lora_reference_with_checkpointing_does_not_share_prompt_caches():
     plain = prepare_policy(_tiny_llama(), OmegaConf.create({"gradient_checkpointing": False, "lora": lora}),
                            OmegaConf.create({"gradient_checkpointing": False}))
     assert _can_share_prompts(reference_model(plain))
+
+
+def test_master_weights_follow_their_parameters_to_another_device():
+    """The optimizer is built before `accelerator.prepare` moves the model to the GPU: the fp32 masters (and
+    AdamW's moments) must follow their bf16 parameters, or the first step fails with "attempting to assign a
+    gradient with device type 'cuda' to a tensor with device type 'cpu'" (seen on an H100). CI has no second
+    device, so the move is played with a parameter on the meta device standing in for the moved one."""
+    from rlx.loops.common import MasterWeightAdamW
+
+    weight = torch.nn.Parameter(torch.randn(4, 3, dtype=torch.bfloat16))
+    optimizer = MasterWeightAdamW([weight], lr=0.1)
+    moved = torch.nn.Parameter(torch.empty(4, 3, dtype=torch.bfloat16, device="meta"))
+    optimizer.model_params[0] = moved  # what module.to(device) does to the parameter the optimizer holds
+    moved.grad = torch.ones(4, 3, dtype=torch.bfloat16, device="meta")
+    optimizer.step()
+    master = optimizer.masters[0]
+    assert master.device.type == "meta" and master.dtype == torch.float32
+    assert optimizer.param_groups[0]["params"][0] is master
+    assert optimizer.state[master]["exp_avg"].device.type == "meta"
+    optimizer.load_state_dict(optimizer.state_dict())  # a resume after the move keeps the masters there
+    assert optimizer.masters[0].device.type == "meta"

@@ -214,7 +214,24 @@ class MasterWeightAdamW(torch.optim.AdamW):
         super().__init__(self.masters, **kwargs)
 
     @torch.no_grad()
+    def _follow_devices(self) -> None:
+        """Keep each master (and its AdamW moments) on its parameter's device. The optimizer is built before
+        `accelerator.prepare` moves the model to the GPU, so the masters start on the CPU."""
+        moved = {}
+        for index, (param, master) in enumerate(zip(self.model_params, self.masters)):
+            if master is not param and master.device != param.device:
+                self.masters[index] = moved[master] = master.detach().to(param.device).requires_grad_(True)
+                state = self.state.pop(master, {})  # moments; the step count stays where AdamW keeps it
+                if state:
+                    self.state[self.masters[index]] = {key: value.to(param.device) if torch.is_tensor(value)
+                                                       and value.dim() > 0 else value for key, value in state.items()}
+        if moved:
+            for group in self.param_groups:
+                group["params"] = [moved.get(p, p) for p in group["params"]]
+
+    @torch.no_grad()
     def step(self, closure=None):
+        self._follow_devices()
         for param, master in zip(self.model_params, self.masters):
             if master is not param:
                 master.grad = None if param.grad is None else param.grad.float()
@@ -238,6 +255,7 @@ class MasterWeightAdamW(torch.optim.AdamW):
     def load_state_dict(self, state_dict: dict) -> None:
         state_dict = dict(state_dict)
         saved = state_dict.pop("master_weights", None)
+        self._follow_devices()  # so that the loaded moments land on the parameters' device
         super().load_state_dict(state_dict)
         if saved is not None:
             with torch.no_grad():
