@@ -41,6 +41,7 @@ SETTINGS = {  # name: (model, prompts per step, samples per prompt, completion t
     "0.5b 2x4x64": ("0.5b", 2, 4, 64),
     "0.5b 2x4x256": ("0.5b", 2, 4, 256),
     # GPU sizes (make bench-scale DEVICE=cuda): a realistic rollout batch
+    "0.5b 8x8x64": ("0.5b", 8, 8, 64),
     "0.5b 8x8x256": ("0.5b", 8, 8, 256),
     "0.5b 8x8x1024": ("0.5b", 8, 8, 1024),
 }
