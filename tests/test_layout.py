@@ -120,3 +120,28 @@ def test_the_import_reader_resolves_what_it_must(source, expected):
 def test_a_cycle_is_found():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+# cfg -> plain keyword arguments: the only helpers that read the config (a loop calls them once)
+CONFIG_ADAPTERS = {"eval_settings", "batch_settings"}
+
+
+def test_loop_helpers_take_plain_values_not_cfg():
+    """Helpers shared by the loops (loops/common.py, loops/micro_batches.py, rollout/) take plain values:
+    a `cfg` parameter hides which settings a helper reads (issue 15)."""
+    files = [ROOT / "loops" / "common.py", ROOT / "loops" / "micro_batches.py", *sorted((ROOT / "rollout").glob("*.py"))]
+    taking_cfg = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name not in CONFIG_ADAPTERS:
+                names = [a.arg for a in node.args.args + node.args.kwonlyargs]
+                if "cfg" in names:
+                    taking_cfg.append(f"{path.name}:{node.name}")
+    assert taking_cfg == []
+
+
+def test_eval_due_every_n_steps_and_at_the_last():
+    from rlx.loops.common import eval_due
+
+    assert [s for s in range(1, 8) if eval_due(s, 3, 7)] == [3, 6, 7]
+    assert not any(eval_due(s, 0, 7) for s in range(1, 8))  # eval.every=0: never

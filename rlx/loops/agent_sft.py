@@ -83,10 +83,10 @@ def train_agent_sft(cfg, parts: Parts) -> dict:
             **episode_metrics(episodes, "demo"),
             "perf/step_time_s": time.perf_counter() - start,
         }
-        if eval_due(cfg, step, acc):
+        if eval_due(step, cfg.eval.every, cfg.steps):
             last_eval = run_eval(step)
             metrics.update(last_eval)
-        end_step(cfg, step, metrics, metrics_log, checkpointer)
+        end_step(step, metrics, metrics_log, checkpointer, cfg.log.every, cfg.steps)
     metrics_log.close()
     return {"model": model, "final_eval": last_eval}
 

@@ -280,6 +280,16 @@ def eval_settings(cfg) -> dict:
     )
 
 
+def batch_settings(cfg) -> dict:
+    """Keyword arguments of `sample_batch` from the config (policy-gradient and PPO loops)."""
+    return dict(
+        prompts_per_step=cfg.prompts_per_step, max_new_tokens=cfg.rollout.max_new_tokens,
+        min_new_tokens=cfg.rollout.get("min_new_tokens", 0), seed=cfg.seed, use_chat_template=cfg.model.chat_template,
+        system_prompt=cfg.data.system_prompt, on_error=cfg.reward.on_error, accuracy_key=cfg.reward.accuracy,
+        total_steps=cfg.steps, dynamic_sampling=cfg.algorithm.dynamic_sampling, max_rounds=cfg.algorithm.max_sample_batches,
+    )
+
+
 def eval_shard(count: int, acc) -> tuple[slice, int]:
     """This process's rows of an evaluation split over all processes: a contiguous block of
     ceil(count / N) rows (the last blocks shorter or empty), and how many copies of a row pad it to
@@ -332,10 +342,10 @@ def evaluate(model, tokenizer, rows: list[dict], rewards: list[RewardComponent],
     return metrics, records
 
 
-def eval_due(cfg, step: int, acc) -> bool:
-    """Evaluate every eval.every steps and at the last step, on every process (each generates its share
-    of the rows; a sharded model needs all of them in every forward pass)."""
-    return bool(cfg.eval.every) and (step % cfg.eval.every == 0 or step == cfg.steps)
+def eval_due(step: int, every: int, last_step: int) -> bool:
+    """Evaluate every `every` steps (eval.every; 0: never) and at the last step, on every process (each
+    generates its share of the rows; a sharded model needs all of them in every forward pass)."""
+    return bool(every) and (step % every == 0 or step == last_step)
 
 
 def evaluate_at_start(at_start: bool, start_step: int, metrics_log, run_eval, extra: dict | None = None) -> dict:
@@ -349,10 +359,10 @@ def evaluate_at_start(at_start: bool, start_step: int, metrics_log, run_eval, ex
     return metrics
 
 
-def end_step(cfg, step: int, metrics: dict, metrics_log, checkpointer) -> None:
-    """Write the step's row (every log.every steps, at evaluations and at the last step), show progress,
+def end_step(step: int, metrics: dict, metrics_log, checkpointer, log_every: int, last_step: int) -> None:
+    """Write the step's row (every `log_every` steps, at evaluations and at the last step), show progress,
     and checkpoint when due (every checkpoint.every steps, at the end, and on Ctrl-C)."""
-    if step % cfg.log.every == 0 or step == cfg.steps or any(key.startswith("eval/") for key in metrics):
+    if step % log_every == 0 or step == last_step or any(key.startswith("eval/") for key in metrics):
         metrics_log.write(step, metrics)
     metrics_log.show(step, metrics)
     checkpointer.step_done(step)
