@@ -250,3 +250,22 @@ def test_resume_of_a_run_with_a_damaged_config_is_one_line_before_anything_runs(
         resolve_resume([f"resume={run}"])
     assert exit_info.value.code == 2
     assert f"error: {run / 'config.yaml'} is damaged (" in capsys.readouterr().err
+
+
+def test_resume_of_a_run_saved_with_another_familys_knob_leaves_it_out(tmp_path, monkeypatch):
+    """Runs made when grpo.yaml still carried PPO's critic knobs could pass `algorithm.vf_coef=...` to grpo
+    (no effect); grpo's schema now refuses it, so a resume drops the saved override instead of failing."""
+    from rlx.config import check_overrides
+    from rlx.config_checks import check_settings
+
+    run = _fake_run(tmp_path, ["algorithm=grpo", "algorithm.value_model=builtin:tiny", "algorithm.vf_coef=0.1",
+                               "algorithm.clip_high=0.28", "steps=2"], 2)
+    (run / "config.yaml").write_text("name: grpo\nalgorithm: {name: grpo, family: policy_gradient, vf_coef: 0.1,"
+                                     " value_model: builtin:tiny, gamma: 1.0}\n")
+    monkeypatch.setenv("RLX_OUTPUTS", str(tmp_path / "outputs"))
+    args = resolve_resume([f"resume={run}"])
+    assert args[:3] == ["algorithm=grpo", "algorithm.clip_high=0.28", "steps=2"]
+    check_settings(check_overrides(args[:3]))  # what the resumed run composes passes grpo's schema
+    ppo = _fake_run(tmp_path / "ppo", ["algorithm=ppo", "algorithm.vf_coef=0.1"], 2)
+    (ppo / "config.yaml").write_text("algorithm: {name: ppo, family: ppo}\n")
+    assert resolve_resume([f"resume={ppo}"])[:2] == ["algorithm=ppo", "algorithm.vf_coef=0.1"]  # its own knob stays
