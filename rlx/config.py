@@ -128,7 +128,7 @@ def check_overrides(overrides: list[str], config_name: str = "train") -> DictCon
                 known = _flat_keys(base)
             except Exception:
                 known = []
-            command = "eval" if config_name == "eval" else "train"
+            command = {"eval": "eval", "data_prefs": "data prefs"}.get(config_name, "train")
             fail(f"unknown key '{missing_key}'{_nearest(missing_key, known)}; `rlx {command} --help` shows every key "
                  f"with its comment")
         fail(message)

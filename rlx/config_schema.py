@@ -14,6 +14,11 @@ valid choices: ...`), or a key the chosen option does not have (`algorithm.vf_co
 A new knob is one YAML line with its comment plus one field here; tests/test_config_schema.py fails
 when a shipped YAML key has no field or a field no YAML key. Cross-field rules (a batch that must split
 evenly, settings that need each other) live in rlx/config_checks.py.
+
+Why a walk of rlx's own rather than `OmegaConf.structured` merged under Hydra's ConfigStore: a structured
+config needs a default (or MISSING) per field, which would copy YAML's defaults here; its errors are
+multi-line and worded by OmegaConf; and the algorithm group's schema depends on `algorithm.family`, which a
+merge cannot pick. The dataclasses are still plain typed declarations that OmegaConf could read.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import functools
 import math
 import types
 import typing
@@ -579,8 +585,9 @@ class DataPrefsConfig:
     hardware: Hardware = field()
 
 
-# primary config name -> its schema
+# primary config name -> its schema, and the command that composes it
 SCHEMAS = {"train": TrainConfig, "eval": EvalConfig, "data_prefs": DataPrefsConfig}
+COMMANDS = {"train": "rlx train", "eval": "rlx eval", "data_prefs": "rlx data prefs"}
 # a group whose schema depends on one of its keys: base schema -> (key, {value: schema})
 DISPATCH = {Algorithm: ("family", ALGORITHMS), Rollout: ("backend", ROLLOUTS)}
 _GROUP_OPTION = {Algorithm: "algorithm", Rollout: "rollout"}  # the `group=option` that selects a dispatched schema
@@ -600,6 +607,7 @@ def check_config(cfg: DictConfig, config_name: str = "train") -> None:
         _check_section(cfg, SCHEMAS[config_name], "", config_name, derived)
 
 
+@functools.cache
 def schema_fields(schema: type) -> dict[str, tuple[object, dict]]:
     """{field name: (type, range metadata)} of a schema dataclass (annotations resolved)."""
     hints = typing.get_type_hints(schema)
@@ -781,8 +789,8 @@ def unknown_key_message(name: str, node, schema: type, config_name: str = "train
             listed = options[0] if len(options) == 1 else f"{', '.join(options[:-1])} or {options[-1]}"
             return f"{name} is a {' / '.join(names)} knob{chosen}; use {group}={listed} (or leave {name} out)"
     siblings = [name[: -len(key)] + k for k in schema_fields(schema)]
-    command = "eval" if config_name == "eval" else "train"
-    return f"unknown key '{name}'{_nearest(name, siblings)}; `rlx {command} --help` shows every key with its comment"
+    command = COMMANDS.get(config_name, config_name)
+    return f"unknown key '{name}'{_nearest(name, siblings)}; `{command} --help` shows every key with its comment"
 
 
 def family_knob_message(name: str) -> str | None:

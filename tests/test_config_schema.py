@@ -220,3 +220,15 @@ def test_the_eval_defaults_pass():
     from rlx.evaluation.runner import check_settings as check_eval
 
     check_eval(check_overrides([], config_name="eval"))
+
+
+def test_data_prefs_knobs_are_typed_too():
+    from rlx.data.build_prefs import build
+
+    for override, start in (("samples_per_prompt=1", "samples_per_prompt=1 is not valid: it must be an integer >= 2"),
+                            ("progress=sometimes", "unknown progress 'sometimes'; valid choices: auto, true, false"),
+                            ("+pairs=2", "unknown key 'pairs'")):
+        with pytest.raises(UserError) as info:
+            build(check_overrides([override], config_name="data_prefs"))  # stops before any model loads
+        assert str(info.value).startswith(start)
+    assert "`rlx data prefs --help`" in str(info.value)
