@@ -541,6 +541,8 @@ class Benchmark:
     load: dict = field()
     data: Data | None = field()  # chain_sum: the training data config whose held-out split is evaluated
     verifier: Verifier | None = field()
+    extract: dict | None = field()  # {_target_: fn, ...}: overrides the verifier's extractor
+    verify: dict | None = field()  # {_target_: fn, ...}: overrides the verifier's scorer
     max_new_tokens: int = num(1)
     chat_template: bool | None = field()
     system_prompt: str | None = field()

@@ -269,3 +269,21 @@ def test_resume_of_a_run_saved_with_another_familys_knob_leaves_it_out(tmp_path,
     ppo = _fake_run(tmp_path / "ppo", ["algorithm=ppo", "algorithm.vf_coef=0.1"], 2)
     (ppo / "config.yaml").write_text("algorithm: {name: ppo, family: ppo}\n")
     assert resolve_resume([f"resume={ppo}"])[:2] == ["algorithm=ppo", "algorithm.vf_coef=0.1"]  # its own knob stays
+
+
+@pytest.mark.slow
+def test_a_grpo_run_saved_with_the_old_critic_knobs_resumes(tmp_path):
+    """A real run whose config.yaml and overrides.yaml have the shape of runs made before grpo.yaml lost the
+    critic's knobs (they sat in every policy-gradient config, and could be overridden) resumes and finishes."""
+    first = run_rlx(["train", *RUN, "steps=2", "save.final=false"], tmp_path, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    run = only_run_dir(tmp_path)
+    config = OmegaConf.load(run / "config.yaml")
+    config.algorithm.update({"value_model": None, "value_lr": None, "value_lr_ratio": 5.0, "vf_coef": 0.5,
+                             "value_clip": 0.2, "gamma": 1.0, "lam": 0.95, "whiten_advantages": True})
+    OmegaConf.save(config, run / "config.yaml")
+    saved = OmegaConf.to_container(OmegaConf.load(run / "overrides.yaml"))
+    OmegaConf.save(OmegaConf.create([*saved, "algorithm.vf_coef=0.1"]), run / "overrides.yaml")
+    resumed = run_rlx(["train", f"resume={run}", "steps=3"], tmp_path, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl") if "train/loss" in r] == [1, 2, 3]
