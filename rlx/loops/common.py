@@ -257,19 +257,24 @@ def _local_grad_norm(model) -> float:
     return float(torch.stack(grads).norm()) if grads else 0.0
 
 
-def build_optimizer(model, optim_cfg, total_updates: int):
+def build_optimizer(model, total_updates: int, *, lr: float, betas, eps: float, weight_decay: float, schedule: str,
+                    warmup_steps: int):
     """AdamW over the trainable parameters (with fp32 master weights when some are bf16/fp16), and the
-    learning-rate schedule."""
+    learning-rate schedule (optim.* settings: optimizer_settings(cfg.optim))."""
     params = [p for p in model.parameters() if p.requires_grad]
     low_precision = any(p.dtype != torch.float32 for p in params)
     optimizer_class = MasterWeightAdamW if low_precision and not _engine_keeps_master_weights() else torch.optim.AdamW
     optimizer = optimizer_class(
-        params, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas), eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay
+        params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_lambda(optim_cfg.schedule, optim_cfg.warmup_steps, total_updates)
-    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(schedule, warmup_steps, total_updates))
     return optimizer, scheduler
+
+
+def optimizer_settings(optim_cfg) -> dict:
+    """Keyword arguments of `build_optimizer` from the optim section."""
+    return dict(lr=optim_cfg.lr, betas=list(optim_cfg.betas), eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay,
+                schedule=optim_cfg.schedule, warmup_steps=optim_cfg.warmup_steps)
 
 
 def eval_settings(cfg) -> dict:
