@@ -132,13 +132,6 @@ TYPED = [  # (overrides, the line's start): a wrong type, a range, a closed set,
 ]
 
 
-@pytest.mark.parametrize("overrides,start", TYPED, ids=[" ".join(o) for o, _ in TYPED])
-def test_a_typed_knob_refuses_a_bad_value_in_one_line(overrides, start):
-    with pytest.raises(UserError) as info:
-        check_settings(check_overrides(overrides))
-    assert str(info.value).startswith(start) and "\n" not in str(info.value)
-
-
 FAMILY_KNOBS = [  # a knob the chosen option's family (backend) does not have: who has it
     (["+algorithm.vf_coef=0.1"], "algorithm.vf_coef is a ppo knob, not a knob of algorithm=grpo; use algorithm=ppo"),
     (["algorithm=dapo", "+algorithm.value_model=x"], "algorithm.value_model is a ppo knob, not a knob of algorithm=dapo"),
@@ -150,11 +143,11 @@ FAMILY_KNOBS = [  # a knob the chosen option's family (backend) does not have: w
 ]
 
 
-@pytest.mark.parametrize("overrides,start", FAMILY_KNOBS, ids=[" ".join(o) for o, _ in FAMILY_KNOBS])
-def test_a_knob_of_another_family_names_the_family_that_has_it(overrides, start):
+@pytest.mark.parametrize("overrides,start", TYPED + FAMILY_KNOBS, ids=[" ".join(o) for o, _ in TYPED + FAMILY_KNOBS])
+def test_a_bad_value_or_another_familys_knob_is_one_line(overrides, start):
     with pytest.raises(UserError) as info:
         check_settings(check_overrides(overrides))
-    assert str(info.value).startswith(start)
+    assert str(info.value).startswith(start) and "\n" not in str(info.value)
 
 
 def test_a_ppo_knob_given_to_grpo_is_one_line_naming_ppo(capsys):
