@@ -113,8 +113,12 @@ def check_overrides(overrides: list[str], config_name: str = "train") -> DictCon
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         missing_key = _missing_key(message)
         if missing_key is not None:
+            from rlx.config_schema import family_knob_message
             from rlx.peer_names import peer_pointer
 
+            family_knob = family_knob_message(missing_key)  # a knob of another algorithm family / rollout backend
+            if family_knob is not None:
+                fail(family_knob)
             pointer = peer_pointer(missing_key)
             if pointer is not None:
                 fail(pointer)
@@ -124,7 +128,7 @@ def check_overrides(overrides: list[str], config_name: str = "train") -> DictCon
                 known = _flat_keys(base)
             except Exception:
                 known = []
-            command = "eval" if config_name == "eval" else "train"
+            command = {"eval": "eval", "data_prefs": "data prefs"}.get(config_name, "train")
             fail(f"unknown key '{missing_key}'{_nearest(missing_key, known)}; `rlx {command} --help` shows every key "
                  f"with its comment")
         fail(message)

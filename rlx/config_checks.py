@@ -1,8 +1,8 @@
 """Cross-field rules of `rlx train` configs, in one place: combinations of knobs that make no sense
 stop the run before any work with one line naming the settings and the fix (rlx.config.UserError).
-Each knob's own type and range is declared once in rlx/config_schema.py (check_knobs, run first);
-the rules here compare knobs. `check_run` is the front door train.py calls; which rules a family
-adds is the FAMILY_CHECKS registry."""
+Each knob's own type, range or choices is declared once in rlx/config_schema.py (the typed schema of
+its group, checked first by check_config); the rules here compare knobs. `check_run` is the front door
+train.py calls; which rules a family adds is the FAMILY_CHECKS registry."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from omegaconf import DictConfig
 
 from rlx.config import UserError
-from rlx.config_schema import check_knobs
+from rlx.config_schema import check_config
 
 
 def check_run(cfg: DictConfig) -> None:
@@ -26,16 +26,8 @@ def check_run(cfg: DictConfig) -> None:
 
 def check_settings(cfg: DictConfig) -> None:
     """Combinations that make no sense stop the run before any work, naming the settings."""
-    from rlx.train import FAMILIES
-
-    check_knobs(cfg)  # every knob's type and range first: the rules below compare them
+    check_config(cfg)  # every knob's type, range and family first (unknown family included): the rules below compare them
     family = cfg.algorithm.family
-    if family not in FAMILIES:
-        raise UserError(f"unknown algorithm.family '{family}'; valid choices: {', '.join(FAMILIES)}")
-    if cfg.steps < 1:
-        raise UserError(f"steps={cfg.steps} must be at least 1")
-    if cfg.micro_batch_size < 1:
-        raise UserError(f"micro_batch_size={cfg.micro_batch_size} must be at least 1")
     for check in FAMILY_CHECKS[family]:
         check(cfg)
     for name, spec in cfg.reward.components.items():
@@ -47,12 +39,8 @@ def check_settings(cfg: DictConfig) -> None:
 def check_rollout_batch(cfg: DictConfig) -> None:
     """The rollout batch of the policy-gradient and PPO families: sizes and its split into mini-batches."""
     algo = cfg.algorithm
-    if cfg.rollout.samples_per_prompt < 1 or cfg.prompts_per_step < 1:
-        raise UserError("rollout.samples_per_prompt and prompts_per_step must be at least 1")
-    if algo.clip_low < 0 or algo.clip_high < 0:
-        raise UserError(f"algorithm.clip_low={algo.clip_low} and clip_high={algo.clip_high} must be >= 0")
     batch = cfg.prompts_per_step * (cfg.rollout.samples_per_prompt + (algo.advantage == "median"))
-    if algo.mini_batches < 1 or batch % algo.mini_batches:
+    if batch % algo.mini_batches:
         raise UserError(
             f"algorithm.mini_batches={algo.mini_batches} must divide the rollout batch "
             f"prompts_per_step x rollout.samples_per_prompt = {batch}"
@@ -77,13 +65,9 @@ def check_preference_settings(cfg: DictConfig) -> None:
     if cfg.data.get("pairs") is None:
         raise UserError(f"algorithm={algo.name} trains on preference pairs; add data=prefs (the embedded chain_sum pairs) "
                         f"or data=prefs_file data.pairs.path=FILE or data=prefs_hub data.pairs.id=ORG/NAME")
-    if algo.batch_size < 1:
-        raise UserError(f"algorithm.batch_size={algo.batch_size} must be at least 1")
     if algo.family == "preference":
         from rlx.algorithms.preference import REFERENCE_FREE, preference_loss
 
-        if algo.reference not in ("precompute", "model"):
-            raise UserError(f"unknown algorithm.reference '{algo.reference}'; valid choices: precompute, model")
         one = torch.zeros(1)
         ref = None if algo.loss_type in REFERENCE_FREE else one
         try:  # the loss validates its own arguments; run it once on a dummy pair
@@ -104,8 +88,6 @@ def check_one_process(cfg: DictConfig) -> None:
 
 def check_agent_settings(cfg: DictConfig) -> None:
     """The multi-turn loop (rlx/loops/agent.py) needs an environment and a known credit estimator."""
-    from rlx.algorithms.gigpo import CREDIT, SCALES
-
     algo, env = cfg.algorithm, cfg.get("env")
     if env is None:
         raise UserError(f"algorithm={algo.name} plays an environment: add env=grid (or guess_number, corridor, tool_use, "
@@ -119,35 +101,21 @@ def check_agent_settings(cfg: DictConfig) -> None:
     if cfg.rollout.get("tis_cap") is not None:
         raise UserError("rollout.tis_cap (truncated importance sampling) is implemented for the policy-gradient "
                         "family (GRPO, RLOO, ...), not the agent loop; unset it")
-    if algo.credit not in CREDIT:
-        raise UserError(f"unknown algorithm.credit '{algo.credit}'; valid choices: {', '.join(CREDIT)}")
-    if algo.scale not in SCALES:
-        raise UserError(f"algorithm.scale={algo.scale} is not available to the agent loop; valid choices: {', '.join(SCALES)}")
-    if cfg.rollout.samples_per_prompt < 2 or cfg.prompts_per_step < 1:
+    if cfg.rollout.samples_per_prompt < 2:
         raise UserError(f"algorithm.family=agent compares the episodes of a task: rollout.samples_per_prompt="
-                        f"{cfg.rollout.samples_per_prompt} must be at least 2 (and prompts_per_step at least 1)")
-    if algo.clip_high < algo.clip_low or algo.clip_low < 0:
-        raise UserError(f"algorithm.clip_low={algo.clip_low} must be >= 0 and clip_high={algo.clip_high} >= clip_low")
-    if algo.mini_batches < 1 or (cfg.prompts_per_step * cfg.rollout.samples_per_prompt) % algo.mini_batches:
+                        f"{cfg.rollout.samples_per_prompt} must be at least 2")
+    if algo.clip_high < algo.clip_low:
+        raise UserError(f"algorithm.clip_high={algo.clip_high} is below algorithm.clip_low={algo.clip_low}; "
+                        f"clip-higher needs clip_high >= clip_low")
+    if (cfg.prompts_per_step * cfg.rollout.samples_per_prompt) % algo.mini_batches:
         raise UserError(f"algorithm.mini_batches={algo.mini_batches} must divide prompts_per_step x rollout.samples_per_prompt")
-    if env.max_turns < 1 or env.max_new_tokens < 1 or env.max_total_tokens < 2:
-        raise UserError("env.max_turns, env.max_new_tokens and env.max_total_tokens must be at least 1")
-    if not 0 <= algo.gamma <= 1:
-        raise UserError(f"algorithm.gamma={algo.gamma} must be in [0, 1]")
 
 
 def check_policy_gradient_settings(cfg: DictConfig) -> None:
     """Conflicting knobs of the policy-gradient and PPO families (see conf/algorithm/grpo.yaml)."""
-    from rlx.algorithms.advantages import ESTIMATORS, GROUP_BASELINES, SCALES
-    from rlx.algorithms.kl import KL_ESTIMATORS, KL_PLACEMENTS
-    from rlx.algorithms.losses import LOSS_AGGREGATIONS, RATIO_LEVELS
+    from rlx.algorithms.advantages import GROUP_BASELINES
 
     algo, family, samples = cfg.algorithm, cfg.algorithm.family, cfg.rollout.samples_per_prompt
-    for key, value, valid in (("advantage", algo.advantage, ESTIMATORS), ("scale", algo.scale, SCALES),
-                              ("loss_agg", algo.loss_agg, LOSS_AGGREGATIONS), ("ratio_level", algo.ratio_level, RATIO_LEVELS),
-                              ("kl_estimator", algo.kl_estimator, KL_ESTIMATORS), ("kl_in", algo.kl_in, KL_PLACEMENTS)):
-        if value not in valid:
-            raise UserError(f"unknown algorithm.{key} '{value}'; valid choices: {', '.join(valid)}")
     if algo.advantage == "gae" and family != "ppo":
         raise UserError("algorithm.advantage=gae needs a value model: use algorithm=ppo (algorithm.family=ppo)")
     if family == "ppo" and algo.advantage != "gae":
@@ -166,10 +134,6 @@ def check_policy_gradient_settings(cfg: DictConfig) -> None:
                         f"clip-higher needs clip_high >= clip_low")
     if algo.dual_clip is not None and algo.dual_clip <= 1:
         raise UserError(f"algorithm.dual_clip={algo.dual_clip} must be > 1 (or null to turn it off)")
-    if not 0 < algo.forking_rho <= 1:
-        raise UserError(f"algorithm.forking_rho={algo.forking_rho} must be in (0, 1]")
-    if algo.kl_coef < 0 or algo.entropy_coef < 0:
-        raise UserError("algorithm.kl_coef and algorithm.entropy_coef must be >= 0")
     if algo.kl_in == "reward" and algo.kl_estimator != "k1":
         raise UserError(f"algorithm.kl_in=reward uses the k1 estimator; set algorithm.kl_estimator=k1 "
                         f"(got {algo.kl_estimator})")
@@ -178,23 +142,15 @@ def check_policy_gradient_settings(cfg: DictConfig) -> None:
     if algo.ref_reset_every and cfg.model.lora.enabled:
         raise UserError("algorithm.ref_reset_every copies the policy into the reference, but under LoRA the reference is "
                         "the base with the adapter off; set algorithm.ref_reset_every=0 or model.lora.enabled=false")
-    if algo.kl_target is not None and algo.kl_target <= 0:
-        raise UserError(f"algorithm.kl_target={algo.kl_target} must be > 0 (or null for a fixed kl_coef)")
     if algo.dynamic_sampling and algo.advantage not in GROUP_BASELINES:
         raise UserError(f"algorithm.dynamic_sampling drops groups with tied rewards, which only carry no signal "
                         f"under a group baseline; algorithm.advantage={algo.advantage} is not one")
-    if algo.dynamic_sampling and algo.max_sample_batches < 1:
-        raise UserError(f"algorithm.max_sample_batches={algo.max_sample_batches} must be at least 1")
-    if algo.overlong_buffer < 0 or algo.overlong_buffer > cfg.rollout.max_new_tokens:
+    if algo.overlong_buffer > cfg.rollout.max_new_tokens:
         raise UserError(f"algorithm.overlong_buffer={algo.overlong_buffer} must be in 0..rollout.max_new_tokens="
                         f"{cfg.rollout.max_new_tokens}")
-    if algo.positive_weight < 0 or algo.negative_weight < 0:
-        raise UserError("algorithm.positive_weight and algorithm.negative_weight must be >= 0")
     if family == "ppo" and cfg.rollout.get("tis_cap") is not None:
         raise UserError("rollout.tis_cap (truncated importance sampling) is implemented for the policy-gradient "
                         "family (GRPO, RLOO, ...), not PPO; unset it")
-    if family == "ppo" and not (0 <= algo.gamma <= 1 and 0 <= algo.lam <= 1):
-        raise UserError(f"algorithm.gamma={algo.gamma} and algorithm.lam={algo.lam} must be in [0, 1]")
 
 
 def check_sharded_settings(cfg: DictConfig) -> None:

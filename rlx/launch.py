@@ -271,11 +271,36 @@ def resolve_resume(args: list[str]) -> list[str]:
     new = [a for a in args if not a.startswith("resume=")]
     new_keys = {a.split("=", 1)[0].lstrip("+~") for a in new}
     kept = [o for o in saved if o.split("=", 1)[0].lstrip("+~") not in new_keys and not o.startswith(("resume=", "hydra."))]
+    kept = [o for o in kept if o not in unread_knobs(run, kept)]
     kept += legacy_pins(run, new_keys)
     if new:
         check_resume_compatible(run, [*kept, *new])
     quoted = str(run.resolve()).replace("'", "\\'")
     return [*kept, *new, f"resume='{quoted}'", f"hydra.run.dir='{quoted}'"]
+
+
+def unread_knobs(run: Path, overrides: list[str]) -> list[str]:
+    """Saved overrides of knobs the run's own family (backend) never read: before each algorithm family got
+    only its own knobs (grpo.yaml carried PPO's critic knobs), a grpo run could be given `algorithm.vf_coef=...`;
+    it had no effect, and the family's schema now refuses it, so a resume leaves it out."""
+    candidates = [o for o in overrides if o.lstrip("+~").startswith(("algorithm.", "rollout."))]
+    if not candidates:
+        return []
+    try:
+        saved = yaml.safe_load((run / "config.yaml").read_text()) or {}
+    except yaml.YAMLError:
+        return []  # check_resume_compatible reports the damaged file
+    from rlx.config_schema import DISPATCH, Algorithm, Rollout, owners, schema_fields
+
+    unread = []
+    for text in candidates:
+        group, _, key = text.lstrip("+~").split("=", 1)[0].partition(".")
+        base = {"algorithm": Algorithm, "rollout": Rollout}[group]
+        choice_key, table = DISPATCH[base]
+        schema = table.get((saved.get(group) or {}).get(choice_key)) if isinstance(saved.get(group), dict) else None
+        if schema is not None and "." not in key and key not in schema_fields(schema) and owners(base, key):
+            unread.append(text)
+    return unread
 
 
 # knobs whose default changed after runs were made without them: the value such a run used. A resume of a run

@@ -432,9 +432,8 @@ def check_every_trial(overrides: list[str], config_name: str = "train") -> int:
     import io
 
     from rlx.config import UserError, check_overrides
-    from rlx.config_schema import EVAL_KNOBS, TRAIN_KNOBS, check_knobs
+    from rlx.config_schema import check_config
 
-    knobs = {"train": TRAIN_KNOBS, "eval": EVAL_KNOBS}
     task = [o for o in overrides if not o.startswith(("hydra.", "hydra/"))]
     target, params = sweeper_params(task) if config_name == "train" else ("", {})
     if "optuna" in target.lower():
@@ -456,7 +455,7 @@ def check_every_trial(overrides: list[str], config_name: str = "train") -> int:
             raise UserError(f"sweep combination {number + 1} of {len(combos)} ({' '.join(varying) or ' '.join(combo)}) "
                             f"does not compose: {message}; nothing was run") from None
         try:  # types and ranges of every knob, as the trial would check them only when its turn comes
-            check_knobs(cfg, knobs[config_name])
+            check_config(cfg, config_name)
         except UserError as exc:
             raise UserError(f"sweep combination {number + 1} of {len(combos)} ({' '.join(varying) or ' '.join(combo)}) "
                             f"is refused: {exc}; nothing was run") from None

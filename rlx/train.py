@@ -122,10 +122,12 @@ def build_parts(cfg: DictConfig, components: Components) -> Parts:
         module, function = needs.before_prepare.split(":")
         getattr(importlib.import_module(module), function)(cfg, parts)
     reference = lora.reference_model(parts.model) if needs.reference(algo) else None
-    parts.optimizer, parts.scheduler = common.build_optimizer(parts.model, cfg.optim, total_updates)
+    settings = common.optimizer_settings(cfg.optim)
+    parts.optimizer, parts.scheduler = common.build_optimizer(parts.model, total_updates, **settings)
     if needs.value_model:
-        value_optim = OmegaConf.merge(cfg.optim, {"lr": value.value_learning_rate(algo.value_lr, algo.value_lr_ratio, cfg.optim.lr)})
-        parts.value_optimizer, parts.value_scheduler = common.build_optimizer(parts.value_model, value_optim, total_updates)
+        value_lr = value.value_learning_rate(algo.value_lr, algo.value_lr_ratio, cfg.optim.lr)
+        parts.value_optimizer, parts.value_scheduler = common.build_optimizer(parts.value_model, total_updates,
+                                                                              **{**settings, "lr": value_lr})
     if needs.rollout_engine:  # None: generate with the policy (rollout=hf)
         parts.engine = build_engine(cfg.rollout, parts.model, parts.tokenizer, cfg.seed)
     prepared = [parts.model, parts.optimizer] + ([parts.scheduler] if needs.prepare_scheduler else [])
@@ -351,7 +353,6 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
 
 
 def _record_resume(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> None:
-    from omegaconf import OmegaConf
 
     from rlx.checkpoint import latest_checkpoint
     from rlx.run import record_resume

@@ -250,3 +250,40 @@ def test_resume_of_a_run_with_a_damaged_config_is_one_line_before_anything_runs(
         resolve_resume([f"resume={run}"])
     assert exit_info.value.code == 2
     assert f"error: {run / 'config.yaml'} is damaged (" in capsys.readouterr().err
+
+
+def test_resume_of_a_run_saved_with_another_familys_knob_leaves_it_out(tmp_path, monkeypatch):
+    """Runs made when grpo.yaml still carried PPO's critic knobs could pass `algorithm.vf_coef=...` to grpo
+    (no effect); grpo's schema now refuses it, so a resume drops the saved override instead of failing."""
+    from rlx.config import check_overrides
+    from rlx.config_checks import check_settings
+
+    run = _fake_run(tmp_path, ["algorithm=grpo", "algorithm.value_model=builtin:tiny", "algorithm.vf_coef=0.1",
+                               "algorithm.clip_high=0.28", "steps=2"], 2)
+    (run / "config.yaml").write_text("name: grpo\nalgorithm: {name: grpo, family: policy_gradient, vf_coef: 0.1,"
+                                     " value_model: builtin:tiny, gamma: 1.0}\n")
+    monkeypatch.setenv("RLX_OUTPUTS", str(tmp_path / "outputs"))
+    args = resolve_resume([f"resume={run}"])
+    assert args[:3] == ["algorithm=grpo", "algorithm.clip_high=0.28", "steps=2"]
+    check_settings(check_overrides(args[:3]))  # what the resumed run composes passes grpo's schema
+    ppo = _fake_run(tmp_path / "ppo", ["algorithm=ppo", "algorithm.vf_coef=0.1"], 2)
+    (ppo / "config.yaml").write_text("algorithm: {name: ppo, family: ppo}\n")
+    assert resolve_resume([f"resume={ppo}"])[:2] == ["algorithm=ppo", "algorithm.vf_coef=0.1"]  # its own knob stays
+
+
+@pytest.mark.slow
+def test_a_grpo_run_saved_with_the_old_critic_knobs_resumes(tmp_path):
+    """A real run whose config.yaml and overrides.yaml have the shape of runs made before grpo.yaml lost the
+    critic's knobs (they sat in every policy-gradient config, and could be overridden) resumes and finishes."""
+    first = run_rlx(["train", *RUN, "steps=2", "save.final=false"], tmp_path, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    run = only_run_dir(tmp_path)
+    config = OmegaConf.load(run / "config.yaml")
+    config.algorithm.update({"value_model": None, "value_lr": None, "value_lr_ratio": 5.0, "vf_coef": 0.5,
+                             "value_clip": 0.2, "gamma": 1.0, "lam": 0.95, "whiten_advantages": True})
+    OmegaConf.save(config, run / "config.yaml")
+    saved = OmegaConf.to_container(OmegaConf.load(run / "overrides.yaml"))
+    OmegaConf.save(OmegaConf.create([*saved, "algorithm.vf_coef=0.1"]), run / "overrides.yaml")
+    resumed = run_rlx(["train", f"resume={run}", "steps=3"], tmp_path, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl") if "train/loss" in r] == [1, 2, 3]

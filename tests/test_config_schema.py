@@ -1,10 +1,15 @@
-"""Every numeric and enum knob is type- and range-checked up front, with its name (issue 17)."""
+"""Every knob is type- and range-checked up front against the typed schema of its group, with its name
+(issues 15 and 17): rlx/config_schema.py declares each knob once, YAML holds its default and comment."""
+
+import dataclasses
+import typing
 
 import pytest
+from omegaconf import DictConfig
 
-from rlx.config import UserError, check_overrides, group_options
+from rlx.config import UserError, check_overrides, config_groups, group_options
 from rlx.config_checks import check_settings
-from rlx.config_schema import TRAIN_KNOBS, check_knobs
+from rlx.config_schema import DISPATCH, SCHEMAS, _present, _unpack, check_config, dispatched, schema_fields
 from tests.conftest import run_rlx
 
 BAD = [
@@ -31,15 +36,150 @@ def test_a_bad_knob_is_named_with_its_valid_range(override, needle):
 
 @pytest.mark.parametrize("option", group_options("recipes"))
 def test_every_shipped_recipe_passes_the_schema(option):
-    check_knobs(check_overrides([f"recipes={option}"]))
+    check_config(check_overrides([f"recipes={option}"]))
 
 
-def test_every_knob_of_the_schema_exists_in_some_config():
-    composed = [check_overrides([]), check_overrides(["algorithm=ppo"]), check_overrides(["algorithm=dpo", "data=prefs"])]
-    from rlx.config_schema import _lookup
+# the primary configs and the groups each composes (rlx/conf/<name>.yaml defaults lists)
+PRIMARY = {"train": ("model", "algorithm", "reward", "data", "rollout", "env", "hardware", "logger", "sweep"),
+           "eval": ("model", "benchmark", "env", "rollout", "hardware"),
+           "data_prefs": ("model", "data", "reward", "rollout", "hardware")}
+# options that need a partner to compose into a config a run would use
+PARTNERS = {("algorithm", "agent_grpo"): ["env=grid"], ("algorithm", "gigpo"): ["env=grid"],
+            ("algorithm", "mt_grpo"): ["env=tool_use"], ("algorithm", "agent_sft"): ["env=grid"]}
 
-    missing = [k.name for k in TRAIN_KNOBS if not any(_lookup(cfg, k.name)[0] for cfg in composed)]
-    assert missing == [], missing  # a renamed knob must not silently leave the schema unchecked
+
+def _compositions():
+    """(config name, overrides) composing every option file of every group under rlx/conf/, and every recipe."""
+    for config_name, groups in PRIMARY.items():
+        yield config_name, []
+        for group in groups:
+            for option in group_options(group):
+                yield config_name, [f"{group}={option}", *PARTNERS.get((group, option), [])]
+    for option in group_options("recipes"):
+        yield "train", [f"recipes={option}"]
+
+
+def _used_fields(node: DictConfig, schema: type, used: set, prefix: str = "") -> None:
+    """Record (schema, field) for every key of a composed config, following nested sections."""
+    schema = dispatched(schema, node, prefix)
+    known = schema_fields(schema)
+    for key in map(str, node.keys()):  # missing values (`???`, e.g. data.train_path) too
+        if prefix or key != "hydra":
+            assert key in known, f"{prefix}{key} has no field in rlx/config_schema.py ({schema.__name__})"
+            used.add((schema, key))
+    for key, value in _present(node):
+        if not prefix and key == "hydra":
+            continue
+        _, kinds = _unpack(known[key][0])
+        for kind in kinds:
+            if dataclasses.is_dataclass(kind) and isinstance(value, DictConfig):
+                _used_fields(value, kind, used, f"{prefix}{key}.")
+            if typing.get_origin(kind) is dict and dataclasses.is_dataclass(typing.get_args(kind)[1]):
+                for entry, section in _present(value):
+                    _used_fields(section, typing.get_args(kind)[1], used, f"{prefix}{key}.{entry}.")
+
+
+def _all_schemas() -> set:
+    """Every schema reachable from the primary configs, dispatched ones included."""
+    seen, todo = set(), list(SCHEMAS.values())
+    while todo:
+        schema = todo.pop()
+        if schema in seen:
+            continue
+        seen.add(schema)
+        todo += DISPATCH.get(schema, (None, {}))[1].values()
+        for kind, _ in schema_fields(schema).values():
+            for member in _unpack(kind)[1]:
+                args = typing.get_args(member) if typing.get_origin(member) is dict else (member,)
+                todo += [a for a in args if dataclasses.is_dataclass(a)]
+    return seen
+
+
+def test_every_shipped_yaml_key_has_a_schema_field_and_every_field_a_key():
+    """A new knob cannot skip typing (its key fails here until rlx/config_schema.py declares it), and a
+    removed one cannot leave a stale field. Groups are composed in each primary config they belong to."""
+    assert set(config_groups()) - {"recipes"} <= {g for groups in PRIMARY.values() for g in groups}
+    used = set()
+    for config_name, overrides in _compositions():
+        cfg = check_overrides(overrides, config_name=config_name)
+        _used_fields(cfg, SCHEMAS[config_name], used)
+        check_config(cfg, config_name)  # and every shipped value passes its type and range
+    unused = sorted(f"{schema.__name__}.{name}" for schema in _all_schemas() if schema not in DISPATCH
+                    for name in schema_fields(schema) if (schema, name) not in used
+                    and not any((sub, name) in used for sub in _all_schemas() if issubclass(sub, schema)))
+    assert unused == []
+
+
+TYPED = [  # (overrides, the line's start): a wrong type, a range, a closed set, in several groups
+    (["model.lora.enabled=yes"], "model.lora.enabled=yes is not valid: it must be true or false"),
+    (["model.lora.rank=2.5"], "model.lora.rank=2.5 is not valid: it must be an integer >= 1"),
+    (["rollout=vllm", "rollout.gpu_memory_utilization=1.5"], "rollout.gpu_memory_utilization=1.5 is not valid: it must be a number in (0, 1]"),
+    (["hardware=deepspeed_zero2", "hardware.deepspeed.zero_stage=4"], "hardware.deepspeed.zero_stage=4 is not valid: it must be an integer in [1, 3]"),
+    (["hardware.distributed=mpi"], "unknown hardware.distributed 'mpi'; valid choices: no, ddp, fsdp, deepspeed"),
+    (["algorithm=dpo", "data=prefs", "algorithm.loss_type=dpoo"], "unknown algorithm.loss_type 'dpoo'; valid choices: dpo, cdpo"),
+    (["algorithm=dpo", "data=prefs", "algorithm.beta=0"], "algorithm.beta=0 is not valid: it must be a number > 0"),
+    (["algorithm=dpo", "data=prefs", "data.pairs.truncation=cut"], "unknown data.pairs.truncation 'cut'; valid choices: drop,"),
+    (["algorithm=agent_grpo", "env=grid", "algorithm.credit=episode"], "unknown algorithm.credit 'episode'; valid choices: trajectory, gigpo, turn"),
+    (["algorithm=agent_grpo", "env=grid", "env.max_turns=0"], "env.max_turns=0 is not valid: it must be an integer >= 1"),
+    (["algorithm=ppo", "algorithm.lam=1.5"], "algorithm.lam=1.5 is not valid: it must be a number in [0, 1]"),
+    (["algorithm=ppo", "algorithm.whiten_advantages=1"], "algorithm.whiten_advantages=1 is not valid: it must be true or false"),
+    (["algorithm.kl_estimator=k4"], "unknown algorithm.kl_estimator 'k4'; valid choices: k1, k2, k3"),
+    (["logger=wandb", "logger.mode=on"], "unknown logger.mode 'on'; valid choices: online, offline, disabled"),
+    (["data.verifier=nope"], "unknown data.verifier 'nope'; valid choices: "),
+    (["optim.betas=[0.9]"], "optim.betas=[0.9] is not valid: it must be two numbers in [0, 1)"),
+    (["steps=null"], "steps=null is not valid: it must be an integer >= 1"),
+    (["optim=fast"], "optim=fast is not valid: it must be a group of settings"),
+]
+
+
+FAMILY_KNOBS = [  # a knob the chosen option's family (backend) does not have: who has it
+    (["+algorithm.vf_coef=0.1"], "algorithm.vf_coef is a ppo knob, not a knob of algorithm=grpo; use algorithm=ppo"),
+    (["algorithm=dapo", "+algorithm.value_model=x"], "algorithm.value_model is a ppo knob, not a knob of algorithm=dapo"),
+    (["algorithm=agent_grpo", "env=grid", "+algorithm.kl_in=reward"],
+     "algorithm.kl_in is a policy_gradient / ppo knob, not a knob of algorithm=agent_grpo; use algorithm=grpo or ppo"),
+    (["algorithm=sft", "+algorithm.beta=0.1"], "algorithm.beta is a preference knob, not a knob of algorithm=sft; use algorithm=dpo"),
+    (["+rollout.tis_cap=2"], "rollout.tis_cap is a vllm knob, not a knob of rollout=hf; use rollout=vllm"),
+    (["+optim.momentum=0.9"], "unknown key 'optim.momentum'"),
+]
+
+
+@pytest.mark.parametrize("overrides,start", TYPED + FAMILY_KNOBS, ids=[" ".join(o) for o, _ in TYPED + FAMILY_KNOBS])
+def test_a_bad_value_or_another_familys_knob_is_one_line(overrides, start):
+    with pytest.raises(UserError) as info:
+        check_settings(check_overrides(overrides))
+    assert str(info.value).startswith(start) and "\n" not in str(info.value)
+
+
+def test_a_ppo_knob_given_to_grpo_is_one_line_naming_ppo(capsys):
+    """Without `+`, Hydra refuses the key before rlx's schema sees it ("Could not override
+    'algorithm.vf_coef'"): check_overrides turns that into the same one line."""
+    with pytest.raises(SystemExit) as info:
+        check_overrides(["algorithm.vf_coef=0.1"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == "error: algorithm.vf_coef is a ppo knob; use algorithm=ppo (or leave algorithm.vf_coef out)\n"
+    for family_only in ("algorithm.gamma=0.9", "algorithm.lam=0.9", "algorithm.whiten_advantages=false"):
+        with pytest.raises(SystemExit):
+            check_overrides([family_only])  # grpo carries none of the critic's knobs
+    check_overrides(["algorithm=ppo", "algorithm.vf_coef=0.1", "algorithm.gamma=0.9"])
+
+
+def test_the_registries_and_the_schema_name_the_same_choices():
+    from rlx import config_schema as schema
+    from rlx.data.preferences import LAYOUTS, ON_INVALID, PAIR_SOURCES, TRUNCATION_MODES
+    from rlx.loops.common import SCHEDULES
+    from rlx.models.loading import DTYPES
+    from rlx.rollout.sampling import SAMPLERS
+    from rlx.rollout.vllm import ROLLOUT_BACKENDS, SEEDING
+    from rlx.train import LOOPS
+
+    def names(e):
+        return [m.value for m in e]
+
+    assert sorted(schema.ALGORITHMS) == sorted(LOOPS) and list(schema.ROLLOUTS) == list(ROLLOUT_BACKENDS)
+    assert names(schema.Schedule) == list(SCHEDULES) and names(schema.DType) == list(DTYPES)
+    assert names(schema.Sampler) == list(SAMPLERS) and names(schema.Seeding) == list(SEEDING)
+    assert names(schema.PairSource) == list(PAIR_SOURCES) and names(schema.PairLayout) == list(LAYOUTS)
+    assert names(schema.Truncation) == list(TRUNCATION_MODES) and names(schema.OnInvalid) == list(ON_INVALID)
 
 
 def test_bad_knob_from_the_cli_is_one_line_exit_2_before_loading(tmp_path):
@@ -69,11 +209,19 @@ def test_a_bad_eval_knob_is_named_with_its_valid_range(override, needle):
     assert needle in str(info.value) and override.split("=")[0] in str(info.value)
 
 
-def test_every_eval_knob_exists_in_the_eval_config():
-    from rlx.config_schema import EVAL_KNOBS, _lookup
-
-    cfg = check_overrides([], config_name="eval")
-    assert [k.name for k in EVAL_KNOBS if not _lookup(cfg, k.name)[0]] == []
+def test_the_eval_defaults_pass():
     from rlx.evaluation.runner import check_settings as check_eval
 
-    check_eval(cfg)  # the defaults pass
+    check_eval(check_overrides([], config_name="eval"))
+
+
+def test_data_prefs_knobs_are_typed_too():
+    from rlx.data.build_prefs import build
+
+    for override, start in (("samples_per_prompt=1", "samples_per_prompt=1 is not valid: it must be an integer >= 2"),
+                            ("progress=sometimes", "unknown progress 'sometimes'; valid choices: auto, true, false"),
+                            ("+pairs=2", "unknown key 'pairs'")):
+        with pytest.raises(UserError) as info:
+            build(check_overrides([override], config_name="data_prefs"))  # stops before any model loads
+        assert str(info.value).startswith(start)
+    assert "`rlx data prefs --help`" in str(info.value)

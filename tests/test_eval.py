@@ -90,7 +90,7 @@ def test_missing_file_and_unreachable_hub_say_what_to_do(tmp_path, monkeypatch):
 
 
 def test_humaneval_ships_164_problems_and_checks_code_in_the_sandbox():
-    bench = _benchmark("humaneval", "+benchmark.humaneval.verify={_target_:rlx.tasks.unit_tests,timeout_s:3}")
+    bench = _benchmark("humaneval", "benchmark.humaneval.verify={_target_:rlx.tasks.unit_tests,timeout_s:3}")
     problems = bench.load()
     assert len(problems) == 164 and problems[0]["id"] == "HumanEval/0"
     by_id = {p["id"]: p for p in problems}

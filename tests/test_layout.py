@@ -120,3 +120,38 @@ def test_the_import_reader_resolves_what_it_must(source, expected):
 def test_a_cycle_is_found():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+# cfg -> plain keyword arguments: the only helpers that read the config (a loop calls them once)
+CONFIG_ADAPTERS = {"eval_settings", "batch_settings", "optimizer_settings"}
+
+
+def test_loop_helpers_take_plain_values_not_cfg():
+    """Helpers shared by the loops (loops/*.py, rollout/ but the vLLM engine's builder) take plain values: a
+    `cfg` (or `optim_cfg`, `env_cfg`...) parameter hides which settings a helper reads (issue 15). The loop
+    entry points and the builder's hooks take the config: they are where it is turned into values."""
+    files = [*sorted((ROOT / "loops").glob("*.py")), *sorted((ROOT / "rollout").glob("*.py"))]
+    entry_points = {"load_pairs"} | {name.split(":")[1] for name in _loop_functions()}
+    taking_cfg = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name not in CONFIG_ADAPTERS | entry_points:
+                names = [a.arg for a in node.args.args + node.args.kwonlyargs]
+                if any(n == "cfg" or (n.endswith("_cfg") and n != "rollout_cfg") for n in names):
+                    taking_cfg.append(f"{path.name}:{node.name}")
+    assert taking_cfg == []
+
+
+def _loop_functions() -> list[str]:
+    """The loop entry points ("module:function") registered in rlx/train.py LOOPS, read from the source."""
+    tree = ast.parse((ROOT / "train.py").read_text())
+    loops_dict = next(node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                      and any(isinstance(t, ast.Name) and t.id == "LOOPS" for t in node.targets))
+    return [value.value for value in loops_dict.values]
+
+
+def test_eval_due_every_n_steps_and_at_the_last():
+    from rlx.loops.common import eval_due
+
+    assert [s for s in range(1, 8) if eval_due(s, 3, 7)] == [3, 6, 7]
+    assert not any(eval_due(s, 0, 7) for s in range(1, 8))  # eval.every=0: never

@@ -131,9 +131,8 @@ def test_lora_on_a_bf16_base_trains_fp32_adapters_under_autocast():
     assert adapters and all("lora_" in n and p.dtype == torch.float32 for n, p in adapters.items())
     assert base and all(p.dtype == torch.bfloat16 for p in base.values())
     before = {n: p.detach().clone() for n, p in policy.named_parameters()}
-    optim = OmegaConf.create({"lr": 1e-2, "betas": [0.9, 0.99], "eps": 1e-8, "weight_decay": 0.0, "schedule": "constant",
-                              "warmup_steps": 0})
-    optimizer, _ = build_optimizer(policy, optim, total_updates=1)
+    optim = dict(lr=1e-2, betas=[0.9, 0.99], eps=1e-8, weight_decay=0.0, schedule="constant", warmup_steps=0)
+    optimizer, _ = build_optimizer(policy, 1, **optim)
     assert type(optimizer) is torch.optim.AdamW and not isinstance(optimizer, MasterWeightAdamW)  # fp32 adapters
     prompt_ids, prompt_mask = torch.tensor([[5, 9, 17, 3], [5, 9, 17, 3]]), torch.ones(2, 4, dtype=torch.long)  # (2, P)
     completion_ids, completion_mask = torch.tensor([[12, 7, 30], [8, 21, 4]]), torch.ones(2, 3, dtype=torch.long)  # (2, C)

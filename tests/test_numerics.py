@@ -235,15 +235,13 @@ def test_master_weights_keep_small_updates_of_bf16_parameters():
     bf16 ulp, 2^-9 just under 1); with fp32 masters the steps add up: after n steps w32 = 1 - n lr, and
     the bf16 weight becomes the nearest bf16 value (1 - 2^-8 once n lr > 2^-9 + a bit).
     Failed before: build_optimizer gave a plain AdamW over the bf16 parameters."""
-    from omegaconf import OmegaConf
 
     from rlx.loops.common import MasterWeightAdamW, build_optimizer
 
-    optim_cfg = OmegaConf.create({"lr": 1e-6, "betas": [0.9, 0.99], "eps": 1e-12, "weight_decay": 0.0,
-                                  "schedule": "constant", "warmup_steps": 0})
+    optim = dict(lr=1e-6, betas=[0.9, 0.99], eps=1e-12, weight_decay=0.0, schedule="constant", warmup_steps=0)
 
     def train(model, steps: int):
-        optimizer, _ = build_optimizer(model, optim_cfg, steps)
+        optimizer, _ = build_optimizer(model, steps, **optim)
         for _ in range(steps):
             model.weight.grad = torch.ones_like(model.weight)  # constant gradient: Adam steps by lr each time
             optimizer.step()
@@ -263,10 +261,10 @@ def test_master_weights_keep_small_updates_of_bf16_parameters():
     assert torch.equal(plain.param_groups[0]["params"][0].detach(), torch.ones(3, dtype=torch.bfloat16))
     # the masters travel with the state dict (a resumed run continues from the fp32 values)
     fresh = torch.nn.Linear(1, 3, bias=False).to(torch.bfloat16)
-    restored, _ = build_optimizer(fresh, optim_cfg, 1)
+    restored, _ = build_optimizer(fresh, 1, **optim)
     restored.load_state_dict(optimizer.state_dict())
     assert torch.equal(restored.masters[0], optimizer.masters[0])
-    assert isinstance(build_optimizer(torch.nn.Linear(1, 3), optim_cfg, 1)[0], torch.optim.AdamW)
+    assert isinstance(build_optimizer(torch.nn.Linear(1, 3), 1, **optim)[0], torch.optim.AdamW)
 
 
 # ---------------------------------------------------------------- defaults

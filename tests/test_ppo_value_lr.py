@@ -29,11 +29,11 @@ def test_ppo_loop_builds_the_critic_optimizer_at_that_rate(tmp_path, monkeypatch
 
     built = []
 
-    def capture(model, optim_cfg, total):
-        built.append(float(optim_cfg.lr))
+    def capture(model, total, **settings):
+        built.append(float(settings["lr"]))
         if len(built) == 2:
             raise StopIteration
-        return real(model, optim_cfg, total)
+        return real(model, total, **settings)
 
     real = common.build_optimizer
     monkeypatch.setattr(common, "build_optimizer", capture)

@@ -24,6 +24,7 @@ log = logging.getLogger("rlx")
 
 
 def build(cfg: DictConfig) -> dict:
+    from rlx.config_schema import check_config
     from rlx.data.preferences import pairs_from_samples
     from rlx.data.tasks import PromptStream, load_rows
     from rlx.loops.common import seed_everything
@@ -32,8 +33,7 @@ def build(cfg: DictConfig) -> dict:
     from rlx.rollout.hf import generate
     from rlx.rollout.prompts import format_prompts
 
-    if cfg.prompts < 1 or cfg.samples_per_prompt < 2 or cfg.pairs_per_prompt < 1:
-        raise UserError("prompts and pairs_per_prompt must be >= 1 and samples_per_prompt >= 2")
+    check_config(cfg, "data_prefs")  # every knob's type and range (rlx/config_schema.py), before the model loads
     if cfg.hardware.num_threads:
         torch.set_num_threads(cfg.hardware.num_threads)
     seed_everything(cfg.seed)

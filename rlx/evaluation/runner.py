@@ -438,9 +438,9 @@ def plot_pass_at_k(summary: dict, labels: dict[str, str], path: Path) -> Path | 
 
 
 def check_settings(cfg: DictConfig) -> None:
-    from rlx.config_schema import EVAL_KNOBS, check_knobs
+    from rlx.config_schema import check_config
 
-    check_knobs(cfg, EVAL_KNOBS)  # types and ranges, one line naming the knob
+    check_config(cfg, "eval")  # types, ranges and choices of every knob (rlx/config_schema.py), one line naming it
     sampling = cfg.sampling
     if sampling.n < 0 or (sampling.n == 0 and not sampling.greedy):
         raise UserError(f"sampling.n={sampling.n} with sampling.greedy={sampling.greedy} generates nothing; "

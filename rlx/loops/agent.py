@@ -223,14 +223,14 @@ def train_agent(cfg, parts: Parts) -> dict:
             metrics["train/kl_ref"] = global_mean(acc, mean(stats["kl"]))
         if stats["grad_norm"]:
             metrics["train/grad_norm"] = mean(stats["grad_norm"])  # the clipped norm is already global
-        if eval_due(cfg, step, acc):
+        if eval_due(step, cfg.eval.every, cfg.steps):
             last_eval = run_eval(step)
             metrics.update(last_eval)
         if cfg.log.samples_every and (step % cfg.log.samples_every == 0 or step == 1) and acc.is_main_process:
             # the main process holds the first shard, so its local episode i is global episode i
             extra = [{"advantages": step_adv[step_episode == i].tolist()} for i in range(num)]
             write_samples(run_dir, step, episode_records(episodes, cfg.log.num_samples, extra))
-        end_step(cfg, step, metrics, metrics_log, checkpointer)
+        end_step(step, metrics, metrics_log, checkpointer, cfg.log.every, cfg.steps)
     metrics_log.close()
     if engine is not None:
         engine.close()

@@ -83,19 +83,20 @@ def train_agent_sft(cfg, parts: Parts) -> dict:
             **episode_metrics(episodes, "demo"),
             "perf/step_time_s": time.perf_counter() - start,
         }
-        if eval_due(cfg, step, acc):
+        if eval_due(step, cfg.eval.every, cfg.steps):
             last_eval = run_eval(step)
             metrics.update(last_eval)
-        end_step(cfg, step, metrics, metrics_log, checkpointer)
+        end_step(step, metrics, metrics_log, checkpointer, cfg.log.every, cfg.steps)
     metrics_log.close()
     return {"model": model, "final_eval": last_eval}
 
 
-def demo_sanity(tokenizer, factory, env_cfg, skill: float, num: int = 64) -> float:
+def demo_sanity(tokenizer, factory, skill: float, *, max_turns: int, max_new_tokens: int, max_total_tokens: int,
+                num: int = 64) -> float:
     """Success rate of the demonstrator itself (what a perfect imitation would reach)."""
     envs = [factory() for _ in range(num)]
     seeds = [EVAL_SEED_BASE + k for k in range(num)]
     episodes = run_episodes(ExpertGenerator(envs, tokenizer, skill, seed=0), tokenizer, envs, seeds, list(range(num)),
-                            max_turns=env_cfg.max_turns, max_new_tokens=env_cfg.max_new_tokens,
-                            max_total_tokens=env_cfg.max_total_tokens, stop_ids=[tokenizer.eos_token_id])
+                            max_turns=max_turns, max_new_tokens=max_new_tokens, max_total_tokens=max_total_tokens,
+                            stop_ids=[tokenizer.eos_token_id])
     return float(torch.tensor([e.success for e in episodes]).mean())

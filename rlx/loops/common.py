@@ -275,19 +275,24 @@ def _local_grad_norm(model) -> float:
     return float(torch.stack(grads).norm()) if grads else 0.0
 
 
-def build_optimizer(model, optim_cfg, total_updates: int):
+def build_optimizer(model, total_updates: int, *, lr: float, betas, eps: float, weight_decay: float, schedule: str,
+                    warmup_steps: int):
     """AdamW over the trainable parameters (with fp32 master weights when some are bf16/fp16), and the
-    learning-rate schedule."""
+    learning-rate schedule (optim.* settings: optimizer_settings(cfg.optim))."""
     params = [p for p in model.parameters() if p.requires_grad]
     low_precision = any(p.dtype != torch.float32 for p in params)
     optimizer_class = MasterWeightAdamW if low_precision and not _engine_keeps_master_weights() else torch.optim.AdamW
     optimizer = optimizer_class(
-        params, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas), eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay
+        params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_lambda(optim_cfg.schedule, optim_cfg.warmup_steps, total_updates)
-    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(schedule, warmup_steps, total_updates))
     return optimizer, scheduler
+
+
+def optimizer_settings(optim_cfg) -> dict:
+    """Keyword arguments of `build_optimizer` from the optim section."""
+    return dict(lr=optim_cfg.lr, betas=list(optim_cfg.betas), eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay,
+                schedule=optim_cfg.schedule, warmup_steps=optim_cfg.warmup_steps)
 
 
 def eval_settings(cfg) -> dict:
@@ -295,6 +300,16 @@ def eval_settings(cfg) -> dict:
     return dict(
         accuracy_key=cfg.reward.accuracy, use_chat_template=cfg.model.chat_template, system_prompt=cfg.data.system_prompt,
         max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size, on_error=cfg.reward.on_error,
+    )
+
+
+def batch_settings(cfg) -> dict:
+    """Keyword arguments of `sample_batch` from the config (policy-gradient and PPO loops)."""
+    return dict(
+        prompts_per_step=cfg.prompts_per_step, max_new_tokens=cfg.rollout.max_new_tokens,
+        min_new_tokens=cfg.rollout.get("min_new_tokens", 0), seed=cfg.seed, use_chat_template=cfg.model.chat_template,
+        system_prompt=cfg.data.system_prompt, on_error=cfg.reward.on_error, accuracy_key=cfg.reward.accuracy,
+        total_steps=cfg.steps, dynamic_sampling=cfg.algorithm.dynamic_sampling, max_rounds=cfg.algorithm.max_sample_batches,
     )
 
 
@@ -350,10 +365,10 @@ def evaluate(model, tokenizer, rows: list[dict], rewards: list[RewardComponent],
     return metrics, records
 
 
-def eval_due(cfg, step: int, acc) -> bool:
-    """Evaluate every eval.every steps and at the last step, on every process (each generates its share
-    of the rows; a sharded model needs all of them in every forward pass)."""
-    return bool(cfg.eval.every) and (step % cfg.eval.every == 0 or step == cfg.steps)
+def eval_due(step: int, every: int, last_step: int) -> bool:
+    """Evaluate every `every` steps (eval.every; 0: never) and at the last step, on every process (each
+    generates its share of the rows; a sharded model needs all of them in every forward pass)."""
+    return bool(every) and (step % every == 0 or step == last_step)
 
 
 def evaluate_at_start(at_start: bool, start_step: int, metrics_log, run_eval, extra: dict | None = None) -> dict:
@@ -367,10 +382,10 @@ def evaluate_at_start(at_start: bool, start_step: int, metrics_log, run_eval, ex
     return metrics
 
 
-def end_step(cfg, step: int, metrics: dict, metrics_log, checkpointer) -> None:
-    """Write the step's row (every log.every steps, at evaluations and at the last step), show progress,
+def end_step(step: int, metrics: dict, metrics_log, checkpointer, log_every: int, last_step: int) -> None:
+    """Write the step's row (every `log_every` steps, at evaluations and at the last step), show progress,
     and checkpoint when due (every checkpoint.every steps, at the end, and on Ctrl-C)."""
-    if step % cfg.log.every == 0 or step == cfg.steps or any(key.startswith("eval/") for key in metrics):
+    if step % log_every == 0 or step == last_step or any(key.startswith("eval/") for key in metrics):
         metrics_log.write(step, metrics)
     metrics_log.show(step, metrics)
     checkpointer.step_done(step)

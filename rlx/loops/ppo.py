@@ -39,6 +39,7 @@ from rlx.loops.common import (
     Parts,
     ReferenceReset,
     advantage_metrics,
+    batch_settings,
     batched_logprobs,
     end_step,
     eval_due,
@@ -97,6 +98,7 @@ def train_ppo(cfg, parts: Parts) -> dict:
         engine.sync_weights(acc.unwrap_model(model))
     last_eval = evaluate_at_start(cfg.eval.at_start, start_step, metrics_log, run_eval)
 
+    sampling = batch_settings(cfg)
     for step in range(start_step + 1, cfg.steps + 1):
         kl_coef = kl_state.value
         step_start = time.perf_counter()
@@ -104,8 +106,8 @@ def train_ppo(cfg, parts: Parts) -> dict:
         # 1. rollout and rewards (this process's shard of the global batch)
         # rollout=vllm: the engine; rollout=hf: the policy itself samples (the loop recomputes old log-probs)
         generator = engine if engine is not None else policy_generator(acc.unwrap_model(model), tokenizer, roll, logprobs=False)
-        batch = sample_batch(generator, tokenizer, stream, cfg, train_rewards, group_size,
-                             algo.dynamic_sampling, algo.max_sample_batches, step, acc)
+        batch = sample_batch(generator, tokenizer, stream, train_rewards, group_size, step=step, acc=acc,
+                             **sampling)
         rollout, rewards, local = batch.rollout, batch.rewards, batch.local  # rewards: (N,) global
         generation_time = time.perf_counter() - step_start
         num_samples = rollout.completion_ids.shape[0]  # n, this process
@@ -230,13 +232,13 @@ def train_ppo(cfg, parts: Parts) -> dict:
         if stats["grad_norm"]:
             metrics["train/grad_norm"] = mean_of(stats["grad_norm"])
             metrics["train/value_grad_norm"] = mean_of(stats["value_grad_norm"])
-        if eval_due(cfg, step, acc):
+        if eval_due(step, cfg.eval.every, cfg.steps):
             last_eval = run_eval(step)
             metrics.update(last_eval)
         if acc.is_main_process and cfg.log.samples_every and (step % cfg.log.samples_every == 0 or step == 1):
             # the main process holds the first shard, so its local sample i is global sample i
             write_samples(run_dir, step, sample_records(batch, raw_advantages[:, 0], cfg.log.num_samples))
-        end_step(cfg, step, metrics, metrics_log, checkpointer)
+        end_step(step, metrics, metrics_log, checkpointer, cfg.log.every, cfg.steps)
     if engine is not None:
         engine.close()
     metrics_log.close()

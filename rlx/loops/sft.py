@@ -87,9 +87,9 @@ def train_sft(cfg, parts: Parts) -> dict:
             "perf/step_time_s": elapsed,
             "perf/tokens_per_s": total_tokens / elapsed,
         }
-        if eval_due(cfg, step, acc):
+        if eval_due(step, cfg.eval.every, cfg.steps):
             last_eval = run_eval(step)
             metrics.update(last_eval)
-        end_step(cfg, step, metrics, metrics_log, checkpointer)
+        end_step(step, metrics, metrics_log, checkpointer, cfg.log.every, cfg.steps)
     metrics_log.close()
     return {"model": model, "final_eval": last_eval}

@@ -70,8 +70,10 @@ class Batch:
     local: slice = field(default_factory=lambda: slice(None))  # this process's samples in the global batch
 
 
-def sample_batch(generator: Generator, tokenizer, stream: PromptStream, cfg, rewards: list[RewardComponent], group_size: int,
-                 dynamic_sampling: bool, max_rounds: int, step: int, acc=None) -> Batch:
+def sample_batch(generator: Generator, tokenizer, stream: PromptStream, rewards: list[RewardComponent], group_size: int, *,
+                 step: int, prompts_per_step: int, max_new_tokens: int, min_new_tokens: int, seed: int,
+                 use_chat_template: bool, system_prompt: str | None, on_error: str, accuracy_key: str, total_steps: int,
+                 dynamic_sampling: bool, max_rounds: int, acc=None) -> Batch:
     """Generate and score `prompts_per_step` groups. With dynamic sampling, drop tied groups and draw
     the missing number of prompts again, for at most `max_rounds` rounds; if still short, fill with
     tied groups (zero advantage under group baselines) so the batch size stays fixed.
@@ -81,28 +83,28 @@ def sample_batch(generator: Generator, tokenizer, stream: PromptStream, cfg, rew
     are tokenized once and the Rollout is built from the sampled ids. With several processes (acc), every process
     draws the same prompts, generates and scores its own shard, and the rewards are gathered
     (dynamic sampling is single-process; train.py refuses the combination)."""
-    roll, wanted = cfg.rollout, cfg.prompts_per_step
+    wanted = prompts_per_step
     rollouts, all_rows, all_prompts, totals, components, errors = [], [], [], [], [], 0
     kept_groups, rounds = 0, 0
     while True:
         rows = stream.take(wanted - kept_groups if dynamic_sampling else wanted)
         mine = shard(len(rows), acc) if acc is not None else slice(0, len(rows))
         rows = rows[mine]
-        prompts = format_prompts(tokenizer, rows, cfg.model.chat_template, cfg.data.system_prompt)
+        prompts = format_prompts(tokenizer, rows, use_chat_template, system_prompt)
         first = sum(t.numel() for t in totals) + mine.start * group_size  # global index of this shard's first sample
         rollout = sample_rollout(
-            generator, tokenizer, prompts, samples_per_prompt=group_size, max_new_tokens=roll.max_new_tokens,
-            seeds=[sample_seed(cfg.seed, step, first + i) for i in range(len(prompts) * group_size)],
-            min_new_tokens=roll.get("min_new_tokens", 0),
+            generator, tokenizer, prompts, samples_per_prompt=group_size, max_new_tokens=max_new_tokens,
+            seeds=[sample_seed(seed, step, first + i) for i in range(len(prompts) * group_size)],
+            min_new_tokens=min_new_tokens,
         )
         sample_rows = [row for row in rows for _ in range(group_size)]
         if any(c.name == "overlong" for c in rewards):
             sample_rows = [dict(row, completion_tokens=int(n)) for row, n in zip(sample_rows, rollout.lengths)]
         sample_prompts = [p for p in prompts for _ in range(group_size)]
         total, per_component, round_errors = compute_rewards(
-            rewards, sample_prompts, rollout.texts, sample_rows, cfg.reward.on_error, system_prompt=cfg.data.system_prompt,
+            rewards, sample_prompts, rollout.texts, sample_rows, on_error, system_prompt=system_prompt,
             completion_ids=token_lists(rollout.completion_ids, rollout.completion_mask),
-            state=TrainerState(global_step=step, max_steps=cfg.steps))  # (n,)
+            state=TrainerState(global_step=step, max_steps=total_steps))  # (n,)
         rollouts.append(rollout)
         all_rows += sample_rows
         all_prompts += sample_prompts
@@ -124,7 +126,7 @@ def sample_batch(generator: Generator, tokenizer, stream: PromptStream, cfg, rew
         rewards_all = gather(acc, rewards_all)  # (N,)
         per_component = {name: gather(acc, values) for name, values in per_component.items()}
         errors = int(global_sum(acc, errors))
-    drawn_metrics = outcome_metrics(rewards_all, per_component, errors, rollout, cfg.reward.accuracy, group_size, acc)
+    drawn_metrics = outcome_metrics(rewards_all, per_component, errors, rollout, accuracy_key, group_size, acc)
     filled = 0
     if dynamic_sampling:
         tied = tied_groups(rewards_all, group_size)  # (groups drawn,)
