@@ -1,6 +1,6 @@
 """rlx's hand-written decode step gives the logits of the transformers forward (Llama, Qwen2 with biases,
 Qwen3 with q/k norms and grouped-query attention), with left padding and rows leaving the batch, and
-declines what it does not reproduce (LoRA-wrapped layers, other architectures)."""
+computes peft LoRA linears as peft does, and declines what it does not reproduce (DoRA, other architectures)."""
 
 import torch
 from transformers import (
@@ -111,11 +111,57 @@ def test_generate_draws_the_same_tokens_with_and_without_the_fast_step(monkeypat
     assert torch.equal(fast.completion_ids, slow.completion_ids) and fast.texts == slow.texts
 
 
-def test_decode_step_declines_lora_and_other_architectures():
+def _lora(kind: str = "qwen2", **config):
+    """A peft LoRA model on every projection with random B (peft starts B at zero: the adapters would not show)."""
     from peft import LoraConfig, get_peft_model
 
-    lora = get_peft_model(_model("llama"), LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
-    assert decode_step_for(lora.base_model.model) is None  # q_proj is a LoRA layer: weights alone are not the map
+    model = get_peft_model(_model(kind), LoraConfig(r=2, lora_alpha=4, target_modules="all-linear", **config))
+    torch.manual_seed(1)
+    for name, param in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.3)
+    return model.eval()
+
+
+def test_decode_step_computes_lora_linears_like_peft():
+    """A LoRA policy decodes through rlx's step: base x W^T + b plus scaling * B(A(x)) per projection; the
+    peft wrapper itself is accepted. With the adapters switched off the step follows the base model."""
+    for kind in ("llama", "qwen2", "qwen3"):
+        model = _lora(kind)
+        assert _max_logit_gap(model) < 1e-4, kind
+        assert _max_logit_gap(model, onednn=True) < 1e-4, kind
+    model = _lora("qwen2", lora_bias=True)
+    for name, param in model.named_parameters():
+        if "lora_B" in name and name.endswith("bias"):
+            torch.nn.init.normal_(param, std=0.3)
+    assert _max_logit_gap(model) < 1e-4
+    with model.disable_adapter():
+        assert _max_logit_gap(model) < 1e-4
+
+
+def test_generate_draws_the_same_tokens_for_a_lora_policy_with_and_without_the_fast_step(monkeypatch):
+    from peft import LoraConfig, get_peft_model
+
+    from rlx.config import ASSETS_DIR
+    from rlx.models.loading import load_causal_lm, load_tokenizer
+
+    tokenizer = load_tokenizer(str(ASSETS_DIR / "tiny"))
+    model = get_peft_model(load_causal_lm(str(ASSETS_DIR / "tiny")), LoraConfig(r=4, target_modules="all-linear"))
+    torch.manual_seed(2)
+    for name, param in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.05)
+    assert decode_step_for(model) is not None
+    prompts = ["What is 3 + 4 =", "State the final answer: 12 - 5 + 1 ="]
+    kwargs = dict(samples_per_prompt=4, max_new_tokens=12, seeds=list(range(8)))
+    fast = hf.generate(model, tokenizer, prompts, **kwargs)
+    monkeypatch.setattr(hf, "decode_step_for", lambda m, **_: None)
+    slow = hf.generate(model, tokenizer, prompts, **kwargs)
+    assert torch.equal(fast.completion_ids, slow.completion_ids) and fast.texts == slow.texts
+
+
+def test_decode_step_declines_dora_and_other_architectures():
+    assert decode_step_for(_lora("llama", use_dora=True)) is None  # DoRA rescales the merged weight: its own forward
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=61, n_embd=32, n_layer=1, n_head=2))
     assert decode_step_for(gpt2) is None
     assert decode_step_for(_model("llama")) is not None

@@ -15,8 +15,10 @@ step does the same arithmetic as transformers' modules with plain tensor ops on 
 Grouped-query attention reads the shared K/V heads through a reshape of q, (a, kv, h/kv, d), rather
 than repeating K and V. RoPE goes through the model's own rotary module, so scaled variants (Llama 3,
 YaRN, ...) stay correct. The logits equal the transformers forward's up to float rounding
-(tests/test_fast_decode.py). Anything else (other architectures, LoRA-wrapped or quantised linears,
-sliding-window layers) returns None from `decode_step_for` and decoding uses the model's forward.
+(tests/test_fast_decode.py). peft LoRA linears (plain LoRA, no DoRA or other variant) are computed as peft
+does, unmerged: x W^T + b + scaling * (x A^T) B^T (+ B's bias with lora_bias), so a LoRA policy decodes
+through this step too. Anything else (other architectures, quantised linears, sliding-window layers)
+returns None from `decode_step_for` and decoding uses the model's forward.
 """
 
 from __future__ import annotations
@@ -48,9 +50,42 @@ def _plain_linear(module) -> bool:
     return type(module) is nn.Linear  # peft's LoRA layers and quantised linears are subclasses or wrappers
 
 
+def lora_parts(module) -> list[tuple[nn.Linear, nn.Linear, float]] | None:
+    """(A, B, scaling) of each active adapter of a peft LoRA linear; [] when its adapters are off or merged
+    into the base weight (peft then runs the base layer alone); None when `module` is not a plain-LoRA
+    wrapper of an nn.Linear (DoRA and other variants, quantised bases) or drops out while decoding."""
+    base = getattr(module, "base_layer", None)
+    if base is None or not _plain_linear(base) or not hasattr(module, "lora_A"):
+        return None
+    if module.disable_adapters or module.merged:
+        return []
+    parts = []
+    for name in module.active_adapters:
+        if name not in module.lora_A:
+            continue
+        if name in getattr(module, "lora_variant", {}):  # DoRA, ...: their own forward
+            return None
+        dropout = module.lora_dropout[name]
+        if dropout.training and getattr(dropout, "p", 0) > 0:
+            return None
+        parts.append((module.lora_A[name], module.lora_B[name], module.scaling[name]))
+    return parts
+
+
+def _decodable_linear(module) -> bool:
+    return _plain_linear(module) or lora_parts(module) is not None
+
+
+def unwrapped(model):
+    """The transformers model inside a peft wrapper (PeftModel -> LoraModel -> model), else `model`."""
+    get = getattr(model, "get_base_model", None)
+    return get() if callable(get) else model
+
+
 def decode_step_for(model, onednn: bool = False) -> DecodeStep | None:
     """A DecodeStep over `model`'s weights, or None when the model is outside what it reproduces exactly.
     onednn: on the CPU, run the projections through oneDNN on a copy of the weights (DecodeStep)."""
+    model = unwrapped(model)
     config = getattr(model, "config", None)
     if config is None or getattr(config, "model_type", None) not in SUPPORTED_TYPES:
         return None
@@ -69,7 +104,7 @@ def decode_step_for(model, onednn: bool = False) -> DecodeStep | None:
     for layer in base.layers:
         attn, mlp = layer.self_attn, layer.mlp
         linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-        if not all(_plain_linear(m) for m in linears):
+        if not all(_decodable_linear(m) for m in linears):
             return None
     return DecodeStep(model, onednn)
 
@@ -93,6 +128,13 @@ class DecodeStep:
         self.base, self.head = base, model.lm_head
         self.layers = list(base.layers)
         self.packed = {}  # id(linear module) -> (oneDNN weight, oneDNN bias or None)
+        self.adapters = {}  # id(LoRA linear) -> [(A, B, scaling)] of its active adapters
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+                parts = None if _plain_linear(m) else lora_parts(m)
+                if parts is not None:
+                    self.adapters[id(m)] = parts
         if onednn and onednn_available(self.head.weight):
             with torch.no_grad():
                 for layer in self.layers:
@@ -109,15 +151,27 @@ class DecodeStep:
         self.qk_norm = hasattr(attn, "q_norm")
 
     def _pack(self, module) -> None:
-        bias = module.bias.detach().to_mkldnn() if module.bias is not None else None
-        self.packed[id(module)] = (module.weight.detach().to_mkldnn(), bias)
+        base = getattr(module, "base_layer", module)  # a LoRA linear: its base weight (the adapters run apart)
+        bias = base.bias.detach().to_mkldnn() if base.bias is not None else None
+        self.packed[id(module)] = (base.weight.detach().to_mkldnn(), bias)
 
     def linear(self, x: torch.Tensor, module) -> torch.Tensor:
-        """x W^T + b for a (rows, in) x, through the oneDNN copy when there is one."""
+        """x W^T + b for a (rows, in) x, through the oneDNN copy when there is one; a LoRA linear adds
+        scaling * B(A(x)) per active adapter, with x in the adapters' dtype, as peft's forward does."""
+        adapters = self.adapters.get(id(module))
+        base = module if adapters is None else module.base_layer
         packed = self.packed.get(id(module)) if x.dtype == torch.float32 else None
         if packed is None:
-            return F.linear(x, module.weight, module.bias)
-        return torch._C._nn.mkldnn_linear(x.contiguous().to_mkldnn(), *packed).to_dense()
+            out = F.linear(x, base.weight, base.bias)
+        else:
+            out = torch._C._nn.mkldnn_linear(x.contiguous().to_mkldnn(), *packed).to_dense()
+        if adapters:
+            dtype = out.dtype
+            for lora_a, lora_b, scaling in adapters:
+                xa = x.to(lora_a.weight.dtype)
+                out = out + F.linear(F.linear(xa, lora_a.weight, lora_a.bias), lora_b.weight, lora_b.bias) * scaling
+            out = out.to(dtype)
+        return out
 
     def __call__(self, token: torch.Tensor, position: torch.Tensor, attention: torch.Tensor, cache) -> torch.Tensor:
         """token, position: (a,); attention: (a, L) 1 on real tokens, the new one last; cache: its layers
