@@ -98,17 +98,21 @@ def test_onednn_generation_is_independent_of_chunking():
     assert whole.texts == chunked.texts
 
 
-def test_generate_draws_the_same_tokens_with_and_without_the_fast_step(monkeypatch):
-    from rlx.config import ASSETS_DIR
-    from rlx.models.loading import load_causal_lm, load_tokenizer
-
-    model, tokenizer = load_causal_lm(str(ASSETS_DIR / "tiny")), load_tokenizer(str(ASSETS_DIR / "tiny"))
+def _assert_same_draws_with_and_without_the_fast_step(model, tokenizer, monkeypatch):
     prompts = ["What is 3 + 4 =", "State the final answer: 12 - 5 + 1 ="]
     kwargs = dict(samples_per_prompt=4, max_new_tokens=12, seeds=list(range(8)))
     fast = hf.generate(model, tokenizer, prompts, **kwargs)
     monkeypatch.setattr(hf, "decode_step_for", lambda m, **_: None)
     slow = hf.generate(model, tokenizer, prompts, **kwargs)
     assert torch.equal(fast.completion_ids, slow.completion_ids) and fast.texts == slow.texts
+
+
+def test_generate_draws_the_same_tokens_with_and_without_the_fast_step(monkeypatch):
+    from rlx.config import ASSETS_DIR
+    from rlx.models.loading import load_causal_lm, load_tokenizer
+
+    model, tokenizer = load_causal_lm(str(ASSETS_DIR / "tiny")), load_tokenizer(str(ASSETS_DIR / "tiny"))
+    _assert_same_draws_with_and_without_the_fast_step(model, tokenizer, monkeypatch)
 
 
 def _lora(kind: str = "qwen2", **config):
@@ -152,12 +156,7 @@ def test_generate_draws_the_same_tokens_for_a_lora_policy_with_and_without_the_f
         if "lora_B" in name:
             torch.nn.init.normal_(param, std=0.05)
     assert decode_step_for(model) is not None
-    prompts = ["What is 3 + 4 =", "State the final answer: 12 - 5 + 1 ="]
-    kwargs = dict(samples_per_prompt=4, max_new_tokens=12, seeds=list(range(8)))
-    fast = hf.generate(model, tokenizer, prompts, **kwargs)
-    monkeypatch.setattr(hf, "decode_step_for", lambda m, **_: None)
-    slow = hf.generate(model, tokenizer, prompts, **kwargs)
-    assert torch.equal(fast.completion_ids, slow.completion_ids) and fast.texts == slow.texts
+    _assert_same_draws_with_and_without_the_fast_step(model, tokenizer, monkeypatch)
 
 
 def test_decode_step_declines_dora_and_other_architectures():
