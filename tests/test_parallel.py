@@ -47,6 +47,26 @@ def test_reward_model_two_processes_match_one(tmp_path):
                                       "micro_batch_size=2"], atol=2e-6)
 
 
+def test_agent_sft_two_processes_match_one(tmp_path):
+    """The agent warm start's loop: each process imitates its shard of the demonstrations (mixture: grid,
+    corridor and tool use, episodes of different lengths, so a per-process token count would differ),
+    two micro-batches per process (gradient accumulation). Same weights and metrics as one process."""
+    import json
+
+    args = ["algorithm=agent_sft", "env=mixture", "data.source=none", "steps=2", "prompts_per_step=4",
+            "rollout.samples_per_prompt=2", "micro_batch_size=2", "env.eval_episodes=4", "log.progress=false"]
+    assert_same_parameters(tmp_path, args)
+    rows = {}
+    for name in ("one", "many"):
+        (run,) = (tmp_path / "outputs" / "train").glob(f"*_{name}")
+        rows[name] = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for a, b in zip(rows["one"], rows["many"], strict=True):
+        for key in ("demo/success", "demo/turns", "train/loss"):
+            if key in a:
+                assert a[key] == pytest.approx(b[key], abs=1e-5), (key, a[key], b[key])
+    assert "demo/turns" in rows["one"][-1]
+
+
 def test_agent_two_processes_match_one(tmp_path):
     """GiGPO on a custom environment whose rewards differ within every group: each process plays its two
     tasks (episode and anchor groups lie within a task), token-mean loss over the global token count
