@@ -149,3 +149,28 @@ def test_steps_without_learning_signal_leave_the_weights_alone(tmp_path):
     assert [r["train/update_skipped"] for r in rows if "train/update_skipped" in r] == [0.0, 1.0, 1.0]
     first, last = checkpoint_weights(tmp_path, "once", 1), checkpoint_weights(tmp_path, "once", 3)
     assert all(torch.equal(first[k], last[k]) for k in first)
+
+
+@pytest.mark.slow
+def test_agent_sft_resume_matches_an_uninterrupted_run(tmp_path):
+    """~30 s. The warm start's loop (recipe tiny_agent_sft, shortened): 4 steps straight, or 2 steps then
+    resumed to 4, end with the same weights bit for bit (demonstrations come from (seed, step, index))."""
+    from safetensors.torch import load_file
+
+    from rlx.config import ASSETS_DIR
+    from tests.parallel_helpers import final_weights
+
+    args = ["tiny_agent_sft", "checkpoint.every=2", "eval.every=2", "env.eval_episodes=3", "hardware.num_threads=1",
+            "save.plot=false", "log.progress=false", "prompts_per_step=2"]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    full = run_rlx(["train", *args, "steps=4", "name=full"], tmp_path / "a")
+    assert full.returncode == 0, full.stderr[-3000:]
+    half = run_rlx(["train", *args, "steps=2", "name=half"], tmp_path / "b")
+    assert half.returncode == 0, half.stderr[-3000:]
+    resumed = run_rlx(["train", f"resume={only_run_dir(tmp_path / 'b')}", "steps=4"], tmp_path / "b")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a, b = final_weights(tmp_path / "a", "full"), final_weights(tmp_path / "b", "half")
+    start = load_file(ASSETS_DIR / "tiny" / "model.safetensors")
+    assert max((a[k] - start[k]).abs().max().item() for k in a) > 1e-3  # the steps moved the weights
+    assert all(torch.equal(a[k], b[k]) for k in a)
