@@ -88,11 +88,9 @@ def test_agent_config_mistakes_are_one_line(tmp_path, args, needle):
     assert len(lines) == 1 and needle in lines[0], result.stderr[-2000:]
 
 
-@pytest.mark.slow
-def test_agent_resume_matches_an_uninterrupted_run(tmp_path):
-    """3.5 min on the shared 2-core machine (three runs). A custom environment with group-varying rewards, so the updates are real."""
-    args = ["algorithm=gigpo", "env=custom", "env.target=tests.test_agent_train.ParityEnv", "eval.every=4",
-            "checkpoint.every=2", "optim.lr=1e-2", "optim.schedule=constant", *BASE]  # lr independent of steps
+def train_then_resume(tmp_path, args):
+    """`args` for 4 steps straight (run "full" under tmp_path/a), and for 2 steps then resumed to 4 (run
+    "half" under tmp_path/b); returns the resumed run's directory."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     full = run_rlx(["train", *args, "steps=4", "name=full"], tmp_path / "a")
@@ -102,6 +100,15 @@ def test_agent_resume_matches_an_uninterrupted_run(tmp_path):
     run = only_run_dir(tmp_path / "b")
     resumed = run_rlx(["train", f"resume={run}", "steps=4"], tmp_path / "b")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    return run
+
+
+@pytest.mark.slow
+def test_agent_resume_matches_an_uninterrupted_run(tmp_path):
+    """3.5 min on the shared 2-core machine (three runs). A custom environment with group-varying rewards, so the updates are real."""
+    args = ["algorithm=gigpo", "env=custom", "env.target=tests.test_agent_train.ParityEnv", "eval.every=4",
+            "checkpoint.every=2", "optim.lr=1e-2", "optim.schedule=constant", *BASE]  # lr independent of steps
+    run = train_then_resume(tmp_path, args)
 
     def comparable(path):  # the half run also evaluated at its last step (2): compare eval/* at the end only
         rows = read_metrics(path)
@@ -162,14 +169,7 @@ def test_agent_sft_resume_matches_an_uninterrupted_run(tmp_path):
 
     args = ["tiny_agent_sft", "checkpoint.every=2", "eval.every=2", "env.eval_episodes=3", "hardware.num_threads=1",
             "save.plot=false", "log.progress=false", "prompts_per_step=2"]
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    full = run_rlx(["train", *args, "steps=4", "name=full"], tmp_path / "a")
-    assert full.returncode == 0, full.stderr[-3000:]
-    half = run_rlx(["train", *args, "steps=2", "name=half"], tmp_path / "b")
-    assert half.returncode == 0, half.stderr[-3000:]
-    resumed = run_rlx(["train", f"resume={only_run_dir(tmp_path / 'b')}", "steps=4"], tmp_path / "b")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    train_then_resume(tmp_path, args)
     a, b = final_weights(tmp_path / "a", "full"), final_weights(tmp_path / "b", "half")
     start = load_file(ASSETS_DIR / "tiny" / "model.safetensors")
     assert max((a[k] - start[k]).abs().max().item() for k in a) > 1e-3  # the steps moved the weights
