@@ -78,14 +78,6 @@ def check_preference_settings(cfg: DictConfig) -> None:
             raise UserError(f"algorithm settings: {exc}") from None
 
 
-def check_one_process(cfg: DictConfig) -> None:
-    """The agent SFT loop imitates demonstrations in one process."""
-    from rlx.launch import world_size
-
-    if world_size(cfg.hardware) > 1:
-        raise UserError(f"algorithm.family={cfg.algorithm.family} runs in one process; use hardware=cpu or hardware=gpu")
-
-
 def check_agent_settings(cfg: DictConfig) -> None:
     """The multi-turn loop (rlx/loops/agent.py) needs an environment and a known credit estimator."""
     algo, env = cfg.algorithm, cfg.get("env")
@@ -196,7 +188,7 @@ def check_batch(cfg, processes: int) -> int:
     if processes > 1 and cfg.algorithm.get("dynamic_sampling"):
         raise UserError("algorithm.dynamic_sampling runs on one process for now; set algorithm.dynamic_sampling=false "
                         "or hardware.num_processes=1")
-    if cfg.algorithm.family in ("policy_gradient", "ppo", "agent"):  # agent: tasks x episodes per task
+    if cfg.algorithm.family in ("policy_gradient", "ppo", "agent", "agent_sft"):  # agent*: tasks x episodes per task
         prompts = cfg.prompts_per_step
         group = cfg.rollout.samples_per_prompt + (cfg.algorithm.get("advantage") == "median")
         if prompts % processes:
@@ -273,7 +265,7 @@ FAMILY_CHECKS = {
     "policy_gradient": (check_policy_gradient_settings, check_rollout_batch),
     "ppo": (check_policy_gradient_settings, check_rollout_batch),
     "agent": (check_agent_settings,),  # data-parallel like the policy-gradient loop (hardware=ddp)
-    "agent_sft": (check_agent_sft_settings, check_one_process),
+    "agent_sft": (check_agent_sft_settings,),  # data-parallel too (hardware=ddp)
     "sft": (),
     "preference": (check_preference_settings,),
     "reward_model": (check_preference_settings,),

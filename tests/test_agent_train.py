@@ -31,6 +31,25 @@ class ParityEnv:
         return f"turn {self.t}", reward, False, self.t >= self.turns, {"anchor": self.t, "metrics": {"success": reward}}
 
 
+class SignalOnce:
+    """Rewards differ within groups only in the first `varying` environments this process makes (the factory's
+    probe and step 1's 4 episodes): 1 for every other environment made, and episodes of a group are made one
+    after another, so each group of 2 scores 0 and 1 whatever the model says. Every later episode scores 0,
+    so later steps carry no learning signal."""
+
+    made = 0
+
+    def __init__(self, varying=5):
+        SignalOnce.made += 1
+        self.reward = float(SignalOnce.made % 2) if SignalOnce.made <= varying else 0.0
+
+    def reset(self, *, seed=None, options=None):
+        return "say anything", {}
+
+    def step(self, action):
+        return "done", self.reward, True, False, {"metrics": {"success": self.reward}}
+
+
 def test_step_tensors_and_token_advantages():
     e0 = Episode(prompt_ids=[1], step_rewards=[0.0, 1.0], anchors=[(0, 0), (0, 1)], valid=[True, False])
     e1 = Episode(prompt_ids=[1], step_rewards=[0.5], anchors=[(0, 0)], valid=[True])
@@ -69,11 +88,9 @@ def test_agent_config_mistakes_are_one_line(tmp_path, args, needle):
     assert len(lines) == 1 and needle in lines[0], result.stderr[-2000:]
 
 
-@pytest.mark.slow
-def test_agent_resume_matches_an_uninterrupted_run(tmp_path):
-    """3.5 min on the shared 2-core machine (three runs). A custom environment with group-varying rewards, so the updates are real."""
-    args = ["algorithm=gigpo", "env=custom", "env.target=tests.test_agent_train.ParityEnv", "eval.every=4",
-            "checkpoint.every=2", "optim.lr=1e-2", "optim.schedule=constant", *BASE]  # lr independent of steps
+def train_then_resume(tmp_path, args):
+    """`args` for 4 steps straight (run "full" under tmp_path/a), and for 2 steps then resumed to 4 (run
+    "half" under tmp_path/b); returns the resumed run's directory."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     full = run_rlx(["train", *args, "steps=4", "name=full"], tmp_path / "a")
@@ -83,6 +100,15 @@ def test_agent_resume_matches_an_uninterrupted_run(tmp_path):
     run = only_run_dir(tmp_path / "b")
     resumed = run_rlx(["train", f"resume={run}", "steps=4"], tmp_path / "b")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    return run
+
+
+@pytest.mark.slow
+def test_agent_resume_matches_an_uninterrupted_run(tmp_path):
+    """3.5 min on the shared 2-core machine (three runs). A custom environment with group-varying rewards, so the updates are real."""
+    args = ["algorithm=gigpo", "env=custom", "env.target=tests.test_agent_train.ParityEnv", "eval.every=4",
+            "checkpoint.every=2", "optim.lr=1e-2", "optim.schedule=constant", *BASE]  # lr independent of steps
+    run = train_then_resume(tmp_path, args)
 
     def comparable(path):  # the half run also evaluated at its last step (2): compare eval/* at the end only
         rows = read_metrics(path)
@@ -113,3 +139,38 @@ def test_agent_micro_batching_does_not_change_the_step(tmp_path):
     start = load_file(ASSETS_DIR / "tiny" / "model.safetensors")
     assert max((whole[k] - start[k]).abs().max().item() for k in whole) > 1e-3  # the steps moved the weights
     assert max((whole[k] - micro[k]).abs().max().item() for k in whole) < 1e-5
+
+
+@pytest.mark.slow
+def test_steps_without_learning_signal_leave_the_weights_alone(tmp_path):
+    """~30 s. Step 1 has group-varying rewards, steps 2-3 only zeros (and no KL/entropy term): their loss has
+    zero gradient, and the loop takes no optimizer step, so the weights stay those of step 1. (AdamW stepped
+    on a zero gradient would keep moving them along its momentum: that drift broke the grid runs.)"""
+    from tests.parallel_helpers import checkpoint_weights
+
+    args = ["algorithm=agent_grpo", "env=custom", "env.target=tests.test_agent_train.SignalOnce", "steps=3",
+            "checkpoint.every=1", "checkpoint.keep=3", "eval.every=0", "eval.at_start=false", "optim.lr=1e-2", "name=once", *BASE]
+    result = run_rlx(["train", *args], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = read_metrics(only_run_dir(tmp_path) / "metrics.jsonl")
+    assert [r["train/update_skipped"] for r in rows if "train/update_skipped" in r] == [0.0, 1.0, 1.0]
+    first, last = checkpoint_weights(tmp_path, "once", 1), checkpoint_weights(tmp_path, "once", 3)
+    assert all(torch.equal(first[k], last[k]) for k in first)
+
+
+@pytest.mark.slow
+def test_agent_sft_resume_matches_an_uninterrupted_run(tmp_path):
+    """~30 s. The warm start's loop (recipe tiny_agent_sft, shortened): 4 steps straight, or 2 steps then
+    resumed to 4, end with the same weights bit for bit (demonstrations come from (seed, step, index))."""
+    from safetensors.torch import load_file
+
+    from rlx.config import ASSETS_DIR
+    from tests.parallel_helpers import final_weights
+
+    args = ["tiny_agent_sft", "checkpoint.every=2", "eval.every=2", "env.eval_episodes=3", "hardware.num_threads=1",
+            "save.plot=false", "log.progress=false", "prompts_per_step=2"]
+    train_then_resume(tmp_path, args)
+    a, b = final_weights(tmp_path / "a", "full"), final_weights(tmp_path / "b", "half")
+    start = load_file(ASSETS_DIR / "tiny" / "model.safetensors")
+    assert max((a[k] - start[k]).abs().max().item() for k in a) > 1e-3  # the steps moved the weights
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -76,6 +76,5 @@ def test_every_family_has_its_cross_field_rules_in_one_module():
                                         r"policy-gradient family"):
         check_settings(check_overrides(["algorithm=ppo", "rollout=vllm", "rollout.tis_cap=2"]))
     check_settings(check_overrides(["algorithm=grpo", "rollout=vllm", "rollout.tis_cap=2"]))  # the policy-gradient loop applies it
-    with pytest.raises(UserError, match="algorithm.family=agent_sft runs in one process; use hardware=cpu or hardware=gpu"):
-        check_settings(check_overrides(["algorithm=agent_sft", "env=grid", "hardware=ddp", "hardware.num_processes=2"]))
+    check_settings(check_overrides(["algorithm=agent_sft", "env=grid", "hardware=ddp", "hardware.num_processes=2"]))
     check_settings(check_overrides(["algorithm=gigpo", "env=grid", "hardware=ddp", "hardware.num_processes=2"]))  # data-parallel

@@ -94,6 +94,22 @@ def test_grid_map_has_one_token_per_cell():
     assert lengths == {17}  # 9 cells + 6 spaces + 2 newlines
 
 
+def test_grid_corners_layout_fixes_start_and_goal_and_moves_the_holes():
+    """layout=corners (gymnasium FrozenLake's): S top-left, G bottom-right on every map, holes drawn from the
+    seed, and D D R R (or R R D D) is not always safe, so the map still matters."""
+    maps = []
+    for seed in range(40):
+        env = Grid(size=3, holes=1, layout="corners")
+        obs, info = env.reset(seed=seed)
+        assert info["anchor"] == (0, 0) and env.goal == (2, 2) and obs.startswith("P") and obs.endswith("G")
+        assert env.expert_action() is not None  # a path exists
+        maps.append(obs)
+    assert len(set(maps)) == 7  # the hole takes each of the 7 free cells
+    assert len({Grid().reset(seed=s)[1]["anchor"] for s in range(40)}) > 3  # the default layout moves the start
+    with pytest.raises(EnvError, match="layout must be 'random' or 'corners'"):
+        env_factory("grid", kwargs={"layout": "diagonal"})
+
+
 def test_grid_invalid_action_and_truncation():
     env = Grid(max_steps=2)
     env.reset(seed=0)

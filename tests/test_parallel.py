@@ -47,23 +47,41 @@ def test_reward_model_two_processes_match_one(tmp_path):
                                       "micro_batch_size=2"], atol=2e-6)
 
 
+def run_metrics(tmp_path, name):
+    """The metrics.jsonl rows of run `name` under tmp_path."""
+    import json
+
+    (run,) = (tmp_path / "outputs" / "train").glob(f"*_{name}")
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_agent_sft_two_processes_match_one(tmp_path):
+    """The agent warm start's loop: each process imitates its shard of the demonstrations (mixture: grid,
+    corridor and tool use, episodes of different lengths, so a per-process token count would differ),
+    two micro-batches per process (gradient accumulation). Same weights and metrics as one process."""
+    args = ["algorithm=agent_sft", "env=mixture", "data.source=none", "steps=2", "prompts_per_step=4",
+            "rollout.samples_per_prompt=2", "micro_batch_size=2", "env.eval_episodes=4", "log.progress=false"]
+    assert_same_parameters(tmp_path, args)
+    rows = {name: run_metrics(tmp_path, name) for name in ("one", "many")}
+    for a, b in zip(rows["one"], rows["many"], strict=True):
+        for key in ("demo/success", "demo/turns", "train/loss"):
+            if key in a:
+                assert a[key] == pytest.approx(b[key], abs=1e-5), (key, a[key], b[key])
+    assert "demo/turns" in rows["one"][-1]
+
+
 def test_agent_two_processes_match_one(tmp_path):
     """GiGPO on a custom environment whose rewards differ within every group: each process plays its two
     tasks (episode and anchor groups lie within a task), token-mean loss over the global token count
     (a per-process count would differ: episodes have different lengths), two micro-batches per step
     (gradient accumulation), KL to the reference. Same weights and the same global env/train metrics
     (gathered from both processes) as one process."""
-    import json
-
     args = ["algorithm=gigpo", "env=custom", "env.target=tests.test_agent_train.ParityEnv", "data.source=none",
             "steps=2", "prompts_per_step=4", "rollout.samples_per_prompt=2", "micro_batch_size=2",
             "algorithm.loss_agg=token-mean", "algorithm.kl_coef=0.1", "env.max_turns=2", "env.max_new_tokens=3",
             "env.eval_episodes=4", "log.progress=false"]
     assert_same_parameters(tmp_path, args)
-    rows = {}
-    for name in ("one", "many"):
-        (run,) = (tmp_path / "outputs" / "train").glob(f"*_{name}")
-        rows[name] = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = {name: run_metrics(tmp_path, name) for name in ("one", "many")}
     for a, b in zip(rows["one"], rows["many"], strict=True):
         for key in ("env/success", "env/return", "env/turns", "env/anchor_group_size", "train/advantage_std",
                     "completions/tokens_per_episode"):

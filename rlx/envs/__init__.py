@@ -53,7 +53,7 @@ def env_factory(name: str, target: str | None = None, kwargs: dict | None = None
         raise EnvError(f"unknown env '{name}'; valid choices: {', '.join([*ENVIRONMENTS, 'custom'])}")
     try:
         probe = cls(**kwargs)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:  # unknown keyword, or a value the class refuses
         raise EnvError(f"env '{name}' cannot be built with env.kwargs={kwargs}: {exc}") from None
     if not (callable(getattr(probe, "reset", None)) and callable(getattr(probe, "step", None))):
         raise EnvError(f"env '{name}' ({cls}) has no reset()/step() methods")

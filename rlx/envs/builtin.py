@@ -62,19 +62,28 @@ class Grid:
     without stepping into a hole H, with actions L, D, R, U (one letter).
 
     The map is drawn from the seed with a path from S to G guaranteed; the observation is the map
-    with the agent shown as P, one row per line, cells separated by spaces. Reward 1 at the goal; a hole ends the episode with 0;
+    with the agent shown as P, one row per line, cells separated by spaces. layout "random": S and G
+    anywhere (the policy must read the map to know where to go); "corners": S top-left and G
+    bottom-right as in gymnasium's FrozenLake, only the holes move (a map-blind preference for D and R
+    already helps, and the start cell recurs in every episode). Reward 1 at the goal; a hole ends the episode with 0;
     a move into the wall keeps the position (valid); any other answer is an invalid action. The
     episode is truncated after max_steps moves. Anchor: the agent's position (the map is fixed by the
     seed, so identical states recur across the episodes of a group)."""
 
-    def __init__(self, size: int = 3, holes: int = 2, max_steps: int = 6):
-        self.size, self.holes, self.max_steps = size, holes, max_steps
+    def __init__(self, size: int = 3, holes: int = 2, max_steps: int = 6, layout: str = "random"):
+        if layout not in ("random", "corners"):
+            raise ValueError(f"Grid layout must be 'random' or 'corners', got {layout!r}")
+        self.size, self.holes, self.max_steps, self.layout = size, holes, max_steps, layout
 
     def reset(self, *, seed=None, options=None):
         rng = random.Random(seed)
         cells = [(r, c) for r in range(self.size) for c in range(self.size)]
+        corners = [(0, 0), (self.size - 1, self.size - 1)]
         while True:
-            start, goal, *holes = rng.sample(cells, 2 + self.holes)
+            if self.layout == "corners":
+                (start, goal), holes = corners, rng.sample([c for c in cells if c not in corners], self.holes)
+            else:
+                start, goal, *holes = rng.sample(cells, 2 + self.holes)
             if _reachable(self.size, start, goal, set(holes)):
                 break
         self.start, self.goal, self.hole_cells = start, goal, set(holes)

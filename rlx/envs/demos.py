@@ -15,11 +15,13 @@ from rlx.rollout.types import Generation
 
 
 class ExpertGenerator:
-    """Generator protocol over environments that know an expert move. envs[i] is the environment of the
-    episode whose sample seed is i (pass sample_seeds=range(len(envs)) to run_episodes)."""
+    """Generator protocol over environments that know an expert move. envs[i] (a list, or a dict keyed by
+    global demonstration index) is the environment of the episode whose sample seed is i (pass the
+    indices as sample_seeds to run_episodes): a demonstration's moves depend on (seed, i), not on which
+    other demonstrations share its batch or process."""
 
-    def __init__(self, envs: list, tokenizer, skill: float, seed: int):
-        for env in envs:
+    def __init__(self, envs: list | dict, tokenizer, skill: float, seed: int):
+        for env in (envs.values() if isinstance(envs, dict) else envs):
             if not (hasattr(env, "expert_action") and hasattr(env, "random_action")):
                 raise ValueError(f"{type(env).__name__} has no expert_action()/random_action(): no demonstrations")
         self.envs, self.tokenizer, self.skill, self.seed = envs, tokenizer, skill, seed

@@ -141,6 +141,7 @@ def train_agent(cfg, parts: Parts) -> dict:
         all_episodes = gather_object(episodes)  # every process's episodes, in global order
         episode_group, step_episode, step_rewards, step_anchor = step_tensors(all_episodes, group_size, algo.invalid_penalty)
         step_adv, credit_metrics = credit(episode_group, step_episode, step_rewards, step_anchor, **knobs)  # (S,)
+        any_signal = bool(step_adv.abs().any())  # over the global batch, so every process decides alike
         local_steps = (step_episode >= mine.start) & (step_episode < mine.stop)
         step_adv, step_episode = step_adv[local_steps], step_episode[local_steps] - mine.start  # this process's steps
         advantages = token_advantages(step_adv, step_episode, batch.step_index)  # (n, C)
@@ -161,7 +162,11 @@ def train_agent(cfg, parts: Parts) -> dict:
         num = len(episodes)
         stats = {"loss": 0.0, "kl": [], "entropy": [], "clip": [], "grad_norm": []}
         gap = {"sum": 0.0, "max": 0.0, "count": 0}  # rollout=vllm: engine vs trainer log-probs before the first update
-        for epoch in range(algo.epochs):
+        # no group had a reward difference and no KL/entropy term: the loss has zero gradient. AdamW would still
+        # move every weight along its momentum from the last informative step (with sparse rewards, a single success
+        # then drove the grid policy into all-invalid turns over ten zero-gradient steps), so no update is taken.
+        skip_update = not any_signal and algo.kl_coef == 0 and algo.entropy_coef == 0
+        for epoch in range(0 if skip_update else algo.epochs):
             order = torch.randperm(num, generator=shuffle) if updates_per_step > 1 else torch.arange(num)
             for mini_index, mini in enumerate(order.chunk(algo.mini_batches)):
                 mini_tokens = global_sum(acc, float(loss_mask[mini].sum()))  # normalisers: the whole mini-batch
@@ -195,6 +200,9 @@ def train_agent(cfg, parts: Parts) -> dict:
                 grad_norm = optimizer_step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm)
                 if grad_norm is not None:
                     stats["grad_norm"].append(grad_norm)
+        if skip_update:
+            for _ in range(updates_per_step):  # the schedule still follows the step count
+                scheduler.step()
         if engine is not None:
             engine.sync_weights(acc.unwrap_model(model))  # the next episodes (and evaluation) play the updated policy
 
@@ -207,15 +215,17 @@ def train_agent(cfg, parts: Parts) -> dict:
             "env/anchor_group_size": credit_metrics.get("env/anchor_group_size", 0.0),
             "env/turn_truncated": sum(e.turn_truncated for e in all_episodes) / max(len(all_episodes), 1),
             "train/loss": global_sum(acc, stats["loss"]),
+            "train/update_skipped": float(skip_update),
             "train/lr": scheduler.get_last_lr()[0],
-            "train/entropy": global_mean(acc, mean(stats["entropy"])),
-            "train/clip_frac": global_mean(acc, mean(stats["clip"])),
             "train/advantage_mean": all_advantages[sampled].mean().item() if sampled.any() else 0.0,
             "train/advantage_std": all_advantages[sampled].std().item() if sampled.sum() > 1 else 0.0,
             "completions/tokens_per_episode": sampled.sum().item() / max(len(all_episodes), 1),
             "perf/step_time_s": step_time,
             "perf/generation_time_s": generation_time,
         }
+        if not skip_update:  # a skipped update computed no log-probs
+            metrics["train/entropy"] = global_mean(acc, mean(stats["entropy"]))
+            metrics["train/clip_frac"] = global_mean(acc, mean(stats["clip"]))
         if engine is not None:  # float error when the engine holds the weights the trainer had (rollout.temperature 1)
             metrics["rollout/logprob_gap_mean"] = global_sum(acc, gap["sum"]) / max(global_sum(acc, gap["count"]), 1)
             metrics["rollout/logprob_gap_max"] = gather(acc, torch.tensor([gap["max"]])).max().item()

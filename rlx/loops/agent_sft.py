@@ -5,8 +5,11 @@ same token-in/token-out rollout as RL (rollout/env.py), the model replaced by en
 ExpertGenerator: the environment's expert move with probability algorithm.skill, a plausible mistake
 otherwise. The policy takes one optimizer step on the token-mean negative log-likelihood of the
 demonstrated turns (loss mask 1; environment tokens are context only). Demonstration seeds come from
-(seed, step), so a resumed run sees the same demonstrations. Held-out evaluation: greedy episodes of
-the policy itself, as in the agent loop. One process only.
+(seed, step), so a resumed run sees the same demonstrations. Held-out evaluation: episodes of the
+policy itself, as in the agent loop. With several processes (hardware=ddp), each plays its contiguous
+shard of the demonstrations (a demonstration depends only on its global index: its seed and its
+mistakes), the loss is normalised by the global token count and DDP sums the gradients, so N processes
+take the step one process takes (rlx/parallel.py); held-out episodes are split over processes.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import logging
 import time
 
 import torch
+from accelerate.utils import gather_object
 
 from rlx.config import UserError
 from rlx.envs import EnvError, env_factory
@@ -28,6 +32,7 @@ from rlx.loops.common import (
     optimizer_step,
 )
 from rlx.models.forward import completion_logprobs
+from rlx.parallel import backward, global_sum, shard
 from rlx.rollout.env import EVAL_SEED_BASE, run_episodes, train_env_seed
 from rlx.rollout.generator import policy_generator
 from rlx.rollout.types import RolloutBatch
@@ -49,38 +54,41 @@ def train_agent_sft(cfg, parts: Parts) -> dict:
 
     def run_eval(step: int) -> dict:
         generator = policy_generator(acc.unwrap_model(model), tokenizer, cfg.rollout)
-        episodes = play(generator, tokenizer, factory, env_cfg, eval_seeds, list(range(len(eval_seeds))), greedy=env_cfg.eval_greedy,
-                        use_chat_template=cfg.model.chat_template)
-        return episode_metrics(episodes, "eval")
+        mine = list(range(acc.process_index, len(eval_seeds), acc.num_processes))  # this process's held-out episodes
+        episodes = play(generator, tokenizer, factory, env_cfg, [eval_seeds[k] for k in mine], mine,
+                        greedy=env_cfg.eval_greedy, use_chat_template=cfg.model.chat_template)
+        return episode_metrics(gather_object(episodes), "eval")
 
     last_eval = evaluate_at_start(cfg.eval.at_start, start_step, metrics_log, run_eval)
-    num = cfg.prompts_per_step * cfg.rollout.samples_per_prompt
+    group = cfg.rollout.samples_per_prompt
     for step in range(start_step + 1, cfg.steps + 1):
         start = time.perf_counter()
-        seeds = [train_env_seed(cfg.seed, step, i) for i in range(num)]  # one task per demonstration
-        envs = [factory() for _ in seeds]
+        tasks = shard(cfg.prompts_per_step, acc)  # this process's demonstrations: global indices `mine`
+        mine = list(range(tasks.start * group, tasks.stop * group))
+        seeds = [train_env_seed(cfg.seed, step, i) for i in mine]  # one task per demonstration
+        envs = {i: factory() for i in mine}
         expert = ExpertGenerator(envs, tokenizer, algo.skill, seed=cfg.seed * 1_000_003 + step)
-        episodes = run_episodes(expert, tokenizer, envs, seeds, list(range(num)), max_turns=env_cfg.max_turns,
+        episodes = run_episodes(expert, tokenizer, list(envs.values()), seeds, mine, max_turns=env_cfg.max_turns,
                                 max_new_tokens=env_cfg.max_new_tokens, max_total_tokens=env_cfg.max_total_tokens,
                                 system_prompt=env_cfg.system_prompt, use_chat_template=cfg.model.chat_template,
                                 stop_ids=[tokenizer.eos_token_id])
         batch = RolloutBatch.from_episodes(episodes, tokenizer.pad_token_id)
-        total_tokens = max(float(batch.loss_mask.sum()), 1.0)
+        total_tokens = max(global_sum(acc, float(batch.loss_mask.sum())), 1.0)  # token-mean over the global batch
         loss_sum = 0.0
-        for lo in range(0, num, cfg.micro_batch_size):
+        for lo in range(0, len(mine), cfg.micro_batch_size):
             sl = slice(lo, lo + cfg.micro_batch_size)
             logp, _ = completion_logprobs(model, batch.prompt_ids[sl], batch.prompt_mask[sl], batch.completion_ids[sl],
                                           batch.completion_mask[sl])
             mask = batch.loss_mask[sl].to(logp.device, logp.dtype)
             loss = -(logp * mask).sum() / total_tokens  # token-mean NLL over the demonstrated turns
-            acc.backward(loss)
+            backward(acc, loss, model)
             loss_sum += loss.item()
         grad_norm = optimizer_step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm)
         metrics = {
-            "train/loss": loss_sum,
+            "train/loss": global_sum(acc, loss_sum),
             "train/lr": scheduler.get_last_lr()[0],
             "train/grad_norm": grad_norm,
-            **episode_metrics(episodes, "demo"),
+            **episode_metrics(gather_object(episodes), "demo"),
             "perf/step_time_s": time.perf_counter() - start,
         }
         if eval_due(step, cfg.eval.every, cfg.steps):
