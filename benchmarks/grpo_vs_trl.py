@@ -123,7 +123,7 @@ def step_flops(parameters: int, rows: int, prompt_tokens: int, completion_tokens
 
 
 def rlx_worker(setting: str, steps: int, prompts_file: Path, warmup: int, threads: int = 1, device: str = "cpu",
-               lora: bool = False, kl: bool = False) -> dict:
+               lora: bool = False, kl: bool = False, extra: list[str] | None = None) -> dict:
     import subprocess
 
     kind, prompts, group, length = SETTINGS[setting]
@@ -141,6 +141,7 @@ def rlx_worker(setting: str, steps: int, prompts_file: Path, warmup: int, thread
         overrides += ["hardware=gpu", "model.dtype=bfloat16"]
     if lora:
         overrides += ["model.lora.enabled=true", f"model.lora.rank={LORA['r']}", f"model.lora.alpha={LORA['alpha']}"]
+    overrides += extra or []
     subprocess.run([sys.executable, "-m", "rlx", "train", *overrides], check=True, stdout=subprocess.DEVNULL)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "perf/step_time_s" in r][warmup:]  # drop the warm-up steps
@@ -217,14 +218,20 @@ def main() -> None:
                         help="cuda: both sides on GPU 0 in bf16 (rlx hardware=gpu, TRL bf16=True), peak GPU memory from nvidia-smi")
     parser.add_argument("--lora", action="store_true", help=f"LoRA on both sides (rank {LORA['r']}, alpha {LORA['alpha']}, all linear)")
     parser.add_argument("--kl", action="store_true", help=f"KL to the reference on both sides (coefficient {KL_COEF})")
+    parser.add_argument("--rlx-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra rlx train override (repeatable), e.g. rollout.onednn_decode=true")
     parser.add_argument("--worker", choices=["rlx", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--setting", help=argparse.SUPPRESS)
     args = parser.parse_args()
     prompts_file = CACHE / "prompts.jsonl"
     if args.worker:
-        worker = rlx_worker if args.worker == "rlx" else trl_worker
-        print(json.dumps(worker(args.setting, args.steps, prompts_file, args.warmup, args.threads, args.device,
-                                args.lora, args.kl)), flush=True)
+        if args.worker == "rlx":
+            result = rlx_worker(args.setting, args.steps, prompts_file, args.warmup, args.threads, args.device,
+                                args.lora, args.kl, args.rlx_set)
+        else:
+            result = trl_worker(args.setting, args.steps, prompts_file, args.warmup, args.threads, args.device,
+                                args.lora, args.kl)
+        print(json.dumps(result), flush=True)
         return
     write_prompts(prompts_file)
     gpu = args.device == "cuda"
@@ -232,6 +239,7 @@ def main() -> None:
     print(f"{'bf16 GPU' if gpu else 'fp32'} matmul rate" + ("" if gpu else f" with {args.threads} thread(s)")
           + f": {rate:.1f} GFLOP/s", flush=True)
     variant = "".join(f" {name}" for name, on in (("lora", args.lora), ("kl", args.kl), ("cuda", gpu)) if on)
+    variant += "".join(f" {item}" for item in args.rlx_set)
     memory = "peak GPU MiB" if gpu else "peak RSS MiB"
     results = []
     for setting in args.settings.split(","):
@@ -241,6 +249,7 @@ def main() -> None:
             order = ("rlx", "trl") if round_index % 2 == 0 else ("trl", "rlx")
             for tool in order:
                 flags = [f"--{name}" for name, on in (("lora", args.lora), ("kl", args.kl)) if on]
+                flags += [f"--rlx-set={item}" for item in args.rlx_set]
                 out, rss = run_child([__file__, "--worker", tool, "--setting", setting, "--steps", str(args.steps),
                                       "--warmup", str(args.warmup), "--threads", str(args.threads),
                                       "--device", args.device, *flags], args.timeout, gpu_memory=gpu)
