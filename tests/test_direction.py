@@ -19,8 +19,9 @@ already far more likely, and then any small update passes).
 import pytest
 import torch
 
-from rlx.loops import policy_gradient, ppo, preference, reward_model, sft
+from rlx.loops import agent, policy_gradient, ppo, preference, reward_model, sft
 from rlx.models import value as value_models
+from rlx.rollout.types import Generation
 from rlx.train import build_parts
 from tests.loop_fixtures import (
     LIKELY,
@@ -174,3 +175,49 @@ def test_sft_raises_the_targets(tmp_path):
     sft.train_sft(cfg, build_parts(cfg, components(tmp_path, model, tokenizer, data)))
     after = target_nll()
     assert after < before - 0.05, (before, after)  # 0.49 -> 0.33 nats per token on the machine that wrote this
+
+
+class JudgedAction:
+    """One-turn environment (gymnasium shape) that pays 1 when the action holds the LIKELY completion's text."""
+
+    def reset(self, *, seed=None, options=None):
+        return "Say the answer.", {}
+
+    def step(self, action):
+        win = float(LIKELY in action)
+        return "done", win, True, False, {"metrics": {"success": win}}
+
+
+class AlternatingSampler(FixedSampler):
+    """FixedSampler whose k-th row handed out (over all calls) is completions[k % 2]: the episodes of every
+    group alternate between the two actions, so their rewards differ by construction. The multi-turn rollout
+    keeps sampling log-probs: the policy's own, from one plain forward pass."""
+
+    def __call__(self, model, tokenizer, *_, **__):
+        self.model = model
+        return self
+
+    def generate_ids(self, prompts, **_):
+        batch = []
+        for ids in prompts:
+            text = self.completions[len(self.samples) % len(self.completions)]
+            self.samples.append((list(ids), completion_tokens(self.tokenizer, text), text))
+            batch.append(self.samples[-1])
+        logprobs = [plain_logprobs(self.model, p, c).tolist() for p, c, _ in batch]
+        return Generation([b[1] for b in batch], logprobs, [True] * len(batch))
+
+
+@pytest.mark.parametrize("algorithm", ["agent_grpo", "gigpo"])
+def test_agent_loop_raises_the_rewarded_action(tmp_path, monkeypatch, algorithm):
+    model, tokenizer = tiny_policy()
+    sampler = AlternatingSampler(tokenizer, [LIKELY, UNLIKELY])
+    monkeypatch.setattr(agent, "policy_generator", sampler)
+    cfg = loop_config(f"algorithm={algorithm}", "env=custom", "env.target=tests.test_direction.JudgedAction",
+                      "env.eval_episodes=1", *RL)
+    start, _ = tiny_policy()
+    agent.train_agent(cfg, build_parts(cfg, components(tmp_path, model, tokenizer)))
+    before, after = _sample_logps(start, sampler), _sample_logps(model, sampler)
+    assert {text for text, _ in before.values()} == {LIKELY, UNLIKELY}
+    for key, (text, logp) in after.items():
+        change = logp - before[key][1]
+        assert (change > 0.05) if text == LIKELY else (change < -0.05), f"{text}: {change:+.3f}"
