@@ -270,6 +270,18 @@ def _engine_keeps_master_weights() -> bool:
     return any(os.environ.get(key, "").lower() in ("1", "true") for key in ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP"))
 
 
+def fused_adamw_supported(params) -> bool:
+    """Whether torch's fused AdamW kernel takes these parameters: plain (not DTensor) float tensors on the CPU
+    or a GPU, outside DeepSpeed / FSDP (their engines step flattened or sharded states themselves). It is the
+    same update as the per-parameter loop torch otherwise runs on CPU tensors (tests/test_numerics.py), in
+    one pass per tensor: at the 0.5B shape on 2 CPU threads 0.2 s per step instead of 1.3-2.5 s."""
+    from torch.distributed.tensor import DTensor
+
+    return bool(params) and not _engine_keeps_master_weights() and all(
+        p.device.type in ("cpu", "cuda") and not isinstance(p, DTensor)
+        and p.dtype in (torch.float32, torch.bfloat16, torch.float16) for p in params)
+
+
 def _local_grad_norm(model) -> float:
     grads = [p.grad.detach().float().norm() for p in model.parameters() if p.grad is not None]
     return float(torch.stack(grads).norm()) if grads else 0.0
@@ -281,10 +293,11 @@ def build_optimizer(model, total_updates: int, *, lr: float, betas, eps: float, 
     learning-rate schedule (optim.* settings: optimizer_settings(cfg.optim))."""
     params = [p for p in model.parameters() if p.requires_grad]
     low_precision = any(p.dtype != torch.float32 for p in params)
-    optimizer_class = MasterWeightAdamW if low_precision and not _engine_keeps_master_weights() else torch.optim.AdamW
-    optimizer = optimizer_class(
-        params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay
-    )
+    settings = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+    if low_precision and not _engine_keeps_master_weights():
+        optimizer = MasterWeightAdamW(params, **settings)
+    else:
+        optimizer = torch.optim.AdamW(params, **settings, fused=fused_adamw_supported(params) or None)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(schedule, warmup_steps, total_updates))
     return optimizer, scheduler
 
