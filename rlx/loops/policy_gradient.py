@@ -92,15 +92,16 @@ def train_policy_gradient(cfg, parts: Parts) -> dict:
         step_start = time.perf_counter()
         reference_reset.maybe_reset(step, acc.unwrap_model(model))
         # 1-2. rollout (G samples per prompt, adjacent in the batch) and rewards
-        # rollout=vllm: the engine; rollout=hf: the policy itself samples (the loop recomputes old log-probs)
-        generator = engine if engine is not None else policy_generator(acc.unwrap_model(model), tokenizer, roll, logprobs=False)
+        # rollout=vllm: the engine; rollout=hf: the policy itself samples, keeping its decoder's log-probs
+        # (compared with the trainer's: rollout/logprob_gap_*; the loop recomputes old log-probs itself)
+        generator = engine if engine is not None else policy_generator(acc.unwrap_model(model), tokenizer, roll, logprobs="sampler")
         batch = sample_batch(generator, tokenizer, stream, train_rewards, group_size, step=step, acc=acc,
                              **sampling)
         rollout, rewards, local = batch.rollout, batch.rewards, batch.local  # rewards: (N,) global
         generation_time = time.perf_counter() - step_start
         if engine is not None:
             engine.sleep()  # rollout.sleep_level: the engine's memory is given back for the update
-        sampler_logp = rollout.logprobs  # (N, C) the engine's log-probs of the sampled tokens, or None
+        sampler_logp = rollout.logprobs  # (N, C) the sampler's log-probs of the sampled tokens (vLLM or rlx's decoder)
         tis_cap = roll.get("tis_cap") if sampler_logp is not None else None
         gap = {"sum": 0.0, "max": 0.0, "count": 0, "capped": 0, "weight_sum": 0.0}
         num_samples = rollout.completion_ids.shape[0]

@@ -104,8 +104,9 @@ def train_ppo(cfg, parts: Parts) -> dict:
         step_start = time.perf_counter()
         reference_reset.maybe_reset(step, acc.unwrap_model(model))
         # 1. rollout and rewards (this process's shard of the global batch)
-        # rollout=vllm: the engine; rollout=hf: the policy itself samples (the loop recomputes old log-probs)
-        generator = engine if engine is not None else policy_generator(acc.unwrap_model(model), tokenizer, roll, logprobs=False)
+        # rollout=vllm: the engine; rollout=hf: the policy itself samples, keeping its decoder's log-probs
+        # (compared with the trainer's: rollout/logprob_gap_*; the loop recomputes old log-probs itself)
+        generator = engine if engine is not None else policy_generator(acc.unwrap_model(model), tokenizer, roll, logprobs="sampler")
         batch = sample_batch(generator, tokenizer, stream, train_rewards, group_size, step=step, acc=acc,
                              **sampling)
         rollout, rewards, local = batch.rollout, batch.rewards, batch.local  # rewards: (N,) global
@@ -124,8 +125,9 @@ def train_ppo(cfg, parts: Parts) -> dict:
         old_values = batched_values(value_model, rollout, cfg.micro_batch_size,
                                     pack=cfg.get("packed_forward", False))  # (n, C)
         gap = None
-        if rollout.logprobs is not None:  # sampler vs trainer: |log pi_train - log pi_sampler| over the sampled tokens
+        if engine is not None:
             engine.sleep()  # rollout.sleep_level: the engine's memory is given back for the update
+        if rollout.logprobs is not None:  # sampler vs trainer: |log pi_train - log pi_sampler| over the sampled tokens
             gap = logprob_gap(old_logp, rollout.logprobs, rollout.completion_mask)  # (sum, max, count)
 
         # 3. token rewards and GAE per sequence; whitening over the global batch: every process's tokens,

@@ -54,12 +54,15 @@ class _IdsTokenizer:
 
 class HFGenerator:
     """Generator on a transformers model. Log-probs are those of the temperature-scaled distribution
-    (before top-k / top-p filtering), recomputed by one forward pass over prompt + sample; with
-    logprobs=False that pass is skipped and Generation.logprobs is None (the single-turn loops
-    recompute the old log-probs themselves, as they always did with rollout=hf)."""
+    (before top-k / top-p filtering). logprobs=True: recomputed by one forward pass over prompt + sample;
+    "sampler": the decoder's own, taken while sampling (rollout/hf.py generate(logprobs=True); no extra
+    pass; the single-turn loops compare them with their forward: rollout/logprob_gap_*); False: none
+    (Generation.logprobs is None)."""
 
     def __init__(self, model, tokenizer, *, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                 batch_size: int = 256, logprobs: bool = True, sampler: str = "v2", onednn: bool = False):
+                 batch_size: int = 256, logprobs: bool | str = True, sampler: str = "v2", onednn: bool = False):
+        if logprobs not in (True, False, "sampler"):
+            raise ValueError(f"logprobs must be True, False or 'sampler', got {logprobs!r}")
         self.model, self.tokenizer, self.sampler, self.onednn = model, tokenizer, sampler, onednn
         self.temperature, self.top_p, self.top_k, self.batch_size = temperature, top_p, top_k, batch_size
         self.with_logprobs = logprobs
@@ -71,11 +74,13 @@ class HFGenerator:
         out = generate(self.model, shim, [str(i) for i in range(len(prompts))], samples_per_prompt=samples_per_prompt,
                        max_new_tokens=max_new_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                        greedy=greedy, batch_size=self.batch_size, seeds=seeds, min_new_tokens=min_new_tokens,
-                       sampler=self.sampler, onednn=self.onednn)
+                       sampler=self.sampler, onednn=self.onednn, logprobs=self.with_logprobs == "sampler")
         lengths = out.completion_mask.sum(dim=1).tolist()
         ids = [out.completion_ids[i, :n].tolist() for i, n in enumerate(lengths)]
         logprobs = None
-        if self.with_logprobs:
+        if out.logprobs is not None:
+            logprobs = [out.logprobs[i, :n].tolist() for i, n in enumerate(lengths)]
+        elif self.with_logprobs:
             full = self._logprobs(out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask)
             logprobs = [full[i, :n].tolist() for i, n in enumerate(lengths)]
         stops = set(eos_ids(self.model, self.tokenizer))
@@ -99,7 +104,7 @@ class HFGenerator:
         return (logp.squeeze(-1) * completion_mask.to(device)).cpu()
 
 
-def policy_generator(model, tokenizer, roll, *, logprobs: bool = True) -> HFGenerator:
+def policy_generator(model, tokenizer, roll, *, logprobs: bool | str = True) -> HFGenerator:
     """The policy as its own generator (rollout=hf), with rollout's sampling settings: temperature, top-p/top-k,
     batch size, the draw version (rollout.sampler; a config from before sampler versions drew with v1) and the
     oneDNN decode step (rollout.onednn_decode)."""

@@ -22,7 +22,8 @@ class Rollout:
     completion_mask: torch.Tensor   # (N, C) 1 on generated tokens up to and including the first EOS
     truncated: torch.Tensor         # (N,) bool: no EOS within the budget
     texts: list[str]                # decoded completions (special tokens removed)
-    logprobs: torch.Tensor | None = None  # (N, C) the sampler's log-probs of the completion tokens (vLLM), or None
+    logprobs: torch.Tensor | None = None  # (N, C) the sampler's log-probs of the completion tokens (vLLM, or rlx's
+                                          # decoder with generate(logprobs=True)), 0 past each row's end; or None
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -124,6 +125,7 @@ def generate(
     min_new_tokens: int = 0,
     sampler: str = "v2",
     onednn: bool = False,
+    logprobs: bool = False,
 ) -> Rollout:
     """G completions for each prompt, ordered prompt by prompt (the G samples of a prompt are adjacent).
 
@@ -134,6 +136,11 @@ def generate(
     min_new_tokens > 0 forbids the stop tokens before that many tokens (fixed-length benchmarks).
     sampler: the draw's version (rollout/sampling.py SAMPLERS; training passes rollout.sampler).
     onednn: the decode step's projections through oneDNN on the CPU (rollout.onednn_decode; fast_decode.py).
+    logprobs: also return the decoder's log-prob of each sampled token, log softmax(z / T) of the logits z
+    the token was drawn from (T <= 0 read as 1), before min_new_tokens' stop mask and top-k / top-p (the
+    distribution the trainer's log-probs refer to, rlx/models/forward.py), as Rollout.logprobs: the loops
+    compare it with the trainer's forward (rollout/logprob_gap_*). One logsumexp over the vocabulary per
+    row and token step.
     A sharded model (ZeRO-3, FSDP2) gathers its weights in every forward pass, a collective: there no
     row leaves the batch early and every process keeps stepping until all processes' rows have stopped
     (`lockstep`), so each runs the same forward passes; each process must then pass as many prompts."""
@@ -153,30 +160,35 @@ def generate(
     seed_tensor = torch.tensor(seeds, dtype=torch.int64)  # (N,)
     pad_id = tokenizer.pad_token_id
     completion_ids = torch.full((num_rows, max_new_tokens), pad_id, dtype=torch.long)  # (N, C_max)
+    sampled_logp = torch.zeros((num_rows, max_new_tokens)) if logprobs else None  # (N, C_max)
     width = 0
     prompts_per_chunk = max(1, batch_size // group)
     for first in range(0, len(prompts), prompts_per_chunk):
         last = min(len(prompts), first + prompts_per_chunk)
         rows = slice(first * group, last * group)
-        chunk = _decode(
+        chunk, chunk_logp = _decode(
             model, unique_ids[first:last].to(device), unique_mask[first:last].to(device), group, seed_tensor[rows],
             max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, stop_ids=stop_ids, pad_id=pad_id,
             greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, lockstep=lockstep, sampler=sampler,
-            onednn=onednn,
-        )  # (n, c)
+            onednn=onednn, logprobs=logprobs,
+        )  # (n, c) each
         completion_ids[rows, : chunk.shape[1]] = chunk.cpu()
+        if sampled_logp is not None:
+            sampled_logp[rows, : chunk.shape[1]] = chunk_logp.cpu()
         width = max(width, chunk.shape[1])
     completion_mask, truncated = completion_mask_from_ids(completion_ids[:, :width], stop_ids)
     # (N, C): padded to the longest completion, not the budget (nor past it, as a lockstep batch may run)
     width = int(completion_mask.sum(dim=1).max()) if num_rows else 0
     completion_ids, completion_mask = completion_ids[:, :width], completion_mask[:, :width]
     completion_ids = completion_ids.masked_fill(completion_mask == 0, pad_id)
+    if sampled_logp is not None:
+        sampled_logp = sampled_logp[:, :width] * completion_mask  # (N, C)
     texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
     if was_training:
         model.train()
     prompt_ids = unique_ids.repeat_interleave(group, dim=0)  # (N, P)
     prompt_mask = unique_mask.repeat_interleave(group, dim=0)  # (N, P)
-    return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, truncated, texts)
+    return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, truncated, texts, sampled_logp)
 
 
 def _all_stopped(stopped: torch.Tensor) -> bool:
@@ -187,15 +199,19 @@ def _all_stopped(stopped: torch.Tensor) -> bool:
 
 
 def _decode(model, prompt_ids, prompt_mask, group, seeds, *, max_new_tokens, min_new_tokens, stop_ids, pad_id, greedy,
-            temperature, top_k, top_p, lockstep=False, sampler="v2", onednn=False) -> torch.Tensor:
-    """Token-by-token decoding of `group` samples for each of b prompts. Returns (b*group, c) token ids.
+            temperature, top_k, top_p, lockstep=False, sampler="v2", onednn=False,
+            logprobs=False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token-by-token decoding of `group` samples for each of b prompts. Returns (b*group, c) token ids and,
+    with logprobs, (b*group, c) log softmax(z / T) of each sampled token (see generate), else None.
     lockstep: rows that stopped stay in the batch (their later tokens are masked by the caller) and the
     loop runs until every process's rows have stopped."""
     device = prompt_ids.device
     num_rows = prompt_ids.shape[0] * group
     out = torch.full((num_rows, max_new_tokens), pad_id, dtype=torch.long, device=device)  # (n, C_max)
+    logp = torch.zeros((num_rows, max_new_tokens), device=device) if logprobs else None  # (n, C_max)
+    scale = 1.0 if temperature <= 0 else float(temperature)  # as the trainer's forward (HFGenerator._logprobs)
     if max_new_tokens == 0:
-        return out
+        return out, logp
     positions = position_ids_from_mask(prompt_mask)  # (b, P), as in the training forward (models/forward.py)
     cache = generation_cache(model, max_new_tokens)
     step = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, past_key_values=cache,
@@ -214,6 +230,9 @@ def _decode(model, prompt_ids, prompt_mask, group, seeds, *, max_new_tokens, min
     seeds = seeds.to(device)
     used = max_new_tokens
     for t in range(max_new_tokens):
+        if logp is not None:  # the model's tempered distribution, before the stop mask and any filter
+            scaled = logits.float() / scale  # (a, V)
+            normaliser = torch.logsumexp(scaled, dim=-1)  # (a,)
         if t < min_new_tokens and stop.numel():
             logits[:, stop] = float("-inf")
         if greedy:
@@ -221,6 +240,8 @@ def _decode(model, prompt_ids, prompt_mask, group, seeds, *, max_new_tokens, min
         else:
             token = sample_tokens(logits, seeds[alive], t, temperature, top_k, top_p, sampler)  # (a,)
         out[alive, t] = token
+        if logp is not None:
+            logp[alive, t] = scaled.gather(1, token.unsqueeze(1)).squeeze(1) - normaliser
         if t == max_new_tokens - 1:
             break
         finished = torch.isin(token, stop)  # (a,)
@@ -244,4 +265,4 @@ def _decode(model, prompt_ids, prompt_mask, group, seeds, *, max_new_tokens, min
                          position_ids=next_position.unsqueeze(1), past_key_values=cache, use_cache=True)
             logits = step.logits[:, -1]  # (a, V)
         next_position = next_position + 1
-    return out[:, :used]
+    return out[:, :used], (logp[:, :used] if logp is not None else None)
