@@ -7,7 +7,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-slow test-gpu test-vllm bench-scale lint tiny-model tiny-agent-model clean reproduce bench-algorithms bench readme-commands
+.PHONY: help install train test test-slow test-gpu test-vllm bench-scale bench-growth lint tiny-model tiny-agent-model clean reproduce bench-algorithms bench readme-commands
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -58,6 +58,12 @@ DEVICE ?= cpu
 bench-scale: $(STAMP) ## rlx vs TRL GRPO on the random-init Qwen2.5-0.5B shape: fp32 CPU, 2 threads (~15 min per round), or DEVICE=cuda (bf16, 8x8x256); ARGS="--rounds 3 --lora --kl"
 	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) benchmarks/grpo_vs_trl.py --device $(DEVICE) --settings "$(if $(filter cuda,$(DEVICE)),0.5b 8x8x256,0.5b 2x4x64)" --threads $(if $(filter cuda,$(DEVICE)),8,2) --rounds 1 --steps 2 $(ARGS)
+
+GROWTH = 0.5b 2x4x16,0.5b 2x4x64,0.5b 2x4x128,0.5b 2x4x256,0.5b 2x2x64,0.5b 2x8x64
+bench-growth: $(STAMP) ## step time vs completion length and group size, rlx beside TRL (0.5B shape, CPU, ~70 min): a plot
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) benchmarks/grpo_vs_trl.py --settings "$(GROWTH)" --threads 2 --rounds 1 --steps 1 $(ARGS)
+	$(PY) benchmarks/growth_plot.py
 
 lint: $(STAMP) ## ruff check
 	$(VENV)/bin/ruff check rlx tests
