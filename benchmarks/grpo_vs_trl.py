@@ -360,21 +360,23 @@ def main() -> None:
                 out, rss = run_child([__file__, "--worker", tool, "--setting", setting, "--steps", str(args.steps),
                                       "--warmup", str(args.warmup), "--threads", str(args.threads),
                                       "--device", args.device, *flags], args.timeout, gpu_memory=gpu)
-                step = median(out["step_times"])
-                tokens = median(out["tokens"])
-                generation = out.get("generation_times", [])
-                runs[tool].append((step, tokens / step, rss, min(out["step_times"]), out["step_times"], out["tokens"],
-                                   generation))
+                run = {"step_times": out["step_times"], "tokens": out["tokens"], "peak_mib": rss,
+                       "generation_times": out.get("generation_times", [])}
+                runs[tool].append(run)
+                step, tokens, generation = median(run["step_times"]), median(run["tokens"]), run["generation_times"]
                 print(f"[{setting}{variant}] round {round_index + 1} {tool}: step {step:.2f}s  "
                       f"(generation {median(generation) if generation else float('nan'):.2f}s)  {tokens / step:.0f} tok/s  "
                       f"{memory} {rss:.0f}  ({load_summary()})", flush=True)
-        summary = {tool: [median([r[i] for r in runs[tool]]) for i in range(3)] for tool in runs}
-        fastest = {tool: min(r[3] for r in runs[tool]) for tool in runs}  # the quickest single step of any run
+        # per tool: [median step s, median tokens/s, median peak memory] over the runs (each run: its medians)
+        summary = {tool: [median([median(r["step_times"]) for r in runs[tool]]),
+                          median([median(r["tokens"]) / median(r["step_times"]) for r in runs[tool]]),
+                          median([r["peak_mib"] for r in runs[tool]])] for tool in runs}
+        fastest = {tool: min(min(r["step_times"]) for r in runs[tool]) for tool in runs}  # the quickest single step
         kind, prompts, group, length = SETTINGS[setting]
         parameters = _parameters(model_dir(kind))
         # natural lengths: the floor of the tokens the two sides generated (mean of their medians), not the cap
         mean_length = length if forced(kind) else median(
-            [median([median(r[5]) for r in runs[tool]]) for tool in runs]) / (prompts * group)
+            [median([median(r["tokens"]) for r in runs[tool]]) for tool in runs]) / (prompts * group)
         flops = step_flops(parameters, prompts * group, PROMPT_TOKENS, mean_length)
         floor = flops / (rate * 1e9)
         print(f"[{setting}{variant}] compute floor: {flops / 1e12:.2f} "
@@ -390,9 +392,7 @@ def main() -> None:
         name = "grpo_vs_trl_" + setting.replace(" ", "_").replace("<=", "_max") + ".json"
         (RESULTS / name).write_text(json.dumps({"setting": setting, "rlx": s["rlx"], "trl": s["trl"], "floor_s": floor,
                                                 "min_step_s": fastest,
-                                                "runs": {tool: [{"step_times": r[4], "tokens": r[5], "peak_mib": r[2],
-                                                                 "generation_times": r[6]}
-                                                                for r in runs[tool]] for tool in runs},
+                                                "runs": runs,
                                                 "matmul_gflops": rate, "threads": args.threads, "device": args.device,
                                                 "lora": args.lora, "kl": args.kl, "vllm": args.vllm, "rounds": args.rounds,
                                                 "steps": args.steps, "load": load_summary()}, indent=1) + "\n")

@@ -8,6 +8,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from rlx.algorithms.logprobs import token_logprobs
 from rlx.models.forward import position_ids_from_mask
 from rlx.parallel import is_sharded
 from rlx.rollout.fast_decode import decode_step_for
@@ -230,9 +231,8 @@ def _decode(model, prompt_ids, prompt_mask, group, seeds, *, max_new_tokens, min
     seeds = seeds.to(device)
     used = max_new_tokens
     for t in range(max_new_tokens):
-        if logp is not None:  # the model's tempered distribution, before the stop mask and any filter
+        if logp is not None:  # the model's tempered distribution, a copy taken before the stop mask and any filter
             scaled = logits.float() / scale  # (a, V)
-            normaliser = torch.logsumexp(scaled, dim=-1)  # (a,)
         if t < min_new_tokens and stop.numel():
             logits[:, stop] = float("-inf")
         if greedy:
@@ -241,7 +241,7 @@ def _decode(model, prompt_ids, prompt_mask, group, seeds, *, max_new_tokens, min
             token = sample_tokens(logits, seeds[alive], t, temperature, top_k, top_p, sampler)  # (a,)
         out[alive, t] = token
         if logp is not None:
-            logp[alive, t] = scaled.gather(1, token.unsqueeze(1)).squeeze(1) - normaliser
+            logp[alive, t] = token_logprobs(scaled, token)  # (a,)
         if t == max_new_tokens - 1:
             break
         finished = torch.isin(token, stop)  # (a,)
