@@ -1,0 +1,142 @@
+"""Before/after equality of training runs: the same metrics.jsonl values and the same final weights.
+
+A refactor that keeps behaviour must leave every run of this list unchanged at a fixed seed and one thread:
+
+    python scripts/equality_check.py capture OUT_BEFORE      # on the commit before the change
+    python scripts/equality_check.py capture OUT_AFTER       # on the commit after it
+    python scripts/equality_check.py compare OUT_BEFORE OUT_AFTER
+
+`capture` runs each configuration below with the `rlx` of the current environment and keeps, per run, its
+metrics rows (timing metrics left out) and a SHA-256 of every tensor of final/. `compare` prints, per run,
+the largest difference of any metric present on both sides and whether the weights are bit-identical (and
+their largest absolute difference where they are not). Exit 1 when a run differs beyond --tolerance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# label -> overrides; one run per family, the default run at full length, and the policy-gradient options the
+# loops share (packing, token budgets, dynamic sampling, the median pivot, forking tokens, KL, PPO-style epochs)
+RUNS = {
+    "default": [],
+    "grpo_options": ["steps=6", "eval.every=3", "algorithm.epochs=2", "algorithm.mini_batches=2", "algorithm.kl_coef=0.05",
+                     "packed_forward=true", "micro_batch_tokens=2048", "rollout.temperature=0.8"],
+    "dapo": ["algorithm=dapo", "steps=6", "eval.every=3"],
+    "mc_grpo_forking": ["algorithm=mc_grpo", "algorithm.forking_rho=0.5", "steps=6", "eval.every=3"],
+    "rloo_kl_reward": ["algorithm=rloo", "algorithm.kl_coef=0.05", "algorithm.kl_in=reward", "steps=6", "eval.every=3"],
+    "ppo": ["algorithm=ppo", "steps=6", "eval.every=3"],
+    "sft": ["algorithm=sft", "steps=20", "eval.every=10"],
+    "dpo": ["algorithm=dpo", "data=prefs", "steps=10", "eval.every=5"],
+    "reward_model": ["algorithm=reward_model", "data=prefs", "steps=10", "eval.every=5"],
+    "gigpo_corridor": ["algorithm=gigpo", "env=corridor", "model.path=builtin:tiny_agent", "data.source=none",
+                       "steps=6", "eval.every=3"],
+    "agent_grpo_grid_epochs": ["algorithm=agent_grpo", "env=grid", "model.path=builtin:tiny_agent", "data.source=none",
+                               "steps=4", "eval.every=2", "algorithm.epochs=2"],
+    "gigpo_t07": ["algorithm=gigpo", "env=corridor", "model.path=builtin:tiny_agent", "data.source=none",
+                  "rollout.temperature=0.7", "algorithm.epochs=2", "steps=2", "eval.every=2"],
+}
+TIMING = ("perf/", "time")  # metric names holding wall-clock figures: never compared
+
+
+def weights_digest(final: Path) -> dict:
+    from safetensors.torch import load_file
+
+    digest = {}
+    for file in sorted(final.glob("*.safetensors")):
+        for name, tensor in sorted(load_file(str(file)).items()):
+            digest[name] = hashlib.sha256(tensor.contiguous().view(-1).view(dtype=__import__("torch").uint8)
+                                          .numpy().tobytes()).hexdigest()
+    return digest
+
+
+def capture(out: Path, only: list[str] | None) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    rlx = str(Path(sys.executable).parent / "rlx")
+    for label, overrides in RUNS.items():
+        if only and label not in only:
+            continue
+        run_dir = out / label
+        start = time.time()
+        cmd = [rlx, "train", *overrides, "hardware.num_threads=1", "log.progress=false", "seed=0",
+               f"hydra.run.dir={run_dir}"]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        (out / f"{label}.log").write_text(proc.stdout + proc.stderr)
+        record = {"returncode": proc.returncode, "seconds": round(time.time() - start, 1), "overrides": overrides}
+        if proc.returncode == 0:
+            rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+            record["metrics"] = [{k: v for k, v in row.items() if not any(t in k for t in TIMING)} for row in rows]
+            if (run_dir / "final").is_dir():
+                record["weights"] = weights_digest(run_dir / "final")
+        (out / f"{label}.json").write_text(json.dumps(record))
+        print(f"{label}: exit {proc.returncode} in {record['seconds']} s", flush=True)
+
+
+def _max_metric_diff(before: list[dict], after: list[dict]) -> tuple[float, str, int]:
+    worst, where, common = 0.0, "", 0
+    if len(before) != len(after):
+        return float("inf"), f"{len(before)} vs {len(after)} rows", 0
+    for row_b, row_a in zip(before, after):
+        for key in row_b.keys() & row_a.keys():
+            vb, va = row_b[key], row_a[key]
+            if not isinstance(vb, (int, float)) or not isinstance(va, (int, float)):
+                if vb != va:
+                    return float("inf"), f"{key} at step {row_b.get('step')}: {vb!r} vs {va!r}", common
+                continue
+            common += 1
+            diff = abs(float(vb) - float(va))
+            if diff > worst or diff != diff:
+                worst, where = diff, f"{key} at step {row_b.get('step')}"
+    return worst, where, common
+
+
+def compare(before_dir: Path, after_dir: Path, tolerance: float) -> int:
+    bad = 0
+    for label in RUNS:
+        fb, fa = before_dir / f"{label}.json", after_dir / f"{label}.json"
+        if not fb.is_file() or not fa.is_file():
+            print(f"{label:24s} missing on one side")
+            continue
+        b, a = json.loads(fb.read_text()), json.loads(fa.read_text())
+        if b["returncode"] or a["returncode"]:
+            print(f"{label:24s} exit codes {b['returncode']} / {a['returncode']}")
+            bad += b["returncode"] != a["returncode"]
+            continue
+        worst, where, common = _max_metric_diff(b["metrics"], a["metrics"])
+        wb, wa = b.get("weights", {}), a.get("weights", {})
+        same_weights = wb == wa
+        added = sorted({k for row in a["metrics"] for k in row} - {k for row in b["metrics"] for k in row})
+        print(f"{label:24s} metrics: {common} values compared, max |diff| {worst:.3g} ({where or '-'}); "
+              f"weights {'bit-identical' if same_weights else 'DIFFER'} ({len(wb)} tensors); "
+              f"{b['seconds']} s -> {a['seconds']} s" + (f"; new metrics: {', '.join(added)}" if added else ""))
+        bad += worst > tolerance or (not same_weights and tolerance == 0)
+    return 1 if bad else 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    cap = sub.add_parser("capture")
+    cap.add_argument("out", type=Path)
+    cap.add_argument("--only", nargs="*")
+    cmp_ = sub.add_parser("compare")
+    cmp_.add_argument("before", type=Path)
+    cmp_.add_argument("after", type=Path)
+    cmp_.add_argument("--tolerance", type=float, default=0.0)
+    args = parser.parse_args()
+    if args.command == "capture":
+        capture(args.out, args.only)
+    else:
+        raise SystemExit(compare(args.before, args.after, args.tolerance))
+
+
+if __name__ == "__main__":
+    main()
