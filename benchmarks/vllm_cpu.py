@@ -58,7 +58,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    from rlx.config import CONF_DIR
+    from rlx.config.paths import CONF_DIR
     from rlx.models.loading import load_causal_lm, load_tokenizer
     from rlx.rollout.hf import generate
     from rlx.rollout.sampling import sample_seed

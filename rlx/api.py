@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from rlx.config import UserError
+from rlx.errors import UserError
 
 # Callables given to fit(rewards=...) live here, so a reward component's _target_ can name them
 # (rlx.api.registered.<name>); only this process sees them (no multi-process launch).
@@ -90,7 +90,7 @@ def _new_dir(kind: str, name: str) -> Path:
 
 def fit(overrides: Iterable[str] = (), rewards: Iterable[Callable] | Mapping | None = None) -> RunResult:
     """Train as `rlx train OVERRIDES` does; returns the run directory and the final metrics."""
-    from rlx.config import check_overrides
+    from rlx.config.overrides import check_overrides
 
     def checked(overrides: list[str]):
         stderr = io.StringIO()

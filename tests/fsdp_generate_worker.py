@@ -1,7 +1,7 @@
 """Worker of tests/test_fsdp.py::test_fsdp2_shards_and_generates_in_lockstep (started by torch.distributed.run).
 
 Two CPU ranks (gloo) put the built-in tiny model through rlx's FSDP2 setup (Accelerate's plugin forced onto
-the CPU by rlx.parallel.use_fsdp_on_cpu, then `prepare`), and the KL reference through place_reference.
+the CPU by rlx.runtime.parallel.use_fsdp_on_cpu, then `prepare`), and the KL reference through place_reference.
 Every parameter of both must be a DTensor whose local piece is this rank's half (dim 0 split over 2 ranks).
 Each rank then generates greedily for its own prompt, picked so that the two completions have different
 lengths: the rank that stops first must keep taking part in the all-gathers, and the tokens must equal the
@@ -16,10 +16,10 @@ from omegaconf import OmegaConf
 
 from rlx.models.loading import load_causal_lm, load_tokenizer
 from rlx.models.lora import place_reference, reference_model
-from rlx.parallel import fsdp_plugin, is_sharded, use_fsdp_on_cpu
 from rlx.rollout.hf import generate
+from rlx.runtime.parallel import fsdp_plugin, is_sharded, use_fsdp_on_cpu
 
-FSDP = OmegaConf.load(__file__.replace("tests/fsdp_generate_worker.py", "rlx/conf/hardware/fsdp.yaml")).fsdp
+FSDP = OmegaConf.load(__file__.replace("tests/fsdp_generate_worker.py", "conf/hardware/fsdp.yaml")).fsdp
 
 
 def assert_half_shards(model, rank: int, what: str) -> None:

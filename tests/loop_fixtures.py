@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlx.config import check_overrides
+from rlx.config.overrides import check_overrides
 from rlx.loops.common import Components
 from rlx.rewards import RewardComponent
 from rlx.rollout.types import Generation

@@ -6,7 +6,7 @@ A loop family added later (e.g. the preference loop) gets its equivalence test w
 
 from safetensors.torch import load_file
 
-from rlx.config import ASSETS_DIR
+from rlx.config.paths import ASSETS_DIR
 from tests.conftest import run_rlx
 
 # Adam's update is invariant to a constant gradient scale unless eps dominates the second moment; a

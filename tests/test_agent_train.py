@@ -6,7 +6,7 @@ import torch
 
 from rlx.loops.agent import step_tensors, token_advantages
 from rlx.rollout.types import Episode
-from rlx.run import read_metrics
+from rlx.runtime.rundir import read_metrics
 from tests.conftest import only_run_dir, run_rlx
 
 BASE = ["data.source=none", "prompts_per_step=2", "rollout.samples_per_prompt=2", "env.eval_episodes=4",
@@ -127,7 +127,7 @@ def test_agent_micro_batching_does_not_change_the_step(tmp_path):
     loss divided by the number of micro-batches would show)."""
     from safetensors.torch import load_file
 
-    from rlx.config import ASSETS_DIR
+    from rlx.config.paths import ASSETS_DIR
     from tests.parallel_helpers import QUIET, SENSITIVE, final_weights
 
     args = ["algorithm=gigpo", "env=custom", "env.target=tests.test_agent_train.ParityEnv", "steps=2",
@@ -164,7 +164,7 @@ def test_agent_sft_resume_matches_an_uninterrupted_run(tmp_path):
     resumed to 4, end with the same weights bit for bit (demonstrations come from (seed, step, index))."""
     from safetensors.torch import load_file
 
-    from rlx.config import ASSETS_DIR
+    from rlx.config.paths import ASSETS_DIR
     from tests.parallel_helpers import final_weights
 
     args = ["tiny_agent_sft", "checkpoint.every=2", "eval.every=2", "env.eval_episodes=3", "hardware.num_threads=1",

@@ -5,7 +5,7 @@ import re
 import pytest
 
 import rlx
-from rlx.config import UserError
+from rlx.errors import UserError
 from tests.conftest import REPO
 
 

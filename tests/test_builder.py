@@ -1,10 +1,10 @@
-"""rlx.train.build_parts: the one builder of every part a loop starts from, declared per family (NEEDS)."""
+"""rlx.cli.train.build_parts: the one builder of every part a loop starts from, declared per family (NEEDS)."""
 
 import pytest
 import torch
 
+from rlx.cli.train import FAMILIES, NEEDS, build_parts
 from rlx.models.lora import AdapterDisabled, prepare_policy
-from rlx.train import FAMILIES, NEEDS, build_parts
 from tests.loop_fixtures import (
     components,
     loop_config,
@@ -64,10 +64,11 @@ def test_schedules_go_to_prepare_or_to_the_checkpointer_as_declared(tmp_path):
 
 
 def test_every_family_has_its_cross_field_rules_in_one_module():
-    """rlx/config_checks.py holds the rules; FAMILY_CHECKS says which apply to which family, so a family's
+    """rlx/config/rules.py holds the rules; FAMILY_CHECKS says which apply to which family, so a family's
     rules run for it (and only for it) without an if/elif on the family name."""
-    from rlx.config import UserError, check_overrides
-    from rlx.config_checks import FAMILY_CHECKS, check_settings
+    from rlx.config.overrides import check_overrides
+    from rlx.config.rules import FAMILY_CHECKS, check_settings
+    from rlx.errors import UserError
 
     assert set(FAMILY_CHECKS) == set(FAMILIES)
     with pytest.raises(UserError, match="algorithm=agent_sft imitates demonstrations in an environment: add env=grid"):

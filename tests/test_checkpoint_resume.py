@@ -12,12 +12,13 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from rlx.checkpoint import Checkpointer, GeneratorState, list_checkpoints, truncate_metrics
-from rlx.config import UserError, check_overrides
-from rlx.config_checks import check_batch
+from rlx.config.overrides import check_overrides
+from rlx.config.rules import check_batch
 from rlx.data.tasks import PromptStream
-from rlx.launch import resolve_resume
-from rlx.run import read_metrics
+from rlx.errors import UserError
+from rlx.runtime.checkpoint import Checkpointer, GeneratorState, list_checkpoints, truncate_metrics
+from rlx.runtime.launch import resolve_resume
+from rlx.runtime.rundir import read_metrics
 from tests.conftest import REPO, only_run_dir, run_rlx
 
 
@@ -255,8 +256,8 @@ def test_resume_of_a_run_with_a_damaged_config_is_one_line_before_anything_runs(
 def test_resume_of_a_run_saved_with_another_familys_knob_leaves_it_out(tmp_path, monkeypatch):
     """Runs made when grpo.yaml still carried PPO's critic knobs could pass `algorithm.vf_coef=...` to grpo
     (no effect); grpo's schema now refuses it, so a resume drops the saved override instead of failing."""
-    from rlx.config import check_overrides
-    from rlx.config_checks import check_settings
+    from rlx.config.overrides import check_overrides
+    from rlx.config.rules import check_settings
 
     run = _fake_run(tmp_path, ["algorithm=grpo", "algorithm.value_model=builtin:tiny", "algorithm.vf_coef=0.1",
                                "algorithm.clip_high=0.28", "steps=2"], 2)

@@ -2,7 +2,8 @@
 
 import pytest
 
-from rlx.config import RECIPES_DIR, check_overrides, config_groups, group_options
+from rlx.config.overrides import check_overrides
+from rlx.config.paths import RECIPES_DIR, config_groups, group_options
 from tests.conftest import run_rlx
 
 GROUP_OPTIONS = [(g, o) for g in config_groups() if g not in ("recipes", "sweep") for o in group_options(g)]  # those two are _global_

@@ -1,5 +1,5 @@
 """Every knob is type- and range-checked up front against the typed schema of its group, with its name
-(issues 15 and 17): rlx/config_schema.py declares each knob once, YAML holds its default and comment."""
+(issues 15 and 17): rlx/config/schema.py declares each knob once, YAML holds its default and comment."""
 
 import dataclasses
 import typing
@@ -7,9 +7,11 @@ import typing
 import pytest
 from omegaconf import DictConfig
 
-from rlx.config import UserError, check_overrides, config_groups, group_options
-from rlx.config_checks import check_settings
-from rlx.config_schema import DISPATCH, SCHEMAS, _present, _unpack, check_config, dispatched, schema_fields
+from rlx.config.overrides import check_overrides
+from rlx.config.paths import config_groups, group_options
+from rlx.config.rules import check_settings
+from rlx.config.schema import DISPATCH, SCHEMAS, _present, _unpack, check_config, dispatched, schema_fields
+from rlx.errors import UserError
 from tests.conftest import run_rlx
 
 BAD = [
@@ -39,7 +41,7 @@ def test_every_shipped_recipe_passes_the_schema(option):
     check_config(check_overrides([f"recipes={option}"]))
 
 
-# the primary configs and the groups each composes (rlx/conf/<name>.yaml defaults lists)
+# the primary configs and the groups each composes (conf/<name>.yaml defaults lists)
 PRIMARY = {"train": ("model", "algorithm", "reward", "data", "rollout", "env", "hardware", "logger", "sweep"),
            "eval": ("model", "benchmark", "env", "rollout", "hardware"),
            "data_prefs": ("model", "data", "reward", "rollout", "hardware")}
@@ -49,7 +51,7 @@ PARTNERS = {("algorithm", "agent_grpo"): ["env=grid"], ("algorithm", "gigpo"): [
 
 
 def _compositions():
-    """(config name, overrides) composing every option file of every group under rlx/conf/, and every recipe."""
+    """(config name, overrides) composing every option file of every group under conf/, and every recipe."""
     for config_name, groups in PRIMARY.items():
         yield config_name, []
         for group in groups:
@@ -65,7 +67,7 @@ def _used_fields(node: DictConfig, schema: type, used: set, prefix: str = "") ->
     known = schema_fields(schema)
     for key in map(str, node.keys()):  # missing values (`???`, e.g. data.train_path) too
         if prefix or key != "hydra":
-            assert key in known, f"{prefix}{key} has no field in rlx/config_schema.py ({schema.__name__})"
+            assert key in known, f"{prefix}{key} has no field in rlx/config/schema.py ({schema.__name__})"
             used.add((schema, key))
     for key, value in _present(node):
         if not prefix and key == "hydra":
@@ -96,7 +98,7 @@ def _all_schemas() -> set:
 
 
 def test_every_shipped_yaml_key_has_a_schema_field_and_every_field_a_key():
-    """A new knob cannot skip typing (its key fails here until rlx/config_schema.py declares it), and a
+    """A new knob cannot skip typing (its key fails here until rlx/config/schema.py declares it), and a
     removed one cannot leave a stale field. Groups are composed in each primary config they belong to."""
     assert set(config_groups()) - {"recipes"} <= {g for groups in PRIMARY.values() for g in groups}
     used = set()
@@ -164,13 +166,13 @@ def test_a_ppo_knob_given_to_grpo_is_one_line_naming_ppo(capsys):
 
 
 def test_the_registries_and_the_schema_name_the_same_choices():
-    from rlx import config_schema as schema
+    from rlx.cli.train import LOOPS
+    from rlx.config import schema
     from rlx.data.preferences import LAYOUTS, ON_INVALID, PAIR_SOURCES, TRUNCATION_MODES
     from rlx.loops.common import SCHEDULES
     from rlx.models.loading import DTYPES
     from rlx.rollout.sampling import SAMPLERS
     from rlx.rollout.vllm import ROLLOUT_BACKENDS, SEEDING
-    from rlx.train import LOOPS
 
     def names(e):
         return [m.value for m in e]

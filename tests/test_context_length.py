@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from rlx.config import UserError
+from rlx.errors import UserError
 from rlx.loops.common import check_context, model_context
 from rlx.models.loading import load_causal_lm, load_tokenizer
 from tests.conftest import run_rlx

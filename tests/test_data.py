@@ -3,8 +3,8 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from rlx.config import UserError
 from rlx.data.tasks import PromptStream, load_rows
+from rlx.errors import UserError
 
 
 def _cfg(**kw):

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from rlx.config import UserError
 from rlx.data.tasks import file_rows
+from rlx.errors import UserError
 
 COLUMNS = {"prompt": "prompt", "answer": "answer"}
 

@@ -4,10 +4,11 @@ import sys
 
 import pytest
 
-from rlx.envs import ENVIRONMENTS, EnvError, env_factory
+from rlx.envs import ENVIRONMENTS, env_factory
 from rlx.envs.builtin import Corridor, Grid, GuessNumber
 from rlx.envs.mixture import Mixture
 from rlx.envs.tools import ToolUse, calculate
+from rlx.errors import EnvError
 
 
 def _run(env, actions, seed):
@@ -84,7 +85,7 @@ def test_grid_map_has_one_token_per_cell():
     "..G" it merged ".." into one token and a cell's offset depended on its neighbours)."""
     from transformers import AutoTokenizer
 
-    from rlx.config import ASSETS_DIR
+    from rlx.config.paths import ASSETS_DIR
 
     env = Grid(size=3, holes=2)
     obs = env.reset(seed=11)[0]

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from rlx.config import ASSETS_DIR, UserError, check_overrides
+from rlx.config.overrides import check_overrides
+from rlx.config.paths import ASSETS_DIR
+from rlx.errors import UserError
 from rlx.evaluation.benchmarks import Benchmark, code_completion, qa_problems
 from rlx.evaluation.runner import evaluate, per_problem_values, read_records, summarize
 from tests.conftest import only_run_dir, run_rlx
@@ -198,7 +200,7 @@ def test_resume_generates_only_the_missing_problems(tmp_path, caplog):
     (b"model:\n  path: builtin:tiny\nsteps: 2\n", "was not written by rlx eval (a training run?)"),
 ])
 def test_resume_of_a_damaged_or_foreign_directory_is_one_line(tmp_path, content, needle):
-    from rlx.config import UserError
+    from rlx.errors import UserError
 
     out = tmp_path / "eval"
     out.mkdir()

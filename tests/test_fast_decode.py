@@ -87,7 +87,7 @@ def test_onednn_decode_step_matches_transformers_forward():
 
 def test_onednn_generation_is_independent_of_chunking():
     """Seeded draws stay per-row with the oneDNN step: rows generated together or apart draw the same tokens."""
-    from rlx.config import ASSETS_DIR
+    from rlx.config.paths import ASSETS_DIR
     from rlx.models.loading import load_causal_lm, load_tokenizer
 
     model, tokenizer = load_causal_lm(str(ASSETS_DIR / "tiny")), load_tokenizer(str(ASSETS_DIR / "tiny"))
@@ -108,7 +108,7 @@ def _assert_same_draws_with_and_without_the_fast_step(model, tokenizer, monkeypa
 
 
 def test_generate_draws_the_same_tokens_with_and_without_the_fast_step(monkeypatch):
-    from rlx.config import ASSETS_DIR
+    from rlx.config.paths import ASSETS_DIR
     from rlx.models.loading import load_causal_lm, load_tokenizer
 
     model, tokenizer = load_causal_lm(str(ASSETS_DIR / "tiny")), load_tokenizer(str(ASSETS_DIR / "tiny"))
@@ -146,7 +146,7 @@ def test_decode_step_computes_lora_linears_like_peft():
 def test_generate_draws_the_same_tokens_for_a_lora_policy_with_and_without_the_fast_step(monkeypatch):
     from peft import LoraConfig, get_peft_model
 
-    from rlx.config import ASSETS_DIR
+    from rlx.config.paths import ASSETS_DIR
     from rlx.models.loading import load_causal_lm, load_tokenizer
 
     tokenizer = load_tokenizer(str(ASSETS_DIR / "tiny"))

@@ -1,7 +1,7 @@
 """FSDP2 (torch's fully_shard through Accelerate) on the CPU: the pure pieces (fast) and real runs (slow).
 
 Accelerate 1.15 picks FSDP only on accelerators; rlx forces its FSDP2 path onto CPU processes (gloo,
-rlx.parallel.use_fsdp_on_cpu). The slow runs prove the parameters are DTensor shards, that generation keeps
+rlx.runtime.parallel.use_fsdp_on_cpu). The slow runs prove the parameters are DTensor shards, that generation keeps
 the ranks in lockstep, and that GRPO with 2 processes (and with 1 launched process) trains, evaluates,
 checkpoints (one shard file per rank), resumes and saves final/ exactly like a plain 1-process run.
 """
@@ -17,9 +17,10 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from rlx.config import ASSETS_DIR, check_overrides
-from rlx.launch import launcher_command, needs_launch
-from rlx.parallel import fsdp_plugin, full_state_dict
+from rlx.config.overrides import check_overrides
+from rlx.config.paths import ASSETS_DIR
+from rlx.runtime.launch import launcher_command, needs_launch
+from rlx.runtime.parallel import fsdp_plugin, full_state_dict
 from tests.conftest import REPO, run_rlx
 from tests.parallel_helpers import QUIET, SENSITIVE, assert_same_parameters
 
@@ -73,8 +74,8 @@ def test_what_fsdp_does_not_run_stops_with_the_fix(tmp_path):
     result = run_rlx(["train", "algorithm=ppo", *FSDP_CPU, "hardware.num_processes=2"], tmp_path)
     assert result.returncode == 2 and "Accelerate's FSDP2 prepares one" in result.stderr, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
-    from rlx.config import UserError
-    from rlx.config_checks import check_sharded_settings
+    from rlx.config.rules import check_sharded_settings
+    from rlx.errors import UserError
 
     with pytest.raises(UserError, match="without fp32 master copies"):  # FSDP2 keeps masters only under mixed precision
         check_sharded_settings(check_overrides([*FSDP_CPU, "model.dtype=bfloat16"]))

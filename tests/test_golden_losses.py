@@ -21,11 +21,11 @@ import math
 import pytest
 import torch
 
+from rlx.cli.train import build_parts
 from rlx.loops import policy_gradient, ppo, preference, reward_model, sft
 from rlx.models import lora
 from rlx.models import value as value_models
-from rlx.run import read_metrics
-from rlx.train import build_parts
+from rlx.runtime.rundir import read_metrics
 from tests.loop_fixtures import (
     LIKELY,
     MID,

@@ -7,11 +7,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from rlx.config import UserError, check_overrides
-from rlx.config_checks import check_strategy
-from rlx.launch import launcher_command
-from rlx.run import read_metrics
-from rlx.tracking import environment_info, flat_config, tracker_names
+from rlx.config.overrides import check_overrides
+from rlx.config.rules import check_strategy
+from rlx.errors import UserError
+from rlx.runtime.launch import launcher_command
+from rlx.runtime.rundir import read_metrics
+from rlx.runtime.tracking import environment_info, flat_config, tracker_names
 from tests.conftest import only_run_dir, run_rlx
 
 FAST = ["steps=2", "prompts_per_step=2", "rollout.samples_per_prompt=4", "eval.size=4", "hardware.num_threads=1",

@@ -6,10 +6,10 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from rlx.config import UserError
+from rlx.errors import UserError
 from rlx.models.loading import load_causal_lm, load_tokenizer
 from rlx.models.lora import AdapterDisabled, apply_lora, prepare_policy, reference_model, save_final
-from rlx.run import read_metrics
+from rlx.runtime.rundir import read_metrics
 from tests.conftest import only_run_dir, run_rlx
 
 LORA = {"enabled": True, "rank": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear", "save_merged": True}

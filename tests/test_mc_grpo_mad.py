@@ -3,7 +3,7 @@
 import torch
 
 from rlx.algorithms.advantages import median_advantages
-from rlx.config import check_overrides
+from rlx.config.overrides import check_overrides
 
 
 def test_mad_scale_hand_derived():

@@ -4,9 +4,9 @@ in the real policy-gradient and PPO loops (the loss normalisers are those of the
 import pytest
 import torch
 
+from rlx.cli.train import build_parts
 from rlx.loops import micro_batches, policy_gradient, ppo
 from rlx.loops.micro_batches import plan_micro_batches, split_to_count, token_budget_split
-from rlx.train import build_parts
 from tests.loop_fixtures import (
     LIKELY,
     MID,
@@ -113,8 +113,9 @@ def test_token_budget_gives_the_fixed_count_gradients(tmp_path, monkeypatch, loo
 
 def test_token_budget_is_refused_under_deepspeed():
     """DeepSpeed's engine fixes the micro-batch count per step: one line naming the fix, at start-up."""
-    from rlx.config import UserError, check_overrides
-    from rlx.config_checks import check_batch
+    from rlx.config.overrides import check_overrides
+    from rlx.config.rules import check_batch
+    from rlx.errors import UserError
 
     check_batch(check_overrides(["micro_batch_tokens=512"]), 1)
     with pytest.raises(UserError, match="micro_batch_tokens"):

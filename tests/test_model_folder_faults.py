@@ -4,7 +4,8 @@ import shutil
 
 import pytest
 
-from rlx.config import ASSETS_DIR, UserError
+from rlx.config.paths import ASSETS_DIR
+from rlx.errors import UserError
 from rlx.models.loading import load_causal_lm, load_tokenizer
 
 

@@ -121,8 +121,8 @@ def test_policy_gradient_and_ppo_loops_score_at_the_sampling_temperature_in_trai
     import rlx.loops.common as common
     import rlx.loops.policy_gradient as pg
     import rlx.loops.ppo as ppo
-    from rlx.config import check_overrides
-    from rlx.train import run
+    from rlx.cli.train import run
+    from rlx.config.overrides import check_overrides
 
     calls = []
     real = completion_logprobs
@@ -273,7 +273,7 @@ def test_master_weights_keep_small_updates_of_bf16_parameters():
 def test_model_presets_carry_their_own_learning_rate():
     """optim.lr follows the model preset (1e-4 was tuned on the 0.9M-parameter tiny model); a command-line
     optim.lr still wins. Failed before: every preset trained at 1e-4."""
-    from rlx.config import check_overrides
+    from rlx.config.overrides import check_overrides
 
     assert check_overrides([]).optim.lr == 1e-4
     for preset in ("qwen2.5-0.5b-instruct", "qwen2.5-1.5b-instruct", "qwen3-0.6b", "llama-3.2-1b-instruct"):
@@ -282,8 +282,9 @@ def test_model_presets_carry_their_own_learning_rate():
 
 
 def test_zero_temperature_is_refused_for_training():
-    from rlx.config import UserError, check_overrides
-    from rlx.config_checks import check_settings
+    from rlx.config.overrides import check_overrides
+    from rlx.config.rules import check_settings
+    from rlx.errors import UserError
 
     with pytest.raises(UserError, match="rollout.temperature"):
         check_settings(check_overrides(["rollout.temperature=0"]))

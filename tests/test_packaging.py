@@ -30,7 +30,7 @@ def test_train_help_is_fast_shows_comments_and_only_train_groups(tmp_path):
     took = time.perf_counter() - start
     assert result.returncode == 0, result.stderr
     text = result.stdout
-    assert "# seeds python, numpy, torch and the data order" in text  # a comment of rlx/conf/train.yaml
+    assert "# seeds python, numpy, torch and the data order" in text  # a comment of conf/train.yaml
     assert "== algorithm=dapo " in text and "== algorithm=grpo " in text  # the chosen option and the one it extends
     assert "clip_high" in text
     assert "\nbenchmark:" not in text  # a group of rlx eval, not of rlx train

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rlx.checkpoint import list_checkpoints
+from rlx.runtime.checkpoint import list_checkpoints
 from tests.conftest import REPO, only_run_dir, run_rlx
 
 pytestmark = pytest.mark.slow  # ~1-2 min each on 2 busy cores: two or three 2-process runs

@@ -4,8 +4,9 @@ pointer names a key that exists."""
 import pytest
 from omegaconf import OmegaConf
 
-from rlx.config import check_overrides, group_options
-from rlx.peer_names import PEER_NAMES, peer_pointer
+from rlx.config.overrides import check_overrides
+from rlx.config.paths import group_options
+from rlx.config.peer_names import PEER_NAMES, peer_pointer
 from tests.conftest import run_rlx
 
 

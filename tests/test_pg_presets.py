@@ -4,9 +4,11 @@ settings stop at start-up with exit code 2 and one line naming them."""
 import pytest
 import yaml
 
-from rlx.config import CONF_DIR, UserError, check_overrides
-from rlx.config_checks import check_settings
-from rlx.run import read_metrics
+from rlx.config.overrides import check_overrides
+from rlx.config.paths import CONF_DIR
+from rlx.config.rules import check_settings
+from rlx.errors import UserError
+from rlx.runtime.rundir import read_metrics
 from tests.conftest import run_rlx
 
 PRESETS = ["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "lite_ppo", "mc_grpo", "gspo", "ppo"]

@@ -7,7 +7,7 @@ from rich.console import Console
 
 from rlx.loops.preference import reference_logps
 from rlx.models.loading import load_causal_lm
-from rlx.run import PhaseProgress
+from rlx.runtime.rundir import PhaseProgress
 
 
 class Counter:

@@ -5,7 +5,7 @@ import json
 
 import matplotlib.image
 
-from rlx.run import plot_run, smooth
+from rlx.runtime.rundir import plot_run, smooth
 
 
 def test_smooth_is_a_trailing_moving_average():

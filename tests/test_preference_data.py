@@ -6,7 +6,7 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from rlx.config import ASSETS_DIR, UserError
+from rlx.config.paths import ASSETS_DIR
 from rlx.data.preferences import (
     PairStats,
     collate,
@@ -14,6 +14,7 @@ from rlx.data.preferences import (
     pairs_from_samples,
     prepare_pairs,
 )
+from rlx.errors import UserError
 from rlx.models.loading import load_tokenizer
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlx.rewards.model import aggregate_ensemble
-from rlx.run import read_metrics
+from rlx.runtime.rundir import read_metrics
 from tests.conftest import only_run_dir, run_rlx
 
 # 2 steps of 4 pairs; 8 held-out pairs; 4 held-out task prompts
@@ -95,8 +95,9 @@ def test_reward_model_then_reward_model_as_grpo_reward(tmp_path, small_pairs):
     (["algorithm=dpo", "data=prefs", "algorithm.reference=none"], "valid choices: precompute, model"),
 ])
 def test_settings_mistakes_are_user_errors(overrides, needle):
-    from rlx.config import UserError, check_overrides
-    from rlx.config_checks import check_settings
+    from rlx.config.overrides import check_overrides
+    from rlx.config.rules import check_settings
+    from rlx.errors import UserError
 
     with pytest.raises(UserError) as err:
         check_settings(check_overrides(overrides))
@@ -144,7 +145,7 @@ def test_ensemble_aggregation_hand_values():
 def test_model_reward_in_process_single_and_ensemble(tmp_path):
     from transformers import AutoTokenizer
 
-    from rlx.config import ASSETS_DIR
+    from rlx.config.paths import ASSETS_DIR
     from rlx.rewards.model import load_sequence_classifier, model_reward
 
     torch.manual_seed(0)

@@ -10,8 +10,7 @@ import json
 
 import pytest
 
-from rlx.config import RECIPES_DIR, check_overrides
-from rlx.recipes import (
+from rlx.cli.recipes import (
     compare,
     cpu_recipes,
     expected,
@@ -20,6 +19,8 @@ from rlx.recipes import (
     table_markdown,
     write_readme_table,
 )
+from rlx.config.overrides import check_overrides
+from rlx.config.paths import RECIPES_DIR
 from tests.conftest import run_rlx
 
 RECIPES = recipe_names()

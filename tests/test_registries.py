@@ -4,7 +4,8 @@ names a config may use are exactly the registry's keys, and every shipped preset
 import pytest
 
 from rlx.algorithms import advantages, gigpo, kl, losses, preference
-from rlx.config import check_overrides, group_options
+from rlx.config.overrides import check_overrides
+from rlx.config.paths import group_options
 
 
 def test_valid_names_are_the_registry_keys():
@@ -73,7 +74,7 @@ def test_a_registered_variant_is_used_by_name(monkeypatch):
 def test_every_family_names_a_loop_that_exists():
     import importlib
 
-    from rlx.train import FAMILIES, LOOPS
+    from rlx.cli.train import FAMILIES, LOOPS
 
     assert FAMILIES == tuple(LOOPS)
     for family, target in LOOPS.items():

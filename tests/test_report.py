@@ -110,7 +110,7 @@ def test_report_on_a_three_seed_multirun(tmp_path):
     ("overrides.yaml", b"\x00\x01garbage"),
 ])
 def test_a_damaged_run_file_is_one_line_naming_it(two_configs, name, content):
-    from rlx.config import UserError
+    from rlx.errors import UserError
 
     target = two_configs / "a1" / name
     target.write_bytes(content if isinstance(content, bytes) else content.encode())
@@ -145,7 +145,7 @@ def test_legends_name_runs_and_short_values_and_steps_are_integers(tmp_path, mon
     locator = fig.axes[0].xaxis.get_major_locator()
     assert isinstance(locator, MaxNLocator) and all(float(t).is_integer() for t in locator.tick_values(0, 2))
     # a one-step curve (steps 1 and 1): a tick at that step only, not 0.96, 0.98, ...
-    from rlx.run import integer_step_ticks
+    from rlx.runtime.rundir import integer_step_ticks
 
     ax = matplotlib.figure.Figure().subplots()
     ax.plot([1, 1], [0.2, 0.4])

@@ -12,11 +12,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlx.checkpoint import Checkpointer, list_checkpoints
-from rlx.config import UserError
-from rlx.config_checks import check_batch, check_settings
+from rlx.config.rules import check_batch, check_settings
+from rlx.errors import UserError
 from rlx.loops.common import ReferenceReset
-from rlx.run import read_metrics
+from rlx.runtime.checkpoint import Checkpointer, list_checkpoints
+from rlx.runtime.rundir import read_metrics
 from tests.conftest import only_run_dir, run_rlx
 from tests.test_checkpoint_resume import _cfg, _comparable
 

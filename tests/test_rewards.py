@@ -1,6 +1,7 @@
 import pytest
 
-from rlx.rewards import RewardComponent, RewardError, compute_rewards
+from rlx.errors import RewardError
+from rlx.rewards import RewardComponent, compute_rewards
 from rlx.rewards.rule import exact_match, extract_answer, format_reward, math_equivalence, task_score
 
 

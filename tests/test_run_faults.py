@@ -13,16 +13,10 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from rlx.checkpoint import (
-    CheckpointDamaged,
-    Checkpointer,
-    CheckpointWriteError,
-    NonFiniteError,
-    list_checkpoints,
-    truncate_metrics,
-)
+from rlx.errors import CheckpointDamaged, CheckpointWriteError, NonFiniteError, RunInUse
 from rlx.loops.common import optimizer_step
-from rlx.run import MetricsLog, RunInUse, RunLock, read_metrics
+from rlx.runtime.checkpoint import Checkpointer, list_checkpoints, truncate_metrics
+from rlx.runtime.rundir import MetricsLog, RunLock, read_metrics
 from tests.conftest import only_run_dir, run_rlx
 
 TINY = ["steps=2", "prompts_per_step=2", "rollout.samples_per_prompt=2", "eval.size=2", "eval.every=2",
@@ -249,7 +243,7 @@ def test_a_damaged_latest_checkpoint_is_named_and_the_previous_one_used(tmp_path
 def test_an_rng_state_that_fails_to_load_is_never_swallowed(tmp_path, caplog):
     """Accelerate logs 'Could not load random states' at INFO and carries on: the checkpoint must not count,
     even when its checksums were recorded over the broken file."""
-    from rlx.checkpoint import write_checksums
+    from rlx.runtime.checkpoint import write_checksums
 
     _three_checkpoints(tmp_path)
     latest = list_checkpoints(tmp_path)[-1][1]

@@ -142,7 +142,7 @@ def test_sampler_versions_agree_without_filters_and_are_registered():
 def test_resume_pins_the_legacy_sampler(tmp_path):
     """A run whose config.yaml predates rollout.sampler resumes with v1 (what it drew with); a run that
     recorded its version, or a resume that sets it, gets no pin."""
-    from rlx.launch import legacy_pins
+    from rlx.runtime.launch import legacy_pins
 
     (tmp_path / "config.yaml").write_text("rollout:\n  temperature: 1.0\n")
     assert legacy_pins(tmp_path, set()) == ["++rollout.sampler=v1"]

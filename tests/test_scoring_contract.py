@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from rlx.config import check_overrides, group_options
+from rlx.config.overrides import check_overrides
+from rlx.config.paths import group_options
 from rlx.evaluation.benchmarks import Benchmark
 from rlx.rewards import build_rewards, compute_rewards
 from rlx.tasks import VERIFIERS, verifier_reward
@@ -83,7 +84,7 @@ def test_training_reward_equals_eval_score(tmp_path, name):
 
 
 def test_verifier_reward_names_missing_columns():
-    from rlx.config import UserError
+    from rlx.errors import UserError
 
     with pytest.raises(UserError, match="entry_point"):
         verifier_reward(["p"], ["c"], "unit_tests", answer=["x"], test=["assert True"])
@@ -115,7 +116,7 @@ def test_code_reward_trains_through_the_sandbox(tmp_path):
 
 
 def test_the_knob_schema_lists_every_verifier():
-    from rlx.config_schema import Data, Verifier, schema_fields
+    from rlx.config.schema import Data, Verifier, schema_fields
 
     assert [m.value for m in Verifier] == list(VERIFIERS)
     assert schema_fields(Data)["verifier"][0] == Verifier | None

@@ -9,7 +9,7 @@ import re
 import pytest
 from omegaconf import OmegaConf
 
-from rlx.config import CONF_DIR, group_options
+from rlx.config.paths import CONF_DIR, group_options
 from tests.conftest import run_rlx
 
 FAST = ["steps=2", "prompts_per_step=2", "rollout.samples_per_prompt=4", "eval.size=8", "eval.every=2",
@@ -128,7 +128,7 @@ def test_every_sweep_composes_with_its_sweeper(name):
         cfg = compose(config_name="train", overrides=[f"sweep={name}"], return_hydra_config=True)
     GlobalHydra.instance().clear()
     assert cfg.hydra.sweeper.params, "a sweep names the parameters it searches"
-    assert cfg.hydra.callbacks.sweep_summary._target_ == "rlx.sweep.SweepSummary"
+    assert cfg.hydra.callbacks.sweep_summary._target_ == "rlx.report.sweeps.SweepSummary"
     if name == "optuna":
         assert "OptunaSweeper" in cfg.hydra.sweeper._target_ and cfg.hydra.sweeper.direction == "maximize"
 
@@ -164,8 +164,8 @@ def test_a_combination_that_does_not_compose_stops_the_sweep_before_it_starts(tm
 
 def test_a_combination_with_a_value_out_of_range_stops_the_sweep_before_it_starts():
     # it composes, and used to fail only when its turn came (a failed trial, after the others had run)
-    from rlx.config import UserError
-    from rlx.sweep import check_every_trial
+    from rlx.errors import UserError
+    from rlx.report.sweeps import check_every_trial
 
     with pytest.raises(UserError) as info:
         check_every_trial(["seed=0,1", "optim.lr=0.1,-1"])
@@ -176,8 +176,8 @@ def test_a_combination_with_a_value_out_of_range_stops_the_sweep_before_it_start
 
 @pytest.mark.parametrize("content", [b"\x00garbage,,\n1,2\n", b"a,b\n1,2\n", b"\xff\xfe,status\n"])
 def test_retest_of_a_damaged_summary_is_one_line(tmp_path, content):
-    from rlx.config import UserError
-    from rlx.sweep import best_overrides
+    from rlx.errors import UserError
+    from rlx.report.sweeps import best_overrides
 
     (tmp_path / "summary.csv").write_bytes(content)
     with pytest.raises(UserError, match="summary.csv is damaged or was not written by rlx sweep"):
@@ -185,7 +185,7 @@ def test_retest_of_a_damaged_summary_is_one_line(tmp_path, content):
 
 
 def test_hyper_parameters_print_at_three_significant_digits():
-    from rlx.sweep import short_override
+    from rlx.report.sweeps import short_override
 
     assert short_override("optim.lr=0.00012345678901") == "optim.lr=0.000123"
     assert short_override("algorithm.clip_high=0.2799999999") == "algorithm.clip_high=0.28"
@@ -195,7 +195,7 @@ def test_hyper_parameters_print_at_three_significant_digits():
 def test_hydra_launcher_lines_print_short_numbers():
     import logging
 
-    from rlx.sweep import ShortNumbers
+    from rlx.report.sweeps import ShortNumbers
 
     record = logging.LogRecord("hydra", logging.INFO, "", 0, "\t#%d : %s", (1, "seed=0 optim.lr=0.00030000000000000003"), None)
     assert ShortNumbers().filter(record) and record.getMessage() == "\t#1 : seed=0 optim.lr=0.0003"

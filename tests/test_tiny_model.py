@@ -6,8 +6,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlx.config import ASSETS_DIR
-from rlx.run import read_metrics
+from rlx.config.paths import ASSETS_DIR
+from rlx.runtime.rundir import read_metrics
 from tests.conftest import only_run_dir, run_rlx
 
 

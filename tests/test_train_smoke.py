@@ -4,8 +4,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlx.config import ASSETS_DIR
-from rlx.run import read_metrics
+from rlx.config.paths import ASSETS_DIR
+from rlx.runtime.rundir import read_metrics
 from tests.conftest import only_run_dir, run_rlx
 
 FAST = ["steps=2", "prompts_per_step=2", "rollout.samples_per_prompt=4", "eval.size=8", "eval.every=1", "log.samples_every=1"]

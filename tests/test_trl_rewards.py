@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from rlx.errors import RewardError
 from rlx.loops.common import format_prompts
-from rlx.rewards import RewardComponent, RewardError, TrainerState, compute_rewards
+from rlx.rewards import RewardComponent, TrainerState, compute_rewards
 from rlx.rewards.rule import exact_match, format_reward
 from tests.conftest import only_run_dir, run_rlx
 

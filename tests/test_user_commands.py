@@ -8,7 +8,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from rlx.launch import resolve_resume
+from rlx.runtime.launch import resolve_resume
 from tests.conftest import only_run_dir, run_rlx
 
 TINY = ["steps=2", "prompts_per_step=2", "rollout.samples_per_prompt=2", "eval.size=4", "eval.every=2",
@@ -29,7 +29,7 @@ def test_reasoning_gym_tasks_train(tmp_path):
 
 
 def test_reasoning_gym_config_has_no_chain_sum_options():
-    from rlx.config import check_overrides
+    from rlx.config.overrides import check_overrides
 
     cfg = check_overrides(["data=reasoning_gym", "data.task=gcd"])
     assert cfg.data.task_config is None and cfg.data.name == "gcd"

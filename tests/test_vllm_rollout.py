@@ -10,7 +10,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from rlx.config import CONF_DIR, UserError
+from rlx.config.paths import CONF_DIR
+from rlx.errors import UserError
 from rlx.rollout.vllm import (
     build_engine,
     check_settings,

@@ -12,8 +12,8 @@ import deepspeed
 import torch
 
 from rlx.models.loading import load_causal_lm, load_tokenizer
-from rlx.parallel import is_sharded
 from rlx.rollout.hf import generate
+from rlx.runtime.parallel import is_sharded
 
 
 def main() -> None:

@@ -17,14 +17,15 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from rlx.config import CONF_DIR, UserError, fail
-from rlx.run import PhaseProgress
+from rlx.config.paths import CONF_DIR
+from rlx.errors import UserError, fail
+from rlx.runtime.rundir import PhaseProgress
 
 log = logging.getLogger("rlx")
 
 
 def build(cfg: DictConfig) -> dict:
-    from rlx.config_schema import check_config
+    from rlx.config.schema import check_config
     from rlx.data.preferences import pairs_from_samples
     from rlx.data.tasks import PromptStream, load_rows
     from rlx.loops.common import seed_everything
@@ -33,7 +34,7 @@ def build(cfg: DictConfig) -> dict:
     from rlx.rollout.hf import generate
     from rlx.rollout.prompts import format_prompts
 
-    check_config(cfg, "data_prefs")  # every knob's type and range (rlx/config_schema.py), before the model loads
+    check_config(cfg, "data_prefs")  # every knob's type and range (rlx/config/schema.py), before the model loads
     if cfg.hardware.num_threads:
         torch.set_num_threads(cfg.hardware.num_threads)
     seed_everything(cfg.seed)

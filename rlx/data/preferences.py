@@ -26,9 +26,10 @@ from pathlib import Path
 
 import torch
 
-from rlx.config import PACKAGE_DIR, UserError
+from rlx.config.paths import PACKAGE_DIR
 from rlx.data.readers import read_hub as hub
 from rlx.data.readers import read_records
+from rlx.errors import UserError
 
 log = logging.getLogger("rlx")
 
@@ -303,7 +304,7 @@ def load_prepared_pairs(cfg, tokenizer) -> tuple[list[dict], list[dict], dict]:
     train = prepare_pairs(cfg.data.pairs, tokenizer, train, cfg.model.chat_template, cfg.data.system_prompt, stats)
     evals = prepare_pairs(cfg.data.pairs, tokenizer, evals, cfg.model.chat_template, cfg.data.system_prompt, stats)
     if not train:
-        from rlx.config import UserError
+        from rlx.errors import UserError
 
         raise UserError("every training pair is over data.pairs.max_prompt_length / max_completion_length; raise them")
     logging.getLogger("rlx").info(

@@ -14,7 +14,7 @@ import gzip
 import json
 from pathlib import Path
 
-from rlx.config import UserError
+from rlx.errors import UserError
 
 SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".parquet")
 

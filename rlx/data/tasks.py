@@ -15,8 +15,8 @@ import json
 import random
 import re
 
-from rlx.config import UserError
 from rlx.data.readers import numbered_jsonl, read_hub, read_records
+from rlx.errors import UserError
 
 
 def _is_messages(value) -> bool:

@@ -17,13 +17,10 @@ import importlib
 from rlx.envs.builtin import Corridor, Grid, GuessNumber
 from rlx.envs.mixture import Mixture
 from rlx.envs.tools import ToolUse
+from rlx.errors import EnvError
 
 ENVIRONMENTS = {"guess_number": GuessNumber, "grid": Grid, "corridor": Corridor, "tool_use": ToolUse,
                 "mixture": Mixture}
-
-
-class EnvError(ValueError):
-    """The env config names no loadable environment (one line for the user)."""
 
 
 def load_target(target: str):

@@ -18,8 +18,8 @@ import functools
 import json
 import re
 
-from rlx.config import UserError
 from rlx.data.readers import read_hub, read_records
+from rlx.errors import UserError
 
 # --------------------------------------------------------------------------------------------
 # Loaders

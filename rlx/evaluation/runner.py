@@ -29,7 +29,8 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from rlx.config import CONF_DIR, UserError, fail
+from rlx.config.paths import CONF_DIR
+from rlx.errors import UserError, fail
 from rlx.evaluation.agents import per_task_values
 from rlx.evaluation.benchmarks import Benchmark
 from rlx.evaluation.metrics import (
@@ -41,7 +42,7 @@ from rlx.evaluation.metrics import (
 )
 from rlx.rollout.hf import eos_ids
 from rlx.rollout.vllm import build_engine
-from rlx.run import start_bar, stop_bar
+from rlx.runtime.rundir import start_bar, stop_bar
 
 log = logging.getLogger("rlx")
 
@@ -438,9 +439,9 @@ def plot_pass_at_k(summary: dict, labels: dict[str, str], path: Path) -> Path | 
 
 
 def check_settings(cfg: DictConfig) -> None:
-    from rlx.config_schema import check_config
+    from rlx.config.schema import check_config
 
-    check_config(cfg, "eval")  # types, ranges and choices of every knob (rlx/config_schema.py), one line naming it
+    check_config(cfg, "eval")  # types, ranges and choices of every knob (rlx/config/schema.py), one line naming it
     sampling = cfg.sampling
     if sampling.n < 0 or (sampling.n == 0 and not sampling.greedy):
         raise UserError(f"sampling.n={sampling.n} with sampling.greedy={sampling.greedy} generates nothing; "
@@ -481,7 +482,8 @@ def _environment(cfg: DictConfig):
     env_cfg = cfg.get("env")
     if not env_cfg:
         return None
-    from rlx.envs import EnvError, env_factory
+    from rlx.envs import env_factory
+    from rlx.errors import EnvError
 
     try:
         factory = env_factory(env_cfg.name, env_cfg.get("target"), env_cfg.get("kwargs"))
@@ -514,7 +516,7 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
     """Evaluate according to cfg, writing everything into out_dir. Returns summary.json's content."""
     from rich.console import Console
 
-    from rlx.run import write_run_files
+    from rlx.runtime.rundir import write_run_files
 
     if cfg.resume:
         cfg = _saved_config(out_dir, cfg)
@@ -525,7 +527,7 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
         raise UserError("env= evaluates an environment instead of benchmarks; evaluate benchmark= in a separate run")
     if cfg.hardware.num_threads:
         torch.set_num_threads(cfg.hardware.num_threads)
-    from rlx.config_checks import check_device
+    from rlx.config.rules import check_device
 
     check_device(cfg.hardware)  # hardware=gpu never falls back to the CPU silently
     device = torch.device("cpu" if cfg.hardware.cpu else "cuda")

@@ -22,7 +22,7 @@ With several processes (hardware=ddp), each plays its contiguous shard of the ta
 of a task on one process; an episode depends only on its seeds, not on its batch-mates), the episodes'
 rewards, anchors and validity are gathered, and the advantages (episode groups, GiGPO's anchor groups,
 turn groups) and the loss normalisers are computed over the global batch, so N processes take the
-optimizer step one process would take (rlx/parallel.py). Held-out episodes are split over processes.
+optimizer step one process would take (rlx/runtime/parallel.py). Held-out episodes are split over processes.
 Departure from GiGPO's reference code: the episode-level std normalisation and the step-level one use
 the same `algorithm.scale` (the paper allows either for both).
 """
@@ -39,9 +39,8 @@ from rlx.algorithms.gigpo import CREDIT, invalid_action_penalty
 from rlx.algorithms.kl import penalized_token_loss
 from rlx.algorithms.losses import aggregate, clipped_surrogate
 from rlx.algorithms.offpolicy import logprob_gap
-from rlx.checkpoint import GeneratorState
-from rlx.config import UserError
-from rlx.envs import EnvError, env_factory
+from rlx.envs import env_factory
+from rlx.errors import EnvError, UserError
 from rlx.evaluation.agents import episode_metrics, episode_records, play
 from rlx.loops.common import (
     Parts,
@@ -51,12 +50,13 @@ from rlx.loops.common import (
     optimizer_step,
 )
 from rlx.models.forward import completion_logprobs
-from rlx.parallel import backward, gather, gather_padded, global_mean, global_sum, shard
 from rlx.rollout.env import EVAL_SEED_BASE, train_env_seed
 from rlx.rollout.generator import policy_generator
 from rlx.rollout.sampling import sample_seed
 from rlx.rollout.types import Episode, RolloutBatch
-from rlx.run import write_samples
+from rlx.runtime.checkpoint import GeneratorState
+from rlx.runtime.parallel import backward, gather, gather_padded, global_mean, global_sum, shard
+from rlx.runtime.rundir import write_samples
 
 log = logging.getLogger("rlx")
 

@@ -9,7 +9,7 @@ demonstrated turns (loss mask 1; environment tokens are context only). Demonstra
 policy itself, as in the agent loop. With several processes (hardware=ddp), each plays its contiguous
 shard of the demonstrations (a demonstration depends only on its global index: its seed and its
 mistakes), the loss is normalised by the global token count and DDP sums the gradients, so N processes
-take the step one process takes (rlx/parallel.py); held-out episodes are split over processes.
+take the step one process takes (rlx/runtime/parallel.py); held-out episodes are split over processes.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import time
 import torch
 from accelerate.utils import gather_object
 
-from rlx.config import UserError
-from rlx.envs import EnvError, env_factory
+from rlx.envs import env_factory
 from rlx.envs.demos import ExpertGenerator
+from rlx.errors import EnvError, UserError
 from rlx.evaluation.agents import episode_metrics, play
 from rlx.loops.common import (
     Parts,
@@ -32,10 +32,10 @@ from rlx.loops.common import (
     optimizer_step,
 )
 from rlx.models.forward import completion_logprobs
-from rlx.parallel import backward, global_sum, shard
 from rlx.rollout.env import EVAL_SEED_BASE, run_episodes, train_env_seed
 from rlx.rollout.generator import policy_generator
 from rlx.rollout.types import RolloutBatch
+from rlx.runtime.parallel import backward, global_sum, shard
 
 log = logging.getLogger("rlx")
 

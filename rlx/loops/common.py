@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rlx.config import UserError
+from rlx.errors import UserError
 from rlx.models.forward import completion_logprobs
-from rlx.parallel import gather, global_sum
 from rlx.rewards import RewardComponent, compute_rewards, token_lists
 from rlx.rewards.overlong import overlong_penalty
 from rlx.rollout.hf import Rollout, generate
 from rlx.rollout.prompts import format_prompts  # noqa: F401  (re-exported: loops and users import it from here)
+from rlx.runtime.parallel import gather, global_sum
 
 
 @dataclass
@@ -37,7 +37,7 @@ class Components:
 
 @dataclass
 class Parts:
-    """Everything a loop starts from, built by rlx.train.build_parts (the one builder): the policy
+    """Everything a loop starts from, built by rlx.cli.train.build_parts (the one builder): the policy
     prepared by Accelerate with its optimizer and schedule, the frozen reference placed like the policy
     (None when the family or config does not use one; under LoRA the base with the adapter off, no
     copy), the PPO critic with its own optimizer and schedule, the rollout engine (None: generate with
@@ -185,7 +185,7 @@ def optimizer_step(accelerator, model, optimizer, scheduler, max_grad_norm: floa
         norm = grad_norm if grad_norm is not None else _local_grad_norm(model)
         if not math.isfinite(norm):  # NaN/inf loss or gradients: stop before the weights take them
             optimizer.zero_grad(set_to_none=True)
-            from rlx.checkpoint import NonFiniteError
+            from rlx.errors import NonFiniteError
 
             raise NonFiniteError("the gradient norm (from the loss or a reward)", norm)
     optimizer.step()

@@ -16,7 +16,7 @@ Departures from the GRPO paper: token-mean aggregation by default (DAPO), and th
 not recomputed when only one optimizer step is taken per batch (the ratio is then exactly 1).
 Batch sampling lives in rollout/batch.py and the helpers shared with PPO in loops/common.py.
 With several processes (hardware=ddp), each takes its contiguous shard of the global batch, and
-rewards, advantages and loss normalisers are computed over the global batch (rlx/parallel.py).
+rewards, advantages and loss normalisers are computed over the global batch (rlx/runtime/parallel.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from rlx.algorithms.advantages import outcome_advantages, sign_weighted
 from rlx.algorithms.kl import adaptive_kl_coef, penalized_token_loss, sequence_kl_in_reward
 from rlx.algorithms.losses import aggregate, clipped_surrogate, entropy_threshold, top_entropy_mask
 from rlx.algorithms.offpolicy import logprob_gap, truncated_importance_weights
-from rlx.checkpoint import GeneratorState
 from rlx.data.tasks import PromptStream
 from rlx.loops.common import (
     KLCoefficient,
@@ -50,7 +49,10 @@ from rlx.loops.common import (
 )
 from rlx.loops.micro_batches import plan_micro_batches
 from rlx.models.forward import completion_logprobs
-from rlx.parallel import (
+from rlx.rollout.batch import sample_batch, sample_records
+from rlx.rollout.generator import policy_generator
+from rlx.runtime.checkpoint import GeneratorState
+from rlx.runtime.parallel import (
     backward,
     gather,
     gather_padded,
@@ -59,9 +61,7 @@ from rlx.parallel import (
     global_sum,
     set_accumulation,
 )
-from rlx.rollout.batch import sample_batch, sample_records
-from rlx.rollout.generator import policy_generator
-from rlx.run import write_samples
+from rlx.runtime.rundir import write_samples
 
 log = logging.getLogger("rlx")
 

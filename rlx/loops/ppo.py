@@ -15,9 +15,9 @@ Departures from InstructGPT's PPO: no pretraining-mix loss; the value model star
 policy backbone with a zero-initialised head instead of a trained reward model.
 With several processes (hardware=ddp), each takes its contiguous shard of the global batch; GAE runs
 per sequence on the shard, while the advantage whitening, the loss normalisers, the adaptive KL and
-the metrics use the global batch (rlx/parallel.py). Checkpoints hold both models and optimizers, both
+the metrics use the global batch (rlx/runtime/parallel.py). Checkpoints hold both models and optimizers, both
 schedules, the data position, the shuffle generator, the KL coefficient and, with
-algorithm.ref_reset_every, the reference weights (rlx/checkpoint.py).
+algorithm.ref_reset_every, the reference weights (rlx/runtime/checkpoint.py).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from rlx.algorithms.advantages import gae_advantages, whiten
 from rlx.algorithms.kl import adaptive_kl_coef, penalized_token_loss, token_rewards
 from rlx.algorithms.losses import aggregate, clipped_surrogate, explained_variance, value_loss
 from rlx.algorithms.offpolicy import logprob_gap
-from rlx.checkpoint import GeneratorState
 from rlx.data.tasks import PromptStream
 from rlx.loops.common import (
     KLCoefficient,
@@ -51,7 +50,10 @@ from rlx.loops.common import (
 )
 from rlx.loops.micro_batches import plan_micro_batches
 from rlx.models.forward import completion_logprobs
-from rlx.parallel import (
+from rlx.rollout.batch import sample_batch, sample_records
+from rlx.rollout.generator import policy_generator
+from rlx.runtime.checkpoint import GeneratorState
+from rlx.runtime.parallel import (
     backward,
     gather,
     gather_padded,
@@ -60,9 +62,7 @@ from rlx.parallel import (
     global_sum,
     set_accumulation,
 )
-from rlx.rollout.batch import sample_batch, sample_records
-from rlx.rollout.generator import policy_generator
-from rlx.run import write_samples
+from rlx.runtime.rundir import write_samples
 
 log = logging.getLogger("rlx")
 

@@ -35,8 +35,8 @@ from rlx.loops.common import (
     optimizer_step,
 )
 from rlx.models.forward import completion_logprobs
-from rlx.parallel import backward, global_sum, shard
-from rlx.run import PhaseProgress, write_samples
+from rlx.runtime.parallel import backward, global_sum, shard
+from rlx.runtime.rundir import PhaseProgress, write_samples
 
 log = logging.getLogger("rlx")
 
@@ -67,7 +67,7 @@ def sequence_logps(model, pairs: list[dict], pad_id: int) -> tuple[torch.Tensor,
 @torch.no_grad()
 def reference_logps(model, pairs: list[dict], micro: int, pad_id: int, progress=None) -> torch.Tensor:
     """(N, 2) summed log-probs of (chosen, rejected) under `model`, in the order of `pairs`.
-    progress: an object with .advance(n) (rlx.run.PhaseProgress), told of every pair done."""
+    progress: an object with .advance(n) (rlx.runtime.rundir.PhaseProgress), told of every pair done."""
     was_training = model.training
     model.eval()
     out = []
@@ -81,7 +81,7 @@ def reference_logps(model, pairs: list[dict], micro: int, pad_id: int, progress=
 
 
 def load_pairs(cfg, parts: Parts) -> None:
-    """Run by the builder (rlx/train.py) on the unprepared starting policy: 1. the tokenized pairs, and
+    """Run by the builder (rlx/cli/train.py) on the unprepared starting policy: 1. the tokenized pairs, and
     2. for a reference-based loss with algorithm.reference=precompute, the reference log-probs of every
     pair (the starting policy is the reference), written into the pairs and <run>/reference_logps.pt.
     Results go to parts.extras: train_pairs, eval_pairs, data_counts."""

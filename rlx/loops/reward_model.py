@@ -9,7 +9,7 @@ AutoModelForSequenceClassification, num_labels=1; a causal LM gets a fresh head)
   3. one optimizer step. At eval steps: held-out pairwise accuracy eval/pref_accuracy.
 The saved final/ model is usable as `reward=model reward.components.model.path=<run dir>`.
 With several processes (hardware=ddp), each scores its shard of the batch and the loss is a mean over
-the global batch (rlx/parallel.py); checkpoints hold the model, optimizer, schedule and data position.
+the global batch (rlx/runtime/parallel.py); checkpoints hold the model, optimizer, schedule and data position.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import time
 import torch
 
 from rlx.algorithms.preference import bradley_terry_loss
-from rlx.config import UserError
 from rlx.data.preferences import load_prepared_pairs
 from rlx.data.tasks import PromptStream
+from rlx.errors import UserError
 from rlx.loops.common import (
     Parts,
     end_step,
@@ -30,8 +30,8 @@ from rlx.loops.common import (
     evaluate_at_start,
     optimizer_step,
 )
-from rlx.parallel import backward, global_sum, shard
 from rlx.rewards.model import forward_scores
+from rlx.runtime.parallel import backward, global_sum, shard
 
 log = logging.getLogger("rlx")
 

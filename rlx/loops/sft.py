@@ -24,8 +24,8 @@ from rlx.loops.common import (
     optimizer_step,
 )
 from rlx.models.forward import completion_logprobs
-from rlx.parallel import backward, global_sum, shard
-from rlx.run import write_samples
+from rlx.runtime.parallel import backward, global_sum, shard
+from rlx.runtime.rundir import write_samples
 
 log = logging.getLogger("rlx")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from rlx.algorithms.logprobs import chunked_linear_logprobs, token_entropy, token_logprobs
-from rlx.parallel import is_sharded
+from rlx.runtime.parallel import is_sharded
 
 LOGIT_CHUNK_ELEMENTS = 2**22  # logits materialised at once (chunk_tokens x V floats, 16 MB in float32)
 

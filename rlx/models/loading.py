@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlx.config import ASSETS_DIR, UserError
+from rlx.config.paths import ASSETS_DIR
+from rlx.errors import UserError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 

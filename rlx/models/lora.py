@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from rlx.config import UserError
+from rlx.errors import UserError
 
 
 def is_peft(model) -> bool:
@@ -116,7 +116,7 @@ def place_reference(reference, accelerator):
 
 def save_adapter(model, folder: Path, state_dict: dict | None = None) -> None:
     """With LoRA, write the adapter (peft save_pretrained format); otherwise nothing. `state_dict`: the
-    adapter's full weights gathered from a sharded policy (rlx.parallel.gathered_trainable_weights)."""
+    adapter's full weights gathered from a sharded policy (rlx.runtime.parallel.gathered_trainable_weights)."""
     if is_peft(model):
         model.save_pretrained(folder, state_dict=state_dict)
 
@@ -143,7 +143,7 @@ def save_final(model, tokenizer, run_dir: Path, merged: bool, step: int | None =
 
     Each is written into a temporary folder and renamed when complete, so a kill never leaves a
     partial final/ (resume rebuilds a missing one from the last checkpoint).
-    `state_dict`: the full weights gathered over the ranks of a sharded policy (rlx.parallel.full_state_dict)."""
+    `state_dict`: the full weights gathered over the ranks of a sharded policy (rlx.runtime.parallel.full_state_dict)."""
     import json
     import os
     import shutil

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from rlx.config import ASSETS_DIR
+from rlx.config.paths import ASSETS_DIR
 
 # Published configurations (config.json on the hub) of the model presets' checkpoints.
 SHAPES: dict[str, dict] = {

@@ -17,7 +17,7 @@ import csv
 import math
 from pathlib import Path
 
-from rlx.config import UserError
+from rlx.errors import UserError
 from rlx.report.runs import Group, common_overrides, find_runs, group_runs
 from rlx.report.stats import (
     align_curves,
@@ -25,7 +25,7 @@ from rlx.report.stats import (
     probability_of_improvement_ci,
     stratified_bootstrap_ci,
 )
-from rlx.run import integer_step_ticks
+from rlx.runtime.rundir import integer_step_ticks
 
 
 def aggregate(groups: list[Group], metrics: list[str], n_resamples: int = 2000, seed: int = 0) -> list[dict]:

@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlx.config import UserError
-from rlx.run import read_metrics
+from rlx.errors import UserError
+from rlx.runtime.rundir import read_metrics
 
 # Overrides that do not change the configuration being measured.
 _IGNORED_KEYS = ("seed", "sweep", "name")
@@ -113,7 +113,7 @@ def find_runs(paths: list[Path]) -> list[Run]:
     for path in paths:
         path = Path(path)
         if not path.is_dir():
-            from rlx.config import UserError
+            from rlx.errors import UserError
 
             raise UserError(f"'{path}' is not a directory; pass run or sweep directories written by rlx train")
         candidates = [path] if (path / "metrics.jsonl").is_file() else sorted(
@@ -132,7 +132,7 @@ def run_name(path: Path) -> str:
 
 def _short(override: str) -> str:
     """`optim.lr=0.00030000000000000003` -> `optim.lr=0.0003`; `optim.lr=1e-4` stays as written."""
-    from rlx.sweep import short_override
+    from rlx.report.sweeps import short_override
 
     return min(override, short_override(override), key=len)
 

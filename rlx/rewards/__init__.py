@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlx.config import UserError
+from rlx.errors import RewardError, UserError
 
 
 @dataclass
@@ -45,10 +45,6 @@ def build_rewards(reward_cfg) -> list[RewardComponent]:
             f"reward.accuracy '{reward_cfg.accuracy}' is not a component; valid choices: {', '.join(c.name for c in components)}"
         )
     return components
-
-
-class RewardError(Exception):
-    """A reward function failed or returned something that is not one score (float or None) per completion."""
 
 
 @dataclass

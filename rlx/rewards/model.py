@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from rlx.config import UserError
+from rlx.errors import UserError
 from rlx.rewards import completion_text
 
 AGGREGATIONS = ("mean", "min", "uncertainty")

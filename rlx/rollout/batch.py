@@ -13,12 +13,12 @@ import torch
 
 from rlx.algorithms.advantages import tied_groups, zero_std_group_fraction
 from rlx.data.tasks import PromptStream
-from rlx.parallel import gather, global_sum, shard
 from rlx.rewards import RewardComponent, TrainerState, compute_rewards, token_lists
 from rlx.rollout.generator import Generator, sample_rollout
 from rlx.rollout.hf import Rollout
 from rlx.rollout.prompts import format_prompts
 from rlx.rollout.sampling import sample_seed
+from rlx.runtime.parallel import gather, global_sum, shard
 
 
 def _pad_to(tensor: torch.Tensor, width: int, value: int, left: bool) -> torch.Tensor:

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rlx.parallel import is_sharded
+from rlx.runtime.parallel import is_sharded
 
 SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 

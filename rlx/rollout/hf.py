@@ -10,9 +10,9 @@ from transformers.cache_utils import DynamicLayer
 
 from rlx.algorithms.logprobs import token_logprobs
 from rlx.models.forward import position_ids_from_mask
-from rlx.parallel import is_sharded
 from rlx.rollout.fast_decode import decode_step_for
 from rlx.rollout.sampling import sample_tokens
+from rlx.runtime.parallel import is_sharded
 
 
 @dataclass

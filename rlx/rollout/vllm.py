@@ -38,7 +38,7 @@ import socket
 
 import torch
 
-from rlx.config import UserError
+from rlx.errors import UserError
 from rlx.rollout.hf import Rollout, completion_mask_from_ids, eos_ids
 from rlx.rollout.types import Generation
 

@@ -214,7 +214,7 @@ VERIFIERS = {
 
 
 def get_verifier(name: str) -> Verifier:
-    from rlx.config import UserError
+    from rlx.errors import UserError
 
     if name not in VERIFIERS:
         raise UserError(f"unknown verifier '{name}'; valid choices: {', '.join(VERIFIERS)}")
@@ -233,7 +233,7 @@ def verifier_reward(prompts, completions, verifier: str | None = None, **columns
     chosen = get_verifier(verifier)
     missing = [c for c in chosen.needs if c not in columns and c != "prompt"]
     if missing:
-        from rlx.config import UserError
+        from rlx.errors import UserError
 
         raise UserError(f"verifier '{verifier}' needs the data column(s) {', '.join(missing)}; map them with data.columns")
     problems = [{k: v[i] for k, v in columns.items() if isinstance(v, list) and len(v) == len(completions)}

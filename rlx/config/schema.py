@@ -6,14 +6,14 @@ take their names from the registry dict, e.g. algorithm.advantage from rlx.algor
 nested dataclass for a sub-group, `X | None` when null is valid (off / derived), `dict` for free-form
 keyword arguments. `num(...)` metadata carries the range.
 
-The schemas declare types only: YAML (rlx/conf/) stays the single source of defaults and their comments,
+The schemas declare types only: YAML (conf/) stays the single source of defaults and their comments,
 so no field has a default here. `check_config(cfg)` walks the composed config against them before a model
 or data is loaded and stops at the first problem with one line (UserError, exit code 2): a bad value
 (`optim.lr=0 is not valid: it must be a number > 0`), an unknown name (`unknown optim.schedule 'cosin';
 valid choices: ...`), or a key the chosen option does not have (`algorithm.vf_coef is a ppo knob ...`).
 A new knob is one YAML line with its comment plus one field here; tests/test_config_schema.py fails
 when a shipped YAML key has no field or a field no YAML key. Cross-field rules (a batch that must split
-evenly, settings that need each other) live in rlx/config_checks.py.
+evenly, settings that need each other) live in rlx/config/rules.py.
 
 Why a walk of rlx's own rather than `OmegaConf.structured` merged under Hydra's ConfigStore: a structured
 config needs a default (or MISSING) per field, which would copy YAML's defaults here; its errors are
@@ -41,8 +41,8 @@ from rlx.algorithms.gigpo import SCALES as AGENT_SCALES
 from rlx.algorithms.kl import KL_ESTIMATORS, KL_PLACEMENTS
 from rlx.algorithms.losses import LOSS_AGGREGATIONS, RATIO_LEVELS
 from rlx.algorithms.preference import PREFERENCE_LOSSES
-from rlx.config import UserError
 from rlx.data.tasks import DATA_SOURCES
+from rlx.errors import UserError
 from rlx.tasks import VERIFIERS
 
 
@@ -466,7 +466,7 @@ class RewardModel(Algorithm):
     center_coef: float = num(0)
 
 
-# algorithm.family -> its schema (the same names as rlx.train.LOOPS; a test keeps them equal)
+# algorithm.family -> its schema (the same names as rlx.cli.train.LOOPS; a test keeps them equal)
 ALGORITHMS = {"policy_gradient": PolicyGradient, "ppo": PPO, "agent": Agent, "agent_sft": AgentSFT, "sft": SFT,
               "preference": Preference, "reward_model": RewardModel}
 
@@ -721,7 +721,7 @@ def _fits(value, kind, meta: dict) -> bool:
         if kind is int and not (isinstance(value, int) or value.is_integer()):
             return False
         return _in_range(value, meta)
-    raise TypeError(f"rlx.config_schema has no check for the type {kind!r}")
+    raise TypeError(f"rlx.config.schema has no check for the type {kind!r}")
 
 
 def _in_range(value: float, meta: dict) -> bool:

@@ -28,7 +28,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from rlx.config import RECIPES_DIR, REPO_DIR, UserError
+from rlx.config.paths import RECIPES_DIR, REPO_DIR
+from rlx.errors import UserError
 
 README_START = "<!-- REPRODUCE_START -->"
 README_END = "<!-- REPRODUCE_END -->"
@@ -176,7 +177,7 @@ def reproduce(names: list[str], seeds: int, out_root: Path, extra: list[str], re
     for name in names:
         spec = expected(name)
         if spec is None:
-            raise UserError(f"recipe '{name}' has no expected: block; add one (see rlx/recipes.py) or leave it out")
+            raise UserError(f"recipe '{name}' has no expected: block; add one (see rlx/cli/recipes.py) or leave it out")
         out_dir = out_root / name
         values, failed = final_values(out_dir, spec["metric"])
         if not (reuse and len(values) >= seeds):

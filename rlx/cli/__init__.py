@@ -3,8 +3,8 @@
     rlx train [RECIPE] [overrides...]     RL / preference / SFT training (Hydra: -m, --cfg job, --help)
     rlx eval [overrides...]               benchmarks (or env= episodes) with pass@k / maj@k and bootstrap intervals
     rlx data prefs [overrides...]         build preference pairs by sampling a model on a task
-    rlx sweep NAME [overrides...]         a sweep from rlx/conf/sweep/ (grid or Optuna); `retest` re-runs the best
-    rlx recipes [show NAME | reproduce]   reproduced configurations in rlx/recipes/
+    rlx sweep NAME [overrides...]         a sweep from conf/sweep/ (grid or Optuna); `retest` re-runs the best
+    rlx recipes [show NAME | reproduce]   reproduced configurations in recipes/
     rlx report DIRS... [--metrics ...]    curves, IQM + bootstrap CIs, probability of improvement over seeds
 
 Each subcommand with a config is an `@hydra.main` function, so Hydra's own flags keep working; this
@@ -17,21 +17,23 @@ from __future__ import annotations
 import os
 import sys
 
-from rlx.config import CONF_DIR, RECIPES_DIR, check_overrides, fail
+from rlx.config.overrides import check_overrides
+from rlx.config.paths import CONF_DIR, RECIPES_DIR
+from rlx.errors import fail
 
 USAGE = """usage: rlx <command> [args...]
 
 commands:
   train [RECIPE] [key=value ...]   train a model (RL, preference optimization, SFT); --help shows the configs
   eval [key=value ...]             evaluate a model or run on benchmarks or env=NAME episodes (pass@k, intervals, compare=)
-  data prefs [key=value ...]       write (prompt, chosen, rejected) pairs sampled from a model (rlx/conf/data_prefs.yaml)
-  sweep NAME [key=value ...]       run rlx/conf/sweep/NAME.yaml (grid or Optuna) as a multirun with a summary
+  data prefs [key=value ...]       write (prompt, chosen, rejected) pairs sampled from a model (conf/data_prefs.yaml)
+  sweep NAME [key=value ...]       run conf/sweep/NAME.yaml (grid or Optuna) as a multirun with a summary
   sweep retest SWEEP_DIR [seeds=1000,1001,1002] [key=value ...]   re-run a sweep's best trial on test seeds
   recipes [show NAME]              list the reproduced configurations, or print one
   recipes reproduce [NAME ...]     run CPU-scale recipes on 3 seeds and check their expected numbers
   report DIRS... [--metrics M,...] learning curves, IQM with bootstrap CIs, probability of improvement
 
-Run `rlx <command> --help` for a command's options (the config files with their comments); rlx --version. Configs live in rlx/conf/, recipes in rlx/recipes/ (inside the installed package).
+Run `rlx <command> --help` for a command's options (the config files with their comments); rlx --version. Configs live in conf/, recipes in recipes/ (at the repository root; inside the installed package too).
 Tab completion (bash): eval "$(rlx -sc install=bash)"
 """
 
@@ -59,8 +61,8 @@ def _hydra_app(app, prog: str, args: list[str], config_name: str) -> None:
         overrides = [a for a in args if not a.startswith("-") and "=" in a]
         cfg = check_overrides(overrides, config_name=config_name)
         if multirun:
-            from rlx.config import UserError
-            from rlx.sweep import check_every_trial, default_sweep_dir
+            from rlx.errors import UserError
+            from rlx.report.sweeps import check_every_trial, default_sweep_dir
 
             try:
                 check_every_trial(overrides, config_name)
@@ -73,7 +75,7 @@ def _hydra_app(app, prog: str, args: list[str], config_name: str) -> None:
     os.environ.setdefault("HYDRA_FULL_ERROR", "0")
     app()
     if multirun:
-        from rlx.sweep import FAILED_TRIALS, TRIAL_COUNT
+        from rlx.report.sweeps import FAILED_TRIALS, TRIAL_COUNT
 
         if FAILED_TRIALS:
             fail(f"{len(FAILED_TRIALS)} of {TRIAL_COUNT[0] if TRIAL_COUNT else '?'} trials failed: "
@@ -85,7 +87,7 @@ def _shell_completion(args: list[str]) -> None:
 
     Hydra completes one app's overrides, so the query is handed to the subcommand named in COMP_LINE
     with that word removed from the line."""
-    from rlx.train import train_app
+    from rlx.cli.train import train_app
 
     line = os.environ.get("COMP_LINE", "")
     words = line.split()
@@ -143,15 +145,15 @@ def main(argv: list[str] | None = None) -> None:
     command, args = argv[0], argv[1:]
     help_command = "data prefs" if command == "data" and args[:1] == ["prefs"] else command
     if help_command in ("train", "eval", "data prefs") and _wants_help(args):
-        from rlx.help import config_help  # the config files with their comments; no torch import
+        from rlx.cli.help import config_help  # the config files with their comments; no torch import
 
         print(config_help(help_command, [a for a in args if "=" in a and not a.startswith("-")]), end="")
         return
     if command == "train":
-        from rlx.launch import check_not_externally_launched, resolve_resume
+        from rlx.runtime.launch import check_not_externally_launched, resolve_resume
 
         check_not_externally_launched()
-        from rlx.train import train_app
+        from rlx.cli.train import train_app
 
         _hydra_app(train_app, "rlx-train", resolve_resume(_split_recipe(args)), "train")
     elif command == "eval":
@@ -171,15 +173,15 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _other_command(command: str, args: list[str]) -> None:
-    from rlx.config import UserError
+    from rlx.errors import UserError
 
     try:
         if command == "sweep":
-            from rlx.sweep import sweep_command
+            from rlx.report.sweeps import sweep_command
 
             sweep_command(args, lambda app_args: _hydra_app(_train_app(), "rlx-sweep", app_args, "train"))
         elif command == "recipes":
-            from rlx.recipes import recipes_command
+            from rlx.cli.recipes import recipes_command
 
             recipes_command(args)
         else:
@@ -191,7 +193,7 @@ def _other_command(command: str, args: list[str]) -> None:
 
 
 def _train_app():
-    from rlx.train import train_app
+    from rlx.cli.train import train_app
 
     return train_app
 

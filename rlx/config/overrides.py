@@ -8,38 +8,11 @@ becomes `error: ...` naming the valid choices or the nearest key, instead of Hyd
 from __future__ import annotations
 
 import difflib
-import sys
-from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-PACKAGE_DIR = Path(__file__).resolve().parent
-# Configs and recipes are package data: found through the package, so an installed wheel works from any directory.
-CONF_DIR = PACKAGE_DIR / "conf"
-RECIPES_DIR = PACKAGE_DIR / "recipes"
-# The source checkout (README, .git) when rlx runs from one; None for an installed package.
-REPO_DIR = PACKAGE_DIR.parent if (PACKAGE_DIR.parent / "pyproject.toml").is_file() else None
-ASSETS_DIR = PACKAGE_DIR / "models" / "assets"
-
-
-class UserError(Exception):
-    """A mistake in the user's command or config: printed as one line, exit code 2."""
-
-
-def fail(message: str, code: int = 2) -> None:
-    """Print `error: message` to stderr and exit (no traceback)."""
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(code)
-
-
-def group_options(group: str) -> list[str]:
-    """Option names of a config group (yaml files in conf/<group>/)."""
-    folder = CONF_DIR / group
-    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
-
-
-def config_groups() -> list[str]:
-    return sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra")
+from rlx.config.paths import CONF_DIR, config_groups, group_options
+from rlx.errors import fail
 
 
 def _nearest(word: str, choices: list[str]) -> str:
@@ -113,8 +86,8 @@ def check_overrides(overrides: list[str], config_name: str = "train") -> DictCon
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         missing_key = _missing_key(message)
         if missing_key is not None:
-            from rlx.config_schema import family_knob_message
-            from rlx.peer_names import peer_pointer
+            from rlx.config.peer_names import peer_pointer
+            from rlx.config.schema import family_knob_message
 
             family_knob = family_knob_message(missing_key)  # a knob of another algorithm family / rollout backend
             if family_knob is not None:

@@ -1,6 +1,6 @@
 """Experiment trackers through Accelerate's tracker interface, and what every run records about itself.
 
-metrics.jsonl is always written (rlx/run.py); `logger=tensorboard|wandb|mlflow|trackio` adds a
+metrics.jsonl is always written (rlx/runtime/rundir.py); `logger=tensorboard|wandb|mlflow|trackio` adds a
 tracker that receives the same rows. Every run also writes <run>/env.json: package versions, the git
 commit of the code, the command line and the process layout (config.yaml holds the resolved config).
 """
@@ -17,7 +17,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from rlx.config import REPO_DIR, UserError
+from rlx.config.paths import REPO_DIR
+from rlx.errors import UserError
 
 # tracker name (Accelerate's) -> the package it needs
 TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "trackio": "trackio"}

@@ -1,6 +1,6 @@
 """Cross-field rules of `rlx train` configs, in one place: combinations of knobs that make no sense
 stop the run before any work with one line naming the settings and the fix (rlx.config.UserError).
-Each knob's own type, range or choices is declared once in rlx/config_schema.py (the typed schema of
+Each knob's own type, range or choices is declared once in rlx/config/schema.py (the typed schema of
 its group, checked first by check_config); the rules here compare knobs. `check_run` is the front door
 train.py calls; which rules a family adds is the FAMILY_CHECKS registry."""
 
@@ -9,13 +9,13 @@ from __future__ import annotations
 import torch
 from omegaconf import DictConfig
 
-from rlx.config import UserError
-from rlx.config_schema import check_config
+from rlx.config.schema import check_config
+from rlx.errors import UserError
 
 
 def check_run(cfg: DictConfig) -> None:
     """Every rule of a training run, in order: knobs, family, batch split, engine, device, sharding."""
-    from rlx.launch import world_size
+    from rlx.runtime.launch import world_size
 
     check_settings(cfg)
     check_batch(cfg, world_size(cfg.hardware))
@@ -51,7 +51,8 @@ def check_agent_sft_settings(cfg: DictConfig) -> None:
     """Imitation in an environment: the environment must exist and build."""
     if cfg.get("env") is None:
         raise UserError("algorithm=agent_sft imitates demonstrations in an environment: add env=grid (or corridor, ...)")
-    from rlx.envs import EnvError, env_factory
+    from rlx.envs import env_factory
+    from rlx.errors import EnvError
 
     try:
         env_factory(cfg.env.name, cfg.env.get("target"), cfg.env.get("kwargs"))
@@ -84,7 +85,8 @@ def check_agent_settings(cfg: DictConfig) -> None:
     if env is None:
         raise UserError(f"algorithm={algo.name} plays an environment: add env=grid (or guess_number, corridor, tool_use, "
                         f"custom env.target=my_module.MyEnv)")
-    from rlx.envs import EnvError, env_factory
+    from rlx.envs import env_factory
+    from rlx.errors import EnvError
 
     try:  # builds one environment: a wrong name, target or kwargs stops here, before any model is loaded
         env_factory(env.name, env.get("target"), env.get("kwargs"))

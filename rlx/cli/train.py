@@ -19,11 +19,18 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from rlx.checkpoint import CheckpointDamaged, CheckpointWriteError, NonFiniteError, TrainingInterrupted
-from rlx.config import CONF_DIR, UserError, fail
-from rlx.config_checks import check_batch, check_run
-from rlx.rewards import RewardError
-from rlx.run import RunInUse
+from rlx.config.paths import CONF_DIR
+from rlx.config.rules import check_batch, check_run
+from rlx.errors import (
+    CheckpointDamaged,
+    CheckpointWriteError,
+    NonFiniteError,
+    RewardError,
+    RunInUse,
+    TrainingInterrupted,
+    UserError,
+    fail,
+)
 
 if TYPE_CHECKING:
     from rlx.loops.common import Components, Parts
@@ -105,11 +112,11 @@ def build_parts(cfg: DictConfig, components: Components) -> Parts:
     one accelerate.prepare of policy, optimizer[, schedule][, critic, critic optimizer] (DeepSpeed and
     FSDP prepare a model with its optimizer; the checkpointer saves the adapter of the first model), the
     reference placed like the prepared policy, the checkpointer, the metrics log and the evaluator."""
-    from rlx.checkpoint import Checkpointer
     from rlx.loops import common
     from rlx.models import lora, value
     from rlx.rollout.vllm import build_engine
-    from rlx.run import MetricsLog
+    from rlx.runtime.checkpoint import Checkpointer
+    from rlx.runtime.rundir import MetricsLog
 
     needs, algo, acc = NEEDS[cfg.algorithm.family], cfg.algorithm, components.accelerator
     parts = common.Parts(acc, components.model, components.tokenizer, components.train_rows, components.eval_rows,
@@ -152,14 +159,14 @@ def build_parts(cfg: DictConfig, components: Components) -> Parts:
 
 
 def deepspeed_plugin(cfg: DictConfig, accumulation: int):
-    """Accelerate's DeepSpeedPlugin with rlx's own config (rlx.parallel.deepspeed_config), or None."""
+    """Accelerate's DeepSpeedPlugin with rlx's own config (rlx.runtime.parallel.deepspeed_config), or None."""
     hw = cfg.hardware
     if hw.get("distributed") != "deepspeed":
         return None
     from accelerate.utils import DeepSpeedPlugin
 
-    from rlx import launch
-    from rlx.parallel import deepspeed_config
+    from rlx.runtime import launch
+    from rlx.runtime.parallel import deepspeed_config
 
     ds = hw.deepspeed
     config = deepspeed_config(ds.zero_stage, cfg.micro_batch_size, accumulation, launch.world_size(hw),
@@ -217,8 +224,8 @@ def build_model_and_tokenizer(cfg: DictConfig, train_rows: list[dict]):
 
 def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
     """Train according to cfg, writing everything into run_dir. Returns the final evaluation metrics."""
-    from rlx import launch
-    from rlx.run import RunLock
+    from rlx.runtime import launch
+    from rlx.runtime.rundir import RunLock
 
     check_run(cfg)
     # one process (tree) per run directory; machine 0's launcher holds it for a multi-node run
@@ -233,14 +240,14 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
 def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | None:
     from accelerate import Accelerator
 
-    from rlx import launch, tracking
-    from rlx.checkpoint import latest_checkpoint
     from rlx.data.tasks import load_rows
     from rlx.loops.common import Components, seed_everything
     from rlx.models.lora import final_is_complete, prepare_policy, save_final
-    from rlx.parallel import fsdp_plugin, full_state_dict, micro_batches_per_step, use_fsdp_on_cpu
     from rlx.rewards import build_rewards
-    from rlx.run import plot_run, write_run_files
+    from rlx.runtime import launch, tracking
+    from rlx.runtime.checkpoint import latest_checkpoint
+    from rlx.runtime.parallel import fsdp_plugin, full_state_dict, micro_batches_per_step, use_fsdp_on_cpu
+    from rlx.runtime.rundir import plot_run, write_run_files
 
     local_batch = check_batch(cfg, launch.world_size(cfg.hardware))
     rebuild_final = False
@@ -354,8 +361,8 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
 
 def _record_resume(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> None:
 
-    from rlx.checkpoint import latest_checkpoint
-    from rlx.run import record_resume
+    from rlx.runtime.checkpoint import latest_checkpoint
+    from rlx.runtime.rundir import record_resume
 
     before = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
     found = latest_checkpoint(run_dir)
@@ -366,8 +373,8 @@ def _record_resume(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> None
 def train_app(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
-    from rlx import launch
-    from rlx.sweep import is_multirun, record_failure, write_result
+    from rlx.report.sweeps import is_multirun, record_failure, write_result
+    from rlx.runtime import launch
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)

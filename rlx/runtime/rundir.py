@@ -18,6 +18,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from rlx.errors import RunInUse
+
 log = logging.getLogger("rlx")
 
 
@@ -84,10 +86,6 @@ def _flatten(node, prefix: str = "") -> dict:
 
 
 LOCK_FILE = ".lock"
-
-
-class RunInUse(Exception):
-    """Another live process holds the run directory's lock."""
 
 
 class RunLock:
@@ -246,7 +244,7 @@ class MetricsLog:
                  tracker=None):
         self.path = run_dir / "metrics.jsonl"
         self.enabled = enabled
-        self.tracker = tracker  # an object with .log(values, step=): the Accelerator's trackers (rlx/tracking.py)
+        self.tracker = tracker  # an object with .log(values, step=): the Accelerator's trackers (rlx/runtime/tracking.py)
         self.total = total_steps
         self._bar = None
         show_bar = sys.stderr.isatty() if progress == "auto" else bool(progress)

@@ -284,7 +284,7 @@ class SweepSummary(Callback):
 
 def best_overrides(sweep_dir: Path) -> list[str]:
     """Overrides of the best finished trial in sweep_dir (from its summary.csv), without seed=."""
-    from rlx.config import UserError
+    from rlx.errors import UserError
 
     summary = sweep_dir / SUMMARY_CSV
     if not summary.is_file():
@@ -321,7 +321,8 @@ def sweep_command(args: list[str], launch) -> None:
     """`rlx sweep NAME [overrides]` and `rlx sweep retest SWEEP_DIR [seeds=a,b,c] [overrides]`.
 
     launch(hydra_args) runs the training app with Hydra's command line (rlx.cli provides it)."""
-    from rlx.config import UserError, group_options
+    from rlx.config.paths import group_options
+    from rlx.errors import UserError
 
     valid = group_options("sweep")
     if not args or args[0] in ("-h", "--help"):
@@ -345,7 +346,7 @@ def sweep_command(args: list[str], launch) -> None:
 
 def retest(sweep_dir: Path, args: list[str], launch) -> Path:
     """Re-run the best trial of sweep_dir on test seeds into SWEEP_DIR/test_seeds and report it there."""
-    from rlx.config import UserError
+    from rlx.errors import UserError
 
     seeds = [str(s) for s in DEFAULT_TEST_SEEDS]
     extra = []
@@ -408,7 +409,7 @@ def sweeper_params(overrides: list[str]) -> tuple[str, dict]:
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    from rlx.config import CONF_DIR
+    from rlx.config.paths import CONF_DIR
 
     GlobalHydra.instance().clear()
     try:
@@ -431,8 +432,9 @@ def check_every_trial(overrides: list[str], config_name: str = "train") -> int:
     import contextlib
     import io
 
-    from rlx.config import UserError, check_overrides
-    from rlx.config_schema import check_config
+    from rlx.config.overrides import check_overrides
+    from rlx.config.schema import check_config
+    from rlx.errors import UserError
 
     task = [o for o in overrides if not o.startswith(("hydra.", "hydra/"))]
     target, params = sweeper_params(task) if config_name == "train" else ("", {})

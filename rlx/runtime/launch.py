@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from rlx.config import UserError, fail
+from rlx.errors import UserError, fail
 
 log = logging.getLogger("rlx")
 
@@ -88,7 +88,7 @@ def launcher_command(hardware, worker_args: list[str]) -> list[str]:
     strategy = hardware.get("distributed", "ddp")
     if strategy == "fsdp":
         fsdp = hardware.fsdp
-        # the workers build the same plugin from the config (rlx.parallel.fsdp_plugin); the flags tell the launcher
+        # the workers build the same plugin from the config (rlx.runtime.parallel.fsdp_plugin); the flags tell the launcher
         cmd += ["--use_fsdp", "--fsdp_version", str(fsdp.version),
                 "--fsdp_reshard_after_forward", str(bool(fsdp.reshard_after_forward)).lower(),
                 "--fsdp_auto_wrap_policy", str(fsdp.auto_wrap_policy), "--fsdp_state_dict_type", str(fsdp.state_dict_type),
@@ -143,7 +143,7 @@ def launch_workers(hardware, run_dir: Path, overrides: list[str]) -> int:
     previous = {sig: signal.signal(sig, wait_for_workers) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         # run in-process by the wrapper at the end of this file: accelerate's launcher without its traceback
-        proc = subprocess.Popen([cmd[0], "-m", "rlx.launch", *cmd[3:]], env=env, preexec_fn=_term_with_parent)
+        proc = subprocess.Popen([cmd[0], "-m", "rlx.runtime.launch", *cmd[3:]], env=env, preexec_fn=_term_with_parent)
         code = proc.wait()
     finally:
         for sig, handler in previous.items():
@@ -194,7 +194,7 @@ def _report_worker_errors(errors: Path, code: int, run_dir: Path) -> int:
     returns the exit code of the run (the first recorded error's, else the launcher's)."""
     import json
 
-    from rlx.checkpoint import latest_checkpoint
+    from rlx.runtime.checkpoint import latest_checkpoint
 
     records = sorted((json.loads(p.read_text()) for p in errors.glob("*.json")), key=lambda r: r["rank"])
     messages = [r for r in records if r.get("message")]
@@ -234,10 +234,10 @@ def resolve_resume(args: list[str]) -> list[str]:
     if value in ("null", ""):
         return args
     if value == "auto":
-        from rlx.config import check_overrides
+        from rlx.config.overrides import check_overrides
 
         name = check_overrides([a for a in args if not a.startswith("resume=")]).name
-        from rlx.checkpoint import latest_checkpoint
+        from rlx.runtime.checkpoint import latest_checkpoint
 
         # the latest run of that name that has a checkpoint (a run that crashed before its first one has nothing to resume)
         runs = sorted(p for p in outputs_root().glob(f"*_{name}") if (p / "config.yaml").is_file() and latest_checkpoint(p))
@@ -258,7 +258,8 @@ def resolve_resume(args: list[str]) -> list[str]:
         except Exception as exc:
             fail(f"{run / 'config.yaml'} is damaged ({(str(exc).strip().splitlines() or [type(exc).__name__])[0]}); "
                  "the run cannot be resumed as it was")
-    from rlx.run import RunInUse, check_run_free
+    from rlx.errors import RunInUse
+    from rlx.runtime.rundir import check_run_free
 
     try:
         check_run_free(run)
@@ -290,7 +291,7 @@ def unread_knobs(run: Path, overrides: list[str]) -> list[str]:
         saved = yaml.safe_load((run / "config.yaml").read_text()) or {}
     except yaml.YAMLError:
         return []  # check_resume_compatible reports the damaged file
-    from rlx.config_schema import DISPATCH, Algorithm, Rollout, owners, schema_fields
+    from rlx.config.schema import DISPATCH, Algorithm, Rollout, owners, schema_fields
 
     unread = []
     for text in candidates:
@@ -334,7 +335,7 @@ def check_resume_compatible(run: Path, overrides: list[str]) -> None:
     """Refuse (one line, exit 2, nothing in the run rewritten) a resume that changes a fixed setting."""
     from omegaconf import OmegaConf
 
-    from rlx.config import check_overrides
+    from rlx.config.overrides import check_overrides
 
     new = OmegaConf.to_container(check_overrides(overrides), resolve=True)
     old = OmegaConf.to_container(OmegaConf.load(run / "config.yaml"), resolve=True)
@@ -353,7 +354,7 @@ def check_resume_compatible(run: Path, overrides: list[str]) -> None:
 
 
 def _run_launcher_quietly() -> None:
-    """`python -m rlx.launch <accelerate launch arguments>`: Accelerate's launcher, but a failed worker ends it
+    """`python -m rlx.runtime.launch <accelerate launch arguments>`: Accelerate's launcher, but a failed worker ends it
     with its exit code and a record for the parent instead of a traceback (the parent prints one line)."""
     import json
     import logging as _logging

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import yaml
 
-from rlx.config import CONF_DIR, group_options
+from rlx.config.paths import CONF_DIR, group_options
 
 # `rlx <command>` -> (primary config, help header file under conf/hydra/help/)
 COMMAND_CONFIGS = {"train": ("train", "rlx"), "eval": ("eval", "rlx_eval"), "data prefs": ("data_prefs", None)}
@@ -62,12 +62,12 @@ def config_help(command: str, overrides: list[str] = ()) -> str:
     for group, option in groups.items():
         lines.append(f"{group}: {', '.join(group_options(group))}  [{option or 'none'}]")
     parts.append("\n".join(lines))
-    parts.append(f"== rlx/conf/{config_name}.yaml ==\n" + (CONF_DIR / f"{config_name}.yaml").read_text().rstrip())
+    parts.append(f"== conf/{config_name}.yaml ==\n" + (CONF_DIR / f"{config_name}.yaml").read_text().rstrip())
     for group, option in groups.items():
         if option in (None, "null") or group in OPTIONAL_GROUPS:
             continue
         for name in _option_chain(group, option):
-            parts.append(f"== {group}={name} (rlx/conf/{group}/{name}.yaml; keys under {group}.) ==\n"
+            parts.append(f"== {group}={name} (conf/{group}/{name}.yaml; keys under {group}.) ==\n"
                          + (CONF_DIR / group / f"{name}.yaml").read_text().rstrip())
     if help_name is not None:
         parts.append(header["footer"].rstrip())

@@ -37,48 +37,18 @@ from pathlib import Path
 
 import torch
 
+from rlx.errors import (
+    CheckpointDamaged,
+    CheckpointWriteError,
+    NonFiniteError,
+    TrainingInterrupted,
+    set_current_step,
+)
+
 log = logging.getLogger("rlx")
 
 STATE_FILE = "trainer_state.json"
 CHECKSUM_FILE = "checksums.json"
-
-_progress = {"step": None}  # the step being trained, for messages about a failure inside it
-
-
-def current_step() -> int | None:
-    """The training step in progress in this process (None before a loop restored its checkpoint)."""
-    return _progress["step"]
-
-
-class NonFiniteError(Exception):
-    """NaN or inf in the loss, a gradient norm or the weights: the run stops before the optimizer step."""
-
-    def __init__(self, what: str, value: float | None = None):
-        step = current_step()
-        at = f" at step {step}" if step is not None else ""
-        shown = f" ({value})" if value is not None else ""
-        super().__init__(
-            f"{what} is not finite{shown}{at}; stopped before the optimizer step, no checkpoint holds it. "
-            f"Usual causes: a learning rate too high (optim.lr), no gradient clipping (optim.max_grad_norm), "
-            f"a reward returning NaN/inf, or fp16 overflow (hardware.mixed_precision=bf16 or no)")
-        self.what, self.value, self.step = what, value, step
-
-
-class CheckpointWriteError(Exception):
-    """Writing a checkpoint failed (e.g. disk full); the partial folder is removed, earlier checkpoints stay."""
-
-
-class CheckpointDamaged(Exception):
-    """A checkpoint folder whose files do not match their recorded checksums, or do not load."""
-
-
-class TrainingInterrupted(Exception):
-    """Raised after the checkpoint written on Ctrl-C / SIGTERM; carries the step it stopped at."""
-
-    def __init__(self, step: int, path: Path):
-        super().__init__(f"interrupted after step {step}; checkpoint {path}")
-        self.step, self.path = step, path
-
 
 def checkpoint_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
@@ -103,7 +73,7 @@ def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
 def truncate_metrics(path: Path, last_step: int) -> int:
     """Drop metrics.jsonl rows logged after `last_step` (they are re-made by the resumed run), and a last
     line cut short by a crash. The file is replaced atomically."""
-    from rlx.run import atomic_write_text, read_metrics
+    from rlx.runtime.rundir import atomic_write_text, read_metrics
 
     if not path.is_file():
         return 0
@@ -234,7 +204,7 @@ class Checkpointer:
         self.acc.register_for_checkpointing(*objects.values())
         self._object_names = list(objects)
         step = self._load_latest(objects) if self.resume else 0
-        _progress["step"] = step + 1
+        set_current_step(step + 1)
         return step
 
     def _load_latest(self, objects: dict) -> int:
@@ -299,7 +269,7 @@ class Checkpointer:
 
     def step_done(self, step: int) -> Path | None:
         """End of a step: save when due; after a stop request, save and raise TrainingInterrupted."""
-        _progress["step"] = step + 1
+        set_current_step(step + 1)
         stop = self._stop_everywhere()
         due = step == self.total_steps or (self.every and step % self.every == 0)
         path = self.save(step) if (due or stop) else None
@@ -323,7 +293,7 @@ class Checkpointer:
             self.acc.save_state(str(tmp))  # every process: its RNG state, and its shard under FSDP/DeepSpeed
             self.acc.wait_for_everyone()
             from rlx.models.lora import is_peft, save_adapter
-            from rlx.parallel import gathered_trainable_weights
+            from rlx.runtime.parallel import gathered_trainable_weights
 
             policy = self.acc.unwrap_model(self.acc._models[0])
             adapter = gathered_trainable_weights(policy) if is_peft(policy) else None  # FSDP2: every rank gathers

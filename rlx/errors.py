@@ -1,0 +1,73 @@
+"""The error types every module raises, in one leaf module (it imports nothing from rlx).
+
+Each maps to one `error:` line and an exit code at the command line (rlx/cli/train.py EXIT_CODES):
+UserError, RunInUse -> 2 (the user's command or config); the others -> 1 (a fault met while running).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_progress = {"step": None}  # the training step in progress, for messages about a failure inside it
+
+
+def set_current_step(step: int | None) -> None:
+    _progress["step"] = step
+
+
+def current_step() -> int | None:
+    """The training step in progress in this process (None before a loop restored its checkpoint)."""
+    return _progress["step"]
+
+
+class UserError(Exception):
+    """A mistake in the user's command or config: printed as one line, exit code 2."""
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print `error: message` to stderr and exit (no traceback)."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+class RunInUse(Exception):
+    """Another live process holds the run directory's lock."""
+
+
+class EnvError(ValueError):
+    """The env config names no loadable environment (one line for the user)."""
+
+
+class RewardError(Exception):
+    """A reward function failed or returned something that is not one score (float or None) per completion."""
+
+
+class NonFiniteError(Exception):
+    """NaN or inf in the loss, a gradient norm or the weights: the run stops before the optimizer step."""
+
+    def __init__(self, what: str, value: float | None = None):
+        step = current_step()
+        at = f" at step {step}" if step is not None else ""
+        shown = f" ({value})" if value is not None else ""
+        super().__init__(
+            f"{what} is not finite{shown}{at}; stopped before the optimizer step, no checkpoint holds it. "
+            f"Usual causes: a learning rate too high (optim.lr), no gradient clipping (optim.max_grad_norm), "
+            f"a reward returning NaN/inf, or fp16 overflow (hardware.mixed_precision=bf16 or no)")
+        self.what, self.value, self.step = what, value, step
+
+
+class CheckpointWriteError(Exception):
+    """Writing a checkpoint failed (e.g. disk full); the partial folder is removed, earlier checkpoints stay."""
+
+
+class CheckpointDamaged(Exception):
+    """A checkpoint folder whose files do not match their recorded checksums, or do not load."""
+
+
+class TrainingInterrupted(Exception):
+    """Raised after the checkpoint written on Ctrl-C / SIGTERM; carries the step it stopped at."""
+
+    def __init__(self, step: int, path: Path):
+        super().__init__(f"interrupted after step {step}; checkpoint {path}")
+        self.step, self.path = step, path

@@ -1,0 +1,14 @@
+"""Packaging beyond pyproject.toml: conf/ and recipes/ live at the repository root and are mapped into the wheel
+as the package data folders rlx/conf and rlx/recipes at build time (not copied in git). rlx.config.paths finds
+them inside the installed package, or at the root of a source checkout (editable install). Data folders are
+listed as namespace packages so that setuptools carries them without its "Package would be ignored" warning."""
+
+from setuptools import find_namespace_packages, setup
+
+code = find_namespace_packages(include=["rlx", "rlx.*", "hydra_plugins", "hydra_plugins.*"], exclude=["*.__pycache__"])
+conf = ["rlx.conf"] + [f"rlx.conf.{name}" for name in find_namespace_packages(where="conf")]
+setup(
+    packages=code + conf + ["rlx.recipes"],
+    package_dir={"rlx.conf": "conf", "rlx.recipes": "recipes"},
+    package_data={"": ["*.yaml", "*.json", "*.txt", "*.safetensors", "*.jsonl", "*.jinja", "*.model"]},
+)
