@@ -31,7 +31,7 @@ RUNS = {
                      "packed_forward=true", "micro_batch_tokens=2048", "rollout.temperature=0.8"],
     "dapo": ["algorithm=dapo", "steps=6", "eval.every=3"],
     "mc_grpo_forking": ["algorithm=mc_grpo", "algorithm.forking_rho=0.5", "steps=6", "eval.every=3"],
-    "rloo_kl_reward": ["algorithm=rloo", "algorithm.kl_coef=0.05", "algorithm.kl_in=reward", "steps=6", "eval.every=3"],
+    "rloo_kl_reward": ["algorithm=rloo", "algorithm.kl_coef=0.05", "algorithm.kl_in=reward", "algorithm.kl_estimator=k1", "steps=6", "eval.every=3"],
     "ppo": ["algorithm=ppo", "steps=6", "eval.every=3"],
     "sft": ["algorithm=sft", "steps=20", "eval.every=10"],
     "dpo": ["algorithm=dpo", "data=prefs", "steps=10", "eval.every=5"],
