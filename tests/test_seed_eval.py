@@ -113,9 +113,9 @@ def test_crossover_k_by_hand():
 
 
 def test_solved_set_changes_by_hand():
-    """Per-problem correct counts, trained [3, 0, 1, 0] vs base [0, 2, 1, 0]: problem 0 only the trained model
-    (expand), problem 1 only the base (shrink), problem 2 both, problem 3 neither."""
-    assert solved_set_changes([3, 0, 1, 0], [0, 2, 1, 0]) == {"shrink": 1, "expand": 1, "both": 1, "neither": 1}
+    """Per-problem correct counts, trained [3, 0, 1, 0, 2] vs base [0, 2, 1, 0, 0]: problems 0 and 4 only the
+    trained model (expand 2), problem 1 only the base (shrink 1), problem 2 both, problem 3 neither."""
+    assert solved_set_changes([3, 0, 1, 0, 2], [0, 2, 1, 0, 0]) == {"shrink": 1, "expand": 2, "both": 1, "neither": 1}
 
 
 def _records(counts, n=4):

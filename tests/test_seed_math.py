@@ -172,16 +172,18 @@ def test_laser_d_buckets_and_targets_by_hand():
     """Buckets by group pass rate: [T, T, T] 1 -> easy (0); [T, F, F] 1/3 -> medium (1); [F, F, F] -> hard (2);
     [T, T, F] 2/3 -> easy.
     Targets, n = 6 samples per prompt (lower_n = floor(2n/3) 4 easy, floor(n/3) 2 medium, 1 hard),
-    candidates [3, 5, 9, 12], expected_correct 2:
+    candidates [3, 5, 9, 10, 12], expected_correct 2:
       easy group lengths [2, 3, 4, 8, 9, 10]: coverage(3) = 2/6 -> floor(1.33) = 1 < 2; coverage(5) = 3/6 ->
         floor(2.0) = 2 -> target 5.
-      medium group [6..11]: coverage(9) = 4/6 -> floor(1.33) = 1; coverage(12) = 1 -> 2 -> target 12.
+      medium group [6..11]: coverage(9) = 4/6 -> floor(1.33) = 1; coverage(10) = 5/6 -> floor(1.67) = 1 (the
+        authors floor, not round); coverage(12) = 1 -> 2 -> target 12.
       hard group all length 1: coverage 1 -> floor(1 x 1) = 1 < 2 at every candidate -> fallback 12."""
     correct = T([True, True, True, True, False, False, False, False, False, True, True, False])
     assert difficulty_buckets(correct, fixed_groups(12, 3)).tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 0, 0, 0]
     lengths = T([2, 3, 4, 8, 9, 10, 6, 7, 8, 9, 10, 11, 1, 1, 1, 1, 1, 1])
     correct = T([True] * 5 + [False] + [True] * 2 + [False] * 4 + [False] * 6)
-    targets = laser_d_targets(lengths, correct, fixed_groups(18, 6), [3, 5, 9, 12], samples_per_prompt=6, expected_correct=2)
+    targets = laser_d_targets(lengths, correct, fixed_groups(18, 6), [3, 5, 9, 10, 12], samples_per_prompt=6,
+                              expected_correct=2)
     assert targets.tolist() == [5, 12, 12]
 
 
@@ -222,16 +224,16 @@ def test_unlikeliness_direction_the_rare_correct_sample_gets_the_largest_advanta
 
 
 def test_agrae_matches_the_authors_formula_by_hand():
-    """Groups of 2: [1, 0] (p 0.5), [0, 0] (p 0), [1, 1] (p 1); p_bar = (0.5 + 0 + 1) / 3 = 0.5.
-    GRPO advantages of [1, 0]: mean 0.5, unbiased std 0.707107 -> +-0.707107 (others 0).
-    A' = (1 - 0.5) 0.5 A / (1 - sqrt 0.5) + 0.5 x 0.5 A / sqrt 0.5 = 0.25 A / 0.292893 + 0.25 A / 0.707107
-       = A (0.853553 + 0.353553) -> for A = 0.707107: 0.603553 + 0.25 = 0.853553.
-    Positive: x min(1, p_bar / alpha) = 0.5 (alpha 1) -> 0.426777; negative: -0.853553 undamped.
-    alpha 0.5: min(1, 1) = 1 -> +0.853553. Zero advantages stay 0 (also at p = 1, 0 / eps)."""
-    rewards, groups = T([1.0, 0, 0, 0, 1, 1]), fixed_groups(6, 2)
+    """Groups of 2: [1, 0] (p 0.5), [0, 0] (p 0), [0, 0] (p 0); p_bar = 0.5 / 3 = 1/6 (not 1/2, where the two
+    terms would be symmetric). GRPO advantages of [1, 0]: mean 0.5, unbiased std 0.707107 -> +-0.707107.
+    A' = (1 - 1/6) 0.5 A / (1 - sqrt 0.5) + (1/6) 0.5 A / sqrt 0.5
+       = 0.833333 x 0.353553 / 0.292893 + 0.166667 x 0.353553 / 0.707107 = 1.005922 + 0.083333 = 1.089256.
+    Positive: x min(1, p_bar / alpha) = 1/6 (alpha 1) -> 0.181543; alpha 0.5: x 1/3 -> 0.363085;
+    negative: -1.089256 undamped. Zero advantages stay 0."""
+    rewards, groups = T([1.0, 0, 0, 0, 0, 0]), fixed_groups(6, 2)
     advantages = group_advantages(rewards, 2)
-    assert close(agrae_advantages(advantages, rewards, groups, alpha=1.0), [0.426777, -0.853553, 0, 0, 0, 0])
-    assert close(agrae_advantages(advantages, rewards, groups, alpha=0.5), [0.853553, -0.853553, 0, 0, 0, 0])
+    assert close(agrae_advantages(advantages, rewards, groups, alpha=1.0), [0.181543, -1.089256, 0, 0, 0, 0])
+    assert close(agrae_advantages(advantages, rewards, groups, alpha=0.5), [0.363085, -1.089256, 0, 0, 0, 0])
 
 
 def test_pass_at_k_advantages_by_hand():
