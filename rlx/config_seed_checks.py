@@ -36,7 +36,7 @@ def check_seed_settings(cfg: DictConfig) -> None:
     if "pass_at_k" in algo.transforms and shaping.pass_k > samples:
         raise UserError(f"algorithm.shaping.pass_k={shaping.pass_k} needs at least that many samples per prompt: "
                         f"rollout.samples_per_prompt={samples}")
-    uses_backward, uses_forward = "noise_backward" in algo.shapers, "noise_forward" in algo.transforms
+    uses_backward = "noise_backward" in algo.shapers
     if uses_backward and shaping.assumed_fp_rate + shaping.assumed_fn_rate >= 1:
         raise UserError(f"algorithm.shaping.assumed_fp_rate + assumed_fn_rate = "
                         f"{shaping.assumed_fp_rate + shaping.assumed_fn_rate:g} must be below 1 for noise_backward")
