@@ -167,7 +167,7 @@ OUTCOME_ESTIMATORS = {
     "reinforce_pp": lambda r, g, scale, eps, **_: _all_kept(reinforce_pp_advantages(r, g, False, eps)),
     "reinforce_pp_baseline": lambda r, g, scale, eps, **_: _all_kept(reinforce_pp_advantages(r, g, True, eps)),
     "median": lambda r, g, scale, eps, **_: median_advantages(r, g, scale, eps),
-    "ngrpo": _ngrpo,  # NGRPO (Nan et al. 2025): k virtual max-reward samples in the group statistics (ngrpo.py)
+    "ngrpo": _ngrpo,  # NGRPO (2025): k virtual max-reward samples in the group statistics (ngrpo.py)
 }
 ESTIMATORS = (*OUTCOME_ESTIMATORS, "gae")  # gae: the PPO loop's own (needs a critic)
 

@@ -1,6 +1,6 @@
 """NGRPO: all-wrong groups carry a learning signal, and dynamic sampling chooses which groups to drop.
 
-Nan et al. 2025, "NGRPO: Negative-enhanced Group Relative Policy Optimization" (seed listing 001). The
+"NGRPO: Negative-enhanced Group Relative Policy Optimization" (seed listing 001). The
 formula follows the authors' code (nangongrui-ngr/NGRPO, verl/trainer/ppo/core_algos.py
 compute_ngrpo_outcome_advantage; train_scripts/train_qwen2.5-math-7b_ngrpo.sh: max_reward 1.0,
 add_max_reward_num 1, clip_ratio_low 0.16, clip_ratio_high 0.24, filter_groups.strategy all_correct).

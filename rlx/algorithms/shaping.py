@@ -203,7 +203,7 @@ def concise_shaping(rewards, signals: GroupSignals, *, length_alpha: float = 0.5
 
 
 def unlikeliness_rewards(rewards: torch.Tensor, mean_logp: torch.Tensor, groups: torch.Tensor, beta: float) -> torch.Tensor:
-    """Unlikeliness reward (He et al. 2025, "Rewarding the Unlikely: Lifting GRPO Beyond Distribution
+    """Unlikeliness reward ("Rewarding the Unlikely: Lifting GRPO Beyond Distribution
     Sharpening"; the authors' code AndreHe02/rewarding-unlikely-release, ray_lean_trainer.py
     _compute_advantages, lean.rank_penalty = 0.25):
         rank_i = position of m_i in its group sorted ascending (0 = the LEAST likely sample)
@@ -265,7 +265,7 @@ def noise_backward_shaping(rewards, signals: GroupSignals, *, assumed_fp_rate: f
 
 
 def par_rewards(rewards: torch.Tensor, reference_rewards: torch.Tensor) -> torch.Tensor:
-    """Preference As Reward (Fu et al. 2025, "Reward Shaping to Mitigate Reward Hacking in RLHF"):
+    """Preference As Reward ("Reward Shaping to Mitigate Reward Hacking in RLHF"):
         r_RL = (1 / M) sum_m sigmoid(r(x, y) - r(x, y_ref,m))
     with y_ref,m reference responses of the prompt (from the starting policy; M = 1 suffices, per the
     paper). Bounded in (0, 1), steepest near the reference reward, flat for outliers: a monotone but

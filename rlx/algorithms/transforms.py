@@ -32,7 +32,7 @@ def apply_transforms(names, advantages: torch.Tensor, rewards: torch.Tensor, sig
 
 def agrae_advantages(advantages: torch.Tensor, rewards: torch.Tensor, groups: torch.Tensor, alpha: float = 1.0,
                      eps: float = 1e-6) -> torch.Tensor:
-    """A-GRAE's asymmetric scaling (Yu et al. 2025, "Unveiling Implicit Advantage Symmetry"; the authors'
+    """A-GRAE's asymmetric scaling ("Unveiling Implicit Advantage Symmetry"; the authors'
     code Yu7-code/A-GRAE, verl/trainer/ppo/core_algos.py compute_grpo_outcome_advantage, grpo_weight 2.0):
         p_g  = mean reward of group g,  p_bar = mean of p_g over the batch's groups (each group once)
         A'   = (1 - p_bar) * 0.5 * A / (1 - sqrt(p_g) + eps) + p_bar * 0.5 * A / (sqrt(p_g) + eps)

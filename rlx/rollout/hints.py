@@ -2,11 +2,11 @@
 which groups get a hint, the hint itself (a prefix of the row's reference solution, its length annealed),
 the hinted user message, and the two prompt contexts of a hinted row.
 
-Guide (Nath et al. 2025, "Adaptive Guidance Accelerates Reinforcement Learning of Reasoning Models"):
+Guide ("Adaptive Guidance Accelerates Reinforcement Learning of Reasoning Models"):
 when all G samples of a prompt x fail, re-sample from x + h (h a hint in the context) and train those
 samples with the importance ratio taken in the PLAIN context,
     ratio_t = pi_theta(y_t | x, y_<t) / pi_old(y_t | x + h, y_<t),
-so the update improves the no-hint policy used at test time. SEELE (Li et al. 2025, "Staying in the
+so the update improves the no-hint policy used at test time. SEELE ("Staying in the
 Sweet Spot") makes the hint a prefix of the reference solution whose length is tuned; rlx anneals the
 fraction linearly (SEELE fits an item-response curve per problem instead: not built). Rows with no
 usable reference are left alone (their group keeps its zero advantage).
