@@ -106,6 +106,6 @@ def test_invalid_action_penalty():
 
 
 def test_registry_names():
-    assert set(CREDIT) == {"trajectory", "gigpo", "turn"}
+    assert set(CREDIT) == {"trajectory", "gigpo", "turn", "loo", "gra", "hgpo"}  # the last three: agent_credit.py
     with pytest.raises(ValueError, match="valid choices"):
         grouped_advantages(torch.ones(2), torch.zeros(2, dtype=torch.long), "batch")

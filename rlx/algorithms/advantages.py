@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import torch
 
-GROUP_BASELINES = ("grpo", "rloo", "reinforce_pp_baseline", "median")  # need >= 2 samples per prompt
+from rlx.algorithms.grouping import fixed_groups
+from rlx.algorithms.ngrpo import ngrpo_advantages
+
+GROUP_BASELINES = ("grpo", "rloo", "reinforce_pp_baseline", "median", "ngrpo")  # need >= 2 samples per prompt
 
 
 def _grouped(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -134,26 +137,37 @@ def median_advantages(
 
 
 def outcome_advantages(
-    rewards: torch.Tensor, group_size: int, estimator: str, scale: str = "group", eps: float = 1e-6
+    rewards: torch.Tensor, group_size: int, estimator: str, scale: str = "group", eps: float = 1e-6, **knobs
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dispatch on the estimator name. Returns advantages (B*G,) and keep (B*G,) bool: which samples
-    enter the policy-gradient loss (all but the median pivots)."""
+    enter the policy-gradient loss (all but the median pivots). knobs: an estimator's own settings
+    (ngrpo: virtual_reward, virtual_samples); the others ignore them."""
     if estimator not in OUTCOME_ESTIMATORS:
         raise ValueError(f"unknown outcome advantage estimator '{estimator}'; valid choices: {', '.join(OUTCOME_ESTIMATORS)}")
-    return OUTCOME_ESTIMATORS[estimator](rewards, group_size, scale, eps)
+    return OUTCOME_ESTIMATORS[estimator](rewards, group_size, scale, eps, **knobs)
 
 
 def _all_kept(advantages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return advantages, torch.ones_like(advantages, dtype=torch.bool)
 
 
-# outcome estimators: fn(rewards (B*G,), group_size, scale, eps) -> (advantages (B*G,), keep (B*G,) bool)
+def _ngrpo(rewards, group_size, scale, eps, virtual_reward=1.0, virtual_samples=1, **_):
+    if scale != "group":  # the paper defines the group std only
+        raise ValueError(f"algorithm.advantage=ngrpo normalises by the std of the augmented group: set algorithm.scale=group "
+                         f"(got {scale})")
+    advantages, _metrics = ngrpo_advantages(rewards, fixed_groups(rewards.numel(), group_size), virtual_reward,
+                                            virtual_samples, eps)
+    return _all_kept(advantages)
+
+
+# outcome estimators: fn(rewards (B*G,), group_size, scale, eps, **knobs) -> (advantages (B*G,), keep (B*G,) bool)
 OUTCOME_ESTIMATORS = {
-    "grpo": lambda r, g, scale, eps: _all_kept(group_advantages(r, g, scale, eps)),
-    "rloo": lambda r, g, scale, eps: _all_kept(rloo_advantages(r, g)),
-    "reinforce_pp": lambda r, g, scale, eps: _all_kept(reinforce_pp_advantages(r, g, False, eps)),
-    "reinforce_pp_baseline": lambda r, g, scale, eps: _all_kept(reinforce_pp_advantages(r, g, True, eps)),
-    "median": median_advantages,
+    "grpo": lambda r, g, scale, eps, **_: _all_kept(group_advantages(r, g, scale, eps)),
+    "rloo": lambda r, g, scale, eps, **_: _all_kept(rloo_advantages(r, g)),
+    "reinforce_pp": lambda r, g, scale, eps, **_: _all_kept(reinforce_pp_advantages(r, g, False, eps)),
+    "reinforce_pp_baseline": lambda r, g, scale, eps, **_: _all_kept(reinforce_pp_advantages(r, g, True, eps)),
+    "median": lambda r, g, scale, eps, **_: median_advantages(r, g, scale, eps),
+    "ngrpo": _ngrpo,  # NGRPO (2025): k virtual max-reward samples in the group statistics (ngrpo.py)
 }
 ESTIMATORS = (*OUTCOME_ESTIMATORS, "gae")  # gae: the PPO loop's own (needs a critic)
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import torch
 
+from rlx.algorithms.agent_credit import AGENT_CREDIT
+
 # the denominator s of the grouped advantage: fn(std (K,), eps) -> s, broadcastable to (K,)
 SCALE_REGISTRY = {"group": lambda std, eps: std + eps, "none": lambda std, eps: 1.0}
 SCALES = tuple(SCALE_REGISTRY)
@@ -139,4 +141,5 @@ def turn_advantages(episode_group, step_episode, step_rewards, step_anchor=None,
 
 
 # algorithm.credit selects one; each takes (episode_group, step_episode, step_rewards, step_anchor, **knobs)
-CREDIT = {"trajectory": trajectory_advantages, "gigpo": gigpo_advantages, "turn": turn_advantages}
+CREDIT = {"trajectory": trajectory_advantages, "gigpo": gigpo_advantages, "turn": turn_advantages,
+          **AGENT_CREDIT}  # loo | gra | hgpo (rlx/algorithms/agent_credit.py, issue 29)

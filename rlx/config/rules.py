@@ -10,6 +10,7 @@ import torch
 from omegaconf import DictConfig
 
 from rlx.config.schema import check_config
+from rlx.config.seed_rules import check_agent_seed_settings, check_seed_settings
 from rlx.errors import UserError
 
 
@@ -264,9 +265,9 @@ def check_device(hardware) -> None:
 
 # algorithm.family -> the cross-field rules of its knobs, run in order after the common ones
 FAMILY_CHECKS = {
-    "policy_gradient": (check_policy_gradient_settings, check_rollout_batch),
-    "ppo": (check_policy_gradient_settings, check_rollout_batch),
-    "agent": (check_agent_settings,),  # data-parallel like the policy-gradient loop (hardware=ddp)
+    "policy_gradient": (check_policy_gradient_settings, check_rollout_batch, check_seed_settings),
+    "ppo": (check_policy_gradient_settings, check_rollout_batch, check_seed_settings),
+    "agent": (check_agent_settings, check_agent_seed_settings),  # data-parallel like the policy-gradient loop (hardware=ddp)
     "agent_sft": (check_agent_sft_settings,),  # data-parallel too (hardware=ddp)
     "sft": (),
     "preference": (check_preference_settings,),

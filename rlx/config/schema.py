@@ -40,9 +40,15 @@ from rlx.algorithms.gigpo import CREDIT
 from rlx.algorithms.gigpo import SCALES as AGENT_SCALES
 from rlx.algorithms.kl import KL_ESTIMATORS, KL_PLACEMENTS
 from rlx.algorithms.losses import LOSS_AGGREGATIONS, RATIO_LEVELS
+from rlx.algorithms.ngrpo import DROP_STRATEGIES
 from rlx.algorithms.preference import PREFERENCE_LOSSES
+from rlx.algorithms.shaping import SHAPERS
+from rlx.algorithms.transforms import TRANSFORMS
+from rlx.data.difficulty import SAMPLING_WEIGHTS
 from rlx.data.tasks import DATA_SOURCES
 from rlx.errors import UserError
+from rlx.rollout.replay import TRIGGERS
+from rlx.rollout.temperature import TEMPERATURE_SCHEDULES
 from rlx.tasks import VERIFIERS
 
 
@@ -94,6 +100,14 @@ OnInvalid = choices("OnInvalid", ("raise", "skip"))  # rlx.data.preferences.ON_I
 Reference = choices("Reference", ("precompute", "model"))
 WandbMode = choices("WandbMode", ("online", "offline", "disabled"))
 Progress = Literal["auto", True, False]
+# the seed ideas (issue 29): registry-backed too
+Shaper = choices("Shaper", SHAPERS.names())
+Transform = choices("Transform", TRANSFORMS.names())
+DropStrategy = choices("DropStrategy", DROP_STRATEGIES.names())
+PromptSamplingMode = choices("PromptSamplingMode", SAMPLING_WEIGHTS.names())
+ReplayTrigger = choices("ReplayTrigger", TRIGGERS.names())
+HintSource = choices("HintSource", ("answer", "column"))  # rlx.rollout.hints.reference_solution
+TemperatureMode = choices("TemperatureMode", TEMPERATURE_SCHEDULES.names())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -189,6 +203,19 @@ class Model:
 
 
 @dataclass
+class TemperatureSchedule:
+    """rollout.temperature_schedule: per-token temperature within a generation (rlx/rollout/temperature.py)."""
+
+    mode: TemperatureMode = field()
+    tau_max: float = positive()
+    tau_min: float = positive()
+    warmup_tokens: int = num(0)
+    decay_d0: float = positive()
+    decay_per_step: float = num(0)
+    decay_max: float = positive()
+
+
+@dataclass
 class Rollout:
     """rollout=hf: generation by the policy itself (conf/rollout/hf.yaml)."""
 
@@ -202,6 +229,7 @@ class Rollout:
     min_new_tokens: int = num(0)
     sampler: Sampler = field()
     onednn_decode: bool = field()
+    temperature_schedule: TemperatureSchedule = field()
 
 
 @dataclass
@@ -361,6 +389,66 @@ class Algorithm:
 
 
 @dataclass
+class SeedShaping:
+    """algorithm.shaping: knobs of the shapers and advantage transforms (conf/algorithm/grpo.yaml)."""
+
+    length_alpha: float = num(0)
+    target_tokens: int = num(1)
+    adapt_every: int = num(1)
+    target_candidates: list[int] = num(1)
+    expected_correct: int = num(1)
+    unlikeliness_beta: float = fraction()
+    assumed_fp_rate: float = fraction(high_open=True)
+    assumed_fn_rate: float = fraction(high_open=True)
+    agrae_alpha: float = positive()
+    pass_k: int = num(1)
+    efficiency_weight: float = num(0)
+
+
+@dataclass
+class VerifierNoise:
+    """algorithm.verifier_noise: synthetic verifier errors for controlled studies."""
+
+    fn_rate: float = fraction(high_open=True)
+    fp_rate: float = fraction(high_open=True)
+
+
+@dataclass
+class PromptSampling:
+    """algorithm.prompt_sampling: difficulty-aware prompt draws (rlx/data/difficulty.py)."""
+
+    mode: PromptSamplingMode = field()
+    ema: float = fraction(low_open=True)
+    eps: float = num(0)
+    prior: float = fraction()
+    retire_after: int = num(0)
+
+
+@dataclass
+class Replay:
+    """algorithm.replay: replay into collapsed groups (rlx/rollout/replay.py)."""
+
+    enabled: bool = field()
+    trigger: ReplayTrigger = field()
+    per_prompt: int = num(1)
+    max_age: int = num(0)
+
+
+@dataclass
+class Hints:
+    """algorithm.hints: hints for all-fail groups (rlx/rollout/hints.py)."""
+
+    enabled: bool = field()
+    source: HintSource = field()
+    column: str | None = field()
+    fraction_start: float = fraction()
+    fraction_end: float = fraction()
+    anneal_steps: int = num(0)
+    samples: int = num(1)
+    template: str = field()
+
+
+@dataclass
 class PolicyGradient(Algorithm):
     """family policy_gradient (conf/algorithm/grpo.yaml and the presets extending it)."""
 
@@ -390,6 +478,17 @@ class PolicyGradient(Algorithm):
     overlong_weight: float = num(0)
     epochs: int = num(1)
     mini_batches: int = num(1)
+    # seed ideas (issue 29)
+    virtual_reward: float = field()
+    virtual_samples: int = num(1)
+    dynamic_sampling_drop: DropStrategy = field()
+    shapers: list[Shaper] = field()
+    transforms: list[Transform] = field()
+    shaping: SeedShaping = field()
+    verifier_noise: VerifierNoise = field()
+    prompt_sampling: PromptSampling = field()
+    replay: Replay = field()
+    hints: Hints = field()
 
 
 @dataclass
@@ -405,6 +504,15 @@ class PPO(PolicyGradient):
     gamma: float = fraction()
     lam: float = fraction()
     whiten_advantages: bool = field()
+
+
+@dataclass
+class EntropySmoothing:
+    """algorithm.entropy_smoothing (agent family): EPO-style entropy band (rlx/algorithms/entropy_band.py)."""
+
+    coef: float = num(0)
+    low: float = num(0)
+    high: float = positive()
 
 
 @dataclass
@@ -429,6 +537,11 @@ class Agent(Algorithm):
     mask_truncated: bool = field()
     epochs: int = num(1)
     mini_batches: int = num(1)
+    # seed ideas (issue 29)
+    gate_threshold: float | None = field()
+    hgpo_depth: int = num(0)
+    hgpo_alpha: float = num(0)
+    entropy_smoothing: EntropySmoothing = field()
 
 
 @dataclass
@@ -678,6 +791,13 @@ def _check_value(name: str, value, kind, meta: dict, config_name: str, derived: 
         return
     if any(_fits(value, k, meta) for k in kinds):
         return
+    named_lists = [typing.get_args(k)[0] for k in kinds if typing.get_origin(k) is list
+                   and isinstance(typing.get_args(k)[0], type) and issubclass(typing.get_args(k)[0], enum.Enum)]
+    if named_lists and isinstance(value, ListConfig):  # a list of registry names: name the entry that is not one
+        valid = [m.value for m in named_lists[0]]
+        bad = next((v for v in value if v not in valid), None)
+        if bad is not None:
+            raise UserError(f"unknown {name} entry '{_shown(bad)}'{_nearest(str(bad), valid)}; valid choices: {', '.join(valid)}")
     enums = [k for k in kinds if isinstance(k, type) and issubclass(k, enum.Enum)]
     literals = [a for k in kinds if typing.get_origin(k) is Literal for a in typing.get_args(k)]
     if (enums or literals) and len(kinds) == 1:

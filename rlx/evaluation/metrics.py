@@ -204,3 +204,42 @@ def paired_bootstrap_diff(
     low, high = _percentiles(diffs, confidence)
     point = float(statistic(a) - statistic(b))
     return BootstrapDiff(point, low, high, float(np.mean(diffs > 0)))
+
+
+# --------------------------------------------------------------------------------------------
+# Does training narrow the support? Crossover k and solved-set changes (compare=)
+# --------------------------------------------------------------------------------------------
+
+
+def mean_pass_at_k(num_samples: Sequence[int] | np.ndarray, num_correct: Sequence[int] | np.ndarray, k: int) -> float:
+    """The benchmark pass@k: the mean over problems of the unbiased per-problem pass@k."""
+    return float(np.mean(pass_at_k_per_problem(num_samples, num_correct, k)))
+
+
+def crossover_k(model_samples, model_correct, base_samples, base_correct, ks: Sequence[int] | None = None) -> int | None:
+    """The smallest k at which the base model's pass@k reaches the trained model's (base >= trained), the
+    crossover of Yue et al. 2025 ("Does Reinforcement Learning Really Incentivize Reasoning Capacity in
+    LLMs Beyond the Base Model?"): RL raises pass@1 but the base catches up and overtakes at large k.
+    Both on the same problems (arrays aligned by problem). ks: the k tried, ascending (default 1..n_min,
+    n_min the fewest samples any problem has). 1 when the base is never behind; None when the trained
+    model stays ahead at every k tried. Example: trained c = [2, 2] of n = 2, base c = [2, 0] of 2:
+    pass@1 1.0 vs 0.5, pass@2 1.0 vs 0.5 -> None; base c = [1, 1]: pass@1 0.5, pass@2 1.0 -> k = 2."""
+    smallest = int(min(np.min(model_samples), np.min(base_samples)))
+    for k in (list(ks) if ks is not None else range(1, smallest + 1)):
+        if mean_pass_at_k(base_samples, base_correct, k) >= mean_pass_at_k(model_samples, model_correct, k):
+            return int(k)
+    return None
+
+
+def solved_set_changes(model_correct, base_correct) -> dict[str, int]:
+    """How the set of problems solved at least once (pass@n, n = all samples drawn) changed from the base
+    to the trained model (the support shrinkage / expansion of Yue et al. 2025 and "The Invisible Leash"):
+      shrink  solved by the base only          expand  solved by the trained model only
+      both    solved by both                   neither solved by neither
+    model_correct, base_correct: (P,) correct-sample counts per problem, aligned by problem."""
+    model = np.asarray(model_correct).reshape(-1) > 0
+    base = np.asarray(base_correct).reshape(-1) > 0
+    if model.shape != base.shape:
+        raise ValueError(f"solved sets need the same problems: {model.size} vs {base.size}")
+    return {"shrink": int((base & ~model).sum()), "expand": int((model & ~base).sum()),
+            "both": int((model & base).sum()), "neither": int((~model & ~base).sum())}

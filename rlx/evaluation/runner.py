@@ -35,10 +35,12 @@ from rlx.evaluation.agents import per_task_values
 from rlx.evaluation.benchmarks import Benchmark
 from rlx.evaluation.metrics import (
     bootstrap_ci,
+    crossover_k,
     majority_vote,
     mean_at_k,
     paired_bootstrap_diff,
     pass_at_k,
+    solved_set_changes,
 )
 from rlx.rollout.hf import eos_ids
 from rlx.rollout.vllm import build_engine
@@ -334,7 +336,24 @@ def summarize(records_by_role: dict[str, list[dict]], metrics_cfg, values_fn=per
             b = values["compare"][name][[index["compare"][i] for i in shared]]  # (P,)
             d = paired_bootstrap_diff(a, b, **boot)
             out["diff"][name] = {"value": d.diff, "low": d.low, "high": d.high, "frac_positive": d.frac_positive}
+        if shared and all("scores" in r for recs in records_by_role.values() for r in recs):
+            out["support"] = support_changes([records_by_role["model"][index["model"][i]] for i in shared],
+                                             [records_by_role["compare"][index["compare"][i]] for i in shared],
+                                             float(metrics_cfg.correct_threshold))
     return out
+
+
+def support_changes(model_records: list[dict], compare_records: list[dict], threshold: float) -> dict:
+    """Crossover k (where the compare= model's pass@k reaches the model's) and solved-set changes from the
+    compare= model to the model, over the same problems (rlx/evaluation/metrics.py). n: samples per problem."""
+    def counts(records):
+        return (np.array([len(r["scores"]) for r in records]),
+                np.array([sum(s >= threshold for s in r["scores"]) for r in records]))
+
+    (n_model, c_model), (n_compare, c_compare) = counts(model_records), counts(compare_records)
+    samples = int(min(n_model.min(), n_compare.min())) if len(model_records) else 0
+    crossover = crossover_k(n_model, c_model, n_compare, c_compare) if samples else None
+    return {"samples": samples, "crossover_k": crossover, **solved_set_changes(c_model, c_compare)}
 
 
 def _metric_order(name: str) -> tuple:
@@ -371,6 +390,22 @@ def render_table(summary: dict, labels: dict[str, str], confidence: float):
                         f"{diff['frac_positive']:.3f}" if diff else "-"]
             table.add_row(*row)
     return table
+
+
+def support_lines(summary: dict, labels: dict[str, str]) -> list[str]:
+    """One line per benchmark with compare=: the crossover k and the solved-set changes (support_changes)."""
+    lines = []
+    for bench, result in summary["benchmarks"].items():
+        support = result.get("support")
+        if not support or not support["samples"]:
+            continue
+        k = support["crossover_k"]
+        crossing = (f"{labels['compare']} reaches {labels['model']}'s pass@k at k = {k}" if k is not None else
+                    f"{labels['model']} stays ahead up to k = {support['samples']}")
+        lines.append(f"{bench}: {crossing}; solved at least once in {support['samples']} samples: by {labels['model']} only "
+                     f"{support['expand']} (expand), by {labels['compare']} only {support['shrink']} (shrink), "
+                     f"both {support['both']}, neither {support['neither']}")
+    return lines
 
 
 def _k_ticks(ax, ks: list[int]) -> None:
@@ -581,6 +616,8 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     console = Console(record=True, width=160)
     console.print(render_table(summary, labels, float(cfg.metrics.confidence)))
+    for line in support_lines(summary, labels):
+        console.print(line)
     (out_dir / "summary.txt").write_text(console.export_text())
     if cfg.plot:
         plot_pass_at_k(summary, labels, out_dir / "plots" / "pass_at_k.png")

@@ -3,7 +3,9 @@
 Writes into --out (default: <first dir>/report):
     curves.png       learning curves: mean over seeds and a 95% Student-t band, one panel per metric
     aggregates.csv   per configuration and final metric: seeds, mean, IQM and its stratified bootstrap CI
-    summary.md       the same as markdown, plus the probability of improvement between configurations
+    profiles.png     performance profiles of the first metric (fraction of runs above tau), with bands
+    summary.md       the same as markdown, plus the probability of improvement between configurations,
+                     the optimality gap (rlx/report/profiles.py) and, with --adastop, AdaStop's decisions
 
 Statistics follow Agarwal et al. 2021 ("Deep RL at the Edge of the Statistical Precipice"): the
 interquartile mean of final scores with a stratified percentile bootstrap interval, and
@@ -17,7 +19,10 @@ import csv
 import math
 from pathlib import Path
 
+import numpy as np
+
 from rlx.errors import UserError
+from rlx.report.profiles import default_taus, optimality_gap_ci, performance_profile_ci
 from rlx.report.runs import Group, common_overrides, find_runs, group_runs
 from rlx.report.stats import (
     align_curves,
@@ -113,11 +118,63 @@ def plot_curves(groups: list[Group], metrics: list[str], out: Path) -> Path | No
     return path
 
 
+def final_scores(groups: list[Group], metric: str, seed_order: bool = False) -> dict[str, list[float]]:
+    """Configuration id -> the finite final values of its finished runs (in seed order when asked)."""
+    out = {}
+    for group in groups:
+        runs = [r for r in group.runs if not r.failed]
+        if seed_order:
+            runs = sorted(runs, key=lambda r: (r.seed is None, r.seed if r.seed is not None else 0, str(r.path)))
+        values = [v for v in (r.final_value(metric) for r in runs) if v is not None]
+        if values:
+            out[group.name] = values
+    return out
+
+
+def profiles(groups: list[Group], metric: str, gamma: float, n_resamples: int = 2000, seed: int = 0) -> dict:
+    """Optimality gap (with CI) per configuration and the performance profiles of `metric`'s final values
+    on a shared tau grid (Agarwal et al. 2021, rlx/report/profiles.py)."""
+    finals = final_scores(groups, metric)
+    taus = default_taus([np.asarray(v) for v in finals.values()])
+    gaps, curves = {}, {}
+    for name, values in finals.items():
+        gaps[name] = optimality_gap_ci(values, gamma, n_resamples=n_resamples, seed=seed)
+        curves[name] = performance_profile_ci(values, taus, n_resamples=n_resamples, seed=seed)
+    return {"metric": metric, "gamma": gamma, "taus": taus, "gaps": gaps, "curves": curves}
+
+
+def plot_profiles(result: dict, groups: list[Group], out: Path) -> Path | None:
+    if not result["curves"]:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = {g.name: g.label for g in groups}
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for name, (profile, low, high) in result["curves"].items():
+        line = ax.step(result["taus"], profile, where="post", label=f"{name}: {labels.get(name, '')}")[0]
+        ax.fill_between(result["taus"], low, high, step="post", color=line.get_color(), alpha=0.2)
+    ax.set_xlabel(f"tau ({result['metric']})")
+    ax.set_ylabel("fraction of runs with score > tau")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title("performance profile, 95% stratified bootstrap band", fontsize=9)
+    fig.tight_layout()
+    path = out / "profiles.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _f(value) -> str:
     return f"{value:.3f}" if isinstance(value, float) and math.isfinite(value) else "-"
 
 
-def markdown(groups: list[Group], rows: list[dict], comparisons: list[dict], plot: Path | None, sources: list[Path]) -> str:
+def markdown(groups: list[Group], rows: list[dict], comparisons: list[dict], plot: Path | None, sources: list[Path],
+             profile: dict | None = None, profile_plot: Path | None = None, adastop: dict | None = None) -> str:
     lines = ["# rlx report", "", "Runs from: " + ", ".join(f"`{s}`" for s in sources), ""]
     common = common_overrides(groups)
     if common:
@@ -140,6 +197,24 @@ def markdown(groups: list[Group], rows: list[dict], comparisons: list[dict], plo
                   "with a 95% bootstrap CI.", "", "| X | Y | metric | P(X > Y) | 95% CI |", "|---|---|---|---|---|"]
         for c in comparisons:
             lines.append(f"| {c['x']} | {c['y']} | {c['metric']} | {_f(c['p'])} | [{_f(c['ci_low'])}, {_f(c['ci_high'])}] |")
+    if profile is not None and profile["gaps"]:
+        lines += ["", "## Optimality gap and performance profile", "",
+                  f"Optimality gap = {profile['gamma']:g} - mean(min(score, {profile['gamma']:g})) over the runs' final "
+                  f"{profile['metric']} (lower is better; Agarwal et al. 2021), with a 95% stratified bootstrap CI.", "",
+                  "| id | optimality gap | 95% CI |", "|---|---|---|"]
+        for name, (point, low, high) in profile["gaps"].items():
+            lines.append(f"| {name} | {_f(point)} | [{_f(low)}, {_f(high)}] |")
+        if profile_plot is not None:
+            lines += ["", f"![performance profiles]({profile_plot.name})"]
+    if adastop is not None:
+        lines += ["", "## AdaStop", "",
+                  f"Sequential permutation test on {adastop['metric']} (Mathieu et al. 2024; n = {adastop['n']} seeds per "
+                  f"interim, at most K = {adastop['K']} interims, alpha = {adastop['alpha']:g}); interims completed: "
+                  f"{adastop['interims']}.", "", "| pair | decision |", "|---|---|"]
+        lines += [f"| {pair} | {decision} |" for pair, decision in adastop["decisions"].items()]
+        if adastop["needs"]:
+            lines += ["", "Undecided: run more seeds of " + ", ".join(f"{name} (+{more})" for name, more in adastop["needs"].items())
+                      + " and report again."]
     if plot is not None:
         lines += ["", "## Learning curves", "", f"![learning curves]({plot.name})"]
     return "\n".join(lines) + "\n"
@@ -147,8 +222,9 @@ def markdown(groups: list[Group], rows: list[dict], comparisons: list[dict], plo
 
 def write_report(paths: list[Path], out: Path | None = None, metrics: tuple[str, ...] = ("eval/accuracy",),
                  curves: tuple[str, ...] = ("eval/accuracy", "reward/total"), compare: list[tuple[str, str]] | None = None,
-                 n_resamples: int = 2000) -> dict:
-    """Build the report; returns {groups, aggregates, comparisons, plot, summary} with the written paths."""
+                 n_resamples: int = 2000, gamma: float = 1.0, adastop: dict | None = None) -> dict:
+    """Build the report; returns {groups, aggregates, comparisons, plot, profiles, adastop, summary} with the
+    written paths. adastop: {n, K, alpha, B} runs AdaStop on the first metric (rlx/report/adastop.py)."""
     runs = find_runs(paths)
     if not runs:
         raise UserError(f"no run found under {', '.join(map(str, paths))} (a run directory holds metrics.jsonl)")
@@ -158,6 +234,14 @@ def write_report(paths: list[Path], out: Path | None = None, metrics: tuple[str,
     rows = aggregate(groups, list(metrics), n_resamples=n_resamples)
     comparisons = improvements(groups, metrics[0], compare, n_resamples=n_resamples)
     plot = plot_curves(groups, list(curves), out) if curves else None
+    profile = profiles(groups, metrics[0], gamma, n_resamples=n_resamples)
+    profile_plot = plot_profiles(profile, groups, out)
+    decided = None
+    if adastop is not None:
+        from rlx.report.adastop import adastop_compare
+
+        decided = {**adastop_compare(final_scores(groups, metrics[0], seed_order=True), **adastop), **adastop,
+                   "metric": metrics[0]}
     with (out / "aggregates.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["config", "overrides", "metric", "runs", "failed", "mean", "iqm", "ci_low", "ci_high", "values"])
@@ -166,8 +250,9 @@ def write_report(paths: list[Path], out: Path | None = None, metrics: tuple[str,
                              row.get("iqm", ""), row.get("ci_low", ""), row.get("ci_high", ""),
                              " ".join(f"{v:.6g}" for v in row["values"])])
     summary = out / "summary.md"
-    summary.write_text(markdown(groups, rows, comparisons, plot, [Path(p) for p in paths]))
-    return {"groups": groups, "aggregates": rows, "comparisons": comparisons, "plot": plot, "summary": summary}
+    summary.write_text(markdown(groups, rows, comparisons, plot, [Path(p) for p in paths], profile, profile_plot, decided))
+    return {"groups": groups, "aggregates": rows, "comparisons": comparisons, "plot": plot, "profiles": profile,
+            "adastop": decided, "summary": summary}
 
 
 def main(argv: list[str]) -> None:
@@ -185,14 +270,28 @@ def main(argv: list[str]) -> None:
                         help="configuration ids (c1, c2, ...) to compare with P(X > Y); repeatable "
                              "(default: the best configuration against each other one)")
     parser.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (default: 2000)")
+    parser.add_argument("--gamma", type=float, default=1.0,
+                        help="target of the optimality gap of the first metric (default: 1.0, an accuracy's best)")
+    parser.add_argument("--adastop", metavar="N,K", default=None,
+                        help="AdaStop sequential comparison of the configurations on the first metric: N seeds per "
+                             "interim, at most K interims (e.g. 5,5; needs pip install 'rlx[stats]')")
+    parser.add_argument("--adastop-alpha", type=float, default=0.05, help="AdaStop family-wise level (default: 0.05)")
     args = parser.parse_args(argv)
     if args.resamples < 1:
         raise UserError(f"--resamples={args.resamples} must be at least 1")
+    adastop = None
+    if args.adastop is not None:
+        parts = args.adastop.split(",")
+        if len(parts) != 2 or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+            raise UserError(f"--adastop={args.adastop} must be N,K with two positive integers, e.g. --adastop 5,5")
+        if not 0 < args.adastop_alpha < 1:
+            raise UserError(f"--adastop-alpha={args.adastop_alpha} must lie in (0, 1)")
+        adastop = {"n": int(parts[0]), "K": int(parts[1]), "alpha": args.adastop_alpha}
     metrics = tuple(m for m in args.metrics.split(",") if m)
     curves = tuple(m for m in args.curves.split(",") if m)
     if not metrics:
         raise UserError("--metrics is empty; name at least one metric, e.g. --metrics eval/accuracy")
     result = write_report(args.dirs, args.out, metrics, curves, [tuple(p) for p in args.compare] if args.compare else None,
-                          args.resamples)
+                          args.resamples, args.gamma, adastop)
     print(result["summary"].read_text())
     print(f"report: {result['summary']}" + (f"  plot: {result['plot']}" if result["plot"] else "  (no curve to plot)"))

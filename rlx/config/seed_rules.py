@@ -1,0 +1,84 @@
+"""Cross-field rules of the seed-idea knobs (issue 29; conf/algorithm/grpo.yaml and agent_grpo.yaml), added to
+rlx.config.rules.FAMILY_CHECKS. Each stops the run with one line naming the knobs and the fix.
+
+The math behind these knobs exists (rlx/algorithms/ngrpo.py, shaping.py, transforms.py, agent_credit.py,
+entropy_band.py; rlx/data/difficulty.py; rlx/rollout/replay.py, hints.py, temperature.py), but the training
+loops do not call it yet (issue 29 part 2). So that no run silently ignores a knob it was given, a
+non-default value is refused after the value checks, naming what is not wired: `NOT_WIRED` lists them,
+and part 2 empties it as it wires each one.
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from rlx.errors import UserError
+
+# knob -> its default (off); a different value is refused until the loop applies it (issue 29 part 2)
+NOT_WIRED = {
+    "policy_gradient": {
+        "advantage": "ngrpo!",  # '!': refuse this value (the estimator itself runs, its knobs do not reach it yet)
+        "dynamic_sampling_drop": "tied", "shapers": [], "transforms": [], "verifier_noise.fn_rate": 0.0,
+        "verifier_noise.fp_rate": 0.0, "prompt_sampling.mode": "uniform", "replay.enabled": False, "hints.enabled": False,
+    },
+    "agent": {"credit": ("gra!", "hgpo!"), "entropy_smoothing.coef": 0.0},  # loo needs no new knob: it runs today
+    "rollout": {"temperature_schedule.mode": "constant"},
+}
+
+
+def check_seed_settings(cfg: DictConfig) -> None:
+    """The policy-gradient family's seed-idea knobs: values that contradict each other, then the not-wired guard."""
+    algo, samples = cfg.algorithm, cfg.rollout.samples_per_prompt
+    shaping = algo.shaping
+    if algo.advantage == "ngrpo" and algo.scale != "group":
+        raise UserError(f"algorithm.advantage=ngrpo normalises by the std of the augmented group: set algorithm.scale=group "
+                        f"(got {algo.scale})")
+    if "pass_at_k" in algo.transforms and shaping.pass_k > samples:
+        raise UserError(f"algorithm.shaping.pass_k={shaping.pass_k} needs at least that many samples per prompt: "
+                        f"rollout.samples_per_prompt={samples}")
+    uses_backward = "noise_backward" in algo.shapers
+    if uses_backward and shaping.assumed_fp_rate + shaping.assumed_fn_rate >= 1:
+        raise UserError(f"algorithm.shaping.assumed_fp_rate + assumed_fn_rate = "
+                        f"{shaping.assumed_fp_rate + shaping.assumed_fn_rate:g} must be below 1 for noise_backward")
+    if algo.verifier_noise.fn_rate + algo.verifier_noise.fp_rate >= 1:
+        raise UserError("algorithm.verifier_noise.fn_rate + fp_rate must be below 1 (at 1 the verifier carries no information)")
+    standardized = algo.advantage in ("reinforce_pp", "reinforce_pp_baseline") or (
+        algo.advantage == "grpo" and algo.scale in ("group", "batch"))
+    if uses_backward and standardized and list(cfg.reward.components) == [cfg.reward.accuracy]:
+        raise UserError("algorithm.shapers=[noise_backward] is an affine map of a binary reward, which group or batch "
+                        "standardisation cancels exactly; use it with algorithm.scale=none, algorithm=rloo, or beside "
+                        "other reward components (docs/algorithms/seed-ideas.md)")
+    if algo.hints.enabled and algo.hints.source == "column" and not algo.hints.column:
+        raise UserError("algorithm.hints.source=column needs algorithm.hints.column=NAME (the column with the solution)")
+    if "laser_d" in algo.shapers and not shaping.target_candidates:
+        raise UserError("algorithm.shapers=[laser_d] needs algorithm.shaping.target_candidates (budgets to try)")
+    if cfg.rollout.temperature_schedule.mode == "ead" and cfg.rollout.backend != "hf":
+        raise UserError("rollout.temperature_schedule.mode=ead needs per-token temperatures in the decoder: use rollout=hf")
+    _refuse_not_wired(cfg, "policy_gradient")
+
+
+def check_agent_seed_settings(cfg: DictConfig) -> None:
+    """The agent family's seed-idea knobs."""
+    algo = cfg.algorithm
+    if algo.credit == "gra" and algo.gate_threshold is None:
+        raise UserError("algorithm.credit=gra gates step rewards on the outcome: set algorithm.gate_threshold=TAU")
+    smoothing = algo.entropy_smoothing
+    if smoothing.low >= smoothing.high:
+        raise UserError(f"algorithm.entropy_smoothing.low={smoothing.low} must be below high={smoothing.high}")
+    _refuse_not_wired(cfg, "agent")
+
+
+def _value(node, dotted: str):
+    value = OmegaConf.select(node, dotted)
+    return list(value) if isinstance(value, ListConfig) else value
+
+
+def _refuse_not_wired(cfg: DictConfig, family: str) -> None:
+    for group, knobs in (("algorithm", NOT_WIRED[family]), ("rollout", NOT_WIRED["rollout"])):
+        for knob, default in knobs.items():
+            value = _value(cfg[group], knob)
+            refused = (value in [d.rstrip("!") for d in default]) if isinstance(default, tuple) else (
+                value == default.rstrip("!") if isinstance(default, str) and default.endswith("!") else value != default)
+            if refused:
+                raise UserError(f"{group}.{knob}={value} is not wired into the training loop yet (issue 29 part 2): the "
+                                f"math exists (docs/algorithms/seed-ideas.md) but a run would ignore it; leave it at its default")
