@@ -1,9 +1,9 @@
-"""rlx.cli.train.build_parts: the one builder of every part a loop starts from, declared per family (NEEDS)."""
+"""rlx.build.build_parts: the one builder of every part a loop starts from, declared per family (NEEDS)."""
 
 import pytest
 import torch
 
-from rlx.cli.train import FAMILIES, NEEDS, build_parts
+from rlx.build import FAMILIES, NEEDS, build_parts
 from rlx.models.lora import AdapterDisabled, prepare_policy
 from tests.loop_fixtures import (
     components,

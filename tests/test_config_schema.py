@@ -166,7 +166,7 @@ def test_a_ppo_knob_given_to_grpo_is_one_line_naming_ppo(capsys):
 
 
 def test_the_registries_and_the_schema_name_the_same_choices():
-    from rlx.cli.train import LOOPS
+    from rlx.build import LOOPS
     from rlx.config import schema
     from rlx.data.preferences import LAYOUTS, ON_INVALID, PAIR_SOURCES, TRUNCATION_MODES
     from rlx.loops.common import SCHEDULES

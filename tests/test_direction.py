@@ -19,7 +19,7 @@ already far more likely, and then any small update passes).
 import pytest
 import torch
 
-from rlx.cli.train import build_parts
+from rlx.build import build_parts
 from rlx.loops import agent, policy_gradient, ppo, preference, reward_model, sft
 from rlx.models import value as value_models
 from rlx.rollout.types import Generation

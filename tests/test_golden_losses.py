@@ -21,7 +21,7 @@ import math
 import pytest
 import torch
 
-from rlx.cli.train import build_parts
+from rlx.build import build_parts
 from rlx.loops import policy_gradient, ppo, preference, reward_model, sft
 from rlx.models import lora
 from rlx.models import value as value_models

@@ -143,8 +143,8 @@ def test_loop_helpers_take_plain_values_not_cfg():
 
 
 def _loop_functions() -> list[str]:
-    """The loop entry points ("module:function") registered in rlx/cli/train.py LOOPS, read from the source."""
-    tree = ast.parse((ROOT / "cli" / "train.py").read_text())
+    """The loop entry points ("module:function") registered in rlx/build.py LOOPS, read from the source."""
+    tree = ast.parse((ROOT / "build.py").read_text())
     loops_dict = next(node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
                       and any(isinstance(t, ast.Name) and t.id == "LOOPS" for t in node.targets))
     return [value.value for value in loops_dict.values]

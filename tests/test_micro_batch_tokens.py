@@ -4,7 +4,7 @@ in the real policy-gradient and PPO loops (the loss normalisers are those of the
 import pytest
 import torch
 
-from rlx.cli.train import build_parts
+from rlx.build import build_parts
 from rlx.loops import micro_batches, policy_gradient, ppo
 from rlx.loops.micro_batches import plan_micro_batches, split_to_count, token_budget_split
 from tests.loop_fixtures import (

@@ -24,7 +24,7 @@ def test_ppo_loop_builds_the_critic_optimizer_at_that_rate(tmp_path, monkeypatch
     """The loop itself: the value model's AdamW gets ratio x optim.lr (stopped right after the optimizers are built)."""
     import rlx.loops.common as common
     import rlx.loops.ppo as ppo
-    from rlx.cli.train import build_parts
+    from rlx.build import build_parts
     from tests.loop_fixtures import components, rows, scored_by, tiny_policy
 
     built = []

@@ -74,7 +74,7 @@ def test_a_registered_variant_is_used_by_name(monkeypatch):
 def test_every_family_names_a_loop_that_exists():
     import importlib
 
-    from rlx.cli.train import FAMILIES, LOOPS
+    from rlx.build import FAMILIES, LOOPS
 
     assert FAMILIES == tuple(LOOPS)
     for family, target in LOOPS.items():

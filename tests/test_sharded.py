@@ -108,7 +108,7 @@ def test_reference_is_placed_like_the_policy():
 
 def test_no_loop_builds_its_own_reference():
     """PPO took a deepcopy of the (peft) policy: a second full model under LoRA, left on the CPU. Now the
-    one builder (rlx.cli.train.build_parts) makes every reference; no loop copies a model."""
+    one builder (rlx.build.build_parts) makes every reference; no loop copies a model."""
     from rlx.loops import agent, agent_sft, policy_gradient, ppo, preference, reward_model, sft
 
     for loop in (agent, agent_sft, policy_gradient, ppo, preference, reward_model, sft):

@@ -164,8 +164,8 @@ def test_a_combination_that_does_not_compose_stops_the_sweep_before_it_starts(tm
 
 def test_a_combination_with_a_value_out_of_range_stops_the_sweep_before_it_starts():
     # it composes, and used to fail only when its turn came (a failed trial, after the others had run)
+    from rlx.cli.sweep import check_every_trial
     from rlx.errors import UserError
-    from rlx.report.sweeps import check_every_trial
 
     with pytest.raises(UserError) as info:
         check_every_trial(["seed=0,1", "optim.lr=0.1,-1"])
@@ -176,8 +176,8 @@ def test_a_combination_with_a_value_out_of_range_stops_the_sweep_before_it_start
 
 @pytest.mark.parametrize("content", [b"\x00garbage,,\n1,2\n", b"a,b\n1,2\n", b"\xff\xfe,status\n"])
 def test_retest_of_a_damaged_summary_is_one_line(tmp_path, content):
+    from rlx.cli.sweep import best_overrides
     from rlx.errors import UserError
-    from rlx.report.sweeps import best_overrides
 
     (tmp_path / "summary.csv").write_bytes(content)
     with pytest.raises(UserError, match="summary.csv is damaged or was not written by rlx sweep"):
@@ -185,7 +185,7 @@ def test_retest_of_a_damaged_summary_is_one_line(tmp_path, content):
 
 
 def test_hyper_parameters_print_at_three_significant_digits():
-    from rlx.report.sweeps import short_override
+    from rlx.report.runs import short_override
 
     assert short_override("optim.lr=0.00012345678901") == "optim.lr=0.000123"
     assert short_override("algorithm.clip_high=0.2799999999") == "algorithm.clip_high=0.28"

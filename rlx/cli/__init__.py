@@ -61,8 +61,8 @@ def _hydra_app(app, prog: str, args: list[str], config_name: str) -> None:
         overrides = [a for a in args if not a.startswith("-") and "=" in a]
         cfg = check_overrides(overrides, config_name=config_name)
         if multirun:
+            from rlx.cli.sweep import check_every_trial, default_sweep_dir
             from rlx.errors import UserError
-            from rlx.report.sweeps import check_every_trial, default_sweep_dir
 
             try:
                 check_every_trial(overrides, config_name)
@@ -177,7 +177,7 @@ def _other_command(command: str, args: list[str]) -> None:
 
     try:
         if command == "sweep":
-            from rlx.report.sweeps import sweep_command
+            from rlx.cli.sweep import sweep_command
 
             sweep_command(args, lambda app_args: _hydra_app(_train_app(), "rlx-sweep", app_args, "train"))
         elif command == "recipes":

@@ -579,7 +579,7 @@ class RewardModel(Algorithm):
     center_coef: float = num(0)
 
 
-# algorithm.family -> its schema (the same names as rlx.cli.train.LOOPS; a test keeps them equal)
+# algorithm.family -> its schema (the same names as rlx.build.LOOPS; a test keeps them equal)
 ALGORITHMS = {"policy_gradient": PolicyGradient, "ppo": PPO, "agent": Agent, "agent_sft": AgentSFT, "sft": SFT,
               "preference": Preference, "reward_model": RewardModel}
 

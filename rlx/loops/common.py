@@ -37,7 +37,7 @@ class Components:
 
 @dataclass
 class Parts:
-    """Everything a loop starts from, built by rlx.cli.train.build_parts (the one builder): the policy
+    """Everything a loop starts from, built by rlx.build.build_parts (the one builder): the policy
     prepared by Accelerate with its optimizer and schedule, the frozen reference placed like the policy
     (None when the family or config does not use one; under LoRA the base with the adapter off, no
     copy), the PPO critic with its own optimizer and schedule, the rollout engine (None: generate with

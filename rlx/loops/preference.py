@@ -81,7 +81,7 @@ def reference_logps(model, pairs: list[dict], micro: int, pad_id: int, progress=
 
 
 def load_pairs(cfg, parts: Parts) -> None:
-    """Run by the builder (rlx/cli/train.py) on the unprepared starting policy: 1. the tokenized pairs, and
+    """Run by the builder (rlx/build.py) on the unprepared starting policy: 1. the tokenized pairs, and
     2. for a reference-based loss with algorithm.reference=precompute, the reference log-probs of every
     pair (the starting policy is the reference), written into the pairs and <run>/reference_logps.pt.
     Results go to parts.extras: train_pairs, eval_pairs, data_counts."""

@@ -130,10 +130,21 @@ def run_name(path: Path) -> str:
     return f"{path.parent.name}/{path.name}" if path.name.isdigit() else path.name
 
 
+def short_override(text: str) -> str:
+    """`optim.lr=0.00012345678` -> `optim.lr=0.000123`: float values at 3 significant digits, for tables
+    (summary.csv keeps the exact overrides)."""
+    key, sep, value = text.partition("=")
+    if not sep or value.lstrip("-").isdigit():
+        return text
+    try:
+        number = float(value)
+    except ValueError:
+        return text
+    return f"{key}={number:.3g}" if math.isfinite(number) else text
+
+
 def _short(override: str) -> str:
     """`optim.lr=0.00030000000000000003` -> `optim.lr=0.0003`; `optim.lr=1e-4` stays as written."""
-    from rlx.report.sweeps import short_override
-
     return min(override, short_override(override), key=len)
 
 

@@ -1,0 +1,174 @@
+"""A training run from start to end: lock the run directory, launch workers or set up Accelerate, load data and
+model, build the parts (rlx/build.py), run the family's loop, save the final model."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from rlx.build import (
+    LOOPS,
+    build_model_and_tokenizer,
+    build_parts,
+    deepspeed_plugin,
+    describe_data_source,
+    process_group_kwargs,
+)
+from rlx.config.rules import check_batch, check_run
+from rlx.errors import UserError
+
+log = logging.getLogger("rlx")
+
+
+def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
+    """Train according to cfg, writing everything into run_dir. Returns the final evaluation metrics."""
+    from rlx.runtime import launch
+    from rlx.runtime.rundir import RunLock
+
+    check_run(cfg)
+    # one process (tree) per run directory; machine 0's launcher holds it for a multi-node run
+    lock = None if launch.is_worker() or cfg.hardware.machine_rank != 0 else RunLock(run_dir).acquire()
+    try:
+        return _run_locked(cfg, run_dir, overrides)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | None:
+    from accelerate import Accelerator
+
+    from rlx.data.tasks import load_rows
+    from rlx.loops.common import Components, seed_everything
+    from rlx.models.lora import final_is_complete, prepare_policy, save_final
+    from rlx.rewards import build_rewards
+    from rlx.runtime import launch, tracking
+    from rlx.runtime.checkpoint import latest_checkpoint
+    from rlx.runtime.parallel import fsdp_plugin, full_state_dict, micro_batches_per_step, use_fsdp_on_cpu
+    from rlx.runtime.rundir import plot_run, write_run_files
+
+    local_batch = check_batch(cfg, launch.world_size(cfg.hardware))
+    rebuild_final = False
+    if cfg.resume is not None:  # the cli pointed the run directory at the run being resumed
+        found = latest_checkpoint(run_dir)
+        if found is not None and found[0] >= cfg.steps:
+            if not cfg.save.final or final_is_complete(run_dir, cfg.model.lora.save_merged):
+                log.info("run %s already finished (checkpoint at step %d, steps=%d): nothing to train", run_dir,
+                         found[0], cfg.steps)
+                return None  # nothing in the run directory is touched
+            log.warning("run %s finished but final/ is missing or partial: rebuilding it from checkpoint step %d",
+                        run_dir, found[0])
+            rebuild_final = True
+    if launch.needs_launch(cfg.hardware):  # parent of a multi-process run: write the run files, start workers
+        if not rebuild_final and cfg.hardware.machine_rank == 0:  # machine 0 writes the shared run directory's files
+            if cfg.resume is not None:
+                _record_resume(cfg, run_dir, overrides)
+            write_run_files(run_dir, cfg, overrides)
+            tracking.write_env_info(run_dir, launch.world_size(cfg.hardware))
+        code = launch.launch_workers(cfg.hardware, run_dir, overrides)
+        if code:
+            raise SystemExit(code)
+        return None  # the main worker wrote the results
+    if cfg.hardware.num_threads:
+        torch.set_num_threads(cfg.hardware.num_threads)
+    trackers = tracking.tracker_names(cfg.logger)
+    tracking.tracker_environment(cfg.logger, run_dir)
+    accumulation = micro_batches_per_step(local_batch, cfg.micro_batch_size)
+    fsdp = fsdp_plugin(cfg.hardware.fsdp, cfg.hardware.mixed_precision) if cfg.hardware.get("distributed") == "fsdp" else None
+    # the schedule steps once per optimizer step (a prepared scheduler would otherwise step N times)
+    accelerator = Accelerator(cpu=cfg.hardware.cpu, mixed_precision=cfg.hardware.mixed_precision,
+                              log_with=trackers or None, project_dir=str(run_dir), gradient_accumulation_steps=accumulation,
+                              step_scheduler_with_optimizer=False, deepspeed_plugin=deepspeed_plugin(cfg, accumulation),
+                              fsdp_plugin=fsdp, kwargs_handlers=process_group_kwargs(cfg))
+    if fsdp is not None and cfg.hardware.cpu:
+        use_fsdp_on_cpu(accelerator, fsdp)  # Accelerate drops the plugin on the CPU; torch's FSDP2 runs there (gloo)
+    if cfg.hardware.get("distributed") == "deepspeed" and not accelerator.state.deepspeed_plugin.zero3_init_flag:
+        # Accelerate registers its stage-3 config with transformers even when zero3_init_flag is off, and
+        # from_pretrained would then load the weights already partitioned (and the reference copy empty)
+        from transformers.integrations import unset_hf_deepspeed_config
+
+        unset_hf_deepspeed_config()
+    if accelerator.num_processes != launch.world_size(cfg.hardware):
+        raise UserError(f"{accelerator.num_processes} processes are running but hardware.num_processes x num_machines = "
+                        f"{launch.world_size(cfg.hardware)}; start runs with `rlx train`, not `accelerate launch`")
+    # a resume rewrites the run files only once its data and model have loaded (just before the loop), so a
+    # failed attempt leaves the run as it was
+    writes_run_files = accelerator.is_main_process and not launch.is_worker() and not rebuild_final
+    if writes_run_files and cfg.resume is None:
+        write_run_files(run_dir, cfg, overrides)
+        tracking.write_env_info(run_dir, accelerator.num_processes)
+    if not accelerator.is_main_process:
+        logging.getLogger("rlx").setLevel(logging.WARNING)  # one process reports
+    tracking.start_trackers(accelerator, cfg, run_dir)
+    seed_everything(cfg.seed)
+    # data.source none: preference data without a verifiable task (no eval/accuracy)
+    train_rows, eval_rows = load_rows(cfg.data, cfg.seed) if cfg.data.source != "none" else ([], [])
+    rewards = build_rewards(cfg.reward)
+    model, tokenizer = build_model_and_tokenizer(cfg, train_rows)
+    model = prepare_policy(model, cfg.model, cfg.hardware)
+    if cfg.algorithm.family in ("policy_gradient", "ppo") and cfg.data.get("max_prompt_length") is not None:
+        from rlx.loops.common import limit_prompt_length
+
+        train_rows, counts = limit_prompt_length(tokenizer, train_rows, cfg.data.max_prompt_length,
+                                                 cfg.data.get("overlong_prompts", "drop"), cfg.model.chat_template,
+                                                 cfg.data.system_prompt)
+        log.info("data.max_prompt_length=%d: %d of %d training prompts longer (%d dropped, %d truncated)",
+                 cfg.data.max_prompt_length, counts["over_length"], counts["prompts"], counts["dropped"], counts["truncated"])
+        if accelerator.is_main_process:
+            (run_dir / "prompt_length.json").write_text(json.dumps(dict(counts, max_prompt_length=cfg.data.max_prompt_length)) + "\n")
+    if cfg.algorithm.family in ("policy_gradient", "ppo"):
+        from rlx.loops.common import check_context, model_context
+
+        source = describe_data_source(cfg.data)
+        for rows, split in ((train_rows, "training"), (eval_rows, "held-out")):
+            check_context(tokenizer, rows, model_context(model), cfg.rollout.max_new_tokens, cfg.model.chat_template,
+                          cfg.data.system_prompt, f"{source} ({split})")
+    log.info("run directory: %s", run_dir)
+    log.info("model: %s (%.2fM parameters), %d train / %d held-out rows", cfg.model.path or "built from scratch",
+             sum(p.numel() for p in model.parameters()) / 1e6, len(train_rows), len(eval_rows))
+    parts = Components(accelerator, model, tokenizer, train_rows, eval_rows, rewards, run_dir)
+    if writes_run_files and cfg.resume is not None:
+        _record_resume(cfg, run_dir, overrides)
+        write_run_files(run_dir, cfg, overrides)
+
+    module, function = LOOPS[cfg.algorithm.family].split(":")
+    loop = getattr(importlib.import_module(module), function)
+    result = loop(cfg, build_parts(cfg, parts))
+
+    accelerator.wait_for_everyone()
+    # every process takes part in gathering the full weights of a sharded policy; the main one writes them
+    state = full_state_dict(accelerator, result["model"]) if cfg.save.final else None
+    if rebuild_final:  # the loop restored the last checkpoint and had nothing to train
+        if accelerator.is_main_process:
+            save_final(accelerator.unwrap_model(result["model"]), tokenizer, run_dir, cfg.model.lora.save_merged, cfg.steps,
+                       state, base_name=cfg.model.path)
+            log.info("final/ rebuilt from the last checkpoint")
+        accelerator.end_training()
+        return None
+    if accelerator.is_main_process:
+        if cfg.save.final:
+            save_final(accelerator.unwrap_model(result["model"]), tokenizer, run_dir, cfg.model.lora.save_merged,
+                       cfg.steps, state, base_name=cfg.model.path)
+        if cfg.save.plot:
+            plot_run(run_dir)
+        summary = {k: v for k, v in result["final_eval"].items()}
+        log.info("done: %s", "  ".join(f"{k}={v:.4f}" for k, v in summary.items() if isinstance(v, float)))
+    accelerator.end_training()
+    return result["final_eval"] if accelerator.is_main_process else None
+
+
+def _record_resume(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> None:
+
+    from rlx.runtime.checkpoint import latest_checkpoint
+    from rlx.runtime.rundir import record_resume
+
+    before = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
+    found = latest_checkpoint(run_dir)
+    record_resume(run_dir, before, OmegaConf.to_container(cfg, resolve=True), found[0] if found else 0, overrides)
+
+
