@@ -7,31 +7,47 @@ log and the evaluator, in the order the RNG draws and Accelerate's bookkeeping d
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from omegaconf import DictConfig
 
-from rlx.errors import UserError
-
-if TYPE_CHECKING:
-    from rlx.loops.common import Components, Parts
+from rlx.algorithms.preference import REFERENCE_FREE
+from rlx.config.settings import settings as settings_of
+from rlx.data.tasks import PromptStream
+from rlx.envs import env_factory
+from rlx.errors import EnvError, UserError
+from rlx.evaluation.agents import episode_evaluator
+from rlx.evaluation.tasks import task_evaluator
+from rlx.loops.agent_sft import train_agent_sft
+from rlx.loops.common import Components, Parts
+from rlx.loops.policy_gradient import train_policy_gradient
+from rlx.loops.ppo import train_ppo
+from rlx.loops.preference import load_pairs, train_preference
+from rlx.loops.reward_model import train_reward_model
+from rlx.loops.sft import train_sft
+from rlx.models import lora, value
+from rlx.rewards.overlong import with_overlong_penalty
+from rlx.rollout.episodes import EpisodeProducer
+from rlx.rollout.single_turn import SingleTurnProducer
+from rlx.rollout.vllm import build_engine as build_generator
+from rlx.runtime.checkpoint import Checkpointer
+from rlx.runtime.optim import build_optimizer, optimizer_settings
+from rlx.runtime.rundir import MetricsLog
 
 log = logging.getLogger("rlx")
 
-# algorithm.family -> its training loop (imported when chosen: a run loads only its own family's code)
+# algorithm.family -> its training loop; the agent family is the policy-gradient loop on episodes
 LOOPS = {
-    "policy_gradient": "rlx.loops.policy_gradient:train_policy_gradient",
-    "ppo": "rlx.loops.ppo:train_ppo",
-    "sft": "rlx.loops.sft:train_sft",
-    "preference": "rlx.loops.preference:train_preference",
-    "reward_model": "rlx.loops.reward_model:train_reward_model",
-    "agent": "rlx.loops.agent:train_agent",
-    "agent_sft": "rlx.loops.agent_sft:train_agent_sft",
+    "policy_gradient": train_policy_gradient,
+    "ppo": train_ppo,
+    "sft": train_sft,
+    "preference": train_preference,
+    "reward_model": train_reward_model,
+    "agent": train_policy_gradient,
+    "agent_sft": train_agent_sft,
 }
 FAMILIES = tuple(LOOPS)
 
@@ -53,8 +69,6 @@ def _kl_reference(algo) -> bool:  # the frozen starting policy of the KL term: n
 
 
 def _preference_reference(algo) -> bool:  # reference=precompute keeps log-probs, not a model
-    from rlx.algorithms.preference import REFERENCE_FREE
-
     return algo.loss_type not in REFERENCE_FREE and algo.reference == "model"
 
 
@@ -62,27 +76,32 @@ def _preference_reference(algo) -> bool:  # reference=precompute keeps log-probs
 class FamilyNeeds:
     """What build_parts builds for a family. updates_per_step: optimizer steps per training step (the
     length of the learning-rate schedule is steps x that); reference: whether a frozen reference model
-    is kept; prepare_scheduler: the schedule goes through accelerate.prepare (DeepSpeed then steps and
-    saves it) rather than to the Checkpointer; before_prepare: "module:function" run on the unprepared
-    policy, fn(cfg, parts) with parts.model not yet prepared (its results go to parts.extras)."""
+    is kept; value_model: PPO's critic; producer: the rows the loop trains on ("single_turn" | "episodes" |
+    None: the loop reads its own data); generator: a Generator is built (rollout.backend); evaluator: the
+    held-out evaluation ("task" | "episodes" | None: the loop's own); prepare_scheduler: the schedule goes
+    through accelerate.prepare (DeepSpeed then steps and saves it) rather than to the Checkpointer; pairs:
+    the preference pairs are tokenized (and their reference log-probs precomputed) on the unprepared policy."""
 
     updates_per_step: Callable = _one
     reference: Callable = _never
     value_model: bool = False
-    rollout_engine: bool = False
+    producer: str | None = None
+    generator: bool = False
+    evaluator: str | None = None
     prepare_scheduler: bool = True
-    task_evaluator: bool = False
-    before_prepare: str | None = None
+    pairs: bool = False
 
 
 NEEDS = {
-    "policy_gradient": FamilyNeeds(_epochs_x_mini_batches, _kl_reference, rollout_engine=True, task_evaluator=True),
-    "ppo": FamilyNeeds(_epochs_x_mini_batches, _kl_reference, value_model=True, rollout_engine=True,
-                       prepare_scheduler=False, task_evaluator=True),
-    "agent": FamilyNeeds(_epochs_x_mini_batches, _kl_reference, rollout_engine=True, prepare_scheduler=False),
-    "agent_sft": FamilyNeeds(prepare_scheduler=False),
+    "policy_gradient": FamilyNeeds(_epochs_x_mini_batches, _kl_reference, producer="single_turn", generator=True,
+                                   evaluator="task"),
+    "ppo": FamilyNeeds(_epochs_x_mini_batches, _kl_reference, value_model=True, producer="single_turn", generator=True,
+                       evaluator="task", prepare_scheduler=False),
+    "agent": FamilyNeeds(_epochs_x_mini_batches, _kl_reference, producer="episodes", generator=True, evaluator="episodes",
+                         prepare_scheduler=False),
+    "agent_sft": FamilyNeeds(generator=True, evaluator="episodes", prepare_scheduler=False),
     "sft": FamilyNeeds(),
-    "preference": FamilyNeeds(reference=_preference_reference, before_prepare="rlx.loops.preference:load_pairs"),
+    "preference": FamilyNeeds(reference=_preference_reference, pairs=True),
     "reward_model": FamilyNeeds(),
 }
 assert set(NEEDS) == set(LOOPS)
@@ -90,39 +109,38 @@ assert set(NEEDS) == set(LOOPS)
 
 def build_parts(cfg: DictConfig, components: Components) -> Parts:
     """The one builder: from the loaded model, tokenizer, data and rewards (rlx.loops.common.Components),
-    every part the family's loop starts from (rlx.loops.common.Parts), as declared in NEEDS.
+    every part the family's loop starts from (rlx.loops.common.Parts), as declared in NEEDS, and the typed
+    settings the loop reads (rlx/config/settings.py). One log line per part built.
 
     Order (the RNG draws and Accelerate's bookkeeping depend on it): the critic (its fresh head draws
-    from the global RNG), the optimizers and schedules, the reference (a copy taken from the full,
-    unprepared weights; under LoRA the policy with its adapter off, no copy), the rollout engine, then
+    from the global RNG), the preference pairs, the optimizers and schedules, the reference (a copy taken from
+    the full, unprepared weights; under LoRA the policy with its adapter off, no copy), the generator, then
     one accelerate.prepare of policy, optimizer[, schedule][, critic, critic optimizer] (DeepSpeed and
     FSDP prepare a model with its optimizer; the checkpointer saves the adapter of the first model), the
-    reference placed like the prepared policy, the checkpointer, the metrics log and the evaluator."""
-    from rlx.loops import common
-    from rlx.models import lora, value
-    from rlx.rollout.vllm import build_engine
-    from rlx.runtime.checkpoint import Checkpointer
-    from rlx.runtime.rundir import MetricsLog
-
-    needs, algo, acc = NEEDS[cfg.algorithm.family], cfg.algorithm, components.accelerator
-    parts = common.Parts(acc, components.model, components.tokenizer, components.train_rows, components.eval_rows,
-                         components.rewards, components.run_dir, optimizer=None, scheduler=None, checkpointer=None,
-                         metrics_log=None, extras=dict(components.extras))
-    total_updates = cfg.steps * needs.updates_per_step(algo)
+    reference placed like the prepared policy, the producer, the checkpointer, the metrics log and the evaluator."""
+    s = settings_of(cfg)
+    family = s.algorithm.family
+    needs, algo, acc = NEEDS[family], s.algorithm, components.accelerator
+    parts = Parts(s, acc, components.model, components.tokenizer, components.train_rows, components.eval_rows,
+                  components.rewards, components.run_dir)
+    total_updates = s.steps * needs.updates_per_step(algo)
     if needs.value_model:
-        parts.value_model = value.build_value_model(parts.model, algo.value_model, cfg.model.dtype, cfg.model.trust_remote_code)
-    if needs.before_prepare is not None:
-        module, function = needs.before_prepare.split(":")
-        getattr(importlib.import_module(module), function)(cfg, parts)
+        parts.value_model = value.build_value_model(parts.model, algo.value_model, s.model.dtype, s.model.trust_remote_code)
+        log.info("built: value model (critic) from %s", algo.value_model or "the policy's backbone")
+    if needs.pairs:
+        parts.pairs = load_pairs(s, parts)
     reference = lora.reference_model(parts.model) if needs.reference(algo) else None
-    settings = common.optimizer_settings(cfg.optim)
-    parts.optimizer, parts.scheduler = common.build_optimizer(parts.model, total_updates, **settings)
+    optim = optimizer_settings(s.optim)
+    parts.optimizer, parts.scheduler = build_optimizer(parts.model, total_updates, **optim)
+    log.info("built: %s over the trainable parameters, %s schedule for %d optimizer steps",
+             type(parts.optimizer).__name__, s.optim.schedule, total_updates)
     if needs.value_model:
-        value_lr = value.value_learning_rate(algo.value_lr, algo.value_lr_ratio, cfg.optim.lr)
-        parts.value_optimizer, parts.value_scheduler = common.build_optimizer(parts.value_model, total_updates,
-                                                                              **{**settings, "lr": value_lr})
-    if needs.rollout_engine:  # None: generate with the policy (rollout=hf)
-        parts.engine = build_engine(cfg.rollout, parts.model, parts.tokenizer, cfg.seed)
+        value_lr = value.value_learning_rate(algo.value_lr, algo.value_lr_ratio, s.optim.lr)
+        parts.value_optimizer, parts.value_scheduler = build_optimizer(parts.value_model, total_updates,
+                                                                       **{**optim, "lr": value_lr})
+    if needs.generator:  # on the unprepared policy: Accelerate's prepare keeps the same module object
+        parts.generator = build_generator(s.rollout, parts.model, parts.tokenizer, s.seed)
+        log.info("built: generator rollout=%s (%s)", s.rollout.backend, type(parts.generator).__name__)
     prepared = [parts.model, parts.optimizer] + ([parts.scheduler] if needs.prepare_scheduler else [])
     if needs.value_model:
         prepared += [parts.value_model, parts.value_optimizer]
@@ -136,12 +154,62 @@ def build_parts(cfg: DictConfig, components: Components) -> Parts:
         parts.value_model, parts.value_optimizer = prepared[-2], prepared[-1]
         parts.checkpointed["value_scheduler"] = parts.value_scheduler
     parts.reference = lora.place_reference(reference, acc)
-    parts.checkpointer = Checkpointer.from_config(cfg, acc, parts.run_dir)
-    parts.metrics_log = MetricsLog(parts.run_dir, cfg.steps, cfg.log.progress, enabled=acc.is_main_process, tracker=acc)
-    if needs.task_evaluator:
-        parts.run_eval = common.task_evaluator(acc, parts.model, parts.tokenizer, parts.eval_rows[: cfg.eval.size],
-                                               parts.rewards, common.eval_settings(cfg))
+    if reference is not None:
+        log.info("built: frozen reference (%s)", "the base with the adapter off" if lora.is_peft(acc.unwrap_model(parts.model))
+                 else "a copy of the starting policy")
+    if needs.producer is not None:
+        parts.producer = PRODUCERS[needs.producer](s, parts)
+        log.info("built: producer %s", needs.producer)
+    parts.checkpointer = Checkpointer.from_config(s, acc, parts.run_dir)
+    parts.metrics_log = MetricsLog(parts.run_dir, s.steps, s.log.progress, enabled=acc.is_main_process, tracker=acc)
+    if needs.evaluator is not None:
+        parts.run_eval = EVALUATORS[needs.evaluator](s, parts)
+        log.info("built: evaluator %s", needs.evaluator)
     return parts
+
+
+def environment_factory(env):
+    """A zero-argument callable making a fresh environment of the `env` settings (one line for a bad one)."""
+    try:
+        return env_factory(env.name, env.target, env.kwargs)
+    except EnvError as exc:
+        raise UserError(str(exc)) from None
+
+
+def single_turn_producer(s, parts: Parts) -> SingleTurnProducer:
+    algo, roll = s.algorithm, s.rollout
+    # the median estimator samples one extra completion per prompt: the pivot, left out of the gradient
+    group_size = roll.samples_per_prompt + (1 if algo.advantage == "median" else 0)
+    rewards = with_overlong_penalty(parts.rewards, algo.overlong_buffer, algo.overlong_weight, roll.max_new_tokens)
+    return SingleTurnProducer(
+        parts.generator, parts.tokenizer, PromptStream(parts.train_rows, s.seed), rewards, group_size=group_size,
+        prompts_per_step=s.prompts_per_step, max_new_tokens=roll.max_new_tokens, min_new_tokens=roll.min_new_tokens,
+        seed=s.seed, use_chat_template=s.model.chat_template, system_prompt=s.data.system_prompt,
+        on_error=s.reward.on_error, accuracy_key=s.reward.accuracy, total_steps=s.steps,
+        dynamic_sampling=algo.dynamic_sampling, max_rounds=algo.max_sample_batches, acc=parts.accelerator)
+
+
+def episode_producer(s, parts: Parts) -> EpisodeProducer:
+    return EpisodeProducer(parts.generator, parts.tokenizer, environment_factory(s.env), s.env,
+                           group_size=s.rollout.samples_per_prompt, prompts_per_step=s.prompts_per_step, seed=s.seed,
+                           use_chat_template=s.model.chat_template, acc=parts.accelerator)
+
+
+def task_eval(s, parts: Parts):
+    return task_evaluator(parts.accelerator, parts.model, parts.tokenizer, parts.eval_rows[: s.eval.size], parts.rewards,
+                          dict(accuracy_key=s.reward.accuracy, use_chat_template=s.model.chat_template,
+                               system_prompt=s.data.system_prompt, max_new_tokens=s.eval.max_new_tokens,
+                               batch_size=s.eval.batch_size, on_error=s.reward.on_error))
+
+
+def episode_eval(s, parts: Parts):
+    return episode_evaluator(parts.accelerator, parts.generator, parts.tokenizer, environment_factory(s.env), s.env,
+                             use_chat_template=s.model.chat_template)
+
+
+# the rows a loop trains on, and its held-out evaluation: FamilyNeeds.producer / .evaluator -> fn(settings, parts)
+PRODUCERS = {"single_turn": single_turn_producer, "episodes": episode_producer}
+EVALUATORS = {"task": task_eval, "episodes": episode_eval}
 
 
 def deepspeed_plugin(cfg: DictConfig, accumulation: int):

@@ -48,6 +48,14 @@ def loop_config(*overrides: str):
     return check_overrides([*QUIET, *overrides])
 
 
+def run_loop(loop, cfg, parts: Components) -> dict:
+    """Build every part from the config (rlx.build.build_parts) and run `loop` on them, as `rlx train` does."""
+    from rlx.build import build_parts
+
+    built = build_parts(cfg, parts)
+    return loop(built.settings, built)
+
+
 def tiny_policy():
     from rlx.models.loading import load_causal_lm, load_tokenizer
 
@@ -93,16 +101,29 @@ def completion_tokens(tokenizer, text: str) -> list[int]:
 
 
 class FixedSampler:
-    """A generator (rlx.rollout.generator protocol) of fixed completions, put in place of HFGenerator in the
-    loops (`monkeypatch.setattr(loop, "policy_generator", sampler)`: building one returns this sampler): sample j
-    of each prompt is completions[j % len(completions)] followed by EOS. Records every sample it handed out."""
+    """A generator (rlx.rollout.generator protocol) of fixed completions, put in place of the one the builder
+    builds (`monkeypatch.setattr(rlx.build, "build_generator", sampler)`: building one returns this sampler, the
+    policy it was built on in `self.model`): sample j of each prompt is completions[j % len(completions)]
+    followed by EOS. Records every sample it handed out."""
+
+    version = 0
 
     def __init__(self, tokenizer, completions: list[str]):
         self.tokenizer, self.completions = tokenizer, completions
         self.samples: list[tuple[list[int], list[int], str]] = []  # (prompt ids, completion ids, text)
 
-    def __call__(self, model, tokenizer, *_, **__):
+    def __call__(self, rollout, model, tokenizer, seed, **__):
+        self.model = model
         return self
+
+    def publish(self, model, version: int) -> None:
+        self.version = version
+
+    def sleep(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
     def generate_ids(self, prompts: list[list[int]], *, samples_per_prompt: int = 1, **_) -> Generation:
         batch = []

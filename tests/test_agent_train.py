@@ -4,7 +4,7 @@ errors, and exact resume."""
 import pytest
 import torch
 
-from rlx.loops.agent import step_tensors, token_advantages
+from rlx.loops.credit import step_tensors, token_advantages
 from rlx.rollout.types import Episode
 from rlx.runtime.rundir import read_metrics
 from tests.conftest import only_run_dir, run_rlx
@@ -79,7 +79,7 @@ def test_agent_training_runs_and_reports_env_metrics(tmp_path, algorithm):
     (["algorithm=gigpo"], "add env=grid"),
     (["algorithm=gigpo", "env=custom", "env.target=nowhere_xyz.Env"], "cannot import nowhere_xyz"),
     (["algorithm=gigpo", "env=grid", "hardware=fsdp", "hardware.cpu=true"], "use hardware=ddp"),
-    (["algorithm=gigpo", "env=grid", "rollout=vllm", "rollout.tis_cap=2"], "not the agent loop; unset it"),
+    (["algorithm=gigpo", "env=grid", "algorithm.kl_in=reward"], "set algorithm.kl_in=loss"),
 ])
 def test_agent_config_mistakes_are_one_line(tmp_path, args, needle):
     result = run_rlx(["train", *args, "data.source=none", "steps=1"], tmp_path, timeout=300)

@@ -137,8 +137,8 @@ TYPED = [  # (overrides, the line's start): a wrong type, a range, a closed set,
 FAMILY_KNOBS = [  # a knob the chosen option's family (backend) does not have: who has it
     (["+algorithm.vf_coef=0.1"], "algorithm.vf_coef is a ppo knob, not a knob of algorithm=grpo; use algorithm=ppo"),
     (["algorithm=dapo", "+algorithm.value_model=x"], "algorithm.value_model is a ppo knob, not a knob of algorithm=dapo"),
-    (["algorithm=agent_grpo", "env=grid", "+algorithm.kl_in=reward"],
-     "algorithm.kl_in is a policy_gradient / ppo knob, not a knob of algorithm=agent_grpo; use algorithm=grpo or ppo"),
+    (["algorithm=agent_grpo", "env=grid", "+algorithm.dynamic_sampling=true"],
+     "algorithm.dynamic_sampling is a policy_gradient / ppo knob, not a knob of algorithm=agent_grpo; use algorithm=grpo or ppo"),
     (["algorithm=sft", "+algorithm.beta=0.1"], "algorithm.beta is a preference knob, not a knob of algorithm=sft; use algorithm=dpo"),
     (["+rollout.tis_cap=2"], "rollout.tis_cap is a vllm knob, not a knob of rollout=hf; use rollout=vllm"),
     (["+optim.momentum=0.9"], "unknown key 'optim.momentum'"),
@@ -169,10 +169,10 @@ def test_the_registries_and_the_schema_name_the_same_choices():
     from rlx.build import LOOPS
     from rlx.config import schema
     from rlx.data.preferences import LAYOUTS, ON_INVALID, PAIR_SOURCES, TRUNCATION_MODES
-    from rlx.loops.common import SCHEDULES
     from rlx.models.loading import DTYPES
     from rlx.rollout.sampling import SAMPLERS
     from rlx.rollout.vllm import ROLLOUT_BACKENDS, SEEDING
+    from rlx.runtime.optim import SCHEDULES
 
     def names(e):
         return [m.value for m in e]

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from rlx.data.prompt_limits import check_context, model_context
 from rlx.errors import UserError
-from rlx.loops.common import check_context, model_context
 from rlx.models.loading import load_causal_lm, load_tokenizer
 from tests.conftest import run_rlx
 

@@ -19,8 +19,9 @@ already far more likely, and then any small update passes).
 import pytest
 import torch
 
+import rlx.build as build
 from rlx.build import build_parts
-from rlx.loops import agent, policy_gradient, ppo, preference, reward_model, sft
+from rlx.loops import policy_gradient, ppo, preference, reward_model, sft
 from rlx.models import value as value_models
 from rlx.rollout.types import Generation
 from tests.loop_fixtures import (
@@ -37,6 +38,7 @@ from tests.loop_fixtures import (
     plain_score,
     render,
     rows,
+    run_loop,
     scored_by,
     tiny_policy,
     tiny_scorer,
@@ -67,12 +69,11 @@ def _assert_good_up_bad_down(before: dict, after: dict):
 def _run_rl(tmp_path, monkeypatch, loop, *overrides):
     model, tokenizer = tiny_policy()
     sampler = FixedSampler(tokenizer, [LIKELY, UNLIKELY])
-    monkeypatch.setattr(policy_gradient, "policy_generator", sampler)
-    monkeypatch.setattr(ppo, "policy_generator", sampler)
+    monkeypatch.setattr(build, "build_generator", sampler)
     cfg = loop_config(*RL, *overrides)
     parts = components(tmp_path, model, tokenizer, rows(PROMPTS[:2]), scored_by({LIKELY: 1.0, UNLIKELY: 0.0}))
     start, _ = tiny_policy()
-    loop(cfg, build_parts(cfg, parts))
+    run_loop(loop, cfg, parts)
     assert sampler.samples, "the loop did not sample through its generator"
     return _sample_logps(start, sampler), _sample_logps(model, sampler), sampler, model, tokenizer
 
@@ -138,7 +139,7 @@ def _pair_logps(model, tokenizer):
 def test_preference_step_raises_chosen_over_rejected(tmp_path, algorithm):
     cfg, parts, model, tokenizer = _pairs_world(tmp_path, algorithm, "optim.lr=1e-4", "steps=1")
     before = _pair_logps(model, tokenizer)
-    preference.train_preference(cfg, parts)
+    preference.train_preference(parts.settings, parts)
     after = _pair_logps(model, tokenizer)
     for (c0, r0), (c1, r1) in zip(before, after):
         assert (c1 - r1) - (c0 - r0) > 1.0, f"chosen did not gain over rejected: {(c1 - r1) - (c0 - r0):+.3f}"
@@ -155,7 +156,7 @@ def test_reward_model_scores_chosen_above_rejected(tmp_path):
                 - plain_score(model, render(tokenizer, p) + completion_tokens(tokenizer, LIKELY)) for p in PROMPTS]
 
     before = margins()
-    reward_model.train_reward_model(cfg, parts)
+    reward_model.train_reward_model(parts.settings, parts)
     after = margins()
     assert all(m > 0.5 for m in after), (before, after)
     assert all(m1 > m0 + 0.5 for m0, m1 in zip(before, after)), (before, after)
@@ -172,7 +173,7 @@ def test_sft_raises_the_targets(tmp_path):
         return -torch.cat(logps).mean().item()
 
     before = target_nll()
-    sft.train_sft(cfg, build_parts(cfg, components(tmp_path, model, tokenizer, data)))
+    run_loop(sft.train_sft, cfg, components(tmp_path, model, tokenizer, data))
     after = target_nll()
     assert after < before - 0.05, (before, after)  # 0.49 -> 0.33 nats per token on the machine that wrote this
 
@@ -193,10 +194,6 @@ class AlternatingSampler(FixedSampler):
     group alternate between the two actions, so their rewards differ by construction. The multi-turn rollout
     keeps sampling log-probs: the policy's own, from one plain forward pass."""
 
-    def __call__(self, model, tokenizer, *_, **__):
-        self.model = model
-        return self
-
     def generate_ids(self, prompts, **_):
         batch = []
         for ids in prompts:
@@ -211,11 +208,11 @@ class AlternatingSampler(FixedSampler):
 def test_agent_loop_raises_the_rewarded_action(tmp_path, monkeypatch, algorithm):
     model, tokenizer = tiny_policy()
     sampler = AlternatingSampler(tokenizer, [LIKELY, UNLIKELY])
-    monkeypatch.setattr(agent, "policy_generator", sampler)
+    monkeypatch.setattr(build, "build_generator", sampler)
     cfg = loop_config(f"algorithm={algorithm}", "env=custom", "env.target=tests.test_direction.JudgedAction",
                       "env.eval_episodes=1", *RL)
     start, _ = tiny_policy()
-    agent.train_agent(cfg, build_parts(cfg, components(tmp_path, model, tokenizer)))
+    run_loop(policy_gradient.train_policy_gradient, cfg, components(tmp_path, model, tokenizer))
     before, after = _sample_logps(start, sampler), _sample_logps(model, sampler)
     assert {text for text, _ in before.values()} == {LIKELY, UNLIKELY}
     for key, (text, logp) in after.items():

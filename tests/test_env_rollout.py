@@ -7,7 +7,7 @@ from rlx.envs.builtin import Grid
 from rlx.models.loading import load_causal_lm, load_tokenizer
 from rlx.rollout.env import ChatFormat, run_episodes
 from rlx.rollout.generator import HFGenerator
-from rlx.rollout.types import Generation, RolloutBatch
+from rlx.rollout.types import Generation, Rollout
 
 
 @pytest.fixture(scope="module")
@@ -124,14 +124,14 @@ def test_rollout_batch_masks(tokenizer):
     ids = tokenizer("R", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     episodes = run_episodes(Scripted([ids]), tokenizer, [Echo(), Done()], [0, 1], [0, 1], max_turns=2,
                             max_new_tokens=8, max_total_tokens=200)
-    batch = RolloutBatch.from_episodes(episodes, tokenizer.pad_token_id)
+    batch = Rollout.from_episodes(episodes, tokenizer.pad_token_id)
     assert batch.loss_mask.sum(dim=1).tolist() == [2 * len(ids), len(ids)]
     assert (batch.loss_mask <= batch.completion_mask).all()
     assert batch.completion_mask.sum(dim=1).tolist() == [len(e.ids) for e in episodes]
     assert batch.step_index[0][batch.loss_mask[0].bool()].tolist() == [0] * len(ids) + [1] * len(ids)
     assert (batch.step_index[batch.loss_mask == 0] == -1).all()
     assert batch.truncated.tolist() == [True, False]
-    assert torch.allclose(batch.sampler_logprobs[batch.loss_mask.bool()], torch.tensor(-0.5))
+    assert torch.allclose(batch.logprobs[batch.loss_mask.bool()], torch.tensor(-0.5))
 
 
 class Recording(HFGenerator):
@@ -157,10 +157,10 @@ def test_hf_generator_ids_are_exactly_what_the_model_sampled(tokenizer):
             assert e.ids[start:end] == ids and e.logprobs[start:end] == logprobs
     # the sampler log-probs equal the policy's log-probs of the trained tokens (temperature 1)
     from rlx.models.forward import completion_logprobs
-    batch = RolloutBatch.from_episodes(episodes, tokenizer.pad_token_id)
+    batch = Rollout.from_episodes(episodes, tokenizer.pad_token_id)
     logp, _ = completion_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
     mask = batch.loss_mask.bool()
-    assert torch.allclose(logp[mask], batch.sampler_logprobs[mask], atol=1e-4)
+    assert torch.allclose(logp[mask], batch.logprobs[mask], atol=1e-4)
 
 
 def test_tool_output_is_context_not_loss(tokenizer):

@@ -21,7 +21,7 @@ import math
 import pytest
 import torch
 
-from rlx.build import build_parts
+import rlx.build as build
 from rlx.loops import policy_gradient, ppo, preference, reward_model, sft
 from rlx.models import lora
 from rlx.models import value as value_models
@@ -44,6 +44,7 @@ from tests.loop_fixtures import (
     plain_score,
     render,
     rows,
+    run_loop,
     scored_by,
     tiny_policy,
     tiny_scorer,
@@ -128,12 +129,12 @@ def test_policy_gradient_loss_matches_the_formula(tmp_path, monkeypatch, case):
             return logp, entropy
         return logp + offsets(tuple(logp.shape)).to(logp.dtype), entropy  # the policy that sampled: pi + offset
 
-    monkeypatch.setattr(policy_gradient, "policy_generator", sampler)
+    monkeypatch.setattr(build, "build_generator", sampler)
     monkeypatch.setattr(lora, "reference_model", lambda policy: reference)
     monkeypatch.setattr(policy_gradient, "batched_logprobs", sampling_policy_logprobs)
     cfg = loop_config(*RL, *overrides)
-    policy_gradient.train_policy_gradient(cfg, build_parts(cfg, components(tmp_path, model, tokenizer, rows(PROMPTS[:2]),
-                                                                           scored_by(REWARDS))))
+    run_loop(policy_gradient.train_policy_gradient, cfg, components(tmp_path, model, tokenizer, rows(PROMPTS[:2]),
+                                                                           scored_by(REWARDS)))
     algo = cfg.algorithm
 
     samples = sampler.samples
@@ -194,8 +195,7 @@ def test_ppo_policy_and_value_losses_match_the_formulas(tmp_path, monkeypatch, e
         built.append(value_model)
         return value_model
 
-    monkeypatch.setattr(policy_gradient, "policy_generator", sampler)
-    monkeypatch.setattr(ppo, "policy_generator", sampler)
+    monkeypatch.setattr(build, "build_generator", sampler)
     monkeypatch.setattr(value_models, "build_value_model", critic)
     monkeypatch.setattr(ppo, "batched_logprobs",
                         lambda net, rollout, micro, with_entropy=False, temperature=1.0, pack=False: (
@@ -205,7 +205,7 @@ def test_ppo_policy_and_value_losses_match_the_formulas(tmp_path, monkeypatch, e
                         lambda net, rollout, micro, pack=False: real_values(net, rollout, micro, pack=pack)
                         + offsets(tuple(rollout.completion_ids.shape), scale=0.3).flip(0).float())
     cfg = loop_config(*RL, "algorithm=ppo", "algorithm.value_lr=0", *extra)
-    ppo.train_ppo(cfg, build_parts(cfg, components(tmp_path, model, tokenizer, rows(PROMPTS[:2]), scored_by(REWARDS))))
+    run_loop(ppo.train_ppo, cfg, components(tmp_path, model, tokenizer, rows(PROMPTS[:2]), scored_by(REWARDS)))
     algo = cfg.algorithm
 
     samples, value_model = sampler.samples, built[0].eval()
@@ -289,7 +289,7 @@ def test_preference_loss_matches_the_formula(tmp_path, monkeypatch, case):
     model, tokenizer = tiny_policy()
     reference = model if algo.reference == "precompute" else perturbed_copy(model)  # precompute: the starting policy
     monkeypatch.setattr(lora, "reference_model", lambda policy: reference)
-    preference.train_preference(cfg, build_parts(cfg, components(tmp_path, model, tokenizer)))
+    run_loop(preference.train_preference, cfg, components(tmp_path, model, tokenizer))
 
     losses = []
     for prompt, chosen, rejected in PAIRS:
@@ -322,7 +322,7 @@ def test_reward_model_loss_matches_the_formula(tmp_path):
                       "algorithm.use_margin=true", "algorithm.center_coef=0.05", "data.pairs.columns.margin=margin")
     _, tokenizer = tiny_policy()
     model = tiny_scorer(tokenizer)
-    reward_model.train_reward_model(cfg, build_parts(cfg, components(tmp_path, model, tokenizer)))
+    run_loop(reward_model.train_reward_model, cfg, components(tmp_path, model, tokenizer))
     losses = []
     for (prompt, chosen, rejected), m in zip(PAIRS, margins):
         ids = render(tokenizer, prompt)
@@ -338,7 +338,7 @@ def test_sft_loss_is_the_token_mean_nll_of_the_batch(tmp_path):
     model, tokenizer = tiny_policy()
     data = [{"prompt": p, "answer": a} for p, a in zip(PROMPTS, ["7", "1234567", "3 + 4 = 7"])]
     cfg = loop_config("algorithm=sft", "algorithm.batch_size=3", "micro_batch_size=2", "optim.lr=0", "steps=1")
-    sft.train_sft(cfg, build_parts(cfg, components(tmp_path, model, tokenizer, data)))
+    run_loop(sft.train_sft, cfg, components(tmp_path, model, tokenizer, data))
     logps = [plain_logprobs(model, render(tokenizer, row["prompt"]),
                             completion_tokens(tokenizer, f"<answer>{row['answer']}</answer>")) for row in data]
     assert len({len(lp) for lp in logps[:2]}) == 2  # targets of different lengths: padding in the first micro-batch

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "rlx"
-LOOP_INFRASTRUCTURE = {"rlx.loops", "rlx.loops.common", "rlx.loops.micro_batches"}  # shared by the loops; not loops
+LOOP_INFRASTRUCTURE = {"rlx.loops", "rlx.loops.common", "rlx.loops.micro_batches", "rlx.loops.credit"}  # shared by the loops; not loops
 
 
 def module_name(path: Path) -> str:
@@ -123,7 +123,7 @@ def test_a_cycle_is_found():
 
 
 # cfg -> plain keyword arguments: the only helpers that read the config (a loop calls them once)
-CONFIG_ADAPTERS = {"eval_settings", "batch_settings", "optimizer_settings"}
+CONFIG_ADAPTERS = {"optimizer_settings", "task_eval_settings"}
 
 
 def test_loop_helpers_take_plain_values_not_cfg():
@@ -131,7 +131,7 @@ def test_loop_helpers_take_plain_values_not_cfg():
     `cfg` (or `optim_cfg`, `env_cfg`...) parameter hides which settings a helper reads (issue 15). The loop
     entry points and the builder's hooks take the config: they are where it is turned into values."""
     files = [*sorted((ROOT / "loops").glob("*.py")), *sorted((ROOT / "rollout").glob("*.py"))]
-    entry_points = {"load_pairs"} | {name.split(":")[1] for name in _loop_functions()}
+    entry_points = {"load_pairs"} | set(_loop_functions())
     taking_cfg = []
     for path in files:
         for node in ast.walk(ast.parse(path.read_text())):
@@ -143,11 +143,11 @@ def test_loop_helpers_take_plain_values_not_cfg():
 
 
 def _loop_functions() -> list[str]:
-    """The loop entry points ("module:function") registered in rlx/build.py LOOPS, read from the source."""
+    """The loop entry points registered in rlx/build.py LOOPS (function names), read from the source."""
     tree = ast.parse((ROOT / "build.py").read_text())
     loops_dict = next(node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
                       and any(isinstance(t, ast.Name) and t.id == "LOOPS" for t in node.targets))
-    return [value.value for value in loops_dict.values]
+    return [value.id for value in loops_dict.values]
 
 
 def test_eval_due_every_n_steps_and_at_the_last():

@@ -121,8 +121,8 @@ def test_lora_on_a_bf16_base_trains_fp32_adapters_under_autocast():
     model: CPU bf16 matmuls are slow): the adapters are fp32 (peft upcasts them, so AdamW steps them without
     master copies), two policy-gradient steps give finite losses, move every adapter and leave the bf16
     base exactly as loaded, with no gradient."""
-    from rlx.loops.common import MasterWeightAdamW, build_optimizer
     from rlx.models.forward import completion_logprobs
+    from rlx.runtime.optim import MasterWeightAdamW, build_optimizer
 
     cfg = OmegaConf.create({"gradient_checkpointing": False, "lora": dict(LORA, dropout=0.05)})
     policy = prepare_policy(load_causal_lm("builtin:tiny", "bfloat16"), cfg, OmegaConf.create({"gradient_checkpointing": False}))

@@ -4,6 +4,7 @@ in the real policy-gradient and PPO loops (the loss normalisers are those of the
 import pytest
 import torch
 
+import rlx.build as build
 from rlx.build import build_parts
 from rlx.loops import micro_batches, policy_gradient, ppo
 from rlx.loops.micro_batches import plan_micro_batches, split_to_count, token_budget_split
@@ -77,14 +78,14 @@ def _run(loop, tmp_path, monkeypatch, *overrides, accumulation=1):
         return plan
 
     with monkeypatch.context() as patch:
-        patch.setattr(module, "policy_generator", sampler)
+        patch.setattr(build, "build_generator", sampler)
         patch.setattr(module, "optimizer_step", recording_step)
         patch.setattr(module, "plan_micro_batches", recording_plan)
         cfg = loop_config(*RL, *overrides)
         train = policy_gradient.train_policy_gradient if loop == "pg" else ppo.train_ppo
         parts = build_parts(cfg, components(tmp_path, model, tokenizer, rows(PROMPTS[:2]), scored_by(REWARDS)))
         parts.accelerator.gradient_accumulation_steps = accumulation  # what train.py derives from micro_batch_size
-        train(cfg, parts)
+        train(parts.settings, parts)
     return grads, sizes
 
 

@@ -236,7 +236,7 @@ def test_master_weights_keep_small_updates_of_bf16_parameters():
     the bf16 weight becomes the nearest bf16 value (1 - 2^-8 once n lr > 2^-9 + a bit).
     Failed before: build_optimizer gave a plain AdamW over the bf16 parameters."""
 
-    from rlx.loops.common import MasterWeightAdamW, build_optimizer
+    from rlx.runtime.optim import MasterWeightAdamW, build_optimizer
 
     optim = dict(lr=1e-6, betas=[0.9, 0.99], eps=1e-12, weight_decay=0.0, schedule="constant", warmup_steps=0)
 
@@ -322,7 +322,7 @@ def test_master_weights_follow_their_parameters_to_another_device():
     AdamW's moments) must follow their bf16 parameters, or the first step fails with "attempting to assign a
     gradient with device type 'cuda' to a tensor with device type 'cpu'" (seen on an H100). CI has no second
     device, so the move is played with a parameter on the meta device standing in for the moved one."""
-    from rlx.loops.common import MasterWeightAdamW
+    from rlx.runtime.optim import MasterWeightAdamW
 
     weight = torch.nn.Parameter(torch.randn(4, 3, dtype=torch.bfloat16))
     optimizer = MasterWeightAdamW([weight], lr=0.1)
@@ -342,7 +342,7 @@ def test_fp32_policies_step_with_the_fused_adamw_and_it_matches_the_loop(monkeyp
     """build_optimizer gives plain fp32 CPU parameters torch's fused AdamW (the per-parameter loop is ~6x slower
     at the 0.5B shape), and three of its steps land where three steps of the loop do, to float rounding; under
     an engine that steps its own states (DeepSpeed / FSDP launch) it stays unfused."""
-    from rlx.loops.common import build_optimizer
+    from rlx.runtime.optim import build_optimizer
 
     def run(fused_expected: bool) -> list[torch.Tensor]:
         torch.manual_seed(0)

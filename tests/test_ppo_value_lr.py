@@ -22,10 +22,9 @@ def test_presets_give_the_critic_a_rate_of_their_size(model, expected):
 
 def test_ppo_loop_builds_the_critic_optimizer_at_that_rate(tmp_path, monkeypatch):
     """The loop itself: the value model's AdamW gets ratio x optim.lr (stopped right after the optimizers are built)."""
-    import rlx.loops.common as common
+    import rlx.build as build
     import rlx.loops.ppo as ppo
-    from rlx.build import build_parts
-    from tests.loop_fixtures import components, rows, scored_by, tiny_policy
+    from tests.loop_fixtures import components, rows, run_loop, scored_by, tiny_policy
 
     built = []
 
@@ -35,10 +34,10 @@ def test_ppo_loop_builds_the_critic_optimizer_at_that_rate(tmp_path, monkeypatch
             raise StopIteration
         return real(model, total, **settings)
 
-    real = common.build_optimizer
-    monkeypatch.setattr(common, "build_optimizer", capture)
+    real = build.build_optimizer
+    monkeypatch.setattr(build, "build_optimizer", capture)
     model, tokenizer = tiny_policy()
     cfg = check_overrides(["algorithm=ppo", "optim.lr=2e-4", "algorithm.value_lr_ratio=3", "save.final=false"])
     with pytest.raises(StopIteration):
-        ppo.train_ppo(cfg, build_parts(cfg, components(tmp_path, model, tokenizer, rows(["What is 3 + 4?"]), scored_by({}))))
+        run_loop(ppo.train_ppo, cfg, components(tmp_path, model, tokenizer, rows(["What is 3 + 4?"]), scored_by({})))
     assert built == [pytest.approx(2e-4), pytest.approx(6e-4)]  # policy, then critic

@@ -14,8 +14,8 @@ import yaml
 from safetensors.torch import load_file
 
 from rlx.errors import CheckpointDamaged, CheckpointWriteError, NonFiniteError, RunInUse
-from rlx.loops.common import optimizer_step
 from rlx.runtime.checkpoint import Checkpointer, list_checkpoints, truncate_metrics
+from rlx.runtime.optim import optimizer_step
 from rlx.runtime.rundir import MetricsLog, RunLock, read_metrics
 from tests.conftest import only_run_dir, run_rlx
 

@@ -154,7 +154,7 @@ def test_resume_pins_the_legacy_sampler(tmp_path):
 
 
 def test_single_turn_sampling_through_the_generator_protocol_draws_what_generate_draws():
-    """rollout/batch.py samples through HFGenerator.generate_ids (token ids in, ids out) and builds the Rollout
+    """rollout/single_turn.py samples through HFGenerator.generate_ids (token ids in, ids out) and builds the Rollout
     from the ids: every tensor and text must equal the old text path (rlx.rollout.hf.generate on the rendered
     prompts) token for token, for the same seeds, knobs, chunking and min_new_tokens."""
     from rlx.models.loading import load_causal_lm, load_tokenizer

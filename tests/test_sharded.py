@@ -17,7 +17,7 @@ from rlx.algorithms.losses import entropy_threshold, top_entropy_mask
 from rlx.config.overrides import check_overrides
 from rlx.config.paths import ASSETS_DIR
 from rlx.config.rules import check_batch
-from rlx.loops.common import eval_shard
+from rlx.evaluation.tasks import eval_shard
 from rlx.runtime.parallel import deepspeed_config, micro_batches_per_step
 from tests.conftest import run_rlx
 from tests.parallel_helpers import QUIET, SENSITIVE, assert_same_parameters
@@ -109,9 +109,9 @@ def test_reference_is_placed_like_the_policy():
 def test_no_loop_builds_its_own_reference():
     """PPO took a deepcopy of the (peft) policy: a second full model under LoRA, left on the CPU. Now the
     one builder (rlx.build.build_parts) makes every reference; no loop copies a model."""
-    from rlx.loops import agent, agent_sft, policy_gradient, ppo, preference, reward_model, sft
+    from rlx.loops import agent_sft, policy_gradient, ppo, preference, reward_model, sft
 
-    for loop in (agent, agent_sft, policy_gradient, ppo, preference, reward_model, sft):
+    for loop in (agent_sft, policy_gradient, ppo, preference, reward_model, sft):
         source = open(loop.__file__).read()
         assert "deepcopy" not in source and "reference_model(" not in source, loop.__name__
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from rlx.errors import RewardError
-from rlx.loops.common import format_prompts
 from rlx.rewards import RewardComponent, TrainerState, compute_rewards
 from rlx.rewards.rule import exact_match, format_reward
+from rlx.rollout.prompts import format_prompts
 from tests.conftest import only_run_dir, run_rlx
 
 
@@ -164,7 +164,7 @@ def test_trl_reward_reads_the_datasets_own_answer_column_in_a_training_run(tmp_p
 
 
 def test_max_prompt_length_drops_or_truncates_and_counts():
-    from rlx.loops.common import limit_prompt_length
+    from rlx.data.prompt_limits import limit_prompt_length
     from rlx.models.loading import load_tokenizer
 
     tokenizer = load_tokenizer("builtin:tiny", None, False)

@@ -36,7 +36,8 @@ def _rollout_cfg(**overrides):
 def test_vllm_config_and_errors():
     cfg = _rollout_cfg()
     assert cfg.backend == "vllm" and cfg.samples_per_prompt == 8  # the hf sampling settings carry over
-    assert build_engine(OmegaConf.create({"backend": "hf"}), None, None, 0) is None
+    hf = build_engine(_rollout_cfg(backend="hf"), "policy", None, 0)  # rollout=hf: the policy generates itself
+    assert type(hf).__name__ == "HFGenerator" and hf.model == "policy"
     with pytest.raises(UserError, match="valid choices: hf, vllm"):
         build_engine(OmegaConf.create({"backend": "vlm"}), None, None, 0)
     for bad, match in (({"seeding": "row"}, "valid choices: request, batch"), ({"sleep_level": 3}, "sleep_level=3"),

@@ -12,7 +12,7 @@ import torch
 
 
 def fixed_groups(num_samples: int, group_size: int) -> torch.Tensor:
-    """(N,) ids 0,0,..,1,1,..: G adjacent samples per group, as rollout/batch.py lays a batch out."""
+    """(N,) ids 0,0,..,1,1,..: G adjacent samples per group, as rollout/single_turn.py lays a batch out."""
     if group_size < 1 or num_samples % group_size:
         raise ValueError(f"{num_samples} samples do not split into groups of {group_size}")
     return torch.arange(num_samples) // group_size

@@ -15,6 +15,7 @@ import hydra
 from omegaconf import DictConfig
 
 from rlx.config.paths import CONF_DIR
+from rlx.config.rules import optimized_metric
 from rlx.errors import (
     CheckpointDamaged,
     CheckpointWriteError,
@@ -61,7 +62,8 @@ def train_app(cfg: DictConfig) -> float | None:
         raise
     if final is None:  # nothing ran here (already finished, final/ rebuilt, parent or non-main worker)
         return None
-    write_result(run_dir, final, cfg.optimized_metric)
-    if cfg.optimized_metric not in final:
-        log.warning("optimized_metric '%s' is not a final metric; valid choices: %s", cfg.optimized_metric, ", ".join(final))
-    return final.get(cfg.optimized_metric)
+    metric = optimized_metric(cfg.optimized_metric, cfg.algorithm.family)
+    write_result(run_dir, final, metric)
+    if metric not in final:
+        log.warning("optimized_metric '%s' is not a final metric; valid choices: %s", metric, ", ".join(final))
+    return final.get(metric)

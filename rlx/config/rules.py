@@ -29,6 +29,10 @@ def check_settings(cfg: DictConfig) -> None:
     """Combinations that make no sense stop the run before any work, naming the settings."""
     check_config(cfg)  # every knob's type, range and family first (unknown family included): the rules below compare them
     family = cfg.algorithm.family
+    if cfg.get("env") is not None and family not in EPISODE_FAMILIES:
+        raise UserError(f"env={cfg.env.name} trains on episodes of the environment, which algorithm={cfg.algorithm.name} "
+                        f"(family {family}) does not play: pick an agent algorithm (algorithm=agent_grpo | gigpo | "
+                        f"mt_grpo) or leave env out")
     for check in FAMILY_CHECKS[family]:
         check(cfg)
     for name, spec in cfg.reward.components.items():
@@ -81,7 +85,7 @@ def check_preference_settings(cfg: DictConfig) -> None:
 
 
 def check_agent_settings(cfg: DictConfig) -> None:
-    """The multi-turn loop (rlx/loops/agent.py) needs an environment and a known credit estimator."""
+    """Episodes (the policy-gradient loop with a credit rule, rlx/loops/credit.py) need an environment."""
     algo, env = cfg.algorithm, cfg.get("env")
     if env is None:
         raise UserError(f"algorithm={algo.name} plays an environment: add env=grid (or guess_number, corridor, tool_use, "
@@ -93,9 +97,9 @@ def check_agent_settings(cfg: DictConfig) -> None:
         env_factory(env.name, env.get("target"), env.get("kwargs"))
     except EnvError as exc:
         raise UserError(str(exc)) from None
-    if cfg.rollout.get("tis_cap") is not None:
-        raise UserError("rollout.tis_cap (truncated importance sampling) is implemented for the policy-gradient "
-                        "family (GRPO, RLOO, ...), not the agent loop; unset it")
+    if algo.kl_in != "loss":
+        raise UserError(f"algorithm.kl_in={algo.kl_in}: episodes take the KL as a penalty per model token; set "
+                        f"algorithm.kl_in=loss")
     if cfg.rollout.samples_per_prompt < 2:
         raise UserError(f"algorithm.family=agent compares the episodes of a task: rollout.samples_per_prompt="
                         f"{cfg.rollout.samples_per_prompt} must be at least 2")
@@ -262,6 +266,16 @@ def check_device(hardware) -> None:
                         f"(torch {torch.__version__}, cuda available: False); use hardware=cpu, or hardware.cpu=true "
                         f"to keep the other settings on the CPU")
 
+
+EPISODE_FAMILIES = ("agent", "agent_sft")  # the families whose rows are episodes of an `env`
+
+
+def optimized_metric(name: str, family: str) -> str:
+    """The final metric a sweep optimizes: `optimized_metric`, where `auto` means eval/success for the episode
+    families and eval/accuracy for the others."""
+    if name != "auto":
+        return name
+    return "eval/success" if family in EPISODE_FAMILIES else "eval/accuracy"
 
 # algorithm.family -> the cross-field rules of its knobs, run in order after the common ones
 FAMILY_CHECKS = {

@@ -10,43 +10,27 @@ an alias of it.
 from __future__ import annotations
 
 import numpy as np
+from accelerate.utils import gather_object
 
 from rlx.evaluation.metrics import pass_at_k
-from rlx.rollout.env import run_episodes
-from rlx.rollout.hf import eos_ids
+from rlx.rollout.env import EVAL_SEED_BASE, play
+from rlx.rollout.episodes import episode_metrics
 from rlx.rollout.types import Episode
 
 
-def episode_metrics(episodes: list[Episode], prefix: str) -> dict:
-    """<prefix>/success|return|turns|invalid_actions|truncated_frac (means over episodes) and errors (count)."""
-    n = max(len(episodes), 1)
-    return {
-        f"{prefix}/success": sum(e.success for e in episodes) / n,
-        f"{prefix}/return": sum(sum(e.step_rewards) for e in episodes) / n,
-        f"{prefix}/turns": sum(len(e.step_rewards) for e in episodes) / n,
-        f"{prefix}/invalid_actions": sum(e.valid.count(False) for e in episodes) / n,
-        f"{prefix}/truncated_frac": sum(e.truncated for e in episodes) / n,
-        f"{prefix}/errors": sum(e.error is not None for e in episodes),
-    }
+def episode_evaluator(acc, generator, tokenizer, factory, limits, *, use_chat_template: bool):
+    """run_eval(step) -> eval/* metrics: `limits.eval_episodes` held-out episodes (environment seeds from
+    EVAL_SEED_BASE), greedy when `limits.eval_greedy`, split over processes and gathered; played by `generator`
+    (the policy itself, or the engine holding the weights published after the last update)."""
+    eval_seeds = [EVAL_SEED_BASE + k for k in range(limits.eval_episodes)]
 
+    def run_eval(step: int) -> dict:
+        mine = list(range(acc.process_index, len(eval_seeds), acc.num_processes))  # this process's episodes
+        episodes = play(generator, tokenizer, factory, limits, [eval_seeds[k] for k in mine], mine,
+                        greedy=limits.eval_greedy, use_chat_template=use_chat_template)
+        return episode_metrics(gather_object(episodes), "eval")
 
-def play(generator, tokenizer, factory, env_cfg, env_seeds: list[int], sample_seeds: list[int], *, greedy: bool,
-         use_chat_template: bool = True, stop_ids: list[int] | None = None) -> list[Episode]:
-    """One episode in a fresh environment (factory()) per seed, limits from the `env` config group."""
-    envs = [factory() for _ in env_seeds]
-    if stop_ids is None:  # the vLLM engine carries its stop ids; HFGenerator's come from its model
-        stop_ids = (getattr(generator, "stop_ids", None) if not hasattr(generator, "model")
-                    else eos_ids(generator.model, tokenizer))
-    return run_episodes(generator, tokenizer, envs, env_seeds, sample_seeds, max_turns=env_cfg.max_turns,
-                        max_new_tokens=env_cfg.max_new_tokens, max_total_tokens=env_cfg.max_total_tokens, greedy=greedy,
-                        system_prompt=env_cfg.system_prompt, use_chat_template=use_chat_template, stop_ids=stop_ids)
-
-
-def episode_records(episodes: list[Episode], count: int, extra: list[dict] | None = None) -> list[dict]:
-    """Readable samples files: what the model saw and did in each episode."""
-    return [{"observations": e.observations, "actions": e.actions, "rewards": e.step_rewards, "success": e.success,
-             "truncated": e.truncated, "error": e.error, **(extra[i] if extra else {})}
-            for i, e in enumerate(episodes[:count])]
+    return run_eval
 
 
 def episode_summary(e: Episode) -> dict:
@@ -61,7 +45,6 @@ def play_tasks(generator, tokenizer, factory, env_cfg, tasks: list[int], *, n: i
     """One record per held-out task t (environment seed EVAL_SEED_BASE + t): its greedy episode (when
     `greedy`) and `n` sampled episodes. Sampled episode j of task t samples with sample_seed(seed, t, j),
     so a task's episodes do not depend on which tasks share its batch (resume gives the same records)."""
-    from rlx.rollout.env import EVAL_SEED_BASE
     from rlx.rollout.sampling import sample_seed
 
     records = [{"id": f"task_{t:06d}", "env_seed": EVAL_SEED_BASE + t, "greedy": None, "episodes": []} for t in tasks]

@@ -23,67 +23,53 @@ from accelerate.utils import gather_object
 from rlx.envs import env_factory
 from rlx.envs.demos import ExpertGenerator
 from rlx.errors import EnvError, UserError
-from rlx.evaluation.agents import episode_metrics, play
-from rlx.loops.common import (
-    Parts,
-    end_step,
-    eval_due,
-    evaluate_at_start,
-    optimizer_step,
-)
+from rlx.loops.common import Parts, end_step, eval_due, evaluate_at_start
 from rlx.models.forward import completion_logprobs
 from rlx.rollout.env import EVAL_SEED_BASE, run_episodes, train_env_seed
-from rlx.rollout.generator import policy_generator
-from rlx.rollout.types import RolloutBatch
+from rlx.rollout.episodes import episode_metrics
+from rlx.rollout.types import Rollout
+from rlx.runtime.optim import optimizer_step
 from rlx.runtime.parallel import backward, global_sum, shard
 
 log = logging.getLogger("rlx")
 
 
-def train_agent_sft(cfg, parts: Parts) -> dict:
-    algo, env_cfg = cfg.algorithm, cfg.env
+def train_agent_sft(settings, parts: Parts) -> dict:
+    algo, env = settings.algorithm, settings.env
     acc, tokenizer = parts.accelerator, parts.tokenizer
     try:
-        factory = env_factory(env_cfg.name, env_cfg.get("target"), env_cfg.get("kwargs"))
+        factory = env_factory(env.name, env.target, env.kwargs)
     except EnvError as exc:
         raise UserError(str(exc)) from None
     model, optimizer, scheduler = parts.model, parts.optimizer, parts.scheduler
-    checkpointer, metrics_log = parts.checkpointer, parts.metrics_log
+    checkpointer, metrics_log, run_eval = parts.checkpointer, parts.metrics_log, parts.run_eval
     start_step = checkpointer.restore(**parts.checkpointed)
-    eval_seeds = [EVAL_SEED_BASE + k for k in range(env_cfg.eval_episodes)]
-
-    def run_eval(step: int) -> dict:
-        generator = policy_generator(acc.unwrap_model(model), tokenizer, cfg.rollout)
-        mine = list(range(acc.process_index, len(eval_seeds), acc.num_processes))  # this process's held-out episodes
-        episodes = play(generator, tokenizer, factory, env_cfg, [eval_seeds[k] for k in mine], mine,
-                        greedy=env_cfg.eval_greedy, use_chat_template=cfg.model.chat_template)
-        return episode_metrics(gather_object(episodes), "eval")
-
-    last_eval = evaluate_at_start(cfg.eval.at_start, start_step, metrics_log, run_eval)
-    group = cfg.rollout.samples_per_prompt
-    for step in range(start_step + 1, cfg.steps + 1):
+    last_eval = evaluate_at_start(settings.eval.at_start, start_step, metrics_log, run_eval)
+    group = settings.rollout.samples_per_prompt
+    for step in range(start_step + 1, settings.steps + 1):
         start = time.perf_counter()
-        tasks = shard(cfg.prompts_per_step, acc)  # this process's demonstrations: global indices `mine`
+        tasks = shard(settings.prompts_per_step, acc)  # this process's demonstrations: global indices `mine`
         mine = list(range(tasks.start * group, tasks.stop * group))
-        seeds = [train_env_seed(cfg.seed, step, i) for i in mine]  # one task per demonstration
+        seeds = [train_env_seed(settings.seed, step, i) for i in mine]  # one task per demonstration
         envs = {i: factory() for i in mine}
-        expert = ExpertGenerator(envs, tokenizer, algo.skill, seed=cfg.seed * 1_000_003 + step)
-        episodes = run_episodes(expert, tokenizer, list(envs.values()), seeds, mine, max_turns=env_cfg.max_turns,
-                                max_new_tokens=env_cfg.max_new_tokens, max_total_tokens=env_cfg.max_total_tokens,
-                                system_prompt=env_cfg.system_prompt, use_chat_template=cfg.model.chat_template,
+        expert = ExpertGenerator(envs, tokenizer, algo.skill, seed=settings.seed * 1_000_003 + step)
+        episodes = run_episodes(expert, tokenizer, list(envs.values()), seeds, mine, max_turns=env.max_turns,
+                                max_new_tokens=env.max_new_tokens, max_total_tokens=env.max_total_tokens,
+                                system_prompt=env.system_prompt, use_chat_template=settings.model.chat_template,
                                 stop_ids=[tokenizer.eos_token_id])
-        batch = RolloutBatch.from_episodes(episodes, tokenizer.pad_token_id)
+        batch = Rollout.from_episodes(episodes, tokenizer.pad_token_id)
         total_tokens = max(global_sum(acc, float(batch.loss_mask.sum())), 1.0)  # token-mean over the global batch
         loss_sum = 0.0
-        for lo in range(0, len(mine), cfg.micro_batch_size):
-            sl = slice(lo, lo + cfg.micro_batch_size)
+        for lo in range(0, len(mine), settings.micro_batch_size):
+            sl = slice(lo, lo + settings.micro_batch_size)
             logp, _ = completion_logprobs(model, batch.prompt_ids[sl], batch.prompt_mask[sl], batch.completion_ids[sl],
                                           batch.completion_mask[sl])
             mask = batch.loss_mask[sl].to(logp.device, logp.dtype)
             loss = -(logp * mask).sum() / total_tokens  # token-mean NLL over the demonstrated turns
             backward(acc, loss, model)
             loss_sum += loss.item()
-        grad_norm = optimizer_step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm)
+        grad_norm = optimizer_step(acc, model, optimizer, scheduler, settings.optim.max_grad_norm)
+        parts.generator.publish(acc.unwrap_model(model), step)  # held-out episodes play the updated policy
         metrics = {
             "train/loss": global_sum(acc, loss_sum),
             "train/lr": scheduler.get_last_lr()[0],
@@ -91,10 +77,10 @@ def train_agent_sft(cfg, parts: Parts) -> dict:
             **episode_metrics(gather_object(episodes), "demo"),
             "perf/step_time_s": time.perf_counter() - start,
         }
-        if eval_due(step, cfg.eval.every, cfg.steps):
+        if eval_due(step, settings.eval.every, settings.steps):
             last_eval = run_eval(step)
             metrics.update(last_eval)
-        end_step(step, metrics, metrics_log, checkpointer, cfg.log.every, cfg.steps)
+        end_step(step, metrics, metrics_log, checkpointer, settings.log.every, settings.steps)
     metrics_log.close()
     return {"model": model, "final_eval": last_eval}
 

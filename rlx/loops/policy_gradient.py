@@ -1,57 +1,56 @@
-"""Policy-gradient training loop (GRPO family, critic-free), read top to bottom.
+"""The policy-gradient loop (GRPO family and multi-turn agents; critic-free), read top to bottom.
 
 Each step:
-  1. draw `prompts_per_step` prompts and sample G = rollout.samples_per_prompt completions for each
-     (G + 1 for the median estimator); with dynamic sampling (DAPO), groups whose rewards all tie are
-     dropped and more prompts are drawn, up to `algorithm.max_sample_batches` generation rounds;
-  2. score them with every reward component (reward/<name>) and sum by weight; the soft overlong
-     punishment (DAPO) is one more component when `algorithm.overlong_buffer` > 0;
-  3. turn rewards into advantages (algorithms/advantages.py), optionally shaped by KL in the reward
-     and weighted by sign;
-  4. optimise the clipped surrogate (algorithms/losses.py), plus an optional KL penalty to a frozen
-     reference (algorithms/kl.py) and entropy bonus, for `algorithm.epochs` passes of
-     `algorithm.mini_batches` optimizer steps each, accumulating exactly over micro-batches of
-     `micro_batch_size` sequences (the normalisers are those of the whole mini-batch).
-Departures from the GRPO paper: token-mean aggregation by default (DAPO), and the old log-probs are
-not recomputed when only one optimizer step is taken per batch (the ratio is then exactly 1).
-Batch sampling lives in rollout/batch.py and the helpers shared with PPO in loops/common.py.
-With several processes (hardware=ddp), each takes its contiguous shard of the global batch, and
-rewards, advantages and loss normalisers are computed over the global batch (rlx/runtime/parallel.py).
+  1. the producer (rlx/rollout/single_turn.py or episodes.py, built by rlx/build.py) hands over a Batch around
+     one Rollout: G samples per prompt scored by the reward components (with DAPO's dynamic sampling and the
+     median estimator's extra pivot), or G episodes per environment seed played turn by turn;
+  2. log-probs under the policy that sampled ("old", recomputed by the trainer when several optimizer steps
+     are taken per batch, the KL is in the reward, or tokens are ranked by entropy) and under the frozen
+     reference (when kl_coef > 0), both at the sampling temperature;
+  3. credit (loops/credit.py, by the producer's kind): an outcome estimator over each group's rewards
+     (algorithm.advantage), or a credit rule over the steps of the episodes (algorithm.credit), spread over
+     the sampled tokens by their loss mask;
+  4. one update: the clipped surrogate (algorithms/losses.py) plus an optional KL penalty (algorithms/kl.py)
+     and entropy bonus, truncated importance weights when the sampler is not the trainer (rollout.tis_cap),
+     forking tokens (algorithm.forking_rho), for `algorithm.epochs` passes of `algorithm.mini_batches`
+     optimizer steps, accumulated exactly over micro-batches (micro_batch_size rows or micro_batch_tokens,
+     packed_forward); the loss normalisers are those of the whole mini-batch;
+  5. the updated weights are published to the generator (a vLLM engine copies them; the policy samples itself).
+Departures from the GRPO paper: token-mean aggregation by default (DAPO), and the old log-probs are not
+recomputed when only one optimizer step is taken per batch (the ratio is then exactly 1). With several
+processes (hardware=ddp), each holds its contiguous shard of the global batch, and rewards, advantages and
+loss normalisers are computed over the global batch (rlx/runtime/parallel.py). PPO is its own loop
+(loops/ppo.py), written to be diffed against this one.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import warnings
 from functools import partial
 
 import torch
 
-from rlx.algorithms.advantages import outcome_advantages, sign_weighted
-from rlx.algorithms.kl import adaptive_kl_coef, penalized_token_loss, sequence_kl_in_reward
+from rlx.algorithms.kl import adaptive_kl_coef, penalized_token_loss
 from rlx.algorithms.losses import aggregate, clipped_surrogate, entropy_threshold, top_entropy_mask
 from rlx.algorithms.offpolicy import logprob_gap, truncated_importance_weights
-from rlx.data.tasks import PromptStream
 from rlx.loops.common import (
     KLCoefficient,
     Parts,
     ReferenceReset,
-    advantage_metrics,
-    batch_settings,
     batched_logprobs,
     end_step,
     eval_due,
     evaluate_at_start,
     masked_mean,
     mean_of,
-    optimizer_step,
-    training_rewards,
 )
+from rlx.loops.credit import CREDIT_RULES
 from rlx.loops.micro_batches import plan_micro_batches
 from rlx.models.forward import completion_logprobs
-from rlx.rollout.batch import sample_batch, sample_records
-from rlx.rollout.generator import policy_generator
 from rlx.runtime.checkpoint import GeneratorState
+from rlx.runtime.optim import optimizer_step
 from rlx.runtime.parallel import (
     backward,
     gather,
@@ -66,178 +65,221 @@ from rlx.runtime.rundir import write_samples
 log = logging.getLogger("rlx")
 
 
-def train_policy_gradient(cfg, parts: Parts) -> dict:
-    algo, roll = cfg.algorithm, cfg.rollout
-    acc, tokenizer, run_dir = parts.accelerator, parts.tokenizer, parts.run_dir
-    # the median estimator samples one extra completion per prompt: the pivot, left out of the gradient
-    group_size = roll.samples_per_prompt + (1 if algo.advantage == "median" else 0)
+def train_policy_gradient(settings, parts: Parts) -> dict:
+    algo, roll = settings.algorithm, settings.rollout
+    acc, run_dir = parts.accelerator, parts.run_dir
+    producer, generator = parts.producer, parts.generator
+    credit_rule = CREDIT_RULES[producer.kind]
     updates_per_step = algo.epochs * algo.mini_batches
-    model, optimizer, scheduler, engine = parts.model, parts.optimizer, parts.scheduler, parts.engine
+    model, optimizer, scheduler = parts.model, parts.optimizer, parts.scheduler
     reference = parts.reference  # frozen starting policy (with LoRA: the base with the adapter off) or None
     kl_state = KLCoefficient(float(algo.kl_coef))
     reference_reset = ReferenceReset(reference, algo.ref_reset_every)
-    stream = PromptStream(parts.train_rows, cfg.seed)
-    train_rewards = training_rewards(parts.rewards, algo.overlong_buffer, algo.overlong_weight, roll.max_new_tokens)
-    shuffle = torch.Generator().manual_seed(cfg.seed)
+    shuffle = torch.Generator().manual_seed(settings.seed)
     checkpointer, metrics_log, run_eval = parts.checkpointer, parts.metrics_log, parts.run_eval
-    start_step = checkpointer.restore(**parts.checkpointed, data=stream, shuffle=GeneratorState(shuffle), kl=kl_state,
-                                      **reference_reset.checkpointed())
-    if engine is not None and start_step:  # resumed: the engine was built on the starting weights
-        engine.sync_weights(acc.unwrap_model(model))
-    last_eval = evaluate_at_start(cfg.eval.at_start, start_step, metrics_log, run_eval)
+    # training state in the order checkpoints hold it (single-turn runs have always kept the KL coefficient)
+    state = {**parts.checkpointed, **producer.checkpointed(), "shuffle": GeneratorState(shuffle)}
+    if producer.kind == "single_turn" or algo.kl_target is not None:
+        state["kl"] = kl_state
+    start_step = checkpointer.restore(**state, **reference_reset.checkpointed())
+    if start_step:  # resumed: a vLLM engine was built on the starting weights
+        generator.publish(acc.unwrap_model(model), start_step)
+    last_eval = evaluate_at_start(settings.eval.at_start, start_step, metrics_log, run_eval)
+    pack = settings.packed_forward
 
-    sampling = batch_settings(cfg)
-    for step in range(start_step + 1, cfg.steps + 1):
+    for step in range(start_step + 1, settings.steps + 1):
         kl_coef = kl_state.value
         step_start = time.perf_counter()
         reference_reset.maybe_reset(step, acc.unwrap_model(model))
-        # 1-2. rollout (G samples per prompt, adjacent in the batch) and rewards
-        # rollout=vllm: the engine; rollout=hf: the policy itself samples, keeping its decoder's log-probs
-        # (compared with the trainer's: rollout/logprob_gap_*; the loop recomputes old log-probs itself)
-        generator = engine if engine is not None else policy_generator(acc.unwrap_model(model), tokenizer, roll, logprobs="sampler")
-        batch = sample_batch(generator, tokenizer, stream, train_rewards, group_size, step=step, acc=acc,
-                             **sampling)
-        rollout, rewards, local = batch.rollout, batch.rewards, batch.local  # rewards: (N,) global
+        # 1. rows from the producer (this process's shard; rewards over the global batch)
+        batch = producer.produce(step)
+        rollout = batch.rollout
         generation_time = time.perf_counter() - step_start
-        if engine is not None:
-            engine.sleep()  # rollout.sleep_level: the engine's memory is given back for the update
-        sampler_logp = rollout.logprobs  # (N, C) the sampler's log-probs of the sampled tokens (vLLM or rlx's decoder)
-        tis_cap = roll.get("tis_cap") if sampler_logp is not None else None
-        gap = {"sum": 0.0, "max": 0.0, "count": 0, "capped": 0, "weight_sum": 0.0}
-        num_samples = rollout.completion_ids.shape[0]
-        completion_mask = rollout.completion_mask  # (N, C)
+        generator.sleep()  # rollout=vllm with rollout.sleep_level: the engine's memory is given back for the update
+        sampler_logp = rollout.logprobs  # (n, C) the sampler's log-probs of the sampled tokens, or None
+        completion_mask = rollout.loss_mask  # (n, C) the sampled tokens
         if algo.mask_truncated:
-            completion_mask = completion_mask * (~rollout.truncated).long().unsqueeze(1)  # (N, C)
+            completion_mask = completion_mask * (~rollout.truncated).long().unsqueeze(1)  # (n, C)
 
-        # 3. advantages (old log-probs are needed for several optimizer steps, KL in the reward, or entropy ranking)
+        # 2. old log-probs (needed for several optimizer steps, KL in the reward, or entropy ranking) and reference's
         need_old = updates_per_step > 1 or (reference is not None and algo.kl_in == "reward")
         old_logp, old_entropy = None, None
         if need_old or algo.forking_rho < 1:
-            old_logp, old_entropy = batched_logprobs(model, rollout, cfg.micro_batch_size, with_entropy=algo.forking_rho < 1,
-                                                     temperature=roll.temperature, pack=cfg.get("packed_forward", False))
-        ref_logp = (batched_logprobs(reference, rollout, cfg.micro_batch_size, temperature=roll.temperature,
-                                     pack=cfg.get("packed_forward", False))[0]
+            old_logp, old_entropy = batched_logprobs(model, rollout, settings.micro_batch_size,
+                                                     with_entropy=algo.forking_rho < 1, temperature=roll.temperature,
+                                                     pack=pack)
+        ref_logp = (batched_logprobs(reference, rollout, settings.micro_batch_size, temperature=roll.temperature,
+                                     pack=pack)[0]
                     if reference is not None else None)
-        shaped, seq_kl = rewards, None
-        if reference is not None and algo.kl_in == "reward":
-            shaped, seq_kl = sequence_kl_in_reward(rewards[local], old_logp, ref_logp, completion_mask, kl_coef)  # (n,)
-            shaped, seq_kl = gather(acc, shaped), gather(acc, seq_kl)  # (N,)
-        # advantages over the global batch; this process keeps its own samples'
-        global_advantages, global_keep = outcome_advantages(shaped, group_size, algo.advantage, algo.scale, algo.eps)
-        global_advantages = sign_weighted(global_advantages, algo.positive_weight, algo.negative_weight)  # (N,)
-        advantages, keep = global_advantages[local], global_keep[local]  # (n,), (n,)
-        loss_mask = completion_mask * keep.long().unsqueeze(1)  # (N, C): pivots and masked rows leave the loss
-        pg_mask = loss_mask  # (N, C): tokens in the policy-gradient term
+
+        # 3. credit: this process's advantages, (n,) per row or (n, C) per token, computed over the global batch
+        credit = credit_rule(batch, algo, acc=acc, completion_mask=completion_mask, old_logp=old_logp,
+                             ref_logp=ref_logp, kl_coef=kl_coef)
+        loss_mask = completion_mask * credit.keep.long().unsqueeze(1)  # (n, C): pivots and masked rows leave the loss
+        pg_mask = loss_mask  # (n, C): tokens in the policy-gradient term
         if algo.forking_rho < 1:  # one threshold over the global batch (every process's valid tokens)
             threshold = entropy_threshold(gather_padded(acc, old_entropy), gather_padded(acc, loss_mask), algo.forking_rho)
             pg_mask = loss_mask * top_entropy_mask(old_entropy, loss_mask, algo.forking_rho, threshold).long()
         if not need_old:
             old_logp = None
 
-        # 4. optimisation, in train mode: gradient checkpointing acts only there (dropout is off for good,
-        # models/lora.py disable_dropout, so train and eval mode compute the same numbers)
-        model.train()
-        stats = {"loss": 0.0, "kl": [], "entropy": [], "clip_low": [], "clip_high": [], "approx_kl": [], "grad_norm": []}
-        seq_kl_sum = 0.0
-        for _epoch in range(algo.epochs):
-            order = torch.randperm(num_samples, generator=shuffle) if updates_per_step > 1 else torch.arange(num_samples)
-            for mini in order.chunk(algo.mini_batches):
-                mini_tokens = global_sum(acc, loss_mask[mini].sum().item())  # normalisers: the whole mini-batch
-                mini_seqs = global_sum(acc, keep[mini].sum().item())
-                # a fixed count of rows, or a token budget (micro_batch_tokens; loops/micro_batches.py)
-                micro = plan_micro_batches(mini, rollout.prompt_mask, rollout.completion_mask, cfg.micro_batch_size,
-                                           cfg.get("micro_batch_tokens"), partial(global_max, acc))
-                if cfg.get("micro_batch_tokens"):
-                    set_accumulation(acc, len(micro))  # this optimizer step's count of backward passes
-                for idx in micro:
-                    mask = completion_mask[idx]
-                    logp, entropy = completion_logprobs(
-                        model, rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx], mask,
-                        with_entropy=True, entropy_grad=algo.entropy_coef > 0, temperature=roll.temperature,
-                        pack=cfg.get("packed_forward", False),
-                    )
-                    device_mask = loss_mask[idx].to(logp.device)
-                    old = old_logp[idx].to(logp.device) if old_logp is not None else logp.detach()
-                    token_loss, clip_stats = clipped_surrogate(
-                        logp, old, advantages[idx].to(logp.device), pg_mask[idx].to(logp.device), algo.clip_low,
-                        algo.clip_high, algo.dual_clip, algo.ratio_level,
-                    )
-                    if sampler_logp is not None and _epoch == 0:  # `old`: the trainer's log-probs at sampling time
-                        sampled = sampler_logp[idx].to(logp.device)
-                        gap_sum, gap_max, gap_count = logprob_gap(old, sampled, mask.to(logp.device))
-                        gap["sum"], gap["count"] = gap["sum"] + gap_sum, gap["count"] + gap_count
-                        gap["max"] = max(gap["max"], gap_max)
-                    if tis_cap is not None:  # truncated importance sampling: the sampler is not the trainer
-                        weights, capped = truncated_importance_weights(old, sampler_logp[idx].to(logp.device), tis_cap)
-                        token_loss = token_loss * weights  # (n, C)
-                        if _epoch == 0:
-                            gap["capped"] += int((capped & device_mask.bool()).sum())
-                            gap["weight_sum"] += (weights * device_mask).sum().item()
-                    token_loss, kl = penalized_token_loss(
-                        token_loss, logp, ref_logp[idx].to(logp.device) if ref_logp is not None else None, entropy,
-                        device_mask, kl_coef, algo.kl_estimator, algo.kl_in, algo.entropy_coef,
-                    )  # (n, C) each
-                    if kl is not None:
-                        stats["kl"].append(masked_mean(kl.detach(), device_mask))
-                        seq_kl_sum += (kl.detach() * device_mask).sum().item()
-                    loss = aggregate(token_loss, device_mask, algo.loss_agg, mini_tokens, mini_seqs, roll.max_new_tokens)
-                    backward(acc, loss, model)
-                    stats["loss"] += loss.item() / updates_per_step
-                    stats["entropy"].append(masked_mean(entropy.detach(), mask.to(logp.device)))
-                    stats["clip_low"].append(clip_stats["train/clip_frac_low"].item())
-                    stats["clip_high"].append(clip_stats["train/clip_frac_high"].item())
-                    stats["approx_kl"].append(clip_stats["train/approx_kl"].item())
-                grad_norm = optimizer_step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm)
-                if grad_norm is not None:
-                    stats["grad_norm"].append(grad_norm)
-        if engine is not None:
-            engine.sync_weights(acc.unwrap_model(model))  # the next rollout samples from the updated policy
+        # 4. the update. No group had a reward difference and no KL/entropy term acts: the loss has zero gradient,
+        # yet AdamW would move every weight along its momentum, so algorithm.skip_zero_advantage takes no step.
+        skip = algo.skip_zero_advantage and not credit.any_signal and algo.kl_coef == 0 and algo.entropy_coef == 0
+        update = UpdateSettings.of(settings, producer.loss_width)
+        model.train()  # gradient checkpointing acts only in train mode (dropout is off for good, models/lora.py)
+        if skip:
+            stats = new_stats()
+            with warnings.catch_warnings():  # a schedule stepped before the first optimizer step is what we want here
+                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+                for _ in range(updates_per_step):  # the schedule still follows the step count
+                    scheduler.step()
+        else:
+            stats = optimise(acc, model, optimizer, scheduler, rollout, credit.advantages, completion_mask, loss_mask,
+                             pg_mask, credit.keep, old_logp, ref_logp, sampler_logp, kl_coef, shuffle, update)
+        generator.publish(acc.unwrap_model(model), step)  # the next rows (and evaluation) sample the updated policy
         model.eval()  # generation, old/reference log-probs and evaluation run in eval mode
         if reference is not None and algo.kl_target is not None:
-            total_samples = rewards.numel()
-            observed = (seq_kl.mean().item() if seq_kl is not None
-                        else global_sum(acc, seq_kl_sum) / (algo.epochs * total_samples))
+            total_samples = batch.rewards.numel()
+            observed = (credit.seq_kl.mean().item() if credit.seq_kl is not None
+                        else global_sum(acc, stats["seq_kl_sum"]) / (algo.epochs * total_samples))
             kl_state.value = adaptive_kl_coef(kl_coef, observed, algo.kl_target, algo.kl_horizon, total_samples)
 
         step_time = time.perf_counter() - step_start
         metrics = {
             "train/loss": global_sum(acc, stats["loss"]),
             "train/lr": scheduler.get_last_lr()[0],
-            "train/entropy": global_mean(acc, mean_of(stats["entropy"])),
-            "train/clip_frac_low": global_mean(acc, mean_of(stats["clip_low"])),
-            "train/clip_frac_high": global_mean(acc, mean_of(stats["clip_high"])),
-            "train/approx_kl": global_mean(acc, mean_of(stats["approx_kl"])),
-            "train/prompts_drawn": batch.prompts_drawn,
-            "train/sample_rounds": batch.rounds,
-            **advantage_metrics(global_advantages[global_keep]),
-            **batch.drawn_metrics,
+            "train/update_skipped": float(skip),
+            **credit.metrics,
+            **batch.metrics,
             "perf/step_time_s": step_time,
             "perf/generation_time_s": generation_time,
             "perf/tokens_per_s": global_sum(acc, completion_mask.sum().item()) / step_time,
         }
-        if algo.dynamic_sampling:
-            metrics["train/filled_groups"] = batch.filled_groups
-        if sampler_logp is not None:  # sampler vs trainer: |log pi_train - log pi_sampler| over the sampled tokens
-            count = global_sum(acc, gap["count"])
-            metrics["rollout/logprob_gap_mean"] = global_sum(acc, gap["sum"]) / max(count, 1)
-            metrics["rollout/logprob_gap_max"] = gather(acc, torch.tensor([gap["max"]])).max().item()
-            if tis_cap is not None:
+        if producer.kind == "single_turn":
+            metrics.update({"train/prompts_drawn": batch.prompts_drawn, "train/sample_rounds": batch.rounds})
+            if settings.algorithm.dynamic_sampling:
+                metrics["train/filled_groups"] = batch.filled_groups
+        if not skip:  # a skipped update computed no log-probs
+            metrics.update(update_metrics(acc, stats))
+        if sampler_logp is not None and (stats["gap_count"] or not skip):
+            # sampler vs trainer: |log pi_train - log pi_sampler| over the sampled tokens
+            metrics["rollout/logprob_gap_mean"] = global_sum(acc, stats["gap_sum"]) / max(global_sum(acc, stats["gap_count"]), 1)
+            metrics["rollout/logprob_gap_max"] = gather(acc, torch.tensor([stats["gap_max"]])).max().item()
+            if update.tis_cap is not None:
                 tokens = max(global_sum(acc, loss_mask.sum().item()), 1)
-                metrics["rollout/tis_weight_mean"] = global_sum(acc, gap["weight_sum"]) / tokens
-                metrics["rollout/tis_capped_frac"] = global_sum(acc, gap["capped"]) / tokens
+                metrics["rollout/tis_weight_mean"] = global_sum(acc, stats["tis_weight_sum"]) / tokens
+                metrics["rollout/tis_capped_frac"] = global_sum(acc, stats["tis_capped"]) / tokens
         if stats["kl"]:
             metrics["train/kl_ref"] = global_mean(acc, mean_of(stats["kl"]))
             metrics["train/kl_coef"] = kl_coef
-        if stats["grad_norm"]:
-            metrics["train/grad_norm"] = mean_of(stats["grad_norm"])
-        if eval_due(step, cfg.eval.every, cfg.steps):
+        if eval_due(step, settings.eval.every, settings.steps):
             last_eval = run_eval(step)
             metrics.update(last_eval)
-        if acc.is_main_process and cfg.log.samples_every and (step % cfg.log.samples_every == 0 or step == 1):
-            # the main process holds the first shard, so its local sample i is global sample i
-            write_samples(run_dir, step, sample_records(batch, advantages, cfg.log.num_samples))
-        end_step(step, metrics, metrics_log, checkpointer, cfg.log.every, cfg.steps)
-    if engine is not None:
-        engine.close()
+        if acc.is_main_process and settings.log.samples_every and (step % settings.log.samples_every == 0 or step == 1):
+            # the main process holds the first shard, so its local row i is global row i
+            write_samples(run_dir, step, producer.records(batch, credit.samples, settings.log.num_samples))
+        end_step(step, metrics, metrics_log, checkpointer, settings.log.every, settings.steps)
     metrics_log.close()
+    generator.close()
     return {"model": model, "final_eval": last_eval}
+
+
+class UpdateSettings:
+    """The knobs of one update, read once from the typed settings (algorithm, rollout, batching)."""
+
+    def __init__(self, **values):
+        self.__dict__.update(values)
+
+    @classmethod
+    def of(cls, settings, loss_width: int) -> UpdateSettings:
+        algo, roll = settings.algorithm, settings.rollout
+        return cls(epochs=algo.epochs, mini_batches=algo.mini_batches, clip_low=algo.clip_low, clip_high=algo.clip_high,
+                   dual_clip=algo.dual_clip, ratio_level=algo.ratio_level, loss_agg=algo.loss_agg,
+                   kl_estimator=algo.kl_estimator, kl_in=algo.kl_in, entropy_coef=algo.entropy_coef,
+                   temperature=roll.temperature, tis_cap=getattr(roll, "tis_cap", None),
+                   micro_batch_size=settings.micro_batch_size, micro_batch_tokens=settings.micro_batch_tokens,
+                   pack=settings.packed_forward, max_grad_norm=settings.optim.max_grad_norm, loss_width=loss_width)
+
+
+def new_stats() -> dict:
+    return {"loss": 0.0, "kl": [], "entropy": [], "clip_low": [], "clip_high": [], "clip": [], "approx_kl": [],
+            "grad_norm": [], "seq_kl_sum": 0.0, "gap_sum": 0.0, "gap_max": 0.0, "gap_count": 0, "tis_capped": 0,
+            "tis_weight_sum": 0.0}
+
+
+def optimise(acc, model, optimizer, scheduler, rollout, advantages, completion_mask, loss_mask, pg_mask, keep, old_logp,
+             ref_logp, sampler_logp, kl_coef: float, shuffle: torch.Generator, u: UpdateSettings) -> dict:
+    """`u.epochs` passes of `u.mini_batches` optimizer steps over the rows, each accumulated exactly over its
+    micro-batches. Returns the statistics (new_stats) of the update. old_logp None: one optimizer step per
+    batch, the ratio taken against the current policy's own (detached) log-probs."""
+    stats = new_stats()
+    num_rows = rollout.completion_ids.shape[0]
+    updates_per_step = u.epochs * u.mini_batches
+    for epoch in range(u.epochs):
+        order = torch.randperm(num_rows, generator=shuffle) if updates_per_step > 1 else torch.arange(num_rows)
+        for mini in order.chunk(u.mini_batches):
+            mini_tokens = global_sum(acc, loss_mask[mini].sum().item())  # normalisers: the whole mini-batch
+            mini_seqs = global_sum(acc, keep[mini].sum().item())
+            # a fixed count of rows, or a token budget (micro_batch_tokens; loops/micro_batches.py)
+            micro = plan_micro_batches(mini, rollout.prompt_mask, rollout.completion_mask, u.micro_batch_size,
+                                       u.micro_batch_tokens, partial(global_max, acc))
+            if u.micro_batch_tokens:
+                set_accumulation(acc, len(micro))  # this optimizer step's count of backward passes
+            for idx in micro:
+                logp, entropy = completion_logprobs(
+                    model, rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx],
+                    rollout.completion_mask[idx], with_entropy=True, entropy_grad=u.entropy_coef > 0,
+                    temperature=u.temperature, pack=u.pack,
+                )
+                device_mask = loss_mask[idx].to(logp.device)
+                old = old_logp[idx].to(logp.device) if old_logp is not None else logp.detach()
+                token_loss, clip_stats = clipped_surrogate(
+                    logp, old, advantages[idx].to(logp.device), pg_mask[idx].to(logp.device), u.clip_low, u.clip_high,
+                    u.dual_clip, u.ratio_level,
+                )
+                if sampler_logp is not None and epoch == 0:  # `old`: the trainer's log-probs at sampling time
+                    gap_sum, gap_max, gap_count = logprob_gap(old, sampler_logp[idx].to(logp.device),
+                                                              completion_mask[idx].to(logp.device))
+                    stats["gap_sum"], stats["gap_count"] = stats["gap_sum"] + gap_sum, stats["gap_count"] + gap_count
+                    stats["gap_max"] = max(stats["gap_max"], gap_max)
+                if u.tis_cap is not None and sampler_logp is not None:  # truncated importance sampling
+                    weights, capped = truncated_importance_weights(old, sampler_logp[idx].to(logp.device), u.tis_cap)
+                    token_loss = token_loss * weights  # (n, C)
+                    if epoch == 0:
+                        stats["tis_capped"] += int((capped & device_mask.bool()).sum())
+                        stats["tis_weight_sum"] += (weights * device_mask).sum().item()
+                token_loss, kl = penalized_token_loss(
+                    token_loss, logp, ref_logp[idx].to(logp.device) if ref_logp is not None else None, entropy,
+                    device_mask, kl_coef, u.kl_estimator, u.kl_in, u.entropy_coef,
+                )  # (n, C) each
+                if kl is not None:
+                    stats["kl"].append(masked_mean(kl.detach(), device_mask))
+                    stats["seq_kl_sum"] += (kl.detach() * device_mask).sum().item()
+                loss = aggregate(token_loss, device_mask, u.loss_agg, mini_tokens, mini_seqs, u.loss_width)
+                backward(acc, loss, model)
+                stats["loss"] += loss.item() / updates_per_step
+                stats["entropy"].append(masked_mean(entropy.detach(), completion_mask[idx].to(logp.device)))
+                low, high = clip_stats["train/clip_frac_low"].item(), clip_stats["train/clip_frac_high"].item()
+                stats["clip_low"].append(low)
+                stats["clip_high"].append(high)
+                stats["clip"].append(high + low)
+                stats["approx_kl"].append(clip_stats["train/approx_kl"].item())
+            grad_norm = optimizer_step(acc, model, optimizer, scheduler, u.max_grad_norm)
+            if grad_norm is not None:
+                stats["grad_norm"].append(grad_norm)
+    return stats
+
+
+def update_metrics(acc, stats: dict) -> dict:
+    """train/* of an update, averaged over micro-batches and processes."""
+    metrics = {
+        "train/entropy": global_mean(acc, mean_of(stats["entropy"])),
+        "train/clip_frac": global_mean(acc, mean_of(stats["clip"])),
+        "train/clip_frac_low": global_mean(acc, mean_of(stats["clip_low"])),
+        "train/clip_frac_high": global_mean(acc, mean_of(stats["clip_high"])),
+        "train/approx_kl": global_mean(acc, mean_of(stats["approx_kl"])),
+    }
+    if stats["grad_norm"]:
+        metrics["train/grad_norm"] = mean_of(stats["grad_norm"])  # the clipped norm is already global
+    return metrics

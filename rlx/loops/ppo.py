@@ -32,27 +32,22 @@ from rlx.algorithms.advantages import gae_advantages, whiten
 from rlx.algorithms.kl import adaptive_kl_coef, penalized_token_loss, token_rewards
 from rlx.algorithms.losses import aggregate, clipped_surrogate, explained_variance, value_loss
 from rlx.algorithms.offpolicy import logprob_gap
-from rlx.data.tasks import PromptStream
 from rlx.loops.common import (
     KLCoefficient,
     Parts,
     ReferenceReset,
-    advantage_metrics,
-    batch_settings,
     batched_logprobs,
     end_step,
     eval_due,
     evaluate_at_start,
     masked_mean,
     mean_of,
-    optimizer_step,
-    training_rewards,
 )
+from rlx.loops.credit import advantage_metrics
 from rlx.loops.micro_batches import plan_micro_batches
 from rlx.models.forward import completion_logprobs
-from rlx.rollout.batch import sample_batch, sample_records
-from rlx.rollout.generator import policy_generator
 from rlx.runtime.checkpoint import GeneratorState
+from rlx.runtime.optim import optimizer_step
 from rlx.runtime.parallel import (
     backward,
     gather,
@@ -78,37 +73,31 @@ def batched_values(value_model, rollout, micro: int, pack: bool = False) -> torc
     return torch.cat(out)
 
 
-def train_ppo(cfg, parts: Parts) -> dict:
-    algo, roll = cfg.algorithm, cfg.rollout
-    acc, tokenizer, run_dir = parts.accelerator, parts.tokenizer, parts.run_dir
-    group_size = roll.samples_per_prompt
+def train_ppo(settings, parts: Parts) -> dict:
+    algo, roll = settings.algorithm, settings.rollout
+    acc, run_dir = parts.accelerator, parts.run_dir
+    producer, generator = parts.producer, parts.generator
     updates_per_step = algo.epochs * algo.mini_batches
-    model, optimizer, scheduler, engine = parts.model, parts.optimizer, parts.scheduler, parts.engine
+    model, optimizer, scheduler = parts.model, parts.optimizer, parts.scheduler
     value_model, value_optimizer, value_scheduler = parts.value_model, parts.value_optimizer, parts.value_scheduler
     reference = parts.reference  # frozen starting policy (with LoRA: the base with the adapter off) or None
     kl_state = KLCoefficient(float(algo.kl_coef))
     reference_reset = ReferenceReset(reference, algo.ref_reset_every)
-    stream = PromptStream(parts.train_rows, cfg.seed)
-    train_rewards = training_rewards(parts.rewards, algo.overlong_buffer, algo.overlong_weight, roll.max_new_tokens)
-    shuffle = torch.Generator().manual_seed(cfg.seed)
+    shuffle = torch.Generator().manual_seed(settings.seed)
     checkpointer, metrics_log, run_eval = parts.checkpointer, parts.metrics_log, parts.run_eval
-    start_step = checkpointer.restore(**parts.checkpointed, data=stream, shuffle=GeneratorState(shuffle), kl=kl_state,
-                                      **reference_reset.checkpointed())
-    if engine is not None and start_step:  # resumed: the engine was built on the starting weights
-        engine.sync_weights(acc.unwrap_model(model))
-    last_eval = evaluate_at_start(cfg.eval.at_start, start_step, metrics_log, run_eval)
+    start_step = checkpointer.restore(**parts.checkpointed, **producer.checkpointed(), shuffle=GeneratorState(shuffle),
+                                      kl=kl_state, **reference_reset.checkpointed())
+    if start_step:  # resumed: a vLLM engine was built on the starting weights
+        generator.publish(acc.unwrap_model(model), start_step)
+    last_eval = evaluate_at_start(settings.eval.at_start, start_step, metrics_log, run_eval)
+    pack, micro_size = settings.packed_forward, settings.micro_batch_size
 
-    sampling = batch_settings(cfg)
-    for step in range(start_step + 1, cfg.steps + 1):
+    for step in range(start_step + 1, settings.steps + 1):
         kl_coef = kl_state.value
         step_start = time.perf_counter()
         reference_reset.maybe_reset(step, acc.unwrap_model(model))
-        # 1. rollout and rewards (this process's shard of the global batch)
-        # rollout=vllm: the engine; rollout=hf: the policy itself samples, keeping its decoder's log-probs
-        # (compared with the trainer's: rollout/logprob_gap_*; the loop recomputes old log-probs itself)
-        generator = engine if engine is not None else policy_generator(acc.unwrap_model(model), tokenizer, roll, logprobs="sampler")
-        batch = sample_batch(generator, tokenizer, stream, train_rewards, group_size, step=step, acc=acc,
-                             **sampling)
+        # 1. rollout and rewards (this process's shard of the global batch; the single-turn producer)
+        batch = producer.produce(step)
         rollout, rewards, local = batch.rollout, batch.rewards, batch.local  # rewards: (N,) global
         generation_time = time.perf_counter() - step_start
         num_samples = rollout.completion_ids.shape[0]  # n, this process
@@ -117,16 +106,15 @@ def train_ppo(cfg, parts: Parts) -> dict:
             mask = mask * (~rollout.truncated).long().unsqueeze(1)
 
         # 2. sampling-policy log-probs, reference log-probs and values
-        old_logp, _ = batched_logprobs(model, rollout, cfg.micro_batch_size, temperature=roll.temperature,
-                                       pack=cfg.get("packed_forward", False))  # (n, C)
-        ref_logp = (batched_logprobs(reference, rollout, cfg.micro_batch_size, temperature=roll.temperature,
-                                     pack=cfg.get("packed_forward", False))[0]
+        old_logp, _ = batched_logprobs(model, rollout, micro_size, temperature=roll.temperature,
+                                       pack=pack)  # (n, C)
+        ref_logp = (batched_logprobs(reference, rollout, micro_size, temperature=roll.temperature,
+                                     pack=pack)[0]
                     if reference is not None else None)
-        old_values = batched_values(value_model, rollout, cfg.micro_batch_size,
-                                    pack=cfg.get("packed_forward", False))  # (n, C)
+        old_values = batched_values(value_model, rollout, micro_size,
+                                    pack=pack)  # (n, C)
         gap = None
-        if engine is not None:
-            engine.sleep()  # rollout.sleep_level: the engine's memory is given back for the update
+        generator.sleep()  # rollout=vllm with rollout.sleep_level: the engine's memory is given back for the update
         if rollout.logprobs is not None:  # sampler vs trainer: |log pi_train - log pi_sampler| over the sampled tokens
             gap = logprob_gap(old_logp, rollout.logprobs, rollout.completion_mask)  # (sum, max, count)
 
@@ -153,16 +141,16 @@ def train_ppo(cfg, parts: Parts) -> dict:
                 mini_tokens = global_sum(acc, mask[mini].sum().item())  # normalisers: the whole mini-batch
                 mini_seqs = global_sum(acc, len(mini))
                 # a fixed count of rows, or a token budget (micro_batch_tokens; loops/micro_batches.py)
-                micro = plan_micro_batches(mini, rollout.prompt_mask, rollout.completion_mask, cfg.micro_batch_size,
-                                           cfg.get("micro_batch_tokens"), partial(global_max, acc))
-                if cfg.get("micro_batch_tokens"):
+                micro = plan_micro_batches(mini, rollout.prompt_mask, rollout.completion_mask, micro_size,
+                                           settings.micro_batch_tokens, partial(global_max, acc))
+                if settings.micro_batch_tokens:
                     set_accumulation(acc, len(micro))  # this optimizer step's count of backward passes
                 for idx in micro:
                     micro_mask = mask[idx]
                     logp, entropy = completion_logprobs(
                         model, rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx],
                         rollout.completion_mask[idx], with_entropy=True, entropy_grad=algo.entropy_coef > 0,
-                        temperature=roll.temperature, pack=cfg.get("packed_forward", False),
+                        temperature=roll.temperature, pack=pack,
                     )
                     device_mask = micro_mask.to(logp.device)
                     token_loss, clip_stats = clipped_surrogate(
@@ -177,7 +165,7 @@ def train_ppo(cfg, parts: Parts) -> dict:
                         stats["kl"].append(masked_mean(kl.detach(), device_mask))
                         seq_kl_sum += (kl.detach() * device_mask).sum().item()
                     values = value_model(rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx],
-                                         rollout.completion_mask[idx], pack=cfg.get("packed_forward", False))  # (n, C)
+                                         rollout.completion_mask[idx], pack=pack)  # (n, C)
                     v_loss, v_stats = value_loss(values, old_values[idx].to(values.device), returns[idx].to(values.device),
                                                  micro_mask.to(values.device), algo.value_clip)
                     policy_part = aggregate(token_loss, device_mask, algo.loss_agg, mini_tokens, mini_seqs, roll.max_new_tokens)
@@ -191,13 +179,12 @@ def train_ppo(cfg, parts: Parts) -> dict:
                     stats["clip_low"].append(clip_stats["train/clip_frac_low"].item())
                     stats["clip_high"].append(clip_stats["train/clip_frac_high"].item())
                     stats["approx_kl"].append(clip_stats["train/approx_kl"].item())
-                grad_norm = optimizer_step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm)
-                value_grad_norm = optimizer_step(acc, value_model, value_optimizer, value_scheduler, cfg.optim.max_grad_norm)
+                grad_norm = optimizer_step(acc, model, optimizer, scheduler, settings.optim.max_grad_norm)
+                value_grad_norm = optimizer_step(acc, value_model, value_optimizer, value_scheduler, settings.optim.max_grad_norm)
                 if grad_norm is not None:
                     stats["grad_norm"].append(grad_norm)
                     stats["value_grad_norm"].append(value_grad_norm)
-        if engine is not None:
-            engine.sync_weights(acc.unwrap_model(model))  # the next rollout samples from the updated policy
+        generator.publish(acc.unwrap_model(model), step)  # the next rollout samples from the updated policy
         model.eval()  # generation, old/reference log-probs and evaluation run in eval mode
         if reference is not None and algo.kl_target is not None:
             total_samples = rewards.numel()
@@ -220,7 +207,7 @@ def train_ppo(cfg, parts: Parts) -> dict:
             "train/prompts_drawn": batch.prompts_drawn,
             "train/sample_rounds": batch.rounds,
             **advantage_metrics(global_advantages, global_mask),
-            **batch.drawn_metrics,
+            **batch.metrics,
             "perf/step_time_s": step_time,
             "perf/generation_time_s": generation_time,
             "perf/tokens_per_s": global_mask.sum().item() / step_time,
@@ -234,14 +221,14 @@ def train_ppo(cfg, parts: Parts) -> dict:
         if stats["grad_norm"]:
             metrics["train/grad_norm"] = mean_of(stats["grad_norm"])
             metrics["train/value_grad_norm"] = mean_of(stats["value_grad_norm"])
-        if eval_due(step, cfg.eval.every, cfg.steps):
+        if eval_due(step, settings.eval.every, settings.steps):
             last_eval = run_eval(step)
             metrics.update(last_eval)
-        if acc.is_main_process and cfg.log.samples_every and (step % cfg.log.samples_every == 0 or step == 1):
+        if acc.is_main_process and settings.log.samples_every and (step % settings.log.samples_every == 0 or step == 1):
             # the main process holds the first shard, so its local sample i is global sample i
-            write_samples(run_dir, step, sample_records(batch, raw_advantages[:, 0], cfg.log.num_samples))
-        end_step(step, metrics, metrics_log, checkpointer, cfg.log.every, cfg.steps)
-    if engine is not None:
-        engine.close()
+            samples = [{"advantage": a} for a in raw_advantages[:, 0].tolist()]
+            write_samples(run_dir, step, producer.records(batch, samples, settings.log.num_samples))
+        end_step(step, metrics, metrics_log, checkpointer, settings.log.every, settings.steps)
+    generator.close()
     metrics_log.close()
     return {"model": model, "final_eval": last_eval}

@@ -25,16 +25,10 @@ import torch
 from rlx.algorithms.preference import REFERENCE_FREE, preference_loss, sft_nll
 from rlx.data.preferences import collate, load_prepared_pairs
 from rlx.data.tasks import PromptStream
-from rlx.loops.common import (
-    Parts,
-    end_step,
-    eval_due,
-    eval_settings,
-    evaluate,
-    evaluate_at_start,
-    optimizer_step,
-)
+from rlx.evaluation.tasks import evaluate, task_eval_settings
+from rlx.loops.common import Parts, end_step, eval_due, evaluate_at_start
 from rlx.models.forward import completion_logprobs
+from rlx.runtime.optim import optimizer_step
 from rlx.runtime.parallel import backward, global_sum, shard
 from rlx.runtime.rundir import PhaseProgress, write_samples
 
@@ -80,21 +74,21 @@ def reference_logps(model, pairs: list[dict], micro: int, pad_id: int, progress=
     return torch.cat(out) if out else torch.zeros(0, 2)
 
 
-def load_pairs(cfg, parts: Parts) -> None:
+def load_pairs(settings, parts: Parts) -> dict:
     """Run by the builder (rlx/build.py) on the unprepared starting policy: 1. the tokenized pairs, and
     2. for a reference-based loss with algorithm.reference=precompute, the reference log-probs of every
     pair (the starting policy is the reference), written into the pairs and <run>/reference_logps.pt.
-    Results go to parts.extras: train_pairs, eval_pairs, data_counts."""
-    algo, acc, run_dir = cfg.algorithm, parts.accelerator, parts.run_dir
-    pad_id, micro = parts.tokenizer.pad_token_id, cfg.micro_batch_size
-    train_pairs, eval_pairs, data_counts = load_prepared_pairs(cfg, parts.tokenizer)
+    Returns {train_pairs, eval_pairs, data_counts} (parts.pairs)."""
+    algo, acc, run_dir = settings.algorithm, parts.accelerator, parts.run_dir
+    pad_id, micro = parts.tokenizer.pad_token_id, settings.micro_batch_size
+    train_pairs, eval_pairs, data_counts = load_prepared_pairs(settings, parts.tokenizer)
     for index, pair in enumerate(train_pairs):
         pair["index"] = index
-    parts.extras.update(train_pairs=train_pairs, eval_pairs=eval_pairs, data_counts=data_counts)
+    loaded = dict(train_pairs=train_pairs, eval_pairs=eval_pairs, data_counts=data_counts)
     if algo.loss_type not in REFERENCE_FREE and algo.reference != "model":
         start = time.perf_counter()
         parts.model.to(acc.device)
-        with PhaseProgress("reference log-probs", len(train_pairs) + len(eval_pairs), cfg.log.progress,
+        with PhaseProgress("reference log-probs", len(train_pairs) + len(eval_pairs), settings.log.progress,
                            enabled=acc.is_main_process) as bar:
             cached = {"train": reference_logps(parts.model, train_pairs, micro, pad_id, bar),
                       "eval": reference_logps(parts.model, eval_pairs, micro, pad_id, bar)}
@@ -105,17 +99,18 @@ def load_pairs(cfg, parts: Parts) -> None:
                 pair["ref_chosen"], pair["ref_rejected"] = chosen, rejected
         log.info("reference log-probs of %d pairs precomputed in %.1fs -> %s", len(train_pairs) + len(eval_pairs),
                  time.perf_counter() - start, run_dir / "reference_logps.pt")
+    return loaded
 
 
-def train_preference(cfg, parts: Parts) -> dict:
-    algo = cfg.algorithm
+def train_preference(settings, parts: Parts) -> dict:
+    algo = settings.algorithm
     acc, tokenizer, run_dir = parts.accelerator, parts.tokenizer, parts.run_dir
-    pad_id, micro = tokenizer.pad_token_id, cfg.micro_batch_size
-    train_pairs, eval_pairs, data_counts = (parts.extras[k] for k in ("train_pairs", "eval_pairs", "data_counts"))
+    pad_id, micro = tokenizer.pad_token_id, settings.micro_batch_size
+    train_pairs, eval_pairs, data_counts = (parts.pairs[k] for k in ("train_pairs", "eval_pairs", "data_counts"))
     uses_reference = algo.loss_type not in REFERENCE_FREE
     # reference log-probs: precomputed by load_pairs, or a frozen model (LoRA: the base with the adapter off)
     model, optimizer, scheduler, reference = parts.model, parts.optimizer, parts.scheduler, parts.reference
-    stream = PromptStream(train_pairs, cfg.seed)
+    stream = PromptStream(train_pairs, settings.seed)
     checkpointer, metrics_log = parts.checkpointer, parts.metrics_log
     start_step = checkpointer.restore(**parts.checkpointed, data=stream)
     loss_kwargs = dict(loss_type=algo.loss_type, beta=algo.beta, label_smoothing=algo.label_smoothing, gamma=algo.gamma,
@@ -132,8 +127,8 @@ def train_preference(cfg, parts: Parts) -> dict:
         rejected = torch.tensor([p["ref_rejected"] for p in pairs], device=device)  # (m,)
         return chosen, rejected
 
-    eval_kwargs = eval_settings(cfg)
-    eval_rows = parts.eval_rows[: cfg.eval.size]
+    eval_kwargs = task_eval_settings(settings)
+    eval_rows = parts.eval_rows[: settings.eval.size]
 
     @torch.no_grad()
     def run_eval(step: int) -> dict:
@@ -160,15 +155,15 @@ def train_preference(cfg, parts: Parts) -> dict:
             task_metrics, records = evaluate(policy, tokenizer, eval_rows, parts.rewards, **eval_kwargs, acc=acc)
             metrics.update(task_metrics)
             if acc.is_main_process:
-                write_samples(run_dir, step, records[: cfg.log.num_samples])
+                write_samples(run_dir, step, records[: settings.log.num_samples])
         policy.train(was_training)
         return metrics
 
-    last_eval = evaluate_at_start(cfg.eval.at_start, start_step, metrics_log, run_eval, data_counts)
+    last_eval = evaluate_at_start(settings.eval.at_start, start_step, metrics_log, run_eval, data_counts)
 
     batch_size = algo.batch_size
     model.train()  # gradient checkpointing acts only in train mode; dropout is off (models/lora.py)
-    for step in range(start_step + 1, cfg.steps + 1):
+    for step in range(start_step + 1, settings.steps + 1):
         start = time.perf_counter()
         # 3. a batch of pairs (this process's shard of the global batch), in micro-batches
         pairs = stream.take(batch_size)[shard(batch_size, acc)]
@@ -192,7 +187,7 @@ def train_preference(cfg, parts: Parts) -> dict:
                 totals[key] = totals.get(key, 0.0) + float(value) * weight
             tokens += int(chosen_len.sum() + rejected_len.sum()) + 2 * sum(len(p["prompt_tokens"]) for p in chunk)
         # 5. optimizer step
-        grad_norm = optimizer_step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm)
+        grad_norm = optimizer_step(acc, model, optimizer, scheduler, settings.optim.max_grad_norm)
         elapsed = time.perf_counter() - start
         totals = {key: global_sum(acc, value) for key, value in totals.items()}
         tokens = global_sum(acc, tokens)
@@ -203,9 +198,9 @@ def train_preference(cfg, parts: Parts) -> dict:
             "perf/step_time_s": elapsed,
             "perf/tokens_per_s": tokens / elapsed,
         }
-        if eval_due(step, cfg.eval.every, cfg.steps):
+        if eval_due(step, settings.eval.every, settings.steps):
             last_eval = run_eval(step)
             metrics.update(last_eval)
-        end_step(step, metrics, metrics_log, checkpointer, cfg.log.every, cfg.steps)
+        end_step(step, metrics, metrics_log, checkpointer, settings.log.every, settings.steps)
     metrics_log.close()
     return {"model": model, "final_eval": last_eval}

@@ -23,14 +23,9 @@ from rlx.algorithms.preference import bradley_terry_loss
 from rlx.data.preferences import load_prepared_pairs
 from rlx.data.tasks import PromptStream
 from rlx.errors import UserError
-from rlx.loops.common import (
-    Parts,
-    end_step,
-    eval_due,
-    evaluate_at_start,
-    optimizer_step,
-)
+from rlx.loops.common import Parts, end_step, eval_due, evaluate_at_start
 from rlx.rewards.model import forward_scores
+from rlx.runtime.optim import optimizer_step
 from rlx.runtime.parallel import backward, global_sum, shard
 
 log = logging.getLogger("rlx")
@@ -51,15 +46,15 @@ def pair_scores(model, pairs: list[dict], pad_id: int) -> tuple[torch.Tensor, to
     return scores[: len(pairs)], scores[len(pairs) :]
 
 
-def train_reward_model(cfg, parts: Parts) -> dict:
-    algo = cfg.algorithm
+def train_reward_model(settings, parts: Parts) -> dict:
+    algo = settings.algorithm
     acc, tokenizer = parts.accelerator, parts.tokenizer
-    pad_id, micro = tokenizer.pad_token_id, cfg.micro_batch_size
-    train_pairs, eval_pairs, data_counts = load_prepared_pairs(cfg, tokenizer)
+    pad_id, micro = tokenizer.pad_token_id, settings.micro_batch_size
+    train_pairs, eval_pairs, data_counts = load_prepared_pairs(settings, tokenizer)
     if algo.use_margin and not any("margin" in p for p in train_pairs):
         raise UserError("algorithm.use_margin=true but the pairs have no margin; set data.pairs.columns.margin=COLUMN")
     model, optimizer, scheduler = parts.model, parts.optimizer, parts.scheduler
-    stream = PromptStream(train_pairs, cfg.seed)
+    stream = PromptStream(train_pairs, settings.seed)
     checkpointer, metrics_log = parts.checkpointer, parts.metrics_log
     start_step = checkpointer.restore(**parts.checkpointed, data=stream)
 
@@ -85,11 +80,11 @@ def train_reward_model(cfg, parts: Parts) -> dict:
         n = max(1, len(eval_pairs))
         return {"eval/pref_accuracy": correct / n, "eval/rm_margin": diff_sum / n, "eval/rm_loss": loss_sum / n}
 
-    last_eval = evaluate_at_start(cfg.eval.at_start, start_step, metrics_log, run_eval, data_counts) if eval_pairs else {}
+    last_eval = evaluate_at_start(settings.eval.at_start, start_step, metrics_log, run_eval, data_counts) if eval_pairs else {}
 
     batch_size = algo.batch_size
     model.train()  # gradient checkpointing acts only in train mode; dropout is off (models/lora.py)
-    for step in range(start_step + 1, cfg.steps + 1):
+    for step in range(start_step + 1, settings.steps + 1):
         start = time.perf_counter()
         # 1. a batch of pairs (this process's shard of the global batch), in micro-batches
         pairs = stream.take(batch_size)[shard(batch_size, acc)]
@@ -107,7 +102,7 @@ def train_reward_model(cfg, parts: Parts) -> dict:
                 totals[key] = totals.get(key, 0.0) + float(value) * weight
             tokens += sum(2 * len(p["prompt_tokens"]) + len(p["chosen_tokens"]) + len(p["rejected_tokens"]) for p in chunk)
         # 3. optimizer step
-        grad_norm = optimizer_step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm)
+        grad_norm = optimizer_step(acc, model, optimizer, scheduler, settings.optim.max_grad_norm)
         elapsed = time.perf_counter() - start
         totals = {key: global_sum(acc, value) for key, value in totals.items()}
         tokens = global_sum(acc, tokens)
@@ -120,9 +115,9 @@ def train_reward_model(cfg, parts: Parts) -> dict:
             "perf/step_time_s": elapsed,
             "perf/tokens_per_s": tokens / elapsed,
         }
-        if eval_pairs and eval_due(step, cfg.eval.every, cfg.steps):
+        if eval_pairs and eval_due(step, settings.eval.every, settings.steps):
             last_eval = run_eval(step)
             metrics.update(last_eval)
-        end_step(step, metrics, metrics_log, checkpointer, cfg.log.every, cfg.steps)
+        end_step(step, metrics, metrics_log, checkpointer, settings.log.every, settings.steps)
     metrics_log.close()
     return {"model": model, "final_eval": last_eval}

@@ -13,17 +13,11 @@ import time
 import torch
 
 from rlx.data.tasks import PromptStream
-from rlx.loops.common import (
-    Parts,
-    end_step,
-    eval_due,
-    eval_settings,
-    evaluate,
-    evaluate_at_start,
-    format_prompts,
-    optimizer_step,
-)
+from rlx.evaluation.tasks import evaluate, task_eval_settings
+from rlx.loops.common import Parts, end_step, eval_due, evaluate_at_start
 from rlx.models.forward import completion_logprobs
+from rlx.rollout.prompts import format_prompts
+from rlx.runtime.optim import optimizer_step
 from rlx.runtime.parallel import backward, global_sum, shard
 from rlx.runtime.rundir import write_samples
 
@@ -44,30 +38,30 @@ def tokenize_pairs(tokenizer, prompts: list[str], completions: list[str]):
     return enc["input_ids"], enc["attention_mask"], completion_ids, completion_mask
 
 
-def train_sft(cfg, parts: Parts) -> dict:
+def train_sft(settings, parts: Parts) -> dict:
     acc, tokenizer, run_dir = parts.accelerator, parts.tokenizer, parts.run_dir
     model, optimizer, scheduler = parts.model, parts.optimizer, parts.scheduler
-    stream = PromptStream(parts.train_rows, cfg.seed)
+    stream = PromptStream(parts.train_rows, settings.seed)
     checkpointer, metrics_log = parts.checkpointer, parts.metrics_log
     start_step = checkpointer.restore(**parts.checkpointed, data=stream)
-    eval_kwargs = eval_settings(cfg)
-    eval_rows = parts.eval_rows[: cfg.eval.size]
+    eval_kwargs = task_eval_settings(settings)
+    eval_rows = parts.eval_rows[: settings.eval.size]
 
     def run_eval(step: int) -> dict:
         metrics, records = evaluate(acc.unwrap_model(model), tokenizer, eval_rows, parts.rewards, **eval_kwargs, acc=acc)
         if acc.is_main_process:
-            write_samples(run_dir, step, records[: cfg.log.num_samples])
+            write_samples(run_dir, step, records[: settings.log.num_samples])
         return metrics
 
-    last_eval = evaluate_at_start(cfg.eval.at_start, start_step, metrics_log, run_eval)
+    last_eval = evaluate_at_start(settings.eval.at_start, start_step, metrics_log, run_eval)
 
-    batch_size, micro = cfg.algorithm.batch_size, cfg.micro_batch_size
+    batch_size, micro = settings.algorithm.batch_size, settings.micro_batch_size
     model.train()  # gradient checkpointing acts only in train mode; dropout is off (models/lora.py)
-    for step in range(start_step + 1, cfg.steps + 1):
+    for step in range(start_step + 1, settings.steps + 1):
         start = time.perf_counter()
         rows = stream.take(batch_size)[shard(batch_size, acc)]  # this process's share of the global batch
-        prompts = format_prompts(tokenizer, rows, cfg.model.chat_template, cfg.data.system_prompt)
-        targets = [cfg.data.completion_template.format(answer=row["answer"]) for row in rows]
+        prompts = format_prompts(tokenizer, rows, settings.model.chat_template, settings.data.system_prompt)
+        targets = [settings.data.completion_template.format(answer=row["answer"]) for row in rows]
         prompt_ids, prompt_mask, completion_ids, completion_mask = tokenize_pairs(tokenizer, prompts, targets)
         total_tokens = global_sum(acc, completion_mask.sum().item())  # token-mean over the global batch
         loss_sum = 0.0
@@ -78,7 +72,7 @@ def train_sft(cfg, parts: Parts) -> dict:
             loss = -(logp * mask).sum() / total_tokens  # token-mean over the whole batch
             backward(acc, loss, model)
             loss_sum += loss.item()
-        grad_norm = optimizer_step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm)
+        grad_norm = optimizer_step(acc, model, optimizer, scheduler, settings.optim.max_grad_norm)
         elapsed = time.perf_counter() - start
         metrics = {
             "train/loss": global_sum(acc, loss_sum),
@@ -87,9 +81,9 @@ def train_sft(cfg, parts: Parts) -> dict:
             "perf/step_time_s": elapsed,
             "perf/tokens_per_s": total_tokens / elapsed,
         }
-        if eval_due(step, cfg.eval.every, cfg.steps):
+        if eval_due(step, settings.eval.every, settings.steps):
             last_eval = run_eval(step)
             metrics.update(last_eval)
-        end_step(step, metrics, metrics_log, checkpointer, cfg.log.every, cfg.steps)
+        end_step(step, metrics, metrics_log, checkpointer, settings.log.every, settings.steps)
     metrics_log.close()
     return {"model": model, "final_eval": last_eval}

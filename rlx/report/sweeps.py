@@ -25,6 +25,7 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
+from rlx.config.rules import optimized_metric
 from rlx.report.runs import short_override
 
 log = logging.getLogger("rlx")
@@ -256,7 +257,7 @@ class SweepSummary(Callback):
         if not sweep_dir.is_dir():
             log.warning("sweep directory %s not found; no summary written", sweep_dir)
             return
-        metric = config.get("optimized_metric", "eval/accuracy")
+        metric = optimized_metric(config.get("optimized_metric", "auto"), config.algorithm.family)
         rows = summarize_sweep(sweep_dir, metric, sweep_direction(config.hydra))
         print_summary(rows, metric, sweep_dir)
         best = best_trial(rows, metric)

@@ -10,6 +10,10 @@ token counts as the `completion_tokens` column.
 
 from __future__ import annotations
 
+import functools
+
+from rlx.rewards import RewardComponent
+
 
 def overlong_penalty(prompts, completions, completion_tokens=None, *, max_length: int, buffer: int, **row) -> list[float | None]:
     """Example: L_max 16, buffer 4: 12 tokens -> 0, 14 -> -0.5, 16 -> -1, 17 -> -1.
@@ -28,3 +32,13 @@ def overlong_penalty(prompts, completions, completion_tokens=None, *, max_length
         else:
             scores.append(-1.0)
     return scores
+
+
+def with_overlong_penalty(rewards: list, overlong_buffer: int, overlong_weight: float, max_new_tokens: int) -> list:
+    """The reward components used in training: the configured ones, plus DAPO's overlong punishment as one more
+    component ("overlong") when overlong_buffer > 0."""
+    components = list(rewards)
+    if overlong_buffer > 0:
+        fn = functools.partial(overlong_penalty, max_length=max_new_tokens, buffer=overlong_buffer)
+        components.append(RewardComponent("overlong", fn, float(overlong_weight)))
+    return components

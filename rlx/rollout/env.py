@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 
 from rlx.rollout.generator import Generator
+from rlx.rollout.hf import eos_ids
 from rlx.rollout.sampling import sample_seed
 from rlx.rollout.types import Episode
 
@@ -121,7 +122,8 @@ def run_episodes(generator: Generator, tokenizer, envs: list, env_seeds: list[in
         still = []
         for row, i in enumerate(live):
             e = episodes[i]
-            ids, logprobs, stopped = out.ids[row][: budgets[i]], out.logprobs[row][: budgets[i]], out.stopped[row]
+            ids, stopped = out.ids[row][: budgets[i]], out.stopped[row]
+            logprobs = out.logprobs[row][: budgets[i]] if out.logprobs is not None else [0.0] * len(ids)
             stopped = stopped and len(ids) == len(out.ids[row])
             start = len(e.ids)
             e.ids += ids
@@ -166,3 +168,16 @@ def run_episodes(generator: Generator, tokenizer, envs: list, env_seeds: list[in
         e.ids, e.loss_mask, e.logprobs = e.ids[:end], e.loss_mask[:end], e.logprobs[:end]
         e.__dict__.pop("next_anchor", None)
     return episodes
+
+
+def play(generator, tokenizer, factory, limits, env_seeds: list[int], sample_seeds: list[int], *, greedy: bool,
+         use_chat_template: bool = True, stop_ids: list[int] | None = None) -> list[Episode]:
+    """One episode in a fresh environment (factory()) per seed; limits: the `env` settings (max_turns,
+    max_new_tokens, max_total_tokens, system_prompt)."""
+    envs = [factory() for _ in env_seeds]
+    if stop_ids is None:  # the vLLM engine carries its stop ids; HFGenerator's come from its model
+        stop_ids = (getattr(generator, "stop_ids", None) if not hasattr(generator, "model")
+                    else eos_ids(generator.model, tokenizer))
+    return run_episodes(generator, tokenizer, envs, env_seeds, sample_seeds, max_turns=limits.max_turns,
+                        max_new_tokens=limits.max_new_tokens, max_total_tokens=limits.max_total_tokens, greedy=greedy,
+                        system_prompt=limits.system_prompt, use_chat_template=use_chat_template, stop_ids=stop_ids)

@@ -5,7 +5,7 @@ far, so nothing the model sampled is ever re-tokenized. `HFGenerator` implements
 model through rlx.rollout.hf.generate (seeded per row, KV-cached decoding); a vLLM engine fits the
 same protocol by passing prompt_token_ids and reading its logprobs.
 
-Single-turn sampling (rollout/batch.py: the policy-gradient and PPO loops) is the one-turn case:
+Single-turn sampling (rollout/single_turn.py: the policy-gradient and PPO loops) is the one-turn case:
 `sample_rollout` tokenizes the rendered prompts once, asks the generator for G adjacent samples of
 each (samples_per_prompt, the prompt encoded once for its group) and builds the padded Rollout from
 the returned ids. Through HFGenerator it draws exactly what rlx.rollout.hf.generate draws on the
@@ -19,37 +19,46 @@ from typing import Protocol
 import torch
 
 from rlx.models.forward import position_ids_from_mask
-from rlx.rollout.hf import Rollout, eos_ids, generate
-from rlx.rollout.types import Generation
+from rlx.rollout.hf import eos_ids, generate_tokens
+from rlx.rollout.types import Generation, Rollout
 
 
 class Generator(Protocol):
+    """Token ids in, sampled ids and log-probs out; the policy's weights reach it through `publish`.
+
+    Every backend implements it (HFGenerator on the policy itself, the vLLM engine, a vLLM server), so a
+    producer never asks which one it holds. `version`: the number of updates published so far (stamped on
+    every row it samples)."""
+
+    version: int
+
     def generate_ids(self, prompts: list[list[int]], *, max_new_tokens: int, seeds: list[int],
                      greedy: bool = False, samples_per_prompt: int = 1, min_new_tokens: int = 0) -> Generation:
         """len(prompts) * samples_per_prompt rows, the samples of a prompt adjacent; seeds one per row."""
         ...
 
+    def publish(self, model, version: int) -> None:
+        """The trainer's weights after update `version` (the policy itself needs no copy)."""
+        ...
 
-class _IdsTokenizer:
-    """Stands in for the tokenizer inside rlx.rollout.hf.generate: its "prompts" are keys of token-id
-    lists given here, which it left-pads instead of encoding text (so ids go in unchanged)."""
+    def sleep(self) -> None:
+        """Give memory back for the update (vLLM's sleep mode); a no-op elsewhere."""
+        ...
 
-    def __init__(self, tokenizer, prompts: list[list[int]]):
-        self._tokenizer, self._prompts = tokenizer, prompts
-        self.pad_token_id, self.eos_token_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+    def close(self) -> None:
+        ...
 
-    def __call__(self, keys, **_):
-        rows = [self._prompts[int(k)] for k in keys]
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
+
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id lists -> left-padded ids (B, P) and attention mask (B, P)."""
+    width = max((len(r) for r in prompts), default=0)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, r in enumerate(prompts):
+        if r:
             ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
             mask[i, width - len(r):] = 1
-        return {"input_ids": ids, "attention_mask": mask}
-
-    def batch_decode(self, ids, **kwargs):
-        return self._tokenizer.batch_decode(ids, **kwargs)
+    return ids, mask
 
 
 class HFGenerator:
@@ -66,15 +75,26 @@ class HFGenerator:
         self.model, self.tokenizer, self.sampler, self.onednn = model, tokenizer, sampler, onednn
         self.temperature, self.top_p, self.top_k, self.batch_size = temperature, top_p, top_k, batch_size
         self.with_logprobs = logprobs
+        self.version = 0
+
+    def publish(self, model, version: int) -> None:
+        """The policy generates itself: the update already changed its weights; only the version moves."""
+        self.version = version
+
+    def sleep(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
     @torch.no_grad()
     def generate_ids(self, prompts: list[list[int]], *, max_new_tokens: int, seeds: list[int],
                      greedy: bool = False, samples_per_prompt: int = 1, min_new_tokens: int = 0) -> Generation:
-        shim = _IdsTokenizer(self.tokenizer, prompts)
-        out = generate(self.model, shim, [str(i) for i in range(len(prompts))], samples_per_prompt=samples_per_prompt,
-                       max_new_tokens=max_new_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                       greedy=greedy, batch_size=self.batch_size, seeds=seeds, min_new_tokens=min_new_tokens,
-                       sampler=self.sampler, onednn=self.onednn, logprobs=self.with_logprobs == "sampler")
+        ids, mask = left_pad(prompts, self.tokenizer.pad_token_id)
+        out = generate_tokens(self.model, self.tokenizer, ids, mask, samples_per_prompt=samples_per_prompt,
+                              max_new_tokens=max_new_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                              greedy=greedy, batch_size=self.batch_size, seeds=seeds, min_new_tokens=min_new_tokens,
+                              sampler=self.sampler, onednn=self.onednn, logprobs=self.with_logprobs == "sampler")
         lengths = out.completion_mask.sum(dim=1).tolist()
         ids = [out.completion_ids[i, :n].tolist() for i, n in enumerate(lengths)]
         logprobs = None
@@ -104,48 +124,30 @@ class HFGenerator:
         return (logp.squeeze(-1) * completion_mask.to(device)).cpu()
 
 
-def policy_generator(model, tokenizer, roll, *, logprobs: bool | str = True) -> HFGenerator:
+def policy_generator(model, tokenizer, roll, *, logprobs: bool | str = "sampler") -> HFGenerator:
     """The policy as its own generator (rollout=hf), with rollout's sampling settings: temperature, top-p/top-k,
     batch size, the draw version (rollout.sampler; a config from before sampler versions drew with v1) and the
-    oneDNN decode step (rollout.onednn_decode)."""
+    oneDNN decode step (rollout.onednn_decode). logprobs: the decoder's own by default ("sampler")."""
     from rlx.rollout.sampling import LEGACY_SAMPLER
 
     return HFGenerator(model, tokenizer, temperature=roll.temperature, top_p=roll.top_p, top_k=roll.top_k,
-                       batch_size=roll.batch_size, logprobs=logprobs, sampler=roll.get("sampler", LEGACY_SAMPLER),
-                       onednn=roll.get("onednn_decode", False))
+                       batch_size=roll.batch_size, logprobs=logprobs, sampler=getattr(roll, "sampler", None) or LEGACY_SAMPLER,
+                       onednn=bool(getattr(roll, "onednn_decode", False)))
 
 
 def sample_rollout(generator: Generator, tokenizer, prompts: list[str], *, samples_per_prompt: int, max_new_tokens: int,
                    seeds: list[int], greedy: bool = False, min_new_tokens: int = 0) -> Rollout:
     """Single-turn sampling through the generator protocol: rendered prompts are tokenized once (no special
     tokens added: the chat template has them), G = samples_per_prompt adjacent completions of each are drawn
-    as token ids, and the padded Rollout is built from those ids: prompts left-padded (N, P), completions
-    right-padded (N, C) to the longest one, mask 1 up to and including the stop token, truncated where no
-    stop token ended the row, texts decoded without special tokens, the sampler's log-probs (N, C) when the
-    generator returns them (vLLM; 0 on padding), else None."""
-    group = samples_per_prompt
-    pad = tokenizer.pad_token_id
+    as token ids, and the Rollout is built from those ids (Rollout.from_ids), texts decoded without special
+    tokens, every row stamped with the generator's policy version."""
     prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]  # B lists of ids
-    out = generator.generate_ids(prompt_ids, samples_per_prompt=group, max_new_tokens=max_new_tokens, seeds=seeds,
-                                 greedy=greedy, min_new_tokens=min_new_tokens)
-    rows = len(prompts) * group
-    width_p = max((len(p) for p in prompt_ids), default=0)
+    out = generator.generate_ids(prompt_ids, samples_per_prompt=samples_per_prompt, max_new_tokens=max_new_tokens,
+                                 seeds=seeds, greedy=greedy, min_new_tokens=min_new_tokens)
     width_c = max((len(c) for c in out.ids), default=0)
-    p_ids = torch.full((rows, width_p), pad, dtype=torch.long)  # (N, P)
-    p_mask = torch.zeros((rows, width_p), dtype=torch.long)  # (N, P)
-    c_ids = torch.full((rows, width_c), pad, dtype=torch.long)  # (N, C)
-    c_mask = torch.zeros((rows, width_c), dtype=torch.long)  # (N, C)
-    logprobs = torch.zeros((rows, width_c)) if out.logprobs is not None else None  # (N, C)
-    for row in range(rows):
-        ids, sampled = prompt_ids[row // group], out.ids[row]
-        if ids:
-            p_ids[row, width_p - len(ids):] = torch.tensor(ids, dtype=torch.long)
-            p_mask[row, width_p - len(ids):] = 1
-        if sampled:
-            c_ids[row, : len(sampled)] = torch.tensor(sampled, dtype=torch.long)
-            c_mask[row, : len(sampled)] = 1
-            if logprobs is not None:
-                logprobs[row, : len(sampled)] = torch.tensor(out.logprobs[row], dtype=torch.float32)
-    truncated = torch.tensor([not s for s in out.stopped], dtype=torch.bool)  # (N,)
-    texts = tokenizer.batch_decode(c_ids, skip_special_tokens=True)
-    return Rollout(p_ids, p_mask, c_ids, c_mask, truncated, texts, logprobs)
+    padded = torch.full((len(out.ids), width_c), tokenizer.pad_token_id, dtype=torch.long)
+    for row, ids in enumerate(out.ids):
+        padded[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    texts = tokenizer.batch_decode(padded, skip_special_tokens=True)
+    return Rollout.from_ids(prompt_ids, out, samples_per_prompt, tokenizer.pad_token_id, texts,
+                            version=getattr(generator, "version", 0))

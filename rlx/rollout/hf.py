@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
@@ -12,23 +10,8 @@ from rlx.algorithms.logprobs import token_logprobs
 from rlx.models.forward import position_ids_from_mask
 from rlx.rollout.fast_decode import decode_step_for
 from rlx.rollout.sampling import sample_tokens
+from rlx.rollout.types import Rollout
 from rlx.runtime.parallel import is_sharded
-
-
-@dataclass
-class Rollout:
-    prompt_ids: torch.Tensor        # (N, P) left-padded
-    prompt_mask: torch.Tensor       # (N, P) 1 on prompt tokens
-    completion_ids: torch.Tensor    # (N, C) right-padded
-    completion_mask: torch.Tensor   # (N, C) 1 on generated tokens up to and including the first EOS
-    truncated: torch.Tensor         # (N,) bool: no EOS within the budget
-    texts: list[str]                # decoded completions (special tokens removed)
-    logprobs: torch.Tensor | None = None  # (N, C) the sampler's log-probs of the completion tokens (vLLM, or rlx's
-                                          # decoder with generate(logprobs=True)), 0 past each row's end; or None
-
-    @property
-    def lengths(self) -> torch.Tensor:
-        return self.completion_mask.sum(dim=1)  # (N,)
 
 
 def eos_ids(model, tokenizer) -> list[int]:
@@ -145,27 +128,39 @@ def generate(
     A sharded model (ZeRO-3, FSDP2) gathers its weights in every forward pass, a collective: there no
     row leaves the batch early and every process keeps stepping until all processes' rows have stopped
     (`lockstep`), so each runs the same forward passes; each process must then pass as many prompts."""
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    return generate_tokens(model, tokenizer, enc["input_ids"], enc["attention_mask"], samples_per_prompt=samples_per_prompt,
+                           max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
+                           batch_size=batch_size, seeds=seeds, min_new_tokens=min_new_tokens, sampler=sampler, onednn=onednn,
+                           logprobs=logprobs)
+
+
+@torch.no_grad()
+def generate_tokens(model, tokenizer, unique_ids: torch.Tensor, unique_mask: torch.Tensor, *, samples_per_prompt: int,
+                    max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False,
+                    batch_size: int = 256, seeds: list[int] | None = None, min_new_tokens: int = 0, sampler: str = "v2",
+                    onednn: bool = False, logprobs: bool = False) -> Rollout:
+    """`generate` on prompts given as left-padded token ids (B, P) and their mask (B, P); the tokenizer only
+    names the pad and stop tokens and decodes the texts."""
     device = next(model.parameters()).device
     lockstep = is_sharded(model) and torch.distributed.is_available() and torch.distributed.is_initialized()
     stop_ids = eos_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id
     was_training = model.training
     model.eval()
     group = samples_per_prompt
-    num_rows = len(prompts) * group
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    unique_ids, unique_mask = enc["input_ids"], enc["attention_mask"]  # (B, P) left-padded
+    num_rows = unique_ids.shape[0] * group
     if seeds is None:
         seeds = torch.randint(0, 2**31 - 1, (num_rows,)).tolist()
     if len(seeds) != num_rows:
         raise ValueError(f"{len(seeds)} seeds for {num_rows} completions")
     seed_tensor = torch.tensor(seeds, dtype=torch.int64)  # (N,)
-    pad_id = tokenizer.pad_token_id
     completion_ids = torch.full((num_rows, max_new_tokens), pad_id, dtype=torch.long)  # (N, C_max)
     sampled_logp = torch.zeros((num_rows, max_new_tokens)) if logprobs else None  # (N, C_max)
     width = 0
     prompts_per_chunk = max(1, batch_size // group)
-    for first in range(0, len(prompts), prompts_per_chunk):
-        last = min(len(prompts), first + prompts_per_chunk)
+    for first in range(0, unique_ids.shape[0], prompts_per_chunk):
+        last = min(unique_ids.shape[0], first + prompts_per_chunk)
         rows = slice(first * group, last * group)
         chunk, chunk_logp = _decode(
             model, unique_ids[first:last].to(device), unique_mask[first:last].to(device), group, seed_tensor[rows],

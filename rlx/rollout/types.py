@@ -1,9 +1,15 @@
-"""Rollout records shared by every sampler: token ids with a LOSS mask separate from the attention mask.
+"""The one rollout record every sampler produces and every loop trains on, and the generator's reply.
 
-A multi-turn episode is one token sequence: the first prompt, then model turns and environment
-answers alternating. Only the tokens the model sampled are trained (loss_mask 1); environment and
-tool tokens are attended to (attention 1) but carry loss mask 0. Single-turn sampling is the case of
-one turn and no environment tokens.
+`Rollout` holds N sequences as padded tensors. A sequence is a prompt and everything after it: the tokens the
+model sampled and, in a multi-turn episode, the environment's (or a tool's, or a harness's user turns') tokens
+between the model's turns. Two masks tell them apart: `completion_mask` is the attention mask of everything
+after the prompt, `loss_mask` marks the tokens the model sampled (the only ones trained). `step_index` gives
+the turn each sampled token belongs to, so per-turn advantages reach their tokens. Single-turn sampling is the
+case of one turn and no environment tokens (loss_mask == completion_mask, step_index 0 on every sampled
+token), as in verl's AgentLoopOutput (`response_mask = [1] * n`).
+
+`Episode` is how an episode was played, turn by turn (unpadded lists: ids, rewards, anchors, actions,
+observations); the episode producer fills one per environment and `Rollout.from_episodes` pads them.
 """
 
 from __future__ import annotations
@@ -20,6 +26,168 @@ class Generation:
     ids: list[list[int]]            # sampled token ids, exactly as drawn, up to and including the stop token
     logprobs: list[list[float]] | None  # log-prob of each sampled id under the sampling distribution (None: not asked)
     stopped: list[bool]             # True when a stop token ended the row (False: the budget ran out)
+
+
+@dataclass
+class Rollout:
+    """N sequences for a forward pass (rlx.models.forward.completion_logprobs) and their bookkeeping.
+
+    prompt_ids / prompt_mask (N, P) left-padded; completion_ids (N, C) right-padded: every token after the
+    prompt (model AND environment tokens); completion_mask (N, C) its attention mask (1 up to and including
+    the first stop token of a single-turn sample); loss_mask (N, C) 1 on the tokens the model sampled only;
+    step_index (N, C) the turn each sampled token belongs to (-1 elsewhere); truncated (N,) bool (no stop token
+    within the budget, or an episode cut by a limit); texts: the decoded completions (special tokens removed);
+    logprobs (N, C) the sampler's log-prob of each sampled token (0 elsewhere) or None; versions (N,) long: the
+    policy version (number of updates published to the generator) that sampled each row."""
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    truncated: torch.Tensor
+    texts: list[str]
+    logprobs: torch.Tensor | None = None
+    loss_mask: torch.Tensor | None = None  # None at construction: the completion mask (single-turn)
+    step_index: torch.Tensor | None = None  # None at construction: 0 on every sampled token (single-turn)
+    versions: torch.Tensor | None = None  # None at construction: version 0 for every row
+
+    def __post_init__(self):
+        if self.loss_mask is None:
+            self.loss_mask = self.completion_mask
+        if self.step_index is None:
+            self.step_index = torch.where(self.loss_mask.bool(), 0, -1)
+        if self.versions is None:
+            self.versions = torch.zeros(self.completion_ids.shape[0], dtype=torch.long)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.completion_mask.sum(dim=1)  # (N,)
+
+    def __len__(self) -> int:
+        return self.completion_ids.shape[0]
+
+    @classmethod
+    def from_ids(cls, prompt_ids: list[list[int]], out: Generation, group: int, pad_id: int, texts: list[str],
+                 version: int = 0) -> Rollout:
+        """Single-turn rows from token-id prompts and the generator's reply: G = group adjacent samples per prompt,
+        prompts left-padded (N, P), completions right-padded (N, C) to the longest one, mask 1 up to and including
+        the stop token, truncated where no stop token ended the row, the sampler's log-probs when returned."""
+        rows = len(prompt_ids) * group
+        width_p = max((len(p) for p in prompt_ids), default=0)
+        width_c = max((len(c) for c in out.ids), default=0)
+        p_ids = torch.full((rows, width_p), pad_id, dtype=torch.long)  # (N, P)
+        p_mask = torch.zeros((rows, width_p), dtype=torch.long)  # (N, P)
+        c_ids = torch.full((rows, width_c), pad_id, dtype=torch.long)  # (N, C)
+        c_mask = torch.zeros((rows, width_c), dtype=torch.long)  # (N, C)
+        logprobs = torch.zeros((rows, width_c)) if out.logprobs is not None else None  # (N, C)
+        for row in range(rows):
+            ids, sampled = prompt_ids[row // group], out.ids[row]
+            if ids:
+                p_ids[row, width_p - len(ids):] = torch.tensor(ids, dtype=torch.long)
+                p_mask[row, width_p - len(ids):] = 1
+            if sampled:
+                c_ids[row, : len(sampled)] = torch.tensor(sampled, dtype=torch.long)
+                c_mask[row, : len(sampled)] = 1
+                if logprobs is not None:
+                    logprobs[row, : len(sampled)] = torch.tensor(out.logprobs[row], dtype=torch.float32)
+        truncated = torch.tensor([not s for s in out.stopped], dtype=torch.bool)  # (N,)
+        return cls(p_ids, p_mask, c_ids, c_mask, truncated, texts, logprobs,
+                   versions=torch.full((rows,), version, dtype=torch.long))
+
+    @classmethod
+    def from_episodes(cls, episodes: list[Episode], pad_id: int, versions: list[int] | None = None) -> Rollout:
+        """One row per episode: its first prompt, then every later token (model turns with loss mask 1,
+        environment answers with 0); the sampler's log-probs; the turn of each sampled token."""
+        n = len(episodes)
+        p = max(1, max((len(e.prompt_ids) for e in episodes), default=1))
+        c = max(1, max((len(e.ids) for e in episodes), default=1))
+        prompt_ids = torch.full((n, p), pad_id, dtype=torch.long)
+        prompt_mask = torch.zeros((n, p), dtype=torch.long)
+        completion_ids = torch.full((n, c), pad_id, dtype=torch.long)
+        completion_mask = torch.zeros((n, c), dtype=torch.long)
+        loss_mask = torch.zeros((n, c), dtype=torch.long)
+        logprobs = torch.zeros((n, c))
+        step_index = torch.full((n, c), -1, dtype=torch.long)
+        for row, e in enumerate(episodes):
+            if e.prompt_ids:
+                prompt_ids[row, p - len(e.prompt_ids):] = torch.tensor(e.prompt_ids)
+                prompt_mask[row, p - len(e.prompt_ids):] = 1
+            k = len(e.ids)
+            if k:
+                completion_ids[row, :k] = torch.tensor(e.ids)
+                completion_mask[row, :k] = 1
+                loss_mask[row, :k] = torch.tensor(e.loss_mask)
+                logprobs[row, :k] = torch.tensor(e.logprobs)
+            for turn, (start, end) in enumerate(e.turn_spans):
+                step_index[row, start:end] = turn
+            step_index[row] = torch.where(loss_mask[row].bool(), step_index[row], -1)
+        truncated = torch.tensor([e.truncated for e in episodes], dtype=torch.bool)
+        texts = [" | ".join(e.actions) for e in episodes]
+        version_tensor = torch.tensor(versions if versions is not None else [0] * n, dtype=torch.long)
+        return cls(prompt_ids, prompt_mask, completion_ids, completion_mask, truncated, texts, logprobs, loss_mask,
+                   step_index, version_tensor)
+
+    def select(self, index: torch.Tensor) -> Rollout:
+        """The rows `index` (1-D long tensor), in that order."""
+        take = lambda t: t[index] if t is not None else None  # noqa: E731
+        return Rollout(take(self.prompt_ids), take(self.prompt_mask), take(self.completion_ids),
+                       take(self.completion_mask), take(self.truncated), [self.texts[i] for i in index.tolist()],
+                       take(self.logprobs), take(self.loss_mask), take(self.step_index), take(self.versions))
+
+    @staticmethod
+    def cat(parts: list[Rollout], pad_id: int) -> Rollout:
+        """Rows of several rollouts in order (prompts stay left-padded, completions right-padded)."""
+        if len(parts) == 1:
+            return parts[0]
+        p_width = max(r.prompt_ids.shape[1] for r in parts)
+        c_width = max(r.completion_ids.shape[1] for r in parts)
+
+        def pad(tensor, width, value, left):
+            missing = width - tensor.shape[1]
+            if missing == 0:
+                return tensor
+            filler = torch.full((tensor.shape[0], missing), value, dtype=tensor.dtype)
+            return torch.cat([filler, tensor] if left else [tensor, filler], dim=1)
+
+        logprobs = (torch.cat([pad(r.logprobs, c_width, 0, False) for r in parts])  # (N, C)
+                    if all(r.logprobs is not None for r in parts) else None)
+        return Rollout(
+            torch.cat([pad(r.prompt_ids, p_width, pad_id, True) for r in parts]),  # (N, P)
+            torch.cat([pad(r.prompt_mask, p_width, 0, True) for r in parts]),  # (N, P)
+            torch.cat([pad(r.completion_ids, c_width, pad_id, False) for r in parts]),  # (N, C)
+            torch.cat([pad(r.completion_mask, c_width, 0, False) for r in parts]),  # (N, C)
+            torch.cat([r.truncated for r in parts]),
+            [t for r in parts for t in r.texts],
+            logprobs,
+            torch.cat([pad(r.loss_mask, c_width, 0, False) for r in parts]),  # (N, C)
+            torch.cat([pad(r.step_index, c_width, -1, False) for r in parts]),  # (N, C)
+            torch.cat([r.versions for r in parts]),
+        )
+
+
+@dataclass
+class Batch:
+    """One step's training rows from a producer: the Rollout of this process's rows, and what the credit rule
+    needs over the GLOBAL batch (all processes, in global row order).
+
+    rewards (N,) the outcome reward of each global row (single-turn: the weighted total; episodes: the return);
+    group_size: rows per group (G adjacent rows share a prompt or an environment seed); local: this process's
+    rows within the global batch; metrics: reward/*, completions/* or env/* over everything drawn this step.
+    Single-turn extras: rows / prompts (this process's data rows and rendered prompts), prompts_drawn,
+    rounds, filled_groups (dynamic sampling). Episode extras: episodes (global, in order) and the
+    process's own first global row index."""
+
+    rollout: Rollout
+    rewards: torch.Tensor
+    group_size: int
+    local: slice = field(default_factory=lambda: slice(None))
+    metrics: dict = field(default_factory=dict)
+    rows: list[dict] | None = None
+    prompts: list[str] | None = None
+    prompts_drawn: int = 0
+    rounds: int = 1
+    filled_groups: int = 0
+    episodes: list[Episode] | None = None
 
 
 @dataclass
@@ -45,51 +213,3 @@ class Episode:
     @property
     def success(self) -> float:
         return float(self.metrics.get("success", float(sum(self.step_rewards) > 0)))
-
-
-@dataclass
-class RolloutBatch:
-    """Padded tensors of N sequences, ready for a forward pass (rlx.models.forward.completion_logprobs).
-
-    prompt_ids / prompt_mask (N, P) left-padded; completion_ids (N, C) right-padded holds every token
-    after the prompt (model AND environment tokens); completion_mask (N, C) is its attention mask,
-    loss_mask (N, C) marks the sampled tokens only; sampler_logprobs (N, C); step_index (N, C) the
-    turn each sampled token belongs to (-1 elsewhere), to spread per-step advantages over tokens;
-    truncated (N,) bool."""
-
-    prompt_ids: torch.Tensor
-    prompt_mask: torch.Tensor
-    completion_ids: torch.Tensor
-    completion_mask: torch.Tensor
-    loss_mask: torch.Tensor
-    sampler_logprobs: torch.Tensor
-    step_index: torch.Tensor
-    truncated: torch.Tensor
-
-    @classmethod
-    def from_episodes(cls, episodes: list[Episode], pad_id: int) -> RolloutBatch:
-        n = len(episodes)
-        p = max(1, max(len(e.prompt_ids) for e in episodes))
-        c = max(1, max(len(e.ids) for e in episodes))
-        prompt_ids = torch.full((n, p), pad_id, dtype=torch.long)
-        prompt_mask = torch.zeros((n, p), dtype=torch.long)
-        completion_ids = torch.full((n, c), pad_id, dtype=torch.long)
-        completion_mask = torch.zeros((n, c), dtype=torch.long)
-        loss_mask = torch.zeros((n, c), dtype=torch.long)
-        logprobs = torch.zeros((n, c))
-        step_index = torch.full((n, c), -1, dtype=torch.long)
-        for row, e in enumerate(episodes):
-            if e.prompt_ids:
-                prompt_ids[row, p - len(e.prompt_ids):] = torch.tensor(e.prompt_ids)
-                prompt_mask[row, p - len(e.prompt_ids):] = 1
-            k = len(e.ids)
-            if k:
-                completion_ids[row, :k] = torch.tensor(e.ids)
-                completion_mask[row, :k] = 1
-                loss_mask[row, :k] = torch.tensor(e.loss_mask)
-                logprobs[row, :k] = torch.tensor(e.logprobs)
-            for turn, (start, end) in enumerate(e.turn_spans):
-                step_index[row, start:end] = turn
-            step_index[row] = torch.where(loss_mask[row].bool(), step_index[row], -1)
-        truncated = torch.tensor([e.truncated for e in episodes], dtype=torch.bool)
-        return cls(prompt_ids, prompt_mask, completion_ids, completion_mask, loss_mask, logprobs, step_index, truncated)

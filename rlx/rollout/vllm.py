@@ -39,8 +39,9 @@ import socket
 import torch
 
 from rlx.errors import UserError
-from rlx.rollout.hf import Rollout, completion_mask_from_ids, eos_ids
-from rlx.rollout.types import Generation
+from rlx.rollout.generator import policy_generator
+from rlx.rollout.hf import completion_mask_from_ids, eos_ids
+from rlx.rollout.types import Generation, Rollout
 
 log = logging.getLogger("rlx")
 
@@ -186,6 +187,12 @@ class VLLMEngine:
                                          sleep=self.sleep_level > 0))
         torch.set_num_threads = set_threads  # vLLM's CPU worker replaces it with a no-op
         torch.set_num_threads(threads)
+        self.version = 0  # updates published to the engine (the generator protocol, rollout/generator.py)
+
+    def publish(self, model, version: int) -> None:
+        """The trainer's weights after update `version`."""
+        self.sync_weights(model)
+        self.version = version
 
     @torch.no_grad()
     def sync_weights(self, model) -> None:
@@ -321,8 +328,9 @@ def _repack_tied_head(model) -> None:
         head.quant_method.process_weights_after_loading(head)
 
 
-def build_engine(rollout_cfg, model, tokenizer, seed: int) -> VLLMEngine | None:
-    """The vLLM engine when rollout.backend is vllm, None for hf (generation with the policy itself)."""
+def build_engine(rollout_cfg, model, tokenizer, seed: int):
+    """The generator of rollout.backend (rlx/rollout/generator.py protocol): the policy itself for hf, the vLLM
+    engine for vllm; built on the unprepared policy (Accelerate's prepare keeps the same module object)."""
     backend = rollout_cfg.backend
     if backend not in ROLLOUT_BACKENDS:
         raise UserError(f"unknown rollout.backend '{backend}'; valid choices: {', '.join(ROLLOUT_BACKENDS)}")
@@ -337,9 +345,8 @@ def _vllm_engine(rollout_cfg, model, tokenizer, seed: int) -> VLLMEngine:
     return engine
 
 
-# rollout.backend -> fn(rollout_cfg, model, tokenizer, seed) -> an engine with .generate, or None: the policy
-# generates itself (rlx.rollout.hf.generate)
+# rollout.backend -> fn(rollout_cfg, model, tokenizer, seed) -> a Generator (rlx/rollout/generator.py)
 ROLLOUT_BACKENDS = {
-    "hf": lambda rollout_cfg, model, tokenizer, seed: None,
+    "hf": lambda rollout_cfg, model, tokenizer, seed: policy_generator(model, tokenizer, rollout_cfg),
     "vllm": _vllm_engine,
 }

@@ -3,7 +3,6 @@ model, build the parts (rlx/build.py), run the family's loop, save the final mod
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 from pathlib import Path
@@ -112,7 +111,7 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
     model, tokenizer = build_model_and_tokenizer(cfg, train_rows)
     model = prepare_policy(model, cfg.model, cfg.hardware)
     if cfg.algorithm.family in ("policy_gradient", "ppo") and cfg.data.get("max_prompt_length") is not None:
-        from rlx.loops.common import limit_prompt_length
+        from rlx.data.prompt_limits import limit_prompt_length
 
         train_rows, counts = limit_prompt_length(tokenizer, train_rows, cfg.data.max_prompt_length,
                                                  cfg.data.get("overlong_prompts", "drop"), cfg.model.chat_template,
@@ -122,7 +121,7 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
         if accelerator.is_main_process:
             (run_dir / "prompt_length.json").write_text(json.dumps(dict(counts, max_prompt_length=cfg.data.max_prompt_length)) + "\n")
     if cfg.algorithm.family in ("policy_gradient", "ppo"):
-        from rlx.loops.common import check_context, model_context
+        from rlx.data.prompt_limits import check_context, model_context
 
         source = describe_data_source(cfg.data)
         for rows, split in ((train_rows, "training"), (eval_rows, "held-out")):
@@ -136,9 +135,8 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
         _record_resume(cfg, run_dir, overrides)
         write_run_files(run_dir, cfg, overrides)
 
-    module, function = LOOPS[cfg.algorithm.family].split(":")
-    loop = getattr(importlib.import_module(module), function)
-    result = loop(cfg, build_parts(cfg, parts))
+    built = build_parts(cfg, parts)
+    result = LOOPS[cfg.algorithm.family](built.settings, built)
 
     accelerator.wait_for_everyone()
     # every process takes part in gathering the full weights of a sharded policy; the main one writes them

@@ -1,13 +1,10 @@
-"""One step's batch for the outcome-reward loops (policy gradient and PPO): draw prompts, sample G
-completions per prompt through a generator, score them with the reward components, and (DAPO's dynamic
-sampling) keep drawing until enough groups have informative (non-tied) rewards.
-
-Shared by rlx/loops/policy_gradient.py and rlx/loops/ppo.py, so that no loop imports another.
+"""The single-turn producer: each step, draw prompts, sample G completions per prompt through the generator,
+score them with the reward components, and (DAPO's dynamic sampling) keep drawing until enough groups have
+informative (non-tied) rewards. It hands the policy-gradient and PPO loops a `Batch` around one `Rollout`
+(rlx/rollout/types.py); the episode producer (rollout/episodes.py) is its multi-turn counterpart.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import torch
 
@@ -15,59 +12,10 @@ from rlx.algorithms.advantages import tied_groups, zero_std_group_fraction
 from rlx.data.tasks import PromptStream
 from rlx.rewards import RewardComponent, TrainerState, compute_rewards, token_lists
 from rlx.rollout.generator import Generator, sample_rollout
-from rlx.rollout.hf import Rollout
 from rlx.rollout.prompts import format_prompts
 from rlx.rollout.sampling import sample_seed
+from rlx.rollout.types import Batch, Rollout
 from rlx.runtime.parallel import gather, global_sum, shard
-
-
-def _pad_to(tensor: torch.Tensor, width: int, value: int, left: bool) -> torch.Tensor:
-    missing = width - tensor.shape[1]
-    if missing == 0:
-        return tensor
-    pad = torch.full((tensor.shape[0], missing), value, dtype=tensor.dtype)
-    return torch.cat([pad, tensor] if left else [tensor, pad], dim=1)
-
-
-def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
-    """Concatenate rollouts along the sample axis (prompts stay left-padded, completions right-padded)."""
-    if len(parts) == 1:
-        return parts[0]
-    p_width = max(r.prompt_ids.shape[1] for r in parts)
-    c_width = max(r.completion_ids.shape[1] for r in parts)
-    return Rollout(
-        torch.cat([_pad_to(r.prompt_ids, p_width, pad_id, left=True) for r in parts]),  # (N, P)
-        torch.cat([_pad_to(r.prompt_mask, p_width, 0, left=True) for r in parts]),  # (N, P)
-        torch.cat([_pad_to(r.completion_ids, c_width, pad_id, left=False) for r in parts]),  # (N, C)
-        torch.cat([_pad_to(r.completion_mask, c_width, 0, left=False) for r in parts]),  # (N, C)
-        torch.cat([r.truncated for r in parts]),
-        [t for r in parts for t in r.texts],
-        torch.cat([_pad_to(r.logprobs, c_width, 0, left=False) for r in parts])  # (N, C)
-        if all(r.logprobs is not None for r in parts) else None,
-    )
-
-
-def select_rollout(rollout: Rollout, index: torch.Tensor) -> Rollout:
-    return Rollout(
-        rollout.prompt_ids[index], rollout.prompt_mask[index], rollout.completion_ids[index],
-        rollout.completion_mask[index], rollout.truncated[index], [rollout.texts[i] for i in index.tolist()],
-        rollout.logprobs[index] if rollout.logprobs is not None else None,
-    )
-
-
-@dataclass
-class Batch:
-    """One step's training samples: G adjacent completions per prompt."""
-
-    rows: list[dict]              # (n,) data row of each sample of this process
-    prompts: list[str]            # (n,) formatted prompt of each sample of this process
-    rollout: Rollout              # this process's n samples
-    rewards: torch.Tensor         # (N,) weighted total reward of the GLOBAL batch, in global sample order
-    drawn_metrics: dict           # reward/* and completions/* over every sample drawn this step
-    prompts_drawn: int            # prompts generated for this step (more than the batch with dynamic sampling)
-    rounds: int                   # generation rounds
-    filled_groups: int            # tied groups kept to fill the batch when dynamic sampling ran out of rounds
-    local: slice = field(default_factory=lambda: slice(None))  # this process's samples in the global batch
 
 
 def sample_batch(generator: Generator, tokenizer, stream: PromptStream, rewards: list[RewardComponent], group_size: int, *,
@@ -117,7 +65,7 @@ def sample_batch(generator: Generator, tokenizer, stream: PromptStream, rewards:
         kept_groups += int((~tied_groups(total, group_size)).sum())
         if kept_groups >= wanted or rounds >= max_rounds:
             break
-    rollout = cat_rollouts(rollouts, tokenizer.pad_token_id)
+    rollout = Rollout.cat(rollouts, tokenizer.pad_token_id)
     rewards_all = torch.cat(totals)  # (N_drawn,) this process
     per_component = {name: torch.cat([c[name] for c in components]) for name in components[0]}
     local = slice(0, rewards_all.numel())
@@ -134,13 +82,14 @@ def sample_batch(generator: Generator, tokenizer, stream: PromptStream, rewards:
         filled = wanted - len(informative)
         groups = torch.cat([informative, torch.nonzero(tied).flatten()[:filled]])  # (wanted,)
         index = (groups.unsqueeze(1) * group_size + torch.arange(group_size)).flatten()  # (wanted * G,)
-        rollout = select_rollout(rollout, index)
+        rollout = rollout.select(index)
         rewards_all = rewards_all[index]
         local = slice(0, rewards_all.numel())
         all_rows = [all_rows[i] for i in index.tolist()]
         all_prompts = [all_prompts[i] for i in index.tolist()]
     prompts_drawn = sum(len(t) for t in totals) // group_size
-    return Batch(all_rows, all_prompts, rollout, rewards_all, drawn_metrics, prompts_drawn, rounds, filled, local)
+    return Batch(rollout, rewards_all, group_size, local, drawn_metrics, rows=all_rows, prompts=all_prompts,
+                 prompts_drawn=prompts_drawn, rounds=rounds, filled_groups=filled)
 
 
 def outcome_metrics(rewards, per_component, errors, rollout, accuracy_key, group_size, acc=None) -> dict:
@@ -167,9 +116,39 @@ def outcome_metrics(rewards, per_component, errors, rollout, accuracy_key, group
     return metrics
 
 
-def sample_records(batch: Batch, advantages: torch.Tensor, count: int) -> list[dict]:
-    return [
-        {"prompt": batch.prompts[i], "completion": batch.rollout.texts[i], "reward": batch.rewards[i].item(),
-         "advantage": advantages[i].item(), "answer": batch.rows[i].get("answer")}
-        for i in range(min(count, len(batch.prompts)))
-    ]
+class SingleTurnProducer:
+    """Prompts from `stream`, G samples each through `generator`, scored by `rewards` (sample_batch)."""
+
+    kind = "single_turn"
+
+    def __init__(self, generator, tokenizer, stream: PromptStream, rewards: list[RewardComponent], *, group_size: int,
+                 prompts_per_step: int, max_new_tokens: int, min_new_tokens: int, seed: int, use_chat_template: bool,
+                 system_prompt: str | None, on_error: str, accuracy_key: str, total_steps: int, dynamic_sampling: bool,
+                 max_rounds: int, acc=None):
+        self.generator, self.tokenizer, self.stream, self.rewards = generator, tokenizer, stream, rewards
+        self.group_size = group_size
+        self.settings = dict(prompts_per_step=prompts_per_step, max_new_tokens=max_new_tokens,
+                             min_new_tokens=min_new_tokens, seed=seed, use_chat_template=use_chat_template,
+                             system_prompt=system_prompt, on_error=on_error, accuracy_key=accuracy_key,
+                             total_steps=total_steps, dynamic_sampling=dynamic_sampling, max_rounds=max_rounds)
+        self.acc = acc
+
+    @property
+    def loss_width(self) -> int:
+        """The longest completion a row can hold (Dr. GRPO's constant normaliser)."""
+        return int(self.settings["max_new_tokens"])
+
+    def checkpointed(self) -> dict:
+        return {"data": self.stream}  # the position in the shuffled prompts
+
+    def produce(self, step: int) -> Batch:
+        return sample_batch(self.generator, self.tokenizer, self.stream, self.rewards, self.group_size, step=step,
+                            acc=self.acc, **self.settings)
+
+    def records(self, batch: Batch, samples: list[dict], count: int) -> list[dict]:
+        """The samples file rows of this process's first `count` samples (the main process's are the first)."""
+        return [
+            {"prompt": batch.prompts[i], "completion": batch.rollout.texts[i], "reward": batch.rewards[i].item(),
+             **samples[i], "answer": batch.rows[i].get("answer")}
+            for i in range(min(count, len(batch.prompts)))
+        ]

@@ -1,0 +1,122 @@
+"""Credit: from a producer's Batch to the advantage of every trained token, one rule per kind of rollout.
+
+`CREDIT_RULES[producer.kind]` is applied by the policy-gradient loop:
+- "single_turn": an outcome estimator (`algorithm.advantage`: grpo, rloo, median, reinforce_pp, ngrpo, ...;
+  rlx/algorithms/advantages.py) over each group's rewards, optionally with the sequence KL subtracted from the
+  reward first (kl_in=reward) and weighted by sign (W-REINFORCE); one advantage per row.
+- "episodes": a credit rule (`algorithm.credit`: trajectory, gigpo, turn, loo, gra, hgpo; rlx/algorithms/gigpo.py)
+  over the steps of every episode of the global batch; each sampled token gets its step's advantage.
+Both compute over the GLOBAL batch (every process's rows), so N processes take the step one process would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from rlx.algorithms.advantages import outcome_advantages, sign_weighted
+from rlx.algorithms.gigpo import CREDIT, invalid_action_penalty
+from rlx.algorithms.kl import sequence_kl_in_reward
+from rlx.rollout.types import Batch, Episode
+from rlx.runtime.parallel import gather, gather_padded
+
+
+@dataclass
+class Credit:
+    """advantages: (n,) per row or (n, C) per token, this process's rows; keep (n,) bool: rows in the loss;
+    any_signal: some kept advantage is non-zero over the global batch; seq_kl (N,): the sequence KL taken out
+    of the reward (kl_in=reward), for the adaptive coefficient; samples: per-row extras for the samples files."""
+
+    advantages: torch.Tensor
+    keep: torch.Tensor
+    any_signal: bool
+    metrics: dict = field(default_factory=dict)
+    seq_kl: torch.Tensor | None = None
+    samples: list[dict] = field(default_factory=list)
+
+
+def advantage_metrics(advantages: torch.Tensor, mask: torch.Tensor | None = None) -> dict:
+    """train/advantage_mean|std|max over the samples (or valid tokens when a mask is given)."""
+    values = advantages[mask.bool()] if mask is not None else advantages
+    if values.numel() == 0:
+        return {"train/advantage_mean": 0.0, "train/advantage_std": 0.0, "train/advantage_max": 0.0}
+    return {
+        "train/advantage_mean": values.mean().item(),
+        "train/advantage_std": values.std().item() if values.numel() > 1 else 0.0,
+        "train/advantage_max": values.abs().max().item(),
+    }
+
+
+def outcome_credit(batch: Batch, algo, *, acc, completion_mask, old_logp=None, ref_logp=None, kl_coef: float = 0.0) -> Credit:
+    """Group-relative advantages of the outcome rewards (N,) -> this process's (n,) and the kept rows."""
+    rewards, local = batch.rewards, batch.local
+    shaped, seq_kl = rewards, None
+    if ref_logp is not None and algo.kl_in == "reward":
+        shaped, seq_kl = sequence_kl_in_reward(rewards[local], old_logp, ref_logp, completion_mask, kl_coef)  # (n,)
+        shaped, seq_kl = gather(acc, shaped), gather(acc, seq_kl)  # (N,)
+    knobs = dict(virtual_reward=algo.virtual_reward, virtual_samples=algo.virtual_samples)
+    global_advantages, global_keep = outcome_advantages(shaped, batch.group_size, algo.advantage, algo.scale, algo.eps,
+                                                        **knobs)
+    global_advantages = sign_weighted(global_advantages, algo.positive_weight, algo.negative_weight)  # (N,)
+    advantages, keep = global_advantages[local], global_keep[local]  # (n,), (n,)
+    kept = global_advantages[global_keep]
+    return Credit(advantages, keep, bool(kept.abs().any()), advantage_metrics(kept), seq_kl,
+                  [{"advantage": a} for a in advantages.tolist()])
+
+
+def step_tensors(episodes: list[Episode], group_size: int, invalid_penalty: float):
+    """Flatten episodes for algorithms/gigpo.py: episode_group (E,), step_episode (S,), step_rewards (S,)
+    with the invalid-action penalty applied, step_anchor (S,) (-1: no anchor; anchors are numbered in
+    order of appearance, so equal keys get equal ids)."""
+    anchor_ids: dict = {}
+    step_episode, rewards, anchors, valid = [], [], [], []
+    for i, e in enumerate(episodes):
+        for t, reward in enumerate(e.step_rewards):
+            step_episode.append(i)
+            rewards.append(reward)
+            key = e.anchors[t] if t < len(e.anchors) else None
+            anchors.append(-1 if key is None else anchor_ids.setdefault(key, len(anchor_ids)))
+            valid.append(e.valid[t] if t < len(e.valid) else True)
+    episode_group = torch.arange(len(episodes)) // group_size  # (E,)
+    rewards = invalid_action_penalty(torch.tensor(rewards, dtype=torch.float32), torch.tensor(valid, dtype=torch.bool),
+                                     invalid_penalty)
+    return episode_group, torch.tensor(step_episode, dtype=torch.long), rewards, torch.tensor(anchors, dtype=torch.long)
+
+
+def token_advantages(step_adv: torch.Tensor, step_episode: torch.Tensor, step_index: torch.Tensor) -> torch.Tensor:
+    """(N, C) advantage of every sampled token: the advantage of its step (0 on environment tokens)."""
+    num_episodes = step_index.shape[0]
+    counts = torch.bincount(step_episode, minlength=num_episodes)
+    offsets = torch.cumsum(counts, 0) - counts  # (E,) first step of each episode in the flat list
+    flat = offsets.unsqueeze(1) + step_index.clamp(min=0)  # (N, C)
+    values = step_adv[flat.clamp(max=max(step_adv.numel() - 1, 0))] if step_adv.numel() else torch.zeros(flat.shape)
+    return torch.where(step_index >= 0, values, torch.zeros_like(values))
+
+
+def episode_credit(batch: Batch, algo, *, acc, **_) -> Credit:
+    """Per-step advantages of the global episodes (algorithm.credit) -> this process's per-token (n, C)."""
+    episodes, local = batch.episodes, batch.local
+    knobs = dict(gamma=algo.gamma, step_weight=algo.step_weight, turn_weight=algo.turn_weight, scale=algo.scale,
+                 eps=algo.eps)
+    episode_group, step_episode, step_rewards, step_anchor = step_tensors(episodes, batch.group_size, algo.invalid_penalty)
+    step_adv, credit_metrics = CREDIT[algo.credit](episode_group, step_episode, step_rewards, step_anchor, **knobs)  # (S,)
+    any_signal = bool(step_adv.abs().any())  # over the global batch, so every process decides alike
+    mine = (step_episode >= local.start) & (step_episode < local.stop)
+    step_adv, step_episode = step_adv[mine], step_episode[mine] - local.start  # this process's steps
+    rollout = batch.rollout
+    advantages = token_advantages(step_adv, step_episode, rollout.step_index)  # (n, C)
+    keep = rollout.loss_mask.sum(dim=1) > 0  # (n,) an episode that failed before its first turn has no tokens
+    sampled = gather_padded(acc, rollout.loss_mask).bool()  # (N, C)
+    all_advantages = gather_padded(acc, advantages)  # (N, C)
+    metrics = {
+        "env/anchor_group_size": credit_metrics.get("env/anchor_group_size", 0.0),
+        "train/advantage_mean": all_advantages[sampled].mean().item() if sampled.any() else 0.0,
+        "train/advantage_std": all_advantages[sampled].std().item() if sampled.sum() > 1 else 0.0,
+    }
+    samples = [{"advantages": step_adv[step_episode == i].tolist()} for i in range(len(rollout))]
+    return Credit(advantages, keep, any_signal, metrics, None, samples)
+
+
+# producer.kind -> its credit rule
+CREDIT_RULES = {"single_turn": outcome_credit, "episodes": episode_credit}

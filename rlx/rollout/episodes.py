@@ -1,0 +1,82 @@
+"""The episode producer: each step, `prompts_per_step` tasks (environment seeds) with G episodes each, played
+turn by turn through the generator (rlx/rollout/env.py), handed to the policy-gradient loop as a `Batch` around
+one `Rollout` (the multi-turn counterpart of rollout/single_turn.py). With several processes each plays its
+contiguous shard of the tasks (all G episodes of a task on one process; an episode depends only on its seeds),
+and the episodes are gathered so the credit rule sees the global batch.
+"""
+
+from __future__ import annotations
+
+import torch
+from accelerate.utils import gather_object
+
+from rlx.rollout.env import play, train_env_seed
+from rlx.rollout.sampling import sample_seed
+from rlx.rollout.types import Batch, Episode, Rollout
+from rlx.runtime.parallel import shard
+
+
+def episode_metrics(episodes: list[Episode], prefix: str) -> dict:
+    """<prefix>/success|return|turns|invalid_actions|truncated_frac (means over episodes) and errors (count)."""
+    n = max(len(episodes), 1)
+    return {
+        f"{prefix}/success": sum(e.success for e in episodes) / n,
+        f"{prefix}/return": sum(sum(e.step_rewards) for e in episodes) / n,
+        f"{prefix}/turns": sum(len(e.step_rewards) for e in episodes) / n,
+        f"{prefix}/invalid_actions": sum(e.valid.count(False) for e in episodes) / n,
+        f"{prefix}/truncated_frac": sum(e.truncated for e in episodes) / n,
+        f"{prefix}/errors": sum(e.error is not None for e in episodes),
+    }
+
+
+def episode_records(episodes: list[Episode], count: int, extra: list[dict] | None = None) -> list[dict]:
+    """Readable samples files: what the model saw and did in each episode."""
+    return [{"observations": e.observations, "actions": e.actions, "rewards": e.step_rewards, "success": e.success,
+             "truncated": e.truncated, "error": e.error, **(extra[i] if extra else {})}
+            for i, e in enumerate(episodes[:count])]
+
+
+class EpisodeProducer:
+    """Episodes of environments from `factory` (a zero-argument callable making a fresh environment), limits
+    from the `env` settings (max_turns, max_new_tokens, max_total_tokens, system_prompt)."""
+
+    kind = "episodes"
+
+    def __init__(self, generator, tokenizer, factory, limits, *, group_size: int, prompts_per_step: int, seed: int,
+                 use_chat_template: bool, acc):
+        self.generator, self.tokenizer, self.factory, self.limits = generator, tokenizer, factory, limits
+        self.group_size, self.prompts_per_step, self.seed = group_size, prompts_per_step, seed
+        self.use_chat_template, self.acc = use_chat_template, acc
+
+    @property
+    def loss_width(self) -> int:
+        """The longest sequence a row can hold (Dr. GRPO's constant normaliser)."""
+        return int(self.limits.max_total_tokens)
+
+    def checkpointed(self) -> dict:
+        return {}  # an episode depends only on (seed, step, index): nothing to save
+
+    def produce(self, step: int) -> Batch:
+        group = self.group_size
+        tasks = shard(self.prompts_per_step, self.acc)
+        mine = range(tasks.start * group, tasks.stop * group)  # this process's global episode indices
+        env_seeds = [train_env_seed(self.seed, step, i // group) for i in mine]
+        sample_seeds = [sample_seed(self.seed, step, i) for i in mine]
+        episodes = play(self.generator, self.tokenizer, self.factory, self.limits, env_seeds, sample_seeds, greedy=False,
+                        use_chat_template=self.use_chat_template)
+        all_episodes = gather_object(episodes)  # every process's episodes, in global order
+        version = getattr(self.generator, "version", 0)
+        rollout = Rollout.from_episodes(episodes, self.tokenizer.pad_token_id, [version] * len(episodes))
+        returns = torch.tensor([float(sum(e.step_rewards)) for e in all_episodes])  # (N,)
+        n = max(len(all_episodes), 1)
+        metrics = {
+            **episode_metrics(all_episodes, "env"),
+            "env/turn_truncated": sum(e.turn_truncated for e in all_episodes) / n,
+            "completions/tokens_per_episode": sum(sum(e.loss_mask) for e in all_episodes) / n,
+        }
+        return Batch(rollout, returns, group, slice(mine.start, mine.stop), metrics, episodes=all_episodes)
+
+    def records(self, batch: Batch, samples: list[dict], count: int) -> list[dict]:
+        """The samples file rows of this process's first `count` episodes (the main process's are the first)."""
+        local = batch.episodes[batch.local]
+        return episode_records(local, count, samples)
