@@ -58,6 +58,9 @@ def _hydra_app(app, prog: str, args: list[str], config_name: str) -> None:
     flags = {a.split("=", 1)[0] for a in args if a.startswith("-")}
     multirun = bool(flags & {"-m", "--multirun"}) and config_name == "train"
     if not flags & _PASSTHROUGH_FLAGS:
+        from rlx.config.free_form import free_form_overrides
+
+        args = free_form_overrides(args, config_name)  # env.kwargs={...} without `+` (rlx/config/free_form.py)
         overrides = [a for a in args if not a.startswith("-") and "=" in a]
         cfg = check_overrides(overrides, config_name=config_name)
         if multirun:

@@ -68,7 +68,10 @@ def check_overrides(overrides: list[str], config_name: str = "train") -> DictCon
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    from rlx.config.free_form import free_form_overrides
+
     overrides = [o for o in overrides if not o.startswith("hydra.") and not o.startswith("hydra/")]
+    overrides = free_form_overrides(overrides, config_name)  # env.kwargs={...} as the README writes it
     single, choices = _first_values(overrides)
     groups = config_groups()
     for key, values in choices.items():
@@ -97,17 +100,42 @@ def check_overrides(overrides: list[str], config_name: str = "train") -> DictCon
                 fail(pointer)
             try:
                 with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-                    base = compose(config_name=config_name, overrides=[o for o in single if not o.startswith(missing_key)])
-                known = _flat_keys(base)
+                    base = compose(config_name=config_name,
+                                   overrides=[o for o in single if not o.lstrip("+~").startswith(missing_key)])
             except Exception:
-                known = []
+                base = None
             command = {"eval": "eval", "data_prefs": "data prefs"}.get(config_name, "train")
-            fail(f"unknown key '{missing_key}'{_nearest(missing_key, known)}; `rlx {command} --help` shows every key "
-                 f"with its comment")
+            fail(unknown_key_message(missing_key, _struct_key(exc), base, command))
         fail(message)
     finally:
         GlobalHydra.instance().clear()
     return cfg
+
+
+def _struct_key(exc: Exception) -> str | None:
+    """The full key OmegaConf refused (`optim.lrr` for `optim={lrr:1}`), from the cause Hydra wraps."""
+    cause = exc.__cause__
+    key = getattr(cause, "full_key", None)
+    return str(key) if key else None
+
+
+def unknown_key_message(key: str, refused: str | None, base, command: str) -> str:
+    """One line for an override of a key the config does not have. `refused`: the deeper key OmegaConf named
+    (a dict value's unknown child); `base`: the config composed without the override (None if it failed).
+    The suggestion is never the refused key itself."""
+    from rlx.config.paths import config_groups, group_options
+
+    deeper = refused if refused and refused.startswith(key + ".") else None
+    if deeper is not None:
+        key = deeper
+    if base is not None:
+        for group in config_groups():  # a key of a group nothing selected: env.kwargs with env=null
+            if key.startswith(group + ".") and base.get(group) is None:
+                return (f"unknown key '{key}': no {group} is selected, so it has no keys; pick one first "
+                        f"({group}={' | '.join(group_options(group))})")
+    known = [k for k in (_flat_keys(base) if base is not None else []) if k != key]
+    hint = _nearest(key, known)
+    return f"unknown key '{key}'{hint}; `rlx {command} --help` shows every key with its comment"
 
 
 def _missing_key(message: str) -> str | None:
