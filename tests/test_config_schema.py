@@ -138,7 +138,7 @@ FAMILY_KNOBS = [  # a knob the chosen option's family (backend) does not have: w
     (["algorithm=agent_grpo", "env=grid", "+algorithm.kl_in=reward"],
      "algorithm.kl_in is a policy_gradient / ppo knob, not a knob of algorithm=agent_grpo; use algorithm=grpo or ppo"),
     (["algorithm=sft", "+algorithm.beta=0.1"], "algorithm.beta is a preference knob, not a knob of algorithm=sft; use algorithm=dpo"),
-    (["+rollout.tis_cap=2"], "rollout.tis_cap is a vllm knob, not a knob of rollout=hf; use rollout=vllm"),
+    (["+rollout.tis_cap=2"], "rollout.tis_cap is a vllm / server knob, not a knob of rollout=hf; use rollout=vllm or server"),
     (["+optim.momentum=0.9"], "unknown key 'optim.momentum'"),
 ]
 

@@ -107,7 +107,7 @@ def train_agent(cfg, parts: Parts) -> dict:
     checkpointer, metrics_log = parts.checkpointer, parts.metrics_log
     start_step = checkpointer.restore(**parts.checkpointed, shuffle=GeneratorState(shuffle))
     if engine is not None and start_step:  # resumed: the engine was built on the starting weights
-        engine.sync_weights(acc.unwrap_model(model))
+        engine.sync_weights(acc.unwrap_model(model), version=start_step)
 
     def generator_for(policy):
         if engine is not None:  # rollout=vllm: the engine holds the policy's weights (synced after each update)
@@ -204,7 +204,7 @@ def train_agent(cfg, parts: Parts) -> dict:
             for _ in range(updates_per_step):  # the schedule still follows the step count
                 scheduler.step()
         if engine is not None:
-            engine.sync_weights(acc.unwrap_model(model))  # the next episodes (and evaluation) play the updated policy
+            engine.sync_weights(acc.unwrap_model(model), version=step)  # the next episodes (and evaluation) play the updated policy
 
         step_time = time.perf_counter() - step_start
         mean = lambda values: sum(values) / len(values) if values else 0.0  # noqa: E731
@@ -222,6 +222,7 @@ def train_agent(cfg, parts: Parts) -> dict:
             "completions/tokens_per_episode": sampled.sum().item() / max(len(all_episodes), 1),
             "perf/step_time_s": step_time,
             "perf/generation_time_s": generation_time,
+            **(engine.step_metrics() if engine is not None else {}),  # weight sync time (rollout=vllm, server)
         }
         if not skip_update:  # a skipped update computed no log-probs
             metrics["train/entropy"] = global_mean(acc, mean(stats["entropy"]))

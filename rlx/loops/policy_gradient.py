@@ -83,7 +83,7 @@ def train_policy_gradient(cfg, parts: Parts) -> dict:
     start_step = checkpointer.restore(**parts.checkpointed, data=stream, shuffle=GeneratorState(shuffle), kl=kl_state,
                                       **reference_reset.checkpointed())
     if engine is not None and start_step:  # resumed: the engine was built on the starting weights
-        engine.sync_weights(acc.unwrap_model(model))
+        engine.sync_weights(acc.unwrap_model(model), version=start_step)
     last_eval = evaluate_at_start(cfg.eval.at_start, start_step, metrics_log, run_eval)
 
     sampling = batch_settings(cfg)
@@ -191,7 +191,7 @@ def train_policy_gradient(cfg, parts: Parts) -> dict:
                 if grad_norm is not None:
                     stats["grad_norm"].append(grad_norm)
         if engine is not None:
-            engine.sync_weights(acc.unwrap_model(model))  # the next rollout samples from the updated policy
+            engine.sync_weights(acc.unwrap_model(model), version=step)  # the next rollout samples from the updated policy
         model.eval()  # generation, old/reference log-probs and evaluation run in eval mode
         if reference is not None and algo.kl_target is not None:
             total_samples = rewards.numel()
@@ -213,6 +213,7 @@ def train_policy_gradient(cfg, parts: Parts) -> dict:
             **batch.drawn_metrics,
             "perf/step_time_s": step_time,
             "perf/generation_time_s": generation_time,
+            **(engine.step_metrics() if engine is not None else {}),  # weight sync time (rollout=vllm, server)
             "perf/tokens_per_s": global_sum(acc, completion_mask.sum().item()) / step_time,
         }
         if algo.dynamic_sampling:

@@ -35,6 +35,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 
 import torch
 
@@ -170,6 +171,7 @@ class VLLMEngine:
                      self.sleep_level)
             self.sleep_level = 0
         self.asleep = False
+        self.version, self.sync_time = None, None
         self.seeding = rollout_cfg.get("seeding", "request")
         # sampling knobs of generate_ids (the generator protocol has none): rollout's, or what the caller sets
         self.sampling = {"temperature": float(rollout_cfg.get("temperature", 1.0)),
@@ -188,9 +190,10 @@ class VLLMEngine:
         torch.set_num_threads(threads)
 
     @torch.no_grad()
-    def sync_weights(self, model) -> None:
+    def sync_weights(self, model, version: int | None = None) -> None:
         """Copy the policy's current parameters into the engine (waking it first) and drop KV blocks cached
-        for the old ones."""
+        for the old ones. `version` (the step whose update the weights carry) is kept as self.version."""
+        began = time.perf_counter()
         if self.asleep:
             self.llm.wake_up(tags=["weights"])
         weights = vllm_weights(model)
@@ -201,6 +204,12 @@ class VLLMEngine:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
         self.llm.reset_prefix_cache()
+        self.version = version
+        self.sync_time = time.perf_counter() - began
+
+    def step_metrics(self) -> dict[str, float]:
+        """The last weight sync's duration (perf/weight_sync_s), for the step's metrics row."""
+        return {"perf/weight_sync_s": self.sync_time} if self.sync_time is not None else {}
 
     def sleep(self) -> None:
         """Free the engine's GPU memory for the update (rollout.sleep_level > 0); a no-op otherwise."""
@@ -337,9 +346,16 @@ def _vllm_engine(rollout_cfg, model, tokenizer, seed: int) -> VLLMEngine:
     return engine
 
 
-# rollout.backend -> fn(rollout_cfg, model, tokenizer, seed) -> an engine with .generate, or None: the policy
+def _server_engine(rollout_cfg, model, tokenizer, seed: int):
+    from rlx.rollout.server import build_server_generator
+
+    return build_server_generator(rollout_cfg, model, tokenizer, seed)
+
+
+# rollout.backend -> fn(rollout_cfg, model, tokenizer, seed) -> an engine with .generate_ids, or None: the policy
 # generates itself (rlx.rollout.hf.generate)
 ROLLOUT_BACKENDS = {
     "hf": lambda rollout_cfg, model, tokenizer, seed: None,
     "vllm": _vllm_engine,
+    "server": _server_engine,  # a stock vLLM OpenAI server (rlx/rollout/server.py)
 }
