@@ -471,9 +471,21 @@ def test_child_stops_with_its_whole_group(tmp_path):
     process.stop()  # idempotent
 
 
+def test_a_server_killed_while_running_is_noticed(tmp_path):
+    """exit_note (what a failed request reports instead of retrying) tells how the server ended and quotes it."""
+    process = fake_process(tmp_path)
+    process.start(timeout_s=30)
+    os.killpg(process.guard.pid, signal.SIGKILL)
+    process.guard.wait(10)
+    note = process.exit_note()
+    assert note.startswith("the rollout server was killed (signal 9); its last log lines: fake server starting")
+    assert "\n" not in note
+    process.stop()
+
+
 def test_a_server_dying_at_start_is_one_line_quoting_its_log(tmp_path):
     process = fake_process(tmp_path, mode="die")
-    with pytest.raises(RolloutServerError, match=r"exited during start-up \(code 3\).*no memory for the KV cache") as info:
+    with pytest.raises(RolloutServerError, match=r"exited with code 3 during start-up; its last log lines: .*no memory for the KV cache") as info:
         process.start(timeout_s=30)
     assert "\n" not in str(info.value) and not info.value.resumable
     assert log_tail(tmp_path / "nothing.log") == "(no log)"

@@ -169,7 +169,8 @@ class ServerGenerator:
         began = time.perf_counter()
         if self.adapter:
             folder = self.work_dir / "adapters" / f"v{version:06d}"
-            model.save_pretrained(str(folder))  # a peft model saves its adapter only
+            # a peft model saves its adapter only; save_embedding_layers=False: no look-up of the base's config
+            model.save_pretrained(str(folder), save_embedding_layers=False)
             written = time.perf_counter()
             self.client.everywhere("/v1/load_lora_adapter", {"lora_name": ADAPTER_NAME, "lora_path": str(folder),
                                                              "load_inplace": True},

@@ -196,14 +196,14 @@ class ServerProcess:
             if self.guard.poll() is not None:
                 code = self.guard.returncode
                 self.stop()
-                raise RolloutServerError(f"the rollout server exited during start-up (code {code}); the end of its log "
-                                         f"{self.log_path}: {log_tail(self.log_path)}", resumable=False)
+                raise RolloutServerError(f"the rollout server {ended(code)} during start-up; its last log lines: "
+                                         f"{log_tail(self.log_path)}", resumable=False)
             if health(self.url, timeout_s=2.0):
                 return time.perf_counter() - began
             if time.monotonic() > deadline:
                 self.stop()
                 raise RolloutServerError(f"the rollout server did not answer {self.url}/health within {timeout_s:.0f} s "
-                                         f"(rollout.server.startup_timeout_s); the end of its log {self.log_path}: "
+                                         f"(rollout.server.startup_timeout_s); its last log lines: "
                                          f"{log_tail(self.log_path)}", resumable=False)
             time.sleep(0.5)
 
@@ -211,8 +211,7 @@ class ServerProcess:
         """None while the server runs; else how it ended and the end of its log (one line)."""
         if self.guard is None or self.guard.poll() is None:
             return None
-        return f"the rollout server exited (code {self.guard.returncode}); the end of its log {self.log_path}: " \
-               f"{log_tail(self.log_path)}"
+        return f"the rollout server {ended(self.guard.returncode)}; its last log lines: {log_tail(self.log_path)}"
 
     def stop(self) -> None:
         """End the guard and every process of its group (idempotent): SIGTERM to the guard (which stops vLLM
@@ -258,6 +257,11 @@ class ServerProcess:
         self.stop()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def ended(code: int) -> str:
+    """How a process ended, from its return code (negative: the signal that killed it)."""
+    return f"was killed (signal {-code})" if code < 0 else f"exited with code {code}"
 
 
 def health(url: str, timeout_s: float) -> bool:
