@@ -8,7 +8,8 @@ The server is a child started as rlx starts it (rollout=server), pinned to one c
 process to another; it generates --prompts x --samples completions of exactly --tokens tokens (min_new_tokens), one
 request per row with its own seed, as training does. Each round times one generation and one weight publish
 (safetensors write + reload_weights + prefix-cache reset + version stamp). Writes
-benchmarks/results/server_rollout_<shape>[_compiled].json with the load average.
+benchmarks/results/server_rollout_<shape>[_compiled][_shm].json with the load average (_shm: --work-dir given,
+e.g. /dev/shm/rlx-server: the served checkpoint in memory).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--core", type=int, default=1, help="the server's core (taskset); this process takes another")
     parser.add_argument("--compiled", action="store_true", help="let vLLM compile (no --enforce-eager)")
+    parser.add_argument("--work-dir", default=None, help="rollout.server.work_dir (the served checkpoint's folder)")
     args = parser.parse_args()
 
     from rlx.config import CONF_DIR
@@ -56,7 +58,8 @@ def main() -> None:
     hf = OmegaConf.load(CONF_DIR / "rollout" / "hf.yaml")
     server = {k: v for k, v in OmegaConf.load(CONF_DIR / "rollout" / "server.yaml").items() if k != "defaults"}
     cfg = OmegaConf.merge(hf, server, {"dtype": "float32", "kv_cache_gib": 0.5, "enforce_eager": not args.compiled,
-                                       "max_model_len": 512, "server": {"launch_prefix": pin}})
+                                       "max_model_len": None,
+                                       "server": {"launch_prefix": pin, "work_dir": args.work_dir}})
     began = time.perf_counter()
     generator = build_engine(cfg, model, tok, 0)
     start_s = time.perf_counter() - began
@@ -64,7 +67,7 @@ def main() -> None:
                                      add_generation_prompt=True) for a in range(args.prompts)]
     prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
     rows = args.prompts * args.samples
-    generate_s, publish_s = [], []
+    generate_s, publish_s, write_s, load_s = [], [], [], []
     try:
         for round_ in range(args.rounds):
             seeds = [sample_seed(0, round_ + 1, i) for i in range(rows)]
@@ -76,6 +79,9 @@ def main() -> None:
             t = time.perf_counter()
             generator.publish(model, round_ + 1)
             publish_s.append(time.perf_counter() - t)
+            timings = generator.step_metrics()
+            write_s.append(timings["perf/weight_write_s"])
+            load_s.append(timings["perf/weight_load_s"])
     finally:
         generator.close()
     tokens = rows * args.tokens
@@ -85,10 +91,12 @@ def main() -> None:
         "startup_s": start_s, "load_average": list(os.getloadavg()),
         "generate": {"min_s": min(generate_s), "median_s": statistics.median(generate_s),
                      "tokens_per_s_best": tokens / min(generate_s), "tokens_per_s_median": tokens / statistics.median(generate_s)},
-        "publish": {"min_s": min(publish_s), "median_s": statistics.median(publish_s)},
+        "publish": {"min_s": min(publish_s), "median_s": statistics.median(publish_s),
+                    "write_median_s": statistics.median(write_s), "reload_median_s": statistics.median(load_s),
+                    "work_dir": args.work_dir or "temporary (under /tmp)"},
     }
     print(json.dumps(result, indent=2))
-    name = f"server_rollout_{args.shape}{'_compiled' if args.compiled else ''}.json"
+    name = f"server_rollout_{args.shape}{'_compiled' if args.compiled else ''}{'_shm' if args.work_dir else ''}.json"
     (ROOT / "benchmarks" / "results" / name).write_text(json.dumps(result, indent=2) + "\n")
 
 
