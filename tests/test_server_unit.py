@@ -460,15 +460,25 @@ def wait_gone(pgid: int, timeout_s: float = 15.0) -> bool:
 
 
 def test_child_stops_with_its_whole_group(tmp_path):
-    process = fake_process(tmp_path)
-    assert process.start(timeout_s=30) > 0
-    pgid = process.guard.pid
-    assert group_alive(pgid) and process.exit_note() is None
-    time.sleep(0.3)
-    assert "grandchild" in (tmp_path / "server.log").read_text()
-    process.stop()
-    assert wait_gone(pgid, 5.0)
-    process.stop()  # idempotent
+    """SIGTERM to the guard (what the kernel sends it when the trainer dies) ends the server and its grandchild
+    on the guard's own; stop() (close, atexit) does it again from the trainer's side, idempotently."""
+    for how in ("guard", "stop"):
+        process = fake_process(tmp_path)
+        try:
+            assert process.start(timeout_s=30) > 0
+            pgid = process.guard.pid
+            assert group_alive(pgid) and process.exit_note() is None
+            time.sleep(0.3)
+            assert "grandchild" in (tmp_path / "server.log").read_text()
+            if how == "guard":
+                process.guard.send_signal(signal.SIGTERM)
+                process.guard.wait(10)  # reaped here, as the trainer's exit would (a zombie still counts in the group)
+            else:
+                process.stop()
+            assert wait_gone(pgid, 5.0), how
+        finally:
+            process.stop()
+        process.stop()  # idempotent
 
 
 def test_a_server_killed_while_running_is_noticed(tmp_path):
