@@ -147,33 +147,38 @@ def test_n_samples_with_seed_s_are_the_single_requests_with_seeds_s_plus_i(serve
 
 
 def test_each_push_brings_the_server_to_the_trainers_log_probs(server, tiny):
-    """After an update the server is stale; after publish() its log-probs equal the trainer's again, on a short
-    prompt and on one of 150 tokens (longer than a KV block: without the prefix-cache reset it would reuse keys
-    and values of the old weights). The tiny model ties its head to its embedding: the untied served copy
-    makes the reload carry the head too. The version is visible at /weight_info."""
+    """After an update the server is stale; after publish() the log-probs it reports for the tokens it samples
+    equal the trainer's again, on a short prompt and on one of 150 tokens: longer than a KV block (128 here),
+    whose keys and values the prefix cache keeps from the previous request; without the reset after the reload
+    they would be the old weights' (scoring with prompt log-probs would not show it: those requests skip the
+    cache). The tiny model ties its head to its embedding: the untied served copy makes the reload carry the
+    head too. The version is visible at /weight_info."""
     import copy
 
     model, tok = tiny
     policy = copy.deepcopy(model)
     short = chat_ids(tok, 1)[0]
-    long_prompt = (short * 10)[:150]
+    long_prompt = (chat_ids(tok, 12, offset=5)[0] * 20)[:150]
     completion = [30, 263, 32, 19, 20, 276, 263, 32, 2]
     server.publish(policy, 0)
-    server.score([long_prompt], [completion])  # the long prompt's blocks are now cached
+
+    def gaps(prompt):
+        out = server.generate_ids([prompt], max_new_tokens=12, seeds=[7])  # temperature 1: the trainer's log-probs
+        trainer = trainer_logprobs(policy, prompt, out.ids[0])
+        return (torch.tensor(out.logprobs[0]) - trainer).abs().max().item()
+
+    gaps(long_prompt)  # the long prompt's first block is now cached
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-2)
     for version in (1, 2):
         for _ in range(2):
-            logp = trainer_logprobs(policy, short, completion, grad=True)
-            (-logp.sum()).backward()
+            (-trainer_logprobs(policy, short, completion, grad=True).sum()).backward()
             optimizer.step()
             optimizer.zero_grad()
-        for prompt in (short, long_prompt):
-            stale = (server.score([prompt], [completion])[0] - trainer_logprobs(policy, prompt, completion)).abs().max()
-            assert stale > 1e-2, "the update did not move the policy away from the served weights"
+        assert gaps(short) > 1e-2 and gaps(long_prompt) > 1e-2, "the update did not move the policy"
         server.publish(policy, version)
-        for prompt in (short, long_prompt):
-            torch.testing.assert_close(server.score([prompt], [completion])[0],
-                                       trainer_logprobs(policy, prompt, completion), atol=1e-4, rtol=0)
+        assert gaps(short) < 1e-4 and gaps(long_prompt) < 1e-4
+        torch.testing.assert_close(server.score([short], [completion])[0], trainer_logprobs(policy, short, completion),
+                                   atol=1e-4, rtol=0)
         with urllib.request.urlopen(f"{server.client.urls[0]}/weight_info", timeout=30) as response:
             assert json.load(response) == {"weight_version": str(version)}
         assert server.step_metrics()["perf/weight_sync_s"] > 0
