@@ -45,9 +45,9 @@ from rlx.rollout.server_process import (
     check_server_settings,
     free_port,
     normalize_urls,
+    served_model_name,
     server_command,
     server_env,
-    served_model_name,
 )
 from rlx.rollout.types import Generation
 from rlx.rollout.vllm import vllm_weight_name, vllm_weights
