@@ -94,7 +94,7 @@ def test_server_command_and_environment():
     text = " ".join(command)
     assert command[:3] == ["/py", "-m", "vllm.entrypoints.launchers.api_server.entry"]
     for part in ("--model /m", "--host 127.0.0.1 --port 4321", "--seed 3", "--logprobs-mode processed_logprobs",
-                 "--generation-config vllm", "--max-model-len 256", "--enforce-eager",
+                 "--generation-config vllm", "--disable-uvicorn-access-log", "--max-model-len 256", "--enforce-eager",
                  f"--kv-cache-memory-bytes {2**28}", "--enable-lora --max-lora-rank 16", "--max-num-seqs 8"):
         assert part in text, part
     assert "--max-num-batched-tokens" not in text
@@ -503,6 +503,8 @@ def test_a_server_dying_at_start_is_one_line_quoting_its_log(tmp_path):
         process.start(timeout_s=30)
     assert "\n" not in str(info.value) and not info.value.resumable
     assert log_tail(tmp_path / "nothing.log") == "(no log)"
+    (tmp_path / "access.log").write_text('ValueError: bad\nINFO:     127.0.0.1:4 - "POST /v1/completions HTTP/1.1" 200 OK\n\n')
+    assert log_tail(tmp_path / "access.log") == "ValueError: bad"  # request lines say nothing about a failure
 
 
 TRAINER = textwrap.dedent("""

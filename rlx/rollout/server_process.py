@@ -24,6 +24,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -38,6 +39,7 @@ log = logging.getLogger("rlx")
 
 SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
 LOG_TAIL_LINES = 6
+ACCESS_LINE = re.compile(r'"(GET|POST) \S+ HTTP/[\d.]+" \d{3}')  # uvicorn's access log: one line per request
 # variables of the trainer's process that must not reach the server: the colocated engine's single-process
 # switch and torch.distributed's rendezvous of a launched trainer
 SCRUBBED_ENV = ("VLLM_ENABLE_V1_MULTIPROCESSING", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
@@ -126,14 +128,14 @@ def server_command(python: str, model_dir: str, host: str, port: int, *, seed: i
                    max_model_len: int | None, enforce_eager: bool, kv_cache_gib: float | None,
                    gpu_memory_utilization: float, max_num_batched_tokens: int | None, lora_rank: int | None,
                    extra_args: list[str]) -> list[str]:
-    """The vLLM server's command line (pure). processed_logprobs: the log-probs reported for a sampled token are
+    """The vLLM server's command line (pure; no per-request access log). processed_logprobs: the log-probs reported for a sampled token are
     those of the temperature-scaled (and top-k/top-p filtered) distribution it was drawn from, the trainer's
     (vLLM's default reports temperature 1). --generation-config vllm: the model's generation_config.json does
     not change the sampling knobs rlx sends (or add stop tokens)."""
     command = [python, "-m", SERVER_MODULE, "--model", model_dir, "--host", host, "--port", str(port),
                "--seed", str(seed), "--dtype", dtype, "--logprobs-mode", "processed_logprobs",
                "--generation-config", "vllm", "--gpu-memory-utilization", str(gpu_memory_utilization),
-               "--enable-prefix-caching"]
+               "--enable-prefix-caching", "--disable-uvicorn-access-log"]
     if max_model_len:
         command += ["--max-model-len", str(max_model_len)]
     if enforce_eager:
@@ -164,7 +166,7 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES, width: int = 700) -> str:
         text = Path(path).read_text(errors="replace")
     except OSError:
         return "(no log)"
-    kept = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
+    kept = [line.strip() for line in text.splitlines() if line.strip() and not ACCESS_LINE.search(line)][-lines:]
     joined = " | ".join(kept) or "(empty log)"
     return joined if len(joined) <= width else "..." + joined[-width:]
 
