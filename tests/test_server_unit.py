@@ -148,6 +148,28 @@ def test_retries_are_bounded_and_back_off():
                                                                  "with: rlx train resume=/runs/a")
 
 
+def test_a_failing_batch_stops_asking():
+    """After the first failed row, rows not yet sent are cancelled: at most the one already picked up by the
+    (single) worker runs besides it, not the whole batch; the first error is the one raised."""
+    from rlx.rollout.server_client import ServerClient
+
+    client = ServerClient(["http://127.0.0.1:9"], timeout_s=1, retries=0, backoff_s=0, concurrency=1)
+    called = []
+
+    def row(i):
+        called.append(i)
+        time.sleep(0.05)
+        if i == 0:
+            raise RolloutServerError("row 0 failed")
+        return i
+
+    with pytest.raises(RolloutServerError, match="row 0 failed"):
+        client.map(row, list(range(10)))
+    assert called[0] == 0 and len(called) <= 2, called
+    assert client.map(lambda i: i * 2, [1, 2, 3]) == [2, 4, 6]
+    client.close()
+
+
 def test_answer_checks():
     good = {"choices": [{"token_ids": [5, 6, 2], "logprobs": {"token_logprobs": [-0.1, -2.0, 0.0]}}]}
     assert parse_completion(good, max_new_tokens=3, vocab_size=10, stop_ids=[2]) == ([5, 6, 2], [-0.1, -2.0, 0.0], True)

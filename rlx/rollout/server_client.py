@@ -19,7 +19,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, ThreadPoolExecutor
 
 from rlx.rollout.server_process import RolloutServerError
 
@@ -139,14 +139,21 @@ class ServerClient:
                             dead=self.dead)
 
     def map(self, fn: Callable, items: list) -> list:
-        """[fn(item) for item in items], run concurrently; the first error is raised once all have finished."""
+        """[fn(item) for item in items], run concurrently. On the first error the requests not started yet are
+        cancelled (a failing server is not asked for the rest of the batch); it is raised once the running
+        ones have ended."""
         futures = [self.pool.submit(fn, item) for item in items]
         results, error = [], None
         for future in futures:
             try:
                 results.append(future.result())
-            except Exception as exc:  # noqa: BLE001 - re-raised below, after the other requests ended
-                error = error or exc
+            except CancelledError:
+                continue
+            except Exception as exc:  # noqa: BLE001 - re-raised below, after the running requests ended
+                if error is None:
+                    error = exc
+                    for pending in futures:
+                        pending.cancel()
         if error is not None:
             raise error
         return results
