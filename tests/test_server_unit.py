@@ -458,14 +458,14 @@ FAKE_SERVER = textwrap.dedent("""
 """)
 
 
-def fake_process(tmp_path, mode="serve"):
+def fake_process(tmp_path, mode="serve", cleanup_dir=None):
     from rlx.rollout.server_process import free_port
 
     script = tmp_path / "fake_server.py"
     script.write_text(FAKE_SERVER)
     port = free_port()
     return ServerProcess([sys.executable, str(script), str(port), mode], dict(os.environ), tmp_path / "server.log",
-                         f"http://127.0.0.1:{port}", grace_s=2.0)
+                         f"http://127.0.0.1:{port}", grace_s=2.0, cleanup_dir=cleanup_dir)
 
 
 def group_alive(pgid: int) -> bool:
@@ -502,6 +502,7 @@ def test_child_stops_with_its_whole_group(tmp_path):
             else:
                 process.stop()
             assert wait_gone(pgid, 5.0), how
+            assert (tmp_path / "server.log").is_file()  # no cleanup_dir given; the trainer is alive anyway
         finally:
             process.stop()
         process.stop()  # idempotent
@@ -534,7 +535,7 @@ TRAINER = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from test_server_unit import fake_process
     from pathlib import Path
-    process = fake_process(Path({tmp!r}))
+    process = fake_process(Path({tmp!r}), cleanup_dir=Path({tmp!r}) / "served")
     process.start(timeout_s=30)
     print(process.guard.pid, flush=True)
     time.sleep(600)
@@ -543,7 +544,10 @@ TRAINER = textwrap.dedent("""
 
 def test_no_orphan_after_the_trainer_is_killed_with_sigkill(tmp_path):
     """kill -9 of the process that started the server: no atexit, no handler runs; the guard's death signal
-    (PR_SET_PDEATHSIG) takes the server and its grandchild down (without the guard the grandchild survives)."""
+    (PR_SET_PDEATHSIG) takes the server and its grandchild down (without the guard the grandchild survives),
+    and the guard removes the temporary folder it was given."""
+    (tmp_path / "served").mkdir()
+    (tmp_path / "served" / "model.safetensors").write_text("weights")
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER.format(tests=os.path.dirname(__file__), tmp=str(tmp_path)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(__file__)),
@@ -558,6 +562,7 @@ def test_no_orphan_after_the_trainer_is_killed_with_sigkill(tmp_path):
         trainer.send_signal(signal.SIGKILL)
         trainer.wait(10)
         assert wait_gone(pgid), "the server's process group outlived the trainer"
+        assert not (tmp_path / "served").exists()
     finally:
         trainer.kill()
         trainer.wait()

@@ -252,7 +252,7 @@ def build_server_generator(rollout_cfg, model, tokenizer, seed: int) -> ServerGe
     if server.urls:
         urls = normalize_urls(server.urls, bool(server.allow_remote))
     else:
-        urls, process = _start_child(rollout_cfg, model, served, work_dir, seed, adapter)
+        urls, process = _start_child(rollout_cfg, model, served, work_dir, seed, adapter, temporary=remove)
     client = ServerClient(urls, timeout_s=timeout, retries=int(server.max_retries), backoff_s=float(server.retry_backoff_s),
                           concurrency=int(server.max_concurrency), dead=process.exit_note if process else lambda: None)
     try:
@@ -277,7 +277,7 @@ def build_server_generator(rollout_cfg, model, tokenizer, seed: int) -> ServerGe
     return generator
 
 
-def _start_child(rollout_cfg, model, served: Path, work_dir: Path, seed: int, adapter: bool):
+def _start_child(rollout_cfg, model, served: Path, work_dir: Path, seed: int, adapter: bool, temporary: bool):
     import sys
 
     server = rollout_cfg.server
@@ -296,7 +296,7 @@ def _start_child(rollout_cfg, model, served: Path, work_dir: Path, seed: int, ad
                              extra_args=list(server.extra_args))
     env = server_env(os.environ, lora=adapter, extra=dict(server.env))
     process = ServerProcess(command, env, work_dir / "server.log", url, launch_prefix=list(server.launch_prefix),
-                            grace_s=float(server.stop_grace_s))
+                            grace_s=float(server.stop_grace_s), cleanup_dir=work_dir if temporary else None)
     took = process.start(float(server.startup_timeout_s))
     log.info("rollout server: up in %.1f s", took)
     return [url], process

@@ -1,6 +1,6 @@
 """The rollout server's guard: a small process between the trainer and vLLM that takes vLLM down with it.
 
-    python -m rlx.rollout.server_guard TRAINER_PID GRACE_S -- COMMAND...
+    python -m rlx.rollout.server_guard TRAINER_PID GRACE_S [CLEANUP_DIR] -- COMMAND...
 
 Why a guard: vLLM's OpenAI server forks an engine-core process (and a multiprocessing resource tracker).
 PR_SET_PDEATHSIG reaches only the process it is set in, and Linux clears it in the children of a fork, so a
@@ -12,12 +12,15 @@ any of these happens, signals the whole group (SIGTERM, then SIGKILL after GRACE
     its parent id, which covers a trainer that died before the death signal was armed;
   - the trainer asks it to stop (SIGTERM / SIGINT / SIGHUP to the guard);
   - COMMAND exits on its own (its leftover children go too); the guard exits with COMMAND's code.
+When the trainer is gone, the guard also removes CLEANUP_DIR (rlx's temporary served checkpoint), which the
+trainer's atexit cannot do after kill -9.
 Standard library only: it runs under any interpreter and imports nothing of rlx beyond this file.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -80,10 +83,13 @@ def _others_alive(group: int) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 4 or argv[2] != "--":
-        print("usage: python -m rlx.rollout.server_guard TRAINER_PID GRACE_S -- COMMAND...", file=sys.stderr)
+    split = argv.index("--") if "--" in argv else -1
+    if split not in (2, 3) or len(argv) <= split + 1:
+        print("usage: python -m rlx.rollout.server_guard TRAINER_PID GRACE_S [CLEANUP_DIR] -- COMMAND...",
+              file=sys.stderr)
         return 2
     trainer, grace = int(argv[0]), float(argv[1])
+    cleanup = argv[2] if split == 3 else None
     arm_parent_death_signal()
     if os.getppid() != trainer:  # the trainer died before the death signal was armed
         return 1
@@ -94,10 +100,12 @@ def main(argv: list[str]) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
-    child = subprocess.Popen(argv[3:])
+    child = subprocess.Popen(argv[split + 1:])
     while not stopping and child.poll() is None and os.getppid() == trainer:
         time.sleep(0.2)
     code = child.returncode if child.returncode is not None else 0
+    if cleanup and os.getppid() != trainer:  # the trainer died: nobody else will remove it
+        shutil.rmtree(cleanup, ignore_errors=True)
     stop_group(grace)
     return code
 

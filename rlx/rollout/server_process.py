@@ -175,8 +175,10 @@ class ServerProcess:
     """vLLM's server as a guarded child: start() returns once /health answers; stop() ends the whole group."""
 
     def __init__(self, command: list[str], env: dict[str, str], log_path: Path, url: str, *,
-                 launch_prefix: list[str] = (), grace_s: float = 10.0):
+                 launch_prefix: list[str] = (), grace_s: float = 10.0, cleanup_dir: Path | None = None):
+        """cleanup_dir: a temporary folder the guard removes if the trainer dies first (kill -9)."""
         self.command, self.env, self.log_path, self.url = list(command), env, Path(log_path), url
+        self.cleanup_dir = cleanup_dir
         self.launch_prefix, self.grace_s = [str(a) for a in launch_prefix], grace_s
         self.guard: subprocess.Popen | None = None
         self._previous_sigterm = None
@@ -184,7 +186,8 @@ class ServerProcess:
     def start(self, timeout_s: float) -> float:
         """Start and wait for /health; the seconds it took. RolloutServerError (not resumable) naming the log's
         last lines when the server exits first, or when it does not answer within timeout_s."""
-        guard = [sys.executable, "-m", "rlx.rollout.server_guard", str(os.getpid()), str(self.grace_s), "--"]
+        guard = [sys.executable, "-m", "rlx.rollout.server_guard", str(os.getpid()), str(self.grace_s),
+                 *([str(self.cleanup_dir)] if self.cleanup_dir else []), "--"]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         began = time.perf_counter()
         with open(self.log_path, "ab") as out:
