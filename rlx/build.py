@@ -30,9 +30,9 @@ from rlx.loops.reward_model import train_reward_model
 from rlx.loops.sft import train_sft
 from rlx.models import lora, value
 from rlx.rewards.overlong import with_overlong_penalty
+from rlx.rollout.backends import build_generator
 from rlx.rollout.episodes import EpisodeProducer
 from rlx.rollout.single_turn import SingleTurnProducer
-from rlx.rollout.vllm import build_engine as build_generator
 from rlx.runtime.checkpoint import Checkpointer
 from rlx.runtime.optim import build_optimizer, optimizer_settings
 from rlx.runtime.rundir import MetricsLog

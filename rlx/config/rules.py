@@ -20,6 +20,10 @@ def check_run(cfg: DictConfig) -> None:
 
     check_settings(cfg)
     check_batch(cfg, world_size(cfg.hardware))
+    if cfg.rollout.backend == "server":
+        from rlx.rollout.server_process import check_server_settings
+
+        check_server_settings(cfg.rollout, world_size(cfg.hardware))
     check_strategy(cfg.hardware)
     check_device(cfg.hardware)
     check_sharded_settings(cfg)
@@ -165,7 +169,7 @@ def check_sharded_settings(cfg: DictConfig) -> None:
             raise UserError(f"algorithm=ppo trains two models (policy and critic), {why}; use hardware=ddp or a "
                             f"critic-free algorithm (grpo, rloo, ...)")
         if cfg.rollout.backend != "hf":
-            raise UserError(f"rollout=vllm reads the full policy weights after each update, not run under {engine} yet; "
+            raise UserError(f"rollout={cfg.rollout.backend} reads the full policy weights after each update, not run under {engine} yet; "
                             f"use rollout=hf or hardware=ddp")
     if hw.get("distributed") == "fsdp":
         if cfg.model.dtype in ("bfloat16", "float16") and hw.mixed_precision == "no":

@@ -88,6 +88,7 @@ Schedule = choices("Schedule", ("constant", "cosine", "linear"))  # rlx.loops.co
 DType = choices("DType", ("float32", "bfloat16", "float16", "auto"))  # rlx.models.loading.DTYPES
 Sampler = choices("Sampler", ("v1", "v2"))  # rlx.rollout.sampling.SAMPLERS
 Seeding = choices("Seeding", ("request", "batch"))  # rlx.rollout.vllm.SEEDING
+LoraPush = choices("LoraPush", ("adapter", "merged"))  # rlx.rollout.server_process.LORA_PUSH
 OnError = choices("OnError", ("raise", "zero"))
 Distributed = choices("Distributed", ("no", "ddp", "fsdp", "deepspeed"))
 MixedPrecision = choices("MixedPrecision", ("no", "bf16", "fp16", "fp8"))
@@ -247,7 +248,43 @@ class VLLMRollout(Rollout):
     tis_cap: float | None = num(1)
 
 
-ROLLOUTS = {"hf": Rollout, "vllm": VLLMRollout}  # rollout.backend -> its schema (rlx.rollout.vllm.ROLLOUT_BACKENDS)
+@dataclass
+class ServerSettings:
+    """rollout.server: where the vLLM server is, how rlx starts it and talks to it (rlx/rollout/server*.py)."""
+
+    urls: list[str] = field()
+    host: str = field()
+    allow_remote: bool = field()
+    python: str | None = field()
+    launch_prefix: list[str] = field()
+    env: dict = field()
+    extra_args: list[str] = field()
+    work_dir: str | None = field()
+    startup_timeout_s: float = positive()
+    request_timeout_s: float = positive()
+    max_retries: int = num(0)
+    retry_backoff_s: float = num(0)
+    max_concurrency: int = num(1)
+    lora_push: LoraPush = field()
+    stop_grace_s: float = num(0)
+
+
+@dataclass
+class ServerRollout(Rollout):
+    """rollout=server: a stock vLLM OpenAI server generates (conf/rollout/server.yaml)."""
+
+    gpu_memory_utilization: float = fraction(low_open=True)
+    max_model_len: int | None = num(1)
+    dtype: DType = field()
+    enforce_eager: bool = field()
+    max_num_batched_tokens: int | None = num(1)
+    kv_cache_gib: float | None = positive()
+    tis_cap: float | None = num(1)
+    server: ServerSettings = field()
+
+
+# rollout.backend -> its schema (rlx.rollout.vllm.ROLLOUT_BACKENDS)
+ROLLOUTS = {"hf": Rollout, "vllm": VLLMRollout, "server": ServerRollout}
 
 
 @dataclass

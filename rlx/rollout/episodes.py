@@ -65,7 +65,7 @@ class EpisodeProducer:
         episodes = play(self.generator, self.tokenizer, self.factory, self.limits, env_seeds, sample_seeds, greedy=False,
                         use_chat_template=self.use_chat_template)
         all_episodes = gather_object(episodes)  # every process's episodes, in global order
-        version = getattr(self.generator, "version", 0)
+        version = getattr(self.generator, "version", 0) or 0
         rollout = Rollout.from_episodes(episodes, self.tokenizer.pad_token_id, [version] * len(episodes))
         returns = torch.tensor([float(sum(e.step_rewards)) for e in all_episodes])  # (N,)
         n = max(len(all_episodes), 1)
