@@ -43,6 +43,8 @@ from rlx.algorithms.losses import LOSS_AGGREGATIONS, RATIO_LEVELS
 from rlx.algorithms.preference import PREFERENCE_LOSSES
 from rlx.config import UserError
 from rlx.data.tasks import DATA_SOURCES
+from rlx.envs import ENVIRONMENTS
+from rlx.gateway.tools import TOOL_PARSERS
 from rlx.tasks import VERIFIERS
 
 
@@ -82,6 +84,7 @@ Schedule = choices("Schedule", ("constant", "cosine", "linear"))  # rlx.loops.co
 DType = choices("DType", ("float32", "bfloat16", "float16", "auto"))  # rlx.models.loading.DTYPES
 Sampler = choices("Sampler", ("v1", "v2"))  # rlx.rollout.sampling.SAMPLERS
 Seeding = choices("Seeding", ("request", "batch"))  # rlx.rollout.vllm.SEEDING
+ToolParser = choices("ToolParser", TOOL_PARSERS)
 OnError = choices("OnError", ("raise", "zero"))
 Distributed = choices("Distributed", ("no", "ddp", "fsdp", "deepspeed"))
 MixedPrecision = choices("MixedPrecision", ("no", "bf16", "fp16", "fp8"))
@@ -338,6 +341,26 @@ class Env:
 
 
 @dataclass
+class HarnessEnv(Env):
+    """env=harness: an OpenAI-client agent program served by the gateway (conf/env/harness.yaml, rlx/gateway/)."""
+
+    tasks: str | None = field()
+    eval_tasks: str | None = field()
+    concurrency: int = num(1)
+    timeout_s: float = positive()
+    max_batch: int = num(1)
+    max_wait_ms: float = num(0)
+    tool_parser: ToolParser | None = field()
+    chat_template: str | None = field()
+    host: str = field()
+    allow_remote: bool = field()
+
+
+# env.name -> its schema: every environment shares Env's knobs; the harness has its own (a test keeps them equal)
+ENVS = {**{name: Env for name in (*ENVIRONMENTS, "custom")}, "harness": HarnessEnv}
+
+
+@dataclass
 class Logger:
     """logger=: trackers beside metrics.jsonl (conf/logger/)."""
 
@@ -591,8 +614,8 @@ class DataPrefsConfig:
 SCHEMAS = {"train": TrainConfig, "eval": EvalConfig, "data_prefs": DataPrefsConfig}
 COMMANDS = {"train": "rlx train", "eval": "rlx eval", "data_prefs": "rlx data prefs"}
 # a group whose schema depends on one of its keys: base schema -> (key, {value: schema})
-DISPATCH = {Algorithm: ("family", ALGORITHMS), Rollout: ("backend", ROLLOUTS)}
-_GROUP_OPTION = {Algorithm: "algorithm", Rollout: "rollout"}  # the `group=option` that selects a dispatched schema
+DISPATCH = {Algorithm: ("family", ALGORITHMS), Rollout: ("backend", ROLLOUTS), Env: ("name", ENVS)}
+_GROUP_OPTION = {Algorithm: "algorithm", Rollout: "rollout", Env: "env"}  # the `group=option` that selects a dispatched schema
 
 
 # ------------------------------------------------------------------------------------------------

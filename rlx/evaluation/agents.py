@@ -31,12 +31,19 @@ def episode_metrics(episodes: list[Episode], prefix: str) -> dict:
 
 
 def play(generator, tokenizer, factory, env_cfg, env_seeds: list[int], sample_seeds: list[int], *, greedy: bool,
-         use_chat_template: bool = True, stop_ids: list[int] | None = None) -> list[Episode]:
-    """One episode in a fresh environment (factory()) per seed, limits from the `env` config group."""
-    envs = [factory() for _ in env_seeds]
+         use_chat_template: bool = True, stop_ids: list[int] | None = None, policy_version: int = 0) -> list[Episode]:
+    """One episode in a fresh environment (factory()) per seed, limits from the `env` config group.
+    env=harness: one episode of the user's program per seed, through the gateway (rlx/gateway/harness.py)."""
     if stop_ids is None:  # the vLLM engine carries its stop ids; HFGenerator's come from its model
         stop_ids = (getattr(generator, "stop_ids", None) if not hasattr(generator, "model")
                     else eos_ids(generator.model, tokenizer))
+    if env_cfg.name == "harness":  # [harness] (the lead moves this into the episode producer)
+        from rlx.gateway.harness import HarnessSettings, play_harness
+
+        settings = HarnessSettings.from_env(env_cfg, greedy=greedy, version=policy_version)
+        return play_harness(generator, tokenizer, env_cfg.target, None, env_seeds, sample_seeds, settings,
+                            stop_ids=stop_ids)
+    envs = [factory() for _ in env_seeds]
     return run_episodes(generator, tokenizer, envs, env_seeds, sample_seeds, max_turns=env_cfg.max_turns,
                         max_new_tokens=env_cfg.max_new_tokens, max_total_tokens=env_cfg.max_total_tokens, greedy=greedy,
                         system_prompt=env_cfg.system_prompt, use_chat_template=use_chat_template, stop_ids=stop_ids)

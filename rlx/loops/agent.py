@@ -43,6 +43,7 @@ from rlx.checkpoint import GeneratorState
 from rlx.config import UserError
 from rlx.envs import EnvError, env_factory
 from rlx.evaluation.agents import episode_metrics, episode_records, play
+from rlx.gateway.episodes import harness_metrics, training_rows
 from rlx.loops.common import (
     Parts,
     end_step,
@@ -79,11 +80,14 @@ def step_tensors(episodes: list[Episode], group_size: int, invalid_penalty: floa
     return episode_group, torch.tensor(step_episode, dtype=torch.long), rewards, torch.tensor(anchors, dtype=torch.long)
 
 
-def token_advantages(step_adv: torch.Tensor, step_episode: torch.Tensor, step_index: torch.Tensor) -> torch.Tensor:
-    """(N, C) advantage of every sampled token: the advantage of its step (0 on environment tokens)."""
-    num_episodes = step_index.shape[0]
+def token_advantages(step_adv: torch.Tensor, step_episode: torch.Tensor, step_index: torch.Tensor,
+                     owner: torch.Tensor | None = None) -> torch.Tensor:
+    """(N, C) advantage of every sampled token: the advantage of its step (0 on environment tokens).
+    owner (N,): the episode of each row (None: row i is episode i; a harness episode can have several rows)."""
+    owner = torch.arange(step_index.shape[0]) if owner is None else owner
+    num_episodes = int(owner.max()) + 1 if owner.numel() else 0
     counts = torch.bincount(step_episode, minlength=num_episodes)
-    offsets = torch.cumsum(counts, 0) - counts  # (E,) first step of each episode in the flat list
+    offsets = (torch.cumsum(counts, 0) - counts)[owner]  # (N,) first step of each row's episode in the flat list
     flat = offsets.unsqueeze(1) + step_index.clamp(min=0)  # (N, C)
     values = step_adv[flat.clamp(max=max(step_adv.numel() - 1, 0))] if step_adv.numel() else torch.zeros(flat.shape)
     return torch.where(step_index >= 0, values, torch.zeros_like(values))
@@ -120,7 +124,9 @@ def train_agent(cfg, parts: Parts) -> dict:
         mine = list(range(acc.process_index, len(eval_seeds), acc.num_processes))  # this process's held-out episodes
         episodes = play(generator_for(acc.unwrap_model(model)), tokenizer, factory, env_cfg, [eval_seeds[k] for k in mine],
                         mine, greedy=env_cfg.eval_greedy, use_chat_template=cfg.model.chat_template)
-        return episode_metrics(gather_object(episodes), "eval")
+        episodes = gather_object(episodes)
+        extra = harness_metrics(episodes, "eval") if env_cfg.name == "harness" else {}  # [harness]
+        return {**episode_metrics(episodes, "eval"), **extra}
 
     last_eval = evaluate_at_start(cfg.eval.at_start, start_step, metrics_log, run_eval)
 
@@ -132,11 +138,12 @@ def train_agent(cfg, parts: Parts) -> dict:
         env_seeds = [train_env_seed(cfg.seed, step, i // group_size) for i in mine]
         sample_seeds = [sample_seed(cfg.seed, step, i) for i in mine]
         episodes = play(generator_for(acc.unwrap_model(model)), tokenizer, factory, env_cfg, env_seeds, sample_seeds,
-                        greedy=False, use_chat_template=cfg.model.chat_template)
+                        greedy=False, use_chat_template=cfg.model.chat_template, policy_version=step - 1)
+        rows, row_owner = training_rows(episodes)  # [harness] fork rows of gateway sessions join the batch
         generation_time = time.perf_counter() - step_start
         if engine is not None:
             engine.sleep()  # rollout.sleep_level: the engine's memory is given back for the update
-        batch = RolloutBatch.from_episodes(episodes, tokenizer.pad_token_id)
+        batch = RolloutBatch.from_episodes(rows, tokenizer.pad_token_id)
         # 2-3. rewards and per-step advantages over the global batch -> this process's per-token advantages (n, C)
         all_episodes = gather_object(episodes)  # every process's episodes, in global order
         episode_group, step_episode, step_rewards, step_anchor = step_tensors(all_episodes, group_size, algo.invalid_penalty)
@@ -144,7 +151,7 @@ def train_agent(cfg, parts: Parts) -> dict:
         any_signal = bool(step_adv.abs().any())  # over the global batch, so every process decides alike
         local_steps = (step_episode >= mine.start) & (step_episode < mine.stop)
         step_adv, step_episode = step_adv[local_steps], step_episode[local_steps] - mine.start  # this process's steps
-        advantages = token_advantages(step_adv, step_episode, batch.step_index)  # (n, C)
+        advantages = token_advantages(step_adv, step_episode, batch.step_index, row_owner)  # (n, C)
         loss_mask = batch.loss_mask
         if algo.mask_truncated:
             loss_mask = loss_mask * (~batch.truncated).long().unsqueeze(1)
@@ -155,11 +162,11 @@ def train_agent(cfg, parts: Parts) -> dict:
                                                           batch.prompt_mask[i:i + cfg.micro_batch_size],
                                                           batch.completion_ids[i:i + cfg.micro_batch_size],
                                                           batch.completion_mask[i:i + cfg.micro_batch_size])[0].cpu()
-                                      for i in range(0, len(episodes), cfg.micro_batch_size)])
+                                      for i in range(0, len(rows), cfg.micro_batch_size)])
         # 4. optimisation; the sampler's log-probs are the old log-probs (same weights, same distribution
         # at temperature 1; otherwise the first ratio is not 1 and the clip bounds the step)
         old_logp = batch.sampler_logprobs if updates_per_step > 1 else None
-        num = len(episodes)
+        num = len(rows)
         stats = {"loss": 0.0, "kl": [], "entropy": [], "clip": [], "grad_norm": []}
         gap = {"sum": 0.0, "max": 0.0, "count": 0}  # rollout=vllm: engine vs trainer log-probs before the first update
         # no group had a reward difference and no KL/entropy term: the loss has zero gradient. AdamW would still
@@ -233,12 +240,14 @@ def train_agent(cfg, parts: Parts) -> dict:
             metrics["train/kl_ref"] = global_mean(acc, mean(stats["kl"]))
         if stats["grad_norm"]:
             metrics["train/grad_norm"] = mean(stats["grad_norm"])  # the clipped norm is already global
+        if env_cfg.name == "harness":  # [harness] fork rows, timeouts, episodes cut by a limit
+            metrics.update(harness_metrics(all_episodes, "env"))
         if eval_due(step, cfg.eval.every, cfg.steps):
             last_eval = run_eval(step)
             metrics.update(last_eval)
         if cfg.log.samples_every and (step % cfg.log.samples_every == 0 or step == 1) and acc.is_main_process:
             # the main process holds the first shard, so its local episode i is global episode i
-            extra = [{"advantages": step_adv[step_episode == i].tolist()} for i in range(num)]
+            extra = [{"advantages": step_adv[step_episode == i].tolist()} for i in range(len(episodes))]
             write_samples(run_dir, step, episode_records(episodes, cfg.log.num_samples, extra))
         end_step(step, metrics, metrics_log, checkpointer, cfg.log.every, cfg.steps)
     metrics_log.close()

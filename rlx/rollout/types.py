@@ -41,6 +41,8 @@ class Episode:
     truncated: bool = False                                      # cut: env truncation, max_turns, budgets, errors
     turn_truncated: int = 0                                      # turns that hit the per-turn token budget
     error: str | None = None                                     # what went wrong, when the env failed
+    versions: list[int] = field(default_factory=list)            # policy version that sampled each turn (gateway)
+    forks: list = field(default_factory=list)                    # other rows of a harness session (rlx/gateway/episodes.py)
 
     @property
     def success(self) -> float:
