@@ -97,17 +97,14 @@ def _token_logprobs(tokenizer, ids, logprobs) -> list[dict] | None:
 def build_app(gateway) -> FastAPI:
     app = FastAPI(title="rlx gateway", docs_url=None, redoc_url=None, openapi_url=None)
 
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next):
-        if request.url.path == "/health":
-            return await call_next(request)
+    def authenticate(request: Request) -> str | None:
+        """The session named by the API key (TOKEN.SID), if any; RequestError 401 without the run's token."""
         key = _bearer(request)
         token, _, key_sid = (key or "").partition(".")
         if not key or not secrets.compare_digest(token.encode(), gateway.token.encode()):
-            return _error(401, "missing or wrong API key: use the gateway's token (printed at start, or given to the "
-                          "harness as api_key)", "invalid_api_key")
-        request.state.key_sid = key_sid or None
-        return await call_next(request)
+            raise RequestError("missing or wrong API key: use the gateway's token (printed at start, or given to the "
+                               "harness as api_key)", status=401, code="invalid_api_key")
+        return key_sid or None
 
     @app.exception_handler(RequestError)
     async def refused(request: Request, exc: RequestError):
@@ -118,6 +115,7 @@ def build_app(gateway) -> FastAPI:
         return _error(500, f"generation failed: {type(exc).__name__}: {exc}", "generation_failed")
 
     async def body_of(request: Request) -> dict:
+        authenticate(request)
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -130,13 +128,14 @@ def build_app(gateway) -> FastAPI:
         return body
 
     def session_of(request: Request, sid: str | None):
-        return gateway.session(sid or request.state.key_sid)
+        return gateway.session(sid or authenticate(request))
 
     @app.get("/health")
     async def health():
         return {"status": "ok"}
 
-    async def models():
+    async def models(request: Request):
+        authenticate(request)
         return {"object": "list", "data": [{"id": gateway.settings.model_name, "object": "model", "created": 0,
                                             "owned_by": "rlx"}]}
 
@@ -168,8 +167,8 @@ def build_app(gateway) -> FastAPI:
         ident, model = f"chatcmpl-{session.sid}-{pending.index}", body.get("model") or gateway.settings.model_name
         if body.get("stream"):
             return StreamingResponse(_chat_events(ident, model, reply, finish, usage, body), media_type="text/event-stream")
-        return {"id": ident, "object": "chat.completion", "created": int(time.time()), "model": model,
-                "choices": [choice], "usage": usage}
+        return JSONResponse({"id": ident, "object": "chat.completion", "created": int(time.time()), "model": model,
+                             "choices": [choice], "usage": usage})
 
     async def completions(request: Request, sid: str | None = None):
         body = await body_of(request)
@@ -197,8 +196,8 @@ def build_app(gateway) -> FastAPI:
         ident, model = f"cmpl-{session.sid}-{pending.index}", body.get("model") or gateway.settings.model_name
         if body.get("stream"):
             return StreamingResponse(_text_events(ident, model, choice), media_type="text/event-stream")
-        return {"id": ident, "object": "text_completion", "created": int(time.time()), "model": model,
-                "choices": [choice], "usage": usage}
+        return JSONResponse({"id": ident, "object": "text_completion", "created": int(time.time()), "model": model,
+                             "choices": [choice], "usage": usage})
 
     for prefix in ("/v1", "/sessions/{sid}/v1"):
         app.add_api_route(f"{prefix}/models", models, methods=["GET"])
