@@ -819,9 +819,9 @@ def unknown_key_message(name: str, node, schema: type, config_name: str = "train
 
 
 def family_knob_message(name: str) -> str | None:
-    """For `algorithm.KEY` / `rollout.KEY` missing from the chosen option: the line naming who has it."""
+    """For `algorithm.KEY` / `rollout.KEY` / `env.KEY` missing from the chosen option: the line naming who has it."""
     group, _, key = name.partition(".")
-    base = {"algorithm": Algorithm, "rollout": Rollout}.get(group)
+    base = {"algorithm": Algorithm, "rollout": Rollout, "env": Env}.get(group)
     if base is None or "." in key or not owners(base, key):
         return None
     return unknown_key_message(name, None, base)
