@@ -93,6 +93,12 @@ class HarnessSettings:
 
     @classmethod
     def from_env(cls, env_cfg, *, greedy: bool, version: int = 0) -> HarnessSettings:
+        """The env=harness config group read and checked (HarnessError naming the knob)."""
+        from rlx.gateway.server import is_loopback
+
+        if not is_loopback(str(env_cfg.host)) and not env_cfg.allow_remote:
+            raise HarnessError(f"env.host={env_cfg.host} is not a loopback address: anyone who can reach it and knows the "
+                               f"token drives the model; set env.allow_remote=true to mean it")
         template = env_cfg.get("chat_template")
         if template:
             path = Path(str(template)).expanduser()
@@ -203,7 +209,8 @@ def read_result(result, calls: int) -> Outcome:
         reward = sum(rewards)
     else:
         raise ValueError("run() returned a dict without 'reward' (or 'rewards')")
-    success = None if result.get("success") is None else _number(result["success"], "'success'")
+    success = result.get("success")
+    success = None if success is None else float(success) if isinstance(success, bool) else _number(success, "'success'")
     anchors = result.get("anchors")
     if anchors is not None:
         if not isinstance(anchors, (list, tuple)) or len(anchors) != calls:
