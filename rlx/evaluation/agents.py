@@ -37,7 +37,7 @@ def play(generator, tokenizer, factory, env_cfg, env_seeds: list[int], sample_se
     if stop_ids is None:  # the vLLM engine carries its stop ids; HFGenerator's come from its model
         stop_ids = (getattr(generator, "stop_ids", None) if not hasattr(generator, "model")
                     else eos_ids(generator.model, tokenizer))
-    if env_cfg.name == "harness":  # [harness] (the lead moves this into the episode producer)
+    if env_cfg.get("name") == "harness":  # [harness] (the lead moves this into the episode producer)
         from rlx.gateway.harness import HarnessSettings, play_harness
 
         settings = HarnessSettings.from_env(env_cfg, greedy=greedy, version=policy_version)

@@ -43,7 +43,7 @@ class GatewaySettings:
     max_new_tokens: int = 256          # sampled tokens per call (the request's max_tokens can lower it)
     max_total_tokens: int = 4096       # tokens of a row, prompt included
     max_batch: int = 64                # requests generated together at most
-    max_wait_ms: float = 20.0          # how long the first waiting request waits for batch-mates
+    max_wait_ms: float = 50.0          # how long the first waiting request waits for batch-mates
     tool_parser: str | None = "hermes"  # tools.TOOL_PARSERS name; None: replies are plain content
     chat_template: str | None = None   # Jinja text used instead of the tokenizer's chat template
     system_prompt: str | None = None   # put first when a conversation opens without a system message
