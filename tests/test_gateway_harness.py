@@ -143,8 +143,9 @@ def test_read_result_names_what_is_wrong(result, needle):
 def test_forked_rows_train_each_sampled_token_once_with_its_own_steps_advantage():
     """Session: call 0 on [u1] samples a0; call 1 on [u1, a0, u2] extends row 0; call 2 on [u1, a0, u2'] forks row
     1 (copies prompt + a0 as context). The Episode is row 1 (the last call's); row 0 is its fork. Steps 0, 1, 2
-    get advantages 10, 20, 30; a second episode (one step) gets 40. Expected per sampled token: row 1 holds call
-    2 (30) and a0 as context (0); row 0 holds calls 0 (10) and 1 (20); the other episode 40."""
+    get advantages 10, 20, 30; another episode, first in the batch (one step), gets 40: flat step advantages
+    [40, 10, 20, 30]. Expected per sampled token: that episode 40; row 1 holds call 2 (30) and a0 as context (0);
+    row 0, the fork row after both episodes, holds calls 0 (10) and 1 (20)."""
     from rlx.loops.agent import token_advantages
 
     renderer, session = ChatRenderer(tiny_tokenizer()), Session("s", 1, Limits(8, 8, 240), EOS)
@@ -165,14 +166,14 @@ def test_forked_rows_train_each_sampled_token_once_with_its_own_steps_advantage(
     other_session.record(pending, encode("R") + [EOS], None, True, "R", normalize_messages([a0])[0], "stop", 0)
     other = session_episode(other_session, Outcome(reward=0.0))
     assert len(episode.forks) == 1 and episode.step_rewards == [0.0, 0.0, 1.0] and episode.actions == ["L", "R", "LL"]
-    rows, owner = training_rows([episode, other])
-    assert owner.tolist() == [0, 1, 0]
+    rows, owner = training_rows([other, episode])
+    assert owner.tolist() == [0, 1, 1]
     batch = RolloutBatch.from_episodes(rows, 0)
-    step_episode = torch.tensor([0, 0, 0, 1])
-    adv = token_advantages(torch.tensor([10.0, 20.0, 30.0, 40.0]), step_episode, batch.step_index, owner)
+    step_episode = torch.tensor([0, 1, 1, 1])
+    adv = token_advantages(torch.tensor([40.0, 10.0, 20.0, 30.0]), step_episode, batch.step_index, owner)
     sampled = batch.loss_mask.bool()
-    assert adv[0][sampled[0]].tolist() == [30.0] * len(encode("LL") + [EOS])
-    assert adv[1][sampled[1]].tolist() == [40.0, 40.0]
+    assert adv[0][sampled[0]].tolist() == [40.0, 40.0]
+    assert adv[1][sampled[1]].tolist() == [30.0] * len(encode("LL") + [EOS])
     assert adv[2][sampled[2]].tolist() == [10.0, 10.0, 20.0, 20.0]
     assert int(batch.loss_mask.sum()) == 2 + 2 + 3 + 2  # every sampled token once
     assert (adv[~sampled] == 0).all()
@@ -280,6 +281,8 @@ def test_bad_harness_input_is_one_error_line(tmp_path, args, needle):
                      timeout=300)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and lines[-1].startswith("error: ") and needle in lines[-1], result.stderr[-2000:]
+    if "steps=1" not in args:  # refused by the config checks, before a model is loaded (a run writes config.yaml then)
+        assert not list((tmp_path / "outputs").glob("train/*/config.yaml"))
 
 
 # ------------------------------------------------------------------ the examples learn (slow)
@@ -303,3 +306,18 @@ def test_the_examples_learn(tmp_path, recipe, overrides, floor):
     rows = [json.loads(line) for line in (only_run_dir(tmp_path) / "metrics.jsonl").read_text().splitlines()]
     evals = [r["eval/success"] for r in rows if "eval/success" in r]
     assert evals[-1] >= floor and evals[-1] > evals[0] + 0.1, evals
+
+
+def test_every_environment_name_has_a_schema_and_harness_knobs_are_named_as_such(capsys):
+    from rlx.config import check_overrides
+    from rlx.config_schema import ENVS, Env, HarnessEnv, check_config
+    from rlx.envs import ENVIRONMENTS
+
+    assert set(ENVS) == {*ENVIRONMENTS, "custom", "harness"} and ENVS["harness"] is HarnessEnv and ENVS["grid"] is Env
+    with pytest.raises(SystemExit):
+        check_overrides(["env=grid", "env.concurrency=4"])
+    assert "env.concurrency is a harness knob; use env=harness" in capsys.readouterr().err
+    with pytest.raises(UserError, match="env.max_wait_ms=-1 is not valid"):
+        check_config(check_overrides(["env=harness", "env.max_wait_ms=-1"]))
+    with pytest.raises(UserError, match="unknown env.tool_parser 'qwen'"):
+        check_config(check_overrides(["env=harness", "env.tool_parser=qwen"]))

@@ -1,6 +1,7 @@
 """The gateway as a server, with a scripted generator (no model): micro-batching by count and by wait time,
 the OpenAI wire protocol through the real `openai` client, auth refusals, loopback-only binding, clean stop."""
 
+import json
 import logging
 import socket
 import threading
@@ -225,3 +226,37 @@ def test_stop_closes_the_port_and_the_threads_on_exit_and_on_error():
     assert {t.name for t in threading.enumerate()} - before == set()
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=1)
+
+
+def test_the_gateway_command_serves_a_model_prints_its_url_and_token_and_stops_on_sigterm(tmp_path):
+    """`rlx gateway model.path=builtin:tiny_agent`: a real client call through the printed base_url and api_key is
+    recorded in its session; SIGTERM stops it (exit 0) and --record writes the session's token rows."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    record = tmp_path / "sessions.jsonl"
+    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
+    process = subprocess.Popen([sys.executable, "-m", "rlx", "gateway", "model.path=builtin:tiny_agent",
+                                "env.max_new_tokens=4", "hardware.num_threads=1", "--record", str(record)],
+                               cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = {}
+        while "api_key:" not in lines:
+            line = process.stdout.readline()
+            assert line, process.stderr.read()[-2000:]
+            key, _, value = line.partition(" ")
+            lines[key] = value.split()[0] if value.split() else ""
+        base = lines["base_url:"].removesuffix("/v1")
+        OpenAI(base_url=f"{base}/sessions/mine/v1", api_key=lines["api_key:"], max_retries=0).chat.completions.create(
+            model="anything", messages=[{"role": "user", "content": "..A.KD no key"}])
+        assert httpx.get(f"{base}/v1/models").status_code == 401
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    assert process.returncode == 0
+    (session,) = [json.loads(line) for line in record.read_text().splitlines()]
+    assert session["session"] == "mine" and session["calls"] == 1 and sum(session["rows"][0]["loss_mask"]) >= 1

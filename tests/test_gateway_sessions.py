@@ -110,6 +110,7 @@ def test_rewritten_history_forks_a_row_that_copies_the_shared_turns_as_context(r
 @pytest.mark.parametrize("later", [
     [user("summary of the game so far")],                     # trimmed: nothing shared at a turn end
     [user("u1")],                                              # the same first call again (a retry)
+    [user("u1 edited"), assistant("L"), user("u2")],           # an earlier message edited, the conversation longer
 ])
 def test_trimmed_or_repeated_history_forks_a_fresh_row(renderer, later):
     session = Session("s", 1, LIMITS, EOS)
@@ -214,6 +215,7 @@ def test_hermes_parses_tool_calls(text, content, calls):
     '<tool_call>{"name": "calc", "arguments": [1]}</tool_call>',                    # arguments not an object
     '<tool_call>{"name": "calc", "arguments": {}}',                                 # unclosed
     '<tool_call>{"name": "calc", "arguments": {}}</tool_call> and then some text',  # text after the call
+    '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": {</tool_call>',  # one of two broken
     'no call at all',
 ])
 def test_a_malformed_hermes_call_comes_back_as_plain_content(text):
