@@ -60,6 +60,9 @@ def check_agent_sft_settings(cfg: DictConfig) -> None:
     """Imitation in an environment: the environment must exist and build."""
     if cfg.get("env") is None:
         raise UserError("algorithm=agent_sft imitates demonstrations in an environment: add env=grid (or corridor, ...)")
+    if cfg.env.name == "harness":
+        raise UserError("algorithm=agent_sft imitates an environment's expert; env=harness has none (train it with "
+                        "algorithm=agent_grpo, gigpo or mt_grpo)")
     from rlx.envs import env_factory
     from rlx.errors import EnvError
 
@@ -97,6 +100,11 @@ def check_agent_settings(cfg: DictConfig) -> None:
     from rlx.envs import env_factory
     from rlx.errors import EnvError
 
+    if env.name == "harness":  # [harness] the program must import and take (task, base_url, api_key)
+        from rlx.gateway.harness import HarnessSettings, load_harness
+
+        load_harness(env.target)
+        HarnessSettings.from_env(env, greedy=False)  # task files and the chat template are read here
     try:  # builds one environment: a wrong name, target or kwargs stops here, before any model is loaded
         env_factory(env.name, env.get("target"), env.get("kwargs"))
     except EnvError as exc:

@@ -525,6 +525,12 @@ def _environment(cfg: DictConfig):
     except EnvError as exc:
         raise UserError(str(exc)) from None
     label = str(env_cfg.target).rpartition(".")[2] if env_cfg.name == "custom" else env_cfg.name
+    if env_cfg.name == "harness":  # [harness] checked before a model loads; results named by run()'s module
+        from rlx.gateway.harness import HarnessSettings, load_harness
+
+        load_harness(env_cfg.target)
+        HarnessSettings.from_env(env_cfg, greedy=False)
+        label = "harness_" + str(env_cfg.target).rpartition(".")[0].rpartition(".")[2]
     return f"env_{label}", factory, int(cfg.limit or env_cfg.eval_episodes)
 
 
