@@ -14,7 +14,6 @@ import torch
 from rlx.errors import UserError
 from rlx.gateway.chat import ChatRenderer, normalize_messages
 from rlx.gateway.episodes import session_episode
-from rlx.rollout.episodes import training_rows
 from rlx.gateway.harness import (
     HarnessError,
     HarnessSettings,
@@ -25,6 +24,7 @@ from rlx.gateway.harness import (
 )
 from rlx.gateway.server import GatewaySettings
 from rlx.gateway.sessions import TURN_STRIDE, Limits, Session
+from rlx.rollout.episodes import training_rows
 from rlx.rollout.types import Rollout
 from tests.conftest import run_rlx
 from tests.gateway_fixtures import ScriptedGenerator, encode, tiny_tokenizer
