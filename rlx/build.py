@@ -19,7 +19,7 @@ from rlx.config.settings import settings as settings_of
 from rlx.data.tasks import PromptStream
 from rlx.envs import env_factory
 from rlx.errors import EnvError, UserError
-from rlx.evaluation.agents import episode_evaluator
+from rlx.evaluation.agents import episode_evaluator, player_for
 from rlx.evaluation.tasks import task_evaluator
 from rlx.loops.agent_sft import train_agent_sft
 from rlx.loops.common import Components, Parts
@@ -30,9 +30,9 @@ from rlx.loops.reward_model import train_reward_model
 from rlx.loops.sft import train_sft
 from rlx.models import lora, value
 from rlx.rewards.overlong import with_overlong_penalty
+from rlx.rollout.backends import build_generator
 from rlx.rollout.episodes import EpisodeProducer
 from rlx.rollout.single_turn import SingleTurnProducer
-from rlx.rollout.vllm import build_engine as build_generator
 from rlx.runtime.checkpoint import Checkpointer
 from rlx.runtime.optim import build_optimizer, optimizer_settings
 from rlx.runtime.rundir import MetricsLog
@@ -190,9 +190,11 @@ def single_turn_producer(s, parts: Parts) -> SingleTurnProducer:
 
 
 def episode_producer(s, parts: Parts) -> EpisodeProducer:
+    play_fn, extra_metrics = player_for(s.env)  # env=harness: the user's program through the gateway
     return EpisodeProducer(parts.generator, parts.tokenizer, environment_factory(s.env), s.env,
                            group_size=s.rollout.samples_per_prompt, prompts_per_step=s.prompts_per_step, seed=s.seed,
-                           use_chat_template=s.model.chat_template, acc=parts.accelerator)
+                           use_chat_template=s.model.chat_template, acc=parts.accelerator, play_fn=play_fn,
+                           extra_metrics=extra_metrics)
 
 
 def task_eval(s, parts: Parts):
@@ -203,8 +205,9 @@ def task_eval(s, parts: Parts):
 
 
 def episode_eval(s, parts: Parts):
+    play_fn, extra_metrics = player_for(s.env)
     return episode_evaluator(parts.accelerator, parts.generator, parts.tokenizer, environment_factory(s.env), s.env,
-                             use_chat_template=s.model.chat_template)
+                             use_chat_template=s.model.chat_template, play_fn=play_fn, extra_metrics=extra_metrics)
 
 
 # the rows a loop trains on, and its held-out evaluation: FamilyNeeds.producer / .evaluator -> fn(settings, parts)

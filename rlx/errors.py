@@ -71,3 +71,18 @@ class TrainingInterrupted(Exception):
     def __init__(self, step: int, path: Path):
         super().__init__(f"interrupted after step {step}; checkpoint {path}")
         self.step, self.path = step, path
+
+
+class RolloutServerError(Exception):
+    """The rollout server died, hung past its timeouts or answered garbage. `resumable`: the run can continue
+    from its last checkpoint (the loop raises before the step's checkpoint, so the last one written is intact)."""
+
+    def __init__(self, message: str, resumable: bool = True):
+        super().__init__(message)
+        self.resumable = resumable
+
+    def for_run(self, run_dir) -> str:
+        """The one line `rlx train` prints: the cause, and the command that continues the run."""
+        if not self.resumable:
+            return str(self)
+        return f"{self}; the last checkpoint is intact, continue with: rlx train resume={run_dir}"

@@ -122,6 +122,9 @@ class FixedSampler:
     def sleep(self) -> None:
         pass
 
+    def step_metrics(self) -> dict:
+        return {}
+
     def close(self) -> None:
         pass
 

@@ -140,7 +140,7 @@ FAMILY_KNOBS = [  # a knob the chosen option's family (backend) does not have: w
     (["algorithm=agent_grpo", "env=grid", "+algorithm.dynamic_sampling=true"],
      "algorithm.dynamic_sampling is a policy_gradient / ppo knob, not a knob of algorithm=agent_grpo; use algorithm=grpo or ppo"),
     (["algorithm=sft", "+algorithm.beta=0.1"], "algorithm.beta is a preference knob, not a knob of algorithm=sft; use algorithm=dpo"),
-    (["+rollout.tis_cap=2"], "rollout.tis_cap is a vllm knob, not a knob of rollout=hf; use rollout=vllm"),
+    (["+rollout.tis_cap=2"], "rollout.tis_cap is a vllm / server knob, not a knob of rollout=hf; use rollout=vllm or server"),
     (["+optim.momentum=0.9"], "unknown key 'optim.momentum'"),
 ]
 
@@ -170,8 +170,9 @@ def test_the_registries_and_the_schema_name_the_same_choices():
     from rlx.config import schema
     from rlx.data.preferences import LAYOUTS, ON_INVALID, PAIR_SOURCES, TRUNCATION_MODES
     from rlx.models.loading import DTYPES
+    from rlx.rollout.backends import ROLLOUT_BACKENDS
     from rlx.rollout.sampling import SAMPLERS
-    from rlx.rollout.vllm import ROLLOUT_BACKENDS, SEEDING
+    from rlx.rollout.vllm import SEEDING
     from rlx.runtime.optim import SCHEDULES
 
     def names(e):

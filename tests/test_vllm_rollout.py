@@ -12,8 +12,8 @@ from omegaconf import OmegaConf
 
 from rlx.config.paths import CONF_DIR
 from rlx.errors import UserError
+from rlx.rollout.backends import build_generator as build_engine
 from rlx.rollout.vllm import (
-    build_engine,
     check_settings,
     distributed_env,
     engine_args,
@@ -38,7 +38,7 @@ def test_vllm_config_and_errors():
     assert cfg.backend == "vllm" and cfg.samples_per_prompt == 8  # the hf sampling settings carry over
     hf = build_engine(_rollout_cfg(backend="hf"), "policy", None, 0)  # rollout=hf: the policy generates itself
     assert type(hf).__name__ == "HFGenerator" and hf.model == "policy"
-    with pytest.raises(UserError, match="valid choices: hf, vllm"):
+    with pytest.raises(UserError, match="valid choices: hf, vllm, server"):
         build_engine(OmegaConf.create({"backend": "vlm"}), None, None, 0)
     for bad, match in (({"seeding": "row"}, "valid choices: request, batch"), ({"sleep_level": 3}, "sleep_level=3"),
                        ({"tis_cap": 0.5}, "tis_cap=0.5")):

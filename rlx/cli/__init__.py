@@ -32,6 +32,7 @@ commands:
   recipes [show NAME]              list the reproduced configurations, or print one
   recipes reproduce [NAME ...]     run CPU-scale recipes on 3 seeds and check their expected numbers
   report DIRS... [--metrics M,...] learning curves, IQM with bootstrap CIs, probability of improvement
+  gateway [key=value ...]          serve a model on an OpenAI-compatible endpoint to try an agent harness (env=harness)
 
 Run `rlx <command> --help` for a command's options (the config files with their comments); rlx --version. Configs live in conf/, recipes in recipes/ (at the repository root; inside the installed package too).
 Tab completion (bash): eval "$(rlx -sc install=bash)"
@@ -169,6 +170,10 @@ def main(argv: list[str] | None = None) -> None:
         from rlx.data.build_prefs import prefs_app
 
         _hydra_app(prefs_app, "rlx-data-prefs", args[1:], "data_prefs")
+    elif command == "gateway":  # `rlx gateway`: serve a model to an agent harness by hand (rlx/gateway/cli.py)
+        from rlx.gateway.cli import main as gateway_main
+
+        raise SystemExit(gateway_main(args))
     elif command in ("sweep", "recipes", "report"):
         _other_command(command, args)
     else:

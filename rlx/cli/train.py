@@ -21,6 +21,7 @@ from rlx.errors import (
     CheckpointWriteError,
     NonFiniteError,
     RewardError,
+    RolloutServerError,
     RunInUse,
     TrainingInterrupted,
     UserError,
@@ -50,7 +51,8 @@ def train_app(cfg: DictConfig) -> float | None:
     except (Exception, SystemExit) as exc:
         if is_multirun(hydra_cfg):  # one crashing trial is recorded and the sweep goes on
             return record_failure(run_dir, exc, hydra_cfg)
-        known = {UserError: 2, RunInUse: 2, RewardError: 1, NonFiniteError: 1, CheckpointWriteError: 1, CheckpointDamaged: 1}
+        known = {UserError: 2, RunInUse: 2, RewardError: 1, NonFiniteError: 1, CheckpointWriteError: 1, CheckpointDamaged: 1,
+                 RolloutServerError: 1}
         code = next((c for kind, c in known.items() if isinstance(exc, kind)), None)
         if launch.is_worker() and (code is not None or launch.is_peer_failure(exc)):
             # the parent prints each distinct error once; a rank that only saw another one die stays silent
@@ -58,7 +60,7 @@ def train_app(cfg: DictConfig) -> float | None:
             launch.record_worker_error(str(exc) if code is not None else None, code or 1)
             raise SystemExit(code or 1) from None
         if code is not None:
-            fail(str(exc), code=code)
+            fail(exc.for_run(run_dir) if isinstance(exc, RolloutServerError) else str(exc), code=code)
         raise
     if final is None:  # nothing ran here (already finished, final/ rebuilt, parent or non-main worker)
         return None

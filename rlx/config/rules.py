@@ -20,6 +20,10 @@ def check_run(cfg: DictConfig) -> None:
 
     check_settings(cfg)
     check_batch(cfg, world_size(cfg.hardware))
+    if cfg.rollout.backend == "server":
+        from rlx.rollout.server_process import check_server_settings
+
+        check_server_settings(cfg.rollout, world_size(cfg.hardware))
     check_strategy(cfg.hardware)
     check_device(cfg.hardware)
     check_sharded_settings(cfg)
@@ -56,6 +60,9 @@ def check_agent_sft_settings(cfg: DictConfig) -> None:
     """Imitation in an environment: the environment must exist and build."""
     if cfg.get("env") is None:
         raise UserError("algorithm=agent_sft imitates demonstrations in an environment: add env=grid (or corridor, ...)")
+    if cfg.env.name == "harness":
+        raise UserError("algorithm=agent_sft imitates an environment's expert; env=harness has none (train it with "
+                        "algorithm=agent_grpo, gigpo or mt_grpo)")
     from rlx.envs import env_factory
     from rlx.errors import EnvError
 
@@ -93,6 +100,11 @@ def check_agent_settings(cfg: DictConfig) -> None:
     from rlx.envs import env_factory
     from rlx.errors import EnvError
 
+    if env.name == "harness":  # [harness] the program must import and take (task, base_url, api_key)
+        from rlx.gateway.harness import HarnessSettings, load_harness
+
+        load_harness(env.target)
+        HarnessSettings.from_env(env, greedy=False)  # task files and the chat template are read here
     try:  # builds one environment: a wrong name, target or kwargs stops here, before any model is loaded
         env_factory(env.name, env.get("target"), env.get("kwargs"))
     except EnvError as exc:
@@ -165,7 +177,7 @@ def check_sharded_settings(cfg: DictConfig) -> None:
             raise UserError(f"algorithm=ppo trains two models (policy and critic), {why}; use hardware=ddp or a "
                             f"critic-free algorithm (grpo, rloo, ...)")
         if cfg.rollout.backend != "hf":
-            raise UserError(f"rollout=vllm reads the full policy weights after each update, not run under {engine} yet; "
+            raise UserError(f"rollout={cfg.rollout.backend} reads the full policy weights after each update, not run under {engine} yet; "
                             f"use rollout=hf or hardware=ddp")
     if hw.get("distributed") == "fsdp":
         if cfg.model.dtype in ("bfloat16", "float16") and hw.mixed_precision == "no":

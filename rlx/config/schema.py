@@ -46,7 +46,9 @@ from rlx.algorithms.shaping import SHAPERS
 from rlx.algorithms.transforms import TRANSFORMS
 from rlx.data.difficulty import SAMPLING_WEIGHTS
 from rlx.data.tasks import DATA_SOURCES
+from rlx.envs import ENVIRONMENTS
 from rlx.errors import UserError
+from rlx.gateway.tools import TOOL_PARSERS
 from rlx.rollout.replay import TRIGGERS
 from rlx.rollout.temperature import TEMPERATURE_SCHEDULES
 from rlx.tasks import VERIFIERS
@@ -88,6 +90,8 @@ Schedule = choices("Schedule", ("constant", "cosine", "linear"))  # rlx.loops.co
 DType = choices("DType", ("float32", "bfloat16", "float16", "auto"))  # rlx.models.loading.DTYPES
 Sampler = choices("Sampler", ("v1", "v2"))  # rlx.rollout.sampling.SAMPLERS
 Seeding = choices("Seeding", ("request", "batch"))  # rlx.rollout.vllm.SEEDING
+LoraPush = choices("LoraPush", ("adapter", "merged"))  # rlx.rollout.server_process.LORA_PUSH
+ToolParser = choices("ToolParser", TOOL_PARSERS)
 OnError = choices("OnError", ("raise", "zero"))
 Distributed = choices("Distributed", ("no", "ddp", "fsdp", "deepspeed"))
 MixedPrecision = choices("MixedPrecision", ("no", "bf16", "fp16", "fp8"))
@@ -247,7 +251,43 @@ class VLLMRollout(Rollout):
     tis_cap: float | None = num(1)
 
 
-ROLLOUTS = {"hf": Rollout, "vllm": VLLMRollout}  # rollout.backend -> its schema (rlx.rollout.vllm.ROLLOUT_BACKENDS)
+@dataclass
+class ServerSettings:
+    """rollout.server: where the vLLM server is, how rlx starts it and talks to it (rlx/rollout/server*.py)."""
+
+    urls: list[str] = field()
+    host: str = field()
+    allow_remote: bool = field()
+    python: str | None = field()
+    launch_prefix: list[str] = field()
+    env: dict = field()
+    extra_args: list[str] = field()
+    work_dir: str | None = field()
+    startup_timeout_s: float = positive()
+    request_timeout_s: float = positive()
+    max_retries: int = num(0)
+    retry_backoff_s: float = num(0)
+    max_concurrency: int = num(1)
+    lora_push: LoraPush = field()
+    stop_grace_s: float = num(0)
+
+
+@dataclass
+class ServerRollout(Rollout):
+    """rollout=server: a stock vLLM OpenAI server generates (conf/rollout/server.yaml)."""
+
+    gpu_memory_utilization: float = fraction(low_open=True)
+    max_model_len: int | None = num(1)
+    dtype: DType = field()
+    enforce_eager: bool = field()
+    max_num_batched_tokens: int | None = num(1)
+    kv_cache_gib: float | None = positive()
+    tis_cap: float | None = num(1)
+    server: ServerSettings = field()
+
+
+# rollout.backend -> its schema (rlx.rollout.vllm.ROLLOUT_BACKENDS)
+ROLLOUTS = {"hf": Rollout, "vllm": VLLMRollout, "server": ServerRollout}
 
 
 @dataclass
@@ -363,6 +403,26 @@ class Env:
     system_prompt: str | None = field()
     eval_episodes: int = num(1)
     eval_greedy: bool = field()
+
+
+@dataclass
+class HarnessEnv(Env):
+    """env=harness: an OpenAI-client agent program served by the gateway (conf/env/harness.yaml, rlx/gateway/)."""
+
+    tasks: str | None = field()
+    eval_tasks: str | None = field()
+    concurrency: int = num(1)
+    timeout_s: float = positive()
+    max_batch: int = num(1)
+    max_wait_ms: float = num(0)
+    tool_parser: ToolParser | None = field()
+    chat_template: str | None = field()
+    host: str = field()
+    allow_remote: bool = field()
+
+
+# env.name -> its schema: every environment shares Env's knobs; the harness has its own (a test keeps them equal)
+ENVS = {**{name: Env for name in (*ENVIRONMENTS, "custom")}, "harness": HarnessEnv}
 
 
 @dataclass
@@ -712,8 +772,8 @@ class DataPrefsConfig:
 SCHEMAS = {"train": TrainConfig, "eval": EvalConfig, "data_prefs": DataPrefsConfig}
 COMMANDS = {"train": "rlx train", "eval": "rlx eval", "data_prefs": "rlx data prefs"}
 # a group whose schema depends on one of its keys: base schema -> (key, {value: schema})
-DISPATCH = {Algorithm: ("family", ALGORITHMS), Rollout: ("backend", ROLLOUTS)}
-_GROUP_OPTION = {Algorithm: "algorithm", Rollout: "rollout"}  # the `group=option` that selects a dispatched schema
+DISPATCH = {Algorithm: ("family", ALGORITHMS), Rollout: ("backend", ROLLOUTS), Env: ("name", ENVS)}
+_GROUP_OPTION = {Algorithm: "algorithm", Rollout: "rollout", Env: "env"}  # the `group=option` that selects a dispatched schema
 
 
 # ------------------------------------------------------------------------------------------------
@@ -924,9 +984,9 @@ def unknown_key_message(name: str, node, schema: type, config_name: str = "train
 
 
 def family_knob_message(name: str) -> str | None:
-    """For `algorithm.KEY` / `rollout.KEY` missing from the chosen option: the line naming who has it."""
+    """For `algorithm.KEY` / `rollout.KEY` / `env.KEY` missing from the chosen option: the line naming who has it."""
     group, _, key = name.partition(".")
-    base = {"algorithm": Algorithm, "rollout": Rollout}.get(group)
+    base = {"algorithm": Algorithm, "rollout": Rollout, "env": Env}.get(group)
     if base is None or "." in key or not owners(base, key):
         return None
     return unknown_key_message(name, None, base)

@@ -38,8 +38,10 @@ def load_target(target: str):
 
 
 def env_factory(name: str, target: str | None = None, kwargs: dict | None = None):
-    """A zero-argument callable making a fresh environment for one episode slot."""
+    """A zero-argument callable making a fresh environment for one episode slot (None for env=harness)."""
     kwargs = dict(kwargs or {})
+    if name == "harness":  # [harness] no environment object: rlx/gateway/harness.py plays the user's program
+        return None
     if name == "custom":
         if not target:
             raise EnvError("env=custom needs env.target=my_module.MyEnv (a class with reset/step)")

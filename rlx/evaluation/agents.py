@@ -18,7 +18,19 @@ from rlx.rollout.episodes import episode_metrics
 from rlx.rollout.types import Episode
 
 
-def episode_evaluator(acc, generator, tokenizer, factory, limits, *, use_chat_template: bool):
+def player_for(env):
+    """The `play` of an env (rlx.rollout.env.play's signature) and its extra metrics: env=harness plays the user's
+    program through the gateway (rlx/gateway/harness.py) and reports its forks, timeouts and cut episodes."""
+    if getattr(env, "name", None) == "harness":
+        from rlx.gateway.episodes import harness_metrics
+        from rlx.gateway.harness import harness_player
+
+        return harness_player(env), harness_metrics
+    return play, None
+
+
+def episode_evaluator(acc, generator, tokenizer, factory, limits, *, use_chat_template: bool, play_fn=play,
+                      extra_metrics=None):
     """run_eval(step) -> eval/* metrics: `limits.eval_episodes` held-out episodes (environment seeds from
     EVAL_SEED_BASE), greedy when `limits.eval_greedy`, split over processes and gathered; played by `generator`
     (the policy itself, or the engine holding the weights published after the last update)."""
@@ -26,9 +38,10 @@ def episode_evaluator(acc, generator, tokenizer, factory, limits, *, use_chat_te
 
     def run_eval(step: int) -> dict:
         mine = list(range(acc.process_index, len(eval_seeds), acc.num_processes))  # this process's episodes
-        episodes = play(generator, tokenizer, factory, limits, [eval_seeds[k] for k in mine], mine,
-                        greedy=limits.eval_greedy, use_chat_template=use_chat_template)
-        return episode_metrics(gather_object(episodes), "eval")
+        episodes = play_fn(generator, tokenizer, factory, limits, [eval_seeds[k] for k in mine], mine,
+                           greedy=limits.eval_greedy, use_chat_template=use_chat_template)
+        episodes = gather_object(episodes)
+        return {**episode_metrics(episodes, "eval"), **(extra_metrics(episodes, "eval") if extra_metrics else {})}
 
     return run_eval
 
@@ -45,18 +58,19 @@ def play_tasks(generator, tokenizer, factory, env_cfg, tasks: list[int], *, n: i
     """One record per held-out task t (environment seed EVAL_SEED_BASE + t): its greedy episode (when
     `greedy`) and `n` sampled episodes. Sampled episode j of task t samples with sample_seed(seed, t, j),
     so a task's episodes do not depend on which tasks share its batch (resume gives the same records)."""
+    play_fn, _ = player_for(env_cfg)
     from rlx.rollout.sampling import sample_seed
 
     records = [{"id": f"task_{t:06d}", "env_seed": EVAL_SEED_BASE + t, "greedy": None, "episodes": []} for t in tasks]
     if greedy:
         seeds = [EVAL_SEED_BASE + t for t in tasks]
-        for record, episode in zip(records, play(generator, tokenizer, factory, env_cfg, seeds, list(tasks), greedy=True,
+        for record, episode in zip(records, play_fn(generator, tokenizer, factory, env_cfg, seeds, list(tasks), greedy=True,
                                                  use_chat_template=use_chat_template, stop_ids=stop_ids)):
             record["greedy"] = episode_summary(episode)
     if n:
         seeds = [EVAL_SEED_BASE + t for t in tasks for _ in range(n)]
         sample_seeds = [sample_seed(seed, t, j) for t in tasks for j in range(n)]
-        episodes = play(generator, tokenizer, factory, env_cfg, seeds, sample_seeds, greedy=False,
+        episodes = play_fn(generator, tokenizer, factory, env_cfg, seeds, sample_seeds, greedy=False,
                         use_chat_template=use_chat_template, stop_ids=stop_ids)
         for i, record in enumerate(records):
             record["episodes"] = [episode_summary(e) for e in episodes[i * n:(i + 1) * n]]

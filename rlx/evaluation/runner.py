@@ -42,8 +42,8 @@ from rlx.evaluation.metrics import (
     pass_at_k,
     solved_set_changes,
 )
+from rlx.rollout.backends import build_generator
 from rlx.rollout.hf import eos_ids
-from rlx.rollout.vllm import build_engine
 from rlx.runtime.rundir import start_bar, stop_bar
 
 log = logging.getLogger("rlx")
@@ -525,6 +525,12 @@ def _environment(cfg: DictConfig):
     except EnvError as exc:
         raise UserError(str(exc)) from None
     label = str(env_cfg.target).rpartition(".")[2] if env_cfg.name == "custom" else env_cfg.name
+    if env_cfg.name == "harness":  # [harness] checked before a model loads; results named by run()'s module
+        from rlx.gateway.harness import HarnessSettings, load_harness
+
+        load_harness(env_cfg.target)
+        HarnessSettings.from_env(env_cfg, greedy=False)
+        label = "harness_" + str(env_cfg.target).rpartition(".")[0].rpartition(".")[2]
     return f"env_{label}", factory, int(cfg.limit or env_cfg.eval_episodes)
 
 
@@ -587,7 +593,8 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
     for role, (path, _) in subjects.items():
         model, tokenizer = load_model(path, cfg.model, device)
         log.info("%s: %s (%.2fM parameters) on %s", role, path, sum(p.numel() for p in model.parameters()) / 1e6, device)
-        engine = build_engine(cfg.rollout, model, tokenizer, int(cfg.seed))  # None: generate with the model
+        # rollout=hf: the model generates itself with `sampling`'s knobs (below); vllm / server: an engine or server
+        engine = None if cfg.rollout.backend == "hf" else build_generator(cfg.rollout, model, tokenizer, int(cfg.seed))
         if engine is not None:  # generate_ids samples with these knobs
             engine.sampling = {"temperature": float(cfg.sampling.temperature), "top_p": float(cfg.sampling.top_p),
                                "top_k": int(cfg.sampling.top_k)}

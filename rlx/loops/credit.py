@@ -84,11 +84,14 @@ def step_tensors(episodes: list[Episode], group_size: int, invalid_penalty: floa
     return episode_group, torch.tensor(step_episode, dtype=torch.long), rewards, torch.tensor(anchors, dtype=torch.long)
 
 
-def token_advantages(step_adv: torch.Tensor, step_episode: torch.Tensor, step_index: torch.Tensor) -> torch.Tensor:
-    """(N, C) advantage of every sampled token: the advantage of its step (0 on environment tokens)."""
-    num_episodes = step_index.shape[0]
+def token_advantages(step_adv: torch.Tensor, step_episode: torch.Tensor, step_index: torch.Tensor,
+                     owner: torch.Tensor | None = None) -> torch.Tensor:
+    """(N, C) advantage of every sampled token: the advantage of its step (0 on environment tokens).
+    owner (N,): the episode of each row (None: row i is episode i; a harness episode can have several rows)."""
+    owner = torch.arange(step_index.shape[0]) if owner is None else owner
+    num_episodes = int(owner.max()) + 1 if owner.numel() else 0
     counts = torch.bincount(step_episode, minlength=num_episodes)
-    offsets = torch.cumsum(counts, 0) - counts  # (E,) first step of each episode in the flat list
+    offsets = (torch.cumsum(counts, 0) - counts)[owner]  # (N,) first step of each row's episode in the flat list
     flat = offsets.unsqueeze(1) + step_index.clamp(min=0)  # (N, C)
     values = step_adv[flat.clamp(max=max(step_adv.numel() - 1, 0))] if step_adv.numel() else torch.zeros(flat.shape)
     return torch.where(step_index >= 0, values, torch.zeros_like(values))
@@ -105,7 +108,7 @@ def episode_credit(batch: Batch, algo, *, acc, **_) -> Credit:
     mine = (step_episode >= local.start) & (step_episode < local.stop)
     step_adv, step_episode = step_adv[mine], step_episode[mine] - local.start  # this process's steps
     rollout = batch.rollout
-    advantages = token_advantages(step_adv, step_episode, rollout.step_index)  # (n, C)
+    advantages = token_advantages(step_adv, step_episode, rollout.step_index, batch.row_episode)  # (n, C)
     keep = rollout.loss_mask.sum(dim=1) > 0  # (n,) an episode that failed before its first turn has no tokens
     sampled = gather_padded(acc, rollout.loss_mask).bool()  # (N, C)
     all_advantages = gather_padded(acc, advantages)  # (N, C)
@@ -114,7 +117,7 @@ def episode_credit(batch: Batch, algo, *, acc, **_) -> Credit:
         "train/advantage_mean": all_advantages[sampled].mean().item() if sampled.any() else 0.0,
         "train/advantage_std": all_advantages[sampled].std().item() if sampled.sum() > 1 else 0.0,
     }
-    samples = [{"advantages": step_adv[step_episode == i].tolist()} for i in range(len(rollout))]
+    samples = [{"advantages": step_adv[step_episode == i].tolist()} for i in range(local.stop - local.start)]
     return Credit(advantages, keep, any_signal, metrics, None, samples)
 
 

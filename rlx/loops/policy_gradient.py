@@ -155,6 +155,7 @@ def train_policy_gradient(settings, parts: Parts) -> dict:
             "perf/step_time_s": step_time,
             "perf/generation_time_s": generation_time,
             "perf/tokens_per_s": global_sum(acc, completion_mask.sum().item()) / step_time,
+            **generator.step_metrics(),  # e.g. the weight publish time of an engine or server
         }
         if producer.kind == "single_turn":
             metrics.update({"train/prompts_drawn": batch.prompts_drawn, "train/sample_rounds": batch.rounds})
@@ -181,7 +182,6 @@ def train_policy_gradient(settings, parts: Parts) -> dict:
             write_samples(run_dir, step, producer.records(batch, credit.samples, settings.log.num_samples))
         end_step(step, metrics, metrics_log, checkpointer, settings.log.every, settings.steps)
     metrics_log.close()
-    generator.close()
     return {"model": model, "final_eval": last_eval}
 
 

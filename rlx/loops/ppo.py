@@ -211,6 +211,7 @@ def train_ppo(settings, parts: Parts) -> dict:
             "perf/step_time_s": step_time,
             "perf/generation_time_s": generation_time,
             "perf/tokens_per_s": global_mask.sum().item() / step_time,
+            **generator.step_metrics(),  # e.g. the weight publish time of an engine or server
         }
         if gap is not None:
             metrics["rollout/logprob_gap_mean"] = global_sum(acc, gap[0]) / max(global_sum(acc, gap[2]), 1)
@@ -229,6 +230,5 @@ def train_ppo(settings, parts: Parts) -> dict:
             samples = [{"advantage": a} for a in raw_advantages[:, 0].tolist()]
             write_samples(run_dir, step, producer.records(batch, samples, settings.log.num_samples))
         end_step(step, metrics, metrics_log, checkpointer, settings.log.every, settings.steps)
-    generator.close()
     metrics_log.close()
     return {"model": model, "final_eval": last_eval}

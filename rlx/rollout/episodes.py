@@ -36,6 +36,16 @@ def episode_records(episodes: list[Episode], count: int, extra: list[dict] | Non
             for i, e in enumerate(episodes[:count])]
 
 
+def training_rows(episodes: list[Episode]) -> tuple[list[Episode], torch.Tensor]:
+    """The sequences an update trains: the episodes themselves first (row i is episode i), then every fork
+    row of every episode. Returns (rows, owner) with owner (R,) long: the episode each row belongs to."""
+    rows, owner = list(episodes), list(range(len(episodes)))
+    for i, e in enumerate(episodes):
+        rows += e.forks
+        owner += [i] * len(e.forks)
+    return rows, torch.tensor(owner, dtype=torch.long)
+
+
 class EpisodeProducer:
     """Episodes of environments from `factory` (a zero-argument callable making a fresh environment), limits
     from the `env` settings (max_turns, max_new_tokens, max_total_tokens, system_prompt)."""
@@ -43,10 +53,11 @@ class EpisodeProducer:
     kind = "episodes"
 
     def __init__(self, generator, tokenizer, factory, limits, *, group_size: int, prompts_per_step: int, seed: int,
-                 use_chat_template: bool, acc):
+                 use_chat_template: bool, acc, play_fn=play, extra_metrics=None):
         self.generator, self.tokenizer, self.factory, self.limits = generator, tokenizer, factory, limits
         self.group_size, self.prompts_per_step, self.seed = group_size, prompts_per_step, seed
         self.use_chat_template, self.acc = use_chat_template, acc
+        self.play, self.extra_metrics = play_fn, extra_metrics  # env=harness: its sessions (rlx/gateway/harness.py)
 
     @property
     def loss_width(self) -> int:
@@ -62,19 +73,22 @@ class EpisodeProducer:
         mine = range(tasks.start * group, tasks.stop * group)  # this process's global episode indices
         env_seeds = [train_env_seed(self.seed, step, i // group) for i in mine]
         sample_seeds = [sample_seed(self.seed, step, i) for i in mine]
-        episodes = play(self.generator, self.tokenizer, self.factory, self.limits, env_seeds, sample_seeds, greedy=False,
-                        use_chat_template=self.use_chat_template)
+        episodes = self.play(self.generator, self.tokenizer, self.factory, self.limits, env_seeds, sample_seeds,
+                             greedy=False, use_chat_template=self.use_chat_template)
         all_episodes = gather_object(episodes)  # every process's episodes, in global order
-        version = getattr(self.generator, "version", 0)
-        rollout = Rollout.from_episodes(episodes, self.tokenizer.pad_token_id, [version] * len(episodes))
+        version = getattr(self.generator, "version", 0) or 0
+        rows, row_episode = training_rows(episodes)  # a harness session's fork rows join the batch
+        rollout = Rollout.from_episodes(rows, self.tokenizer.pad_token_id, [version] * len(rows))
         returns = torch.tensor([float(sum(e.step_rewards)) for e in all_episodes])  # (N,)
         n = max(len(all_episodes), 1)
         metrics = {
             **episode_metrics(all_episodes, "env"),
             "env/turn_truncated": sum(e.turn_truncated for e in all_episodes) / n,
             "completions/tokens_per_episode": sum(sum(e.loss_mask) for e in all_episodes) / n,
+            **(self.extra_metrics(all_episodes, "env") if self.extra_metrics is not None else {}),
         }
-        return Batch(rollout, returns, group, slice(mine.start, mine.stop), metrics, episodes=all_episodes)
+        return Batch(rollout, returns, group, slice(mine.start, mine.stop), metrics, episodes=all_episodes,
+                     row_episode=row_episode)
 
     def records(self, batch: Batch, samples: list[dict], count: int) -> list[dict]:
         """The samples file rows of this process's first `count` episodes (the main process's are the first)."""

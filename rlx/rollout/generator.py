@@ -45,6 +45,10 @@ class Generator(Protocol):
         """Give memory back for the update (vLLM's sleep mode); a no-op elsewhere."""
         ...
 
+    def step_metrics(self) -> dict[str, float]:
+        """The generator's own figures for the step's metrics row (e.g. perf/weight_sync_s)."""
+        ...
+
     def close(self) -> None:
         ...
 
@@ -83,6 +87,9 @@ class HFGenerator:
 
     def sleep(self) -> None:
         pass
+
+    def step_metrics(self) -> dict[str, float]:
+        return {}
 
     def close(self) -> None:
         pass
@@ -150,4 +157,4 @@ def sample_rollout(generator: Generator, tokenizer, prompts: list[str], *, sampl
         padded[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
     texts = tokenizer.batch_decode(padded, skip_special_tokens=True)
     return Rollout.from_ids(prompt_ids, out, samples_per_prompt, tokenizer.pad_token_id, texts,
-                            version=getattr(generator, "version", 0))
+                            version=getattr(generator, "version", 0) or 0)

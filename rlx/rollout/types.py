@@ -188,6 +188,7 @@ class Batch:
     rounds: int = 1
     filled_groups: int = 0
     episodes: list[Episode] | None = None
+    row_episode: torch.Tensor | None = None  # (n,) this process's episode of each row (a harness fork: several rows)
 
 
 @dataclass
@@ -209,6 +210,8 @@ class Episode:
     truncated: bool = False                                      # cut: env truncation, max_turns, budgets, errors
     turn_truncated: int = 0                                      # turns that hit the per-turn token budget
     error: str | None = None                                     # what went wrong, when the env failed
+    versions: list[int] = field(default_factory=list)            # policy version that sampled each turn (gateway)
+    forks: list = field(default_factory=list)                    # other rows of a harness session (rlx/gateway/episodes.py)
 
     @property
     def success(self) -> float:

@@ -35,11 +35,11 @@ import contextlib
 import logging
 import os
 import socket
+import time
 
 import torch
 
 from rlx.errors import UserError
-from rlx.rollout.generator import policy_generator
 from rlx.rollout.hf import completion_mask_from_ids, eos_ids
 from rlx.rollout.types import Generation, Rollout
 
@@ -171,6 +171,7 @@ class VLLMEngine:
                      self.sleep_level)
             self.sleep_level = 0
         self.asleep = False
+        self.sync_time = None
         self.seeding = rollout_cfg.get("seeding", "request")
         # sampling knobs of generate_ids (the generator protocol has none): rollout's, or what the caller sets
         self.sampling = {"temperature": float(rollout_cfg.get("temperature", 1.0)),
@@ -191,13 +192,13 @@ class VLLMEngine:
 
     def publish(self, model, version: int) -> None:
         """The trainer's weights after update `version`."""
-        self.sync_weights(model)
-        self.version = version
+        self.sync_weights(model, version=version)
 
     @torch.no_grad()
-    def sync_weights(self, model) -> None:
+    def sync_weights(self, model, version: int | None = None) -> None:
         """Copy the policy's current parameters into the engine (waking it first) and drop KV blocks cached
-        for the old ones."""
+        for the old ones. `version` (the step whose update the weights carry) is kept as self.version."""
+        began = time.perf_counter()
         if self.asleep:
             self.llm.wake_up(tags=["weights"])
         weights = vllm_weights(model)
@@ -208,6 +209,12 @@ class VLLMEngine:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
         self.llm.reset_prefix_cache()
+        self.version = version
+        self.sync_time = time.perf_counter() - began
+
+    def step_metrics(self) -> dict[str, float]:
+        """The last weight sync's duration (perf/weight_sync_s), for the step's metrics row."""
+        return {"perf/weight_sync_s": self.sync_time} if self.sync_time is not None else {}
 
     def sleep(self) -> None:
         """Free the engine's GPU memory for the update (rollout.sleep_level > 0); a no-op otherwise."""
@@ -328,25 +335,10 @@ def _repack_tied_head(model) -> None:
         head.quant_method.process_weights_after_loading(head)
 
 
-def build_engine(rollout_cfg, model, tokenizer, seed: int):
-    """The generator of rollout.backend (rlx/rollout/generator.py protocol): the policy itself for hf, the vLLM
-    engine for vllm; built on the unprepared policy (Accelerate's prepare keeps the same module object)."""
-    backend = rollout_cfg.backend
-    if backend not in ROLLOUT_BACKENDS:
-        raise UserError(f"unknown rollout.backend '{backend}'; valid choices: {', '.join(ROLLOUT_BACKENDS)}")
-    return ROLLOUT_BACKENDS[backend](rollout_cfg, model, tokenizer, seed)
-
-
-def _vllm_engine(rollout_cfg, model, tokenizer, seed: int) -> VLLMEngine:
+def vllm_engine(rollout_cfg, model, tokenizer, seed: int) -> VLLMEngine:
+    """rollout=vllm: an in-process engine loaded from model.path, holding the policy's current weights."""
     if getattr(model, "name_or_path", None) in (None, ""):
         raise UserError("rollout=vllm loads the model from model.path; a model built from scratch needs rollout=hf")
     engine = VLLMEngine(model, tokenizer, rollout_cfg, seed)
     engine.sync_weights(model)
     return engine
-
-
-# rollout.backend -> fn(rollout_cfg, model, tokenizer, seed) -> a Generator (rlx/rollout/generator.py)
-ROLLOUT_BACKENDS = {
-    "hf": lambda rollout_cfg, model, tokenizer, seed: policy_generator(model, tokenizer, rollout_cfg),
-    "vllm": _vllm_engine,
-}

@@ -136,7 +136,11 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
         write_run_files(run_dir, cfg, overrides)
 
     built = build_parts(cfg, parts)
-    result = LOOPS[cfg.algorithm.family](built.settings, built)
+    try:
+        result = LOOPS[cfg.algorithm.family](built.settings, built)
+    finally:  # a vLLM engine or server (and its child process) goes with the run, whatever ended it
+        if built.generator is not None:
+            built.generator.close()
 
     accelerator.wait_for_everyone()
     # every process takes part in gathering the full weights of a sharded policy; the main one writes them

@@ -1,0 +1,1 @@
+"""Agent programs written against the OpenAI client, trained by rlx unchanged (env=harness; docs/agents/harness.md)."""

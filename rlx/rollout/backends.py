@@ -1,0 +1,40 @@
+"""rollout.backend -> the Generator that samples for a run (rlx/rollout/generator.py protocol).
+
+hf: the policy samples itself (HFGenerator on the policy's own module: the update changes what it samples, and
+`publish` only moves the version); vllm: an in-process vLLM engine (rlx/rollout/vllm.py); server: a stock vLLM
+OpenAI server, a child process or the user's URLs (rlx/rollout/server.py). vLLM is imported only when chosen.
+"""
+
+from __future__ import annotations
+
+from rlx.errors import UserError
+from rlx.rollout.generator import policy_generator
+
+
+def _hf(rollout_cfg, model, tokenizer, seed: int):
+    return policy_generator(model, tokenizer, rollout_cfg)
+
+
+def _vllm(rollout_cfg, model, tokenizer, seed: int):
+    from rlx.rollout.vllm import vllm_engine
+
+    return vllm_engine(rollout_cfg, model, tokenizer, seed)
+
+
+def _server(rollout_cfg, model, tokenizer, seed: int):
+    from rlx.rollout.server import build_server_generator
+
+    return build_server_generator(rollout_cfg, model, tokenizer, seed)
+
+
+# rollout.backend -> fn(rollout_cfg, model, tokenizer, seed) -> a Generator
+ROLLOUT_BACKENDS = {"hf": _hf, "vllm": _vllm, "server": _server}
+
+
+def build_generator(rollout_cfg, model, tokenizer, seed: int):
+    """The generator of rollout.backend, built on the unprepared policy (Accelerate's prepare keeps the same module
+    object, so the policy that samples is the one the update changes)."""
+    backend = rollout_cfg.backend
+    if backend not in ROLLOUT_BACKENDS:
+        raise UserError(f"unknown rollout.backend '{backend}'; valid choices: {', '.join(ROLLOUT_BACKENDS)}")
+    return ROLLOUT_BACKENDS[backend](rollout_cfg, model, tokenizer, seed)

