@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## Create the virtual environment (.venv) and install rlx with dev extras
 
-train: $(STAMP) ## Run the default training (GRPO on the built-in tiny model, CPU, ~4 min)
+train: $(STAMP) ## Run the default training (GRPO on the built-in tiny model, CPU, ~2 min)
 	$(VENV)/bin/rlx train $(ARGS)
 
 test: $(STAMP) ## Run the test suite (offline, CPU)

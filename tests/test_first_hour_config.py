@@ -87,3 +87,74 @@ def test_unknown_key_message_excludes_the_refused_key():
     # a key under a group nothing selected (sweep: null in conf/train.yaml) names the group to pick
     message = unknown_key_message("sweep.trials", None, check_overrides([]), "train")
     assert "no sweep is selected" in message and "sweep=" in message
+
+
+def test_every_trl_name_at_once(tmp_path):
+    """A TRL user's first command often carries several TRL names: one line names them all, each with its rlx
+    setting; rlx's own keys among them (algorithm.beta of algorithm=dpo) are not refused."""
+    result = run_rlx(["train", "num_generations=8", "beta=0.04", "learning_rate=1e-5", "optim.lr=1e-3"], tmp_path)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    for name, setting in (("num_generations", "rollout.samples_per_prompt"), ("beta", "algorithm.kl_coef"),
+                          ("learning_rate", "optim.lr")):
+        assert f"{name} -> {setting}=..." in lines[0]
+    result = run_rlx(["train", "algorithm=dpo", "algorithm.beta=0.2", "max_completion_length=8"], tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("error: unknown key 'max_completion_length' is a TRL name; in rlx set "
+                                     "rollout.max_new_tokens=...")
+
+
+def test_recipes_list_keeps_numbers_and_whole_descriptions(tmp_path):
+    """`rlx recipes`: hardware cut at a sentence end, not at the "." of `1.5B` or `Qwen2.5`; a description that
+    continues on an indented comment line is shown whole."""
+    from rlx.cli.recipes import first_sentence, header
+
+    assert first_sentence("one 80 GB GPU for a 1.5B policy.") == "one 80 GB GPU for a 1.5B policy"
+    assert first_sentence("the paper trains Qwen2.5-32B on many GPU nodes; this recipe states") == \
+        "the paper trains Qwen2.5-32B on many GPU nodes"
+    assert first_sentence("CPU. Then more") == "CPU"
+    assert header("agent_grpo_corridor_tiny")["description"].endswith("gets its episode's group-relative advantage.")
+    result = run_rlx(["recipes"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    flat = " ".join(result.stdout.split())
+    assert "a 1.5B policy" in flat and "Qwen2.5-32B" in flat
+
+
+def test_make_train_time_promises_agree():
+    """README's quick start, the Makefile's `make help` line and `rlx train --help` promise the same time for
+    the default run (~2 min on one thread, measured by the docs engineer)."""
+    import re
+
+    from tests.conftest import REPO
+
+    makefile = next(line for line in (REPO / "Makefile").read_text().splitlines() if line.startswith("train:"))
+    help_text = (REPO / "conf" / "hydra" / "help" / "rlx.yaml").read_text()
+    promises = {re.search(r"~(\d+) min", makefile).group(1),
+                re.search(r"built-in tiny model \(CPU, ~(\d+) min\)", help_text).group(1)}
+    readme = re.search(r"make train .*~(\d+) min", (REPO / "README.md").read_text())
+    if readme:  # the README is being rewritten; when it states a time, it is the same one
+        promises.add(readme.group(1))
+    assert promises == {"2"}
+
+
+def test_editable_install_has_no_build_backend_warning(tmp_path):
+    """`make install` (pip install -e .) printed setuptools' "Editable installation" warning, which pip shows as
+    BuildBackendWarning: the mapped conf/ and recipes/ folders made setuptools pick its meta path finder.
+    Calls the build_editable hook the way pip does (in a subprocess, warnings forwarded) and installs nothing;
+    the editable wheel is a plain .pth naming this checkout, where rlx reads conf/ and recipes/."""
+    import warnings
+    import zipfile
+
+    from pip._vendor.pyproject_hooks import BuildBackendHookCaller
+
+    from tests.conftest import REPO
+
+    hooks = BuildBackendHookCaller(str(REPO), "setuptools.build_meta")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        metadata = hooks.prepare_metadata_for_build_editable(str(tmp_path))
+        wheel = hooks.build_editable(str(tmp_path), metadata_directory=str(tmp_path / metadata))
+    assert not [str(w.message) for w in caught], [str(w.message)[:200] for w in caught]
+    with zipfile.ZipFile(tmp_path / wheel) as archive:
+        (pth,) = [n for n in archive.namelist() if n.endswith(".pth")]
+        assert archive.read(pth).decode().strip() == str(REPO)

@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -68,11 +69,19 @@ def header(name: str) -> dict:
             info[field] = line.split(":", 1)[1].strip()
         elif field is not None and raw.startswith("   "):  # an indented line continues the field above
             info[field] += " " + line
+        elif field == "description" and raw.startswith("   "):  # the description's own continuation
+            info["description"] += " " + line
         else:
             field = None
             if not info["description"] and info["command"]:
-                info["description"] = line
+                info["description"], field = line, "description"
     return info
+
+
+def first_sentence(text: str) -> str:
+    """Text up to the first sentence end: a "." followed by a space or the end, or a ";" (a "." inside a
+    number or a name, as in `1.5B` or `Qwen2.5`, is not one)."""
+    return re.split(r"\.(?=\s|$)|;", text, maxsplit=1)[0].strip()
 
 
 def expected(name: str) -> dict | None:
@@ -96,7 +105,7 @@ def list_recipes() -> None:
     for name in recipe_names():
         info = header(name)
         hardware = info["hardware"] or info["command"].partition("(")[2].rstrip(")")
-        table.add_row(name, hardware.split(";")[0].split(".")[0][:40], info["description"])
+        table.add_row(name, first_sentence(hardware), info["description"])
     console = Console()
     if not console.is_terminal:
         console.width = 160

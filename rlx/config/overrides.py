@@ -95,9 +95,8 @@ def check_overrides(overrides: list[str], config_name: str = "train") -> DictCon
             family_knob = family_knob_message(missing_key)  # a knob of another algorithm family / rollout backend
             if family_knob is not None:
                 fail(family_knob)
-            pointer = peer_pointer(missing_key)
-            if pointer is not None:
-                fail(pointer)
+            if peer_pointer(missing_key) is not None:  # every TRL/verl name of the command at once
+                fail(_all_peer_pointers(single, config_name))
             try:
                 with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
                     base = compose(config_name=config_name,
@@ -110,6 +109,24 @@ def check_overrides(overrides: list[str], config_name: str = "train") -> DictCon
     finally:
         GlobalHydra.instance().clear()
     return cfg
+
+
+def _all_peer_pointers(single: list[str], config_name: str) -> str:
+    """One line naming the rlx setting of every override that is a TRL/verl name and not an rlx key of the
+    config composed without them (`algorithm.beta` of algorithm=dpo is rlx's own)."""
+    from hydra import compose, initialize_config_dir
+
+    from rlx.config.peer_names import peer_pointer, peer_pointers
+
+    keys = [o.split("=", 1)[0] for o in single]
+    peers = [k for k in keys if peer_pointer(k) is not None]
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            base = compose(config_name=config_name, overrides=[o for o, k in zip(single, keys) if k not in peers])
+        known = set(_flat_keys(base))
+    except Exception:
+        known = set()
+    return peer_pointers([k for k in peers if k.lstrip("+~") not in known])
 
 
 def _struct_key(exc: Exception) -> str | None:

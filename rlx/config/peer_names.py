@@ -96,3 +96,15 @@ def peer_pointer(key: str) -> str | None:
             who = who.rstrip(";").removesuffix("'s")
             return f"unknown key '{key}' is a {who} name; in rlx set {setting}" + (f" ({detail})" if detail else "")
     return None
+
+
+def peer_pointers(keys: list[str]) -> str | None:
+    """`error:` text for several unknown keys that are TRL/verl names: all of them in one line (a user coming
+    from TRL often types several at once), or None when none is. One key gives peer_pointer's text."""
+    pointers = [(key, peer_pointer(key)) for key in dict.fromkeys(keys)]
+    pointers = [(key, text) for key, text in pointers if text is not None]
+    if len(pointers) <= 1:
+        return pointers[0][1] if pointers else None
+    settings = [text.split("; in rlx set ", 1)[1] for _, text in pointers]
+    return (f"{len(pointers)} unknown keys are TRL/verl names; in rlx set: "
+            + "; ".join(f"{key} -> {setting}" for (key, _), setting in zip(pointers, settings)))
