@@ -101,7 +101,7 @@ def retest(sweep_dir: Path, args: list[str], launch) -> Path:
 
     result = write_report([out], out / "report")
     print(result["summary"].read_text())
-    print(f"test-seed report: {result['summary']}")
+    print(f"done: {out}  test-seed report: {result['summary']}")
     return out
 
 

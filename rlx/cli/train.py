@@ -59,6 +59,10 @@ def train_app(cfg: DictConfig) -> float | None:
             log.debug("worker stopped: %r", exc)
             launch.record_worker_error(str(exc) if code is not None else None, code or 1)
             raise SystemExit(code or 1) from None
+        if isinstance(exc, UserError) and cfg.resume is None and not launch.is_worker():
+            from rlx.runtime.unstarted import discard_unstarted
+
+            discard_unstarted(run_dir)  # rejected before it started: no directory is left behind
         if code is not None:
             fail(exc.for_run(run_dir) if isinstance(exc, RolloutServerError) else str(exc), code=code)
         raise

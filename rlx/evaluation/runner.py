@@ -623,12 +623,16 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     console = Console(record=True, width=160)
     console.print(render_table(summary, labels, float(cfg.metrics.confidence)))
-    for line in support_lines(summary, labels):
+    from rlx.evaluation.explain import metric_notes
+
+    for line in support_lines(summary, labels) + metric_notes(summary):
         console.print(line)
     (out_dir / "summary.txt").write_text(console.export_text())
     if cfg.plot:
         plot_pass_at_k(summary, labels, out_dir / "plots" / "pass_at_k.png")
-    log.info("results: %s", out_dir)
+    from rlx.evaluation.explain import headline_line
+
+    log.info("done: %s  %s", out_dir, headline_line(summary))
     return summary
 
 
@@ -647,8 +651,13 @@ def eval_app(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
     hydra_cfg = HydraConfig.get()
+    out_dir = Path(hydra_cfg.runtime.output_dir)
     try:
-        summary = evaluate(cfg, Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task))
+        summary = evaluate(cfg, out_dir, list(hydra_cfg.overrides.task))
     except UserError as exc:
+        if not cfg.resume:
+            from rlx.runtime.unstarted import discard_unstarted
+
+            discard_unstarted(out_dir)  # rejected before any result: no directory is left behind
         fail(str(exc))
     return headline(summary)

@@ -17,12 +17,22 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
 
 from rlx.errors import UserError
 from rlx.report.profiles import default_taus, optimality_gap_ci, performance_profile_ci
+from rlx.report.remarks import (
+    default_curves,
+    default_metrics,
+    interval_caveat,
+    pair_caveat,
+    skipped_dirs,
+    task_of,
+    task_remark,
+)
 from rlx.report.runs import Group, common_overrides, find_runs, group_runs
 from rlx.report.stats import (
     align_curves,
@@ -40,8 +50,11 @@ def aggregate(groups: list[Group], metrics: list[str], n_resamples: int = 2000, 
         for metric in metrics:
             values = [v for v in (r.final_value(metric) for r in group.runs if not r.failed) if v is not None]
             row = {"config": group.name, "label": group.label, "metric": metric, "runs": len(values),
-                   "failed": sum(bool(r.failed) for r in group.runs), "values": values}
-            if values:
+                   "failed": sum(bool(r.failed) for r in group.runs), "values": values,
+                   "overrides": " ".join(group.key), "caveat": interval_caveat(len(values))}
+            if len(values) == 1:  # one run: its value, no interval (a bootstrap of one value is that value)
+                row.update(mean=values[0], iqm=values[0])
+            elif values:
                 point, low, high = stratified_bootstrap_ci(values, "iqm", n_resamples=n_resamples, seed=seed)
                 row.update(mean=sum(values) / len(values), iqm=point, ci_low=low, ci_high=high)
             rows.append(row)
@@ -73,7 +86,10 @@ def improvements(groups: list[Group], metric: str, pairs: list[tuple[str, str]] 
             if name not in finals:
                 raise UserError(f"configuration '{name}' has no finished run with {metric}")
         point, low, high = probability_of_improvement_ci(finals[x], finals[y], n_resamples=n_resamples, seed=seed)
-        out.append({"x": x, "y": y, "metric": metric, "p": point, "ci_low": low, "ci_high": high})
+        caveat = pair_caveat(len(finals[x]), len(finals[y]))
+        if caveat is not None and caveat.startswith("no interval"):
+            low = high = None
+        out.append({"x": x, "y": y, "metric": metric, "p": point, "ci_low": low, "ci_high": high, "caveat": caveat})
     return out
 
 
@@ -173,9 +189,20 @@ def _f(value) -> str:
     return f"{value:.3f}" if isinstance(value, float) and math.isfinite(value) else "-"
 
 
+def _interval_cell(low, high, caveat: str | None) -> str:
+    """`[low, high]`, the interval with its caveat when rough, or the caveat alone when there is no interval."""
+    if low is None or high is None:
+        return caveat or "-"
+    interval = f"[{_f(low)}, {_f(high)}]"
+    return f"{interval} ({caveat})" if caveat else interval
+
+
 def markdown(groups: list[Group], rows: list[dict], comparisons: list[dict], plot: Path | None, sources: list[Path],
-             profile: dict | None = None, profile_plot: Path | None = None, adastop: dict | None = None) -> str:
+             profile: dict | None = None, profile_plot: Path | None = None, adastop: dict | None = None,
+             remarks: list[str] | None = None, skipped: list[tuple[Path, str]] | None = None) -> str:
     lines = ["# rlx report", "", "Runs from: " + ", ".join(f"`{s}`" for s in sources), ""]
+    for remark in remarks or []:
+        lines += [f"**Remark:** {remark}", ""]
     common = common_overrides(groups)
     if common:
         lines += [f"Overrides shared by every configuration: `{' '.join(common)}`", ""]
@@ -189,21 +216,25 @@ def markdown(groups: list[Group], rows: list[dict], comparisons: list[dict], plo
               "(Agarwal et al. 2021). With few seeds the interval is wide and the IQM is close to the mean.", "",
               "| id | metric | runs | mean | IQM | 95% CI |", "|---|---|---|---|---|---|"]
     for row in rows:
-        ci = f"[{_f(row.get('ci_low'))}, {_f(row.get('ci_high'))}]" if row["runs"] else "-"
+        ci = _interval_cell(row.get("ci_low"), row.get("ci_high"), row.get("caveat")) if row["runs"] else "-"
         lines.append(f"| {row['config']} | {row['metric']} | {row['runs']} | {_f(row.get('mean'))} | {_f(row.get('iqm'))} | {ci} |")
     if comparisons:
         lines += ["", "## Probability of improvement", "",
                   "P(X > Y) = probability that a run of X ends above a run of Y (ties count half), "
                   "with a 95% bootstrap CI.", "", "| X | Y | metric | P(X > Y) | 95% CI |", "|---|---|---|---|---|"]
         for c in comparisons:
-            lines.append(f"| {c['x']} | {c['y']} | {c['metric']} | {_f(c['p'])} | [{_f(c['ci_low'])}, {_f(c['ci_high'])}] |")
+            lines.append(f"| {c['x']} | {c['y']} | {c['metric']} | {_f(c['p'])} | "
+                         f"{_interval_cell(c['ci_low'], c['ci_high'], c.get('caveat'))} |")
     if profile is not None and profile["gaps"]:
         lines += ["", "## Optimality gap and performance profile", "",
                   f"Optimality gap = {profile['gamma']:g} - mean(min(score, {profile['gamma']:g})) over the runs' final "
                   f"{profile['metric']} (lower is better; Agarwal et al. 2021), with a 95% stratified bootstrap CI.", "",
                   "| id | optimality gap | 95% CI |", "|---|---|---|"]
+        runs = {row["config"]: row["runs"] for row in rows if row["metric"] == profile["metric"]}
         for name, (point, low, high) in profile["gaps"].items():
-            lines.append(f"| {name} | {_f(point)} | [{_f(low)}, {_f(high)}] |")
+            caveat = interval_caveat(runs.get(name, 0))
+            shown = (None, None) if caveat is not None and caveat.startswith("n=1") else (low, high)
+            lines.append(f"| {name} | {_f(point)} | {_interval_cell(*shown, caveat)} |")
         if profile_plot is not None:
             lines += ["", f"![performance profiles]({profile_plot.name})"]
     if adastop is not None:
@@ -217,19 +248,34 @@ def markdown(groups: list[Group], rows: list[dict], comparisons: list[dict], plo
                       + " and report again."]
     if plot is not None:
         lines += ["", "## Learning curves", "", f"![learning curves]({plot.name})"]
+    if skipped:
+        lines += ["", "## Skipped directories", "", "| directory | why |", "|---|---|"]
+        lines += [f"| `{path}` | {why} |" for path, why in skipped]
     return "\n".join(lines) + "\n"
 
 
-def write_report(paths: list[Path], out: Path | None = None, metrics: tuple[str, ...] = ("eval/accuracy",),
-                 curves: tuple[str, ...] = ("eval/accuracy", "reward/total"), compare: list[tuple[str, str]] | None = None,
+def write_report(paths: list[Path], out: Path | None = None, metrics: tuple[str, ...] | None = None,
+                 curves: tuple[str, ...] | None = None, compare: list[tuple[str, str]] | None = None,
                  n_resamples: int = 2000, gamma: float = 1.0, adastop: dict | None = None) -> dict:
-    """Build the report; returns {groups, aggregates, comparisons, plot, profiles, adastop, summary} with the
-    written paths. adastop: {n, K, alpha, B} runs AdaStop on the first metric (rlx/report/adastop.py)."""
+    """Build the report; returns {groups, aggregates, comparisons, plot, profiles, adastop, summary, remarks,
+    skipped} with the written paths. metrics None: each run's own optimized metric (eval/success for agent runs,
+    eval/accuracy for the others); curves None: those and the training signal beside them. adastop: {n, K,
+    alpha, B} runs AdaStop on the first metric (rlx/report/adastop.py)."""
     runs = find_runs(paths)
-    if not runs:
-        raise UserError(f"no run found under {', '.join(map(str, paths))} (a run directory holds metrics.jsonl)")
-    groups = group_runs(runs)
     out = Path(out) if out is not None else Path(paths[0]) / "report"
+    skipped = skipped_dirs(paths, [r.path for r in runs], out)
+    if not runs:
+        reasons = "; ".join(f"skipped {path} ({why})" for path, why in skipped)
+        raise UserError(f"no run found under {', '.join(map(str, paths))} (a run directory holds metrics.jsonl)"
+                        + (f"; {reasons}" if reasons else ""))
+    metrics = tuple(metrics) if metrics else default_metrics([r.path for r in runs])
+    curves = tuple(curves) if curves is not None else default_curves(metrics)
+    groups = group_runs(runs)
+    remarks = []
+    tasks = {g.name: " / ".join(sorted({t for t in (task_of(r.path) for r in g.runs) if t})) or None for g in groups}
+    remark = task_remark(tasks)
+    if remark is not None:
+        remarks.append(remark)
     out.mkdir(parents=True, exist_ok=True)
     rows = aggregate(groups, list(metrics), n_resamples=n_resamples)
     comparisons = improvements(groups, metrics[0], compare, n_resamples=n_resamples)
@@ -245,14 +291,15 @@ def write_report(paths: list[Path], out: Path | None = None, metrics: tuple[str,
     with (out / "aggregates.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["config", "overrides", "metric", "runs", "failed", "mean", "iqm", "ci_low", "ci_high", "values"])
-        for row in rows:
-            writer.writerow([row["config"], row["label"], row["metric"], row["runs"], row["failed"], row.get("mean", ""),
+        for row in rows:  # the full overrides (tables and legends show the short label)
+            writer.writerow([row["config"], row["overrides"], row["metric"], row["runs"], row["failed"], row.get("mean", ""),
                              row.get("iqm", ""), row.get("ci_low", ""), row.get("ci_high", ""),
                              " ".join(f"{v:.6g}" for v in row["values"])])
     summary = out / "summary.md"
-    summary.write_text(markdown(groups, rows, comparisons, plot, [Path(p) for p in paths], profile, profile_plot, decided))
+    summary.write_text(markdown(groups, rows, comparisons, plot, [Path(p) for p in paths], profile, profile_plot, decided,
+                                remarks, skipped))
     return {"groups": groups, "aggregates": rows, "comparisons": comparisons, "plot": plot, "profiles": profile,
-            "adastop": decided, "summary": summary}
+            "adastop": decided, "summary": summary, "remarks": remarks, "skipped": skipped}
 
 
 def main(argv: list[str]) -> None:
@@ -262,10 +309,12 @@ def main(argv: list[str]) -> None:
                     "from run or sweep directories written by rlx train.")
     parser.add_argument("dirs", nargs="+", type=Path, help="run directories or sweep directories (searched recursively)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: <first dir>/report)")
-    parser.add_argument("--metrics", default="eval/accuracy",
-                        help="comma-separated final metrics to aggregate; the first one is compared (default: eval/accuracy)")
-    parser.add_argument("--curves", default="eval/accuracy,reward/total",
-                        help="comma-separated metrics to plot over steps (default: eval/accuracy,reward/total)")
+    parser.add_argument("--metrics", default=None,
+                        help="comma-separated final metrics to aggregate; the first one is compared (default: each run's "
+                             "optimized_metric: eval/success for agent runs, eval/accuracy for the others)")
+    parser.add_argument("--curves", default=None,
+                        help="comma-separated metrics to plot over steps (default: the metrics, and reward/total or, "
+                             "for agent runs, env/success)")
     parser.add_argument("--compare", nargs=2, action="append", metavar=("X", "Y"),
                         help="configuration ids (c1, c2, ...) to compare with P(X > Y); repeatable "
                              "(default: the best configuration against each other one)")
@@ -287,11 +336,14 @@ def main(argv: list[str]) -> None:
         if not 0 < args.adastop_alpha < 1:
             raise UserError(f"--adastop-alpha={args.adastop_alpha} must lie in (0, 1)")
         adastop = {"n": int(parts[0]), "K": int(parts[1]), "alpha": args.adastop_alpha}
-    metrics = tuple(m for m in args.metrics.split(",") if m)
-    curves = tuple(m for m in args.curves.split(",") if m)
-    if not metrics:
+    metrics = tuple(m for m in args.metrics.split(",") if m) if args.metrics is not None else None
+    curves = tuple(m for m in args.curves.split(",") if m) if args.curves is not None else None
+    if metrics is not None and not metrics:
         raise UserError("--metrics is empty; name at least one metric, e.g. --metrics eval/accuracy")
     result = write_report(args.dirs, args.out, metrics, curves, [tuple(p) for p in args.compare] if args.compare else None,
                           args.resamples, args.gamma, adastop)
     print(result["summary"].read_text())
-    print(f"report: {result['summary']}" + (f"  plot: {result['plot']}" if result["plot"] else "  (no curve to plot)"))
+    for path, why in result["skipped"]:
+        print(f"skipped {path}: {why}", file=sys.stderr)
+    print(f"done: {result['summary'].parent}  summary: {result['summary']}"
+          + (f"  plot: {result['plot']}" if result["plot"] else "  (no curve to plot)"))

@@ -164,7 +164,9 @@ def group_runs(runs: list[Run]) -> list[Group]:
         if len(ordered) == 1:
             group.label = run_name(group.runs[0].path) if len(group.runs) == 1 else "all runs"
         elif differing:
-            group.label = " ".join(differing)
+            from rlx.report.remarks import short_label
+
+            group.label = short_label(differing)  # aggregates.csv keeps the full overrides
         elif len(group.runs) == 1:
             group.label = run_name(group.runs[0].path)
         else:

@@ -266,7 +266,7 @@ class SweepSummary(Callback):
         elif best is not None:
             log.info("best trial %s: %s = %.4f with %s", best["trial"], metric, best["metrics"][metric],
                      " ".join(short_override(o) for o in best["varying"]))
-        log.info("summary: %s", sweep_dir / SUMMARY_MD)
+        log.info("done: %s  summary: %s", sweep_dir, sweep_dir / SUMMARY_MD)
         FAILED_TRIALS[:] = [f"{r['trial']} ({' '.join(short_override(o) for o in r['varying'])})"
                             for r in failed_trials(rows)]
         TRIAL_COUNT[:] = [len(rows)]

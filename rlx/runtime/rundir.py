@@ -237,6 +237,15 @@ class PhaseProgress:
             stop_bar(self._bar, self._swapped)
 
 
+# (metric, label, format) of a progress line, in order: single-turn rows show reward and accuracy, agent rows
+# (the episode producer's env/ metrics, the held-out eval/success) show success and return
+PROGRESS_FIELDS = (
+    ("reward/total", "reward", "{:.3f}"), ("eval/accuracy", "eval acc", "{:.3f}"), ("eval/success", "eval success", "{:.3f}"),
+    ("reward/accuracy", "acc", "{:.3f}"), ("env/success", "success", "{:.3f}"), ("env/return", "return", "{:.3f}"),
+    ("train/loss", "loss", "{:.4f}"), ("perf/tokens_per_s", "tok/s", "{:.0f}"),
+)
+
+
 class MetricsLog:
     """Appends one JSON object per logged step to metrics.jsonl and shows progress on the terminal."""
 
@@ -275,16 +284,15 @@ class MetricsLog:
         if not self.enabled:
             return
         parts = []
-        for key, label, fmt in (
-            ("reward/total", "reward", "{:.3f}"), ("eval/accuracy", "eval acc", "{:.3f}"),
-            ("reward/accuracy", "acc", "{:.3f}"), ("train/loss", "loss", "{:.4f}"), ("perf/tokens_per_s", "tok/s", "{:.0f}"),
-        ):
+        for key, label, fmt in PROGRESS_FIELDS:
             if metrics.get(key) is not None:
                 parts.append(f"{label} {_shown(metrics[key], fmt)}")
         status = "  ".join(parts)
         self.watch.observe(step, metrics)
         if self._bar is not None:
             self._bar.update(self._task, completed=step, status=status)
+        elif not status:  # nothing to show (a step 0 without a start evaluation): no empty `step 0/N` line
+            return
         elif step in (0, self.total) or step % max(1, self.total // 20) == 0 or any(k.startswith("eval/") for k in metrics):
             log.info("step %d/%d  %s", step, self.total, status)
 

@@ -159,7 +159,7 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
         if cfg.save.plot:
             plot_run(run_dir)
         summary = {k: v for k, v in result["final_eval"].items()}
-        log.info("done: %s", "  ".join(f"{k}={v:.4f}" for k, v in summary.items() if isinstance(v, float)))
+        log.info("done: %s  %s", run_dir, "  ".join(f"{k}={v:.4f}" for k, v in summary.items() if isinstance(v, float)))
     accelerator.end_training()
     return result["final_eval"] if accelerator.is_main_process else None
 
