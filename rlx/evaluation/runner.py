@@ -600,6 +600,13 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
                                "top_k": int(cfg.sampling.top_k)}
         if environment:
             name, factory, tasks = environment
+            if cfg.env.name != "harness":  # an episode that cannot play a turn: stop before playing, one line
+                from rlx.data.prompt_limits import model_context
+                from rlx.rollout.budgets import check_episode_budget
+                from rlx.rollout.env import EVAL_SEED_BASE
+
+                check_episode_budget(cfg.env, factory, tokenizer, model_context(model), path,
+                                     [EVAL_SEED_BASE + task for task in range(tasks)], bool(cfg.model.chat_template))
             records[name][role] = run_environment(
                 engine or _hf_generator(model, tokenizer, cfg.sampling), tokenizer, cfg.env, factory, tasks,
                 out_dir / name / f"{role}.jsonl", cfg.sampling, chat_template=bool(cfg.model.chat_template),

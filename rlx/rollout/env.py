@@ -112,7 +112,7 @@ def run_episodes(generator: Generator, tokenizer, envs: list, env_seeds: list[in
     for turn in range(max_turns):
         budgets = {i: min(max_new_tokens, max_total_tokens - len(episodes[i].prompt_ids) - len(episodes[i].ids)) for i in live}
         for i in [i for i in live if budgets[i] < 1]:
-            episodes[i].truncated = True  # no room left for another turn
+            episodes[i].truncated = episodes[i].budget_cut = True  # no room left for another turn
         live = [i for i in live if budgets[i] >= 1]
         if not live:
             break

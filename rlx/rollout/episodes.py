@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from accelerate.utils import gather_object
 
+from rlx.rollout.budgets import BudgetWatch, budget_cut_frac
 from rlx.rollout.env import play, train_env_seed
 from rlx.rollout.sampling import sample_seed
 from rlx.rollout.types import Batch, Episode, Rollout
@@ -58,6 +59,7 @@ class EpisodeProducer:
         self.group_size, self.prompts_per_step, self.seed = group_size, prompts_per_step, seed
         self.use_chat_template, self.acc = use_chat_template, acc
         self.play, self.extra_metrics = play_fn, extra_metrics  # env=harness: its sessions (rlx/gateway/harness.py)
+        self.budget_watch = BudgetWatch(limits.max_total_tokens)  # warns once when the budget ends most episodes
 
     @property
     def loss_width(self) -> int:
@@ -84,9 +86,12 @@ class EpisodeProducer:
         metrics = {
             **episode_metrics(all_episodes, "env"),
             "env/turn_truncated": sum(e.turn_truncated for e in all_episodes) / n,
+            "env/budget_cut_frac": budget_cut_frac(all_episodes),
             "completions/tokens_per_episode": sum(sum(e.loss_mask) for e in all_episodes) / n,
             **(self.extra_metrics(all_episodes, "env") if self.extra_metrics is not None else {}),
         }
+        if self.acc.is_main_process:
+            self.budget_watch.observe(step, all_episodes)
         return Batch(rollout, returns, group, slice(mine.start, mine.stop), metrics, episodes=all_episodes,
                      row_episode=row_episode)
 

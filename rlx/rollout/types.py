@@ -208,6 +208,7 @@ class Episode:
     metrics: dict = field(default_factory=dict)                  # last info["metrics"] of the episode
     terminated: bool = False                                     # the environment ended the episode
     truncated: bool = False                                      # cut: env truncation, max_turns, budgets, errors
+    budget_cut: bool = False                                     # ended by max_total_tokens (no room for a turn)
     turn_truncated: int = 0                                      # turns that hit the per-turn token budget
     error: str | None = None                                     # what went wrong, when the env failed
     versions: list[int] = field(default_factory=list)            # policy version that sampled each turn (gateway)

@@ -127,6 +127,15 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
         for rows, split in ((train_rows, "training"), (eval_rows, "held-out")):
             check_context(tokenizer, rows, model_context(model), cfg.rollout.max_new_tokens, cfg.model.chat_template,
                           cfg.data.system_prompt, f"{source} ({split})")
+    if cfg.get("env") and cfg.env.name != "harness":  # an episode that cannot play a turn: stop now, one line
+        from rlx.build import environment_factory
+        from rlx.data.prompt_limits import model_context
+        from rlx.rollout.budgets import check_episode_budget
+        from rlx.rollout.env import train_env_seed
+
+        check_episode_budget(cfg.env, environment_factory(cfg.env), tokenizer, model_context(model), cfg.model.path,
+                             [train_env_seed(cfg.seed, 1, task) for task in range(cfg.prompts_per_step)],
+                             cfg.model.chat_template)
     log.info("run directory: %s", run_dir)
     log.info("model: %s (%.2fM parameters), %d train / %d held-out rows", cfg.model.path or "built from scratch",
              sum(p.numel() for p in model.parameters()) / 1e6, len(train_rows), len(eval_rows))
