@@ -88,8 +88,13 @@ def _new_dir(kind: str, name: str) -> Path:
     return Path(os.environ.get("RLX_OUTPUTS", "outputs")) / kind / f"{stamp}_{name}"
 
 
-def fit(overrides: Iterable[str] = (), rewards: Iterable[Callable] | Mapping | None = None) -> RunResult:
-    """Train as `rlx train OVERRIDES` does; returns the run directory and the final metrics."""
+def fit(overrides: Iterable[str] = (), rewards: Iterable[Callable] | Mapping | None = None, dataset=None,
+        eval_dataset=None) -> RunResult:
+    """Train as `rlx train OVERRIDES` does; returns the run directory and the final metrics.
+
+    dataset: a list of dicts, a datasets.Dataset or a DatasetDict (train split; test or validation split held
+    out), with a `prompt` column as in TRL; eval_dataset: the held-out rows (without one, 1 row in 10 is held
+    out). The rows are written to <run>/dataset/ and trained as data=file (rlx/data/in_memory.py)."""
     from rlx.config.overrides import check_overrides
 
     def checked(overrides: list[str]):
@@ -101,6 +106,15 @@ def fit(overrides: Iterable[str] = (), rewards: Iterable[Callable] | Mapping | N
             raise UserError(stderr.getvalue().strip().removeprefix("error: ")) from None
 
     overrides = list(overrides)
+    run_dir = None
+    if dataset is not None:
+        from rlx.data.in_memory import dataset_overrides
+
+        run_dir = _new_dir("train", "dataset")
+        overrides += dataset_overrides(dataset, eval_dataset, (run_dir / "dataset").resolve(), overrides,
+                                       rewards is not None)
+    elif eval_dataset is not None:
+        raise UserError("eval_dataset= needs dataset= (the training rows)")
     if rewards is not None:
         configured = list(checked(overrides).reward.components)
         overrides += _reward_overrides(rewards, overrides, configured)
@@ -108,7 +122,13 @@ def fit(overrides: Iterable[str] = (), rewards: Iterable[Callable] | Mapping | N
     if rewards is not None and int(cfg.hardware.num_processes) * int(cfg.hardware.num_machines) > 1:
         raise UserError("rewards= callables live in this process; with several processes put them in a module and "
                         "name them in reward.components.<name>._target_")
-    run_dir = _new_dir("train", cfg.name)
+    if run_dir is None:
+        run_dir = _new_dir("train", cfg.name)
+    else:  # the dataset's folder is written: name the run as a run of cfg.name is named
+        named = run_dir.with_name(run_dir.name.removesuffix("_dataset") + f"_{cfg.name}")
+        run_dir.rename(named)
+        overrides = [o.replace(str(run_dir.resolve()), str(named.resolve())) for o in overrides]
+        run_dir = named
     _run_cli(["train", *overrides, f"hydra.run.dir={run_dir}"])
     result = run_dir / "result.json"
     metrics = json.loads(result.read_text())["metrics"] if result.is_file() else {}

@@ -201,7 +201,7 @@ def task_eval(s, parts: Parts):
     return task_evaluator(parts.accelerator, parts.model, parts.tokenizer, parts.eval_rows[: s.eval.size], parts.rewards,
                           dict(accuracy_key=s.reward.accuracy, use_chat_template=s.model.chat_template,
                                system_prompt=s.data.system_prompt, max_new_tokens=s.eval.max_new_tokens,
-                               batch_size=s.eval.batch_size, on_error=s.reward.on_error))
+                               batch_size=s.eval.batch_size, on_error=s.reward.on_error, max_steps=s.steps))
 
 
 def episode_eval(s, parts: Parts):

@@ -163,6 +163,13 @@ def main(argv: list[str] | None = None) -> None:
     elif command == "eval":
         from rlx.evaluation.runner import eval_app
 
+        from rlx.errors import UserError
+        from rlx.evaluation.run_task import benchmark_file_args
+
+        try:
+            args = benchmark_file_args(args)  # benchmark=./mine.yaml: a benchmark file outside the package
+        except UserError as exc:
+            fail(str(exc))
         _hydra_app(eval_app, "rlx-eval", args, "eval")
     elif command == "data":
         if not args or args[0] != "prefs":

@@ -372,7 +372,7 @@ class Data:
     answer_regex: str | None = field()
     # every source
     eval_size: int = num(0)
-    prompt_template: str = field()
+    prompt_template: str | None = field()  # null: the prompt column as it is
     verifier: Verifier | None = field()
     completion_template: str = field()
     system_prompt: str | None = field()
@@ -746,6 +746,7 @@ class EvalConfig:
     plot: bool = field()
     model: Model = field()
     benchmark: dict[str, Benchmark] = field()
+    benchmark_files: list[str] = field()  # benchmark YAML files outside the package (rlx/evaluation/run_task.py)
     env: Env | None = field()
     rollout: Rollout = field()
     hardware: Hardware = field()

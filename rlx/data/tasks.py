@@ -23,14 +23,17 @@ def _is_messages(value) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and "role" in m and "content" in m for m in value)
 
 
-def _format_rows(rows: list[dict], prompt_template: str) -> list[dict]:
-    """row["prompt"]: the user message (the question through the template), or for a conversational row
-    its chat message list as given (system prompts included)."""
+def _format_rows(rows: list[dict], prompt_template: str | None) -> list[dict]:
+    """row["prompt"]: the user message (the question through the template; the question itself when the
+    template is None), or for a conversational row its chat message list as given (system prompts included)."""
     out = []
     for row in rows:
         row = dict(row)
         messages = row.pop("messages", None)
-        row["prompt"] = messages if messages is not None else prompt_template.format(question=row["question"])
+        if messages is not None:
+            row["prompt"] = messages
+        else:
+            row["prompt"] = prompt_template.format(question=row["question"]) if prompt_template else row["question"]
         out.append(row)
     return out
 
@@ -107,17 +110,20 @@ def _read_table(path: str) -> list[tuple[str, dict]]:
 
 
 def _map_columns(rows: list, columns: dict, source: str, answer_regex: str | None = None) -> list[dict]:
-    """rows: dicts, or (where, dict) pairs from _read_table for messages that name the line."""
+    """rows: dicts, or (where, dict) pairs from _read_table for messages that name the line. columns["answer"]
+    None: the rows carry no reference answer (rewards that do not need one)."""
     out = []
+    wanted = [columns["prompt"]] + ([columns["answer"]] if columns.get("answer") is not None else [])
     for index, item in enumerate(rows):
         where, row = item if isinstance(item, tuple) else (f"{source} row {index}", item)
-        missing = [col for col in (columns["prompt"], columns["answer"]) if col not in row]
+        missing = [col for col in wanted if col not in row]
         if missing:
             raise UserError(
                 f"{where} has no column {missing[0]!r} (columns: {', '.join(row)}); "
                 f"set data.columns.prompt / data.columns.answer"
+                + ("=null when no reward needs an answer" if missing[0] == columns.get("answer") else "")
             )
-        for col in (columns["prompt"], columns["answer"]):
+        for col in wanted:
             if row[col] is None or (isinstance(row[col], str) and not row[col].strip()):
                 raise UserError(f"{where}: column {col!r} is {'null' if row[col] is None else 'empty'}; every row "
                                 f"needs a prompt and an answer (fix or drop the row)")
@@ -128,11 +134,12 @@ def _map_columns(rows: list, columns: dict, source: str, answer_regex: str | Non
             mapped["question"] = str(next((m["content"] for m in reversed(prompt) if m.get("role") == "user"), ""))
         else:
             mapped["question"] = str(prompt)
-        answer = str(row[columns["answer"]])
-        if answer_regex:
-            match = re.search(answer_regex, answer, flags=re.MULTILINE)
-            answer = match.group(1).strip() if match else answer
-        mapped["answer"] = answer
+        if columns.get("answer") is not None:
+            answer = str(row[columns["answer"]])
+            if answer_regex:
+                match = re.search(answer_regex, answer, flags=re.MULTILINE)
+                answer = match.group(1).strip() if match else answer
+            mapped["answer"] = answer
         out.append(mapped)
     return out
 
@@ -192,7 +199,26 @@ def load_rows(data_cfg, seed: int) -> tuple[list[dict], list[dict]]:
         raise UserError(f"unknown data.source '{source}'; valid choices: {', '.join(DATA_SOURCES)}")
     train, evals = DATA_SOURCES[source](data_cfg, seed)
     template = data_cfg.prompt_template
+    if source in ("file", "hub"):
+        say_template(template, train, data_cfg.get("train_path") or data_cfg.get("id"))
     return _format_rows(train, template), _format_rows(evals, template)
+
+
+def say_template(template: str | None, rows: list[dict], source: str) -> str | None:
+    """One log line when data.prompt_template changes the user's own prompts (a file or hub dataset), saying
+    what it adds and how to turn it off; None (and no line) when it leaves them as they are."""
+    import logging
+
+    if not template or template == "{question}" or not any("messages" not in row for row in rows[:1]):
+        return None
+    if template.startswith("{question}"):
+        change = f"appends {template[len('{question}'):]!r} to every prompt of {source}"
+    else:
+        change = f"puts every prompt of {source} into {template!r}"
+    line = (f"data.prompt_template {change} (the default reward reads <answer> tags); data.prompt_template=null "
+            f"keeps the prompts as they are")
+    logging.getLogger("rlx").info("%s", line)
+    return line
 
 
 class PromptStream:

@@ -41,7 +41,8 @@ def reasoning_gym_problems(data: dict, size: int | None = None) -> list[dict]:
         problems.append({
             "id": f"{task}/{seen[task]}",
             "question": entry["question"],
-            "prompt": data["prompt_template"].format(question=entry["question"]),
+            "prompt": data["prompt_template"].format(question=entry["question"]) if data["prompt_template"]
+            else entry["question"],
             "answer": str(entry["answer"]),
             "task": task,
             "metadata": json.dumps(entry["metadata"], default=str),

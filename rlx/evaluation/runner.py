@@ -563,6 +563,14 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
         cfg = _saved_config(out_dir, cfg)
     else:
         cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    if cfg.get("benchmark_files") and not cfg.resume:  # benchmark=./mine.yaml: files outside the package (rlx/evaluation/run_task.py)
+        from rlx.evaluation.run_task import load_benchmark_files
+
+        extra = load_benchmark_files(list(cfg.benchmark_files))
+        clash = sorted(set(extra) & set(cfg.get("benchmark") or {}))
+        if clash:
+            raise UserError(f"benchmark '{clash[0]}' is both a file and a package benchmark; rename it in its file")
+        cfg.benchmark = {**OmegaConf.to_container(cfg.get("benchmark") or OmegaConf.create({})), **extra}
     check_settings(cfg)
     if cfg.get("env") and any(o.lstrip("+~").startswith("benchmark") for o in overrides):
         raise UserError("env= evaluates an environment instead of benchmarks; evaluate benchmark= in a separate run")
@@ -576,6 +584,12 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
         write_run_files(out_dir, cfg, overrides)
     if cfg.run and not cfg.get("env") and not any(o.lstrip("+~").startswith("benchmark") for o in overrides):
         cfg.env = _run_environment(cfg.run)  # an agent run: its own environment, unless benchmark= is given
+        if not cfg.env:  # a task run: the held-out rows of its own data, scored like its eval/accuracy
+            from rlx.evaluation.run_task import run_task_benchmark
+
+            own = run_task_benchmark(cfg.run)
+            if own is not None:
+                cfg.benchmark = {own[0]: own[1]}
     environment = _environment(cfg)  # (name, factory, tasks) with env=, else None
     benchmarks = [] if environment else [Benchmark(name, OmegaConf.to_container(spec, resolve=True))
                                          for name, spec in cfg.benchmark.items()]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rlx.rewards import RewardComponent, compute_rewards, token_lists
+from rlx.rewards import RewardComponent, TrainerState, compute_rewards, token_lists
 from rlx.rollout.hf import generate
 from rlx.rollout.prompts import format_prompts
 from rlx.runtime.parallel import gather, global_sum
@@ -25,8 +25,9 @@ def eval_shard(count: int, acc) -> tuple[slice, int]:
 @torch.no_grad()
 def evaluate(model, tokenizer, rows: list[dict], rewards: list[RewardComponent], *, accuracy_key: str,
              use_chat_template: bool, system_prompt: str | None, max_new_tokens: int, batch_size: int,
-             on_error: str = "raise", acc=None) -> tuple[dict, list[dict]]:
-    """Greedy completions on held-out rows; returns eval/* metrics and per-row records.
+             on_error: str = "raise", acc=None, step: int = 0, max_steps: int = 0) -> tuple[dict, list[dict]]:
+    """Greedy completions on held-out rows; returns eval/* metrics and per-row records. Reward functions get
+    `trainer_state` with the training step being evaluated (global_step=step) and the run's max_steps.
 
     With several processes (acc), every process generates its block of the rows (eval_shard) and the
     per-row results are gathered, so each process returns the metrics of all rows; the records are
@@ -37,7 +38,8 @@ def evaluate(model, tokenizer, rows: list[dict], rewards: list[RewardComponent],
     rollout = generate(model, tokenizer, prompts, samples_per_prompt=1, max_new_tokens=max_new_tokens,
                        greedy=True, batch_size=batch_size)
     total, per_component, _ = compute_rewards(rewards, prompts, rollout.texts, rows, on_error, system_prompt=system_prompt,
-                                              completion_ids=token_lists(rollout.completion_ids, rollout.completion_mask))
+                                              completion_ids=token_lists(rollout.completion_ids, rollout.completion_mask),
+                                              state=TrainerState(global_step=step, max_steps=max_steps))
     lengths, truncated = rollout.lengths.float(), rollout.truncated.float()
     local = {"total": total, "lengths": lengths, "truncated": truncated, **{f"component/{k}": v for k, v in per_component.items()}}
     if acc is not None and acc.num_processes > 1:  # (N x block,) -> the `count` real rows, in order
@@ -67,7 +69,7 @@ def task_evaluator(acc, model, tokenizer, rows: list[dict], rewards: list[Reward
     (settings: eval_settings(cfg))."""
 
     def run_eval(step: int) -> dict:
-        metrics, _ = evaluate(acc.unwrap_model(model), tokenizer, rows, rewards, **settings, acc=acc)
+        metrics, _ = evaluate(acc.unwrap_model(model), tokenizer, rows, rewards, **settings, acc=acc, step=step)
         return metrics
 
     return run_eval
@@ -77,4 +79,4 @@ def task_eval_settings(settings) -> dict:
     """Keyword arguments of `evaluate` from the typed settings of `rlx train` (the same for every loop)."""
     return dict(accuracy_key=settings.reward.accuracy, use_chat_template=settings.model.chat_template,
                 system_prompt=settings.data.system_prompt, max_new_tokens=settings.eval.max_new_tokens,
-                batch_size=settings.eval.batch_size, on_error=settings.reward.on_error)
+                batch_size=settings.eval.batch_size, on_error=settings.reward.on_error, max_steps=settings.steps)

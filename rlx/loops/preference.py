@@ -152,7 +152,8 @@ def train_preference(settings, parts: Parts) -> dict:
                 sums["eval/pref_accuracy_logp"] += (chosen / chosen_len > rejected / rejected_len).float().mean().item() * weight
             metrics.update(sums)
         if eval_rows:
-            task_metrics, records = evaluate(policy, tokenizer, eval_rows, parts.rewards, **eval_kwargs, acc=acc)
+            task_metrics, records = evaluate(policy, tokenizer, eval_rows, parts.rewards, **eval_kwargs, acc=acc,
+                                             step=step)
             metrics.update(task_metrics)
             if acc.is_main_process:
                 write_samples(run_dir, step, records[: settings.log.num_samples])

@@ -48,7 +48,8 @@ def train_sft(settings, parts: Parts) -> dict:
     eval_rows = parts.eval_rows[: settings.eval.size]
 
     def run_eval(step: int) -> dict:
-        metrics, records = evaluate(acc.unwrap_model(model), tokenizer, eval_rows, parts.rewards, **eval_kwargs, acc=acc)
+        metrics, records = evaluate(acc.unwrap_model(model), tokenizer, eval_rows, parts.rewards, **eval_kwargs, acc=acc,
+                                    step=step)
         if acc.is_main_process:
             write_samples(run_dir, step, records[: settings.log.num_samples])
         return metrics

@@ -67,11 +67,13 @@ def is_conversational(rows: list[dict]) -> bool:
 
 
 def reward_inputs(prompts: list[str], completions: list[str], rows: list[dict], system_prompt: str | None = None):
-    """Prompts and completions in the form TRL gives reward functions: for string prompts the rendered
-    model input and the completion text; for a conversational dataset the message list (the system
-    prompt first when one is configured) and [{"role": "assistant", "content": text}]."""
+    """Prompts and completions in the form TRL gives reward functions: for string prompts each row's prompt
+    column (the user message, as TRL passes `prompts`; the rendered model input where a row has none) and the
+    completion text; for a conversational dataset the message list (the system prompt first when one is
+    configured) and [{"role": "assistant", "content": text}]."""
     if not is_conversational(rows):
-        return prompts, completions
+        return [row.get("prompt", text) if isinstance(row.get("prompt", text), str) else text
+                for row, text in zip(rows, prompts)], completions
     messages = [with_system_prompt(row["prompt"], system_prompt) for row in rows]
     return messages, [[{"role": "assistant", "content": text}] for text in completions]
 
@@ -92,8 +94,21 @@ def completion_text(completion) -> str:
 
 
 def _call(comp: RewardComponent, prompts, completions, columns: dict, extra: dict):
-    """One call with TRL's contract: everything by keyword, every column under its own name."""
+    """One call with TRL's contract: everything by keyword, every column under its own name. `prompt_texts`
+    (the model inputs as rendered, chat template applied) goes only to a function that names it."""
+    if "prompt_texts" in extra and not _names(comp.fn, "prompt_texts"):
+        extra = {k: v for k, v in extra.items() if k != "prompt_texts"}
     return comp.fn(prompts=prompts, completions=completions, **extra, **columns)
+
+
+def _names(fn, parameter: str) -> bool:
+    """Whether `fn` (a function or functools.partial) declares `parameter` by name (not only **kwargs)."""
+    import inspect
+
+    try:
+        return parameter in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _subset(values, index: int):
@@ -166,15 +181,18 @@ def compute_rewards(
         fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns)
 
     where every data column except `prompt` arrives under its own name (one value per completion);
-    prompts and completions are strings, or message lists for a conversational dataset (`reward_inputs`).
+    prompts (each row's prompt column, as TRL passes it) and completions are strings, or message lists for a
+    conversational dataset (`reward_inputs`); a function that names `prompt_texts` also gets `prompts` as given
+    here (the model inputs, chat template applied).
     Returns total (N,) weighted sum, per-component scores {name: (N,) with nan for None}, and the
     number of completions whose scoring raised (scored 0 when on_error == "zero"). A component that
     returns anything but one finite float or None per completion raises RewardError, whatever on_error."""
+    rendered = list(prompts)
     prompts, completions = reward_inputs(prompts, completions, rows, system_prompt)
     keys = list(dict.fromkeys(key for row in rows for key in row))
     columns = {key: [row.get(key) for row in rows] for key in keys if key not in ("prompt", "completion", "completion_ids")}
     n = len(completions)
-    extra = {"completion_ids": completion_ids, "trainer_state": state or TrainerState()}
+    extra = {"completion_ids": completion_ids, "trainer_state": state or TrainerState(), "prompt_texts": rendered}
     total = torch.zeros(n)  # (N,)
     per_component, errors = {}, 0
     for comp in components:

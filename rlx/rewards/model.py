@@ -2,8 +2,8 @@
 
 `model_reward` follows the reward contract fn(prompts, completions, **row) -> list[float]: it scores
 prompt + completion (+ EOS, as in reward-model training) with one or more checkpoints, each a hub id,
-a local save_pretrained folder, or an rlx run directory (its final/ model is used). The prompts are the
-policy's rendered prompts (chat template applied), so the reward model must share the policy's chat
+a local save_pretrained folder, or an rlx run directory (its final/ model is used). It scores the policy's
+rendered prompts (`prompt_texts`: chat template applied), so the reward model must share the policy's chat
 format, as a reward model trained from the policy's own checkpoint does.
 
 Ensembles (Coste et al. 2023, "Reward Model Ensembles Help Mitigate Overoptimization") aggregate the
@@ -117,8 +117,11 @@ def forward_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
 
 
 def model_reward(prompts, completions, *, path, aggregate: str = "mean", uncertainty_coef: float = 1.0,
-                 batch_size: int = 64, dtype: str = "float32", cpu: bool = True, **row) -> list[float]:
-    """Reward-model score of each completion; `path` is one checkpoint or a list (an ensemble)."""
+                 batch_size: int = 64, dtype: str = "float32", cpu: bool = True, prompt_texts=None, **row) -> list[float]:
+    """Reward-model score of each completion; `path` is one checkpoint or a list (an ensemble). prompt_texts:
+    the policy's model inputs (rlx.rewards.compute_rewards passes them); without them, `prompts`."""
+    if prompt_texts is not None and not any(isinstance(q, list) for q in prompts):
+        prompts = prompt_texts  # string prompts: score what the policy saw (a conversational list is rendered below)
     paths = [path] if isinstance(path, str) else list(path or [])
     if not paths:
         raise UserError("reward=model needs reward.components.model.path (a checkpoint, an rlx run directory, or a list)")

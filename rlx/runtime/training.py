@@ -108,6 +108,10 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
     # data.source none: preference data without a verifiable task (no eval/accuracy)
     train_rows, eval_rows = load_rows(cfg.data, cfg.seed) if cfg.data.source != "none" else ([], [])
     rewards = build_rewards(cfg.reward)
+    if cfg.data.source != "none":
+        from rlx.data.answers import check_answers
+
+        check_answers(train_rows, rewards, cfg.algorithm.family)  # no answer column: only where nothing reads one
     model, tokenizer = build_model_and_tokenizer(cfg, train_rows)
     model = prepare_policy(model, cfg.model, cfg.hardware)
     if cfg.algorithm.family in ("policy_gradient", "ppo") and cfg.data.get("max_prompt_length") is not None:
