@@ -161,10 +161,9 @@ def main(argv: list[str] | None = None) -> None:
 
         _hydra_app(train_app, "rlx-train", resolve_resume(_split_recipe(args)), "train")
     elif command == "eval":
-        from rlx.evaluation.runner import eval_app
-
         from rlx.errors import UserError
         from rlx.evaluation.run_task import benchmark_file_args
+        from rlx.evaluation.runner import eval_app
 
         try:
             args = benchmark_file_args(args)  # benchmark=./mine.yaml: a benchmark file outside the package
