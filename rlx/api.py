@@ -115,10 +115,17 @@ def fit(overrides: Iterable[str] = (), rewards: Iterable[Callable] | Mapping | N
                                        rewards is not None)
     elif eval_dataset is not None:
         raise UserError("eval_dataset= needs dataset= (the training rows)")
-    if rewards is not None:
-        configured = list(checked(overrides).reward.components)
-        overrides += _reward_overrides(rewards, overrides, configured)
-    cfg = checked(overrides)
+    try:
+        if rewards is not None:
+            configured = list(checked(overrides).reward.components)
+            overrides += _reward_overrides(rewards, overrides, configured)
+        cfg = checked(overrides)
+    except UserError:
+        if run_dir is not None:  # the dataset was written for a run that will not start
+            from rlx.runtime.unstarted import discard_unstarted
+
+            discard_unstarted(run_dir)
+        raise
     if rewards is not None and int(cfg.hardware.num_processes) * int(cfg.hardware.num_machines) > 1:
         raise UserError("rewards= callables live in this process; with several processes put them in a module and "
                         "name them in reward.components.<name>._target_")

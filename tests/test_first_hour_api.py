@@ -169,3 +169,29 @@ def test_eval_explains_mean_at_1_beside_pass_at_1():
     notes = metric_notes(summary)
     assert "mean@1 reads one sample" in notes[0] and "all n=8 samples" in notes[0] and "greedy" in notes[1]
     assert metric_notes({"benchmarks": {"b": {"model": {"pass@1": {}}}}}) == []
+
+
+def test_eval_run_whose_reward_lives_in_another_process(tmp_path, caplog):
+    """A run scored by a reward function of another Python process (rlx.api.registered.*): with answers in its
+    data, its verifier scores instead, with a warning; without answers, one line asks for a benchmark."""
+    import logging
+
+    from omegaconf import OmegaConf
+
+    from rlx.evaluation.run_task import run_task_benchmark
+
+    config = {"seed": 0, "eval": {"max_new_tokens": 8}, "model": {"chat_template": True},
+              "data": {"name": "file", "source": "file", "train_path": str(tmp_path / "sums.jsonl"), "eval_path": None,
+                       "eval_size": 2, "columns": {"prompt": "prompt", "answer": "answer"}, "seed": 0,
+                       "prompt_template": None, "verifier": None, "system_prompt": None},
+              "reward": {"components": {"gone": {"_target_": "rlx.api.registered.gone", "weight": 1.0}},
+                         "accuracy": "gone"}}
+    OmegaConf.save(OmegaConf.create(config), tmp_path / "config.yaml")
+    with caplog.at_level(logging.WARNING, logger="rlx"):
+        name, spec = run_task_benchmark(str(tmp_path))
+    assert (name, spec["verifier"], spec["verify"]) == ("sums", "exact", None)
+    assert "cannot be imported here: scoring with the data's verifier instead" in caplog.text
+    config["data"]["columns"]["answer"] = None
+    OmegaConf.save(OmegaConf.create(config), tmp_path / "config.yaml")
+    with pytest.raises(UserError, match="its data has no answer column for a verifier; name a benchmark"):
+        run_task_benchmark(str(tmp_path))

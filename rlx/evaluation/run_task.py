@@ -50,6 +50,14 @@ def run_task_benchmark(run: str) -> tuple[str, dict] | None:
             "max_new_tokens": int(config.eval.max_new_tokens), "chat_template": bool(config.model.chat_template),
             "system_prompt": data.get("system_prompt")}
     component, target = _accuracy_component(config)
+    if component is not None and target not in VERIFIER_REWARDS and not _importable(target):
+        if (data.get("columns") or {}).get("answer", "answer") is None:
+            raise UserError(f"run={run} was scored by reward '{component}' ({target}), which cannot be imported here (a "
+                            f"reward function given to rlx.fit exists only in that Python process: call rlx.evaluate "
+                            f"there), and its data has no answer column for a verifier; name a benchmark: benchmark=...")
+        log.warning("run=%s was scored by reward '%s' (%s), which cannot be imported here: scoring with the data's "
+                    "verifier instead, so the numbers need not match the run's eval/accuracy", run, component, target)
+        component = None
     if target in VERIFIER_REWARDS or component is None:
         spec["verifier"] = data.get("verifier") or VERIFIER_REWARDS.get(target) or (
             "reasoning_gym" if data["source"] == "reasoning_gym" else "exact")
@@ -64,6 +72,16 @@ def run_task_benchmark(run: str) -> tuple[str, dict] | None:
     log.info("run=%s trained on data=%s: evaluating its held-out rows, scored by %s (benchmark=... evaluates "
              "benchmarks instead)", run, name, how)
     return name, spec
+
+
+def _importable(target: str) -> bool:
+    from hydra.utils import get_method
+
+    try:
+        get_method(target)
+    except Exception:
+        return False
+    return True
 
 
 def task_name(data: dict) -> str:
