@@ -72,7 +72,7 @@ def build(cfg: DictConfig) -> dict:
             handle.write(json.dumps(pair) + "\n")
     summary = {"prompts": len(rows), "samples": len(scores), "sample_accuracy": sum(scores) / max(1, len(scores)),
                "pairs": len(pairs)}
-    log.info("done: %s  %d pairs (%d prompts x %d samples, sample accuracy %.3f)", out, len(pairs), len(rows), group,
+    log.info("done: %s  wrote %d pairs (%d prompts x %d samples, sample accuracy %.3f)", out, len(pairs), len(rows), group,
              summary["sample_accuracy"])
     return summary
 
