@@ -5,6 +5,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
+export NO_MKDOCS_2_WARNING ?= 1   # mkdocs-material's end-of-life banner on every build
 
 .DEFAULT_GOAL := help
 .PHONY: help install train test test-slow test-gpu test-vllm bench-scale bench-growth lint tiny-model tiny-agent-model clean reproduce bench-algorithms bench readme-commands docs docs-serve
@@ -81,7 +82,7 @@ tiny-agent-model: $(STAMP) ## Rebuild the agent warm start (recipe tiny_agent_sf
 	$(VENV)/bin/rlx train tiny_agent_sft name=tiny_agent_sft_build hydra.run.dir=outputs/tiny_agent_sft_build
 	rm -rf rlx/models/assets/tiny_agent && cp -r outputs/tiny_agent_sft_build/final rlx/models/assets/tiny_agent
 
-reproduce: $(STAMP) ## Run every CPU-scale recipe (*_tiny) on 3 seeds, check the expected numbers (exit 1 if off; ARGS=--update-readme writes the table)
+reproduce: $(STAMP) ## Run every CPU-scale recipe (*_tiny) on 3 seeds, check the expected numbers (exit 1 if off; ARGS=--update-results writes benchmarks/results/recipes_tiny.json)
 	$(VENV)/bin/rlx recipes reproduce $(ARGS)
 
 readme-commands: $(STAMP) ## Run every command of README.md and docs/*.md on a fresh clone, trainings shortened (CPU, ~30 min)
