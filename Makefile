@@ -5,7 +5,8 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
-export NO_MKDOCS_2_WARNING ?= 1   # mkdocs-material's end-of-life banner on every build
+# no mkdocs-material end-of-life banner on every docs build
+export NO_MKDOCS_2_WARNING ?= 1
 
 .DEFAULT_GOAL := help
 .PHONY: help install train test test-slow test-gpu test-vllm bench-scale bench-growth lint tiny-model tiny-agent-model clean reproduce bench-algorithms bench readme-commands docs docs-serve
