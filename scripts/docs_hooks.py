@@ -136,13 +136,12 @@ def render_grpo_vs_trl(stem: str, data: dict) -> list[str]:
             _median_over_runs(runs.get("trl", []), "generation_times")
         generation = f"{gen_rlx:.1f} / {gen_trl:.1f}" if gen_rlx and gen_trl else ""
 
-        def step(tool_summary, tool):
-            fastest = quickest.get(tool)
-            return f"{tool_summary[0]:.2f}" + (f" ({fastest:.2f})" if fastest and len(runs.get(tool, [])) * raw["steps"] > 1
-                                                else "")
+        timed = {tool: len(runs.get(tool, [])) * raw["steps"] for tool in ("rlx", "trl")}  # steps behind the median
+        step = {tool: f"{summary[0]:.2f}" + (f" ({quickest[tool]:.2f})" if quickest.get(tool) and timed[tool] > 1 else "")
+                for tool, summary in (("rlx", rlx), ("trl", trl))}
 
-        rows.append([source.get("label", raw["setting"]), f"{raw['rounds']} x {raw['steps']}", step(rlx, "rlx"),
-                     step(trl, "trl"), f"{raw['floor_s']:.1f}", f"{rlx[1] / trl[1]:.2f}x",
+        rows.append([source.get("label", raw["setting"]), f"{raw['rounds']} x {raw['steps']}", step["rlx"],
+                     step["trl"], f"{raw['floor_s']:.1f}", f"{rlx[1] / trl[1]:.2f}x",
                      f"{rlx[2] / 1024:.1f} / {trl[2] / 1024:.1f} ({rlx[2] / trl[2]:.2f})", generation,
                      prov["load"].replace(" on 2 CPU cores", "").replace("load average ", ""), prov["date"],
                      source.get("note", "")])
