@@ -88,21 +88,24 @@ def error_matches(expected: str, stderr: str) -> bool:
     return any(re.fullmatch(pattern, line.strip()) for line in stderr.splitlines())
 
 
+def command_lines(block: str) -> list[str]:
+    """The lines of a code block as commands: continuation lines joined, comments and empty lines dropped."""
+    commands, pending = [], ""
+    for raw in block.splitlines():
+        line = raw.split(" #", 1)[0].rstrip() if not raw.lstrip().startswith("#") else ""
+        if not line.strip():
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1].strip() + " "
+            continue
+        commands.append((pending + line.strip()).strip())
+        pending = ""
+    return commands
+
+
 def readme_commands(readme: Path) -> list[str]:
     """Command lines of the ```bash blocks, continuation lines joined, comments dropped."""
-    commands = []
-    for block in [body for lang, body in code_blocks(readme) if lang == "bash"]:
-        pending = ""
-        for raw in block.splitlines():
-            line = raw.split(" #", 1)[0].rstrip() if not raw.lstrip().startswith("#") else ""
-            if not line.strip():
-                continue
-            if line.endswith("\\"):
-                pending += line[:-1].strip() + " "
-                continue
-            commands.append((pending + line.strip()).strip())
-            pending = ""
-    return commands
+    return [command for lang, body in code_blocks(readme) if lang == "bash" for command in command_lines(body)]
 
 
 def _with(args: list[str], settings: dict) -> list[str]:

@@ -101,13 +101,7 @@ def documented_commands() -> list[tuple[str, str]]:
     found = []
     for page in readme_commands.doc_files(REPO):
         for _lang, body in readme_commands.code_blocks(page):
-            pending = ""
-            for raw in body.splitlines():
-                line = raw.split(" #", 1)[0].rstrip() if not raw.lstrip().startswith("#") else ""
-                if line.endswith("\\"):
-                    pending += line[:-1].strip() + " "
-                    continue
-                line, pending = (pending + line.strip()).strip(), ""
+            for line in readme_commands.command_lines(body):
                 for part in line.split(" && "):
                     part = part.strip()
                     if re.match(r"^(\.venv[-\w]*/bin/)?rlx (train|eval|data prefs|sweep)\b", part):
