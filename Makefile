@@ -86,7 +86,7 @@ tiny-agent-model: $(STAMP) ## Rebuild the agent warm start (recipe tiny_agent_sf
 reproduce: $(STAMP) ## Run every CPU-scale recipe (*_tiny) on 3 seeds, check the expected numbers (exit 1 if off; ARGS=--update-results writes benchmarks/results/recipes_tiny.json)
 	$(VENV)/bin/rlx recipes reproduce $(ARGS)
 
-readme-commands: $(STAMP) ## Run every command of README.md and docs/*.md on a fresh clone, trainings shortened (CPU, ~30 min)
+readme-commands: $(STAMP) ## Run every command of README.md and docs/*.md on a fresh clone, trainings shortened (CPU, ~8 min on 2 cores)
 	$(PY) scripts/readme_commands.py $(ARGS)
 
 docs: $(STAMP) ## Build the docs site into site/ (mkdocs build --strict: a broken link, anchor or missing page fails)

@@ -1,6 +1,6 @@
 """Run every command of the ```bash blocks of README.md and docs/**/*.md on a fresh clone; report which fail.
 
-    python scripts/readme_commands.py                 # every runnable command, trainings shortened (~15-30 min on CPU)
+    python scripts/readme_commands.py                 # every runnable command, trainings shortened (~8 min on 2 cores)
     python scripts/readme_commands.py --quick         # only commands that do not train (seconds; run by `make test`)
     python scripts/readme_commands.py --list          # how each command would be run, without running it
 
