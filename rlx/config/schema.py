@@ -353,10 +353,10 @@ class Pairs:
 class Data:
     """data=: prompts and answers (conf/data/); which keys a file has depends on data.source."""
 
-    name: str = field()
+    name: str | list[str] = field()  # reasoning_gym.yaml: ${data.task}, a list when several tasks are mixed
     source: DataSource = field()
     # source=reasoning_gym
-    task: str = field()
+    task: str | list[str] = field()  # one reasoning-gym task, or several mixed evenly
     task_config: dict | None = field()
     train_size: int = num(1)
     eval_seed: int = num(0)
