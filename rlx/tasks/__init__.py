@@ -10,7 +10,8 @@ test/entry_point for code). The same pair scores a benchmark (conf/benchmark/*.y
 and, through `verifier_reward`, a training reward component (conf/reward/*.yaml), so training reward and
 `rlx eval` score agree on the same completion by construction (tests/test_scoring_contract.py).
 Data configs name their task's verifier (`data.verifier`), which the default reward (`reward=task`) uses.
-A new task is one verifier (two functions and a VERIFIERS entry, or an existing name) plus a YAML file.
+A new task is one verifier (a verify function registered with `@register_verifier("name", extract)`, from a
+plugin with `@rlx.register("verifier", "name")`, or an existing name) plus a YAML file.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import re
 import threading
 from dataclasses import dataclass
 
+from rlx.registry import Registry
 from rlx.rewards import completion_text
 
 ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -95,22 +97,53 @@ def code_completion(completion: str, problem: dict, stop: tuple[str, ...] = ()) 
 
 
 # --------------------------------------------------------------------------------------------
-# Verifiers: fn(extracted, problems) -> list[float]
+# The registry: data.verifier, benchmark.<name>.verifier and the `verifier` of reward=task name an entry
 # --------------------------------------------------------------------------------------------
 
 
-def reasoning_gym_score(extracted: list[str | None], problems: list[dict]) -> list[float]:
-    """reasoning-gym's own scorer of each task (1.0 for a correct answer)."""
-    import reasoning_gym
+CODE_STOP = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")  # end of a completed function body
 
-    scores = []
-    for answer, problem in zip(extracted, problems):
-        if answer is None:
-            scores.append(0.0)
-            continue
-        entry = {"question": problem["question"], "answer": problem["answer"], "metadata": json.loads(problem["metadata"])}
-        scores.append(float(reasoning_gym.get_score_answer_fn(problem["task"])(answer, entry)))
-    return scores
+
+@dataclass(frozen=True)
+class Verifier:
+    extract: object  # fn(completion, problem) -> str | None
+    verify: object   # fn(extracted, problems) -> list[float]
+    needs: tuple = ("answer",)  # problem columns it reads
+
+    def score(self, completions: list, problems: list[dict]) -> tuple[list[str | None], list[float]]:
+        extracted = [self.extract(completion_text(c), p) for c, p in zip(completions, problems)]
+        return extracted, [float(s) for s in self.verify(extracted, problems)]
+
+
+VERIFIERS = Registry("verifier")  # name -> Verifier(extract, verify, needs)
+
+
+def register_verifier(name: str, extract=answer_tag, needs=("answer",)):
+    """Decorator registering a verify function under `name`, paired with its answer extractor (default: the
+    <answer> tag) and the problem columns it reads: `@register_verifier("numeric", answer_tag_or_last_number)`.
+    Returns the function unchanged."""
+
+    def decorate(verify):
+        VERIFIERS.add(name, Verifier(extract, verify, tuple(needs)), definition=verify)
+        return verify
+
+    return decorate
+
+
+# --------------------------------------------------------------------------------------------
+# Verifiers: fn(extracted, problems) -> list[float], registered in this order
+# --------------------------------------------------------------------------------------------
+
+
+def _normalize(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+@register_verifier("exact")
+def exact_string(extracted: list[str | None], problems: list[dict]) -> list[float]:
+    """1.0 when the answer equals the reference after whitespace normalisation."""
+    return [1.0 if answer is not None and _normalize(answer) == _normalize(problem["answer"]) else 0.0
+            for answer, problem in zip(extracted, problems)]
 
 
 def _as_number(text: str) -> float | None:
@@ -123,6 +156,7 @@ def _as_number(text: str) -> float | None:
         return None
 
 
+@register_verifier("numeric", answer_tag_or_last_number)
 def numeric_match(extracted: list[str | None], problems: list[dict], rel_tol: float = 1e-6) -> list[float]:
     """1.0 when the answer and the reference parse to the same number (commas, '$', '%' ignored);
     otherwise exact string match after whitespace normalisation."""
@@ -139,6 +173,7 @@ def numeric_match(extracted: list[str | None], problems: list[dict], rel_tol: fl
     return scores
 
 
+@register_verifier("math", answer_tag_or_boxed)
 def math_equivalence(extracted: list[str | None], problems: list[dict]) -> list[float]:
     """1.0 when math-verify finds the answer equivalent to the reference (LaTeX or plain).
     Its timeouts use signal.alarm, which only works in the main thread."""
@@ -156,6 +191,22 @@ def math_equivalence(extracted: list[str | None], problems: list[dict]) -> list[
     return scores
 
 
+@register_verifier("reasoning_gym", needs=("answer", "question", "task", "metadata"))
+def reasoning_gym_score(extracted: list[str | None], problems: list[dict]) -> list[float]:
+    """reasoning-gym's own scorer of each task (1.0 for a correct answer)."""
+    import reasoning_gym
+
+    scores = []
+    for answer, problem in zip(extracted, problems):
+        if answer is None:
+            scores.append(0.0)
+            continue
+        entry = {"question": problem["question"], "answer": problem["answer"], "metadata": json.loads(problem["metadata"])}
+        scores.append(float(reasoning_gym.get_score_answer_fn(problem["task"])(answer, entry)))
+    return scores
+
+
+@register_verifier("unit_tests", functools.partial(code_completion, stop=CODE_STOP), ("prompt", "test", "entry_point"))
 def unit_tests(extracted: list[str | None], problems: list[dict], timeout_s: float = 5.0, memory_mb: int = 512,
                workers: int = 4) -> list[float]:
     """Run each program against its problem's tests in the sandbox (rlx.tasks.sandbox), a few at
@@ -175,42 +226,9 @@ def unit_tests(extracted: list[str | None], problems: list[dict], timeout_s: flo
         return list(pool.map(one, zip(extracted, problems)))
 
 
-def _normalize(text: str) -> str:
-    return " ".join(str(text).split())
-
-
-def exact_string(extracted: list[str | None], problems: list[dict]) -> list[float]:
-    """1.0 when the answer equals the reference after whitespace normalisation."""
-    return [1.0 if answer is not None and _normalize(answer) == _normalize(problem["answer"]) else 0.0
-            for answer, problem in zip(extracted, problems)]
-
-
 # --------------------------------------------------------------------------------------------
-# The registry, and the bridge to the reward contract
+# The bridge to the reward contract
 # --------------------------------------------------------------------------------------------
-
-
-CODE_STOP = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")  # end of a completed function body
-
-
-@dataclass(frozen=True)
-class Verifier:
-    extract: object  # fn(completion, problem) -> str | None
-    verify: object   # fn(extracted, problems) -> list[float]
-    needs: tuple = ("answer",)  # problem columns it reads
-
-    def score(self, completions: list, problems: list[dict]) -> tuple[list[str | None], list[float]]:
-        extracted = [self.extract(completion_text(c), p) for c, p in zip(completions, problems)]
-        return extracted, [float(s) for s in self.verify(extracted, problems)]
-
-
-VERIFIERS = {
-    "exact": Verifier(answer_tag, exact_string),
-    "numeric": Verifier(answer_tag_or_last_number, numeric_match),
-    "math": Verifier(answer_tag_or_boxed, math_equivalence),
-    "reasoning_gym": Verifier(answer_tag, reasoning_gym_score, ("answer", "question", "task", "metadata")),
-    "unit_tests": Verifier(functools.partial(code_completion, stop=CODE_STOP), unit_tests, ("prompt", "test", "entry_point")),
-}
 
 
 def get_verifier(name: str) -> Verifier:
