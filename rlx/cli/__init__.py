@@ -98,7 +98,7 @@ def _shell_completion(args: list[str]) -> None:
             print(" ".join(c for c in COMMANDS if not words[1:] or c.startswith(words[1])))
             return
         if words[1] == "eval":
-            from rlx.evaluation.runner import eval_app as app
+            from rlx.cli.eval import eval_app as app
         elif words[1] != "train":
             return
         os.environ["COMP_LINE"] = "rlx " + line.split(words[1], 1)[1].lstrip()
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
 
         _hydra_app(train_app, "rlx-train", resolve_resume(_split_recipe(args)), "train")
     elif command == "eval":
-        from rlx.evaluation.runner import eval_app
+        from rlx.cli.eval import eval_app
 
         _hydra_app(eval_app, "rlx-eval", args, "eval")
     elif command == "data":
