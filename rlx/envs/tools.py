@@ -98,7 +98,7 @@ class ToolUse:
                 return f"<result>{calculate(argument)}</result>", True
             except ValueError as exc:
                 return f"error: {exc}", False
-        from rlx.tasks.sandbox import run_code
+        from rlx.sandbox import run_code
 
         result = run_code(argument, timeout_s=self.python_timeout_s)
         if not result.passed:

@@ -209,11 +209,11 @@ def reasoning_gym_score(extracted: list[str | None], problems: list[dict]) -> li
 @register_verifier("unit_tests", functools.partial(code_completion, stop=CODE_STOP), ("prompt", "test", "entry_point"))
 def unit_tests(extracted: list[str | None], problems: list[dict], timeout_s: float = 5.0, memory_mb: int = 512,
                workers: int = 4) -> list[float]:
-    """Run each program against its problem's tests in the sandbox (rlx.tasks.sandbox), a few at
+    """Run each program against its problem's tests in the sandbox (rlx.sandbox), a few at
     a time; 1.0 when every assert holds within the limits.  Broken or hostile programs score 0."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from rlx.tasks.sandbox import check_program
+    from rlx.sandbox import check_program
 
     def one(pair) -> float:
         program, problem = pair
