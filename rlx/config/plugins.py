@@ -53,7 +53,8 @@ def _import(name: str) -> None:
     except BaseException as exc:  # anything the module raised while it ran: name it, not a traceback
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
-        what = str(exc) if isinstance(exc, ImportError) else f"{type(exc).__name__}: {exc}"
+        what = (str(exc) if isinstance(exc, ImportError) else  # SyntaxError's str() holds its place already
+                f"{type(exc).__name__}: {exc.msg if isinstance(exc, SyntaxError) else exc}")
         raise UserError(f"plugin '{name}' failed to import: {what}{_where(exc)}") from None
 
 
