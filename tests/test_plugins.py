@@ -5,8 +5,10 @@ run from the directory that holds it use them by name. Run through the installed
 
 import json
 import os
+import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -186,6 +188,38 @@ def test_the_python_api_imports_plugins_before_it_checks(on_path):
     finally:
         if "plug_c_mean" in OUTCOME_ESTIMATORS:
             OUTCOME_ESTIMATORS.unregister("plug_c_mean")
+
+
+def test_the_plugins_page_lists_every_kind_and_its_examples_work(on_path):
+    """docs/extending/plugins.md: its table has one row per kind, in KINDS' order, and its Python examples, imported
+    as plugins, register what they say and compute what they say: my_mean on rewards [1, 0, 0, 1] in groups of 2
+    gives r - mean(group) = [0.5, -0.5, -0.5, 0.5]; case_insensitive takes the last word 'PARIS' of the completion
+    and matches the reference 'paris'; coin's action 'b' (98, even) succeeds."""
+    import torch
+
+    from rlx.algorithms.advantages import OUTCOME_ESTIMATORS
+    from rlx.config.registries import KINDS
+    from rlx.envs import ENVIRONMENTS
+    from rlx.tasks import VERIFIERS
+
+    page = (REPO / "docs" / "extending" / "plugins.md").read_text()
+    assert re.findall(r"^\| `(\w+)` \|", page, flags=re.M) == list(KINDS)
+    blocks = [textwrap.dedent(body) for _indent, body in
+              re.findall(r"^( *)```python\n(.*?)^ *```", page, flags=re.M | re.S)]
+    assert len(blocks) == 3
+    for i, block in enumerate(blocks):
+        _write(on_path, f"page_example_{i}", block)
+    try:
+        import_plugins([f"page_example_{i}" for i in range(len(blocks))])
+        adv = OUTCOME_ESTIMATORS["my_mean"](torch.tensor([1.0, 0.0, 0.0, 1.0]), 2, "group", 1e-6)
+        assert adv.tolist() == [0.5, -0.5, -0.5, 0.5]
+        assert VERIFIERS["case_insensitive"].score(["The capital is PARIS"], [{"answer": "paris"}]) == (["PARIS"], [1.0])
+        env = ENVIRONMENTS["coin"]()
+        assert env.reset(seed=0)[0] == "flip" and env.step("b")[1] == 1.0
+    finally:
+        for registry, name in ((OUTCOME_ESTIMATORS, "my_mean"), (VERIFIERS, "case_insensitive"), (ENVIRONMENTS, "coin")):
+            if name in registry:
+                registry.unregister(name)
 
 
 @pytest.mark.slow
