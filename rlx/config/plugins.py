@@ -45,8 +45,8 @@ def _import(name: str) -> None:
         importlib.import_module(name)
     except ModuleNotFoundError as exc:
         if exc.name is not None and (name == exc.name or name.startswith(exc.name + ".")):
-            raise UserError(f"plugin '{name}' not found: {exc}; plugins= names importable modules (the current "
-                            f"directory {os.getcwd()} and PYTHONPATH are searched)") from None
+            raise UserError(f"plugin '{name}' not found: {exc}; plugins= names importable modules (a file in the "
+                            f"directory `rlx` runs in, on PYTHONPATH, or in an installed package)") from None
         raise UserError(f"plugin '{name}' failed to import: {exc}{_where(exc)}") from None
     except UserError:
         raise
