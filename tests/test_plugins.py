@@ -93,16 +93,17 @@ def test_a_plugin_estimator_and_verifier_train_from_the_users_directory(user_dir
 
 def test_a_plugin_environment_trains_and_evaluates(user_dir):
     """~9 s each. `env=custom env.name=coin` plays the plugin's environment (its resets are recorded) in
-    training and in `rlx eval` (eval.yaml's plugins)."""
+    training, and `rlx eval run=<that run>` plays it again without being told the plugin (the run's config
+    names it)."""
     result = rlx_command(["train", "plugins=[my_plugin]", *AGENT, "steps=1"], user_dir)
     assert result.returncode == 0, result.stderr[-3000:]
-    last = read_metrics(only_run_dir(user_dir) / "metrics.jsonl")[-1]
+    run = only_run_dir(user_dir)
+    last = read_metrics(run / "metrics.jsonl")[-1]
     assert "env/success" in last and "eval/success" in last
     trained = len((user_dir / "coin_resets.txt").read_text().splitlines())
     assert trained >= 4 + 2  # 2 prompts x 2 episodes, then 2 held-out episodes
-    result = rlx_command(["eval", "plugins=[my_plugin]", "env=custom", "env.name=coin", "model.path=builtin:tiny_agent",
-                          "limit=2", "sampling.n=1", "sampling.greedy=false", "progress=false", "plot=false",
-                          "hardware.num_threads=1"], user_dir)
+    result = rlx_command(["eval", f"run={run}", "checkpoint=step_1", "limit=2", "sampling.n=1", "sampling.greedy=false",
+                          "progress=false", "plot=false", "hardware.num_threads=1"], user_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((only_run_dir(user_dir, "eval") / "summary.json").read_text())
     assert "success" in summary["benchmarks"]["env_coin"]["model"]
@@ -114,10 +115,10 @@ def test_a_misspelled_name_lists_the_live_choices_with_the_plugins(user_dir):
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
         "error: unknown algorithm.advantage 'my_meen'; valid choices: grpo, rloo, reinforce_pp, reinforce_pp_baseline, "
         "median, ngrpo, my_mean, gae"]
-    result = rlx_command(["train", "plugins=[my_plugin]", "algorithm=gigpo", "env=custom", "env.name=con", "steps=1"],
-                         user_dir)
-    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
-        "error: unknown env.name 'con'; valid choices: guess_number, grid, corridor, tool_use, mixture, coin, custom"]
+    for command in (["train", "algorithm=gigpo", "steps=1"], ["eval"]):  # eval.yaml has plugins too
+        result = rlx_command([*command, "plugins=[my_plugin]", "env=custom", "env.name=con"], user_dir)
+        assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+            "error: unknown env.name 'con'; valid choices: guess_number, grid, corridor, tool_use, mixture, coin, custom"]
 
 
 def test_a_broken_plugin_is_one_line_naming_the_cause_and_the_line(tmp_path):

@@ -330,12 +330,17 @@ def _environment(cfg: DictConfig):
 
 
 def _run_environment(run: str):
-    """The `env` config a training run played (its config.yaml), or None (not an agent run)."""
+    """The `env` config a training run played (its config.yaml), or None (not an agent run). The run's plugins
+    are imported first: an environment one of them registered is then found by its name."""
     saved = Path(run).expanduser() / "config.yaml"
     if not saved.is_file():
         return None
-    env = OmegaConf.load(saved).get("env")
+    config = OmegaConf.load(saved)
+    env = config.get("env")
     if env:
+        from rlx.config.plugins import import_plugins
+
+        import_plugins(config.get("plugins"))
         log.info("run=%s trained on env=%s: evaluating held-out episodes of it (benchmark=... evaluates benchmarks)",
                  run, env.name)
     return env or None
