@@ -19,6 +19,7 @@ import sys
 
 from rlx.config.overrides import check_overrides
 from rlx.config.paths import CONF_DIR, RECIPES_DIR
+from rlx.config.plugins import add_current_directory
 from rlx.errors import fail
 
 USAGE = """usage: rlx <command> [args...]
@@ -98,7 +99,7 @@ def _shell_completion(args: list[str]) -> None:
             print(" ".join(c for c in COMMANDS if not words[1:] or c.startswith(words[1])))
             return
         if words[1] == "eval":
-            from rlx.evaluation.runner import eval_app as app
+            from rlx.cli.eval import eval_app as app
         elif words[1] != "train":
             return
         os.environ["COMP_LINE"] = "rlx " + line.split(words[1], 1)[1].lstrip()
@@ -130,12 +131,15 @@ def _wants_help(args: list[str]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The `rlx` command (argv None: the process's own arguments) or, from the Python API, one given command."""
+    if argv is None:  # the `rlx` executable: the user's modules next to them import, as with `python -m rlx`
+        add_current_directory()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return
     if argv[0] in ("-V", "--version"):
-        from rlx import __version__
+        from rlx.version import __version__
 
         print(f"rlx {__version__}")
         return
@@ -158,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
 
         _hydra_app(train_app, "rlx-train", resolve_resume(_split_recipe(args)), "train")
     elif command == "eval":
-        from rlx.evaluation.runner import eval_app
+        from rlx.cli.eval import eval_app
 
         _hydra_app(eval_app, "rlx-eval", args, "eval")
     elif command == "data":

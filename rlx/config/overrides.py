@@ -2,7 +2,8 @@
 
 Hydra composes the config; before handing the command line to `@hydra.main`, `check_overrides`
 composes it once itself so that a mistyped group option (`algorithm=grpoo`) or key (`optim.lrr=1`)
-becomes `error: ...` naming the valid choices or the nearest key, instead of Hydra's traceback hint.
+becomes `error: ...` naming the valid choices or the nearest key, instead of Hydra's traceback hint. It then
+imports the config's `plugins` (rlx/config/plugins.py), so that every later check knows the names they register.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import difflib
 from omegaconf import DictConfig, OmegaConf
 
 from rlx.config.paths import CONF_DIR, config_groups, group_options
-from rlx.errors import fail
+from rlx.config.plugins import import_plugins
+from rlx.errors import UserError, fail
 
 
 def _nearest(word: str, choices: list[str]) -> str:
@@ -107,6 +109,10 @@ def check_overrides(overrides: list[str], config_name: str = "train") -> DictCon
         fail(message)
     finally:
         GlobalHydra.instance().clear()
+    try:  # the user's modules first: what they register is valid in every check that follows
+        import_plugins(cfg.get("plugins") if "plugins" in cfg else None)
+    except UserError as exc:
+        fail(str(exc))
     return cfg
 
 
