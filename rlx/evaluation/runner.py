@@ -30,7 +30,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlx.config.paths import CONF_DIR
-from rlx.errors import UserError, fail
+from rlx.errors import StorageError, UserError, fail
 from rlx.evaluation.agents import per_task_values
 from rlx.evaluation.benchmarks import Benchmark
 from rlx.evaluation.metrics import (
@@ -44,7 +44,8 @@ from rlx.evaluation.metrics import (
 )
 from rlx.rollout.hf import eos_ids
 from rlx.rollout.vllm import build_engine
-from rlx.runtime.rundir import start_bar, stop_bar
+from rlx.runtime.rundir import atomic_write_text, start_bar, stop_bar
+from rlx.runtime.storage import writing
 
 log = logging.getLogger("rlx")
 
@@ -147,7 +148,8 @@ def _drop_partial_line(path: Path) -> None:
     if path.is_file():
         data = path.read_bytes()
         if data and not data.endswith(b"\n"):
-            path.write_bytes(data[: data.rfind(b"\n") + 1])
+            with writing(path, f"{path.name} without its cut-short last line"):
+                path.write_bytes(data[: data.rfind(b"\n") + 1])
 
 
 def _batch_seed(seed: int, problem_id: str) -> int:
@@ -220,7 +222,8 @@ def run_benchmark(model, tokenizer, bench: Benchmark, problems: list[dict], resu
     step = max(1, int(sampling.batch_size) // per_problem)  # problems per batch
     bar = _Progress(label, len(problems), len(problems) - len(todo), progress)
     running = [r["greedy"]["score"] if greedy else float(np.mean(r["scores"])) for r in done.values()]
-    results.parent.mkdir(parents=True, exist_ok=True)
+    with writing(results.parent, "the results folder"):
+        results.parent.mkdir(parents=True, exist_ok=True)
     _drop_partial_line(results)
     try:
         for start in range(0, len(todo), step):
@@ -251,7 +254,8 @@ def run_benchmark(model, tokenizer, bench: Benchmark, problems: list[dict], resu
                 done[problem["id"]] = record
                 running.append(record["greedy"]["score"] if greedy else float(np.mean(record["scores"])))
                 lines.append(json.dumps(record) + "\n")
-            with results.open("a") as handle:  # one write per batch: an interruption loses at most this batch
+            # one write per batch: an interruption loses at most this batch (a line cut short is dropped on resume)
+            with writing(results, f"the records of {len(batch)} problems"), results.open("a") as handle:
                 handle.write("".join(lines))
             bar.update(len(batch), len(texts), "greedy acc" if greedy else "mean score", float(np.mean(running)))
     finally:
@@ -274,7 +278,8 @@ def run_environment(generator, tokenizer, env_cfg, factory, tasks: int, results:
     bar = _Progress(label, tasks, tasks - len(todo), progress, unit="tasks")
     running = [r["greedy"]["success"] if greedy else float(np.mean([e["success"] for e in r["episodes"]]))
                for r in done.values()]
-    results.parent.mkdir(parents=True, exist_ok=True)
+    with writing(results.parent, "the results folder"):
+        results.parent.mkdir(parents=True, exist_ok=True)
     _drop_partial_line(results)
     try:
         for start in range(0, len(todo), step):
@@ -284,7 +289,8 @@ def run_environment(generator, tokenizer, env_cfg, factory, tasks: int, results:
                 done[record["id"]] = record
                 running.append(record["greedy"]["success"] if greedy else
                                float(np.mean([e["success"] for e in record["episodes"]])))
-            with results.open("a") as handle:  # one write per batch: an interruption loses at most this batch
+            # one write per batch: an interruption loses at most this batch (a line cut short is dropped on resume)
+            with writing(results, f"the records of {len(batch)} tasks"), results.open("a") as handle:
                 handle.write("".join(json.dumps(r) + "\n" for r in batch))
             bar.update(len(batch), len(batch) * (n + int(greedy)), "greedy success" if greedy else "success",
                        float(np.mean(running)))
@@ -461,11 +467,15 @@ def plot_pass_at_k(summary: dict, labels: dict[str, str], path: Path) -> Path | 
         ax.set_title(bench)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    try:
+        with writing(path, "the pass@k plot", partial=path, optional="plots"):  # optional: summary.json holds the numbers
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fig.savefig(path, dpi=100)
+            return path
+    finally:
+        plt.close(fig)
+    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -613,12 +623,12 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
         "benchmarks": {name: summarize(by_role, cfg.metrics, per_task_values if environment else per_problem_values)
                        for name, by_role in records.items()},
     }
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2), "the evaluation summary (summary.json)")
     console = Console(record=True, width=160)
     console.print(render_table(summary, labels, float(cfg.metrics.confidence)))
     for line in support_lines(summary, labels):
         console.print(line)
-    (out_dir / "summary.txt").write_text(console.export_text())
+    atomic_write_text(out_dir / "summary.txt", console.export_text(), "the evaluation summary (summary.txt)")
     if cfg.plot:
         plot_pass_at_k(summary, labels, out_dir / "plots" / "pass_at_k.png")
     log.info("results: %s", out_dir)
@@ -640,8 +650,16 @@ def eval_app(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
     hydra_cfg = HydraConfig.get()
+    out_dir = Path(hydra_cfg.runtime.output_dir)
     try:
-        summary = evaluate(cfg, Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task))
+        summary = evaluate(cfg, out_dir, list(hydra_cfg.overrides.task))
     except UserError as exc:
         fail(str(exc))
+    except StorageError as exc:  # finished problems stay in the results files; resume generates only the rest
+        if (out_dir / "config.yaml").is_file():
+            exc.survived = f"the problems already scored stay in {out_dir}/*/*.jsonl"
+            exc.command = f"rlx eval resume={out_dir}"
+        else:
+            exc.survived = "nothing was evaluated yet"
+        fail(str(exc), code=3)
     return headline(summary)
