@@ -11,6 +11,7 @@ import torch
 from accelerate.utils import gather_object
 
 from rlx.rollout.env import play, train_env_seed
+from rlx.rollout.failures import EpisodeFailureWatch
 from rlx.rollout.sampling import sample_seed
 from rlx.rollout.types import Batch, Episode, Rollout
 from rlx.runtime.parallel import shard
@@ -47,6 +48,7 @@ class EpisodeProducer:
         self.generator, self.tokenizer, self.factory, self.limits = generator, tokenizer, factory, limits
         self.group_size, self.prompts_per_step, self.seed = group_size, prompts_per_step, seed
         self.use_chat_template, self.acc = use_chat_template, acc
+        self.failures = EpisodeFailureWatch(limits.stop_after_failed_steps, factory)  # issue 31: a broken environment
 
     @property
     def loss_width(self) -> int:
@@ -65,6 +67,7 @@ class EpisodeProducer:
         episodes = play(self.generator, self.tokenizer, self.factory, self.limits, env_seeds, sample_seeds, greedy=False,
                         use_chat_template=self.use_chat_template)
         all_episodes = gather_object(episodes)  # every process's episodes, in global order
+        self.failures.observe(step, all_episodes)  # every episode failing for several steps stops the run
         version = getattr(self.generator, "version", 0)
         rollout = Rollout.from_episodes(episodes, self.tokenizer.pad_token_id, [version] * len(episodes))
         returns = torch.tensor([float(sum(e.step_rewards)) for e in all_episodes])  # (N,)
