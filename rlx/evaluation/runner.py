@@ -44,7 +44,7 @@ from rlx.evaluation.metrics import (
 )
 from rlx.rollout.hf import eos_ids
 from rlx.rollout.vllm import build_engine
-from rlx.runtime.rundir import atomic_write_text, start_bar, stop_bar
+from rlx.runtime.rundir import append_text, atomic_write_text, start_bar, stop_bar
 from rlx.runtime.storage import writing
 
 log = logging.getLogger("rlx")
@@ -255,8 +255,7 @@ def run_benchmark(model, tokenizer, bench: Benchmark, problems: list[dict], resu
                 running.append(record["greedy"]["score"] if greedy else float(np.mean(record["scores"])))
                 lines.append(json.dumps(record) + "\n")
             # one write per batch: an interruption loses at most this batch (a line cut short is dropped on resume)
-            with writing(results, f"the records of {len(batch)} problems"), results.open("a") as handle:
-                handle.write("".join(lines))
+            append_text(results, "".join(lines), f"the records of {len(batch)} problems")
             bar.update(len(batch), len(texts), "greedy acc" if greedy else "mean score", float(np.mean(running)))
     finally:
         bar.close()
@@ -290,8 +289,7 @@ def run_environment(generator, tokenizer, env_cfg, factory, tasks: int, results:
                 running.append(record["greedy"]["success"] if greedy else
                                float(np.mean([e["success"] for e in record["episodes"]])))
             # one write per batch: an interruption loses at most this batch (a line cut short is dropped on resume)
-            with writing(results, f"the records of {len(batch)} tasks"), results.open("a") as handle:
-                handle.write("".join(json.dumps(r) + "\n" for r in batch))
+            append_text(results, "".join(json.dumps(r) + "\n" for r in batch), f"the records of {len(batch)} tasks")
             bar.update(len(batch), len(batch) * (n + int(greedy)), "greedy success" if greedy else "success",
                        float(np.mean(running)))
     finally:

@@ -78,7 +78,7 @@ def truncate_metrics(path: Path, last_step: int) -> int:
     if not path.is_file():
         return 0
     kept = [row for row in read_metrics(path) if row["step"] <= last_step]
-    atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in kept))
+    atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in kept), "metrics.jsonl cut back to the checkpoint")
     return len(kept)
 
 

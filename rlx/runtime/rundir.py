@@ -52,6 +52,28 @@ def atomic_write_text(path: Path, text: str, what: str | None = None) -> None:
         os.replace(tmp, path)
 
 
+def append_text(path: Path, text: str, what: str) -> None:
+    """Append `text` (whole lines) to `path`; a fault part-way cuts the file back to where it ended, so no half
+    line is left for the next append to run into. A storage fault is a StorageError about `what`."""
+    path = Path(path)
+    with writing(path, what):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            start = os.fstat(fd).st_size
+            left = memoryview(text.encode())
+            try:
+                while left:  # a nearly full disk takes part of a write, then refuses the rest
+                    left = left[os.write(fd, left):]
+            except OSError:
+                try:
+                    os.ftruncate(fd, start)
+                except OSError:
+                    pass  # then readers drop the cut-short last line (read_metrics, rlx eval's read_records)
+                raise
+        finally:
+            os.close(fd)
+
+
 def write_run_files(run_dir: Path, cfg, overrides: list[str]) -> None:
     with writing(run_dir, "the run directory"):
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -70,9 +92,7 @@ def record_resume(run_dir: Path, old_config: dict, new_config: dict, checkpoint_
                if old_flat.get(key) != new_flat.get(key) and key not in ("resume",)}
     record = {"time": round(time.time(), 3), "checkpoint_step": checkpoint_step, "from_step": checkpoint_step + 1,
               "changed": changed, "overrides": list(overrides)}
-    with writing(Path(run_dir) / RESUMES_FILE, "the record of this resume"):
-        with (Path(run_dir) / RESUMES_FILE).open("a") as handle:
-            handle.write(json.dumps(record, default=str) + "\n")
+    append_text(Path(run_dir) / RESUMES_FILE, json.dumps(record, default=str) + "\n", "the record of this resume")
     if changed:
         log.info("resume changes from step %d: %s", checkpoint_step + 1,
                  ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in changed.items()))
@@ -113,9 +133,14 @@ class RunLock:
             raise RunInUse(f"run {self.path.parent} is in use by {holder}; wait for it to finish or stop it "
                            f"(a second process would write every metrics row twice)") from None
         if record:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
-                          f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+            try:
+                with writing(self.path, "the run's lock file"):
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
+                                  f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+            except BaseException:
+                os.close(fd)
+                raise
         self._fd = fd
         return self
 
@@ -269,8 +294,7 @@ class MetricsLog:
             return
         row = {"step": step, "time": round(time.time(), 3)}
         row.update({k: _jsonable(v) for k, v in sorted(metrics.items())})
-        with writing(self.path, f"the metrics row of step {step}"), self.path.open("a") as handle:
-            handle.write(json.dumps(row) + "\n")  # a line cut short by a fault is dropped on resume (read_metrics)
+        append_text(self.path, json.dumps(row) + "\n", f"the metrics row of step {step}")
         if self.tracker is not None:
             numbers = {k: v for k, v in row.items() if k not in ("step", "time") and isinstance(v, (int, float))}
             self.tracker.log(numbers, step=step)

@@ -198,11 +198,16 @@ def _guarded_handle_error(handler: logging.FileHandler, original):
         code = storage_errno(exc, handler.baseFilename) if exc is not None else None
         if code is None:
             return original(record)
-        if handler.baseFilename not in _WARNED:
-            _WARNED.add(handler.baseFilename)
-            fault = storage_fault(code, handler.baseFilename, "a log line")
-            print(f"warning: could not write {Path(handler.baseFilename).name}: {fault}; log lines go to the console "
-                  "only from here on (said once)", file=sys.stderr)
+        fault = storage_fault(code, handler.baseFilename, "a log line")
+        print(f"warning: could not write {Path(handler.baseFilename).name}: {fault}; log lines go to the console "
+              "only from here on", file=sys.stderr)
+        handler.emit = lambda record: None  # the file is given up: no failing write per line, none at exit
+        stream, handler.stream = handler.stream, None
+        try:
+            if stream is not None:
+                stream.close()  # the fd is closed even when flushing what it buffered fails
+        except (OSError, ValueError):
+            pass
         return None
 
     return handle_error
