@@ -310,6 +310,31 @@ def test_other_exceptions_pass_through_and_the_partial_is_removed(tmp_path):
     assert not partial.exists()
 
 
+def test_an_old_checkpoint_deletion_cut_short_never_leaves_half_a_checkpoint(tmp_path, monkeypatch):
+    """checkpoint.keep=1: writing step 2 deletes step 1. The process dies (here: KeyboardInterrupt) after the first
+    file of that deletion: no folder counted as a checkpoint may miss a file (it is renamed to .tmp- first)."""
+    from rlx.runtime.checkpoint import verify_checkpoint
+
+    acc, model, optimizer, scheduler = _setup()
+    ckpt = Checkpointer(acc, tmp_path, every=1, keep=1, total_steps=10, resume=False)
+    ckpt.restore(scheduler=scheduler)
+    _step(model, optimizer)
+    ckpt.step_done(1)
+
+    def killed_midway(path, *args, **kwargs):
+        next(Path(path).rglob("model.safetensors")).unlink()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoint_module.shutil, "rmtree", killed_midway)
+    _step(model, optimizer)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.step_done(2)
+    ckpt.close()
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [2]
+    for _, folder in list_checkpoints(tmp_path):
+        verify_checkpoint(folder)
+
+
 def test_the_error_line_names_what_survived_and_the_command(tmp_path):
     with pytest.raises(StorageError) as info:
         with writing(tmp_path / "checkpoints" / ".tmp-step_000004", "the checkpoint of step 4"):

@@ -42,7 +42,7 @@ STORAGE_FAULTS = {
                   "make it writable again (or copy the run directory to a writable disk and resume the copy)"),
     errno.EACCES: ("permission denied", "give this user write access to {folder}"),
     errno.EPERM: ("operation not permitted", "give this user write access to {folder} (and lift any immutable flag)"),
-    errno.EIO: ("input/output error (the disk or its network mount failed)",
+    errno.EIO: ("input/output error: the disk or its network mount failed",
                 "check the disk (dmesg) or the network mount"),
 }
 PROBE_BYTES = 4096
