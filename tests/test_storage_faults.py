@@ -14,10 +14,10 @@ import hashlib
 import json
 import logging
 import re
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch
@@ -28,7 +28,15 @@ from rlx.report.sweeps import record_failure, restore_result, summarize_sweep, w
 from rlx.runtime import checkpoint as checkpoint_module
 from rlx.runtime import storage
 from rlx.runtime.checkpoint import Checkpointer, list_checkpoints, truncate_metrics
-from rlx.runtime.rundir import MetricsLog, RunLock, plot_run, read_metrics, record_resume, write_run_files, write_samples
+from rlx.runtime.rundir import (
+    MetricsLog,
+    RunLock,
+    plot_run,
+    read_metrics,
+    record_resume,
+    write_run_files,
+    write_samples,
+)
 from rlx.runtime.storage import check_writable, guard_log_files, storage_errno, what_survived, writing
 from rlx.runtime.tracking import write_env_info
 from tests.conftest import only_run_dir, run_rlx
@@ -286,8 +294,8 @@ def test_a_storage_fault_is_read_from_an_errno_a_message_or_the_disk(disk):
     try:
         try:
             raise OSError(errno.EROFS, "Read-only file system")
-        except OSError:
-            raise RuntimeError("save failed")
+        except OSError as cause:
+            raise RuntimeError("save failed") from cause
     except RuntimeError as exc:
         assert storage_errno(exc, target) == errno.EROFS  # from the chain
     assert storage_errno(RuntimeError("I/O error: No space left on device (os error 28)"), None) == errno.ENOSPC
