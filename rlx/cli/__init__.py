@@ -73,6 +73,10 @@ def _hydra_app(app, prog: str, args: list[str], config_name: str) -> None:
             if not any(o.startswith("hydra.sweep.dir=") for o in overrides):
                 first = next(i for i, a in enumerate(args) if a in overrides)  # overrides stay together for argparse
                 args = args[:first] + [f"hydra.sweep.dir={default_sweep_dir(overrides, cfg.name)}"] + args[first:]
+    if config_name in ("train", "eval") and not flags & _PASSTHROUGH_FLAGS:
+        from rlx.runtime.storage import check_writable
+
+        check_writable(_output_folder(args), "the run directory")  # a full or read-only disk: one line, exit 3
     sys.argv = [prog] + args
     os.environ.setdefault("HYDRA_FULL_ERROR", "0")
     app()
@@ -82,6 +86,16 @@ def _hydra_app(app, prog: str, args: list[str], config_name: str) -> None:
         if FAILED_TRIALS:
             fail(f"{len(FAILED_TRIALS)} of {TRIAL_COUNT[0] if TRIAL_COUNT else '?'} trials failed: "
                  f"{', '.join(FAILED_TRIALS)} (failure.json in each trial folder; the others finished)", code=1)
+
+
+def _output_folder(args: list[str]) -> str:
+    """Where a Hydra app will write: hydra.sweep.dir (multirun) or hydra.run.dir when given, else RLX_OUTPUTS."""
+    given = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in args if a.startswith(("hydra.run.dir=", "hydra.sweep.dir="))}
+    multirun = any(a in ("-m", "--multirun") for a in args)
+    folder = given.get("hydra.sweep.dir" if multirun else "hydra.run.dir")
+    if folder is None:
+        return os.environ.get("RLX_OUTPUTS", "outputs")
+    return folder.strip("'\"").replace("\\'", "'")
 
 
 def _shell_completion(args: list[str]) -> None:
@@ -131,6 +145,15 @@ def _wants_help(args: list[str]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from rlx.errors import StorageError
+
+    try:
+        _main(argv)
+    except StorageError as exc:  # outside a training run (the disk check, the run lock of a resume): one line, exit 3
+        fail(str(exc), code=3)
+
+
+def _main(argv: list[str] | None = None) -> None:
     """The `rlx` command (argv None: the process's own arguments) or, from the Python API, one given command."""
     if argv is None:  # the `rlx` executable: the user's modules next to them import, as with `python -m rlx`
         add_current_directory()

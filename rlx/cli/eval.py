@@ -10,7 +10,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from rlx.config.paths import CONF_DIR
-from rlx.errors import UserError, fail
+from rlx.errors import StorageError, UserError, fail
 from rlx.evaluation.runner import evaluate, headline
 
 
@@ -33,8 +33,16 @@ def eval_app(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
     hydra_cfg = HydraConfig.get()
+    out_dir = Path(hydra_cfg.runtime.output_dir)
     try:
-        summary = evaluate(cfg, Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task))
+        summary = evaluate(cfg, out_dir, list(hydra_cfg.overrides.task))
+    except StorageError as exc:  # finished problems stay in the results files; resume generates only the rest
+        if (out_dir / "config.yaml").is_file():
+            exc.survived = f"the problems already scored stay in {out_dir}/*/*.jsonl"
+            exc.command = f"rlx eval resume={out_dir}"
+        else:
+            exc.survived = "nothing was evaluated yet"
+        fail(str(exc), code=3)
     except UserError as exc:
         fail(str(exc))
     return headline(summary)

@@ -361,6 +361,7 @@ class Env:
     system_prompt: str | None = field()
     eval_episodes: int = num(1)
     eval_greedy: bool = field()
+    stop_after_failed_steps: int = num(0)
 
 
 @dataclass

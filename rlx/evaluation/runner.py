@@ -34,7 +34,8 @@ from rlx.evaluation.benchmarks import Benchmark
 from rlx.evaluation.summary import per_problem_values, plot_pass_at_k, render_table, summarize, support_lines
 from rlx.rollout.backends import build_generator
 from rlx.rollout.hf import eos_ids
-from rlx.runtime.rundir import start_bar, stop_bar
+from rlx.runtime.rundir import append_text, atomic_write_text, start_bar, stop_bar
+from rlx.runtime.storage import writing
 
 log = logging.getLogger("rlx")
 
@@ -123,7 +124,8 @@ def _drop_partial_line(path: Path) -> None:
     if path.is_file():
         data = path.read_bytes()
         if data and not data.endswith(b"\n"):
-            path.write_bytes(data[: data.rfind(b"\n") + 1])
+            with writing(path, f"{path.name} without its cut-short last line"):
+                path.write_bytes(data[: data.rfind(b"\n") + 1])
 
 
 def _batch_seed(seed: int, problem_id: str) -> int:
@@ -196,7 +198,8 @@ def run_benchmark(model, tokenizer, bench: Benchmark, problems: list[dict], resu
     step = max(1, int(sampling.batch_size) // per_problem)  # problems per batch
     bar = _Progress(label, len(problems), len(problems) - len(todo), progress)
     running = [r["greedy"]["score"] if greedy else float(np.mean(r["scores"])) for r in done.values()]
-    results.parent.mkdir(parents=True, exist_ok=True)
+    with writing(results.parent, "the results folder"):
+        results.parent.mkdir(parents=True, exist_ok=True)
     _drop_partial_line(results)
     try:
         for start in range(0, len(todo), step):
@@ -227,8 +230,8 @@ def run_benchmark(model, tokenizer, bench: Benchmark, problems: list[dict], resu
                 done[problem["id"]] = record
                 running.append(record["greedy"]["score"] if greedy else float(np.mean(record["scores"])))
                 lines.append(json.dumps(record) + "\n")
-            with results.open("a") as handle:  # one write per batch: an interruption loses at most this batch
-                handle.write("".join(lines))
+            # one write per batch: an interruption loses at most this batch (a line cut short is dropped on resume)
+            append_text(results, "".join(lines), f"the records of {len(batch)} problems")
             bar.update(len(batch), len(texts), "greedy acc" if greedy else "mean score", float(np.mean(running)))
     finally:
         bar.close()
@@ -250,7 +253,8 @@ def run_environment(generator, tokenizer, env_cfg, factory, tasks: int, results:
     bar = _Progress(label, tasks, tasks - len(todo), progress, unit="tasks")
     running = [r["greedy"]["success"] if greedy else float(np.mean([e["success"] for e in r["episodes"]]))
                for r in done.values()]
-    results.parent.mkdir(parents=True, exist_ok=True)
+    with writing(results.parent, "the results folder"):
+        results.parent.mkdir(parents=True, exist_ok=True)
     _drop_partial_line(results)
     try:
         for start in range(0, len(todo), step):
@@ -260,8 +264,8 @@ def run_environment(generator, tokenizer, env_cfg, factory, tasks: int, results:
                 done[record["id"]] = record
                 running.append(record["greedy"]["success"] if greedy else
                                float(np.mean([e["success"] for e in record["episodes"]])))
-            with results.open("a") as handle:  # one write per batch: an interruption loses at most this batch
-                handle.write("".join(json.dumps(r) + "\n" for r in batch))
+            # one write per batch: an interruption loses at most this batch (a line cut short is dropped on resume)
+            append_text(results, "".join(json.dumps(r) + "\n" for r in batch), f"the records of {len(batch)} tasks")
             bar.update(len(batch), len(batch) * (n + int(greedy)), "greedy success" if greedy else "success",
                        float(np.mean(running)))
     finally:
@@ -426,12 +430,12 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
         "benchmarks": {name: summarize(by_role, cfg.metrics, per_task_values if environment else per_problem_values)
                        for name, by_role in records.items()},
     }
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2), "the evaluation summary (summary.json)")
     console = Console(record=True, width=160)
     console.print(render_table(summary, labels, float(cfg.metrics.confidence)))
     for line in support_lines(summary, labels):
         console.print(line)
-    (out_dir / "summary.txt").write_text(console.export_text())
+    atomic_write_text(out_dir / "summary.txt", console.export_text(), "the evaluation summary (summary.txt)")
     if cfg.plot:
         plot_pass_at_k(summary, labels, out_dir / "plots" / "pass_at_k.png")
     log.info("results: %s", out_dir)

@@ -16,6 +16,7 @@ from rlx.evaluation.metrics import (
     pass_at_k,
     solved_set_changes,
 )
+from rlx.runtime.storage import writing
 
 
 def per_problem_values(records: list[dict], ks: list[int], threshold: float) -> dict[str, np.ndarray]:
@@ -181,8 +182,12 @@ def plot_pass_at_k(summary: dict, labels: dict[str, str], path: Path) -> Path | 
         ax.set_title(bench)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    try:
+        with writing(path, "the pass@k plot", partial=path, optional="plots"):  # optional: summary.json holds the numbers
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fig.savefig(path, dpi=100)
+            return path
+    finally:
+        plt.close(fig)
+    return None
