@@ -5,9 +5,11 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
+# no mkdocs-material end-of-life banner on every docs build
+export NO_MKDOCS_2_WARNING ?= 1
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-slow test-gpu test-vllm bench-scale bench-growth lint tiny-model tiny-agent-model clean reproduce bench-algorithms bench readme-commands
+.PHONY: help install train test test-slow test-gpu test-vllm bench-scale bench-growth lint tiny-model tiny-agent-model clean reproduce bench-algorithms bench readme-commands docs docs-serve
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -20,7 +22,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## Create the virtual environment (.venv) and install rlx with dev extras
 
-train: $(STAMP) ## Run the default training (GRPO on the built-in tiny model, CPU, ~2 min)
+train: $(STAMP) ## Run the default training (GRPO on the built-in tiny model, CPU: ~2 min on one thread, after the install)
 	$(VENV)/bin/rlx train $(ARGS)
 
 test: $(STAMP) ## Run the test suite (offline, CPU)
@@ -81,11 +83,17 @@ tiny-agent-model: $(STAMP) ## Rebuild the agent warm start (recipe tiny_agent_sf
 	$(VENV)/bin/rlx train tiny_agent_sft name=tiny_agent_sft_build hydra.run.dir=outputs/tiny_agent_sft_build
 	rm -rf rlx/models/assets/tiny_agent && cp -r outputs/tiny_agent_sft_build/final rlx/models/assets/tiny_agent
 
-reproduce: $(STAMP) ## Run every CPU-scale recipe (*_tiny) on 3 seeds, check the expected numbers (exit 1 if off; ARGS=--update-readme writes the table)
+reproduce: $(STAMP) ## Run every CPU-scale recipe (*_tiny) on 3 seeds, check the expected numbers (exit 1 if off; ARGS=--update-results writes benchmarks/results/recipes_tiny.json)
 	$(VENV)/bin/rlx recipes reproduce $(ARGS)
 
-readme-commands: $(STAMP) ## Run every README command on a fresh clone, trainings shortened, report failures (CPU, ~30 min)
+readme-commands: $(STAMP) ## Run every command of README.md and docs/*.md on a fresh clone, trainings shortened (CPU, ~8 min on 2 cores)
 	$(PY) scripts/readme_commands.py $(ARGS)
 
-clean: ## Remove caches (keeps .venv and outputs/)
-	rm -rf .pytest_cache .ruff_cache $$(find . -name __pycache__ -not -path './.venv/*')
+docs: $(STAMP) ## Build the docs site into site/ (mkdocs build --strict: a broken link, anchor or missing page fails)
+	$(VENV)/bin/mkdocs build --strict
+
+docs-serve: $(STAMP) ## Serve the docs at http://127.0.0.1:8000 while editing them
+	$(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
+
+clean: ## Remove caches and the built docs (keeps .venv and outputs/)
+	rm -rf .pytest_cache .ruff_cache site $$(find . -name __pycache__ -not -path './.venv/*')

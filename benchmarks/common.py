@@ -103,6 +103,24 @@ def median(values):
     return statistics.median(values) if values else float("nan")
 
 
+def machine_summary() -> str:
+    """The machine a result was measured on: CPU model and cores (and the GPU, when one is visible)."""
+    import platform
+
+    cpuinfo = Path("/proc/cpuinfo")
+    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                  if line.startswith("model name")), "") if cpuinfo.is_file() else ""
+    text = f"{os.cpu_count()} CPU cores ({model or platform.processor() or platform.machine()})"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            text += f", {torch.cuda.get_device_name(0)}"
+    except ImportError:
+        pass
+    return text
+
+
 def load_summary() -> str:
     """One line on how busy the machine was (the numbers are inflated by contention)."""
     load1, load5, _ = os.getloadavg()

@@ -32,6 +32,7 @@ from benchmarks.common import (  # noqa: E402
     TINY,
     large_vocab_model,
     load_summary,
+    machine_summary,
     median,
     run_child,
     table,
@@ -395,7 +396,11 @@ def main() -> None:
                                                 "runs": runs,
                                                 "matmul_gflops": rate, "threads": args.threads, "device": args.device,
                                                 "lora": args.lora, "kl": args.kl, "vllm": args.vllm, "rounds": args.rounds,
-                                                "steps": args.steps, "load": load_summary()}, indent=1) + "\n")
+                                                "steps": args.steps, "load": load_summary(),
+                                                # provenance for the docs' results page (scripts/docs_hooks.py)
+                                                "date": time.strftime("%Y-%m-%d"), "machine": machine_summary(),
+                                                "command": "python benchmarks/grpo_vs_trl.py " + " ".join(sys.argv[1:])},
+                                               indent=1) + "\n")
     print()
     print(f"GRPO, medians (and the quickest step) of {args.rounds} alternating runs x {args.steps} timed steps after "
           f"{args.warmup} warm-up; "

@@ -4,17 +4,20 @@
     result = rlx.fit(overrides=["steps=2"], rewards=[my_reward])   # -> RunResult(run_dir, metrics)
     rlx.evaluate(overrides=[f"run={result.run_dir}"])
 
+    @rlx.register("advantage", "my_mean")                           # a plugin's entry (docs/extending/plugins.md)
+    def my_mean(rewards, group_size, scale, eps, **knobs): ...
+
 The Python entry points load lazily, so `import rlx` (and `rlx --version`) stays fast.
 """
 
-__version__ = "0.1.0"
+from rlx.version import __version__
 
-__all__ = ["__version__", "fit", "evaluate"]
+__all__ = ["__version__", "fit", "evaluate", "register"]
 
 
 def __getattr__(name: str):
-    if name in ("fit", "evaluate", "RunResult"):
-        from rlx import api
+    if name in ("fit", "evaluate", "register", "RunResult"):
+        import rlx.api
 
-        return getattr(api, name)
+        return getattr(rlx.api, name)
     raise AttributeError(f"module 'rlx' has no attribute {name!r}")

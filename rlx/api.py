@@ -9,11 +9,17 @@
     result.run_dir, result.metrics["eval/accuracy"]
     rlx.evaluate([f"run={result.run_dir}", "limit=50"]).metrics
 
+    @rlx.register("advantage", "my_mean")     # in a module named by plugins=[...]
+    def my_mean(rewards, group_size, scale, eps, **knobs): ...
+
 `fit` runs `rlx train` with the overrides in this process (Hydra composes the config, the run directory
 is the usual outputs/train/<time>_<name>) and returns the run directory and the final metrics.
 `rewards` are Python callables (or {name: callable} / {name: (callable, weight)}) that replace the
 configured reward components; the first one is reported as accuracy unless reward.accuracy is given.
 Bad input raises `rlx.config.UserError` with the one-line message the command line prints.
+`register(kind, name)` adds a function or class to one of rlx's registries (rlx/config/registries.py: KINDS);
+the module that does so is named in the config's `plugins: [...]`, which `fit` and `evaluate` import before
+they check the config (docs/extending/plugins.md).
 """
 
 from __future__ import annotations
@@ -151,3 +157,18 @@ def evaluate(overrides: Iterable[str] = ()) -> RunResult:
     _run_cli(["eval", *overrides, f"hydra.run.dir={out_dir}"])
     summary = out_dir / "summary.json"
     return RunResult(out_dir.resolve(), json.loads(summary.read_text()) if summary.is_file() else {})
+
+
+def register(kind: str, name: str, **options) -> Callable:
+    """Decorator adding the decorated function or class to the registry of `kind` under `name`:
+
+        @rlx.register("advantage", "my_mean")
+        def my_mean(rewards, group_size, scale, eps, **knobs): ...
+
+    kinds: advantage, scale, credit, loss_agg, kl_estimator, verifier, env, reward_shaper, advantage_transform,
+    ... (rlx/config/registries.py KINDS: each kind's config key and contract; an unknown kind raises one line
+    listing them). verifier takes options: extract=fn(completion, problem) and needs=(columns).
+    A name that is taken (a built-in or another plugin's) is refused."""
+    from rlx.config.registries import register as register_in
+
+    return register_in(kind, name, **options)

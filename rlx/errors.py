@@ -1,7 +1,11 @@
 """The error types every module raises, in one leaf module (it imports nothing from rlx).
 
-Each maps to one `error:` line and an exit code at the command line (rlx/cli/train.py EXIT_CODES):
-UserError, RunInUse -> 2 (the user's command or config); the others -> 1 (a fault met while running).
+Each maps to one `error:` line and an exit code at the command line (rlx/cli/train.py `known`):
+    0    the run finished (or had nothing left to do)
+    1    a fault met while running: RewardError, NonFiniteError, CheckpointDamaged, EpisodesFailed, a worker that died
+    2    the user's command or config: UserError, RunInUse
+    3    storage: StorageError (a full disk, a quota, a read-only file system, a permission or device error)
+    130  stopped by Ctrl-C / SIGTERM after writing a checkpoint (TrainingInterrupted)
 """
 
 from __future__ import annotations
@@ -57,8 +61,40 @@ class NonFiniteError(Exception):
         self.what, self.value, self.step = what, value, step
 
 
-class CheckpointWriteError(Exception):
-    """Writing a checkpoint failed (e.g. disk full); the partial folder is removed, earlier checkpoints stay."""
+class StorageError(Exception):
+    """A write met a full disk (ENOSPC), a quota (EDQUOT), a read-only file system (EROFS), a permission error
+    (EACCES, EPERM) or a failing device (EIO): exit code 3. Raised by rlx/runtime/storage.py `writing`, which
+    fills in what was being written and where; the command-line front adds what survived (`survived`) and the
+    command that continues (`command`). str() is one line."""
+
+    def __init__(self, code: int, path, what: str, reason: str, advice: str, done: str = ""):
+        super().__init__(code, str(path), what)
+        self.errno, self.path, self.what, self.reason, self.advice, self.done = code, str(path), what, reason, advice, done
+        self.survived = ""  # e.g. "earlier checkpoints are intact: resume continues from step 40 (...)"
+        self.command = ""  # e.g. "rlx train resume=<run>"
+
+    def __str__(self) -> str:
+        parts = [f"{self.reason} while writing {self.what} to {self.path}" + (f" ({self.done})" if self.done else "")]
+        if self.survived:
+            parts.append(self.survived)
+        parts.append(self.advice + (f", then run: {self.command}" if self.command else ""))
+        return "; ".join(parts)
+
+
+CheckpointWriteError = StorageError  # its name before issue 31 (a failed checkpoint write is a storage fault)
+
+
+class EpisodesFailed(Exception):
+    """Every episode of `env.stop_after_failed_steps` consecutive training steps ended in an environment error:
+    nothing is left to learn from (exit code 1). The front adds `survived` and `command` as for StorageError."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message, self.survived, self.command = message, "", ""
+
+    def __str__(self) -> str:
+        tail = "; ".join(p for p in (self.survived, f"then run: {self.command}" if self.command else "") if p)
+        return self.message + (f"; {tail}" if tail else "")
 
 
 class CheckpointDamaged(Exception):

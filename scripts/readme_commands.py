@@ -1,8 +1,12 @@
-"""Run every command of the README's ```bash blocks on a fresh clone and report which fail.
+"""Run every command of the ```bash blocks of README.md and docs/**/*.md on a fresh clone; report which fail.
 
-    python scripts/readme_commands.py                 # every runnable command, trainings shortened (~15-30 min on CPU)
+    python scripts/readme_commands.py                 # every runnable command, trainings shortened (~8 min on 2 cores)
     python scripts/readme_commands.py --quick         # only commands that do not train (seconds; run by `make test`)
     python scripts/readme_commands.py --list          # how each command would be run, without running it
+
+Besides the ```bash blocks, every transcript in another block (a `$ rlx ...` line followed by the `error: ...`
+line it prints, `...` matching any text) is run and its error line compared; transcripts never train, so
+--quick runs them too. A block right after a line `<!-- docs-check: skip (why) -->` is left out.
 
 The clone is `git clone` of this checkout's HEAD into a temporary folder; each `rlx ...` runs there as
 `python -m rlx ...` with the clone first on PYTHONPATH, from an empty working folder, offline. Commands
@@ -51,21 +55,57 @@ if importlib.util.find_spec("deepspeed") is None:
 QUICK = re.compile(r"^rlx (--help|--version|recipes( show \S+)?$|train --help|train --cfg job|\w+ --help)")
 
 
+SKIP_MARK = "<!-- docs-check: skip"
+BLOCK = re.compile(r"^(?P<skip><!-- docs-check: skip[^\n]*-->\n)?```(?P<lang>[\w-]*)\n(?P<body>.*?)^```", re.DOTALL | re.MULTILINE)
+
+
+def doc_files(repo: Path = REPO) -> list[Path]:
+    """README.md, then every Markdown page of docs/ (sorted): the files whose commands are checked."""
+    return [repo / "README.md", *sorted((repo / "docs").rglob("*.md"))]
+
+
+def code_blocks(page: Path) -> list[tuple[str, str]]:
+    """(language, text) of every fenced code block of a page, except those marked docs-check: skip."""
+    return [(m["lang"], m["body"]) for m in BLOCK.finditer(page.read_text()) if not m["skip"]]
+
+
+def transcripts(page: Path) -> list[tuple[str, str]]:
+    """(command, expected error line) of every `$ rlx ...` line followed by an `error:` line, outside bash blocks."""
+    found = []
+    for lang, body in code_blocks(page):
+        if lang == "bash":
+            continue
+        lines = body.splitlines()
+        for i, line in enumerate(lines):
+            if line.startswith("$ rlx ") and i + 1 < len(lines) and lines[i + 1].startswith("error: "):
+                found.append((line[2:].strip(), lines[i + 1].strip()))
+    return found
+
+
+def error_matches(expected: str, stderr: str) -> bool:
+    """Does a line of stderr equal the expected error line, `...` in it matching any text?"""
+    pattern = ".*?".join(re.escape(part) for part in expected.split("..."))
+    return any(re.fullmatch(pattern, line.strip()) for line in stderr.splitlines())
+
+
+def command_lines(block: str) -> list[str]:
+    """The lines of a code block as commands: continuation lines joined, comments and empty lines dropped."""
+    commands, pending = [], ""
+    for raw in block.splitlines():
+        line = raw.split(" #", 1)[0].rstrip() if not raw.lstrip().startswith("#") else ""
+        if not line.strip():
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1].strip() + " "
+            continue
+        commands.append((pending + line.strip()).strip())
+        pending = ""
+    return commands
+
+
 def readme_commands(readme: Path) -> list[str]:
     """Command lines of the ```bash blocks, continuation lines joined, comments dropped."""
-    commands = []
-    for block in re.findall(r"```bash\n(.*?)```", readme.read_text(), re.DOTALL):
-        pending = ""
-        for raw in block.splitlines():
-            line = raw.split(" #", 1)[0].rstrip() if not raw.lstrip().startswith("#") else ""
-            if not line.strip():
-                continue
-            if line.endswith("\\"):
-                pending += line[:-1].strip() + " "
-                continue
-            commands.append((pending + line.strip()).strip())
-            pending = ""
-    return commands
+    return [command for lang, body in code_blocks(readme) if lang == "bash" for command in command_lines(body)]
 
 
 def _with(args: list[str], settings: dict) -> list[str]:
@@ -155,6 +195,21 @@ class Runner:
         return "ok", took, " ".join(args[1:])[:160]
 
 
+    def transcript(self, command: str, expected: str) -> tuple[str, float, str]:
+        """Run a documented failing command as typed; ok when its stderr has the documented error line."""
+        start = time.perf_counter()
+        try:
+            result = subprocess.run([sys.executable, "-m", "rlx", *shlex.split(command)[1:]], cwd=self.work, env=self.env,
+                                    capture_output=True, text=True, timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            return "FAIL", time.perf_counter() - start, f"timed out after {self.timeout} s"
+        took = time.perf_counter() - start
+        if result.returncode == 0 or not error_matches(expected, result.stderr):
+            last = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
+            return "FAIL", took, f"exit {result.returncode}: printed {last[:200]!r}, the docs show {expected!r}"
+        return "ok", took, expected
+
+
 def prepare_files(work: Path) -> None:
     rows = [{"question": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(8) for b in range(8)]
     (work / "my.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -171,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     opts = parser.parse_args(argv)
 
-    commands = readme_commands(opts.repo / "README.md")
+    commands = list(dict.fromkeys(c for page in doc_files(opts.repo) for c in readme_commands(page)))
+    checks = list(dict.fromkeys(t for page in doc_files(opts.repo) for t in transcripts(page)))
     tmp = Path(tempfile.mkdtemp(prefix="rlx_readme_"))
     clone, work = tmp / "rlx", tmp / "work"
     subprocess.run(["git", "clone", "--quiet", str(opts.repo), str(clone)], check=True)
@@ -179,6 +235,13 @@ def main(argv: list[str] | None = None) -> int:
     prepare_files(work)
     runner = Runner(clone, work, opts.timeout)
     results, deferred = [], []
+    for command, expected in checks:  # transcripts first: they need no earlier output and never train
+        if opts.list:
+            results.append(("plan", 0.0, command, f"expects: {expected}"))
+            continue
+        status, took, detail = runner.transcript(command, expected)
+        results.append((status, took, command, detail))
+        print(f"{status:4} {took:6.1f}s  $ {command}" + (f"\n            {detail}" if status == "FAIL" else ""), flush=True)
     for command in commands + [None]:
         if command is None:  # second pass: commands whose placeholders needed a later command's output
             if not deferred:
@@ -215,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append((status, took, command, detail))
         print(f"{status:4} {took:6.1f}s  {command}" + (f"\n            {detail}" if status == "FAIL" else ""), flush=True)
     failed = [r for r in results if r[0] == "FAIL"]
-    print(f"\n{len(results)} README commands: {sum(r[0] == 'ok' for r in results)} ok, {len(failed)} failed, "
+    print(f"\n{len(results)} docs commands: {sum(r[0] == 'ok' for r in results)} ok, {len(failed)} failed, "
           f"{sum(r[0] == 'skip' for r in results)} skipped")
     for status, _, command, detail in results:
         if status in ("skip", "plan"):

@@ -1,4 +1,4 @@
-"""The Python API: rlx.fit / rlx.evaluate return directories and metrics; the README's example runs."""
+"""The Python API: rlx.fit / rlx.evaluate return directories and metrics; the example of docs/concepts.md runs."""
 
 import re
 
@@ -10,7 +10,7 @@ from tests.conftest import REPO
 
 
 def _readme_example() -> str:
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "concepts.md").read_text()
     block = text.split("<!-- PYTHON_API_EXAMPLE -->", 1)[1]
     return re.search(r"```python\n(.*?)```", block, re.DOTALL).group(1)
 
@@ -19,7 +19,7 @@ def test_readme_python_example_runs_verbatim(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RLX_OUTPUTS", str(tmp_path / "outputs"))
     namespace = {}
-    exec(compile(_readme_example(), "README.md", "exec"), namespace)
+    exec(compile(_readme_example(), "docs/concepts.md", "exec"), namespace)
     run, report = namespace["run"], namespace["report"]
     assert run.run_dir.parent == (tmp_path / "outputs" / "train").resolve()
     assert (run.run_dir / "final" / "model.safetensors").is_file()

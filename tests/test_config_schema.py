@@ -1,5 +1,6 @@
 """Every knob is type- and range-checked up front against the typed schema of its group, with its name
-(issues 15 and 17): rlx/config/schema.py declares each knob once, YAML holds its default and comment."""
+(issues 15 and 17): rlx/config/schema.py, groups.py and families.py declare each knob once, YAML holds its default and
+comment."""
 
 import dataclasses
 import typing
@@ -67,7 +68,7 @@ def _used_fields(node: DictConfig, schema: type, used: set, prefix: str = "") ->
     known = schema_fields(schema)
     for key in map(str, node.keys()):  # missing values (`???`, e.g. data.train_path) too
         if prefix or key != "hydra":
-            assert key in known, f"{prefix}{key} has no field in rlx/config/schema.py ({schema.__name__})"
+            assert key in known, f"{prefix}{key} has no field in rlx/config/ (schema.py, groups.py, families.py: {schema.__name__})"
             used.add((schema, key))
     for key, value in _present(node):
         if not prefix and key == "hydra":
@@ -98,7 +99,7 @@ def _all_schemas() -> set:
 
 
 def test_every_shipped_yaml_key_has_a_schema_field_and_every_field_a_key():
-    """A new knob cannot skip typing (its key fails here until rlx/config/schema.py declares it), and a
+    """A new knob cannot skip typing (its key fails here until a dataclass in rlx/config/ declares it), and a
     removed one cannot leave a stale field. Groups are composed in each primary config they belong to."""
     assert set(config_groups()) - {"recipes"} <= {g for groups in PRIMARY.values() for g in groups}
     used = set()
@@ -167,7 +168,8 @@ def test_a_ppo_knob_given_to_grpo_is_one_line_naming_ppo(capsys):
 
 def test_the_registries_and_the_schema_name_the_same_choices():
     from rlx.build import LOOPS
-    from rlx.config import schema
+    from rlx.config import groups as schema  # the fixed sets of names (rlx/config/groups.py)
+    from rlx.config.families import ALGORITHMS
     from rlx.data.preferences import LAYOUTS, ON_INVALID, PAIR_SOURCES, TRUNCATION_MODES
     from rlx.models.loading import DTYPES
     from rlx.rollout.backends import ROLLOUT_BACKENDS
@@ -178,7 +180,7 @@ def test_the_registries_and_the_schema_name_the_same_choices():
     def names(e):
         return [m.value for m in e]
 
-    assert sorted(schema.ALGORITHMS) == sorted(LOOPS) and list(schema.ROLLOUTS) == list(ROLLOUT_BACKENDS)
+    assert sorted(ALGORITHMS) == sorted(LOOPS) and list(schema.ROLLOUTS) == list(ROLLOUT_BACKENDS)
     assert names(schema.Schedule) == list(SCHEDULES) and names(schema.DType) == list(DTYPES)
     assert names(schema.Sampler) == list(SAMPLERS) and names(schema.Seeding) == list(SEEDING)
     assert names(schema.PairSource) == list(PAIR_SOURCES) and names(schema.PairLayout) == list(LAYOUTS)

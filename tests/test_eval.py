@@ -12,7 +12,8 @@ from rlx.config.overrides import check_overrides
 from rlx.config.paths import ASSETS_DIR
 from rlx.errors import UserError
 from rlx.evaluation.benchmarks import Benchmark, code_completion, qa_problems
-from rlx.evaluation.runner import evaluate, per_problem_values, read_records, summarize
+from rlx.evaluation.runner import evaluate, read_records
+from rlx.evaluation.summary import per_problem_values, summarize
 from tests.conftest import only_run_dir, run_rlx
 
 

@@ -325,8 +325,9 @@ def test_the_examples_learn(tmp_path, recipe, overrides, floor):
 
 
 def test_every_environment_name_has_a_schema_and_harness_knobs_are_named_as_such(capsys):
+    from rlx.config.groups import ENVS, Env, HarnessEnv
     from rlx.config.overrides import check_overrides
-    from rlx.config.schema import ENVS, Env, HarnessEnv, check_config
+    from rlx.config.schema import check_config
     from rlx.envs import ENVIRONMENTS
 
     assert set(ENVS) == {*ENVIRONMENTS, "custom", "harness"} and ENVS["harness"] is HarnessEnv and ENVS["grid"] is Env

@@ -32,7 +32,7 @@ def test_run_plot_has_a_panel_per_signal(tmp_path):
 
 
 def test_eval_plot_adds_the_paired_difference_row(tmp_path):
-    from rlx.evaluation.runner import plot_pass_at_k
+    from rlx.evaluation.summary import plot_pass_at_k
 
     entry = {"value": 0.5, "low": 0.4, "high": 0.6}
     result = {"model": {"pass@1": entry, "pass@2": entry}, "compare": {"pass@1": entry, "pass@2": entry}}
@@ -46,7 +46,7 @@ def test_eval_plot_adds_the_paired_difference_row(tmp_path):
 def test_eval_plot_labels_k_plainly_and_names_both_models(tmp_path, monkeypatch):
     import matplotlib.figure
 
-    from rlx.evaluation.runner import plot_pass_at_k
+    from rlx.evaluation.summary import plot_pass_at_k
 
     entry = {"value": 0.5, "low": 0.4, "high": 0.6}
     result = {"model": {"pass@1": entry, "pass@4": entry}, "compare": {"pass@1": entry, "pass@4": entry},

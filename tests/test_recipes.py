@@ -17,7 +17,7 @@ from rlx.cli.recipes import (
     header,
     recipe_names,
     table_markdown,
-    write_readme_table,
+    write_results_table,
 )
 from rlx.config.overrides import check_overrides
 from rlx.config.paths import RECIPES_DIR
@@ -98,7 +98,7 @@ def test_recipe_runs_one_step(name, one_step_runs):
     assert rows[-1]["step"] == 1 and "train/loss" in rows[-1]
 
 
-def test_reproduce_compares_with_tolerance_and_writes_readme_block(tmp_path):
+def test_reproduce_compares_with_tolerance_and_writes_the_results_table(tmp_path):
     spec = {"metric": "eval/accuracy", "value": 0.6, "tolerance": 0.05}
     # mean of (0.5, 0.6, 0.7) = 0.6, sample std = sqrt((0.01 + 0 + 0.01) / 2) = 0.1
     ok = compare([0.5, 0.6, 0.7], spec)
@@ -109,11 +109,18 @@ def test_reproduce_compares_with_tolerance_and_writes_readme_block(tmp_path):
     ok["recipe"] = "grpo_tiny"
     table = table_markdown([ok], 3)
     assert "| grpo_tiny | eval/accuracy | 0.60 ± 0.05 | 0.600 ± 0.100 |" in table
-    readme = tmp_path / "README.md"
-    readme.write_text("intro\n<!-- REPRODUCE_START -->\nold\n<!-- REPRODUCE_END -->\nrest\n")
-    assert write_readme_table(table, readme)
-    text = readme.read_text()
-    assert "old" not in text and "| grpo_tiny |" in text and text.endswith("<!-- REPRODUCE_END -->\nrest\n")
+    # the results file keeps only current figures: grpo_tiny's old row goes, dpo_tiny's stays under its own date
+    results = tmp_path / "recipes_tiny.json"
+    old = {"caption": "old", "date": "2026-01-01", "machine": "m", "load": "l", "command": "c", "columns": ["recipe"],
+           "rows": [["grpo_tiny"], ["dpo_tiny"]]}
+    gone = {**old, "rows": [["grpo_tiny"]]}
+    results.write_text(json.dumps({"title": "t", "section": "s", "tables": [old, gone]}))
+    assert write_results_table([ok], 3, "rlx recipes reproduce grpo_tiny", results, date="2026-11-25")
+    tables = json.loads(results.read_text())["tables"]
+    assert [t["rows"] for t in tables] == [[["grpo_tiny", "eval/accuracy", "0.60 ± 0.05", "0.600 ± 0.100",
+                                             tables[0]["rows"][0][4], "ok"]], [["dpo_tiny"]]]
+    assert tables[0]["date"] == "2026-11-25" and tables[0]["command"] == "rlx recipes reproduce grpo_tiny"
+    assert tables[0]["machine"] and tables[0]["load"].startswith("load average") and tables[1]["date"] == "2026-01-01"
 
 
 def test_recipes_list_and_show(tmp_path):
@@ -144,10 +151,10 @@ def test_reproduce_command_runs_a_recipe_and_reports(tmp_path):
 
 
 @pytest.mark.parametrize("values, code", [((0.1, 0.12), 1), (None, 0)])
-def test_reproduce_exit_code_follows_the_tolerance_and_leaves_the_readme_alone(tmp_path, values, code):
+def test_reproduce_exit_code_follows_the_tolerance_and_leaves_the_results_alone(tmp_path, values, code):
     """Finished seeds are reused (--reuse), so this checks the verdict without training: far from the
-    expected value -> exit 1 naming the recipe; at the expected value -> 0. README.md is never written
-    without --update-readme."""
+    expected value -> exit 1 naming the recipe; at the expected value -> 0. The results file is never written
+    without --update-results."""
     from tests.conftest import REPO
 
     spec = expected("grpo_tiny")
@@ -157,10 +164,11 @@ def test_reproduce_exit_code_follows_the_tolerance_and_leaves_the_readme_alone(t
         trial = out / "grpo_tiny" / str(seed)
         (trial / ".hydra").mkdir(parents=True)
         (trial / "result.json").write_text(json.dumps({"status": "ok", "metrics": {spec["metric"]: value}}))
-    readme = (REPO / "README.md").read_bytes()
+    results = (REPO / "benchmarks" / "results" / "recipes_tiny.json").read_bytes()
     result = run_rlx(["recipes", "reproduce", "grpo_tiny", "--seeds", "2", "--out", str(out), "--reuse"], tmp_path,
                      timeout=120)
     assert result.returncode == code, result.stderr
     if code:
         assert result.stderr.strip() == "error: 1 of 1 recipes outside their tolerance or failed: grpo_tiny"
-    assert (REPO / "README.md").read_bytes() == readme and (out / "reproduce.md").is_file()
+    assert (REPO / "benchmarks" / "results" / "recipes_tiny.json").read_bytes() == results
+    assert (out / "reproduce.md").is_file()

@@ -13,8 +13,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from rlx.errors import CheckpointDamaged, CheckpointWriteError, NonFiniteError, RunInUse
-from rlx.runtime.checkpoint import Checkpointer, list_checkpoints, truncate_metrics
+from rlx.errors import CheckpointDamaged, NonFiniteError, RunInUse, StorageError
+from rlx.runtime.checkpoint import Checkpointer, list_checkpoints, truncate_metrics, what_survived
 from rlx.runtime.optim import optimizer_step
 from rlx.runtime.rundir import MetricsLog, RunLock, read_metrics
 from tests.conftest import only_run_dir, run_rlx
@@ -278,11 +278,12 @@ def test_disk_full_while_checkpointing_removes_the_partial_folder_and_keeps_earl
 
     acc.save_state = full_disk
     _step(model, optimizer)
-    with pytest.raises(CheckpointWriteError) as info:
+    with pytest.raises(StorageError) as info:
         ckpt.step_done(2)
+    info.value.survived, info.value.command = what_survived(tmp_path, 10), f"rlx train resume={tmp_path}"  # as rlx train
     message = str(info.value)
-    assert "No space left on device" in message and f"rlx train resume={tmp_path}" in message
-    assert "latest: step 1" in message and "\n" not in message
+    assert "no space left on the device (ENOSPC)" in message and f"rlx train resume={tmp_path}" in message
+    assert "checkpoint of step 2" in message and "resume continues from step 1" in message and "\n" not in message
     assert [s for s, _ in list_checkpoints(tmp_path)] == [1]
     assert not list((tmp_path / "checkpoints").glob(".tmp-*"))
     assert _snapshot(tmp_path / "checkpoints") == earlier

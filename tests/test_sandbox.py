@@ -21,8 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from rlx.tasks import sandbox
-from rlx.tasks.sandbox import check_program, run_code, run_many
+from rlx.sandbox import SANDBOX_UIDS, check_program, run_code, run_many
+from rlx.sandbox import cgroup as sandbox_cgroup
+from rlx.sandbox.cgroup import Cgroup
+from rlx.sandbox.uids import UID_POOL
 
 IS_ROOT = os.geteuid() == 0
 FAST = {"timeout_s": 1.5, "memory_mb": 256}
@@ -80,14 +82,14 @@ samples are none of our business."""
 
 @pytest.fixture(autouse=True)
 def _record_leased_uids(monkeypatch):
-    acquire = sandbox._UID_POOL.acquire
+    acquire = UID_POOL.acquire
 
     def recording_acquire():
         lease = acquire()
         LEASED_UIDS.add(lease.uid)
         return lease
 
-    monkeypatch.setattr(sandbox._UID_POOL, "acquire", recording_acquire)
+    monkeypatch.setattr(UID_POOL, "acquire", recording_acquire)
 
 
 def _live_sandbox_processes() -> list[int]:
@@ -97,7 +99,7 @@ def _live_sandbox_processes() -> list[int]:
     empty), so it is skipped."""
     pids = []
     for uid in sorted(LEASED_UIDS):
-        lock_fd = sandbox._UID_POOL._try_lock(uid)
+        lock_fd = UID_POOL._try_lock(uid)
         if lock_fd is None:
             continue
         try:
@@ -421,15 +423,15 @@ def test_opening_files_without_end_fails(sentinel, mode):
 @pytest.fixture
 def cgroup_here(default_isolation):
     if "cgroup" not in default_isolation:
-        pytest.skip(f"no writable cgroup here ({sandbox._Cgroup.unavailable}); the fallback is tested below")
+        pytest.skip(f"no writable cgroup here ({Cgroup.unavailable}); the fallback is tested below")
 
 
 def _our_cgroups() -> list[str]:
     """Group directories this test process made that still exist."""
-    if not sandbox._Cgroup._backend:
+    if not Cgroup._backend:
         return []
     prefix = f"rlx-sandbox-{os.getpid()}-"
-    return [os.path.join(parent, name) for parent in sandbox._Cgroup._backend[1]
+    return [os.path.join(parent, name) for parent in Cgroup._backend[1]
             for name in os.listdir(parent) if name.startswith(prefix)]
 
 
@@ -465,8 +467,8 @@ def test_memory_hog_across_processes_is_stopped(sentinel, mode, cgroup_here):
 
 def test_process_bound_of_the_cgroup(sentinel, mode, cgroup_here, monkeypatch):
     # The cgroup alone bounds processes: RLIMIT_NPROC is left at 64, pids.max set to 8.
-    create = sandbox._Cgroup.create
-    monkeypatch.setattr(sandbox._Cgroup, "create", lambda memory, pids: create(memory, 8))
+    create = Cgroup.create
+    monkeypatch.setattr(Cgroup, "create", lambda memory, pids: create(memory, 8))
     code = (
         "import os, time\ncount = 0\nwhile True:\n    try:\n        pid = os.fork()\n"
         "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n"
@@ -483,9 +485,9 @@ def test_process_bound_of_the_cgroup(sentinel, mode, cgroup_here, monkeypatch):
 @pytest.fixture
 def no_cgroup_backend(monkeypatch):
     """A machine where no cgroup can be written: a fresh process that has not warned yet."""
-    monkeypatch.setattr(sandbox._Cgroup, "_backend", False)
-    monkeypatch.setattr(sandbox._Cgroup, "unavailable", "cgroup2: not writable (test)")
-    monkeypatch.setattr(sandbox, "_WARNED_NO_CGROUP", [])
+    monkeypatch.setattr(Cgroup, "_backend", False)
+    monkeypatch.setattr(Cgroup, "unavailable", "cgroup2: not writable (test)")
+    monkeypatch.setattr(sandbox_cgroup, "_WARNED_NO_CGROUP", [])
 
 
 def test_without_a_cgroup_runs_warn_once_and_keep_the_rlimits(sentinel, no_cgroup_backend):
@@ -499,7 +501,7 @@ def test_without_a_cgroup_runs_warn_once_and_keep_the_rlimits(sentinel, no_cgrou
 
 
 def test_a_cgroup_the_launcher_cannot_join_falls_back_with_the_reason(sentinel, monkeypatch):
-    monkeypatch.setattr(sandbox, "_WARNED_NO_CGROUP", [])
+    monkeypatch.setattr(sandbox_cgroup, "_WARNED_NO_CGROUP", [])
 
     class Unjoinable:
         join_error = ""
@@ -510,7 +512,7 @@ def test_a_cgroup_the_launcher_cannot_join_falls_back_with_the_reason(sentinel, 
         def remove(self):
             pass
 
-    monkeypatch.setattr(sandbox._Cgroup, "create", lambda memory, pids: Unjoinable())
+    monkeypatch.setattr(Cgroup, "create", lambda memory, pids: Unjoinable())
     with pytest.warns(RuntimeWarning, match="could not join /nonexistent-rlx-cgroup/cgroup.procs"):
         result = run_code("print('ok')")
     assert result.passed and "cgroup" not in result.isolation
@@ -568,7 +570,7 @@ def test_run_many_keeps_order_and_isolates_concurrent_samples(sentinel, mode):
     assert all(r.status == "passed" for r in results[1:]), [r.stderr for r in results]
     assert [int(out[0]) for out in outputs] == list(range(5))
     if IS_ROOT:
-        assert all(int(out[1]) in sandbox.SANDBOX_UIDS for out in outputs)
+        assert all(int(out[1]) in SANDBOX_UIDS for out in outputs)
     _assert_contained(sentinel, mode)
 
 
@@ -577,7 +579,7 @@ def test_containment_checks_ignore_samples_of_other_processes(sentinel, tmp_path
     # Another process on the machine (a parallel test run, a training run) has a sample running
     # under a sample uid while this test checks that nothing of its own was left behind.
     script = tmp_path / "other.py"
-    script.write_text("import sys\nfrom rlx.tasks.sandbox import run_code\n"
+    script.write_text("import sys\nfrom rlx.sandbox import run_code\n"
                       "run_code('import time\\ntime.sleep(60)', timeout_s=60, namespaces=False, "
                       "interpreter=sys.argv[1])\n")
     other = subprocess.Popen([sys.executable, str(script), _world_runnable_python() or sys.executable],
@@ -591,7 +593,7 @@ def test_containment_checks_ignore_samples_of_other_processes(sentinel, tmp_path
 
     try:
         # wait until the other process's sample runs (launcher -> sample; bounded by the test's timeout)
-        while not [pid for pid in _live_processes(set(sandbox.SANDBOX_UIDS)) if parent(parent(pid)) == other.pid]:
+        while not [pid for pid in _live_processes(set(SANDBOX_UIDS)) if parent(parent(pid)) == other.pid]:
             assert other.poll() is None, "the other process ended early"
             time.sleep(0.05)
         run_code("print('mine')")

@@ -3,7 +3,7 @@ token (never on exit status alone); cheats that exit early or fake equality fail
 
 import pytest
 
-from rlx.tasks.sandbox import check_program
+from rlx.sandbox import check_program
 
 TEST = "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(3) == 6\n"
 

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from rlx.errors import UserError
 from rlx.evaluation.metrics import crossover_k, mean_pass_at_k, solved_set_changes
-from rlx.evaluation.runner import summarize, support_lines
+from rlx.evaluation.summary import summarize, support_lines
 from rlx.report.adastop import adastop_compare
 from rlx.report.profiles import optimality_gap, optimality_gap_ci, performance_profile, performance_profile_ci
 from rlx.report.report import main as report_main

@@ -14,7 +14,6 @@ from rlx.algorithms.gigpo import CREDIT, gigpo_advantages
 from rlx.algorithms.grouping import fixed_groups, group_rank, group_standardize
 from rlx.algorithms.losses import clipped_surrogate
 from rlx.algorithms.ngrpo import DROP_STRATEGIES, ngrpo_advantages
-from rlx.algorithms.registry import Registry
 from rlx.algorithms.shaping import (
     SHAPERS,
     GroupSignals,
@@ -37,6 +36,7 @@ from rlx.algorithms.transforms import (
     forward_correction_weights,
     pass_at_k_advantages,
 )
+from rlx.registry import Registry
 
 T = torch.tensor
 

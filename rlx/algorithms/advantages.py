@@ -11,6 +11,7 @@ import torch
 
 from rlx.algorithms.grouping import fixed_groups
 from rlx.algorithms.ngrpo import ngrpo_advantages
+from rlx.registry import Registry, RegistryView
 
 GROUP_BASELINES = ("grpo", "rloo", "reinforce_pp_baseline", "median", "ngrpo")  # need >= 2 samples per prompt
 
@@ -65,20 +66,33 @@ def _group_std(grouped: torch.Tensor) -> torch.Tensor:
     return grouped.std(dim=1, keepdim=True) if grouped.shape[1] > 1 else torch.zeros_like(grouped[:, :1])
 
 
-# the advantage's denominator: fn(grouped (B, G), rewards (B*G,), eps) -> a tensor broadcastable to (B, G)
-SCALE_REGISTRY = {
-    "group": lambda grouped, rewards, eps: _group_std(grouped) + eps,
-    "batch": lambda grouped, rewards, eps: _batch_std(rewards) + eps,
-    "none": lambda grouped, rewards, eps: 1.0,
-    "mad": lambda grouped, rewards, eps: _median_absolute_deviation(grouped) + eps,  # MC-GRPO authors' code
-}
-SCALES = tuple(SCALE_REGISTRY)
+# algorithm.scale, the advantage's denominator: fn(grouped (B, G), rewards (B*G,), eps) -> broadcastable to (B, G)
+SCALES = Registry("advantage scale")
+SCALE_REGISTRY = SCALES  # the name older code and the README use
+
+
+@SCALES.register("group")
+def _group_scale(grouped, rewards, eps):
+    return _group_std(grouped) + eps
+
+
+@SCALES.register("batch")
+def _batch_scale(grouped, rewards, eps):
+    return _batch_std(rewards) + eps
+
+
+@SCALES.register("none")
+def _no_scale(grouped, rewards, eps):
+    return 1.0
+
+
+@SCALES.register("mad")
+def _mad_scale(grouped, rewards, eps):  # MC-GRPO authors' code
+    return _median_absolute_deviation(grouped) + eps
 
 
 def _scaled(centered, grouped, rewards, scale: str, eps: float) -> torch.Tensor:
-    if scale not in SCALE_REGISTRY:
-        raise ValueError(f"unknown advantage scale '{scale}'; valid choices: {', '.join(SCALES)}")
-    denominator = SCALE_REGISTRY[scale](grouped, rewards, eps)
+    denominator = SCALES[scale](grouped, rewards, eps)  # an unknown scale: one line listing the valid ones
     return centered / denominator  # "none": / 1.0, exact
 
 
@@ -136,21 +150,57 @@ def median_advantages(
     return advantages.reshape(-1), keep.reshape(-1)
 
 
+# algorithm.advantage of the policy-gradient family, one scalar reward per completion:
+# fn(rewards (B*G,), group_size, scale, eps, **knobs) -> (advantages (B*G,), keep (B*G,) bool), or advantages alone
+OUTCOME_ESTIMATORS = Registry("outcome advantage estimator")
+# algorithm.advantage of the PPO family (per-token rewards and a critic's values): gae, registered below
+CRITIC_ESTIMATORS = Registry("critic advantage estimator")
+ESTIMATORS = RegistryView("advantage estimator", OUTCOME_ESTIMATORS, CRITIC_ESTIMATORS)  # every valid algorithm.advantage
+
+
 def outcome_advantages(
     rewards: torch.Tensor, group_size: int, estimator: str, scale: str = "group", eps: float = 1e-6, **knobs
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dispatch on the estimator name. Returns advantages (B*G,) and keep (B*G,) bool: which samples
-    enter the policy-gradient loss (all but the median pivots). knobs: an estimator's own settings
-    (ngrpo: virtual_reward, virtual_samples); the others ignore them."""
+    enter the policy-gradient loss (all but the median pivots; all of them for an estimator that returns its
+    advantages alone). knobs: an estimator's own settings (ngrpo: virtual_reward, virtual_samples); the
+    others ignore them."""
     if estimator not in OUTCOME_ESTIMATORS:
         raise ValueError(f"unknown outcome advantage estimator '{estimator}'; valid choices: {', '.join(OUTCOME_ESTIMATORS)}")
-    return OUTCOME_ESTIMATORS[estimator](rewards, group_size, scale, eps, **knobs)
+    result = OUTCOME_ESTIMATORS[estimator](rewards, group_size, scale, eps, **knobs)
+    return _all_kept(result) if isinstance(result, torch.Tensor) else result
 
 
 def _all_kept(advantages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return advantages, torch.ones_like(advantages, dtype=torch.bool)
 
 
+@OUTCOME_ESTIMATORS.register("grpo")
+def _grpo(rewards, group_size, scale, eps, **_):
+    return _all_kept(group_advantages(rewards, group_size, scale, eps))
+
+
+@OUTCOME_ESTIMATORS.register("rloo")
+def _rloo(rewards, group_size, scale, eps, **_):
+    return _all_kept(rloo_advantages(rewards, group_size))
+
+
+@OUTCOME_ESTIMATORS.register("reinforce_pp")
+def _reinforce_pp(rewards, group_size, scale, eps, **_):
+    return _all_kept(reinforce_pp_advantages(rewards, group_size, False, eps))
+
+
+@OUTCOME_ESTIMATORS.register("reinforce_pp_baseline")
+def _reinforce_pp_baseline(rewards, group_size, scale, eps, **_):
+    return _all_kept(reinforce_pp_advantages(rewards, group_size, True, eps))
+
+
+@OUTCOME_ESTIMATORS.register("median")
+def _median(rewards, group_size, scale, eps, **_):
+    return median_advantages(rewards, group_size, scale, eps)
+
+
+@OUTCOME_ESTIMATORS.register("ngrpo")  # NGRPO (2025): k virtual max-reward samples in the group statistics (ngrpo.py)
 def _ngrpo(rewards, group_size, scale, eps, virtual_reward=1.0, virtual_samples=1, **_):
     if scale != "group":  # the paper defines the group std only
         raise ValueError(f"algorithm.advantage=ngrpo normalises by the std of the augmented group: set algorithm.scale=group "
@@ -158,18 +208,6 @@ def _ngrpo(rewards, group_size, scale, eps, virtual_reward=1.0, virtual_samples=
     advantages, _metrics = ngrpo_advantages(rewards, fixed_groups(rewards.numel(), group_size), virtual_reward,
                                             virtual_samples, eps)
     return _all_kept(advantages)
-
-
-# outcome estimators: fn(rewards (B*G,), group_size, scale, eps, **knobs) -> (advantages (B*G,), keep (B*G,) bool)
-OUTCOME_ESTIMATORS = {
-    "grpo": lambda r, g, scale, eps, **_: _all_kept(group_advantages(r, g, scale, eps)),
-    "rloo": lambda r, g, scale, eps, **_: _all_kept(rloo_advantages(r, g)),
-    "reinforce_pp": lambda r, g, scale, eps, **_: _all_kept(reinforce_pp_advantages(r, g, False, eps)),
-    "reinforce_pp_baseline": lambda r, g, scale, eps, **_: _all_kept(reinforce_pp_advantages(r, g, True, eps)),
-    "median": lambda r, g, scale, eps, **_: median_advantages(r, g, scale, eps),
-    "ngrpo": _ngrpo,  # NGRPO (2025): k virtual max-reward samples in the group statistics (ngrpo.py)
-}
-ESTIMATORS = (*OUTCOME_ESTIMATORS, "gae")  # gae: the PPO loop's own (needs a critic)
 
 
 def sign_weighted(advantages: torch.Tensor, positive_weight: float, negative_weight: float) -> torch.Tensor:
@@ -181,6 +219,7 @@ def sign_weighted(advantages: torch.Tensor, positive_weight: float, negative_wei
     return torch.where(advantages > 0, positive_weight * advantages, negative_weight * advantages)
 
 
+@CRITIC_ESTIMATORS.register("gae")  # the PPO loop's own (needs a critic)
 def gae_advantages(
     token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""More credit rules for multi-turn episodes (registered in rlx.algorithms.gigpo.CREDIT): leave-one-out
+"""More credit rules for multi-turn episodes (registered in rlx.algorithms.gigpo.CREDIT after GiGPO's): leave-one-out
 over episodes, gated reward accumulation (G-RA), and HGPO's history-consistent step groups.
 
 Inputs as in rlx/algorithms/gigpo.py: episode_group (E,), step_episode (S,), step_rewards (S,),
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from rlx.algorithms.grouping import group_mean, group_size, group_standardize
+from rlx.algorithms.gigpo import CREDIT, SCALES
+from rlx.algorithms.grouping import group_mean, group_size, group_std
 
 
 def _episode_returns(step_rewards: torch.Tensor, step_episode: torch.Tensor, num_episodes: int) -> torch.Tensor:
@@ -17,14 +18,14 @@ def _episode_returns(step_rewards: torch.Tensor, step_episode: torch.Tensor, num
 
 
 def _grouped(values: torch.Tensor, groups: torch.Tensor, scale: str, eps: float) -> torch.Tensor:
-    """GRPO within id groups (scale "group": / (std + eps); "none": centred only); singletons 0."""
-    if scale == "group":
-        return group_standardize(values, groups, eps)
-    if scale == "none":
-        return torch.where(group_size(groups) > 1, values - group_mean(values, groups), torch.zeros_like(values))
-    raise ValueError(f"unknown advantage scale '{scale}'; valid choices: group, none")
+    """GRPO within id groups: (v - mean(group)) / s, s = SCALES[scale](std, eps) (the agent scales of gigpo.py:
+    "group" std + eps, "none" 1, the same arithmetic as group_standardize); singletons 0."""
+    denominator = SCALES[scale](group_std(values, groups), eps)  # an unknown scale: one line listing the valid ones
+    centred = (values - group_mean(values, groups)) / denominator
+    return torch.where(group_size(groups) > 1, centred, torch.zeros_like(centred))
 
 
+@CREDIT.register("loo")
 def loo_advantages(episode_group, step_episode, step_rewards, step_anchor=None, **_) -> tuple[torch.Tensor, dict]:
     """Leave-one-out baseline over the episodes of a task (RLOO, Ahmadian et al. 2024; the baseline of
     LOOP, Chen et al. 2025, "RL for Long-Horizon Interactive LLM Agents", and the unbiased estimator the
@@ -51,6 +52,7 @@ def gated_returns(step_rewards: torch.Tensor, step_episode: torch.Tensor, episod
     return episode_outcome.to(step_rewards.dtype) + gate * immediate
 
 
+@CREDIT.register("gra")
 def gra_advantages(episode_group, step_episode, step_rewards, step_anchor=None, *, episode_outcome=None,
                    gate_threshold: float | None = None, scale: str = "group", eps: float = 1e-6, **_) -> tuple[torch.Tensor, dict]:
     """Trajectory-level GRPO on the gated returns of `gated_returns` (G-RA). Needs the environment's
@@ -100,6 +102,7 @@ def history_keys(episode_group: torch.Tensor, step_episode: torch.Tensor, step_a
     return keys
 
 
+@CREDIT.register("hgpo")
 def hgpo_advantages(episode_group, step_episode, step_rewards, step_anchor, *, step_action=None, hgpo_depth: int = 2,
                     hgpo_alpha: float = 1.0, gamma: float = 0.95, step_weight: float = 1.0, scale: str = "group",
                     eps: float = 1e-6, **_) -> tuple[torch.Tensor, dict]:
@@ -134,7 +137,3 @@ def hgpo_advantages(episode_group, step_episode, step_rewards, step_anchor, *, s
     used = deepest[anchored & (deepest >= 0)]
     metrics = {"env/hgpo_depth_used": used.mean().item() if used.numel() else 0.0}
     return (episode_adv + step_weight * step_adv).to(step_rewards.dtype), metrics
-
-
-# merged into rlx.algorithms.gigpo.CREDIT (algorithm.credit)
-AGENT_CREDIT = {"loo": loo_advantages, "gra": gra_advantages, "hgpo": hgpo_advantages}

@@ -23,11 +23,27 @@ from __future__ import annotations
 
 import torch
 
-from rlx.algorithms.agent_credit import AGENT_CREDIT
+from rlx.registry import Registry
 
-# the denominator s of the grouped advantage: fn(std (K,), eps) -> s, broadcastable to (K,)
-SCALE_REGISTRY = {"group": lambda std, eps: std + eps, "none": lambda std, eps: 1.0}
-SCALES = tuple(SCALE_REGISTRY)
+# algorithm.credit of the agent family: fn(episode_group, step_episode, step_rewards, step_anchor, **knobs) ->
+# (step advantages (S,), metrics). The three below, then loo | gra | hgpo (rlx/algorithms/agent_credit.py, which
+# rlx/algorithms/__init__.py imports, so every import of rlx.algorithms.* sees all six in this order)
+CREDIT = Registry("credit rule")
+
+# algorithm.scale of the agent family, the denominator s of the grouped advantage: fn(std (K,), eps) -> s,
+# broadcastable to (K,)
+SCALES = Registry("advantage scale")
+SCALE_REGISTRY = SCALES  # the name older code and the README use
+
+
+@SCALES.register("group")
+def _group_scale(std, eps):
+    return std + eps
+
+
+@SCALES.register("none")
+def _no_scale(std, eps):
+    return 1.0
 
 
 def _group_stats(values: torch.Tensor, groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -47,13 +63,12 @@ def grouped_advantages(values: torch.Tensor, groups: torch.Tensor, scale: str = 
 
     scale "group": s = unbiased std of the group (GRPO, Shao et al. 2024); "none": s = 1 (Dr. GRPO).
     A group of one element gets 0 (nothing to compare with). values, groups: (K,). Returns (K,)."""
-    if scale not in SCALE_REGISTRY:
-        raise ValueError(f"unknown advantage scale '{scale}'; valid choices: {', '.join(SCALE_REGISTRY)}")
+    denominator = SCALES[scale]  # an unknown scale: one line listing the valid ones
     if values.numel() == 0:
         return values.clone()
     mean, std, count = _group_stats(values, groups)
     centered = values - mean
-    advantages = centered / SCALE_REGISTRY[scale](std, eps)
+    advantages = centered / denominator(std, eps)
     return torch.where(count > 1, advantages, torch.zeros_like(advantages))
 
 
@@ -81,6 +96,7 @@ def discounted_returns(step_rewards: torch.Tensor, step_episode: torch.Tensor, g
     return returns
 
 
+@CREDIT.register("trajectory")
 def trajectory_advantages(episode_group, step_episode, step_rewards, step_anchor=None, *, scale="group", eps=1e-6,
                           **_) -> tuple[torch.Tensor, dict]:
     """GRPO over whole episodes: A_i = (R_i - mean_{group}(R)) / (std + eps), R_i the episode return;
@@ -90,6 +106,7 @@ def trajectory_advantages(episode_group, step_episode, step_rewards, step_anchor
     return episode_adv[step_episode], {}
 
 
+@CREDIT.register("gigpo")
 def gigpo_advantages(episode_group, step_episode, step_rewards, step_anchor, *, gamma=0.95, step_weight=1.0,
                      scale="group", eps=1e-6, **_) -> tuple[torch.Tensor, dict]:
     """GiGPO, Group-in-Group Policy Optimization (Feng et al. 2025, arXiv 2505.10978), eq. 7-10:
@@ -118,6 +135,7 @@ def gigpo_advantages(episode_group, step_episode, step_rewards, step_anchor, *, 
     return episode_adv[step_episode] + step_weight * step_adv, {"env/anchor_group_size": group_size}
 
 
+@CREDIT.register("turn")
 def turn_advantages(episode_group, step_episode, step_rewards, step_anchor=None, *, turn_weight=1.0, scale="group",
                     eps=1e-6, **_) -> tuple[torch.Tensor, dict]:
     """Turn-level credit in the manner of MT-GRPO (Zeng et al. 2025, "Reinforcing Multi-Turn Reasoning
@@ -138,8 +156,3 @@ def turn_advantages(episode_group, step_episode, step_rewards, step_anchor=None,
     task = episode_group[step_episode]
     key = task * (int(turn_index.max()) + 1 if turn_index.numel() else 1) + turn_index
     return outcome + turn_weight * grouped_advantages(step_rewards, key, scale, eps), {}
-
-
-# algorithm.credit selects one; each takes (episode_group, step_episode, step_rewards, step_anchor, **knobs)
-CREDIT = {"trajectory": trajectory_advantages, "gigpo": gigpo_advantages, "turn": turn_advantages,
-          **AGENT_CREDIT}  # loo | gra | hgpo (rlx/algorithms/agent_credit.py, issue 29)

@@ -10,29 +10,48 @@ from __future__ import annotations
 
 import torch
 
-# per-token KL estimators of the log-ratio x = log pi - log pi_ref (Schulman 2020, "Approximating KL divergence")
-KL_ESTIMATOR_REGISTRY = {
-    "k1": lambda x: x,
-    "k2": lambda x: 0.5 * x.pow(2),
-    "k3": lambda x: torch.exp(-x) - 1.0 + x,
-}
-KL_ESTIMATORS = tuple(KL_ESTIMATOR_REGISTRY)
+from rlx.registry import Registry
+
+# algorithm.kl_estimator: per-token KL estimators of the log-ratio x = log pi - log pi_ref (Schulman 2020,
+# "Approximating KL divergence"): fn(x (N, T)) -> (N, T)
+KL_ESTIMATORS = Registry("KL estimator")
+KL_ESTIMATOR_REGISTRY = KL_ESTIMATORS  # the name older code and the README use
+
+
+@KL_ESTIMATORS.register("k1")
+def _k1(x):
+    return x
+
+
+@KL_ESTIMATORS.register("k2")
+def _k2(x):
+    return 0.5 * x.pow(2)
+
+
+@KL_ESTIMATORS.register("k3")
+def _k3(x):
+    return torch.exp(-x) - 1.0 + x
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
     """logp, ref_logp: (N, T). Returns the per-token estimate (N, T)."""
-    if estimator not in KL_ESTIMATOR_REGISTRY:
-        raise ValueError(f"unknown KL estimator '{estimator}'; valid choices: {', '.join(KL_ESTIMATORS)}")
-    return KL_ESTIMATOR_REGISTRY[estimator](logp - ref_logp)
+    return KL_ESTIMATORS[estimator](logp - ref_logp)  # an unknown name: one line listing the valid ones
 
 
-# where the KL to the reference acts: fn(token_loss, kl, mask, kl_coef) -> token_loss, each (n, T).
+# algorithm.kl_in, where the KL to the reference acts: fn(token_loss, kl, mask, kl_coef) -> token_loss, each (n, T).
 # "reward": the loop shapes the rewards instead (sequence_kl_in_reward / token_rewards), the loss is left as is
-KL_PLACEMENT_REGISTRY = {
-    "loss": lambda token_loss, kl, mask, kl_coef: token_loss + kl_coef * kl * mask,
-    "reward": lambda token_loss, kl, mask, kl_coef: token_loss,
-}
-KL_PLACEMENTS = tuple(KL_PLACEMENT_REGISTRY)
+KL_PLACEMENTS = Registry("KL placement")
+KL_PLACEMENT_REGISTRY = KL_PLACEMENTS  # the name older code and the README use
+
+
+@KL_PLACEMENTS.register("loss")
+def _kl_in_loss(token_loss, kl, mask, kl_coef):
+    return token_loss + kl_coef * kl * mask
+
+
+@KL_PLACEMENTS.register("reward")
+def _kl_in_reward(token_loss, kl, mask, kl_coef):
+    return token_loss
 
 
 def penalized_token_loss(

@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import torch
 
+from rlx.registry import Registry
 
+# algorithm.ratio_level, the importance ratio's level: fn(logp (N, T), old_logp (N, T), mask (N, T)) -> ratio (N, T)
+RATIO_LEVELS = Registry("ratio level")
+RATIO_LEVEL_REGISTRY = RATIO_LEVELS  # the name older code and the README use
+
+
+@RATIO_LEVELS.register("token")
 def _token_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.exp(logp - old_logp)
 
 
+@RATIO_LEVELS.register("sequence")
 def _sequence_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     mask = mask.to(logp.dtype)
     mean_log_ratio = ((logp - old_logp) * mask).sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1)
     return torch.exp(mean_log_ratio).expand_as(logp)  # (N, T)
-
-
-# the importance ratio's level: fn(logp (N, T), old_logp (N, T), mask (N, T)) -> ratio (N, T)
-RATIO_LEVEL_REGISTRY = {"token": _token_ratio, "sequence": _sequence_ratio}
-RATIO_LEVELS = tuple(RATIO_LEVEL_REGISTRY)
 
 
 def importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, level: str = "token") -> torch.Tensor:
@@ -28,9 +31,7 @@ def importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Ten
                   sequence i: the length-normalised sequence ratio of GSPO (Zheng et al. 2025).
                   Its gradient is s_i * mean_t grad logp_t. A fully masked row gets ratio 1.
     logp, old_logp, mask: (N, T)."""
-    if level not in RATIO_LEVEL_REGISTRY:
-        raise ValueError(f"unknown ratio level '{level}'; valid choices: {', '.join(RATIO_LEVEL_REGISTRY)}")
-    return RATIO_LEVEL_REGISTRY[level](logp, old_logp, mask)
+    return RATIO_LEVELS[level](logp, old_logp, mask)  # an unknown level: one line listing the valid ones
 
 
 def clipped_surrogate(
@@ -159,18 +160,31 @@ def aggregate(
       seq-mean-token-sum       sum_i sum_t l_it / total_seqs
       seq-mean-token-sum-norm  sum_i sum_t l_it / (total_seqs * max_len)      (Dr. GRPO constant normaliser)
     Fully masked rows contribute 0."""
-    if mode not in AGGREGATIONS:
-        raise ValueError(f"unknown loss aggregation '{mode}'; valid choices: {', '.join(LOSS_AGGREGATIONS)}")
+    aggregation = LOSS_AGGREGATIONS[mode]  # an unknown mode: one line listing the valid ones
     mask = mask.to(token_loss.dtype)
-    return AGGREGATIONS[mode](token_loss * mask, mask, max(total_tokens, 1.0), max(total_seqs, 1.0), max_len)
+    return aggregation(token_loss * mask, mask, max(total_tokens, 1.0), max(total_seqs, 1.0), max_len)
 
 
-# fn(masked token loss (N, T), mask (N, T), total_tokens, total_seqs, max_len) -> scalar
-AGGREGATIONS = {
-    "token-mean": lambda masked, mask, tokens, seqs, max_len: masked.sum() / tokens,
-    "seq-mean-token-mean": lambda masked, mask, tokens, seqs, max_len:
-        (masked.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)).sum() / seqs,
-    "seq-mean-token-sum": lambda masked, mask, tokens, seqs, max_len: masked.sum() / seqs,
-    "seq-mean-token-sum-norm": lambda masked, mask, tokens, seqs, max_len: masked.sum() / (seqs * max_len),
-}
-LOSS_AGGREGATIONS = tuple(AGGREGATIONS)
+# algorithm.loss_agg: fn(masked token loss (N, T), mask (N, T), total_tokens, total_seqs, max_len) -> scalar
+LOSS_AGGREGATIONS = Registry("loss aggregation")
+AGGREGATIONS = LOSS_AGGREGATIONS  # the name older code and the README use
+
+
+@LOSS_AGGREGATIONS.register("token-mean")
+def _token_mean(masked, mask, tokens, seqs, max_len):
+    return masked.sum() / tokens
+
+
+@LOSS_AGGREGATIONS.register("seq-mean-token-mean")
+def _seq_mean_token_mean(masked, mask, tokens, seqs, max_len):
+    return (masked.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)).sum() / seqs
+
+
+@LOSS_AGGREGATIONS.register("seq-mean-token-sum")
+def _seq_mean_token_sum(masked, mask, tokens, seqs, max_len):
+    return masked.sum() / seqs
+
+
+@LOSS_AGGREGATIONS.register("seq-mean-token-sum-norm")
+def _seq_mean_token_sum_norm(masked, mask, tokens, seqs, max_len):
+    return masked.sum() / (seqs * max_len)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from rlx.algorithms.grouping import group_all, group_max, group_min, group_size, group_sum
-from rlx.algorithms.registry import Registry
+from rlx.registry import Registry
 
 TIE_TOLERANCE = 1e-6  # as rlx.algorithms.advantages: a spread this small is float noise, not signal
 

@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from rlx.registry import Registry, RegistryView
+
 _LABEL_SMOOTHING_LOSSES = {"cdpo", "robust"}
 
 
@@ -178,38 +180,58 @@ def orpo_odds_ratio_loss(
 
 
 # ---------------------------------------------------------------------------------------------
-# Registries: a new loss is one function above plus one entry here (and a YAML preset)
+# Registries: a new loss is one function above plus one registered entry here (and a YAML preset)
 # ---------------------------------------------------------------------------------------------
 
-REFERENCE_LOSSES = {
-    "dpo": lambda h, beta, label_smoothing: dpo_loss(h, beta),
-    "cdpo": cdpo_loss,
-    "robust": robust_dpo_loss,
-    "ipo": lambda h, beta, label_smoothing: ipo_loss(h, beta),
-    "hinge": lambda h, beta, label_smoothing: hinge_loss(h, beta),
-}
+REFERENCE_LOSSES = Registry("reference-based preference loss")
 """Reference-based losses: fn(h, beta, label_smoothing) -> (B,) with h the log-ratio difference."""
 
+REFERENCE_FREE_LOSSES = Registry("reference-free preference loss")
+"""Reference-free losses: fn(chosen_avg, rejected_avg, beta, gamma) -> (losses (B,), chosen_rewards,
+rejected_rewards), from the per-token average policy log-probs."""
 
+PREFERENCE_LOSSES = RegistryView("preference loss_type", REFERENCE_LOSSES, REFERENCE_FREE_LOSSES)
+"""Valid values of `loss_type` in `preference_loss` (both registries, live)."""
+
+REFERENCE_FREE = REFERENCE_FREE_LOSSES.keys()
+"""Loss types that never look at a reference model (the loop can skip the reference forward); a live set."""
+
+
+@REFERENCE_LOSSES.register("dpo")
+def _dpo(h: Tensor, beta: float, label_smoothing: float) -> Tensor:
+    return dpo_loss(h, beta)
+
+
+@REFERENCE_LOSSES.register("cdpo")
+def _cdpo(h: Tensor, beta: float, label_smoothing: float) -> Tensor:
+    return cdpo_loss(h, beta, label_smoothing)
+
+
+@REFERENCE_LOSSES.register("robust")
+def _robust(h: Tensor, beta: float, label_smoothing: float) -> Tensor:
+    return robust_dpo_loss(h, beta, label_smoothing)
+
+
+@REFERENCE_LOSSES.register("ipo")
+def _ipo(h: Tensor, beta: float, label_smoothing: float) -> Tensor:
+    return ipo_loss(h, beta)
+
+
+@REFERENCE_LOSSES.register("hinge")
+def _hinge(h: Tensor, beta: float, label_smoothing: float) -> Tensor:
+    return hinge_loss(h, beta)
+
+
+@REFERENCE_FREE_LOSSES.register("simpo")
 def _simpo(chosen_avg: Tensor, rejected_avg: Tensor, beta: float, gamma: float):
     chosen_rewards, rejected_rewards = beta * chosen_avg, beta * rejected_avg
     return simpo_loss(chosen_rewards, rejected_rewards, gamma), chosen_rewards, rejected_rewards
 
 
+@REFERENCE_FREE_LOSSES.register("orpo")
 def _orpo(chosen_avg: Tensor, rejected_avg: Tensor, beta: float, gamma: float):
     chosen_rewards, rejected_rewards = log_odds(chosen_avg), log_odds(rejected_avg)
     return orpo_odds_ratio_loss(chosen_rewards, rejected_rewards, weight=beta), chosen_rewards, rejected_rewards
-
-
-REFERENCE_FREE_LOSSES = {"simpo": _simpo, "orpo": _orpo}
-"""Reference-free losses: fn(chosen_avg, rejected_avg, beta, gamma) -> (losses (B,), chosen_rewards,
-rejected_rewards), from the per-token average policy log-probs."""
-
-PREFERENCE_LOSSES = (*REFERENCE_LOSSES, *REFERENCE_FREE_LOSSES)
-"""Valid values of `loss_type` in `preference_loss`."""
-
-REFERENCE_FREE = set(REFERENCE_FREE_LOSSES)
-"""Loss types that never look at a reference model (the loop can skip the reference forward)."""
 
 
 def preference_loss(

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from rlx.algorithms.grouping import group_all, group_mean, group_rank, group_size
-from rlx.algorithms.registry import Registry
+from rlx.registry import Registry
 
 
 @dataclass

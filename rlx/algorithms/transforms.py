@@ -14,8 +14,8 @@ import math
 import torch
 
 from rlx.algorithms.grouping import dense_ids, group_mean, group_size, group_sum
-from rlx.algorithms.registry import Registry
 from rlx.algorithms.shaping import GroupSignals
+from rlx.registry import Registry
 
 TRANSFORMS = Registry("advantage transform")
 

@@ -19,6 +19,7 @@ import sys
 
 from rlx.config.overrides import check_overrides
 from rlx.config.paths import CONF_DIR, RECIPES_DIR
+from rlx.config.plugins import add_current_directory
 from rlx.errors import fail
 
 USAGE = """usage: rlx <command> [args...]
@@ -75,6 +76,10 @@ def _hydra_app(app, prog: str, args: list[str], config_name: str) -> None:
             if not any(o.startswith("hydra.sweep.dir=") for o in overrides):
                 first = next(i for i, a in enumerate(args) if a in overrides)  # overrides stay together for argparse
                 args = args[:first] + [f"hydra.sweep.dir={default_sweep_dir(overrides, cfg.name)}"] + args[first:]
+    if config_name in ("train", "eval") and not flags & _PASSTHROUGH_FLAGS:
+        from rlx.runtime.storage import check_writable
+
+        check_writable(_output_folder(args), "the run directory")  # a full or read-only disk: one line, exit 3
     sys.argv = [prog] + args
     os.environ.setdefault("HYDRA_FULL_ERROR", "0")
     app()
@@ -84,6 +89,16 @@ def _hydra_app(app, prog: str, args: list[str], config_name: str) -> None:
         if FAILED_TRIALS:
             fail(f"{len(FAILED_TRIALS)} of {TRIAL_COUNT[0] if TRIAL_COUNT else '?'} trials failed: "
                  f"{', '.join(FAILED_TRIALS)} (failure.json in each trial folder; the others finished)", code=1)
+
+
+def _output_folder(args: list[str]) -> str:
+    """Where a Hydra app will write: hydra.sweep.dir (multirun) or hydra.run.dir when given, else RLX_OUTPUTS."""
+    given = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in args if a.startswith(("hydra.run.dir=", "hydra.sweep.dir="))}
+    multirun = any(a in ("-m", "--multirun") for a in args)
+    folder = given.get("hydra.sweep.dir" if multirun else "hydra.run.dir")
+    if folder is None:
+        return os.environ.get("RLX_OUTPUTS", "outputs")
+    return folder.strip("'\"").replace("\\'", "'")
 
 
 def _shell_completion(args: list[str]) -> None:
@@ -101,7 +116,7 @@ def _shell_completion(args: list[str]) -> None:
             print(" ".join(c for c in COMMANDS if not words[1:] or c.startswith(words[1])))
             return
         if words[1] == "eval":
-            from rlx.evaluation.runner import eval_app as app
+            from rlx.cli.eval import eval_app as app
         elif words[1] != "train":
             return
         os.environ["COMP_LINE"] = "rlx " + line.split(words[1], 1)[1].lstrip()
@@ -133,12 +148,24 @@ def _wants_help(args: list[str]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from rlx.errors import StorageError
+
+    try:
+        _main(argv)
+    except StorageError as exc:  # outside a training run (the disk check, the run lock of a resume): one line, exit 3
+        fail(str(exc), code=3)
+
+
+def _main(argv: list[str] | None = None) -> None:
+    """The `rlx` command (argv None: the process's own arguments) or, from the Python API, one given command."""
+    if argv is None:  # the `rlx` executable: the user's modules next to them import, as with `python -m rlx`
+        add_current_directory()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return
     if argv[0] in ("-V", "--version"):
-        from rlx import __version__
+        from rlx.version import __version__
 
         print(f"rlx {__version__}")
         return
@@ -161,9 +188,9 @@ def main(argv: list[str] | None = None) -> None:
 
         _hydra_app(train_app, "rlx-train", resolve_resume(_split_recipe(args)), "train")
     elif command == "eval":
+        from rlx.cli.eval import eval_app
         from rlx.errors import UserError
         from rlx.evaluation.run_task import benchmark_file_args
-        from rlx.evaluation.runner import eval_app
 
         try:
             args = benchmark_file_args(args)  # benchmark=./mine.yaml: a benchmark file outside the package

@@ -12,16 +12,18 @@ hardware (`# Hardware:`) and the numbers it should reproduce (`# Expected:`). CP
 
 `rlx recipes reproduce` runs each CPU-scale recipe on seeds 0-2 (a multirun per recipe, as a
 subprocess), compares the mean final metric with `expected`, writes the table to <out>/reproduce.md and,
-with --update-readme, into README.md between the markers REPRODUCE_START and REPRODUCE_END. It exits 1
-when a recipe is outside its tolerance or a run failed.
+with --update-results, into benchmarks/results/recipes_tiny.json (the docs' results page renders it). It
+exits 1 when a recipe is outside its tolerance or a run failed.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -32,8 +34,7 @@ from omegaconf import OmegaConf
 from rlx.config.paths import RECIPES_DIR, REPO_DIR
 from rlx.errors import UserError
 
-README_START = "<!-- REPRODUCE_START -->"
-README_END = "<!-- REPRODUCE_END -->"
+RESULTS_FILE = "benchmarks/results/recipes_tiny.json"  # in the checkout (REPO_DIR); a table file of the docs
 
 
 def recipe_names() -> list[str]:
@@ -154,34 +155,58 @@ def run_recipe(name: str, seeds: int, out_dir: Path, extra: list[str]) -> subpro
 
 
 def table_markdown(rows: list[dict], seeds: int) -> str:
-    def f(value):
-        return f"{value:.3f}" if isinstance(value, float) else "-"
-
     lines = [f"| recipe | metric | expected (± tol) | measured mean ± std ({seeds} seeds) | IQM [95% CI] | status |",
              "|---|---|---|---|---|---|"]
-    for row in rows:
-        expected_text = "-" if row["expected"] is None else f"{row['expected']:.2f} ± {row['tolerance']:.2f}"
-        measured = f"{f(row.get('mean'))} ± {f(row.get('std'))}" if "mean" in row else "-"
-        iqm = f"{f(row.get('iqm'))} [{f(row.get('ci_low'))}, {f(row.get('ci_high'))}]" if "iqm" in row else "-"
-        lines.append(f"| {row['recipe']} | {row['metric']} | {expected_text} | {measured} | {iqm} | {row['status']} |")
+    lines += ["| " + " | ".join(table_cells(row)) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
 
-def write_readme_table(table: str, readme: Path | None = None) -> bool:
-    """Write the table between the README's markers; False when there is no checkout README or no markers."""
-    readme = readme or (REPO_DIR / "README.md" if REPO_DIR is not None else None)
-    if readme is None or not readme.is_file():
+def table_cells(row: dict) -> list[str]:
+    """One table row as text cells: recipe, metric, expected (± tol), mean ± std, IQM [CI], status."""
+    def f(value):
+        return f"{value:.3f}" if isinstance(value, float) else "-"
+
+    expected_text = "-" if row["expected"] is None else f"{row['expected']:.2f} ± {row['tolerance']:.2f}"
+    measured = f"{f(row.get('mean'))} ± {f(row.get('std'))}" if "mean" in row else "-"
+    iqm = f"{f(row.get('iqm'))} [{f(row.get('ci_low'))}, {f(row.get('ci_high'))}]" if "iqm" in row else "-"
+    return [row["recipe"], row["metric"], expected_text, measured, iqm, row["status"]]
+
+
+def _machine() -> str:
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor() or platform.machine()) \
+        if Path("/proc/cpuinfo").is_file() else (platform.processor() or platform.machine())
+    return f"{os.cpu_count()} CPU cores ({model}), {platform.system()}"
+
+
+def write_results_table(rows: list[dict], seeds: int, command: str, path: Path | None = None, date: str | None = None) -> bool:
+    """Put the rows as the newest table of the results file (date, machine, load, command beside them),
+    removing the re-run recipes' rows from its older tables (and tables left empty): only current figures
+    stay. False when there is no checkout to write into."""
+    path = path or (REPO_DIR / RESULTS_FILE if REPO_DIR is not None else None)
+    if path is None:
         return False
-    text = readme.read_text()
-    if README_START not in text or README_END not in text:
-        return False
-    before, rest = text.split(README_START, 1)
-    _, after = rest.split(README_END, 1)
-    readme.write_text(before + README_START + "\n" + table + README_END + after)
+    data = json.loads(path.read_text()) if path.is_file() else {
+        "title": "CPU-scale recipes (make reproduce)", "section": "Training on the tiny model", "order": 40, "tables": []}
+    rerun = {row["recipe"] for row in rows}
+    kept = []
+    for table in data.get("tables", []):
+        table["rows"] = [r for r in table["rows"] if r[0] not in rerun]
+        if table["rows"]:
+            kept.append(table)
+    load1, load5, _ = os.getloadavg()
+    newest = {"caption": f"{', '.join(sorted(rerun))} on {seeds} seeds",
+              "date": date or datetime.date.today().isoformat(), "machine": _machine(),
+              "load": f"load average {load1:.1f} (1 min) / {load5:.1f} (5 min) at the end", "command": command,
+              "columns": ["recipe", "metric", "expected (± tol)", f"measured mean ± std ({seeds} seeds)", "IQM [95% CI]",
+                          "status"],
+              "rows": [table_cells(row) for row in rows]}
+    data["tables"] = [newest, *kept]
+    path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
     return True
 
 
-def reproduce(names: list[str], seeds: int, out_root: Path, extra: list[str], reuse: bool, write_readme: bool) -> list[dict]:
+def reproduce(names: list[str], seeds: int, out_root: Path, extra: list[str], reuse: bool, write_results: bool) -> list[dict]:
     rows = []
     for name in names:
         spec = expected(name)
@@ -201,8 +226,10 @@ def reproduce(names: list[str], seeds: int, out_root: Path, extra: list[str], re
     print(table)
     (out_root / "reproduce.md").parent.mkdir(parents=True, exist_ok=True)
     (out_root / "reproduce.md").write_text(table)
-    if write_readme:
-        print("README.md table updated" if write_readme_table(table) else "README.md has no reproduce markers; not written")
+    if write_results:
+        command = "rlx recipes reproduce " + " ".join([*names, *(f"--set {o}" for o in extra)])
+        print(f"{RESULTS_FILE} updated" if write_results_table(rows, seeds, command) else
+              f"no checkout to write {RESULTS_FILE} into; the table is in {out_root / 'reproduce.md'}")
     return rows
 
 
@@ -228,15 +255,15 @@ def recipes_command(args: list[str]) -> None:
         parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                             help="extra override for every run (repeatable), e.g. --set hardware.num_threads=1")
         parser.add_argument("--reuse", action="store_true", help="skip recipes whose directory already has all seeds")
-        parser.add_argument("--update-readme", action="store_true",
-                            help="write the table into README.md between its markers (from a checkout; off by default)")
+        parser.add_argument("--update-results", action="store_true",
+                            help=f"write the table into {RESULTS_FILE}, the docs' results page (from a checkout)")
         opts = parser.parse_args(args[1:])
         if opts.seeds < 1:
             raise UserError(f"--seeds={opts.seeds} must be at least 1")
         names = opts.names or cpu_recipes()
         for name in names:
             recipe_path(name)
-        rows = reproduce(names, opts.seeds, opts.out, opts.set, opts.reuse, opts.update_readme)
+        rows = reproduce(names, opts.seeds, opts.out, opts.set, opts.reuse, opts.update_results)
         off = [r["recipe"] for r in rows if not r["status"].startswith(("ok", "not yet expected"))
                or "failed" in r["status"]]
         if off:

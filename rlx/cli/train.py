@@ -18,15 +18,17 @@ from rlx.config.paths import CONF_DIR
 from rlx.config.rules import optimized_metric
 from rlx.errors import (
     CheckpointDamaged,
-    CheckpointWriteError,
+    EpisodesFailed,
     NonFiniteError,
     RewardError,
     RolloutServerError,
     RunInUse,
+    StorageError,
     TrainingInterrupted,
     UserError,
     fail,
 )
+from rlx.runtime.checkpoint import what_survived
 from rlx.runtime.training import run
 
 if TYPE_CHECKING:
@@ -38,21 +40,32 @@ log = logging.getLogger("rlx")
 def train_app(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
-    from rlx.report.sweeps import is_multirun, record_failure, write_result
+    from rlx.report.sweeps import RESULT_FILE, is_multirun, record_failure, write_result
     from rlx.runtime import launch
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
+    metric = optimized_metric(cfg.optimized_metric, cfg.algorithm.family, cfg.data.source)
     try:
         final = run(cfg, run_dir, list(hydra_cfg.overrides.task))
+        if final is not None:  # None: nothing ran here (already finished, final/ rebuilt, parent or non-main worker)
+            write_result(run_dir, final, metric)
     except TrainingInterrupted as exc:
         log.warning("stopped after step %d; checkpoint written. Continue with: rlx train resume=%s", exc.step, run_dir)
         raise SystemExit(130) from None
     except (Exception, SystemExit) as exc:
-        if is_multirun(hydra_cfg):  # one crashing trial is recorded and the sweep goes on
-            return record_failure(run_dir, exc, hydra_cfg)
-        known = {UserError: 2, RunInUse: 2, RewardError: 1, NonFiniteError: 1, CheckpointWriteError: 1, CheckpointDamaged: 1,
-                 RolloutServerError: 1}
+        multirun = is_multirun(hydra_cfg)
+        if multirun and not isinstance(exc, StorageError):  # one crashing trial is recorded and the sweep goes on
+            try:
+                return record_failure(run_dir, exc, hydra_cfg)
+            except StorageError as fault:  # ... unless its record cannot be written either
+                exc = fault
+        if isinstance(exc, StorageError) and multirun:  # a full disk would fail every later trial too
+            exc.survived = f"the sweep stopped at trial {hydra_cfg.job.num}; finished trials keep their {RESULT_FILE}"
+        elif isinstance(exc, (StorageError, EpisodesFailed)) and not launch.is_worker():  # the parent adds it for workers
+            exc.survived, exc.command = what_survived(run_dir, cfg.steps), f"rlx train resume={run_dir}"
+        known = {UserError: 2, RunInUse: 2, RewardError: 1, NonFiniteError: 1, CheckpointDamaged: 1, EpisodesFailed: 1,
+                 StorageError: 3, RolloutServerError: 1}
         code = next((c for kind, c in known.items() if isinstance(exc, kind)), None)
         if launch.is_worker() and (code is not None or launch.is_peer_failure(exc)):
             # the parent prints each distinct error once; a rank that only saw another one die stays silent
@@ -66,10 +79,8 @@ def train_app(cfg: DictConfig) -> float | None:
         if code is not None:
             fail(exc.for_run(run_dir) if isinstance(exc, RolloutServerError) else str(exc), code=code)
         raise
-    if final is None:  # nothing ran here (already finished, final/ rebuilt, parent or non-main worker)
+    if final is None:
         return None
-    metric = optimized_metric(cfg.optimized_metric, cfg.algorithm.family)
-    write_result(run_dir, final, metric)
     if metric not in final:
         log.warning("optimized_metric '%s' is not a final metric; valid choices: %s", metric, ", ".join(final))
     return final.get(metric)

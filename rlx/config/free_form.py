@@ -49,10 +49,10 @@ def _present_roots(others: list[str], config_name: str) -> set[str]:
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import DictConfig
 
-    from rlx.config.overrides import _first_values
     from rlx.config.paths import CONF_DIR
+    from rlx.config.sweep_values import first_values
 
-    single, _ = _first_values([o for o in others if not o.startswith(("hydra.", "hydra/"))])
+    single, _ = first_values([o for o in others if not o.startswith(("hydra.", "hydra/"))])
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

@@ -2,7 +2,8 @@
 
 Hydra composes the config; before handing the command line to `@hydra.main`, `check_overrides`
 composes it once itself so that a mistyped group option (`algorithm=grpoo`) or key (`optim.lrr=1`)
-becomes `error: ...` naming the valid choices or the nearest key, instead of Hydra's traceback hint.
+becomes `error: ...` naming the valid choices or the nearest key, instead of Hydra's traceback hint. It then
+imports the config's `plugins` (rlx/config/plugins.py), so that every later check knows the names they register.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import difflib
 from omegaconf import DictConfig, OmegaConf
 
 from rlx.config.paths import CONF_DIR, config_groups, group_options
-from rlx.errors import fail
+from rlx.config.plugins import import_plugins
+from rlx.config.sweep_values import first_values
+from rlx.errors import UserError, fail
 
 
 def _nearest(word: str, choices: list[str]) -> str:
@@ -32,37 +35,6 @@ def _flat_keys(cfg, prefix: str = "") -> list[str]:
     return keys
 
 
-def _first_values(overrides: list[str]) -> tuple[list[str], dict[str, list[str]]]:
-    """Parse overrides; return a list with each sweep replaced by its first value, and the group choices."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except Exception as exc:  # hydra's OverrideParseException carries a long message
-        fail(f"cannot parse overrides: {str(exc).splitlines()[0]}")
-    single, choices = [], {}
-    for override, text in zip(parsed, overrides):
-        key = override.key_or_group
-        if override.is_sweep_override():
-            values = [str(v) for v in override.sweep_string_iterator()]
-            if not values:
-                single.append(text)
-                continue
-            prefix = text.split("=", 1)[0]
-            single.append(f"{prefix}={values[0]}")
-        else:
-            value = override.value()
-            if isinstance(value, list):  # a list of group options: benchmark=[chain_sum,gsm8k]
-                values = [str(v) for v in value]
-            else:
-                values = [override.get_value_element_as_str()] if value is not None else []
-            single.append(text)
-        if override.is_delete():
-            continue
-        choices[key] = values
-    return single, choices
-
-
 def check_overrides(overrides: list[str], config_name: str = "train") -> DictConfig:
     """Compose the config with these overrides; exit 2 with a one-line message on a user mistake."""
     from hydra import compose, initialize_config_dir
@@ -72,7 +44,7 @@ def check_overrides(overrides: list[str], config_name: str = "train") -> DictCon
 
     overrides = [o for o in overrides if not o.startswith("hydra.") and not o.startswith("hydra/")]
     overrides = free_form_overrides(overrides, config_name)  # env.kwargs={...} as the README writes it
-    single, choices = _first_values(overrides)
+    single, choices = first_values(overrides)
     groups = config_groups()
     for key, values in choices.items():
         group = key.lstrip("+~")
@@ -108,6 +80,10 @@ def check_overrides(overrides: list[str], config_name: str = "train") -> DictCon
         fail(message)
     finally:
         GlobalHydra.instance().clear()
+    try:  # the user's modules first: what they register is valid in every check that follows
+        import_plugins(cfg.get("plugins") if "plugins" in cfg else None)
+    except UserError as exc:
+        fail(str(exc))
     return cfg
 
 

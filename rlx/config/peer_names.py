@@ -2,8 +2,9 @@
 
 An unknown key on the command line that is a peer's name (`num_generations=8`, `beta=0.04`,
 `actor_rollout_ref.rollout.n=8`) gets a one-line pointer to the rlx name instead of a spelling guess
-(the nearest rlx key to `beta` is `optim.betas`, the wrong knob). The README's mapping table lists the
-same pairs. A key is matched in full, then by its dotted suffixes (`algorithm.beta` -> `beta`).
+(the nearest rlx key to `beta` is `optim.betas`, the wrong knob). The mapping table of
+docs/coming-from-trl.md lists the same pairs (tests/test_docs.py checks that each of its names gets a
+pointer). A key is matched in full, then by its dotted suffixes (`algorithm.beta` -> `beta`).
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ PEER_NAMES: dict[str, tuple[str, str]] = {
     "entropy_coeff": ("algorithm.entropy_coef", "verl"),
     "norm_adv_by_std_in_grpo": ("algorithm.scale", "verl: true -> group, false -> none"),
     "optim.lr_warmup_steps": ("optim.warmup_steps", "verl"),
+    "actor.optim.lr": ("optim.lr", "verl (actor_rollout_ref.actor.optim.lr)"),
+    "rollout.name": ("rollout", "verl: rollout=hf | vllm"),
+    "trainer.logger": ("logger", "verl: logger=wandb | mlflow | tensorboard | trackio"),
     "total_training_steps": ("steps", "verl"),
     "total_epochs": ("steps", "verl; rlx counts optimizer-update rounds"),
     "model.path": ("model.path", "verl (actor_rollout_ref.model.path)"),

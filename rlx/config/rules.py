@@ -282,12 +282,17 @@ def check_device(hardware) -> None:
 EPISODE_FAMILIES = ("agent", "agent_sft")  # the families whose rows are episodes of an `env`
 
 
-def optimized_metric(name: str, family: str) -> str:
+def optimized_metric(name: str, family: str, data_source: str | None = None) -> str:
     """The final metric a sweep optimizes: `optimized_metric`, where `auto` means eval/success for the episode
-    families and eval/accuracy for the others."""
+    families, eval/pref_accuracy for reward models and for preference runs without a task (data.source none),
+    and eval/accuracy (the task's held-out accuracy) for the others."""
     if name != "auto":
         return name
-    return "eval/success" if family in EPISODE_FAMILIES else "eval/accuracy"
+    if family in EPISODE_FAMILIES:
+        return "eval/success"
+    if family == "reward_model" or (family == "preference" and data_source == "none"):
+        return "eval/pref_accuracy"
+    return "eval/accuracy"
 
 # algorithm.family -> the cross-field rules of its knobs, run in order after the common ones
 FAMILY_CHECKS = {

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from rlx.algorithms.registry import Registry
+from rlx.registry import Registry
 
 # f(p): the unnormalised weight of a prompt with estimated pass rate p (tensor in, tensor out)
 SAMPLING_WEIGHTS = Registry("prompt sampling mode")

@@ -17,6 +17,7 @@ import re
 
 from rlx.data.readers import numbered_jsonl, read_hub, read_records
 from rlx.errors import UserError
+from rlx.registry import Registry
 
 
 def _is_messages(value) -> bool:
@@ -182,14 +183,23 @@ def hub_rows(dataset_id: str, subset, train_split: str, eval_split, eval_size: i
     return split_held_out(train, eval_size, seed)
 
 
-# data.source -> fn(data_cfg, seed) -> (train rows, held-out rows)
-DATA_SOURCES = {
-    "reasoning_gym": lambda d, seed: reasoning_gym_rows(d.task, d.task_config, d.train_size, d.eval_size,
-                                                        seed, d.eval_seed),
-    "file": lambda d, seed: file_rows(d.train_path, d.eval_path, d.eval_size, dict(d.columns), d.seed),
-    "hub": lambda d, seed: hub_rows(d.id, d.subset, d.train_split, d.eval_split, d.eval_size, dict(d.columns), d.seed,
-                                    d.get("answer_regex")),
-}
+# data.source: fn(data_cfg, seed) -> (train rows, held-out rows)
+DATA_SOURCES = Registry("data.source")
+
+
+@DATA_SOURCES.register("reasoning_gym")
+def _reasoning_gym_source(d, seed: int):
+    return reasoning_gym_rows(d.task, d.task_config, d.train_size, d.eval_size, seed, d.eval_seed)
+
+
+@DATA_SOURCES.register("file")
+def _file_source(d, seed: int):
+    return file_rows(d.train_path, d.eval_path, d.eval_size, dict(d.columns), d.seed)
+
+
+@DATA_SOURCES.register("hub")
+def _hub_source(d, seed: int):
+    return hub_rows(d.id, d.subset, d.train_split, d.eval_split, d.eval_size, dict(d.columns), d.seed, d.get("answer_regex"))
 
 
 def load_rows(data_cfg, seed: int) -> tuple[list[dict], list[dict]]:

@@ -6,21 +6,25 @@ Observations are text. Optional info keys: "anchor" (hashable state key, GiGPO's
 "is_action_valid" (bool, the invalid-action penalty and env/invalid_actions), "metrics" (dict of
 numbers averaged into env/*, e.g. "success").
 
-`make_env(spec)` builds one from the `env` config group: a built-in name (ENVIRONMENTS), or
-name=custom with target=my_module.MyEnv and kwargs={...}.
+`env_factory(name, target, kwargs)` builds one from the `env` config group: a registered name (ENVIRONMENTS,
+rlx/envs/registry.py: the built-ins and what plugins register), or name=custom with target=my_module.MyEnv and
+kwargs={...}.
 """
 
 from __future__ import annotations
 
 import importlib
 
+# the built-ins register in this order (guess_number, grid, corridor, tool_use, then mixture, which mixes them)
 from rlx.envs.builtin import Corridor, Grid, GuessNumber
-from rlx.envs.mixture import Mixture
 from rlx.envs.tools import ToolUse
+
+# isort: split
+from rlx.envs.mixture import Mixture
+from rlx.envs.registry import CUSTOM, ENVIRONMENTS
 from rlx.errors import EnvError
 
-ENVIRONMENTS = {"guess_number": GuessNumber, "grid": Grid, "corridor": Corridor, "tool_use": ToolUse,
-                "mixture": Mixture}
+__all__ = ["ENVIRONMENTS", "Corridor", "Grid", "GuessNumber", "Mixture", "ToolUse", "env_factory", "load_target"]
 
 
 def load_target(target: str):
@@ -40,16 +44,16 @@ def load_target(target: str):
 def env_factory(name: str, target: str | None = None, kwargs: dict | None = None):
     """A zero-argument callable making a fresh environment for one episode slot (None for env=harness)."""
     kwargs = dict(kwargs or {})
-    if name == "harness":  # [harness] no environment object: rlx/gateway/harness.py plays the user's program
+    if name == "harness":  # no environment object: rlx/gateway/harness.py plays the user's program
         return None
-    if name == "custom":
+    if name == CUSTOM:
         if not target:
             raise EnvError("env=custom needs env.target=my_module.MyEnv (a class with reset/step)")
         cls = load_target(target)
     elif name in ENVIRONMENTS:
         cls = ENVIRONMENTS[name]
     else:
-        raise EnvError(f"unknown env '{name}'; valid choices: {', '.join([*ENVIRONMENTS, 'custom'])}")
+        raise EnvError(f"unknown env '{name}'; valid choices: {', '.join([*ENVIRONMENTS, CUSTOM])}")
     try:
         probe = cls(**kwargs)
     except (TypeError, ValueError) as exc:  # unknown keyword, or a value the class refuses

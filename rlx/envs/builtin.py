@@ -1,6 +1,6 @@
 """Built-in text environments small enough for the built-in tiny model to learn on a CPU.
 
-Each follows the gymnasium shape without importing anything from rlx:
+Each follows the gymnasium shape (an environment of the user's needs nothing from rlx), registered by name:
     reset(*, seed=None, options=None) -> (observation: str, info: dict)
     step(action: str) -> (observation: str, reward: float, terminated: bool, truncated: bool, info: dict)
 info carries "anchor" (a hashable key of the current state: GiGPO groups steps taken in the same
@@ -14,9 +14,12 @@ from __future__ import annotations
 import random
 from collections import deque
 
+from rlx.envs.registry import ENVIRONMENTS
+
 MOVES = {"L": (0, -1), "D": (1, 0), "R": (0, 1), "U": (-1, 0)}
 
 
+@ENVIRONMENTS.register("guess_number")
 class GuessNumber:
     """Guess a secret integer in 1..high; each wrong guess is answered "higher" or "lower".
 
@@ -57,6 +60,7 @@ class GuessNumber:
         return str(rng.randint(1, self.high))
 
 
+@ENVIRONMENTS.register("grid")
 class Grid:
     """FrozenLake-style grid (gymnasium's FrozenLake, made text and deterministic): reach G from S
     without stepping into a hole H, with actions L, D, R, U (one letter).
@@ -139,6 +143,7 @@ def _reachable(size: int, start, goal, holes: set) -> bool:
     return _first_move(size, start, goal, holes) is not None
 
 
+@ENVIRONMENTS.register("corridor")
 class Corridor:
     """A corridor with a key and a door: the door at the right end opens only with the key, which lies
     somewhere to the left of the start. Actions L, R (one letter); stepping on the key picks it up.

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import random
 
+from rlx.envs.registry import ENVIRONMENTS
 
+
+@ENVIRONMENTS.register("mixture")
 class Mixture:
-    """envs: {name: kwargs} of built-in environments (rlx.envs.ENVIRONMENTS), in a fixed order."""
+    """envs: {name: kwargs} of registered environments (rlx.envs.ENVIRONMENTS), in a fixed order."""
 
     def __init__(self, envs: dict | None = None):
-        from rlx.envs import ENVIRONMENTS  # late: rlx.envs registers this class
-
         envs = dict(envs or {"corridor": {}, "grid": {}, "tool_use": {}})
         unknown = [name for name in envs if name not in ENVIRONMENTS or name == "mixture"]
         if unknown or not envs:

@@ -16,6 +16,8 @@ import operator
 import random
 import re
 
+from rlx.envs.registry import ENVIRONMENTS
+
 CALL = re.compile(r"<(calc|python|answer)>(.*?)</\1>", re.DOTALL)
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
               ast.Mod: operator.mod, ast.USub: operator.neg, ast.UAdd: operator.pos}
@@ -45,6 +47,7 @@ def calculate(expression: str) -> int:
     return value(tree.body)
 
 
+@ENVIRONMENTS.register("tool_use")
 class ToolUse:
     """Arithmetic with tools: a product of a two-digit and a one-digit number plus a one-digit number
     (a*b+c), too hard for the tiny model alone, easy with the calculator.
@@ -95,7 +98,7 @@ class ToolUse:
                 return f"<result>{calculate(argument)}</result>", True
             except ValueError as exc:
                 return f"error: {exc}", False
-        from rlx.tasks.sandbox import run_code
+        from rlx.sandbox import run_code
 
         result = run_code(argument, timeout_s=self.python_timeout_s)
         if not result.passed:

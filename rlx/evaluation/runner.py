@@ -10,7 +10,8 @@ score, and report metrics with bootstrap intervals.
       plots/pass_at_k.png          pass@k against k (with intervals), one panel per benchmark
 
 Per-problem (per-task) lines are appended as each batch of problems finishes, so `rlx eval resume=<dir>` reads
-them back and generates only for the problems that are missing.
+them back and generates only for the problems that are missing. The metrics, their intervals, the table and
+the plot: rlx/evaluation/summary.py; the command line front (`@hydra.main`): rlx/cli/eval.py.
 """
 
 from __future__ import annotations
@@ -21,46 +22,22 @@ import re
 import sys
 import time
 import zlib
-from datetime import datetime
 from pathlib import Path
 
-import hydra
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from rlx.config.paths import CONF_DIR
-from rlx.errors import UserError, fail
+from rlx.errors import UserError
 from rlx.evaluation.agents import per_task_values
 from rlx.evaluation.benchmarks import Benchmark
-from rlx.evaluation.metrics import (
-    bootstrap_ci,
-    crossover_k,
-    majority_vote,
-    mean_at_k,
-    paired_bootstrap_diff,
-    pass_at_k,
-    solved_set_changes,
-)
+from rlx.evaluation.summary import per_problem_values, plot_pass_at_k, render_table, summarize, support_lines
 from rlx.rollout.backends import build_generator
 from rlx.rollout.hf import eos_ids
-from rlx.runtime.rundir import start_bar, stop_bar
+from rlx.runtime.rundir import append_text, atomic_write_text, start_bar, stop_bar
+from rlx.runtime.storage import writing
 
 log = logging.getLogger("rlx")
-
-
-def _eval_dir(resume, name) -> str:
-    """Output directory: the resumed one, or outputs/eval/<time>_<name>."""
-    if resume not in (None, "", "None", "null"):
-        return str(resume)
-    import os
-
-    root = os.environ.get("RLX_OUTPUTS", "outputs")
-    return f"{root}/eval/{datetime.now().strftime('%Y-%m-%d_%H-%M-%S.%f')}_{name}"
-
-
-if not OmegaConf.has_resolver("rlx_eval_dir"):
-    OmegaConf.register_new_resolver("rlx_eval_dir", _eval_dir)
 
 
 # --------------------------------------------------------------------------------------------
@@ -147,7 +124,8 @@ def _drop_partial_line(path: Path) -> None:
     if path.is_file():
         data = path.read_bytes()
         if data and not data.endswith(b"\n"):
-            path.write_bytes(data[: data.rfind(b"\n") + 1])
+            with writing(path, f"{path.name} without its cut-short last line"):
+                path.write_bytes(data[: data.rfind(b"\n") + 1])
 
 
 def _batch_seed(seed: int, problem_id: str) -> int:
@@ -220,7 +198,8 @@ def run_benchmark(model, tokenizer, bench: Benchmark, problems: list[dict], resu
     step = max(1, int(sampling.batch_size) // per_problem)  # problems per batch
     bar = _Progress(label, len(problems), len(problems) - len(todo), progress)
     running = [r["greedy"]["score"] if greedy else float(np.mean(r["scores"])) for r in done.values()]
-    results.parent.mkdir(parents=True, exist_ok=True)
+    with writing(results.parent, "the results folder"):
+        results.parent.mkdir(parents=True, exist_ok=True)
     _drop_partial_line(results)
     try:
         for start in range(0, len(todo), step):
@@ -251,8 +230,8 @@ def run_benchmark(model, tokenizer, bench: Benchmark, problems: list[dict], resu
                 done[problem["id"]] = record
                 running.append(record["greedy"]["score"] if greedy else float(np.mean(record["scores"])))
                 lines.append(json.dumps(record) + "\n")
-            with results.open("a") as handle:  # one write per batch: an interruption loses at most this batch
-                handle.write("".join(lines))
+            # one write per batch: an interruption loses at most this batch (a line cut short is dropped on resume)
+            append_text(results, "".join(lines), f"the records of {len(batch)} problems")
             bar.update(len(batch), len(texts), "greedy acc" if greedy else "mean score", float(np.mean(running)))
     finally:
         bar.close()
@@ -274,7 +253,8 @@ def run_environment(generator, tokenizer, env_cfg, factory, tasks: int, results:
     bar = _Progress(label, tasks, tasks - len(todo), progress, unit="tasks")
     running = [r["greedy"]["success"] if greedy else float(np.mean([e["success"] for e in r["episodes"]]))
                for r in done.values()]
-    results.parent.mkdir(parents=True, exist_ok=True)
+    with writing(results.parent, "the results folder"):
+        results.parent.mkdir(parents=True, exist_ok=True)
     _drop_partial_line(results)
     try:
         for start in range(0, len(todo), step):
@@ -284,188 +264,13 @@ def run_environment(generator, tokenizer, env_cfg, factory, tasks: int, results:
                 done[record["id"]] = record
                 running.append(record["greedy"]["success"] if greedy else
                                float(np.mean([e["success"] for e in record["episodes"]])))
-            with results.open("a") as handle:  # one write per batch: an interruption loses at most this batch
-                handle.write("".join(json.dumps(r) + "\n" for r in batch))
+            # one write per batch: an interruption loses at most this batch (a line cut short is dropped on resume)
+            append_text(results, "".join(json.dumps(r) + "\n" for r in batch), f"the records of {len(batch)} tasks")
             bar.update(len(batch), len(batch) * (n + int(greedy)), "greedy success" if greedy else "success",
                        float(np.mean(running)))
     finally:
         bar.close()
     return [done[i] for i in ids]
-
-
-# --------------------------------------------------------------------------------------------
-# Metrics with intervals, and the paired difference
-# --------------------------------------------------------------------------------------------
-
-
-def per_problem_values(records: list[dict], ks: list[int], threshold: float) -> dict[str, np.ndarray]:
-    """One value per problem for every metric: greedy/accuracy, pass@k, maj@k, mean@k.
-    A k larger than a problem's number of samples is left out."""
-    values: dict[str, list[float]] = {}
-    if records and records[0].get("greedy") is not None:
-        values["greedy/accuracy"] = [r["greedy"]["score"] for r in records]
-    n = min(len(r["scores"]) for r in records) if records else 0
-    for k in [k for k in ks if 1 <= k <= n]:
-        values[f"pass@{k}"] = [pass_at_k(len(r["scores"]), sum(s >= threshold for s in r["scores"]), k) for r in records]
-        values[f"maj@{k}"] = [majority_vote(r["extracted"][:k], r["scores"][:k])[1] for r in records]
-        values[f"mean@{k}"] = [mean_at_k(r["scores"], k) for r in records]
-    return {name: np.asarray(v, dtype=np.float64) for name, v in values.items()}  # each (P,)
-
-
-def summarize(records_by_role: dict[str, list[dict]], metrics_cfg, values_fn=per_problem_values) -> dict:
-    """Per role: {metric: {value, low, high}}; with a compare role: paired differences on shared problems.
-    values_fn(records, ks, threshold) -> {metric: (P,) one value per problem} (per_problem_values for
-    benchmarks, evaluation/agents.py: per_task_values for environments)."""
-    ks = [int(k) for k in metrics_cfg.ks]
-    boot = dict(n_resamples=int(metrics_cfg.bootstrap_resamples), confidence=float(metrics_cfg.confidence),
-                seed=int(metrics_cfg.bootstrap_seed))
-    out: dict = {"problems": {role: len(recs) for role, recs in records_by_role.items()}}
-    values = {role: values_fn(recs, ks, float(metrics_cfg.correct_threshold))
-              for role, recs in records_by_role.items()}
-    for role, metrics in values.items():
-        out[role] = {}
-        for name, vals in metrics.items():
-            ci = bootstrap_ci(vals, **boot)
-            out[role][name] = {"value": ci.point, "low": ci.low, "high": ci.high}
-    if "compare" in records_by_role:
-        shared = sorted({r["id"] for r in records_by_role["model"]} & {r["id"] for r in records_by_role["compare"]})
-        index = {role: {r["id"]: i for i, r in enumerate(recs)} for role, recs in records_by_role.items()}
-        out["diff"] = {"problems": len(shared)}
-        for name in values["model"].keys() & values["compare"].keys():
-            a = values["model"][name][[index["model"][i] for i in shared]]  # (P,) paired by problem id
-            b = values["compare"][name][[index["compare"][i] for i in shared]]  # (P,)
-            d = paired_bootstrap_diff(a, b, **boot)
-            out["diff"][name] = {"value": d.diff, "low": d.low, "high": d.high, "frac_positive": d.frac_positive}
-        if shared and all("scores" in r for recs in records_by_role.values() for r in recs):
-            out["support"] = support_changes([records_by_role["model"][index["model"][i]] for i in shared],
-                                             [records_by_role["compare"][index["compare"][i]] for i in shared],
-                                             float(metrics_cfg.correct_threshold))
-    return out
-
-
-def support_changes(model_records: list[dict], compare_records: list[dict], threshold: float) -> dict:
-    """Crossover k (where the compare= model's pass@k reaches the model's) and solved-set changes from the
-    compare= model to the model, over the same problems (rlx/evaluation/metrics.py). n: samples per problem."""
-    def counts(records):
-        return (np.array([len(r["scores"]) for r in records]),
-                np.array([sum(s >= threshold for s in r["scores"]) for r in records]))
-
-    (n_model, c_model), (n_compare, c_compare) = counts(model_records), counts(compare_records)
-    samples = int(min(n_model.min(), n_compare.min())) if len(model_records) else 0
-    crossover = crossover_k(n_model, c_model, n_compare, c_compare) if samples else None
-    return {"samples": samples, "crossover_k": crossover, **solved_set_changes(c_model, c_compare)}
-
-
-def _metric_order(name: str) -> tuple:
-    kind, _, k = name.partition("@")
-    order = {"greedy/accuracy": 0, "greedy/success": 0, "greedy/return": 1, "greedy/turns": 2, "success": 3, "return": 4,
-             "turns": 5, "pass": 6, "maj": 7, "mean": 8}
-    return (order.get(kind, 9), int(k) if k.isdigit() else 0)
-
-
-def render_table(summary: dict, labels: dict[str, str], confidence: float):
-    """A rich Table: one row per benchmark and metric, value [low, high] per model and the difference."""
-    from rich.table import Table
-
-    pct = f"{confidence:.0%}"
-    table = Table(title=f"rlx eval ({pct} bootstrap intervals over problems or environment tasks)")
-    table.add_column("benchmark")
-    table.add_column("metric")
-    table.add_column(labels["model"], justify="right")
-    if "compare" in labels:
-        table.add_column(labels["compare"], justify="right")
-        table.add_column("difference (paired)", justify="right")
-        table.add_column("P(diff>0)", justify="right")
-
-    def cell(entry):
-        return f"{entry['value']:.3f} [{entry['low']:.3f}, {entry['high']:.3f}]"
-
-    for bench, result in summary["benchmarks"].items():
-        for i, name in enumerate(sorted(result["model"], key=_metric_order)):
-            row = [bench if i == 0 else "", name, cell(result["model"][name])]
-            if "compare" in labels:
-                diff = result["diff"].get(name)
-                row += [cell(result["compare"][name]) if name in result["compare"] else "-",
-                        f"{diff['value']:+.3f} [{diff['low']:+.3f}, {diff['high']:+.3f}]" if diff else "-",
-                        f"{diff['frac_positive']:.3f}" if diff else "-"]
-            table.add_row(*row)
-    return table
-
-
-def support_lines(summary: dict, labels: dict[str, str]) -> list[str]:
-    """One line per benchmark with compare=: the crossover k and the solved-set changes (support_changes)."""
-    lines = []
-    for bench, result in summary["benchmarks"].items():
-        support = result.get("support")
-        if not support or not support["samples"]:
-            continue
-        k = support["crossover_k"]
-        crossing = (f"{labels['compare']} reaches {labels['model']}'s pass@k at k = {k}" if k is not None else
-                    f"{labels['model']} stays ahead up to k = {support['samples']}")
-        lines.append(f"{bench}: {crossing}; solved at least once in {support['samples']} samples: by {labels['model']} only "
-                     f"{support['expand']} (expand), by {labels['compare']} only {support['shrink']} (shrink), "
-                     f"both {support['both']}, neither {support['neither']}")
-    return lines
-
-
-def _k_ticks(ax, ks: list[int]) -> None:
-    """Ticks at the plotted k, written 1, 2, 4 (not 2^0, 2^1, 2^2)."""
-    ax.set_xticks(ks, [str(k) for k in ks])
-    ax.minorticks_off()
-
-
-def plot_pass_at_k(summary: dict, labels: dict[str, str], path: Path) -> Path | None:
-    """pass@k against k (log2 axis) with interval bars, one panel per benchmark."""
-    panels = [(b, r) for b, r in summary["benchmarks"].items() if any(m.startswith("pass@") for m in r["model"])]
-    if not panels:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    paired = any(any(m.startswith("pass@") for m in r.get("diff", {})) for _, r in panels)
-    fig, axes = plt.subplots(2 if paired else 1, len(panels), figsize=(5 * len(panels), 7.5 if paired else 4),
-                             squeeze=False)
-    for column, (bench, result) in enumerate(panels):
-        diff = sorted((int(m.split("@")[1]), e) for m, e in result.get("diff", {}).items() if m.startswith("pass@"))
-        if paired and diff:  # compare=: the paired difference model - compare, with its interval
-            ax = axes[1][column]
-            mid = np.array([e["value"] for _, e in diff])
-            err = np.array([[e["value"] - e["low"] for _, e in diff], [e["high"] - e["value"] for _, e in diff]])
-            ax.errorbar([k for k, _ in diff], mid, yerr=err, marker="o", capsize=3, color="C2",
-                        label=f"{labels['model']} - {labels['compare']}")
-            ax.axhline(0.0, color="grey", linewidth=1)
-            ax.set_xscale("log", base=2)
-            _k_ticks(ax, [k for k, _ in diff])
-            ax.set_xlabel("k")
-            ax.set_ylabel("paired difference in pass@k")
-            ax.set_title(f"{bench}: paired difference ({result['diff']['problems']} problems)")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
-        elif paired:
-            axes[1][column].axis("off")
-        ax = axes[0][column]
-        for role in ("model", "compare"):
-            if role not in result:
-                continue
-            points = sorted((int(m.split("@")[1]), e) for m, e in result[role].items() if m.startswith("pass@"))
-            ks = [k for k, _ in points]
-            mid = np.array([e["value"] for _, e in points])
-            err = np.array([[e["value"] - e["low"] for _, e in points], [e["high"] - e["value"] for _, e in points]])
-            ax.errorbar(ks, mid, yerr=err, marker="o", capsize=3, label=labels[role])
-        ax.set_xscale("log", base=2)
-        _k_ticks(ax, ks)
-        ax.set_xlabel("k")
-        ax.set_ylabel("pass@k")
-        ax.set_title(bench)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
 
 
 # --------------------------------------------------------------------------------------------
@@ -535,12 +340,17 @@ def _environment(cfg: DictConfig):
 
 
 def _run_environment(run: str):
-    """The `env` config a training run played (its config.yaml), or None (not an agent run)."""
+    """The `env` config a training run played (its config.yaml), or None (not an agent run). The run's plugins
+    are imported first: an environment one of them registered is then found by its name."""
     saved = Path(run).expanduser() / "config.yaml"
     if not saved.is_file():
         return None
-    env = OmegaConf.load(saved).get("env")
+    config = OmegaConf.load(saved)
+    env = config.get("env")
     if env:
+        from rlx.config.plugins import import_plugins
+
+        import_plugins(config.get("plugins"))
         log.info("run=%s trained on env=%s: evaluating held-out episodes of it (benchmark=... evaluates benchmarks)",
                  run, env.name)
     return env or None
@@ -641,14 +451,14 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
         "benchmarks": {name: summarize(by_role, cfg.metrics, per_task_values if environment else per_problem_values)
                        for name, by_role in records.items()},
     }
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2), "the evaluation summary (summary.json)")
     console = Console(record=True, width=160)
     console.print(render_table(summary, labels, float(cfg.metrics.confidence)))
     from rlx.evaluation.explain import metric_notes
 
     for line in support_lines(summary, labels) + metric_notes(summary):
         console.print(line)
-    (out_dir / "summary.txt").write_text(console.export_text())
+    atomic_write_text(out_dir / "summary.txt", console.export_text(), "the evaluation summary (summary.txt)")
     if cfg.plot:
         plot_pass_at_k(summary, labels, out_dir / "plots" / "pass_at_k.png")
     from rlx.evaluation.explain import headline_line
@@ -665,20 +475,3 @@ def headline(summary: dict) -> float | None:
             if name in result["model"]:
                 return result["model"][name]["value"]
     return None
-
-
-@hydra.main(config_path=str(CONF_DIR), config_name="eval", version_base="1.3")
-def eval_app(cfg: DictConfig) -> float | None:
-    from hydra.core.hydra_config import HydraConfig
-
-    hydra_cfg = HydraConfig.get()
-    out_dir = Path(hydra_cfg.runtime.output_dir)
-    try:
-        summary = evaluate(cfg, out_dir, list(hydra_cfg.overrides.task))
-    except UserError as exc:
-        if not cfg.resume:
-            from rlx.runtime.unstarted import discard_unstarted
-
-            discard_unstarted(out_dir)  # rejected before any result: no directory is left behind
-        fail(str(exc))
-    return headline(summary)

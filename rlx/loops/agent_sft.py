@@ -27,6 +27,7 @@ from rlx.loops.common import Parts, end_step, eval_due, evaluate_at_start
 from rlx.models.forward import completion_logprobs
 from rlx.rollout.env import EVAL_SEED_BASE, run_episodes, train_env_seed
 from rlx.rollout.episodes import episode_metrics
+from rlx.rollout.failures import EpisodeFailureWatch
 from rlx.rollout.types import Rollout
 from rlx.runtime.optim import optimizer_step
 from rlx.runtime.parallel import backward, global_sum, shard
@@ -46,6 +47,7 @@ def train_agent_sft(settings, parts: Parts) -> dict:
     start_step = checkpointer.restore(**parts.checkpointed)
     last_eval = evaluate_at_start(settings.eval.at_start, start_step, metrics_log, run_eval)
     group = settings.rollout.samples_per_prompt
+    failures = EpisodeFailureWatch(env.stop_after_failed_steps, factory)  # a broken environment stops the run
     for step in range(start_step + 1, settings.steps + 1):
         start = time.perf_counter()
         tasks = shard(settings.prompts_per_step, acc)  # this process's demonstrations: global indices `mine`
@@ -57,6 +59,8 @@ def train_agent_sft(settings, parts: Parts) -> dict:
                                 max_new_tokens=env.max_new_tokens, max_total_tokens=env.max_total_tokens,
                                 system_prompt=env.system_prompt, use_chat_template=settings.model.chat_template,
                                 stop_ids=[tokenizer.eos_token_id])
+        demos = gather_object(episodes)  # every process's demonstrations, in global order
+        failures.observe(step, demos)
         batch = Rollout.from_episodes(episodes, tokenizer.pad_token_id)
         total_tokens = max(global_sum(acc, float(batch.loss_mask.sum())), 1.0)  # token-mean over the global batch
         loss_sum = 0.0
@@ -74,7 +78,7 @@ def train_agent_sft(settings, parts: Parts) -> dict:
             "train/loss": global_sum(acc, loss_sum),
             "train/lr": scheduler.get_last_lr()[0],
             "train/grad_norm": grad_norm,
-            **episode_metrics(gather_object(episodes), "demo"),
+            **episode_metrics(demos, "demo"),
             "perf/step_time_s": time.perf_counter() - start,
         }
         if eval_due(step, settings.eval.every, settings.steps):

@@ -31,6 +31,7 @@ from rlx.models.forward import completion_logprobs
 from rlx.runtime.optim import optimizer_step
 from rlx.runtime.parallel import backward, global_sum, shard
 from rlx.runtime.rundir import PhaseProgress, write_samples
+from rlx.runtime.storage import writing
 
 log = logging.getLogger("rlx")
 
@@ -92,8 +93,10 @@ def load_pairs(settings, parts: Parts) -> dict:
                            enabled=acc.is_main_process) as bar:
             cached = {"train": reference_logps(parts.model, train_pairs, micro, pad_id, bar),
                       "eval": reference_logps(parts.model, eval_pairs, micro, pad_id, bar)}
-        if acc.is_main_process:
-            torch.save(cached, run_dir / "reference_logps.pt")
+        if acc.is_main_process:  # a record of the reference (a resume recomputes it): optional
+            with writing(run_dir / "reference_logps.pt", "the reference log-probs", partial=run_dir / "reference_logps.pt",
+                         optional="reference_logps.pt"):
+                torch.save(cached, run_dir / "reference_logps.pt")
         for split, pairs in (("train", train_pairs), ("eval", eval_pairs)):
             for pair, (chosen, rejected) in zip(pairs, cached[split].tolist()):
                 pair["ref_chosen"], pair["ref_rejected"] = chosen, rejected

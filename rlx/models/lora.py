@@ -118,7 +118,20 @@ def save_adapter(model, folder: Path, state_dict: dict | None = None) -> None:
     """With LoRA, write the adapter (peft save_pretrained format); otherwise nothing. `state_dict`: the
     adapter's full weights gathered from a sharded policy (rlx.runtime.parallel.gathered_trainable_weights)."""
     if is_peft(model):
-        model.save_pretrained(folder, state_dict=state_dict)
+        model.save_pretrained(folder, state_dict=state_dict, save_embedding_layers=saves_embeddings(model))
+
+
+def saves_embeddings(model) -> bool | str:
+    """peft's `save_embedding_layers` for a LoRA model: rlx never resizes the vocabulary, so the embeddings are
+    saved exactly when the adapter targets them. peft's default ("auto") would otherwise look the base model's
+    config up (on the hub, for a hub id) at every save, and warn when it cannot (builtin:tiny, offline runs).
+    A regex target (a str): peft's own rule."""
+    from peft.utils.constants import EMBEDDING_LAYER_NAMES
+
+    targets = [config.target_modules for config in model.peft_config.values()]
+    if any(t is None or isinstance(t, str) for t in targets):
+        return "auto"
+    return any(name in EMBEDDING_LAYER_NAMES for t in targets for name in t)
 
 
 FINAL_MARKER = "rlx_complete.json"  # written last into final/: a final/ without it is partial
@@ -148,17 +161,21 @@ def save_final(model, tokenizer, run_dir: Path, merged: bool, step: int | None =
     import os
     import shutil
 
+    from rlx.runtime.storage import writing
+
     portable_base_name(model, base_name)
 
     def write(name: str, what, state=None) -> None:
         target, tmp = Path(run_dir) / name, Path(run_dir) / f".tmp-{name}"
         shutil.rmtree(tmp, ignore_errors=True)
-        what.save_pretrained(tmp, state_dict=state)
-        tokenizer.save_pretrained(tmp)
-        (tmp / FINAL_MARKER).write_text(json.dumps({"step": step}) + "\n")
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
+        with writing(target, f"the final model ({name}/)", partial=tmp):  # a storage fault: one line, tmp removed
+            extra = {"save_embedding_layers": saves_embeddings(what)} if is_peft(what) else {}
+            what.save_pretrained(tmp, state_dict=state, **extra)
+            tokenizer.save_pretrained(tmp)
+            (tmp / FINAL_MARKER).write_text(json.dumps({"step": step}) + "\n")
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(tmp, target)
 
     write("final", model, state_dict)
     if merged and is_peft(model):

@@ -90,15 +90,16 @@ def task_remark(tasks: dict[str, str | None]) -> str | None:
 
 def default_metrics(run_dirs: list[Path]) -> tuple[str, ...]:
     """The final metrics to report when --metrics is not given: each run's own optimized metric
-    (`optimized_metric`, auto: eval/success for agent runs, eval/accuracy for the others), in order of first
-    appearance; eval/accuracy when no run says."""
+    (`optimized_metric`, auto: eval/success for agent runs, eval/pref_accuracy for reward models and task-less
+    preference runs, eval/accuracy for the others), in order of first appearance; eval/accuracy when no run says."""
     from rlx.config.rules import optimized_metric
 
     found = []
     for run_dir in run_dirs:
         config = _config(run_dir) or {}
         family = (config.get("algorithm") or {}).get("family", "policy_gradient")
-        metric = optimized_metric(str(config.get("optimized_metric", "auto")), family)
+        source = (config.get("data") or {}).get("source")
+        metric = optimized_metric(str(config.get("optimized_metric", "auto")), family, source)
         if metric not in found:
             found.append(metric)
     return tuple(found) or ("eval/accuracy",)

@@ -17,6 +17,7 @@ same seeds; `retest` re-runs it on seeds the search never saw and reports those 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 import math
@@ -26,7 +27,10 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 
 from rlx.config.rules import optimized_metric
+from rlx.errors import StorageError, fail
 from rlx.report.runs import short_override
+from rlx.runtime.rundir import atomic_write_text
+from rlx.runtime.storage import writing
 
 log = logging.getLogger("rlx")
 
@@ -56,8 +60,24 @@ def write_result(run_dir: Path, final: dict, optimized_metric: str) -> None:
     """result.json: the run's final metrics and which one a sweep optimizes."""
     metrics = {k: (v.item() if hasattr(v, "item") else v) for k, v in final.items()}
     record = {"status": "ok", "optimized_metric": optimized_metric, "metrics": metrics}
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / RESULT_FILE).write_text(json.dumps(record, indent=1) + "\n")
+    with writing(run_dir, "the run's final metrics (result.json)"):
+        run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / RESULT_FILE, json.dumps(record, indent=1) + "\n", "the run's final metrics (result.json)")
+
+
+def restore_result(run_dir: Path, optimized_metric: str) -> bool:
+    """result.json of a finished run that lacks it (a storage fault stopped the run after its final model was
+    written): the final evaluation is the last metrics.jsonl row holding eval/* values. True when written."""
+    from rlx.runtime.rundir import read_metrics
+
+    if (run_dir / RESULT_FILE).is_file():
+        return False
+    rows = [row for row in read_metrics(run_dir / "metrics.jsonl") if any(k.startswith("eval/") for k in row)]
+    if not rows:
+        return False
+    write_result(run_dir, {k: v for k, v in rows[-1].items() if k.startswith("eval/")}, optimized_metric)
+    log.info("result.json written from the last evaluation in metrics.jsonl (step %d)", rows[-1]["step"])
+    return True
 
 
 def record_failure(run_dir: Path, exc: BaseException, hydra_cfg) -> float | None:
@@ -65,7 +85,8 @@ def record_failure(run_dir: Path, exc: BaseException, hydra_cfg) -> float | None
 
     The basic sweeper accepts None. Optuna rejects None and NaN (the sweeper would stop), so it gets
     the worst value for its direction: -inf when maximizing, +inf when minimizing."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    with writing(run_dir, "the trial's failure record (failure.json)"):
+        run_dir.mkdir(parents=True, exist_ok=True)
     message = str(exc) if not isinstance(exc, SystemExit) else f"exited with code {exc.code}"
     record = {
         "status": "failed",
@@ -73,7 +94,8 @@ def record_failure(run_dir: Path, exc: BaseException, hydra_cfg) -> float | None
         "overrides": list(hydra_cfg.overrides.task),
         "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
     }
-    (run_dir / FAILURE_FILE).write_text(json.dumps(record, indent=1) + "\n")
+    atomic_write_text(run_dir / FAILURE_FILE, json.dumps(record, indent=1) + "\n",
+                      "the trial's failure record (failure.json)")
     log.error("trial %s failed (%s); recorded in %s, the sweep goes on", hydra_cfg.job.num, record["error"],
               run_dir / FAILURE_FILE)
     if "optuna" in str(hydra_cfg.sweeper.get("_target_", "")).lower():
@@ -152,13 +174,15 @@ def summarize_sweep(sweep_dir: Path, optimized_metric: str, direction: str = "ma
     for row in rows:  # what tells the trials apart, for the tables
         row["varying"] = [o for o in row["overrides"] if o not in common] if len(rows) > 1 else row["overrides"]
     metric_names = [optimized_metric] + sorted({k for r in rows for k in r["metrics"]} - {optimized_metric})
-    with (sweep_dir / SUMMARY_CSV).open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["rank", "trial", "status", "overrides", *metric_names, "error"])
-        for rank, row in enumerate(rows, 1):
-            writer.writerow([rank, row["trial"], row["status"], " ".join(row["overrides"]),
-                             *[row["metrics"].get(m, "") for m in metric_names], row["error"]])
-    (sweep_dir / SUMMARY_MD).write_text(_markdown(rows, metric_names, optimized_metric, direction))
+    table = io.StringIO(newline="")
+    writer = csv.writer(table)
+    writer.writerow(["rank", "trial", "status", "overrides", *metric_names, "error"])
+    for rank, row in enumerate(rows, 1):
+        writer.writerow([rank, row["trial"], row["status"], " ".join(row["overrides"]),
+                         *[row["metrics"].get(m, "") for m in metric_names], row["error"]])
+    atomic_write_text(sweep_dir / SUMMARY_CSV, table.getvalue(), "the sweep summary (summary.csv)")
+    atomic_write_text(sweep_dir / SUMMARY_MD, _markdown(rows, metric_names, optimized_metric, direction),
+                      "the sweep summary (summary.md)")
     return rows
 
 
@@ -257,8 +281,13 @@ class SweepSummary(Callback):
         if not sweep_dir.is_dir():
             log.warning("sweep directory %s not found; no summary written", sweep_dir)
             return
-        metric = optimized_metric(config.get("optimized_metric", "auto"), config.algorithm.family)
-        rows = summarize_sweep(sweep_dir, metric, sweep_direction(config.hydra))
+        metric = optimized_metric(config.get("optimized_metric", "auto"), config.algorithm.family,
+                                  config.get("data", {}).get("source"))
+        try:
+            rows = summarize_sweep(sweep_dir, metric, sweep_direction(config.hydra))
+        except StorageError as exc:  # one line (exit 3), not Hydra's traceback; the trials' own records stand
+            exc.survived = f"every trial keeps its {RESULT_FILE} or {FAILURE_FILE}"
+            fail(str(exc), code=3)
         print_summary(rows, metric, sweep_dir)
         best = best_trial(rows, metric)
         if rows and rows[0].get("seeds_only"):

@@ -12,6 +12,7 @@ from accelerate.utils import gather_object
 
 from rlx.rollout.budgets import BudgetWatch, budget_cut_frac
 from rlx.rollout.env import play, train_env_seed
+from rlx.rollout.failures import EpisodeFailureWatch
 from rlx.rollout.sampling import sample_seed
 from rlx.rollout.types import Batch, Episode, Rollout
 from rlx.runtime.parallel import shard
@@ -59,6 +60,7 @@ class EpisodeProducer:
         self.group_size, self.prompts_per_step, self.seed = group_size, prompts_per_step, seed
         self.use_chat_template, self.acc = use_chat_template, acc
         self.play, self.extra_metrics = play_fn, extra_metrics  # env=harness: its sessions (rlx/gateway/harness.py)
+        self.failures = EpisodeFailureWatch(limits.stop_after_failed_steps, factory)  # issue 31: a broken environment
         self.budget_watch = BudgetWatch(limits.max_total_tokens)  # warns once when the budget ends most episodes
 
     @property
@@ -81,6 +83,7 @@ class EpisodeProducer:
         version = getattr(self.generator, "version", 0) or 0
         rows, row_episode = training_rows(episodes)  # a harness session's fork rows join the batch
         rollout = Rollout.from_episodes(rows, self.tokenizer.pad_token_id, [version] * len(rows))
+        self.failures.observe(step, all_episodes)  # every episode failing for several steps stops the run
         returns = torch.tensor([float(sum(e.step_rewards)) for e in all_episodes])  # (N,)
         n = max(len(all_episodes), 1)
         metrics = {

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from rlx.algorithms.grouping import dense_ids
-from rlx.algorithms.registry import Registry
+from rlx.registry import Registry
 
 
 @dataclass

@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from rlx.algorithms.registry import Registry
+from rlx.registry import Registry
 
 TEMPERATURE_SCHEDULES = Registry("temperature schedule")
 

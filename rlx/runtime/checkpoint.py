@@ -39,11 +39,11 @@ import torch
 
 from rlx.errors import (
     CheckpointDamaged,
-    CheckpointWriteError,
     NonFiniteError,
     TrainingInterrupted,
     set_current_step,
 )
+from rlx.runtime.storage import writing
 
 log = logging.getLogger("rlx")
 
@@ -78,7 +78,7 @@ def truncate_metrics(path: Path, last_step: int) -> int:
     if not path.is_file():
         return 0
     kept = [row for row in read_metrics(path) if row["step"] <= last_step]
-    atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in kept))
+    atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in kept), "metrics.jsonl cut back to the checkpoint")
     return len(kept)
 
 
@@ -284,43 +284,56 @@ class Checkpointer:
         final = self.folder / f"step_{step:06d}"
         tmp = self.folder / f".tmp-step_{step:06d}"
         _assert_finite_weights(self.acc._models)
-        if self.acc.is_main_process:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            for stale in self.folder.glob(".tmp-*"):
-                shutil.rmtree(stale, ignore_errors=True)
-        self.acc.wait_for_everyone()
+        what = f"the checkpoint of step {step}"
         try:
-            self.acc.save_state(str(tmp))  # every process: its RNG state, and its shard under FSDP/DeepSpeed
-            self.acc.wait_for_everyone()
-            from rlx.models.lora import is_peft, save_adapter
-            from rlx.runtime.parallel import gathered_trainable_weights
-
-            policy = self.acc.unwrap_model(self.acc._models[0])
-            adapter = gathered_trainable_weights(policy) if is_peft(policy) else None  # FSDP2: every rank gathers
             if self.acc.is_main_process:
-                save_adapter(policy, tmp / "adapter", adapter)
-                state = {"step": step, "total_steps": self.total_steps, "num_processes": self.acc.num_processes,
-                         "objects": self._object_names}
-                (tmp / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")
-                write_checksums(tmp)
-        except OSError as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
+                with writing(self.folder, what):
+                    self.folder.mkdir(parents=True, exist_ok=True)
+                    for stale in self.folder.glob(".tmp-*"):
+                        shutil.rmtree(stale, ignore_errors=True)
+            self.acc.wait_for_everyone()
+            # a storage fault anywhere below (a library may report it without an errno) removes the partial folder
+            # and stops with one line (StorageError); the folder is renamed to step_XXXXXX only once complete
+            with writing(tmp, what, partial=tmp):
+                self.acc.save_state(str(tmp))  # every process: its RNG state, and its shard under FSDP/DeepSpeed
+                self.acc.wait_for_everyone()
+                from rlx.models.lora import is_peft, save_adapter
+                from rlx.runtime.parallel import gathered_trainable_weights
+
+                policy = self.acc.unwrap_model(self.acc._models[0])
+                adapter = gathered_trainable_weights(policy) if is_peft(policy) else None  # FSDP2: every rank gathers
+                if self.acc.is_main_process:
+                    save_adapter(policy, tmp / "adapter", adapter)
+                    state = {"step": step, "total_steps": self.total_steps, "num_processes": self.acc.num_processes,
+                             "objects": self._object_names}
+                    (tmp / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")
+                    write_checksums(tmp)
+                    if final.exists():  # re-saving a step (resumed, then stopped at the same step)
+                        _discard(final)
+                    os.replace(tmp, final)
+                    _fsync(self.folder)
+        except Exception:
             self.close()
-            latest = latest_checkpoint(self.run_dir)
-            kept = f"earlier checkpoints are intact (latest: step {latest[0]})" if latest else "no earlier checkpoint"
-            raise CheckpointWriteError(
-                f"could not write the checkpoint of step {step} ({exc.strerror or exc}); its partial folder was "
-                f"removed and {kept}. Free some space, then continue with: rlx train resume={self.run_dir}") from None
+            raise
         if self.acc.is_main_process:
-            if final.exists():  # re-saving a step (resumed, then stopped at the same step)
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-            _fsync(self.folder)
             for _, old in list_checkpoints(self.run_dir)[: -self.keep]:
-                shutil.rmtree(old, ignore_errors=True)
+                _discard(old)
             log.info("checkpoint: %s", final)
         self.acc.wait_for_everyone()
         return final
+
+
+def _discard(folder: Path) -> None:
+    """Delete a checkpoint folder: renamed to `.tmp-` first (one atomic step), so that a deletion cut short (a
+    kill, a permission error) never leaves a step_XXXXXX folder with some of its files; a `.tmp-` folder is never
+    read and the next save removes it."""
+    doomed = folder.with_name(f".tmp-old-{folder.name}")
+    try:
+        os.replace(folder, doomed)
+    except OSError as exc:
+        log.warning("could not delete the old checkpoint %s (%s); it stays", folder, exc.strerror)
+        return
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def _apply_learning_rate(scheduler, configured: list[float]) -> None:
@@ -333,3 +346,15 @@ def _apply_learning_rate(scheduler, configured: list[float]) -> None:
         group["initial_lr"] = base
         group["lr"] = base * factor(scheduler.last_epoch)
     scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
+
+
+def what_survived(run_dir, total_steps: int) -> str:
+    """What a run stopped by a fault keeps and which checkpoint `rlx train resume=` uses (for the error line)."""
+    found = latest_checkpoint(run_dir)
+    if found is None:
+        return "no checkpoint had been written yet: resume starts again from step 0"
+    step, path = found
+    if step >= total_steps:
+        return (f"the run's last checkpoint (step {step}, {path}) is complete: resume writes what is missing "
+                f"(final/, result.json) from it")
+    return f"earlier checkpoints are intact: resume continues from step {step} ({path})"

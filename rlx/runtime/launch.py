@@ -52,7 +52,7 @@ def check_not_externally_launched() -> None:
     if os.environ.get("RANK", "0") == "0":
         print(f"error: rlx starts its own processes; instead of an external launcher with {os.environ['WORLD_SIZE']} "
               f"processes run `rlx train hardware=ddp hardware.num_processes={os.environ['WORLD_SIZE']}` "
-              f"(or hardware=fsdp / deepspeed_zero2, see README 'Hardware')", file=sys.stderr)
+              f"(or hardware=fsdp / deepspeed_zero2, see docs/scaling/index.md)", file=sys.stderr)
     raise SystemExit(2)
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from rlx.errors import RunInUse
+from rlx.runtime.storage import writing
 
 log = logging.getLogger("rlx")
 
@@ -38,24 +39,47 @@ def _shown(value, fmt: str) -> str:
     return str(value)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Replace `path` with `text` so that a crash leaves either the old or the new file, never half of one."""
+def atomic_write_text(path: Path, text: str, what: str | None = None) -> None:
+    """Replace `path` with `text` so that a crash leaves either the old or the new file, never half of one.
+    A storage fault is a StorageError about `what` (default: the file's name)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
+    with writing(path, what or path.name, partial=tmp):
         with tmp.open("w") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+
+
+def append_text(path: Path, text: str, what: str) -> None:
+    """Append `text` (whole lines) to `path`; a fault part-way cuts the file back to where it ended, so no half
+    line is left for the next append to run into. A storage fault is a StorageError about `what`."""
+    path = Path(path)
+    with writing(path, what):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            start = os.fstat(fd).st_size
+            left = memoryview(text.encode())
+            try:
+                while left:  # a nearly full disk takes part of a write, then refuses the rest
+                    left = left[os.write(fd, left):]
+            except OSError:
+                try:
+                    os.ftruncate(fd, start)
+                except OSError:
+                    pass  # then readers drop the cut-short last line (read_metrics, rlx eval's read_records)
+                raise
+        finally:
+            os.close(fd)
 
 
 def write_run_files(run_dir: Path, cfg, overrides: list[str]) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    atomic_write_text(run_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
+    with writing(run_dir, "the run directory"):
+        run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True), "the run's settings (config.yaml)")
+    atomic_write_text(run_dir / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(list(overrides))),
+                      "the run's overrides (overrides.yaml)")
 
 
 RESUMES_FILE = "resumes.jsonl"
@@ -68,8 +92,7 @@ def record_resume(run_dir: Path, old_config: dict, new_config: dict, checkpoint_
                if old_flat.get(key) != new_flat.get(key) and key not in ("resume",)}
     record = {"time": round(time.time(), 3), "checkpoint_step": checkpoint_step, "from_step": checkpoint_step + 1,
               "changed": changed, "overrides": list(overrides)}
-    with (Path(run_dir) / RESUMES_FILE).open("a") as handle:
-        handle.write(json.dumps(record, default=str) + "\n")
+    append_text(Path(run_dir) / RESUMES_FILE, json.dumps(record, default=str) + "\n", "the record of this resume")
     if changed:
         log.info("resume changes from step %d: %s", checkpoint_step + 1,
                  ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in changed.items()))
@@ -99,8 +122,9 @@ class RunLock:
         self._fd = None
 
     def acquire(self, record: bool = True) -> RunLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        with writing(self.path, "the run's lock file"):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -109,9 +133,14 @@ class RunLock:
             raise RunInUse(f"run {self.path.parent} is in use by {holder}; wait for it to finish or stop it "
                            f"(a second process would write every metrics row twice)") from None
         if record:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
-                          f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+            try:
+                with writing(self.path, "the run's lock file"):
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since "
+                                  f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+            except BaseException:
+                os.close(fd)
+                raise
         self._fd = fd
         return self
 
@@ -274,8 +303,7 @@ class MetricsLog:
             return
         row = {"step": step, "time": round(time.time(), 3)}
         row.update({k: _jsonable(v) for k, v in sorted(metrics.items())})
-        with self.path.open("a") as handle:
-            handle.write(json.dumps(row) + "\n")
+        append_text(self.path, json.dumps(row) + "\n", f"the metrics row of step {step}")
         if self.tracker is not None:
             numbers = {k: v for k, v in row.items() if k not in ("step", "time") and isinstance(v, (int, float))}
             self.tracker.log(numbers, step=step)
@@ -303,11 +331,13 @@ class MetricsLog:
 
 
 def write_samples(run_dir: Path, step: int, records: list[dict]) -> None:
-    folder = run_dir / "samples"
-    folder.mkdir(exist_ok=True)
-    with (folder / f"step_{step:06d}.jsonl").open("w") as handle:
-        for record in records:
-            handle.write(json.dumps(record, default=str) + "\n")
+    """samples/step_XXXXXX.jsonl; optional: a storage fault is a warning (once) and the run goes on."""
+    path = run_dir / "samples" / f"step_{step:06d}.jsonl"
+    with writing(path, f"the samples of step {step}", partial=path, optional="samples"):
+        path.parent.mkdir(exist_ok=True)
+        with path.open("w") as handle:
+            for record in records:
+                handle.write(json.dumps(record, default=str) + "\n")
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -413,8 +443,12 @@ def plot_run(run_dir: Path) -> Path | None:
         ax.axis("off")
     fig.suptitle(run_dir.name, fontsize=9)
     out = run_dir / "plots" / "reward.png"
-    out.parent.mkdir(exist_ok=True)
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    try:
+        with writing(out, "the run's plot", partial=out, optional="plots"):  # optional: the metrics hold the data
+            out.parent.mkdir(exist_ok=True)
+            fig.savefig(out, dpi=100)
+            return out
+    finally:
+        plt.close(fig)
+    return None

@@ -110,4 +110,7 @@ def environment_info(world_size: int) -> dict:
 
 
 def write_env_info(run_dir: Path, world_size: int) -> None:
-    (Path(run_dir) / "env.json").write_text(json.dumps(environment_info(world_size), indent=1) + "\n")
+    from rlx.runtime.rundir import atomic_write_text
+
+    atomic_write_text(Path(run_dir) / "env.json", json.dumps(environment_info(world_size), indent=1) + "\n",
+                      "the run's environment record (env.json)")

@@ -28,8 +28,10 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
     """Train according to cfg, writing everything into run_dir. Returns the final evaluation metrics."""
     from rlx.runtime import launch
     from rlx.runtime.rundir import RunLock
+    from rlx.runtime.storage import guard_log_files
 
     check_run(cfg)
+    guard_log_files()  # train.log on a full disk: said once, not a traceback per line
     # one process (tree) per run directory; machine 0's launcher holds it for a multi-node run
     lock = None if launch.is_worker() or cfg.hardware.machine_rank != 0 else RunLock(run_dir).acquire()
     try:
@@ -49,7 +51,7 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
     from rlx.runtime import launch, tracking
     from rlx.runtime.checkpoint import latest_checkpoint
     from rlx.runtime.parallel import fsdp_plugin, full_state_dict, micro_batches_per_step, use_fsdp_on_cpu
-    from rlx.runtime.rundir import plot_run, write_run_files
+    from rlx.runtime.rundir import atomic_write_text, plot_run, write_run_files
 
     local_batch = check_batch(cfg, launch.world_size(cfg.hardware))
     rebuild_final = False
@@ -59,7 +61,8 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
             if not cfg.save.final or final_is_complete(run_dir, cfg.model.lora.save_merged):
                 log.info("run %s already finished (checkpoint at step %d, steps=%d): nothing to train", run_dir,
                          found[0], cfg.steps)
-                return None  # nothing in the run directory is touched
+                _restore_result(cfg, run_dir)  # only when a storage fault kept result.json from being written
+                return None  # nothing else in the run directory is touched
             log.warning("run %s finished but final/ is missing or partial: rebuilding it from checkpoint step %d",
                         run_dir, found[0])
             rebuild_final = True
@@ -123,7 +126,9 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
         log.info("data.max_prompt_length=%d: %d of %d training prompts longer (%d dropped, %d truncated)",
                  cfg.data.max_prompt_length, counts["over_length"], counts["prompts"], counts["dropped"], counts["truncated"])
         if accelerator.is_main_process:
-            (run_dir / "prompt_length.json").write_text(json.dumps(dict(counts, max_prompt_length=cfg.data.max_prompt_length)) + "\n")
+            atomic_write_text(run_dir / "prompt_length.json",
+                              json.dumps(dict(counts, max_prompt_length=cfg.data.max_prompt_length)) + "\n",
+                              "the prompt-length counts (prompt_length.json)")
     if cfg.algorithm.family in ("policy_gradient", "ppo"):
         from rlx.data.prompt_limits import check_context, model_context
 
@@ -163,6 +168,7 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
             save_final(accelerator.unwrap_model(result["model"]), tokenizer, run_dir, cfg.model.lora.save_merged, cfg.steps,
                        state, base_name=cfg.model.path)
             log.info("final/ rebuilt from the last checkpoint")
+            _restore_result(cfg, run_dir)
         accelerator.end_training()
         return None
     if accelerator.is_main_process:
@@ -175,6 +181,14 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
         log.info("done: %s  %s", run_dir, "  ".join(f"{k}={v:.4f}" for k, v in summary.items() if isinstance(v, float)))
     accelerator.end_training()
     return result["final_eval"] if accelerator.is_main_process else None
+
+
+def _restore_result(cfg: DictConfig, run_dir: Path) -> None:
+    """result.json of a finished run that lacks it, from its metrics (rlx.report.sweeps.restore_result)."""
+    from rlx.config.rules import optimized_metric
+    from rlx.report.sweeps import restore_result
+
+    restore_result(run_dir, optimized_metric(cfg.optimized_metric, cfg.algorithm.family, cfg.data.source))
 
 
 def _record_resume(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> None:

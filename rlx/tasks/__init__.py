@@ -10,7 +10,8 @@ test/entry_point for code). The same pair scores a benchmark (conf/benchmark/*.y
 and, through `verifier_reward`, a training reward component (conf/reward/*.yaml), so training reward and
 `rlx eval` score agree on the same completion by construction (tests/test_scoring_contract.py).
 Data configs name their task's verifier (`data.verifier`), which the default reward (`reward=task`) uses.
-A new task is one verifier (two functions and a VERIFIERS entry, or an existing name) plus a YAML file.
+A new task is one verifier (a verify function registered with `@register_verifier("name", extract)`, from a
+plugin with `@rlx.register("verifier", "name")`, or an existing name) plus a YAML file.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import re
 import threading
 from dataclasses import dataclass
 
+from rlx.registry import Registry
 from rlx.rewards import completion_text
 
 ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -95,98 +97,7 @@ def code_completion(completion: str, problem: dict, stop: tuple[str, ...] = ()) 
 
 
 # --------------------------------------------------------------------------------------------
-# Verifiers: fn(extracted, problems) -> list[float]
-# --------------------------------------------------------------------------------------------
-
-
-def reasoning_gym_score(extracted: list[str | None], problems: list[dict]) -> list[float]:
-    """reasoning-gym's own scorer of each task (1.0 for a correct answer)."""
-    import reasoning_gym
-
-    scores = []
-    for answer, problem in zip(extracted, problems):
-        if answer is None:
-            scores.append(0.0)
-            continue
-        entry = {"question": problem["question"], "answer": problem["answer"], "metadata": json.loads(problem["metadata"])}
-        scores.append(float(reasoning_gym.get_score_answer_fn(problem["task"])(answer, entry)))
-    return scores
-
-
-def _as_number(text: str) -> float | None:
-    cleaned = text.strip().replace(",", "").replace("$", "").rstrip(".")
-    if cleaned.endswith("%"):
-        cleaned = cleaned[:-1]
-    try:
-        return float(cleaned)
-    except ValueError:
-        return None
-
-
-def numeric_match(extracted: list[str | None], problems: list[dict], rel_tol: float = 1e-6) -> list[float]:
-    """1.0 when the answer and the reference parse to the same number (commas, '$', '%' ignored);
-    otherwise exact string match after whitespace normalisation."""
-    scores = []
-    for answer, problem in zip(extracted, problems):
-        if answer is None:
-            scores.append(0.0)
-            continue
-        got, want = _as_number(answer), _as_number(problem["answer"])
-        if got is not None and want is not None:
-            scores.append(1.0 if math.isclose(got, want, rel_tol=rel_tol, abs_tol=1e-9) else 0.0)
-        else:
-            scores.append(1.0 if " ".join(answer.split()) == " ".join(problem["answer"].split()) else 0.0)
-    return scores
-
-
-def math_equivalence(extracted: list[str | None], problems: list[dict]) -> list[float]:
-    """1.0 when math-verify finds the answer equivalent to the reference (LaTeX or plain).
-    Its timeouts use signal.alarm, which only works in the main thread."""
-    from math_verify import parse, verify
-
-    timeout = 5 if threading.current_thread() is threading.main_thread() else None
-    scores = []
-    for answer, problem in zip(extracted, problems):
-        if answer is None:
-            scores.append(0.0)
-            continue
-        gold = parse(f"${problem['answer']}$", parsing_timeout=timeout)
-        pred = parse(f"${answer}$", parsing_timeout=timeout)
-        scores.append(1.0 if gold and pred and verify(gold, pred, timeout_seconds=timeout) else 0.0)
-    return scores
-
-
-def unit_tests(extracted: list[str | None], problems: list[dict], timeout_s: float = 5.0, memory_mb: int = 512,
-               workers: int = 4) -> list[float]:
-    """Run each program against its problem's tests in the sandbox (rlx.tasks.sandbox), a few at
-    a time; 1.0 when every assert holds within the limits.  Broken or hostile programs score 0."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from rlx.tasks.sandbox import check_program
-
-    def one(pair) -> float:
-        program, problem = pair
-        if program is None:
-            return 0.0
-        result = check_program(program, problem["test"], problem["entry_point"], timeout_s=timeout_s, memory_mb=memory_mb)
-        return 1.0 if result.passed else 0.0
-
-    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="rlx-eval-verify") as pool:
-        return list(pool.map(one, zip(extracted, problems)))
-
-
-def _normalize(text: str) -> str:
-    return " ".join(str(text).split())
-
-
-def exact_string(extracted: list[str | None], problems: list[dict]) -> list[float]:
-    """1.0 when the answer equals the reference after whitespace normalisation."""
-    return [1.0 if answer is not None and _normalize(answer) == _normalize(problem["answer"]) else 0.0
-            for answer, problem in zip(extracted, problems)]
-
-
-# --------------------------------------------------------------------------------------------
-# The registry, and the bridge to the reward contract
+# The registry: data.verifier, benchmark.<name>.verifier and the `verifier` of reward=task name an entry
 # --------------------------------------------------------------------------------------------
 
 
@@ -204,13 +115,120 @@ class Verifier:
         return extracted, [float(s) for s in self.verify(extracted, problems)]
 
 
-VERIFIERS = {
-    "exact": Verifier(answer_tag, exact_string),
-    "numeric": Verifier(answer_tag_or_last_number, numeric_match),
-    "math": Verifier(answer_tag_or_boxed, math_equivalence),
-    "reasoning_gym": Verifier(answer_tag, reasoning_gym_score, ("answer", "question", "task", "metadata")),
-    "unit_tests": Verifier(functools.partial(code_completion, stop=CODE_STOP), unit_tests, ("prompt", "test", "entry_point")),
-}
+VERIFIERS = Registry("verifier")  # name -> Verifier(extract, verify, needs)
+
+
+def register_verifier(name: str, extract=answer_tag, needs=("answer",)):
+    """Decorator registering a verify function under `name`, paired with its answer extractor (default: the
+    <answer> tag) and the problem columns it reads: `@register_verifier("numeric", answer_tag_or_last_number)`.
+    Returns the function unchanged."""
+
+    def decorate(verify):
+        VERIFIERS.add(name, Verifier(extract, verify, tuple(needs)), definition=verify)
+        return verify
+
+    return decorate
+
+
+# --------------------------------------------------------------------------------------------
+# Verifiers: fn(extracted, problems) -> list[float], registered in this order
+# --------------------------------------------------------------------------------------------
+
+
+def _normalize(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+@register_verifier("exact")
+def exact_string(extracted: list[str | None], problems: list[dict]) -> list[float]:
+    """1.0 when the answer equals the reference after whitespace normalisation."""
+    return [1.0 if answer is not None and _normalize(answer) == _normalize(problem["answer"]) else 0.0
+            for answer, problem in zip(extracted, problems)]
+
+
+def _as_number(text: str) -> float | None:
+    cleaned = text.strip().replace(",", "").replace("$", "").rstrip(".")
+    if cleaned.endswith("%"):
+        cleaned = cleaned[:-1]
+    try:
+        return float(cleaned)
+    except ValueError:
+        return None
+
+
+@register_verifier("numeric", answer_tag_or_last_number)
+def numeric_match(extracted: list[str | None], problems: list[dict], rel_tol: float = 1e-6) -> list[float]:
+    """1.0 when the answer and the reference parse to the same number (commas, '$', '%' ignored);
+    otherwise exact string match after whitespace normalisation."""
+    scores = []
+    for answer, problem in zip(extracted, problems):
+        if answer is None:
+            scores.append(0.0)
+            continue
+        got, want = _as_number(answer), _as_number(problem["answer"])
+        if got is not None and want is not None:
+            scores.append(1.0 if math.isclose(got, want, rel_tol=rel_tol, abs_tol=1e-9) else 0.0)
+        else:
+            scores.append(1.0 if " ".join(answer.split()) == " ".join(problem["answer"].split()) else 0.0)
+    return scores
+
+
+@register_verifier("math", answer_tag_or_boxed)
+def math_equivalence(extracted: list[str | None], problems: list[dict]) -> list[float]:
+    """1.0 when math-verify finds the answer equivalent to the reference (LaTeX or plain).
+    Its timeouts use signal.alarm, which only works in the main thread."""
+    from math_verify import parse, verify
+
+    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    scores = []
+    for answer, problem in zip(extracted, problems):
+        if answer is None:
+            scores.append(0.0)
+            continue
+        gold = parse(f"${problem['answer']}$", parsing_timeout=timeout)
+        pred = parse(f"${answer}$", parsing_timeout=timeout)
+        scores.append(1.0 if gold and pred and verify(gold, pred, timeout_seconds=timeout) else 0.0)
+    return scores
+
+
+@register_verifier("reasoning_gym", needs=("answer", "question", "task", "metadata"))
+def reasoning_gym_score(extracted: list[str | None], problems: list[dict]) -> list[float]:
+    """reasoning-gym's own scorer of each task (1.0 for a correct answer)."""
+    import reasoning_gym
+
+    scores = []
+    for answer, problem in zip(extracted, problems):
+        if answer is None:
+            scores.append(0.0)
+            continue
+        entry = {"question": problem["question"], "answer": problem["answer"], "metadata": json.loads(problem["metadata"])}
+        scores.append(float(reasoning_gym.get_score_answer_fn(problem["task"])(answer, entry)))
+    return scores
+
+
+@register_verifier("unit_tests", functools.partial(code_completion, stop=CODE_STOP), ("prompt", "test", "entry_point"))
+def unit_tests(extracted: list[str | None], problems: list[dict], timeout_s: float = 5.0, memory_mb: int = 512,
+               workers: int = 4) -> list[float]:
+    """Run each program against its problem's tests in the sandbox (rlx.sandbox), a few at
+    a time; 1.0 when every assert holds within the limits.  Broken or hostile programs score 0."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rlx.sandbox import check_program
+
+    def one(pair) -> float:
+        program, problem = pair
+        if program is None:
+            return 0.0
+        result = check_program(program, problem["test"], problem["entry_point"], timeout_s=timeout_s, memory_mb=memory_mb)
+        return 1.0 if result.passed else 0.0
+
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="rlx-eval-verify") as pool:
+        return list(pool.map(one, zip(extracted, problems)))
+
+
+# --------------------------------------------------------------------------------------------
+# The bridge to the reward contract
+# --------------------------------------------------------------------------------------------
 
 
 def get_verifier(name: str) -> Verifier:

@@ -1,0 +1,52 @@
+"""`rlx eval`: the Hydra front of an evaluation (rlx/evaluation/runner.py does the work), and the resolver that
+names its output directory (conf/eval.yaml: hydra.run.dir)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from rlx.config.paths import CONF_DIR
+from rlx.errors import StorageError, UserError, fail
+from rlx.evaluation.runner import evaluate, headline
+
+
+def _eval_dir(resume, name) -> str:
+    """Output directory: the resumed one, or outputs/eval/<time>_<name>."""
+    if resume not in (None, "", "None", "null"):
+        return str(resume)
+    import os
+
+    root = os.environ.get("RLX_OUTPUTS", "outputs")
+    return f"{root}/eval/{datetime.now().strftime('%Y-%m-%d_%H-%M-%S.%f')}_{name}"
+
+
+if not OmegaConf.has_resolver("rlx_eval_dir"):
+    OmegaConf.register_new_resolver("rlx_eval_dir", _eval_dir)
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="eval", version_base="1.3")
+def eval_app(cfg: DictConfig) -> float | None:
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra_cfg = HydraConfig.get()
+    out_dir = Path(hydra_cfg.runtime.output_dir)
+    try:
+        summary = evaluate(cfg, out_dir, list(hydra_cfg.overrides.task))
+    except StorageError as exc:  # finished problems stay in the results files; resume generates only the rest
+        if (out_dir / "config.yaml").is_file():
+            exc.survived = f"the problems already scored stay in {out_dir}/*/*.jsonl"
+            exc.command = f"rlx eval resume={out_dir}"
+        else:
+            exc.survived = "nothing was evaluated yet"
+        fail(str(exc), code=3)
+    except UserError as exc:
+        if not cfg.resume:
+            from rlx.runtime.unstarted import discard_unstarted
+
+            discard_unstarted(out_dir)  # rejected before any result: no directory is left behind
+        fail(str(exc))
+    return headline(summary)

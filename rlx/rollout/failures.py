@@ -1,0 +1,63 @@
+"""Stop a run whose environment fails every episode (issue 31).
+
+An environment that raises, or returns something that is not an observation, ends its own episode with
+`Episode.error` set and the other episodes go on (rlx/rollout/env.py): one flaky episode costs one row. When
+every episode of `env.stop_after_failed_steps` consecutive training steps failed, the run has nothing to learn
+from (every row is empty, every update skipped) and would otherwise go on for its whole length: it stops with
+one line quoting the first error of the streak, the environment's class and how many episodes failed the same
+way (EpisodesFailed, exit code 1; the metrics rows of the earlier steps, env/errors included, stay written).
+0 turns the check off. The same watch serves any producer of episodes (environments now, agent harnesses later).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rlx.errors import EpisodesFailed
+
+
+def error_kind(error: str) -> str:
+    """`reset: ValueError: reset() returned ...` -> `reset: ValueError` (where it failed, and the exception type)."""
+    return ": ".join(error.split(": ")[:2])
+
+
+def environment_name(factory: Callable | None) -> str:
+    """`module.Class` of the environments `factory` makes ('an unknown environment' when it cannot make one)."""
+    try:
+        kind = type(factory())
+    except Exception:
+        return "an unknown environment"
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+class EpisodeFailureWatch:
+    """Counts consecutive training steps in which every episode failed; raises EpisodesFailed at `patience`.
+    factory: makes one environment, only to name its class in the message."""
+
+    def __init__(self, patience: int | None, factory: Callable | None = None):
+        self.patience = int(patience or 0)
+        self.factory = factory
+        self.streak: list[tuple[int, list[str]]] = []  # (step, the errors of its episodes), consecutive steps
+
+    def observe(self, step: int, episodes: list) -> None:
+        """Record one step's episodes (all processes' episodes, so every process stops at the same step)."""
+        if not self.patience:
+            return
+        errors = [episode.error for episode in episodes]
+        if not errors or any(error is None for error in errors):
+            self.streak = []
+            return
+        self.streak.append((step, errors))
+        if len(self.streak) >= self.patience:
+            raise EpisodesFailed(self.message())
+
+    def message(self) -> str:
+        first_step, first_errors = self.streak[0]
+        first = (first_errors[0].splitlines() or [""])[0]
+        every = [error for _, errors in self.streak for error in errors]
+        same = sum(error_kind(error) == error_kind(first) for error in every)
+        steps = f"step {first_step}" if len(self.streak) == 1 else f"steps {first_step}-{self.streak[-1][0]}"
+        return (f"every episode of {steps} failed ({len(every)} episodes; env.stop_after_failed_steps={self.patience}): "
+                f"the first, at step {first_step}, in {environment_name(self.factory)}: {first}; {same} of {len(every)} "
+                f"episodes failed with {error_kind(first)}. Nothing can be learned from failed episodes: fix the "
+                f"environment, or set env.stop_after_failed_steps=0 to train on regardless")
