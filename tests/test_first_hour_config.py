@@ -130,7 +130,7 @@ def test_make_train_time_promises_agree():
     makefile = next(line for line in (REPO / "Makefile").read_text().splitlines() if line.startswith("train:"))
     help_text = (REPO / "conf" / "hydra" / "help" / "rlx.yaml").read_text()
     promises = {re.search(r"~(\d+) min", makefile).group(1),
-                re.search(r"built-in tiny model \(CPU, ~(\d+) min\)", help_text).group(1)}
+                re.search(r"built-in tiny model \(CPU, ~(\d+) min", help_text).group(1)}
     readme = re.search(r"make train .*~(\d+) min", (REPO / "README.md").read_text())
     if readme:  # the README is being rewritten; when it states a time, it is the same one
         promises.add(readme.group(1))
@@ -160,36 +160,48 @@ def test_editable_install_has_no_build_backend_warning(tmp_path):
         assert archive.read(pth).decode().strip() == str(REPO)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 32 item 1 (the current directory on the import path of every rlx "
-                                       "command, the real cause of a failing user import) is another engineer's "
-                                       "work, not on this branch yet; remove this marker when it lands")
-def test_readme_own_module_example_from_the_users_folder(tmp_path):
-    """README, Configuration: `rlx train +reward.components.mine._target_=my_module.my_reward
-    +reward.components.mine.weight=0.5` with my_module.py in the current folder, run through the `rlx` console
-    script (not `python -m rlx`, which puts the folder on the path by itself); then a module whose own import
-    fails names the real cause in one line."""
-    import json
+def _own_module_command(tmp_path):
+    """The README's own-reward command, run through the `rlx` console script (not `python -m rlx`, which puts the
+    folder on the path by itself) from the user's folder, with only this checkout on PYTHONPATH."""
     import os
-    import subprocess
     import sys
     from pathlib import Path
 
     from tests.conftest import REPO
 
-    (tmp_path / "my_module.py").write_text("def my_reward(prompts, completions, **kwargs):\n"
-                                           "    return [0.5] * len(completions)\n")
     env = dict(os.environ, PYTHONPATH=str(REPO), RLX_OUTPUTS=str(tmp_path / "outputs"), HF_HUB_OFFLINE="1")
     command = [str(Path(sys.executable).parent / "rlx"), "train", "+reward.components.mine._target_=my_module.my_reward",
                "+reward.components.mine.weight=0.5", "steps=1", "prompts_per_step=2", "rollout.samples_per_prompt=2",
                "eval.size=4", "rollout.max_new_tokens=8", "save.final=false", "save.plot=false",
                "hardware.num_threads=1"]
+    return command, env
+
+
+def test_readme_own_module_example_from_the_users_folder(tmp_path):
+    """README: `rlx train +reward.components.mine._target_=my_module.my_reward +reward.components.mine.weight=0.5`
+    with my_module.py in the current folder (issue 32 item 1, landed with the plugins work) trains with it."""
+    import json
+    import subprocess
+
+    (tmp_path / "my_module.py").write_text("def my_reward(prompts, completions, **kwargs):\n"
+                                           "    return [0.5] * len(completions)\n")
+    command, env = _own_module_command(tmp_path)
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     (run,) = (tmp_path / "outputs" / "train").iterdir()
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["reward/mine"] for r in rows if "reward/mine" in r] == [0.5]
+
+
+@pytest.mark.xfail(strict=True, reason="issue 32 item 1 (the error line names the real cause of a failing user "
+                                       "import) is another engineer's work, not in main yet; remove this marker "
+                                       "when it lands")
+def test_a_failing_user_import_names_its_real_cause(tmp_path):
+    import subprocess
+
     (tmp_path / "my_module.py").write_text("import numpyy\n\n\ndef my_reward(prompts, completions, **kwargs):\n"
                                            "    return [0.5] * len(completions)\n")
+    command, env = _own_module_command(tmp_path)
     broken = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     lines = broken.stderr.strip().splitlines()
     assert broken.returncode == 2 and len(lines) == 1 and "No module named 'numpyy'" in lines[0], broken.stderr
