@@ -92,4 +92,4 @@ def test_rlx_eval_env_refuses_benchmark_and_bad_env(tmp_path):
     result = run_rlx(["eval", "env=grid", "benchmark=chain_sum"], tmp_path)
     assert result.returncode == 2 and "separate run" in result.stderr
     result = run_rlx(["eval", "env=custom", "env.target=nowhere.Env"], tmp_path)
-    assert result.returncode == 2 and "cannot import nowhere" in result.stderr
+    assert result.returncode == 2 and "No module named 'nowhere" in result.stderr

@@ -193,9 +193,6 @@ def test_readme_own_module_example_from_the_users_folder(tmp_path):
     assert [r["reward/mine"] for r in rows if "reward/mine" in r] == [0.5]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 32 item 1 (the error line names the real cause of a failing user "
-                                       "import) is another engineer's work, not in main yet; remove this marker "
-                                       "when it lands")
 def test_a_failing_user_import_names_its_real_cause(tmp_path):
     import subprocess
 
@@ -205,3 +202,4 @@ def test_a_failing_user_import_names_its_real_cause(tmp_path):
     broken = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     lines = broken.stderr.strip().splitlines()
     assert broken.returncode == 2 and len(lines) == 1 and "No module named 'numpyy'" in lines[0], broken.stderr
+    assert "(my_module.py, line 1)" in lines[0] and "Hydra" not in broken.stderr, lines[0]

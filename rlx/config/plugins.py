@@ -58,6 +58,34 @@ def _import(name: str) -> None:
         raise UserError(f"plugin '{name}' failed to import: {what}{_where(exc)}") from None
 
 
+def import_target(target: str, what: str):
+    """The object a dotted path `package.module.attr` names (a reward function, an environment class, an
+    adapter's to_text). Raises UserError with one line naming `what` and the real cause: the module that is not
+    found, or what the user's module raised while importing and where (`No module named 'numpyy' (my_module.py,
+    line 1)`), or the missing attribute; never Hydra's guesses about installation."""
+    module_name, _, attr = str(target).rpartition(".")
+    if not module_name or not attr:
+        raise UserError(f"{what}: '{target}' is not a dotted path such as my_module.my_function")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise UserError(f"{what}: cannot import '{target}': {exc} (a file in the directory `rlx` runs in, on "
+                            f"PYTHONPATH, or in an installed package)") from None
+        raise UserError(f"{what}: cannot import '{target}': {exc}{_where(exc)}") from None
+    except UserError:
+        raise
+    except BaseException as exc:  # the user's module failed while it ran
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        shown = (str(exc) if isinstance(exc, ImportError) else
+                 f"{type(exc).__name__}: {exc.msg if isinstance(exc, SyntaxError) else exc}")
+        raise UserError(f"{what}: cannot import '{target}': {shown}{_where(exc)}") from None
+    if not hasattr(module, attr):
+        raise UserError(f"{what}: module {module_name} has no attribute '{attr}'")
+    return getattr(module, attr)
+
+
 def _where(exc: BaseException) -> str:
     """' (file, line N)' of the failing line: a syntax error's own position, else the innermost frame of the
     traceback in the user's code (not importlib's, not rlx's own registry code that refused an entry)."""

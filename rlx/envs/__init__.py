@@ -13,8 +13,6 @@ kwargs={...}.
 
 from __future__ import annotations
 
-import importlib
-
 # the built-ins register in this order (guess_number, grid, corridor, tool_use, then mixture, which mixes them)
 from rlx.envs.builtin import Corridor, Grid, GuessNumber
 from rlx.envs.tools import ToolUse
@@ -22,23 +20,21 @@ from rlx.envs.tools import ToolUse
 # isort: split
 from rlx.envs.mixture import Mixture
 from rlx.envs.registry import CUSTOM, ENVIRONMENTS
-from rlx.errors import EnvError
+from rlx.errors import EnvError, UserError
 
 __all__ = ["ENVIRONMENTS", "Corridor", "Grid", "GuessNumber", "Mixture", "ToolUse", "env_factory", "load_target"]
 
 
 def load_target(target: str):
     """'package.module.Class' -> the class (or any callable returning an environment)."""
-    module_name, _, attr = str(target).rpartition(".")
-    if not module_name:
+    from rlx.config.plugins import import_target
+
+    if not str(target).rpartition(".")[0]:
         raise EnvError(f"env.target='{target}' must be a dotted path such as my_module.MyEnv")
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise EnvError(f"env.target='{target}': cannot import {module_name} ({exc}); is it on PYTHONPATH?") from None
-    if not hasattr(module, attr):
-        raise EnvError(f"env.target='{target}': module {module_name} has no attribute {attr}")
-    return getattr(module, attr)
+        return import_target(target, f"env.target='{target}'")
+    except UserError as exc:  # one line naming the real cause
+        raise EnvError(str(exc)) from None
 
 
 def env_factory(name: str, target: str | None = None, kwargs: dict | None = None):

@@ -75,8 +75,9 @@ class GymnasiumText:
         if len(self.action_names) != count:
             raise ValueError(f"{env_id} has {count} actions, got {len(self.action_names)} action_names")
         if to_text:
-            module, _, attr = to_text.rpartition(".")
-            self.to_text = getattr(importlib.import_module(module), attr)
+            from rlx.config.plugins import import_target
+
+            self.to_text = import_target(to_text, f"env.kwargs.to_text='{to_text}'")
         else:
             self.to_text = _default_text
         self.last = None

@@ -26,7 +26,7 @@ class RewardComponent:
 
 
 def build_rewards(reward_cfg) -> list[RewardComponent]:
-    from hydra.utils import get_method
+    from rlx.config.plugins import import_target
 
     components = []
     for name, spec in reward_cfg.components.items():
@@ -35,10 +35,9 @@ def build_rewards(reward_cfg) -> list[RewardComponent]:
         weight = float(spec.pop("weight", 1.0))
         if target is None:
             raise UserError(f"reward component '{name}' has no _target_ (a dotted path to a reward function)")
-        try:
-            fn = get_method(target)
-        except Exception:
-            raise UserError(f"reward component '{name}': cannot import '{target}'") from None
+        fn = import_target(target, f"reward component '{name}'")
+        if not callable(fn):
+            raise UserError(f"reward component '{name}': '{target}' is not a function")
         components.append(RewardComponent(name, functools.partial(fn, **spec) if spec else fn, weight))
     if reward_cfg.accuracy not in {c.name for c in components}:
         raise UserError(
