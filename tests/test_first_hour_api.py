@@ -79,6 +79,12 @@ def test_an_answer_is_needed_only_where_something_reads_one(in_tmp):
     with pytest.raises(UserError, match=r"reward component\(s\) task read the answer column and the data has none"):
         rlx.fit(FAST, dataset=rows)
     assert not list((in_tmp / "outputs" / "train").glob("*"))
+    import logging
+
+    # the deleted run's train.log handler is gone with it: the process's next warning is not a FileNotFoundError
+    assert not [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)
+                and str(in_tmp) in h.baseFilename]
+    logging.getLogger("rlx").warning("a later warning in the same process")
     with pytest.raises(UserError, match="either as dataset= or as data="):
         rlx.fit(["data=gsm8k"], rewards=[even_length], dataset=rows)
 

@@ -10,6 +10,7 @@ rlx did not write at start-up is kept whole (nothing the user could want is dele
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -27,6 +28,7 @@ def discard_unstarted(run_dir: Path) -> bool:
     entries = list(run_dir.iterdir())
     if any(entry.name not in STARTUP_FILES for entry in entries):
         return False
+    _detach_log_files(run_dir)
     for entry in entries:
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
@@ -34,3 +36,16 @@ def discard_unstarted(run_dir: Path) -> bool:
             entry.unlink()
     run_dir.rmdir()
     return True
+
+
+def _detach_log_files(run_dir: Path) -> None:
+    """Close and remove every logging FileHandler writing inside `run_dir` (Hydra's train.log / eval.log on the
+    root logger): a handler left behind would reopen the deleted file on the process's next log line (an
+    `rlx.fit` that failed, then another call in the same Python process) and fail there."""
+    root = run_dir.resolve()
+    loggers = [logging.getLogger(), *(logging.getLogger(name) for name in list(logging.root.manager.loggerDict))]
+    for logger in loggers:
+        for handler in list(getattr(logger, "handlers", [])):
+            if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).resolve().is_relative_to(root):
+                logger.removeHandler(handler)
+                handler.close()
