@@ -41,6 +41,7 @@ from rlx.algorithms.gigpo import SCALES as AGENT_SCALES
 from rlx.algorithms.kl import KL_ESTIMATORS, KL_PLACEMENTS
 from rlx.algorithms.losses import LOSS_AGGREGATIONS, RATIO_LEVELS
 from rlx.algorithms.ngrpo import DROP_STRATEGIES
+from rlx.algorithms.offpolicy import CORRECTION_LEVELS, CORRECTIONS
 from rlx.algorithms.preference import PREFERENCE_LOSSES
 from rlx.algorithms.shaping import SHAPERS
 from rlx.algorithms.transforms import TRANSFORMS
@@ -109,6 +110,8 @@ PromptSamplingMode = choices("PromptSamplingMode", SAMPLING_WEIGHTS.names())
 ReplayTrigger = choices("ReplayTrigger", TRIGGERS.names())
 HintSource = choices("HintSource", ("answer", "column"))  # rlx.rollout.hints.reference_solution
 TemperatureMode = choices("TemperatureMode", TEMPERATURE_SCHEDULES.names())
+Correction = choices("Correction", CORRECTIONS.names())  # rlx.algorithms.offpolicy.CORRECTIONS
+CorrectionLevel = choices("CorrectionLevel", CORRECTION_LEVELS.names())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -230,6 +233,15 @@ class Rollout:
     min_new_tokens: int = num(0)
     sampler: Sampler = field()
     onednn_decode: bool = field()
+    max_staleness: int = num(0)
+    producer_cpus: list[int] = num(0)
+    producer_threads: int | None = num(1)
+    correction: Correction = field()
+    correction_level: CorrectionLevel = field()
+    correction_cap: float = num(1)
+    correction_low: float = num(0)
+    partial: bool = field()
+    partial_oversample: float = num(1)
     temperature_schedule: TemperatureSchedule = field()
 
 
