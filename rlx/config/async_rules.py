@@ -48,8 +48,8 @@ def check_async_settings(cfg: DictConfig, processes: int) -> None:
         raise UserError(f"{what} samples in a background thread, which the colocated engine (rollout=vllm) cannot share "
                         f"with the trainer; use rollout=server (vLLM in its own process) or rollout=hf")
     if partial and roll.backend != "hf":
-        raise UserError(f"rollout.partial=true continues unfinished rows from their tokens with rlx's seeded sampler, "
-                        f"which only rollout=hf has; use rollout=hf")
+        raise UserError("rollout.partial=true continues unfinished rows from their tokens with rlx's seeded sampler, "
+                        "which only rollout=hf has; use rollout=hf")
     if partial and cfg.algorithm.get("dynamic_sampling"):
         raise UserError("rollout.partial=true and algorithm.dynamic_sampling both decide which groups a step trains; "
                         "set algorithm.dynamic_sampling=false")
