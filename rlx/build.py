@@ -32,6 +32,8 @@ from rlx.models import lora, value
 from rlx.rewards.overlong import with_overlong_penalty
 from rlx.rollout.backends import build_generator
 from rlx.rollout.episodes import EpisodeProducer
+from rlx.rollout.generator import policy_generator
+from rlx.rollout.pipeline import pipelined, rollout_copy
 from rlx.rollout.single_turn import SingleTurnProducer
 from rlx.runtime.checkpoint import Checkpointer
 from rlx.runtime.optim import build_optimizer, optimizer_settings
@@ -138,9 +140,13 @@ def build_parts(cfg: DictConfig, components: Components) -> Parts:
         value_lr = value.value_learning_rate(algo.value_lr, algo.value_lr_ratio, s.optim.lr)
         parts.value_optimizer, parts.value_scheduler = build_optimizer(parts.value_model, total_updates,
                                                                        **{**optim, "lr": value_lr})
+    rollout_model = parts.model  # what the generator samples with: the policy itself, or in pipeline mode a copy
     if needs.generator:  # on the unprepared policy: Accelerate's prepare keeps the same module object
-        parts.generator = build_generator(s.rollout, parts.model, parts.tokenizer, s.seed)
-        log.info("built: generator rollout=%s (%s)", s.rollout.backend, type(parts.generator).__name__)
+        if needs.producer is not None and s.rollout.max_staleness:
+            rollout_model = rollout_copy(parts.model)
+        parts.generator = build_generator(s.rollout, rollout_model, parts.tokenizer, s.seed)
+        log.info("built: generator rollout=%s (%s)%s", s.rollout.backend, type(parts.generator).__name__,
+                 " on a copy of the policy (pipeline mode)" if rollout_model is not parts.model else "")
     prepared = [parts.model, parts.optimizer] + ([parts.scheduler] if needs.prepare_scheduler else [])
     if needs.value_model:
         prepared += [parts.value_model, parts.value_optimizer]
@@ -160,6 +166,11 @@ def build_parts(cfg: DictConfig, components: Components) -> Parts:
     if needs.producer is not None:
         parts.producer = PRODUCERS[needs.producer](s, parts)
         log.info("built: producer %s", needs.producer)
+        if s.rollout.max_staleness:  # the producer samples ahead in a thread (rlx/rollout/pipeline.py)
+            policy = acc.unwrap_model(parts.model)
+            parts.producer, parts.generator = pipelined(s.rollout, parts.producer, parts.generator, rollout_model, policy,
+                                                        policy_generator(policy, parts.tokenizer, s.rollout), s.steps)
+            log.info("built: pipeline, batches sampled up to %d update(s) behind the trainer", s.rollout.max_staleness)
     parts.checkpointer = Checkpointer.from_config(s, acc, parts.run_dir)
     parts.metrics_log = MetricsLog(parts.run_dir, s.steps, s.log.progress, enabled=acc.is_main_process, tracker=acc)
     if needs.evaluator is not None:
