@@ -305,3 +305,64 @@ def test_the_default_run_builds_the_synchronous_path(tmp_path):
     assert piped.producer.rollout_model is not model and piped.producer.generator.model is piped.producer.rollout_model
     piped.generator.close()
     piped.checkpointer.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# Long checks (make test-slow): a real run killed with SIGKILL, resumed, equal to an uninterrupted one
+# ------------------------------------------------------------------------------------------------
+
+PIPELINE = ["rollout.max_staleness=1", "rollout.correction=tis"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [[], ["rollout.max_staleness=2", "rollout.partial=true"]], ids=["k1", "k2-partial"])
+def test_sigkill_then_resume_equals_an_uninterrupted_pipeline_run(tmp_path, extra):
+    """kill -9 after step 3 (checkpoint at step 2 holds batches 3 .. 2+k, sampled with older weights than its own);
+    the resumed run's metrics (all but wall-clock figures) and final weights equal an uninterrupted run's."""
+    import signal
+
+    from safetensors.torch import load_file
+
+    from rlx.runtime.checkpoint import list_checkpoints
+    from tests.conftest import only_run_dir, run_rlx
+    from tests.test_checkpoint_resume import RUN, _comparable, _popen, _wait_for_step
+
+    args = [*RUN, "steps=8", *PIPELINE, *extra]
+    (tmp_path / "full").mkdir()
+    full = run_rlx(["train", *args], tmp_path / "full")
+    assert full.returncode == 0, full.stderr[-3000:]
+    full_run = only_run_dir(tmp_path / "full")
+
+    (tmp_path / "cut").mkdir()
+    process = _popen(args, tmp_path / "cut")
+    run = _wait_for_step(process, tmp_path / "cut", 3)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert read_metrics(run / "metrics.jsonl")[-1]["step"] < 8 and list_checkpoints(run)
+    resumed = run_rlx(["train", f"resume={run}"], tmp_path / "cut")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    got, want = _comparable(read_metrics(run / "metrics.jsonl")), _comparable(read_metrics(full_run / "metrics.jsonl"))
+    assert got == want
+    assert max(r.get("rollout/staleness_max", 0) for r in got) >= 1
+    want_w, got_w = load_file(full_run / "final" / "model.safetensors"), load_file(run / "final" / "model.safetensors")
+    assert all(torch.equal(want_w[key], got_w[key]) for key in want_w)
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_pipeline_mode_checkpoints_the_queue_and_resume_finishes(tmp_path):
+    import signal
+
+    from rlx.runtime.checkpoint import list_checkpoints
+    from tests.conftest import run_rlx
+    from tests.test_checkpoint_resume import RUN, _popen, _wait_for_step
+
+    process = _popen([*RUN, "steps=6", "checkpoint.every=0", *PIPELINE], tmp_path)
+    run = _wait_for_step(process, tmp_path, 1)
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == 130, output[-3000:]
+    assert "Traceback" not in output and "resume=" in output
+    (stopped, _), = list_checkpoints(run)
+    resumed = run_rlx(["train", f"resume={run}"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl") if r["step"]] == list(range(1, 7))
