@@ -33,6 +33,7 @@ from rlx.rewards.overlong import with_overlong_penalty
 from rlx.rollout.backends import build_generator
 from rlx.rollout.episodes import EpisodeProducer
 from rlx.rollout.generator import policy_generator
+from rlx.rollout.partial import PartialProducer
 from rlx.rollout.pipeline import pipelined, rollout_copy
 from rlx.rollout.single_turn import SingleTurnProducer
 from rlx.runtime.checkpoint import Checkpointer
@@ -187,11 +188,18 @@ def environment_factory(env):
         raise UserError(str(exc)) from None
 
 
-def single_turn_producer(s, parts: Parts) -> SingleTurnProducer:
+def single_turn_producer(s, parts: Parts) -> SingleTurnProducer | PartialProducer:
     algo, roll = s.algorithm, s.rollout
     # the median estimator samples one extra completion per prompt: the pivot, left out of the gradient
     group_size = roll.samples_per_prompt + (1 if algo.advantage == "median" else 0)
     rewards = with_overlong_penalty(parts.rewards, algo.overlong_buffer, algo.overlong_weight, roll.max_new_tokens)
+    if roll.partial:  # partial rollouts: groups carried across steps (rlx/rollout/partial.py)
+        return PartialProducer(
+            parts.generator, parts.tokenizer, PromptStream(parts.train_rows, s.seed), rewards, group_size=group_size,
+            prompts_per_step=s.prompts_per_step, oversample=roll.partial_oversample, max_new_tokens=roll.max_new_tokens,
+            min_new_tokens=roll.min_new_tokens, seed=s.seed, use_chat_template=s.model.chat_template,
+            system_prompt=s.data.system_prompt, on_error=s.reward.on_error, accuracy_key=s.reward.accuracy,
+            total_steps=s.steps)
     return SingleTurnProducer(
         parts.generator, parts.tokenizer, PromptStream(parts.train_rows, s.seed), rewards, group_size=group_size,
         prompts_per_step=s.prompts_per_step, max_new_tokens=roll.max_new_tokens, min_new_tokens=roll.min_new_tokens,

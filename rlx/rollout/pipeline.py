@@ -48,9 +48,12 @@ from rlx.rollout.types import Batch
 log = logging.getLogger("rlx")
 
 
-def trainable_snapshot(model) -> dict[str, torch.Tensor]:
-    """CPU copies of the parameters that train (all of them, or a LoRA adapter), by name."""
-    return {name: param.detach().to("cpu", copy=True) for name, param in model.named_parameters() if param.requires_grad}
+def staleness_metrics(versions: torch.Tensor, step: int) -> dict[str, float]:
+    """rollout/staleness_mean|max: updates between the weights that sampled each row (versions (N,)) and the
+    trainer's at step `step` (version step - 1)."""
+    staleness = (step - 1 - versions).clamp(min=0).float()
+    return {"rollout/staleness_mean": staleness.mean().item() if staleness.numel() else 0.0,
+            "rollout/staleness_max": staleness.max().item() if staleness.numel() else 0.0}
 
 
 @torch.no_grad()
@@ -123,10 +126,8 @@ class PipelineProducer:
             self._consumed = step
             for old in [s for s in self._states if s < step]:
                 del self._states[old]
-        staleness = (step - 1 - batch.rollout.versions).clamp(min=0).float()  # updates between sampling and training
         batch.metrics.update({
-            "rollout/staleness_mean": staleness.mean().item() if staleness.numel() else 0.0,
-            "rollout/staleness_max": staleness.max().item() if staleness.numel() else 0.0,
+            **staleness_metrics(batch.rollout.versions, step),
             "perf/trainer_idle_s": time.perf_counter() - began,
             "perf/producer_idle_s": producer_idle,
             "perf/rollout_time_s": producing,
