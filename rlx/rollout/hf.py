@@ -9,7 +9,7 @@ from transformers.cache_utils import DynamicLayer
 from rlx.algorithms.logprobs import token_logprobs
 from rlx.models.forward import position_ids_from_mask
 from rlx.rollout.fast_decode import decode_step_for
-from rlx.rollout.sampling import sample_tokens
+from rlx.rollout.sampling import ONEDNN_DECODE, sample_tokens
 from rlx.rollout.types import Rollout
 from rlx.runtime.parallel import is_sharded
 
@@ -118,7 +118,8 @@ def generate(
     the global torch generator. Each prompt is encoded once and its KV cache copied to its G samples;
     rows that emitted a stop token leave the batch, and generation ends when every row has stopped.
     min_new_tokens > 0 forbids the stop tokens before that many tokens (fixed-length benchmarks).
-    sampler: the draw's version (rollout/sampling.py SAMPLERS; training passes rollout.sampler).
+    sampler: the draw's version (rollout/sampling.py SAMPLERS; training passes rollout.sampler); v3 decodes through
+    oneDNN as onednn=True does.
     onednn: the decode step's projections through oneDNN on the CPU (rollout.onednn_decode; fast_decode.py).
     logprobs: also return the decoder's log-prob of each sampled token, log softmax(z / T) of the logits z
     the token was drawn from (T <= 0 read as 1), before min_new_tokens' stop mask and top-k / top-p (the
@@ -258,7 +259,8 @@ def _decode(model, prompt_ids, prompt_mask, group, seeds, *, max_new_tokens, min
     logits = step.logits[:, -1].repeat_interleave(group, dim=0)  # (n, V)
     cache = step.past_key_values
     # the per-token steps: rlx's own decode step for Llama-family models (rollout/fast_decode.py)
-    fast = decode_step_for(model, onednn=onednn) if all(isinstance(layer, PreallocatedLayer) for layer in cache.layers) else None
+    fast = (decode_step_for(model, onednn=onednn or sampler in ONEDNN_DECODE)
+            if all(isinstance(layer, PreallocatedLayer) for layer in cache.layers) else None)
     stopped = torch.zeros(num_rows, dtype=torch.bool, device=device)  # lockstep: rows that emitted a stop token
     if group > 1:
         cache.batch_repeat_interleave(group)
