@@ -9,8 +9,10 @@ import pytest
 
 pytest.importorskip("math_verify")
 
-from rlx.tasks import math_equivalence  # noqa: E402
-from rlx.tasks import math_process  # noqa: E402
+from rlx.tasks import (
+    math_equivalence,  # noqa: E402
+    math_process,  # noqa: E402
+)
 
 PROBLEMS = [{"answer": "\\frac{1}{2}"}, {"answer": "3"}, {"answer": "x^2"}, {"answer": "2\\sqrt{2}"}]
 ANSWERS = ["0.5", "4", None, "\\sqrt{8}"]
