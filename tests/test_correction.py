@@ -70,11 +70,19 @@ def test_weights_and_kept_tokens_by_hand(case):
     assert not out.weights.requires_grad
 
 
-def test_a_huge_sequence_ratio_is_capped_not_infinite():
-    """A row of 400 tokens each 0.5 nats more likely under pi_prox: sum 200, exp overflows float32; tis gives C."""
+def test_huge_ratios_and_impossible_padding_stay_finite():
+    """A row of 400 tokens each 0.5 nats more likely under pi_prox: the sequence ratio e^200 overflows float32; tis
+    gives C, mis drops the row. Padding whose sampler log-prob is -inf (never sampled) must not turn into NaN."""
     d = torch.full((1, 400), 0.5)
     out = importance_correction(d, torch.zeros(1, 400), torch.ones(1, 400), "tis", "sequence", 2.0)
-    assert torch.isfinite(out.weights).all() and out.weights.eq(2.0).all() and out.bounded.all()
+    assert out.weights.eq(2.0).all() and out.bounded.all()
+    out = importance_correction(d, torch.zeros(1, 400), torch.ones(1, 400), "mis", "sequence", 2.0)
+    assert out.weights.eq(0.0).all() and not out.kept.any()
+    behaviour = torch.tensor([[-0.5, float("-inf")]])
+    for rule in ("tis", "mis"):
+        for level in ("token", "sequence", "geometric"):
+            out = importance_correction(torch.tensor([[-0.4, -1.0]]), behaviour, torch.tensor([[1, 0]]), rule, level)
+            assert torch.isfinite(out.weights).all(), (rule, level)
 
 
 @pytest.mark.parametrize("case", [("tis", "token", 2.0, 0.0), ("mis", "token", 2.0, 0.5), ("mis", "sequence", 2.0, 0.0)])

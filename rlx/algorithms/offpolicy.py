@@ -43,10 +43,6 @@ import torch
 
 from rlx.algorithms.registry import Registry
 
-# exp() of a larger log ratio would overflow float32; any such ratio is far past every cap
-MAX_LOG_RATIO = 80.0
-
-
 def logprob_gap(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor) -> tuple[float, float, int]:
     """|log pi_train - log pi_sampler| over the masked tokens: (sum, max, count), to be pooled across batches.
 
@@ -134,11 +130,11 @@ def importance_correction(proximal_logp: torch.Tensor, behaviour_logp: torch.Ten
     behaviour_logp: the sampler's log-probs (Rollout.logprobs); mask: the sampled tokens of each row (N, C).
     Example, one row of two tokens with log ratios (0.5, -0.1), C = 1.5: tis/token w = (1.5, 0.905);
     tis/sequence rho = e^0.4 = 1.492, w = (1.492, 1.492); mis/token keeps the second token only."""
-    mask = mask.to(torch.float32)
-    log_ratio = (proximal_logp.detach().float() - behaviour_logp.float()) * mask  # (N, C), 0 off the mask
-    used = CORRECTION_LEVELS[level](log_ratio, mask).clamp(max=MAX_LOG_RATIO)  # (N, C)
-    weights, kept, bounded = CORRECTIONS[rule](torch.exp(used), float(cap), float(low))
     on = mask.bool()
+    mask = mask.to(torch.float32)
+    log_ratio = torch.where(on, proximal_logp.detach().float() - behaviour_logp.float(), 0.0)  # (N, C), 0 off the mask
+    used = CORRECTION_LEVELS[level](log_ratio, mask)  # (N, C); exp() may overflow to inf: past every cap
+    weights, kept, bounded = CORRECTIONS[rule](torch.exp(used), float(cap), float(low))
     return Correction(torch.where(on, weights, torch.ones_like(weights)), kept | ~on, bounded & on)
 
 

@@ -118,7 +118,9 @@ class PipelineProducer:
         began = time.perf_counter()
         with self._cond:
             while step not in self._ready and self._error is None:
-                self._cond.wait()
+                if not self._thread.is_alive() and step not in self._ready and self._error is None:
+                    raise RuntimeError(f"the rollout producer stopped before batch {step} (the pipeline was closed)")
+                self._cond.wait(timeout=1.0)
             if self._error is not None:
                 raise self._error
             batch, producing = self._ready.pop(step)
