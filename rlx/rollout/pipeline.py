@@ -90,6 +90,8 @@ class PipelineProducer:
         self._states: dict[int, dict] = {}  # step -> the inner producer's state right after that batch
         self._snapshots: dict[int, dict] = {}  # version -> trainable weights, published and not loaded yet
         self._loaded = 0  # the version the rollout copy holds (the starting weights)
+        self._published = 0  # the newest version published (or loaded)
+        self._awaited: int | None = None  # the version the producer waits for, while it waits
         self._consumed = 0  # the last step handed to the trainer
         self._producer_idle = 0.0  # seconds the producer waited for weights since the last batch handed over
         self._error: BaseException | None = None
@@ -118,8 +120,11 @@ class PipelineProducer:
         began = time.perf_counter()
         with self._cond:
             while step not in self._ready and self._error is None:
-                if not self._thread.is_alive() and step not in self._ready and self._error is None:
+                if not self._thread.is_alive():
                     raise RuntimeError(f"the rollout producer stopped before batch {step} (the pipeline was closed)")
+                if self._awaited is not None and self._awaited > self._published:  # would wait for each other forever
+                    raise RuntimeError(f"pipeline schedule broken: batch {step} is awaited while the producer waits for "
+                                       f"weights {self._awaited}, newer than the last published ({self._published})")
                 self._cond.wait(timeout=1.0)
             if self._error is not None:
                 raise self._error
@@ -146,6 +151,7 @@ class PipelineProducer:
                     if name in self.trainable}
         with self._cond:
             self._snapshots[version] = snapshot
+            self._published = max(self._published, version)
             self._cond.notify_all()
 
     # -- the producer thread ---------------------------------------------------------------------------------------
@@ -190,8 +196,10 @@ class PipelineProducer:
         False when the pipeline is closing."""
         waited = time.perf_counter()
         with self._cond:
+            self._awaited = version
             while self._loaded != version and version not in self._snapshots and not self._stop.is_set():
                 self._cond.wait()
+            self._awaited = None
             self._producer_idle += time.perf_counter() - waited
             if self._stop.is_set():
                 return False
