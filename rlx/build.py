@@ -7,9 +7,10 @@ log and the evaluator, in the order the RNG draws and Accelerate's bookkeeping d
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from omegaconf import DictConfig
@@ -141,11 +142,14 @@ def build_parts(cfg: DictConfig, components: Components) -> Parts:
         value_lr = value.value_learning_rate(algo.value_lr, algo.value_lr_ratio, s.optim.lr)
         parts.value_optimizer, parts.value_scheduler = build_optimizer(parts.value_model, total_updates,
                                                                        **{**optim, "lr": value_lr})
-    rollout_model = parts.model  # what the generator samples with: the policy itself, or in pipeline mode a copy
+    # what the generator samples with: the policy itself, or in pipeline mode copies of the policy and the tokenizer
+    # (the producer thread's own: a fast tokenizer's padding settings are not thread-safe)
+    rollout_model, rollout_parts = parts.model, parts
     if needs.generator:  # on the unprepared policy: Accelerate's prepare keeps the same module object
         if needs.producer is not None and s.rollout.max_staleness:
             rollout_model = rollout_copy(parts.model)
-        parts.generator = build_generator(s.rollout, rollout_model, parts.tokenizer, s.seed)
+            rollout_parts = replace(parts, tokenizer=copy.deepcopy(parts.tokenizer))
+        parts.generator = build_generator(s.rollout, rollout_model, rollout_parts.tokenizer, s.seed)
         log.info("built: generator rollout=%s (%s)%s", s.rollout.backend, type(parts.generator).__name__,
                  " on a copy of the policy (pipeline mode)" if rollout_model is not parts.model else "")
     prepared = [parts.model, parts.optimizer] + ([parts.scheduler] if needs.prepare_scheduler else [])
@@ -165,7 +169,8 @@ def build_parts(cfg: DictConfig, components: Components) -> Parts:
         log.info("built: frozen reference (%s)", "the base with the adapter off" if lora.is_peft(acc.unwrap_model(parts.model))
                  else "a copy of the starting policy")
     if needs.producer is not None:
-        parts.producer = PRODUCERS[needs.producer](s, parts)
+        rollout_parts.generator = parts.generator
+        parts.producer = PRODUCERS[needs.producer](s, rollout_parts)
         log.info("built: producer %s", needs.producer)
         if s.rollout.max_staleness:  # the producer samples ahead in a thread (rlx/rollout/pipeline.py)
             policy = acc.unwrap_model(parts.model)

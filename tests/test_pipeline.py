@@ -303,6 +303,10 @@ def test_the_default_run_builds_the_synchronous_path(tmp_path):
                         components(tmp_path, model, tokenizer, rows()))
     assert isinstance(piped.producer, PipelineProducer) and isinstance(piped.generator, PipelineGenerator)
     assert piped.producer.rollout_model is not model and piped.producer.generator.model is piped.producer.rollout_model
+    # the producer thread tokenizes with its own tokenizer: a fast tokenizer's padding state is not thread-safe (an
+    # evaluation padding its prompts on the trainer's thread broke the producer's unpadded encoding)
+    assert piped.producer.inner.tokenizer is not tokenizer and piped.producer.generator.tokenizer is not tokenizer
+    assert piped.producer.inner.tokenizer is piped.producer.generator.tokenizer
     piped.generator.close()
     piped.checkpointer.close()
 
