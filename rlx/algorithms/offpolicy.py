@@ -43,6 +43,7 @@ import torch
 
 from rlx.algorithms.registry import Registry
 
+
 def logprob_gap(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor) -> tuple[float, float, int]:
     """|log pi_train - log pi_sampler| over the masked tokens: (sum, max, count), to be pooled across batches.
 
