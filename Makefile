@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export NO_MKDOCS_2_WARNING ?= 1
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-slow test-gpu test-vllm bench-scale bench-growth lint tiny-model tiny-agent-model clean reproduce bench-algorithms bench readme-commands docs docs-serve
+.PHONY: help install train test test-slow test-gpu test-vllm bench-scale bench-growth bench-async lint tiny-model tiny-agent-model clean reproduce bench-algorithms bench readme-commands docs docs-serve
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -66,6 +66,11 @@ bench-growth: $(STAMP) ## step time vs completion length and group size, rlx bes
 	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) benchmarks/grpo_vs_trl.py --settings "$(GROWTH)" --threads 2 --rounds 1 --steps 1 $(ARGS)
 	$(PY) benchmarks/growth_plot.py
+
+bench-async: $(STAMP) ## rlx sync vs pipeline (rollout.max_staleness=1) vs partial rollouts beside TRL: tiny model and 0.5B shape, CPU (~1 h; ARGS="--settings 'tiny 8x8x32'")
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) benchmarks/async_vs_sync.py $(ARGS)
+	$(PY) benchmarks/async_sim.py
 
 lint: $(STAMP) ## ruff check
 	$(VENV)/bin/ruff check rlx tests

@@ -7,9 +7,10 @@ log and the evaluator, in the order the RNG draws and Accelerate's bookkeeping d
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from omegaconf import DictConfig
@@ -32,6 +33,9 @@ from rlx.models import lora, value
 from rlx.rewards.overlong import with_overlong_penalty
 from rlx.rollout.backends import build_generator
 from rlx.rollout.episodes import EpisodeProducer
+from rlx.rollout.generator import policy_generator
+from rlx.rollout.partial import PartialProducer
+from rlx.rollout.pipeline import pipelined, rollout_copy
 from rlx.rollout.single_turn import SingleTurnProducer
 from rlx.runtime.checkpoint import Checkpointer
 from rlx.runtime.optim import build_optimizer, optimizer_settings
@@ -138,9 +142,16 @@ def build_parts(cfg: DictConfig, components: Components) -> Parts:
         value_lr = value.value_learning_rate(algo.value_lr, algo.value_lr_ratio, s.optim.lr)
         parts.value_optimizer, parts.value_scheduler = build_optimizer(parts.value_model, total_updates,
                                                                        **{**optim, "lr": value_lr})
+    # what the generator samples with: the policy itself, or in pipeline mode copies of the policy and the tokenizer
+    # (the producer thread's own: a fast tokenizer's padding settings are not thread-safe)
+    rollout_model, rollout_parts = parts.model, parts
     if needs.generator:  # on the unprepared policy: Accelerate's prepare keeps the same module object
-        parts.generator = build_generator(s.rollout, parts.model, parts.tokenizer, s.seed)
-        log.info("built: generator rollout=%s (%s)", s.rollout.backend, type(parts.generator).__name__)
+        if needs.producer is not None and s.rollout.max_staleness:
+            rollout_model = rollout_copy(parts.model)
+            rollout_parts = replace(parts, tokenizer=copy.deepcopy(parts.tokenizer))
+        parts.generator = build_generator(s.rollout, rollout_model, rollout_parts.tokenizer, s.seed)
+        log.info("built: generator rollout=%s (%s)%s", s.rollout.backend, type(parts.generator).__name__,
+                 " on a copy of the policy (pipeline mode)" if rollout_model is not parts.model else "")
     prepared = [parts.model, parts.optimizer] + ([parts.scheduler] if needs.prepare_scheduler else [])
     if needs.value_model:
         prepared += [parts.value_model, parts.value_optimizer]
@@ -158,8 +169,14 @@ def build_parts(cfg: DictConfig, components: Components) -> Parts:
         log.info("built: frozen reference (%s)", "the base with the adapter off" if lora.is_peft(acc.unwrap_model(parts.model))
                  else "a copy of the starting policy")
     if needs.producer is not None:
-        parts.producer = PRODUCERS[needs.producer](s, parts)
+        rollout_parts.generator = parts.generator
+        parts.producer = PRODUCERS[needs.producer](s, rollout_parts)
         log.info("built: producer %s", needs.producer)
+        if s.rollout.max_staleness:  # the producer samples ahead in a thread (rlx/rollout/pipeline.py)
+            policy = acc.unwrap_model(parts.model)
+            parts.producer, parts.generator = pipelined(s.rollout, parts.producer, parts.generator, rollout_model, policy,
+                                                        policy_generator(policy, parts.tokenizer, s.rollout), s.steps)
+            log.info("built: pipeline, batches sampled up to %d update(s) behind the trainer", s.rollout.max_staleness)
     parts.checkpointer = Checkpointer.from_config(s, acc, parts.run_dir)
     parts.metrics_log = MetricsLog(parts.run_dir, s.steps, s.log.progress, enabled=acc.is_main_process, tracker=acc)
     if needs.evaluator is not None:
@@ -176,11 +193,18 @@ def environment_factory(env):
         raise UserError(str(exc)) from None
 
 
-def single_turn_producer(s, parts: Parts) -> SingleTurnProducer:
+def single_turn_producer(s, parts: Parts) -> SingleTurnProducer | PartialProducer:
     algo, roll = s.algorithm, s.rollout
     # the median estimator samples one extra completion per prompt: the pivot, left out of the gradient
     group_size = roll.samples_per_prompt + (1 if algo.advantage == "median" else 0)
     rewards = with_overlong_penalty(parts.rewards, algo.overlong_buffer, algo.overlong_weight, roll.max_new_tokens)
+    if roll.partial:  # partial rollouts: groups carried across steps (rlx/rollout/partial.py)
+        return PartialProducer(
+            parts.generator, parts.tokenizer, PromptStream(parts.train_rows, s.seed), rewards, group_size=group_size,
+            prompts_per_step=s.prompts_per_step, oversample=roll.partial_oversample, max_new_tokens=roll.max_new_tokens,
+            min_new_tokens=roll.min_new_tokens, seed=s.seed, use_chat_template=s.model.chat_template,
+            system_prompt=s.data.system_prompt, on_error=s.reward.on_error, accuracy_key=s.reward.accuracy,
+            total_steps=s.steps)
     return SingleTurnProducer(
         parts.generator, parts.tokenizer, PromptStream(parts.train_rows, s.seed), rewards, group_size=group_size,
         prompts_per_step=s.prompts_per_step, max_new_tokens=roll.max_new_tokens, min_new_tokens=roll.min_new_tokens,

@@ -73,9 +73,9 @@ def test_every_family_has_its_cross_field_rules_in_one_module():
     assert set(FAMILY_CHECKS) == set(FAMILIES)
     with pytest.raises(UserError, match="algorithm=agent_sft imitates demonstrations in an environment: add env=grid"):
         check_settings(check_overrides(["algorithm=agent_sft"]))
-    with pytest.raises(UserError, match=r"rollout.tis_cap \(truncated importance sampling\) is implemented for the "
-                                        r"policy-gradient family"):
-        check_settings(check_overrides(["algorithm=ppo", "rollout=vllm", "rollout.tis_cap=2"]))
+    with pytest.raises(UserError, match="algorithm.advantage=gae needs a value model: use algorithm=ppo"):
+        check_settings(check_overrides(["algorithm=grpo", "algorithm.advantage=gae"]))
     check_settings(check_overrides(["algorithm=grpo", "rollout=vllm", "rollout.tis_cap=2"]))  # the policy-gradient loop applies it
+    check_settings(check_overrides(["algorithm=ppo", "rollout=vllm", "rollout.tis_cap=2"]))  # and PPO (its correction)
     check_settings(check_overrides(["algorithm=agent_sft", "env=grid", "hardware=ddp", "hardware.num_processes=2"]))
     check_settings(check_overrides(["algorithm=gigpo", "env=grid", "hardware=ddp", "hardware.num_processes=2"]))  # data-parallel

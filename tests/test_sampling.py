@@ -132,7 +132,7 @@ def test_nucleus_sample_matches_filtered_distribution_and_is_row_local():
 def test_sampler_versions_agree_without_filters_and_are_registered():
     from rlx.rollout.sampling import LEGACY_SAMPLER, SAMPLERS, sample_tokens
 
-    assert set(SAMPLERS) == {"v1", "v2"} and LEGACY_SAMPLER == "v1"
+    assert set(SAMPLERS) == {"v1", "v2", "v3"} and LEGACY_SAMPLER == "v1"
     g = torch.Generator().manual_seed(1)
     logits, seeds = torch.randn(16, 2000, generator=g), torch.arange(16)
     assert torch.equal(sample_tokens(logits, seeds, 5, 0.8, 0, 1.0, sampler="v1"),

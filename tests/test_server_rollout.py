@@ -217,6 +217,80 @@ def test_training_through_user_urls_keeps_sampler_and_trainer_together(server, t
     _check_gap([r for r in _metrics(only_run_dir(tmp_path)) if r["step"] >= 1], [1, 2, 3])
 
 
+def test_pipeline_samples_each_batch_with_the_version_it_was_given(server, tiny):
+    """Pipeline mode on the server (rlx/rollout/pipeline.py, k = 1): a trainer that changes its weights every step and
+    publishes them; batch s must be sampled by the server holding the weights of update max(0, s-2): the server's
+    log-probs of every batch equal, to float error, the trainer's log-probs under THOSE weights (kept aside), and
+    differ from the current ones once they moved. The producer pushes between batches, never during one."""
+    import copy
+
+    from rlx.rollout.pipeline import PipelineProducer, rollout_copy
+    from rlx.rollout.types import Batch, Rollout
+
+    model, tok = tiny
+    policy = copy.deepcopy(model)
+    prompts = chat_ids(tok, 2)
+    sampled = {}
+
+    class Inner:
+        kind, loss_width = "single_turn", 12
+
+        def checkpointed(self):
+            return {}
+
+        def produce(self, step):
+            out = server.generate_ids(prompts, max_new_tokens=12, seeds=[step * 10 + i for i in range(4)],
+                                      samples_per_prompt=2)
+            sampled[step] = (server.version, out)
+            empty = torch.zeros(4, 1, dtype=torch.long)
+            return Batch(Rollout(empty, empty + 1, empty, empty + 1, torch.zeros(4, dtype=torch.bool), [""] * 4,
+                                 versions=torch.full((4,), server.version or 0)), torch.zeros(4), 2)
+
+    server.publish(policy, 0)
+    pipeline = PipelineProducer(Inner(), server, rollout_copy(policy), policy, max_staleness=1, total_steps=5)
+    weights = {0: copy.deepcopy(policy.state_dict())}
+    generator = torch.Generator().manual_seed(0)
+    try:
+        for step in range(1, 6):
+            pipeline.produce(step)
+            with torch.no_grad():  # "update s": a visible move of every weight
+                for param in policy.parameters():
+                    param.add_(0.02 * torch.randn(param.shape, generator=generator))
+            weights[step] = copy.deepcopy(policy.state_dict())
+            pipeline.publish(policy, step)
+    finally:
+        pipeline.close()
+    judge = copy.deepcopy(model)
+    for step, (version, out) in sampled.items():
+        assert version == max(0, step - 2), (step, version)
+        judge.load_state_dict(weights[version])
+        for row, (ids, logprobs) in enumerate(zip(out.ids, out.logprobs)):
+            gap = (torch.tensor(logprobs) - trainer_logprobs(judge, prompts[row // 2], ids)).abs().max().item()
+            assert gap < 1e-3, (step, row, gap)
+    judge.load_state_dict(weights[5])
+    last = sampled[5][1]
+    assert (torch.tensor(last.logprobs[0]) - trainer_logprobs(judge, prompts[0], last.ids[0])).abs().max() > 1e-2
+    server.publish(model, 0)
+
+
+def test_pipeline_run_through_user_urls(server, tiny, tmp_path):
+    """GRPO with rollout.max_staleness=1 on the module's server: batches 2 and 3 are one update old (staleness 1),
+    the correction weighs them, the run ends cleanly and the server holds the version the producer last pushed."""
+    from tests.conftest import only_run_dir, run_rlx
+
+    url = server.client.urls[0]
+    result = run_rlx([*TRAIN, "rollout=server", f"rollout.server.urls=[{url}]", "rollout.max_staleness=1",
+                      "rollout.correction=tis"], tmp_path, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    rows = [r for r in _metrics(only_run_dir(tmp_path)) if r["step"] >= 1]
+    assert [r["rollout/staleness_max"] for r in rows] == [0, 1, 1]
+    assert rows[0]["rollout/logprob_gap_max"] < 1e-3  # batch 1: the starting weights on both sides
+    assert rows[-1]["rollout/logprob_gap_max"] > 1e-3  # batch 3: sampled by update 1's weights, trained after update 2
+    assert all(0 < r["rollout/is_weight_mean"] < 2 for r in rows)
+    server.publish(tiny[0], 0)  # the module's other tests start from the tiny model's weights
+
+
 def test_agent_loop_through_the_server(server, tmp_path):
     """GiGPO on env=corridor with builtin:tiny_agent pushed to the module's server (same shapes as tiny): the
     episodes are played by the server, the gap stays at float error, held-out episodes too."""

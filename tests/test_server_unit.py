@@ -149,6 +149,24 @@ def test_retries_are_bounded_and_back_off():
                                                                  "with: rlx train resume=/runs/a")
 
 
+def test_a_connection_broken_mid_answer_is_a_failure_like_any_other():
+    """The server dying while it sends an answer (http.client.IncompleteRead, RemoteDisconnected) is retried and,
+    when it persists, ends in the one-line RolloutServerError, not a traceback."""
+    import http.client
+
+    calls = []
+
+    def broken():
+        calls.append(1)
+        if len(calls) == 1:
+            raise http.client.IncompleteRead(b"", 1021)
+        raise http.client.RemoteDisconnected("Remote end closed connection without response")
+
+    with pytest.raises(RolloutServerError, match=r"^x failed 2 times, last: Remote end closed connection"):
+        with_retries(broken, retries=1, backoff_s=0.0, what="x", sleep=lambda s: None)
+    assert len(calls) == 2
+
+
 def test_a_failing_batch_stops_asking():
     """After the first failed row, rows not yet sent are cancelled: at most the one already picked up by the
     (single) worker runs besides it, not the whole batch; the first error is the one raised."""

@@ -17,6 +17,7 @@ from rlx.algorithms.gigpo import SCALES as AGENT_SCALES
 from rlx.algorithms.kl import KL_ESTIMATORS, KL_PLACEMENTS
 from rlx.algorithms.losses import LOSS_AGGREGATIONS, RATIO_LEVELS
 from rlx.algorithms.ngrpo import DROP_STRATEGIES
+from rlx.algorithms.offpolicy import CORRECTION_LEVELS, CORRECTIONS
 from rlx.algorithms.preference import PREFERENCE_LOSSES
 from rlx.algorithms.shaping import SHAPERS
 from rlx.algorithms.transforms import TRANSFORMS
@@ -51,10 +52,12 @@ DropStrategy = registry_names("DropStrategy", lambda: DROP_STRATEGIES)
 PromptSamplingMode = registry_names("PromptSamplingMode", lambda: SAMPLING_WEIGHTS)
 ReplayTrigger = registry_names("ReplayTrigger", lambda: TRIGGERS)
 TemperatureMode = registry_names("TemperatureMode", lambda: TEMPERATURE_SCHEDULES)
+Correction = registry_names("Correction", lambda: CORRECTIONS)  # rlx.algorithms.offpolicy.CORRECTIONS
+CorrectionLevel = registry_names("CorrectionLevel", lambda: CORRECTION_LEVELS)
 # fixed sets
 Schedule = choices("Schedule", ("constant", "cosine", "linear"))  # rlx.loops.common.SCHEDULES (a test keeps them equal)
 DType = choices("DType", ("float32", "bfloat16", "float16", "auto"))  # rlx.models.loading.DTYPES
-Sampler = choices("Sampler", ("v1", "v2"))  # rlx.rollout.sampling.SAMPLERS
+Sampler = choices("Sampler", ("v1", "v2", "v3"))  # rlx.rollout.sampling.SAMPLERS
 Seeding = choices("Seeding", ("request", "batch"))  # rlx.rollout.vllm.SEEDING
 LoraPush = choices("LoraPush", ("adapter", "merged"))  # rlx.rollout.server_process.LORA_PUSH
 OnError = choices("OnError", ("raise", "zero"))
@@ -191,6 +194,15 @@ class Rollout:
     min_new_tokens: int = num(0)
     sampler: Sampler = field()
     onednn_decode: bool = field()
+    max_staleness: int = num(0)
+    producer_cpus: list[int] = num(0)
+    producer_threads: int | None = num(1)
+    correction: Correction = field()
+    correction_level: CorrectionLevel = field()
+    correction_cap: float = num(1)
+    correction_low: float = num(0)
+    partial: bool = field()
+    partial_oversample: float = num(1)
     temperature_schedule: TemperatureSchedule = field()
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from omegaconf import DictConfig
 
+from rlx.config.async_rules import check_async_settings
 from rlx.config.schema import check_config
 from rlx.config.seed_rules import check_agent_seed_settings, check_seed_settings
 from rlx.errors import UserError
@@ -20,6 +21,7 @@ def check_run(cfg: DictConfig) -> None:
 
     check_settings(cfg)
     check_batch(cfg, world_size(cfg.hardware))
+    check_async_settings(cfg, world_size(cfg.hardware))
     if cfg.rollout.backend == "server":
         from rlx.rollout.server_process import check_server_settings
 
@@ -159,9 +161,6 @@ def check_policy_gradient_settings(cfg: DictConfig) -> None:
     if algo.overlong_buffer > cfg.rollout.max_new_tokens:
         raise UserError(f"algorithm.overlong_buffer={algo.overlong_buffer} must be in 0..rollout.max_new_tokens="
                         f"{cfg.rollout.max_new_tokens}")
-    if family == "ppo" and cfg.rollout.get("tis_cap") is not None:
-        raise UserError("rollout.tis_cap (truncated importance sampling) is implemented for the policy-gradient "
-                        "family (GRPO, RLOO, ...), not PPO; unset it")
 
 
 def check_sharded_settings(cfg: DictConfig) -> None:

@@ -11,7 +11,8 @@ Each step:
      (algorithm.advantage), or a credit rule over the steps of the episodes (algorithm.credit), spread over
      the sampled tokens by their loss mask;
   4. one update: the clipped surrogate (algorithms/losses.py) plus an optional KL penalty (algorithms/kl.py)
-     and entropy bonus, truncated importance weights when the sampler is not the trainer (rollout.tis_cap),
+     and entropy bonus, the off-policy correction when the sampler is not the trainer (rollout.correction:
+     an engine's float error, stale rows of pipeline mode or partial rollouts; algorithms/offpolicy.py),
      forking tokens (algorithm.forking_rho), for `algorithm.epochs` passes of `algorithm.mini_batches`
      optimizer steps, accumulated exactly over micro-batches (micro_batch_size rows or micro_batch_tokens,
      packed_forward); the loss normalisers are those of the whole mini-batch;
@@ -34,7 +35,13 @@ import torch
 
 from rlx.algorithms.kl import adaptive_kl_coef, penalized_token_loss
 from rlx.algorithms.losses import aggregate, clipped_surrogate, entropy_threshold, top_entropy_mask
-from rlx.algorithms.offpolicy import logprob_gap, truncated_importance_weights
+from rlx.algorithms.offpolicy import (
+    REJECTING,
+    importance_correction,
+    logprob_gap,
+    needs_proximal_logprobs,
+    resolve_correction,
+)
 from rlx.loops.common import (
     KLCoefficient,
     Parts,
@@ -101,8 +108,11 @@ def train_policy_gradient(settings, parts: Parts) -> dict:
         if algo.mask_truncated:
             completion_mask = completion_mask * (~rollout.truncated).long().unsqueeze(1)  # (n, C)
 
-        # 2. old log-probs (needed for several optimizer steps, KL in the reward, or entropy ranking) and reference's
-        need_old = updates_per_step > 1 or (reference is not None and algo.kl_in == "reward")
+        # 2. old (proximal) log-probs (needed for several optimizer steps, KL in the reward, a rejecting correction, or
+        # entropy ranking) and reference's
+        update = UpdateSettings.of(settings, producer.loss_width)
+        need_old = needs_proximal_logprobs(updates_per_step, reference is not None and algo.kl_in == "reward",
+                                           update.correction)
         old_logp, old_entropy = None, None
         if need_old or algo.forking_rho < 1:
             old_logp, old_entropy = batched_logprobs(model, rollout, settings.micro_batch_size,
@@ -120,13 +130,18 @@ def train_policy_gradient(settings, parts: Parts) -> dict:
         if algo.forking_rho < 1:  # one threshold over the global batch (every process's valid tokens)
             threshold = entropy_threshold(gather_padded(acc, old_entropy), gather_padded(acc, loss_mask), algo.forking_rho)
             pg_mask = loss_mask * top_entropy_mask(old_entropy, loss_mask, algo.forking_rho, threshold).long()
+        rejected = 0  # tokens a rejecting correction removed from the loss
+        if update.correction in REJECTING and sampler_logp is not None:  # they leave the loss and its normaliser
+            kept = importance_correction(old_logp, sampler_logp, completion_mask, update.correction, update.correction_level,
+                                         update.correction_cap, update.correction_low).kept.long()  # (n, C)
+            rejected = int((loss_mask * (1 - kept)).sum())
+            loss_mask, pg_mask = loss_mask * kept, pg_mask * kept
         if not need_old:
             old_logp = None
 
         # 4. the update. No group had a reward difference and no KL/entropy term acts: the loss has zero gradient,
         # yet AdamW would move every weight along its momentum, so algorithm.skip_zero_advantage takes no step.
         skip = algo.skip_zero_advantage and not credit.any_signal and algo.kl_coef == 0 and algo.entropy_coef == 0
-        update = UpdateSettings.of(settings, producer.loss_width)
         model.train()  # gradient checkpointing acts only in train mode (dropout is off for good, models/lora.py)
         if skip:
             stats = new_stats()
@@ -167,10 +182,8 @@ def train_policy_gradient(settings, parts: Parts) -> dict:
             # sampler vs trainer: |log pi_train - log pi_sampler| over the sampled tokens
             metrics["rollout/logprob_gap_mean"] = global_sum(acc, stats["gap_sum"]) / max(global_sum(acc, stats["gap_count"]), 1)
             metrics["rollout/logprob_gap_max"] = gather(acc, torch.tensor([stats["gap_max"]])).max().item()
-            if update.tis_cap is not None:
-                tokens = max(global_sum(acc, loss_mask.sum().item()), 1)
-                metrics["rollout/tis_weight_mean"] = global_sum(acc, stats["tis_weight_sum"]) / tokens
-                metrics["rollout/tis_capped_frac"] = global_sum(acc, stats["tis_capped"]) / tokens
+            if update.correction != "none":
+                metrics.update(correction_metrics(acc, stats, loss_mask, rejected, update.correction))
         if stats["kl"]:
             metrics["train/kl_ref"] = global_mean(acc, mean_of(stats["kl"]))
             metrics["train/kl_coef"] = kl_coef
@@ -194,10 +207,13 @@ class UpdateSettings:
     @classmethod
     def of(cls, settings, loss_width: int) -> UpdateSettings:
         algo, roll = settings.algorithm, settings.rollout
+        rule, level, cap, low = resolve_correction(roll.correction, roll.correction_level, roll.correction_cap,
+                                                   roll.correction_low, getattr(roll, "tis_cap", None))
         return cls(epochs=algo.epochs, mini_batches=algo.mini_batches, clip_low=algo.clip_low, clip_high=algo.clip_high,
                    dual_clip=algo.dual_clip, ratio_level=algo.ratio_level, loss_agg=algo.loss_agg,
                    kl_estimator=algo.kl_estimator, kl_in=algo.kl_in, entropy_coef=algo.entropy_coef,
-                   temperature=roll.temperature, tis_cap=getattr(roll, "tis_cap", None),
+                   temperature=roll.temperature, correction=rule, correction_level=level, correction_cap=cap,
+                   correction_low=low,
                    micro_batch_size=settings.micro_batch_size, micro_batch_tokens=settings.micro_batch_tokens,
                    pack=settings.packed_forward, max_grad_norm=settings.optim.max_grad_norm, loss_width=loss_width)
 
@@ -243,12 +259,13 @@ def optimise(acc, model, optimizer, scheduler, rollout, advantages, completion_m
                                                               completion_mask[idx].to(logp.device))
                     stats["gap_sum"], stats["gap_count"] = stats["gap_sum"] + gap_sum, stats["gap_count"] + gap_count
                     stats["gap_max"] = max(stats["gap_max"], gap_max)
-                if u.tis_cap is not None and sampler_logp is not None:  # truncated importance sampling
-                    weights, capped = truncated_importance_weights(old, sampler_logp[idx].to(logp.device), u.tis_cap)
-                    token_loss = token_loss * weights  # (n, C)
+                if u.correction != "none" and sampler_logp is not None:  # w = pi_prox / pi_sampler (decoupled PPO)
+                    corr = importance_correction(old, sampler_logp[idx].to(logp.device), completion_mask[idx].to(logp.device),
+                                                 u.correction, u.correction_level, u.correction_cap, u.correction_low)
+                    token_loss = token_loss * corr.weights  # (n, C); rejected tokens are already out of the masks
                     if epoch == 0:
-                        stats["tis_capped"] += int((capped & device_mask.bool()).sum())
-                        stats["tis_weight_sum"] += (weights * device_mask).sum().item()
+                        stats["tis_capped"] += int((corr.bounded & device_mask.bool()).sum())
+                        stats["tis_weight_sum"] += (corr.weights * device_mask).sum().item()
                 token_loss, kl = penalized_token_loss(
                     token_loss, logp, ref_logp[idx].to(logp.device) if ref_logp is not None else None, entropy,
                     device_mask, kl_coef, u.kl_estimator, u.kl_in, u.entropy_coef,
@@ -269,6 +286,19 @@ def optimise(acc, model, optimizer, scheduler, rollout, advantages, completion_m
             if grad_norm is not None:
                 stats["grad_norm"].append(grad_norm)
     return stats
+
+
+def correction_metrics(acc, stats: dict, loss_mask: torch.Tensor, rejected: int, rule: str) -> dict:
+    """rollout/is_weight_mean (mean weight over the trained tokens) and rollout/is_bounded_frac (share of the tokens
+    the loss would hold without the correction that it truncated (tis) or removed (mis)); tis also under its older
+    names rollout/tis_weight_mean and rollout/tis_capped_frac."""
+    trained, rejected = global_sum(acc, loss_mask.sum().item()), global_sum(acc, rejected)
+    weight = global_sum(acc, stats["tis_weight_sum"]) / max(trained, 1)
+    bounded = (global_sum(acc, stats["tis_capped"]) + rejected) / max(trained + rejected, 1)
+    metrics = {"rollout/is_weight_mean": weight, "rollout/is_bounded_frac": bounded}
+    if rule == "tis":
+        metrics.update({"rollout/tis_weight_mean": weight, "rollout/tis_capped_frac": bounded})
+    return metrics
 
 
 def update_metrics(acc, stats: dict) -> dict:

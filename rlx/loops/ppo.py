@@ -10,7 +10,9 @@ Each step:
      (algorithms/advantages.py), advantages optionally whitened over the batch;
   4. `epochs` passes of `mini_batches` steps: clipped surrogate on per-token advantages + vf_coef x
      clipped value loss, aggregated exactly over micro-batches; policy and value model each have their
-     own AdamW (value_lr) and gradient clipping.
+     own AdamW (value_lr) and gradient clipping. With rollout.correction (an engine's float error, stale rows
+     of pipeline mode or partial rollouts) the policy term is weighted by pi_old / pi_sampler, the old
+     log-probs of step 2 being the proximal policy of decoupled PPO (algorithms/offpolicy.py).
 Departures from InstructGPT's PPO: no pretraining-mix loss; the value model starts as a copy of the
 policy backbone with a zero-initialised head instead of a trained reward model.
 With several processes (hardware=ddp), each takes its contiguous shard of the global batch; GAE runs
@@ -31,7 +33,7 @@ import torch
 from rlx.algorithms.advantages import gae_advantages, whiten
 from rlx.algorithms.kl import adaptive_kl_coef, penalized_token_loss, token_rewards
 from rlx.algorithms.losses import aggregate, clipped_surrogate, explained_variance, value_loss
-from rlx.algorithms.offpolicy import logprob_gap
+from rlx.algorithms.offpolicy import importance_correction, logprob_gap, resolve_correction
 from rlx.loops.common import (
     KLCoefficient,
     Parts,
@@ -91,6 +93,8 @@ def train_ppo(settings, parts: Parts) -> dict:
         generator.publish(acc.unwrap_model(model), start_step)
     last_eval = evaluate_at_start(settings.eval.at_start, start_step, metrics_log, run_eval)
     pack, micro_size = settings.packed_forward, settings.micro_batch_size
+    rule, level, cap, low = resolve_correction(roll.correction, roll.correction_level, roll.correction_cap,
+                                               roll.correction_low, getattr(roll, "tis_cap", None))
 
     for step in range(start_step + 1, settings.steps + 1):
         kl_coef = kl_state.value
@@ -117,6 +121,11 @@ def train_ppo(settings, parts: Parts) -> dict:
         generator.sleep()  # rollout=vllm with rollout.sleep_level: the engine's memory is given back for the update
         if rollout.logprobs is not None:  # sampler vs trainer: |log pi_train - log pi_sampler| over the sampled tokens
             gap = logprob_gap(old_logp, rollout.logprobs, rollout.completion_mask)  # (sum, max, count)
+        # the off-policy correction: weights pi_old / pi_sampler; a rejecting rule takes tokens out of the policy term
+        correction, policy_mask = None, mask
+        if rule != "none" and rollout.logprobs is not None:
+            correction = importance_correction(old_logp, rollout.logprobs, mask, rule, level, cap, low)
+            policy_mask = mask * correction.kept.long()  # (n, C)
 
         # 3. token rewards and GAE per sequence; whitening over the global batch: every process's tokens,
         # padded to the longest completion of any process
@@ -140,6 +149,7 @@ def train_ppo(settings, parts: Parts) -> dict:
             for mini in order.chunk(algo.mini_batches):
                 mini_tokens = global_sum(acc, mask[mini].sum().item())  # normalisers: the whole mini-batch
                 mini_seqs = global_sum(acc, len(mini))
+                policy_tokens = mini_tokens if correction is None else global_sum(acc, policy_mask[mini].sum().item())
                 # a fixed count of rows, or a token budget (micro_batch_tokens; loops/micro_batches.py)
                 micro = plan_micro_batches(mini, rollout.prompt_mask, rollout.completion_mask, micro_size,
                                            settings.micro_batch_tokens, partial(global_max, acc))
@@ -152,11 +162,13 @@ def train_ppo(settings, parts: Parts) -> dict:
                         rollout.completion_mask[idx], with_entropy=True, entropy_grad=algo.entropy_coef > 0,
                         temperature=roll.temperature, pack=pack,
                     )
-                    device_mask = micro_mask.to(logp.device)
+                    device_mask = policy_mask[idx].to(logp.device)
                     token_loss, clip_stats = clipped_surrogate(
                         logp, old_logp[idx].to(logp.device), advantages[idx].to(logp.device), device_mask,
                         algo.clip_low, algo.clip_high, algo.dual_clip, algo.ratio_level,
                     )
+                    if correction is not None:
+                        token_loss = token_loss * correction.weights[idx].to(logp.device)  # (n, C)
                     token_loss, kl = penalized_token_loss(
                         token_loss, logp, ref_logp[idx].to(logp.device) if ref_logp is not None else None, entropy,
                         device_mask, kl_coef, algo.kl_estimator, algo.kl_in, algo.entropy_coef,
@@ -168,7 +180,7 @@ def train_ppo(settings, parts: Parts) -> dict:
                                          rollout.completion_mask[idx], pack=pack)  # (n, C)
                     v_loss, v_stats = value_loss(values, old_values[idx].to(values.device), returns[idx].to(values.device),
                                                  micro_mask.to(values.device), algo.value_clip)
-                    policy_part = aggregate(token_loss, device_mask, algo.loss_agg, mini_tokens, mini_seqs, roll.max_new_tokens)
+                    policy_part = aggregate(token_loss, device_mask, algo.loss_agg, policy_tokens, mini_seqs, roll.max_new_tokens)
                     value_part = aggregate(v_loss, micro_mask.to(values.device), "token-mean", mini_tokens, mini_seqs)
                     loss = policy_part + algo.vf_coef * value_part
                     backward(acc, loss, model, value_model)
@@ -216,6 +228,11 @@ def train_ppo(settings, parts: Parts) -> dict:
         if gap is not None:
             metrics["rollout/logprob_gap_mean"] = global_sum(acc, gap[0]) / max(global_sum(acc, gap[2]), 1)
             metrics["rollout/logprob_gap_max"] = gather(acc, torch.tensor([gap[1]])).max().item()
+        if correction is not None:  # as the policy-gradient loop's rollout/is_* (its correction_metrics)
+            sampled = global_sum(acc, mask.sum().item())
+            metrics["rollout/is_weight_mean"] = global_sum(acc, (correction.weights * policy_mask).sum().item()) / max(
+                global_sum(acc, policy_mask.sum().item()), 1)
+            metrics["rollout/is_bounded_frac"] = global_sum(acc, int((correction.bounded & mask.bool()).sum())) / max(sampled, 1)
         if stats["kl"]:
             metrics["train/kl_ref"] = global_mean(acc, mean_of(stats["kl"]))
             metrics["train/kl_coef"] = kl_coef

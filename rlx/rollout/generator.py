@@ -18,6 +18,7 @@ from typing import Protocol
 
 import torch
 
+from rlx.errors import UserError
 from rlx.models.forward import position_ids_from_mask
 from rlx.rollout.hf import eos_ids, generate_tokens
 from rlx.rollout.types import Generation, Rollout
@@ -33,8 +34,15 @@ class Generator(Protocol):
     version: int
 
     def generate_ids(self, prompts: list[list[int]], *, max_new_tokens: int, seeds: list[int],
-                     greedy: bool = False, samples_per_prompt: int = 1, min_new_tokens: int = 0) -> Generation:
-        """len(prompts) * samples_per_prompt rows, the samples of a prompt adjacent; seeds one per row."""
+                     greedy: bool = False, samples_per_prompt: int = 1, min_new_tokens: int = 0,
+                     prefixes: list[list[int]] | None = None, stop_when=None) -> Generation:
+        """len(prompts) * samples_per_prompt rows, the samples of a prompt adjacent; seeds one per row.
+
+        prefixes (one per row, optional): the row's completion so far; the generator continues it, drawing
+        completion token t from (the row's seed, position t) as an uninterrupted row would (max_new_tokens and
+        min_new_tokens count the prefix), and returns the NEW tokens only. stop_when(finished (rows,) bool): called
+        after each token step, True ends generation with the unfinished rows as far as they got. Backends that
+        cannot do either refuse them with one line (rollout=hf can; partial rollouts and hints use them)."""
         ...
 
     def publish(self, model, version: int) -> None:
@@ -80,6 +88,7 @@ class HFGenerator:
         self.temperature, self.top_p, self.top_k, self.batch_size = temperature, top_p, top_k, batch_size
         self.with_logprobs = logprobs
         self.version = 0
+        self.interrupt = None  # a threading.Event: once set, generation stops at the next token (a pipeline closing)
 
     def publish(self, model, version: int) -> None:
         """The policy generates itself: the update already changed its weights; only the version moves."""
@@ -96,12 +105,22 @@ class HFGenerator:
 
     @torch.no_grad()
     def generate_ids(self, prompts: list[list[int]], *, max_new_tokens: int, seeds: list[int],
-                     greedy: bool = False, samples_per_prompt: int = 1, min_new_tokens: int = 0) -> Generation:
+                     greedy: bool = False, samples_per_prompt: int = 1, min_new_tokens: int = 0,
+                     prefixes: list[list[int]] | None = None, stop_when=None) -> Generation:
+        starts = None
+        if prefixes is not None:  # each row is its own prompt: prompt + the completion so far (rollout/hf.py)
+            if len(prefixes) != len(prompts) * samples_per_prompt:
+                raise ValueError(f"{len(prefixes)} prefixes for {len(prompts) * samples_per_prompt} rows")
+            prompts = [list(prompts[i // samples_per_prompt]) + list(p) for i, p in enumerate(prefixes)]
+            starts, samples_per_prompt = [len(p) for p in prefixes], 1
+        if self.interrupt is not None:
+            stop_when = _or_interrupted(self.interrupt, stop_when)
         ids, mask = left_pad(prompts, self.tokenizer.pad_token_id)
         out = generate_tokens(self.model, self.tokenizer, ids, mask, samples_per_prompt=samples_per_prompt,
                               max_new_tokens=max_new_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                               greedy=greedy, batch_size=self.batch_size, seeds=seeds, min_new_tokens=min_new_tokens,
-                              sampler=self.sampler, onednn=self.onednn, logprobs=self.with_logprobs == "sampler")
+                              sampler=self.sampler, onednn=self.onednn, logprobs=self.with_logprobs == "sampler",
+                              start_positions=starts, stop_when=stop_when)
         lengths = out.completion_mask.sum(dim=1).tolist()
         ids = [out.completion_ids[i, :n].tolist() for i, n in enumerate(lengths)]
         logprobs = None
@@ -129,6 +148,18 @@ class HFGenerator:
         temperature = 1.0 if self.temperature <= 0 else self.temperature
         logp = torch.log_softmax(logits / temperature, dim=-1).gather(-1, completion_ids.to(device).unsqueeze(-1))
         return (logp.squeeze(-1) * completion_mask.to(device)).cpu()
+
+
+def _or_interrupted(event, stop_when):
+    """stop_when, or the event set."""
+    return lambda finished: event.is_set() or (stop_when is not None and bool(stop_when(finished)))
+
+
+def refuse_continuation(backend: str, prefixes, stop_when) -> None:
+    """One line for a backend that cannot continue rows from a prefix nor stop generation early."""
+    if prefixes is not None or stop_when is not None:
+        raise UserError(f"rollout={backend} cannot continue a row from its token prefix with rlx's seeded draws nor stop "
+                        f"generation early (partial rollouts, hints); use rollout=hf")
 
 
 def policy_generator(model, tokenizer, roll, *, logprobs: bool | str = "sampler") -> HFGenerator:

@@ -9,7 +9,7 @@ from transformers.cache_utils import DynamicLayer
 from rlx.algorithms.logprobs import token_logprobs
 from rlx.models.forward import position_ids_from_mask
 from rlx.rollout.fast_decode import decode_step_for
-from rlx.rollout.sampling import sample_tokens
+from rlx.rollout.sampling import ONEDNN_DECODE, sample_tokens
 from rlx.rollout.types import Rollout
 from rlx.runtime.parallel import is_sharded
 
@@ -118,7 +118,8 @@ def generate(
     the global torch generator. Each prompt is encoded once and its KV cache copied to its G samples;
     rows that emitted a stop token leave the batch, and generation ends when every row has stopped.
     min_new_tokens > 0 forbids the stop tokens before that many tokens (fixed-length benchmarks).
-    sampler: the draw's version (rollout/sampling.py SAMPLERS; training passes rollout.sampler).
+    sampler: the draw's version (rollout/sampling.py SAMPLERS; training passes rollout.sampler); v3 decodes through
+    oneDNN as onednn=True does.
     onednn: the decode step's projections through oneDNN on the CPU (rollout.onednn_decode; fast_decode.py).
     logprobs: also return the decoder's log-prob of each sampled token, log softmax(z / T) of the logits z
     the token was drawn from (T <= 0 read as 1), before min_new_tokens' stop mask and top-k / top-p (the
@@ -139,9 +140,19 @@ def generate(
 def generate_tokens(model, tokenizer, unique_ids: torch.Tensor, unique_mask: torch.Tensor, *, samples_per_prompt: int,
                     max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False,
                     batch_size: int = 256, seeds: list[int] | None = None, min_new_tokens: int = 0, sampler: str = "v2",
-                    onednn: bool = False, logprobs: bool = False) -> Rollout:
+                    onednn: bool = False, logprobs: bool = False, start_positions: list[int] | None = None,
+                    stop_when=None) -> Rollout:
     """`generate` on prompts given as left-padded token ids (B, P) and their mask (B, P); the tokenizer only
-    names the pad and stop tokens and decodes the texts."""
+    names the pad and stop tokens and decodes the texts.
+
+    Continuation (start_positions, one per row, samples_per_prompt 1): row i's "prompt" ends with the first
+    start_positions[i] tokens of its completion, already sampled; the decoder draws token t of the completion
+    (t >= start) from (seeds[i], position t), forbids the stop tokens while t < min_new_tokens and stops the row
+    at max_new_tokens completion tokens in all: the new tokens are those an uninterrupted row would have drawn
+    next (the logits of the prefix come from a prefill instead of decode steps, equal up to float rounding).
+    The Rollout then holds the NEW tokens only. stop_when(finished (N,) bool: rows that emitted a stop token or
+    reached their budget) is called after every token step; True ends generation there, and the rows still
+    going come back as far as they got (no stop token, shorter than their budget)."""
     device = next(model.parameters()).device
     lockstep = is_sharded(model) and torch.distributed.is_available() and torch.distributed.is_initialized()
     stop_ids = eos_ids(model, tokenizer)
@@ -154,7 +165,15 @@ def generate_tokens(model, tokenizer, unique_ids: torch.Tensor, unique_mask: tor
         seeds = torch.randint(0, 2**31 - 1, (num_rows,)).tolist()
     if len(seeds) != num_rows:
         raise ValueError(f"{len(seeds)} seeds for {num_rows} completions")
+    starts = None
+    if (start_positions is not None or stop_when is not None) and lockstep:
+        raise ValueError("continuing rows or stopping early needs a model that is not sharded")
+    if start_positions is not None:
+        if group != 1 or len(start_positions) != num_rows or any(not 0 <= p < max_new_tokens for p in start_positions):
+            raise ValueError("start_positions: one per row (samples_per_prompt=1), each in [0, max_new_tokens)")
+        starts = torch.tensor(start_positions, dtype=torch.int64)  # (N,)
     seed_tensor = torch.tensor(seeds, dtype=torch.int64)  # (N,)
+    counts = torch.zeros(num_rows, dtype=torch.long) if (starts is not None or stop_when is not None) else None  # (N,)
     completion_ids = torch.full((num_rows, max_new_tokens), pad_id, dtype=torch.long)  # (N, C_max)
     sampled_logp = torch.zeros((num_rows, max_new_tokens)) if logprobs else None  # (N, C_max)
     width = 0
@@ -162,17 +181,32 @@ def generate_tokens(model, tokenizer, unique_ids: torch.Tensor, unique_mask: tor
     for first in range(0, unique_ids.shape[0], prompts_per_chunk):
         last = min(unique_ids.shape[0], first + prompts_per_chunk)
         rows = slice(first * group, last * group)
-        chunk, chunk_logp = _decode(
+        chunk_stop = None
+        if stop_when is not None:  # the caller sees every row: those of earlier chunks finished, later ones not yet
+            def chunk_stop(done, rows=rows):
+                finished = counts.new_zeros(num_rows, dtype=torch.bool)
+                finished[: rows.start] = True
+                finished[rows] = done.cpu()
+                return stop_when(finished)
+        chunk, chunk_logp, chunk_counts, interrupted = _decode(
             model, unique_ids[first:last].to(device), unique_mask[first:last].to(device), group, seed_tensor[rows],
             max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, stop_ids=stop_ids, pad_id=pad_id,
             greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, lockstep=lockstep, sampler=sampler,
-            onednn=onednn, logprobs=logprobs,
+            onednn=onednn, logprobs=logprobs, starts=starts[rows] if starts is not None else None, stop_when=chunk_stop,
         )  # (n, c) each
+        if counts is not None:
+            counts[rows] = chunk_counts.cpu()
         completion_ids[rows, : chunk.shape[1]] = chunk.cpu()
         if sampled_logp is not None:
             sampled_logp[rows, : chunk.shape[1]] = chunk_logp.cpu()
         width = max(width, chunk.shape[1])
+        if interrupted:  # stop_when ended generation: the later chunks' rows come back empty
+            break
     completion_mask, truncated = completion_mask_from_ids(completion_ids[:, :width], stop_ids)
+    if counts is not None:  # rows end at their own count: a stop token, the budget, or an early stop
+        completion_mask = (torch.arange(width).unsqueeze(0) < counts.unsqueeze(1)).long()  # (N, C)
+        last = completion_ids[:, :width].gather(1, (counts - 1).clamp(min=0).unsqueeze(1)).squeeze(1)  # (N,)
+        truncated = ~((counts > 0) & torch.isin(last, torch.tensor(stop_ids, dtype=torch.long)))
     # (N, C): padded to the longest completion, not the budget (nor past it, as a lockstep batch may run)
     width = int(completion_mask.sum(dim=1).max()) if num_rows else 0
     completion_ids, completion_mask = completion_ids[:, :width], completion_mask[:, :width]
@@ -195,19 +229,29 @@ def _all_stopped(stopped: torch.Tensor) -> bool:
 
 
 def _decode(model, prompt_ids, prompt_mask, group, seeds, *, max_new_tokens, min_new_tokens, stop_ids, pad_id, greedy,
-            temperature, top_k, top_p, lockstep=False, sampler="v2", onednn=False,
-            logprobs=False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Token-by-token decoding of `group` samples for each of b prompts. Returns (b*group, c) token ids and,
-    with logprobs, (b*group, c) log softmax(z / T) of each sampled token (see generate), else None.
+            temperature, top_k, top_p, lockstep=False, sampler="v2", onednn=False, logprobs=False, starts=None,
+            stop_when=None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, bool]:
+    """Token-by-token decoding of `group` samples for each of b prompts. Returns (b*group, c) token ids,
+    with logprobs (b*group, c) log softmax(z / T) of each sampled token (see generate), else None, the count of
+    tokens each row emitted (b*group,), and whether stop_when ended the decoding.
     lockstep: rows that stopped stay in the batch (their later tokens are masked by the caller) and the
-    loop runs until every process's rows have stopped."""
+    loop runs until every process's rows have stopped. starts (b,) with group 1: each row's first completion
+    position (continuation, see generate_tokens); stop_when(finished (b*group,) bool) after every token step."""
     device = prompt_ids.device
     num_rows = prompt_ids.shape[0] * group
     out = torch.full((num_rows, max_new_tokens), pad_id, dtype=torch.long, device=device)  # (n, C_max)
     logp = torch.zeros((num_rows, max_new_tokens), device=device) if logprobs else None  # (n, C_max)
+    counts = torch.zeros(num_rows, dtype=torch.long, device=device)  # (n,) tokens emitted
     scale = 1.0 if temperature <= 0 else float(temperature)  # as the trainer's forward (HFGenerator._logprobs)
-    if max_new_tokens == 0:
-        return out, logp
+    budget = None
+    if starts is not None:  # continuation: completion position t + start, at most max_new_tokens in all
+        starts = starts.to(device)
+        budget = (max_new_tokens - starts).clamp(min=0)  # (n,)
+        steps = int(budget.max()) if num_rows else 0
+    else:
+        steps = max_new_tokens
+    if steps == 0:
+        return out[:, :0], (logp[:, :0] if logp is not None else None), counts, False
     positions = position_ids_from_mask(prompt_mask)  # (b, P), as in the training forward (models/forward.py)
     cache = generation_cache(model, max_new_tokens)
     step = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, past_key_values=cache,
@@ -215,7 +259,8 @@ def _decode(model, prompt_ids, prompt_mask, group, seeds, *, max_new_tokens, min
     logits = step.logits[:, -1].repeat_interleave(group, dim=0)  # (n, V)
     cache = step.past_key_values
     # the per-token steps: rlx's own decode step for Llama-family models (rollout/fast_decode.py)
-    fast = decode_step_for(model, onednn=onednn) if all(isinstance(layer, PreallocatedLayer) for layer in cache.layers) else None
+    fast = (decode_step_for(model, onednn=onednn or sampler in ONEDNN_DECODE)
+            if all(isinstance(layer, PreallocatedLayer) for layer in cache.layers) else None)
     stopped = torch.zeros(num_rows, dtype=torch.bool, device=device)  # lockstep: rows that emitted a stop token
     if group > 1:
         cache.batch_repeat_interleave(group)
@@ -224,22 +269,36 @@ def _decode(model, prompt_ids, prompt_mask, group, seeds, *, max_new_tokens, min
     alive = torch.arange(num_rows, device=device)  # rows of `out` still generating
     stop = torch.tensor(stop_ids, dtype=torch.long, device=device)  # (S,)
     seeds = seeds.to(device)
-    used = max_new_tokens
-    for t in range(max_new_tokens):
+    used = steps
+    done = torch.zeros(num_rows, dtype=torch.bool, device=device)  # rows that emitted a stop token or hit their budget
+    for t in range(steps):
         if logp is not None:  # the model's tempered distribution, a copy taken before the stop mask and any filter
             scaled = logits.float() / scale  # (a, V)
-        if t < min_new_tokens and stop.numel():
-            logits[:, stop] = float("-inf")
+        position = t if starts is None else starts[alive] + t  # completion position of each row's next token
+        if starts is None:
+            if t < min_new_tokens and stop.numel():
+                logits[:, stop] = float("-inf")
+        elif stop.numel() and bool((position < min_new_tokens).any()):
+            early = (position < min_new_tokens).nonzero().squeeze(1)
+            logits[early.unsqueeze(1), stop.unsqueeze(0)] = float("-inf")
         if greedy:
             token = logits.argmax(dim=-1)  # (a,)
         else:
-            token = sample_tokens(logits, seeds[alive], t, temperature, top_k, top_p, sampler)  # (a,)
+            token = sample_tokens(logits, seeds[alive], position, temperature, top_k, top_p, sampler)  # (a,)
         out[alive, t] = token
+        counts[alive] += 1
         if logp is not None:
             logp[alive, t] = token_logprobs(scaled, token)  # (a,)
-        if t == max_new_tokens - 1:
-            break
         finished = torch.isin(token, stop)  # (a,)
+        if budget is not None:
+            finished = finished | (counts[alive] >= budget[alive])
+        if stop_when is not None:
+            done[alive[finished]] = True
+            if t < steps - 1 and stop_when(done):
+                used = t + 1
+                return out[:, :used], (logp[:, :used] if logp is not None else None), counts, True
+        if t == steps - 1:
+            break
         if lockstep:
             stopped |= finished
             if _all_stopped(stopped):
@@ -260,4 +319,4 @@ def _decode(model, prompt_ids, prompt_mask, group, seeds, *, max_new_tokens, min
                          position_ids=next_position.unsqueeze(1), past_key_values=cache, use_cache=True)
             logits = step.logits[:, -1]  # (a, V)
         next_position = next_position + 1
-    return out[:, :used], (logp[:, :used] if logp is not None else None)
+    return out[:, :used], (logp[:, :used] if logp is not None else None), counts, False

@@ -44,9 +44,14 @@ def sample_seed(base_seed: int, step: int, index: int) -> int:
     return _mix32_int(x ^ _mix32_int(index + 0x85EBCA6B))
 
 
-def row_uniforms(seeds: torch.Tensor, position: int) -> torch.Tensor:
-    """One uniform in (0, 1) per row from (seed, position). seeds: (N,) int64. Returns (N,) float64."""
-    x = _mix32(seeds.to(torch.int64) ^ _mix32(torch.full_like(seeds, position, dtype=torch.int64) + 0x27D4EB2F))
+def row_uniforms(seeds: torch.Tensor, position: int | torch.Tensor) -> torch.Tensor:
+    """One uniform in (0, 1) per row from (seed, position). seeds: (N,) int64; position: one for every row, or (N,)
+    int64, each row's own (a row continued from a prefix). Returns (N,) float64."""
+    if isinstance(position, torch.Tensor):
+        positions = position.to(device=seeds.device, dtype=torch.int64)
+    else:
+        positions = torch.full_like(seeds, position, dtype=torch.int64)
+    x = _mix32(seeds.to(torch.int64) ^ _mix32(positions + 0x27D4EB2F))
     x = _mix32(x + 0x165667B1)
     return (x.to(torch.float64) + 0.5) / 4294967296.0
 
@@ -190,14 +195,18 @@ def sample_tokens_v2(logits: torch.Tensor, seeds: torch.Tensor, position: int, t
 
 # rollout.sampler: the versioned draw. A run records its version in config.yaml; a config without the key
 # (runs from before versions existed) means v1, so a resumed old run keeps drawing what it drew.
-SAMPLERS = {"v1": sample_tokens_v1, "v2": sample_tokens_v2}
+# v3 draws as v2 from the logits of the oneDNN decode step (rollout/fast_decode.py DecodeStep(onednn=True): on the
+# CPU in float32, ~1.45x faster token steps at the 0.5B shape; elsewhere the same logits as v2): the logits differ
+# from v2's by float rounding (<1e-4 from the transformers forward), so the draws may differ: a version of its own.
+SAMPLERS = {"v1": sample_tokens_v1, "v2": sample_tokens_v2, "v3": sample_tokens_v2}
+ONEDNN_DECODE = frozenset({"v3"})  # versions whose decode step runs its projections through oneDNN
 LEGACY_SAMPLER = "v1"
 
 
-def sample_tokens(logits: torch.Tensor, seeds: torch.Tensor, position: int, temperature: float, top_k: int,
+def sample_tokens(logits: torch.Tensor, seeds: torch.Tensor, position: int | torch.Tensor, temperature: float, top_k: int,
                   top_p: float, sampler: str = "v2") -> torch.Tensor:
-    """The seeded draw of each row at completion position `position` with sampler version `sampler`.
-    logits: (N, V); seeds: (N,). Returns (N,) int64."""
+    """The seeded draw of each row at completion position `position` (one int, or (N,) per row) with sampler version
+    `sampler`. logits: (N, V); seeds: (N,). Returns (N,) int64."""
     return SAMPLERS[sampler](logits, seeds, position, temperature, top_k, top_p)
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from rlx.errors import RolloutServerError
+from rlx.rollout.generator import refuse_continuation
 from rlx.rollout.hf import eos_ids
 from rlx.rollout.server_client import BadAnswer, ServerClient, parse_completion
 from rlx.rollout.server_process import (
@@ -119,9 +120,10 @@ class ServerGenerator:
         return ADAPTER_NAME if self.adapter else self.model_name
 
     def generate_ids(self, prompts: list[list[int]], *, max_new_tokens: int, seeds: list[int], greedy: bool = False,
-                     samples_per_prompt: int = 1, min_new_tokens: int = 0) -> Generation:
+                     samples_per_prompt: int = 1, min_new_tokens: int = 0, prefixes=None, stop_when=None) -> Generation:
         """len(prompts) * G rows, the G samples of a prompt adjacent, one request per row seeded with its seed
         (greedy: temperature 0, no seed); knobs from self.sampling (rollout's, or what rlx eval sets)."""
+        refuse_continuation("server", prefixes, stop_when)
         group = samples_per_prompt
         rows = len(prompts) * group
         if len(seeds) != rows:

@@ -12,6 +12,7 @@ Standard library only.
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import threading
@@ -45,7 +46,8 @@ def with_retries(call: Callable[[], object], *, retries: int, backoff_s: float, 
             return call()
         except Refused as exc:
             raise RolloutServerError(f"the rollout server refused {what}: {exc}", resumable=False) from None
-        except (OSError, urllib.error.URLError, BadAnswer, TimeoutError) as exc:
+        except (OSError, urllib.error.URLError, http.client.HTTPException, BadAnswer, TimeoutError) as exc:
+            # HTTPException: the connection broke mid-answer (IncompleteRead, RemoteDisconnected when the server dies)
             failure = exc
             note = dead()
             if note is not None:

@@ -176,19 +176,16 @@ def numeric_match(extracted: list[str | None], problems: list[dict], rel_tol: fl
 @register_verifier("math", answer_tag_or_boxed)
 def math_equivalence(extracted: list[str | None], problems: list[dict]) -> list[float]:
     """1.0 when math-verify finds the answer equivalent to the reference (LaTeX or plain).
-    Its timeouts use signal.alarm, which only works in the main thread."""
-    from math_verify import parse, verify
+    Its timeouts use signal.alarm, which only works in the main thread: elsewhere (pipeline mode's producer thread,
+    evaluation threads) the pairs go to a worker process that keeps them (rlx/tasks/math_process.py)."""
+    from rlx.tasks.math_process import verify_one, verify_pairs
 
-    timeout = 5 if threading.current_thread() is threading.main_thread() else None
-    scores = []
-    for answer, problem in zip(extracted, problems):
-        if answer is None:
-            scores.append(0.0)
-            continue
-        gold = parse(f"${problem['answer']}$", parsing_timeout=timeout)
-        pred = parse(f"${answer}$", parsing_timeout=timeout)
-        scores.append(1.0 if gold and pred and verify(gold, pred, timeout_seconds=timeout) else 0.0)
-    return scores
+    pairs = [(answer, problem["answer"]) for answer, problem in zip(extracted, problems) if answer is not None]
+    if threading.current_thread() is threading.main_thread():
+        scored = iter([verify_one(answer, reference) for answer, reference in pairs])
+    else:
+        scored = iter(verify_pairs(pairs))
+    return [0.0 if answer is None else next(scored) for answer in extracted]
 
 
 @register_verifier("reasoning_gym", needs=("answer", "question", "task", "metadata"))

@@ -1,0 +1,176 @@
+"""Partial rollouts (APRIL, "Active Partial Rollouts in RL": rollout.partial=true): the single-turn producer that
+keeps more groups in flight than a step trains, stops generating once enough of them have finished, and carries the
+unfinished rows into the next step with the tokens they already have.
+
+Each step:
+  1. the pool is filled up to ceil(prompts_per_step x partial_oversample) groups with fresh prompts (in the stream's
+     order), each of G rows with its own seed, sample_seed(seed, step it was drawn at, its index among that step's
+     fresh rows): with oversample 1 (and nothing carried) exactly the synchronous producer's prompts and seeds;
+  2. every unfinished row of the pool is continued from its tokens (Generator.generate_ids(prefixes=...): token t of
+     a row is drawn from (its seed, position t), as an uninterrupted row would draw it) until prompts_per_step groups
+     have finished (every row stopped or reached max_new_tokens), then generation stops;
+  3. the finished groups with the smallest draw index are trained, in draw order (not in finishing order, which
+     would favour short answers); finished groups beyond prompts_per_step wait for the next step, unfinished rows
+     keep their tokens, log-probs and versions.
+A row can span versions: each token's sampler log-prob is the one its sampler gave (Rollout.logprobs), so the
+token-level correction weighs each token by its own behaviour policy; Rollout.versions holds the row's OLDEST
+version (its first token's), which the staleness metrics use. Rows that waited are off-policy even with
+rollout.max_staleness=0: the config rules require rollout.correction.
+The pool (tokens, log-probs, versions, seeds, draw indices) is training state: in checkpoints, so a resumed run
+continues the same rows. Partial rollouts need a generator that continues rows and stops early (rollout=hf).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+
+from rlx.data.tasks import PromptStream
+from rlx.rewards import RewardComponent, TrainerState, compute_rewards, token_lists
+from rlx.rollout.pipeline import staleness_metrics
+from rlx.rollout.prompts import format_prompts
+from rlx.rollout.sampling import sample_seed
+from rlx.rollout.single_turn import outcome_metrics
+from rlx.rollout.types import Batch, Generation, Rollout
+
+
+def new_group(index: int, row: dict, prompt: str, prompt_ids: list[int], seeds: list[int]) -> dict:
+    """A group in flight: its draw index, data row, rendered prompt and ids, and per row: seed, tokens so far, their
+    sampler log-probs, the version of its first token (None before it has one), finished and stopped flags."""
+    rows = len(seeds)
+    return {"index": index, "row": row, "prompt": prompt, "prompt_ids": prompt_ids, "seeds": list(seeds),
+            "ids": [[] for _ in range(rows)], "logprobs": [[] for _ in range(rows)], "versions": [None] * rows,
+            "finished": [False] * rows, "stopped": [False] * rows, "first_step": None}
+
+
+def groups_done(pool: list[dict]) -> list[bool]:
+    return [all(g["finished"]) for g in pool]
+
+
+def finishing_rule(pool: list[dict], rows: list[tuple[int, int]], target: int):
+    """stop_when for one generate call over `rows` ((group position, row) of each unfinished row): True once `target`
+    groups of the pool have every row finished (before the call or in it)."""
+    group_of = torch.tensor([g for g, _ in rows], dtype=torch.long)  # (R,)
+    missing = torch.tensor([len(g["finished"]) - sum(g["finished"]) for g in pool], dtype=torch.long)  # (groups,)
+    already = int((missing == 0).sum())
+
+    def enough(finished: torch.Tensor) -> bool:
+        done_now = torch.zeros(len(pool), dtype=torch.long).index_add_(0, group_of, finished.long())
+        return already + int(((missing > 0) & (done_now == missing)).sum()) >= target
+
+    return enough
+
+
+class PartialProducer:
+    """Single-turn rows with partial rollouts (see the module docstring); the interface of SingleTurnProducer."""
+
+    kind = "single_turn"
+
+    def __init__(self, generator, tokenizer, stream: PromptStream, rewards: list[RewardComponent], *, group_size: int,
+                 prompts_per_step: int, oversample: float, max_new_tokens: int, min_new_tokens: int, seed: int,
+                 use_chat_template: bool, system_prompt: str | None, on_error: str, accuracy_key: str, total_steps: int):
+        self.generator, self.tokenizer, self.stream, self.rewards = generator, tokenizer, stream, rewards
+        self.group_size, self.prompts_per_step = group_size, prompts_per_step
+        self.in_flight = max(prompts_per_step, math.ceil(prompts_per_step * oversample))
+        self.max_new_tokens, self.min_new_tokens, self.seed = max_new_tokens, min_new_tokens, seed
+        self.use_chat_template, self.system_prompt = use_chat_template, system_prompt
+        self.on_error, self.accuracy_key, self.total_steps = on_error, accuracy_key, total_steps
+        self.pool: list[dict] = []  # groups in flight, in draw order
+        self.next_index = 0  # draw index of the next fresh group
+
+    @property
+    def loss_width(self) -> int:
+        return int(self.max_new_tokens)
+
+    def checkpointed(self) -> dict:
+        return {"data": self.stream, "partial": self}
+
+    def state_dict(self) -> dict:
+        return {"pool": copy.deepcopy(self.pool), "next_index": self.next_index}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pool, self.next_index = copy.deepcopy(state["pool"]), int(state["next_index"])
+
+    def _refill(self, step: int) -> int:
+        """Fresh groups up to `in_flight`; returns how many were drawn."""
+        fresh = self.in_flight - len(self.pool)
+        if fresh <= 0:
+            return 0
+        rows = self.stream.take(fresh)
+        prompts = format_prompts(self.tokenizer, rows, self.use_chat_template, self.system_prompt)
+        ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
+        group = self.group_size
+        for i, (row, prompt, prompt_ids) in enumerate(zip(rows, prompts, ids)):
+            seeds = [sample_seed(self.seed, step, i * group + j) for j in range(group)]
+            self.pool.append(new_group(self.next_index, row, prompt, prompt_ids, seeds))
+            self.next_index += 1
+        return fresh
+
+    def _generate(self, step: int) -> int:
+        """Continue the pool's unfinished rows until prompts_per_step groups have finished. Returns tokens drawn."""
+        if sum(groups_done(self.pool)) >= self.prompts_per_step:
+            return 0
+        rows = [(g, r) for g, group in enumerate(self.pool) for r in range(self.group_size) if not group["finished"][r]]
+        out: Generation = self.generator.generate_ids(
+            [self.pool[g]["prompt_ids"] for g, _ in rows], max_new_tokens=self.max_new_tokens,
+            seeds=[self.pool[g]["seeds"][r] for g, r in rows], min_new_tokens=self.min_new_tokens,
+            prefixes=[self.pool[g]["ids"][r] for g, r in rows],
+            stop_when=finishing_rule(self.pool, rows, self.prompts_per_step))
+        version = getattr(self.generator, "version", 0) or 0
+        drawn = 0
+        for (g, r), new, logprobs, stopped in zip(rows, out.ids, out.logprobs or [None] * len(rows), out.stopped):
+            group = self.pool[g]
+            if new and group["versions"][r] is None:
+                group["versions"][r] = version
+            if group["first_step"] is None and new:
+                group["first_step"] = step
+            group["ids"][r] += list(new)
+            group["logprobs"][r] += list(logprobs) if logprobs is not None else [0.0] * len(new)
+            group["stopped"][r] = bool(stopped)
+            group["finished"][r] = bool(stopped) or len(group["ids"][r]) >= self.max_new_tokens
+            drawn += len(new)
+        return drawn
+
+    def produce(self, step: int) -> Batch:
+        drawn = self._refill(step)
+        self._generate(step)
+        done = [i for i, finished in enumerate(groups_done(self.pool)) if finished][: self.prompts_per_step]
+        chosen = [self.pool[i] for i in done]  # the finished groups first drawn, in draw order
+        self.pool = [g for i, g in enumerate(self.pool) if i not in set(done)]
+        return self._batch(chosen, step, drawn)
+
+    def _batch(self, groups: list[dict], step: int, drawn: int) -> Batch:
+        group = self.group_size
+        ids = [ids for g in groups for ids in g["ids"]]
+        out = Generation(ids, [lp for g in groups for lp in g["logprobs"]], [s for g in groups for s in g["stopped"]])
+        width = max((len(c) for c in ids), default=0)
+        padded = torch.full((len(ids), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        for row, c in enumerate(ids):
+            padded[row, : len(c)] = torch.tensor(c, dtype=torch.long)
+        texts = self.tokenizer.batch_decode(padded, skip_special_tokens=True)
+        rollout = Rollout.from_ids([g["prompt_ids"] for g in groups], out, group, self.tokenizer.pad_token_id, texts)
+        rollout.versions = torch.tensor([v if v is not None else 0 for g in groups for v in g["versions"]], dtype=torch.long)
+        sample_rows = [g["row"] for g in groups for _ in range(group)]
+        if any(c.name == "overlong" for c in self.rewards):
+            sample_rows = [dict(row, completion_tokens=len(c)) for row, c in zip(sample_rows, ids)]
+        sample_prompts = [g["prompt"] for g in groups for _ in range(group)]
+        total, per_component, errors = compute_rewards(
+            self.rewards, sample_prompts, texts, sample_rows, self.on_error, system_prompt=self.system_prompt,
+            completion_ids=token_lists(rollout.completion_ids, rollout.completion_mask),
+            state=TrainerState(global_step=step, max_steps=self.total_steps))  # (N,)
+        metrics = outcome_metrics(total, per_component, errors, rollout, self.accuracy_key, group)
+        carried = [g["first_step"] is not None and g["first_step"] < step for g in groups]
+        metrics.update({"rollout/partial_carried_frac": sum(carried) / max(len(groups), 1),
+                        "rollout/partial_pool_groups": len(self.pool), **staleness_metrics(rollout.versions, step)})
+        return Batch(rollout, total, group, slice(0, total.numel()), metrics, rows=sample_rows, prompts=sample_prompts,
+                     prompts_drawn=drawn)
+
+    def records(self, batch: Batch, samples: list[dict], count: int) -> list[dict]:
+        """The samples file rows of the first `count` samples."""
+        return [
+            {"prompt": batch.prompts[i], "completion": batch.rollout.texts[i], "reward": batch.rewards[i].item(),
+             **samples[i], "answer": batch.rows[i].get("answer"), "version": int(batch.rollout.versions[i])}
+            for i in range(min(count, len(batch.prompts)))
+        ]

@@ -1,0 +1,91 @@
+"""Continuing a row from its token prefix (Generator.generate_ids(prefixes=...), rlx/rollout/hf.py) and stopping
+generation early (stop_when): what partial rollouts and hints build on."""
+
+import threading
+
+import pytest
+import torch
+
+from rlx.errors import UserError
+from rlx.rollout.generator import HFGenerator, refuse_continuation
+from tests.loop_fixtures import PROMPTS, one_thread, tiny_policy  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model, tokenizer = tiny_policy()
+    return model, tokenizer, [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS[:2]]
+
+
+@pytest.mark.parametrize("knobs", [{}, {"top_k": 5, "temperature": 0.7}, {"top_p": 0.8}, {"min_new_tokens": 6}],
+                         ids=["plain", "top_k", "top_p", "min_new_tokens"])
+def test_a_continued_row_draws_what_the_uninterrupted_row_drew(tiny, knobs):
+    """Token t of a row is drawn from (its seed, position t): cut every row after k tokens (k = 0 .. length - 1,
+    one cut per row, several rows of different cuts in one batch, two chunks) and continue it: prefix + new tokens
+    equals the uninterrupted row, and the new tokens' log-probs equal the uninterrupted ones (float rounding: the
+    prefix goes through a prefill instead of decode steps)."""
+    model, tokenizer, prompts = tiny
+    min_new = knobs.pop("min_new_tokens", 0)
+    generator = HFGenerator(model, tokenizer, logprobs="sampler", batch_size=5, **knobs)
+    seeds = list(range(40, 48))
+    full = generator.generate_ids(prompts, max_new_tokens=20, seeds=seeds, samples_per_prompt=4, min_new_tokens=min_new)
+    assert len({len(r) for r in full.ids}) > 1  # rows of different lengths, so the batch has rows that leave early
+    checked = 0
+    for shift in range(3):
+        cuts = [(i * 3 + shift) % len(r) for i, r in enumerate(full.ids)]
+        prefixes = [r[:c] for r, c in zip(full.ids, cuts)]
+        more = generator.generate_ids(prompts, max_new_tokens=20, seeds=seeds, samples_per_prompt=4,
+                                      min_new_tokens=min_new, prefixes=prefixes)
+        for row, (prefix, new, whole) in enumerate(zip(prefixes, more.ids, full.ids)):
+            assert prefix + new == whole, (row, prefix, new, whole)
+            torch.testing.assert_close(torch.tensor(more.logprobs[row]), torch.tensor(full.logprobs[row][len(prefix):]),
+                                       atol=1e-4, rtol=0)
+            assert more.stopped[row] == full.stopped[row]
+            checked += 1
+    assert checked == 24
+
+
+def test_stop_when_returns_the_rows_as_far_as_they_got(tiny):
+    """stop_when is asked after every token with the finished rows; True ends generation: rows still going come back
+    shorter than the budget and without a stop token (their continuation then finishes them as if uninterrupted)."""
+    model, tokenizer, prompts = tiny
+    generator = HFGenerator(model, tokenizer, logprobs="sampler", batch_size=3)
+    seeds = list(range(8))
+    full = generator.generate_ids(prompts, max_new_tokens=20, seeds=seeds, samples_per_prompt=4)
+    asked = []
+
+    def two_finished(finished):
+        asked.append(finished.clone())
+        return int(finished.sum()) >= 2
+
+    part = generator.generate_ids(prompts, max_new_tokens=20, seeds=seeds, samples_per_prompt=4, stop_when=two_finished)
+    assert asked[-1].shape == (8,) and int(asked[-1].sum()) >= 2
+    finished = [s or len(r) == 20 for s, r in zip(part.stopped, part.ids)]
+    assert sum(finished) >= 2 and not all(finished)
+    for got, whole, done in zip(part.ids, full.ids, finished):
+        assert whole[: len(got)] == got and (got == whole) == done
+    prefixes = part.ids
+    rest = generator.generate_ids(prompts, max_new_tokens=20, seeds=seeds, samples_per_prompt=4,
+                                  prefixes=[p if not d else p[:-1] for p, d in zip(prefixes, finished)])
+    for prefix, new, whole, done in zip(prefixes, rest.ids, full.ids, finished):
+        assert (prefix if not done else prefix[:-1]) + new == whole
+
+
+def test_an_interrupt_ends_generation_at_the_next_token(tiny):
+    model, tokenizer, prompts = tiny
+    generator = HFGenerator(model, tokenizer, logprobs="sampler")
+    generator.interrupt = threading.Event()
+    generator.interrupt.set()
+    out = generator.generate_ids(prompts, max_new_tokens=20, seeds=list(range(8)), samples_per_prompt=4,
+                                 min_new_tokens=20)
+    assert all(len(r) == 1 for r in out.ids) and not any(out.stopped)
+
+
+def test_other_backends_refuse_in_one_line():
+    with pytest.raises(UserError, match="rollout=server cannot continue a row from its token prefix.*use rollout=hf"):
+        refuse_continuation("server", [[1]], None)
+    with pytest.raises(UserError, match="rollout=vllm cannot"):
+        refuse_continuation("vllm", None, lambda finished: False)
+    refuse_continuation("vllm", None, None)
