@@ -107,6 +107,7 @@ DropStrategy = choices("DropStrategy", DROP_STRATEGIES.names())
 PromptSamplingMode = choices("PromptSamplingMode", SAMPLING_WEIGHTS.names())
 ReplayTrigger = choices("ReplayTrigger", TRIGGERS.names())
 HintSource = choices("HintSource", ("answer", "column"))  # rlx.rollout.hints.reference_solution
+HintPlacement = choices("HintPlacement", ("prompt", "prefix"))  # rlx.rollout.group_stages GroupStages._hint
 TemperatureMode = choices("TemperatureMode", TEMPERATURE_SCHEDULES.names())
 
 
@@ -439,6 +440,7 @@ class Hints:
     """algorithm.hints: hints for all-fail groups (rlx/rollout/hints.py)."""
 
     enabled: bool = field()
+    placement: HintPlacement = field()
     source: HintSource = field()
     column: str | None = field()
     fraction_start: float = fraction()

@@ -139,9 +139,13 @@ def generate(
 def generate_tokens(model, tokenizer, unique_ids: torch.Tensor, unique_mask: torch.Tensor, *, samples_per_prompt: int,
                     max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False,
                     batch_size: int = 256, seeds: list[int] | None = None, min_new_tokens: int = 0, sampler: str = "v2",
-                    onednn: bool = False, logprobs: bool = False) -> Rollout:
+                    onednn: bool = False, logprobs: bool = False, schedule: list[float] | None = None) -> Rollout:
     """`generate` on prompts given as left-padded token ids (B, P) and their mask (B, P); the tokenizer only
-    names the pad and stop tokens and decodes the texts."""
+    names the pad and stop tokens and decodes the texts. schedule: a temperature per completion position
+    (rollout.temperature_schedule, rlx/rollout/temperature.py; at least max_new_tokens values): token t is drawn
+    at schedule[t] instead of `temperature`, and its recorded log-prob is log softmax(z / schedule[t])."""
+    if schedule is not None and len(schedule) < max_new_tokens:
+        raise ValueError(f"a temperature schedule of {len(schedule)} positions for {max_new_tokens} new tokens")
     device = next(model.parameters()).device
     lockstep = is_sharded(model) and torch.distributed.is_available() and torch.distributed.is_initialized()
     stop_ids = eos_ids(model, tokenizer)
@@ -166,7 +170,7 @@ def generate_tokens(model, tokenizer, unique_ids: torch.Tensor, unique_mask: tor
             model, unique_ids[first:last].to(device), unique_mask[first:last].to(device), group, seed_tensor[rows],
             max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, stop_ids=stop_ids, pad_id=pad_id,
             greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, lockstep=lockstep, sampler=sampler,
-            onednn=onednn, logprobs=logprobs,
+            onednn=onednn, logprobs=logprobs, schedule=schedule,
         )  # (n, c) each
         completion_ids[rows, : chunk.shape[1]] = chunk.cpu()
         if sampled_logp is not None:
@@ -196,7 +200,7 @@ def _all_stopped(stopped: torch.Tensor) -> bool:
 
 def _decode(model, prompt_ids, prompt_mask, group, seeds, *, max_new_tokens, min_new_tokens, stop_ids, pad_id, greedy,
             temperature, top_k, top_p, lockstep=False, sampler="v2", onednn=False,
-            logprobs=False) -> tuple[torch.Tensor, torch.Tensor | None]:
+            logprobs=False, schedule=None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Token-by-token decoding of `group` samples for each of b prompts. Returns (b*group, c) token ids and,
     with logprobs, (b*group, c) log softmax(z / T) of each sampled token (see generate), else None.
     lockstep: rows that stopped stay in the batch (their later tokens are masked by the caller) and the
@@ -226,6 +230,9 @@ def _decode(model, prompt_ids, prompt_mask, group, seeds, *, max_new_tokens, min
     seeds = seeds.to(device)
     used = max_new_tokens
     for t in range(max_new_tokens):
+        if schedule is not None:  # a per-position temperature (EAD): draw and record at tau_t
+            temperature = float(schedule[t])
+            scale = 1.0 if temperature <= 0 else temperature
         if logp is not None:  # the model's tempered distribution, a copy taken before the stop mask and any filter
             scaled = logits.float() / scale  # (a, V)
         if t < min_new_tokens and stop.numel():
