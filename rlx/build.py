@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from rlx.algorithms.preference import REFERENCE_FREE
 from rlx.config.settings import settings as settings_of
+from rlx.data.difficulty import DifficultySampler
 from rlx.data.tasks import PromptStream
 from rlx.envs import env_factory
 from rlx.errors import EnvError, UserError
@@ -30,7 +31,6 @@ from rlx.loops.reward_model import train_reward_model
 from rlx.loops.sft import train_sft
 from rlx.models import lora, value
 from rlx.rewards.overlong import with_overlong_penalty
-from rlx.data.difficulty import DifficultySampler
 from rlx.rollout.episodes import EpisodeProducer
 from rlx.rollout.group_stages import GroupStages
 from rlx.rollout.single_turn import SingleTurnProducer

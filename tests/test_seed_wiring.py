@@ -25,6 +25,7 @@ from rlx.rollout.types import Episode
 from rlx.runtime.rundir import read_metrics
 from tests.loop_fixtures import QUIET, one_thread, tiny_policy  # noqa: F401 (fixture)
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 T = torch.tensor
 
 
@@ -65,7 +66,7 @@ def test_tied_group_fraction_counts_groups_not_samples():
 
 
 @torch.no_grad()
-def test_per_token_temperatures_in_the_forward_by_position(one_thread):
+def test_per_token_temperatures_in_the_forward_by_position():
     """completion_logprobs with an (N, C) temperature: position t's log-prob is log softmax(z_t / tau_t), checked
     against one unpadded forward pass scaled position by position; a constant tensor equals the float path."""
     model, tokenizer = tiny_policy()
@@ -85,7 +86,7 @@ def test_per_token_temperatures_in_the_forward_by_position(one_thread):
     assert torch.allclose(flat, same, atol=1e-6)
 
 
-def test_the_decoder_samples_and_records_at_each_positions_temperature(one_thread):
+def test_the_decoder_samples_and_records_at_each_positions_temperature():
     """A schedule [tau_0, tau_1, ...]: the recorded log-prob of token t is log softmax(z_t / tau_t) (rescored
     here position by position), and a constant schedule [0.7] x n draws exactly what temperature 0.7 draws."""
     from rlx.rollout.generator import HFGenerator
@@ -168,7 +169,7 @@ def _producer(*overrides, reward=lambda prompts, completions, **row: [0.0] * len
     return single_turn_producer(s, parts), model, tokenizer
 
 
-def test_prefix_hints_continue_from_the_reference_and_train_only_what_was_sampled(one_thread):
+def test_prefix_hints_continue_from_the_reference_and_train_only_what_was_sampled():
     """Every group fails, so each gets 3 hinted re-samples (hints.samples) right after its 2 plain ones: group
     sizes 5, the training prompt is the plain one, the completion starts with the first ceil(0.5 n) tokens of
     "<answer>N</answer>" (attended, loss mask 0) and continues with the sampled tokens (loss mask 1)."""
@@ -190,7 +191,7 @@ def test_prefix_hints_continue_from_the_reference_and_train_only_what_was_sample
 
 
 @torch.no_grad()
-def test_guide_hints_take_the_ratios_denominator_in_the_hinted_context(one_thread):
+def test_guide_hints_take_the_ratios_denominator_in_the_hinted_context():
     """placement=prompt: the training rows carry the plain prompt, Batch.behaviour the hinted one; the old
     log-probs computed on Batch.behaviour (what the loop does) reproduce what the sampler recorded, while the
     same completions scored after the plain prompt differ: the ratio pi(y | x) / pi_old(y | x + h)."""
@@ -272,7 +273,7 @@ AGENT_MECHANISMS = {
 
 
 @pytest.mark.parametrize("option", [*MECHANISMS, *AGENT_MECHANISMS])
-def test_a_two_step_run_uses_the_option(tmp_path, option, one_thread):
+def test_a_two_step_run_uses_the_option(tmp_path, option):
     overrides, metric = MECHANISMS.get(option) or AGENT_MECHANISMS[option]
     steps = 3 if option in ("replay", "entropy_smoothing") else 2  # a buffer / a history to fill first
     rows = train(tmp_path, *overrides, base=AGENT if option in AGENT_MECHANISMS else RUN, steps=steps)
@@ -296,7 +297,7 @@ STATEFUL = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("option", list(STATEFUL))
-def test_resume_is_exact_for_stateful_options(tmp_path, option, one_thread):
+def test_resume_is_exact_for_stateful_options(tmp_path, option):
     base = AGENT if option == "entropy_smoothing" else RUN
     overrides = [*STATEFUL[option], "checkpoint.every=2"]
     full = train(tmp_path, *overrides, base=base, steps=4, run_dir=tmp_path / "full")

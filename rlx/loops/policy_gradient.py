@@ -111,7 +111,8 @@ def train_policy_gradient(settings, parts: Parts) -> dict:
                     or batch.behaviour is not None)
         old_logp, old_entropy = None, None
         if need_old or algo.forking_rho < 1:
-            old_logp, old_entropy = batched_logprobs(model, batch.behaviour or rollout, settings.micro_batch_size,
+            sampled_in = rollout if batch.behaviour is None else batch.behaviour  # the contexts the rows were drawn in
+            old_logp, old_entropy = batched_logprobs(model, sampled_in, settings.micro_batch_size,
                                                      with_entropy=algo.forking_rho < 1, temperature=roll.temperature,
                                                      pack=pack)
         ref_logp = (batched_logprobs(reference, rollout, settings.micro_batch_size, temperature=roll.temperature,

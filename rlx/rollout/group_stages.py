@@ -27,7 +27,13 @@ import torch
 
 from rlx.algorithms.grouping import dense_ids, group_all
 from rlx.algorithms.ngrpo import DROP_STRATEGIES
-from rlx.algorithms.shaping import SHAPERS, GroupSignals, LaserDTargets, correct_from_accuracy, inject_verifier_noise
+from rlx.algorithms.shaping import (
+    SHAPERS,
+    GroupSignals,
+    LaserDTargets,
+    correct_from_accuracy,
+    inject_verifier_noise,
+)
 from rlx.rollout.hints import hint_fraction, hint_prefix, hinted_message, reference_solution
 from rlx.rollout.prompts import format_prompts
 from rlx.rollout.replay import TRIGGERS, ReplayBuffer, fill_buffer, replay_plan
@@ -321,7 +327,7 @@ class GroupStages:
         if hints.placement == "prompt":  # the same completions after the hinted prompt: old and sampler log-probs
             behaviour = Rollout.from_ids(contexts, out, samples, pad, texts, version=getattr(ctx.generator, "version", 0))
             behaviour.temperatures = trained.temperatures
-            behaviour = Rollout.cat([part.behaviour or part.rollout, behaviour], pad)
+            behaviour = Rollout.cat([part.rollout if part.behaviour is None else part.behaviour, behaviour], pad)
         elif part.behaviour is not None:
             behaviour = Rollout.cat([part.behaviour, trained], pad)
         merged = Round(Rollout.cat([part.rollout, trained], pad), torch.cat([part.rewards, total.to(part.rewards.dtype)]),

@@ -97,7 +97,7 @@ def sample_batch(generator: Generator, tokenizer, stream: PromptStream, rewards:
                   {name: torch.cat([p.components[name] for p in parts]) for name in parts[0].components},
                   [r for p in parts for r in p.rows], [q for p in parts for q in p.prompts],
                   torch.cat([p.groups for p in parts]), torch.cat([p.correct for p in parts]),
-                  behaviour=(Rollout.cat([p.behaviour or p.rollout for p in parts], pad)
+                  behaviour=(Rollout.cat([p.rollout if p.behaviour is None else p.behaviour for p in parts], pad)
                              if any(p.behaviour is not None for p in parts) else None),
                   hinted=torch.cat([p.hinted if p.hinted is not None else torch.zeros(len(p.rows), dtype=torch.bool)
                                     for p in parts]),
