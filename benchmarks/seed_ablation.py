@@ -31,6 +31,8 @@ ROWS = [
      "hints/rescued_frac", "share of all-fail groups rescued by a hinted re-sample"),
     ("hints, in the prompt (Guide ratio)", "seed_hints_guide_tiny", "seed_grpo_hard_tiny", "eval/accuracy",
      "hints/rescued_frac", "share of all-fail groups rescued by a hinted re-sample"),
+    ("hints, in the prompt, + dual clip 3", "seed_hints_guide_dualclip_tiny", "seed_grpo_hard_tiny", "eval/accuracy",
+     "hints/rescued_frac", "share of all-fail groups rescued by a hinted re-sample"),
     ("unlikeliness reward", "seed_unlikeliness_tiny", "seed_grpo_hard_tiny", "eval/accuracy",
      "shaping/unlikeliness_delta_abs", "mean |reward change| from the likelihood rank"),
     ("A-GRAE", "seed_agrae_tiny", "seed_grpo_hard_tiny", "eval/accuracy", "transform/agrae_delta_abs",
@@ -71,6 +73,26 @@ def mechanism(runs, metric: str) -> float | None:
     return statistics.fmean(means) if means else None
 
 
+def samples_per_step(runs) -> float | None:
+    """Mean over steps and seeds of the completions (or episodes) generated per step: the prompts drawn x G, plus
+    the hinted re-samples (hints/hinted_groups x algorithm.hints.samples): the budget each row spends."""
+    from omegaconf import OmegaConf
+
+    means = []
+    for run in runs:
+        config = OmegaConf.load(run.path / "config.yaml")
+        group, hint_samples = config.rollout.samples_per_prompt, OmegaConf.select(config, "algorithm.hints.samples")
+        per_step = []
+        for row in run.rows:
+            if "train/loss" not in row:
+                continue
+            drawn = row.get("train/prompts_drawn", config.prompts_per_step) * group
+            per_step.append(drawn + row.get("hints/hinted_groups", 0) * (hint_samples or 0))
+        if per_step:
+            means.append(statistics.fmean(per_step))
+    return statistics.fmean(means) if means else None
+
+
 def finals(runs, metric: str) -> list[float]:
     return [v for v in (r.final_value(metric) for r in sorted(runs, key=lambda r: r.seed or 0) if not r.failed)
             if v is not None]
@@ -81,15 +103,16 @@ def table(rows: list[dict]) -> str:
         return "-" if value is None else f"{value:.{digits}f}"
 
     lines = ["| option (recipe) | vs baseline (recipe) | metric | option IQM [95% CI] | baseline IQM [95% CI] | "
-             "P(option > baseline) [95% CI] | mechanism metric: option / baseline |",
-             "|---|---|---|---|---|---|---|"]
+             "P(option > baseline) [95% CI] | mechanism metric: option / baseline | samples per step |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         o, b = r["option"], r["baseline"]
         lines.append(
             f"| {r['label']} (`{o['recipe']}`) | `{b['recipe']}` | {r['metric']} | "
             f"{f(o['iqm'])} [{f(o['ci'][0])}, {f(o['ci'][1])}] | {f(b['iqm'])} [{f(b['ci'][0])}, {f(b['ci'][1])}] | "
             f"{f(r['p_improvement'], 2)} [{f(r['p_ci'][0], 2)}, {f(r['p_ci'][1], 2)}] | "
-            f"`{r['mechanism']}` {f(o['mechanism'])} / {f(b['mechanism'])} |")
+            f"`{r['mechanism']}` {f(o['mechanism'])} / {f(b['mechanism'])} | "
+            f"{f(o['samples_per_step'], 0)} / {f(b['samples_per_step'], 0)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -115,7 +138,7 @@ def main() -> None:
             _, start = runs[0].curve(metric)
             sides[side] = {"recipe": recipe, "seeds": len(values), "finals": values, "iqm": iqm, "ci": [low, high],
                            "mean": statistics.fmean(values), "start": start[0] if start else None,
-                           "mechanism": mechanism(runs, mech),
+                           "mechanism": mechanism(runs, mech), "samples_per_step": samples_per_step(runs),
                            "failed": sum(bool(r.failed) for r in runs)}
         p, p_low, p_high = probability_of_improvement_ci(sides["option"]["finals"], sides["baseline"]["finals"],
                                                          n_resamples=args.resamples)
