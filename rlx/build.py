@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from rlx.algorithms.preference import REFERENCE_FREE
 from rlx.config.settings import settings as settings_of
+from rlx.data.difficulty import DifficultySampler
 from rlx.data.tasks import PromptStream
 from rlx.envs import env_factory
 from rlx.errors import EnvError, UserError
@@ -34,6 +35,7 @@ from rlx.rewards.overlong import with_overlong_penalty
 from rlx.rollout.backends import build_generator
 from rlx.rollout.episodes import EpisodeProducer
 from rlx.rollout.generator import policy_generator
+from rlx.rollout.group_stages import GroupStages
 from rlx.rollout.partial import PartialProducer
 from rlx.rollout.pipeline import pipelined, rollout_copy
 from rlx.rollout.single_turn import SingleTurnProducer
@@ -198,19 +200,41 @@ def single_turn_producer(s, parts: Parts) -> SingleTurnProducer | PartialProduce
     # the median estimator samples one extra completion per prompt: the pivot, left out of the gradient
     group_size = roll.samples_per_prompt + (1 if algo.advantage == "median" else 0)
     rewards = with_overlong_penalty(parts.rewards, algo.overlong_buffer, algo.overlong_weight, roll.max_new_tokens)
-    if roll.partial:  # partial rollouts: groups carried across steps (rlx/rollout/partial.py)
+    if roll.partial:  # partial rollouts: groups carried across steps (rlx/rollout/partial.py); the seed stages are
+        # refused with it (rlx/config/seed_rules.py check_seed_partial)
         return PartialProducer(
             parts.generator, parts.tokenizer, PromptStream(parts.train_rows, s.seed), rewards, group_size=group_size,
             prompts_per_step=s.prompts_per_step, oversample=roll.partial_oversample, max_new_tokens=roll.max_new_tokens,
             min_new_tokens=roll.min_new_tokens, seed=s.seed, use_chat_template=s.model.chat_template,
             system_prompt=s.data.system_prompt, on_error=s.reward.on_error, accuracy_key=s.reward.accuracy,
             total_steps=s.steps)
+    stages, stream = seed_stages(s, parts, rewards, group_size)
     return SingleTurnProducer(
-        parts.generator, parts.tokenizer, PromptStream(parts.train_rows, s.seed), rewards, group_size=group_size,
+        parts.generator, parts.tokenizer, stream, rewards, group_size=group_size,
         prompts_per_step=s.prompts_per_step, max_new_tokens=roll.max_new_tokens, min_new_tokens=roll.min_new_tokens,
         seed=s.seed, use_chat_template=s.model.chat_template, system_prompt=s.data.system_prompt,
         on_error=s.reward.on_error, accuracy_key=s.reward.accuracy, total_steps=s.steps,
-        dynamic_sampling=algo.dynamic_sampling, max_rounds=algo.max_sample_batches, acc=parts.accelerator)
+        dynamic_sampling=algo.dynamic_sampling, max_rounds=algo.max_sample_batches, acc=parts.accelerator,
+        stages=stages, completion_template=s.data.completion_template)
+
+
+def seed_stages(s, parts: Parts, rewards, group_size: int):
+    """The seed ideas' group stages of the single-turn producer (rlx/rollout/group_stages.py; None when all are
+    off) and the prompt source: the shuffled stream, or the difficulty-aware sampler (rlx/data/difficulty.py)."""
+    algo = s.algorithm
+    weight = next((c.weight for c in rewards if c.name == s.reward.accuracy), 1.0)
+    stages = GroupStages(algo, s.rollout, accuracy_key=s.reward.accuracy, accuracy_weight=weight, group_size=group_size)
+    sampling = algo.prompt_sampling
+    if sampling.mode == "uniform":
+        stream = PromptStream(parts.train_rows, s.seed)
+    else:
+        stream = DifficultySampler(parts.train_rows, s.seed, sampling.mode, sampling.ema, sampling.eps, sampling.prior,
+                                   sampling.retire_after)
+        log.info("built: prompt sampler %s over %d training rows", sampling.mode, len(parts.train_rows))
+    if not stages.active:
+        return None, stream
+    log.info("built: group stages (%s)", ", ".join(stages.describe()))
+    return stages, stream
 
 
 def episode_producer(s, parts: Parts) -> EpisodeProducer:

@@ -12,7 +12,8 @@ from rlx.runtime.rundir import read_metrics
 from tests.conftest import run_rlx
 from tests.test_seed_config import SEED_PRESETS
 
-PRESETS = ["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "lite_ppo", "mc_grpo", "gspo", "ppo"]
+PRESETS = ["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "lite_ppo", "mc_grpo", "gspo", "ppo",
+           *SEED_PRESETS]
 TINY = ["steps=2", "prompts_per_step=2", "rollout.samples_per_prompt=4", "eval.size=8", "data.train_size=300",
         "save.final=false", "save.plot=false", "log.samples_every=0", "micro_batch_size=8"]
 
@@ -38,8 +39,7 @@ def test_every_preset_is_tested():
     # the multi-turn presets (family agent: agent_grpo and those extending it) are trained in tests/test_agent_train.py
     agent = {name for name in shipped if name == "agent_grpo" or "agent_grpo" in str(
         yaml.safe_load((CONF_DIR / "algorithm" / f"{name}.yaml").read_text()).get("defaults"))}
-    # the seed-idea presets (issue 29) are refused until part 2 wires them (tests/test_seed_config.py)
-    assert (extends_grpo - agent - set(SEED_PRESETS)) | {"grpo"} <= set(PRESETS)
+    assert extends_grpo - agent | {"grpo"} <= set(PRESETS)
 
 
 @pytest.mark.parametrize("preset", PRESETS)

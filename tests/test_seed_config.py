@@ -1,29 +1,41 @@
-"""The seed-idea knobs (issue 29) in the configs: every preset composes and passes the schema, bad values stop with
-one line naming the knob, and every knob the loop does not apply yet is refused rather than silently ignored."""
+"""The seed-idea knobs (issue 29) in the configs: every preset composes, passes the schema and the rules (every
+option is wired: NOT_WIRED is empty), bad values stop with one line naming the knob, and the guard still refuses a
+knob listed as not wired."""
 
 import pytest
 
+from rlx.config import seed_rules
 from rlx.config.overrides import check_overrides
-from rlx.config.rules import check_settings
+from rlx.config.rules import check_batch, check_settings
 from rlx.config.schema import check_config
 from rlx.config.seed_rules import NOT_WIRED
 from rlx.errors import UserError
 from tests.conftest import run_rlx
 
-# presets that extend grpo / gigpo with a seed idea; they train once issue 29 part 2 wires them (then they move to
-# tests/test_pg_presets.py PRESETS and the agent training tests)
+# presets that extend grpo / gigpo with a seed idea (they train: tests/test_seed_wiring.py)
 SEED_PRESETS = ["ngrpo", "laser", "laser_d", "unlikeliness", "agrae"]
 AGENT_SEED_PRESETS = ["hgpo"]
 
 
 @pytest.mark.parametrize("preset", SEED_PRESETS + AGENT_SEED_PRESETS)
-def test_seed_presets_compose_pass_the_schema_and_are_refused_until_wired(preset):
+def test_seed_presets_compose_and_pass_the_schema_and_the_rules(preset):
     overrides = [f"algorithm={preset}", *(["env=grid"] if preset in AGENT_SEED_PRESETS else [])]
     cfg = check_overrides(overrides)
     check_config(cfg)
-    with pytest.raises(UserError, match="is not wired into the training loop yet") as info:
-        check_settings(cfg)
+    check_settings(cfg)
+
+
+def test_every_option_is_wired():
+    assert NOT_WIRED == {"policy_gradient": {}, "agent": {}, "rollout": {}}
+
+
+def test_the_guard_still_refuses_a_knob_listed_as_not_wired(monkeypatch):
+    """A future option listed in NOT_WIRED (here the replay knob, as if it were new) is refused with one line."""
+    monkeypatch.setitem(NOT_WIRED, "policy_gradient", {"replay.enabled": False})
+    with pytest.raises(UserError, match="algorithm.replay.enabled=True is not wired") as info:
+        check_settings(check_overrides(["algorithm.replay.enabled=true"]))
     assert "\n" not in str(info.value)
+    check_settings(check_overrides([]))  # the default value passes
 
 
 def test_ngrpo_preset_sets_the_authors_recipe():
@@ -69,27 +81,50 @@ def test_bad_seed_settings_stop_with_one_line(overrides, needle):
     assert needle in str(info.value) and "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("knob,value", [("algorithm.shapers", "[laser]"), ("algorithm.verifier_noise.fn_rate", "0.2"),
-                                        ("algorithm.replay.enabled", "true"), ("rollout.temperature_schedule.mode", "ead"),
-                                        ("algorithm.prompt_sampling.mode", "hard")])
-def test_every_unwired_knob_is_refused(knob, value):
-    with pytest.raises(UserError, match=f"{knob}=.* is not wired"):
-        check_settings(check_overrides([f"{knob}={value}"]))
+WIRED_ELSEWHERE = [
+    (["algorithm=ppo", "algorithm.transforms=[agrae]"], "acts in the policy-gradient loop's credit or update"),
+    (["algorithm=ppo", "algorithm.hints.enabled=true"], "use algorithm=grpo"),
+    (["algorithm=ppo", "rollout.temperature_schedule.mode=ead"], "the PPO loop scores at rollout.temperature"),
+    (["algorithm=mc_grpo", "algorithm.hints.enabled=true"], "use algorithm.advantage=grpo | rloo | ngrpo"),
+    (["algorithm.replay.enabled=true", "rollout.temperature_schedule.mode=ead"], "turn one of them off"),
+]
 
 
-def test_the_not_wired_list_names_real_knobs():
-    cfg = check_overrides(["algorithm=gigpo", "env=grid"])
-    grpo = check_overrides([])
+@pytest.mark.parametrize("overrides,needle", WIRED_ELSEWHERE)
+def test_options_outside_their_loop_stop_with_one_line(overrides, needle):
+    with pytest.raises(UserError) as info:
+        check_settings(check_overrides(overrides))
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_ppo_runs_the_producer_stages():
+    """Shapers, noise, prompt sampling and replay act in the single-turn producer, which PPO shares."""
+    check_settings(check_overrides(["algorithm=ppo", "algorithm.shapers=[laser]", "algorithm.replay.enabled=true",
+                                    "algorithm.verifier_noise.fn_rate=0.1", "algorithm.prompt_sampling.mode=hard"]))
+
+
+@pytest.mark.parametrize("knob", ["algorithm.shapers=[laser]", "algorithm.hints.enabled=true",
+                                  "algorithm.prompt_sampling.mode=hard", "rollout.temperature_schedule.mode=ead"])
+def test_producer_stages_run_on_one_process(knob):
+    cfg = check_overrides([knob])
+    with pytest.raises(UserError, match="single-process producer") as info:
+        check_batch(cfg, 2)
+    assert "\n" not in str(info.value)
+    check_batch(cfg, 1)
+    check_batch(check_overrides([]), 2)  # nothing set: two processes are fine
+
+
+def test_the_not_wired_guard_reads_real_knobs():
+    """The knob lists the rules walk name knobs that exist in the configs (a typo would never fire)."""
     from omegaconf import OmegaConf
 
-    for knob in NOT_WIRED["policy_gradient"]:
+    grpo = check_overrides([])
+    for knob in [*seed_rules.PRODUCER_KNOBS, *seed_rules.PPO_REFUSED]:
         assert OmegaConf.select(grpo.algorithm, knob, default="missing") != "missing", knob
-    for knob in NOT_WIRED["agent"]:
-        assert OmegaConf.select(cfg.algorithm, knob, default="missing") != "missing", knob
 
 
-def test_the_cli_refuses_an_unwired_preset_with_exit_code_2(tmp_path):
-    result = run_rlx(["train", "algorithm=laser", "steps=1"], tmp_path, timeout=300)
+def test_the_cli_refuses_an_option_outside_its_loop_with_exit_code_2(tmp_path):
+    result = run_rlx(["train", "algorithm=ppo", "algorithm.transforms=[agrae]", "steps=1"], tmp_path, timeout=300)
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and "algorithm.shapers=['laser'] is not wired" in lines[0]
+    assert len(lines) == 1 and "algorithm.transforms=['agrae'] acts in the policy-gradient loop" in lines[0]

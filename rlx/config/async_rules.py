@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from rlx.config.seed_rules import PRODUCER_KNOBS, knob_value
 from rlx.errors import UserError
 
 # the families whose rows come from a producer the pipeline can wrap (single-turn or episodes)
@@ -53,3 +54,12 @@ def check_async_settings(cfg: DictConfig, processes: int) -> None:
     if partial and cfg.algorithm.get("dynamic_sampling"):
         raise UserError("rollout.partial=true and algorithm.dynamic_sampling both decide which groups a step trains; "
                         "set algorithm.dynamic_sampling=false")
+    if partial:  # the partial producer has no seed group stages (rlx/rollout/group_stages.py) nor a schedule
+        for knob, default in PRODUCER_KNOBS.items():
+            if knob_value(cfg.algorithm, knob) != default:
+                raise UserError(f"rollout.partial=true carries unfinished groups across steps, which the seed stage "
+                                f"algorithm.{knob} does not handle yet; set algorithm.{knob}={default} or rollout.partial=false")
+        if roll.temperature_schedule.mode != "constant":
+            raise UserError("rollout.partial=true continues rows at later positions, where a per-position temperature "
+                            "schedule is not supported yet; set rollout.temperature_schedule.mode=constant or "
+                            "rollout.partial=false")

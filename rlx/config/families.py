@@ -13,6 +13,7 @@ from rlx.config.groups import (
     AgentScale,
     Credit,
     DropStrategy,
+    HintPlacement,
     HintSource,
     KLEstimator,
     KLPlacement,
@@ -86,6 +87,7 @@ class Hints:
     """algorithm.hints: hints for all-fail groups (rlx/rollout/hints.py)."""
 
     enabled: bool = field()
+    placement: HintPlacement = field()
     source: HintSource = field()
     column: str | None = field()
     fraction_start: float = fraction()

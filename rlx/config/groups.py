@@ -73,6 +73,7 @@ Reference = choices("Reference", ("precompute", "model"))
 WandbMode = choices("WandbMode", ("online", "offline", "disabled"))
 Progress = Literal["auto", True, False]
 HintSource = choices("HintSource", ("answer", "column"))  # rlx.rollout.hints.reference_solution
+HintPlacement = choices("HintPlacement", ("prompt", "prefix"))  # rlx.rollout.group_stages GroupStages._hint
 
 
 # ------------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from rlx.config.async_rules import check_async_settings
 from rlx.config.schema import check_config
-from rlx.config.seed_rules import check_agent_seed_settings, check_seed_settings
+from rlx.config.seed_rules import check_agent_seed_settings, check_seed_processes, check_seed_settings
 from rlx.errors import UserError
 
 
@@ -206,6 +206,7 @@ def check_batch(cfg, processes: int) -> int:
     if processes > 1 and cfg.algorithm.get("dynamic_sampling"):
         raise UserError("algorithm.dynamic_sampling runs on one process for now; set algorithm.dynamic_sampling=false "
                         "or hardware.num_processes=1")
+    check_seed_processes(cfg, processes)
     if cfg.algorithm.family in ("policy_gradient", "ppo", "agent", "agent_sft"):  # agent*: tasks x episodes per task
         prompts = cfg.prompts_per_step
         group = cfg.rollout.samples_per_prompt + (cfg.algorithm.get("advantage") == "median")

@@ -1,11 +1,10 @@
-"""Cross-field rules of the seed-idea knobs (issue 29; conf/algorithm/grpo.yaml and agent_grpo.yaml), added to
-rlx.config.rules.FAMILY_CHECKS. Each stops the run with one line naming the knobs and the fix.
+"""Cross-field rules of the seed-idea knobs (issue 29; conf/algorithm/grpo.yaml, agent_grpo.yaml and rollout/hf.yaml),
+added to rlx.config.rules.FAMILY_CHECKS. Each stops the run with one line naming the knobs and the fix.
 
-The math behind these knobs exists (rlx/algorithms/ngrpo.py, shaping.py, transforms.py, agent_credit.py,
-entropy_band.py; rlx/data/difficulty.py; rlx/rollout/replay.py, hints.py, temperature.py), but the training
-loops do not call it yet (issue 29 part 2). So that no run silently ignores a knob it was given, a
-non-default value is refused after the value checks, naming what is not wired: `NOT_WIRED` lists them,
-and part 2 empties it as it wires each one.
+Every option is wired into training (docs/algorithms/seed-ideas.md, "Where each hook lives"): `NOT_WIRED` is
+empty. It stays as the guard for an option added later, whose knob would otherwise be silently ignored: list it
+here (knob -> its off value) until the loop applies it. A few options are wired into one loop only; the PPO
+loop refuses the others (`PPO_REFUSED`), and the producer-level ones run on one process (`check_seed_processes`).
 """
 
 from __future__ import annotations
@@ -14,16 +13,17 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from rlx.errors import UserError
 
-# knob -> its default (off); a different value is refused until the loop applies it (issue 29 part 2)
-NOT_WIRED = {
-    "policy_gradient": {
-        "advantage": "ngrpo!",  # '!': refuse this value (the estimator itself runs, its knobs do not reach it yet)
-        "dynamic_sampling_drop": "tied", "shapers": [], "transforms": [], "verifier_noise.fn_rate": 0.0,
-        "verifier_noise.fp_rate": 0.0, "prompt_sampling.mode": "uniform", "replay.enabled": False, "hints.enabled": False,
-    },
-    "agent": {"credit": ("gra!", "hgpo!"), "entropy_smoothing.coef": 0.0},  # loo needs no new knob: it runs today
-    "rollout": {"temperature_schedule.mode": "constant"},
-}
+# knob -> its default (off); a different value is refused until the loop applies it. Empty: everything is wired.
+NOT_WIRED: dict = {"policy_gradient": {}, "agent": {}, "rollout": {}}
+
+# the seed knobs the PPO loop (rlx/loops/ppo.py) does not apply: they act in the policy-gradient loop's credit or
+# update (transforms; hints' plain-context ratio; per-token temperatures); the producer's stages work under PPO too
+PPO_REFUSED = {"transforms": [], "hints.enabled": False}
+
+# knobs acting in the single-turn producer's group stages (rlx/rollout/group_stages.py): one process only
+PRODUCER_KNOBS = {"dynamic_sampling_drop": "tied", "shapers": [], "transforms": [], "verifier_noise.fn_rate": 0.0,
+                  "verifier_noise.fp_rate": 0.0, "prompt_sampling.mode": "uniform", "replay.enabled": False,
+                  "hints.enabled": False}
 
 
 def check_seed_settings(cfg: DictConfig) -> None:
@@ -52,9 +52,40 @@ def check_seed_settings(cfg: DictConfig) -> None:
         raise UserError("algorithm.hints.source=column needs algorithm.hints.column=NAME (the column with the solution)")
     if "laser_d" in algo.shapers and not shaping.target_candidates:
         raise UserError("algorithm.shapers=[laser_d] needs algorithm.shaping.target_candidates (budgets to try)")
-    if cfg.rollout.temperature_schedule.mode == "ead" and cfg.rollout.backend != "hf":
+    ead = cfg.rollout.temperature_schedule.mode != "constant"
+    if ead and cfg.rollout.backend != "hf":
         raise UserError("rollout.temperature_schedule.mode=ead needs per-token temperatures in the decoder: use rollout=hf")
+    from rlx.algorithms.keyed_advantages import KEYED_ESTIMATORS
+
+    if algo.hints.enabled and algo.family != "ppo" and algo.advantage not in KEYED_ESTIMATORS.names():
+        raise UserError(f"algorithm.hints.enabled=true adds the hinted re-samples to their group, so groups differ in size: "
+                        f"use algorithm.advantage={' | '.join(KEYED_ESTIMATORS.names())} (got {algo.advantage})")
+    if algo.replay.enabled and ead:
+        raise UserError("algorithm.replay.enabled=true with rollout.temperature_schedule.mode=ead: a replayed sample keeps "
+                        "no per-token temperatures; turn one of them off")
+    if algo.family == "ppo":
+        for knob, default in PPO_REFUSED.items():
+            if knob_value(algo, knob) != default:
+                raise UserError(f"algorithm.{knob}={knob_value(algo, knob)} acts in the policy-gradient loop's credit or "
+                                f"update, not PPO's: use algorithm=grpo (or another policy-gradient preset)")
+        if ead:
+            raise UserError("rollout.temperature_schedule.mode=ead: the PPO loop scores at rollout.temperature; use "
+                            "algorithm=grpo (or another policy-gradient preset)")
     _refuse_not_wired(cfg, "policy_gradient")
+
+
+def check_seed_processes(cfg: DictConfig, processes: int) -> None:
+    """The producer's group stages run on one process (like dynamic sampling): one line naming the first knob set."""
+    if processes <= 1 or cfg.algorithm.get("family") not in ("policy_gradient", "ppo"):
+        return
+    for knob, default in PRODUCER_KNOBS.items():
+        value = knob_value(cfg.algorithm, knob)
+        if value != default:
+            raise UserError(f"algorithm.{knob}={value} runs in the single-process producer for now; set it back to "
+                            f"{default} or hardware.num_processes=1")
+    if cfg.rollout.get("temperature_schedule") is not None and cfg.rollout.temperature_schedule.mode != "constant":
+        raise UserError("rollout.temperature_schedule.mode runs in the single-process producer for now; set it to "
+                        "constant or hardware.num_processes=1")
 
 
 def check_agent_seed_settings(cfg: DictConfig) -> None:
@@ -68,7 +99,7 @@ def check_agent_seed_settings(cfg: DictConfig) -> None:
     _refuse_not_wired(cfg, "agent")
 
 
-def _value(node, dotted: str):
+def knob_value(node, dotted: str):
     value = OmegaConf.select(node, dotted)
     return list(value) if isinstance(value, ListConfig) else value
 
@@ -76,7 +107,7 @@ def _value(node, dotted: str):
 def _refuse_not_wired(cfg: DictConfig, family: str) -> None:
     for group, knobs in (("algorithm", NOT_WIRED[family]), ("rollout", NOT_WIRED["rollout"])):
         for knob, default in knobs.items():
-            value = _value(cfg[group], knob)
+            value = knob_value(cfg[group], knob)
             refused = (value in [d.rstrip("!") for d in default]) if isinstance(default, tuple) else (
                 value == default.rstrip("!") if isinstance(default, str) and default.endswith("!") else value != default)
             if refused:

@@ -98,14 +98,16 @@ def end_step(step: int, metrics: dict, metrics_log, checkpointer, log_every: int
 @torch.no_grad()
 def batched_logprobs(model, rollout: Rollout, micro: int, with_entropy: bool = False, temperature: float = 1.0,
                      pack: bool = False):
-    """Log-probs (N, C) of the sampled completions under `model` at the sampling temperature, without
-    gradients, and the token entropies (N, C) when asked (else None). pack: padding-free forward (packed_forward)."""
+    """Log-probs (N, C) of the sampled completions under `model` at the sampling temperature (the rollout's
+    per-token temperatures when it records them, EAD), without gradients, and the token entropies (N, C) when
+    asked (else None). pack: padding-free forward (packed_forward)."""
     logps, entropies = [], []
     for lo in range(0, rollout.completion_ids.shape[0], micro):
         sl = slice(lo, lo + micro)
         logp, entropy = completion_logprobs(
             model, rollout.prompt_ids[sl], rollout.prompt_mask[sl], rollout.completion_ids[sl], rollout.completion_mask[sl],
-            with_entropy=with_entropy, temperature=temperature, pack=pack,
+            with_entropy=with_entropy, pack=pack,
+            temperature=rollout.temperatures[sl] if rollout.temperatures is not None else temperature,
         )
         logps.append(logp.cpu())
         if with_entropy:

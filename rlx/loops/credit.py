@@ -17,7 +17,12 @@ import torch
 
 from rlx.algorithms.advantages import outcome_advantages, sign_weighted
 from rlx.algorithms.gigpo import CREDIT, invalid_action_penalty
+from rlx.algorithms.grouping import fixed_groups, group_size
+from rlx.algorithms.keyed_advantages import KEYED_ESTIMATORS
 from rlx.algorithms.kl import sequence_kl_in_reward
+from rlx.algorithms.shaping import GroupSignals
+from rlx.algorithms.transforms import apply_transforms
+from rlx.rollout.group_stages import mean_logprobs
 from rlx.rollout.types import Batch, Episode
 from rlx.runtime.parallel import gather, gather_padded
 
@@ -56,12 +61,29 @@ def outcome_credit(batch: Batch, algo, *, acc, completion_mask, old_logp=None, r
         shaped, seq_kl = sequence_kl_in_reward(rewards[local], old_logp, ref_logp, completion_mask, kl_coef)  # (n,)
         shaped, seq_kl = gather(acc, shaped), gather(acc, seq_kl)  # (N,)
     knobs = dict(virtual_reward=algo.virtual_reward, virtual_samples=algo.virtual_samples)
-    global_advantages, global_keep = outcome_advantages(shaped, batch.group_size, algo.advantage, algo.scale, algo.eps,
-                                                        **knobs)
+    groups = batch.groups if batch.groups is not None else fixed_groups(shaped.numel(), batch.group_size)  # (N,)
+    estimator_metrics = {}
+    sizes = group_size(groups)
+    if algo.advantage in KEYED_ESTIMATORS.names() and (algo.advantage == "ngrpo" or bool((sizes != sizes[0]).any())):
+        # groups keyed by id (hinted re-samples make sizes differ; NGRPO reports its revived groups)
+        global_advantages, global_keep, estimator_metrics = KEYED_ESTIMATORS[algo.advantage](
+            shaped, groups, algo.scale, algo.eps, **knobs)
+    else:
+        global_advantages, global_keep = outcome_advantages(shaped, batch.group_size, algo.advantage, algo.scale,
+                                                            algo.eps, **knobs)
+    if algo.transforms:  # the advantage-transform stage (rlx/algorithms/transforms.py), in the configured order
+        signals = GroupSignals(groups, batch.correct, batch.rollout.lengths, mean_logprobs(batch.rollout))
+        knobs = {**vars(algo.shaping), "eps": algo.eps}
+        for name in algo.transforms:
+            before = global_advantages
+            global_advantages, transform_metrics = apply_transforms([name], before, shaped, signals, knobs)
+            global_advantages = global_advantages.to(before.dtype)
+            estimator_metrics.update(transform_metrics)  # and the generic mechanism metric: how far it moved them
+            estimator_metrics[f"transform/{name}_delta_abs"] = (global_advantages - before).abs().mean().item()
     global_advantages = sign_weighted(global_advantages, algo.positive_weight, algo.negative_weight)  # (N,)
     advantages, keep = global_advantages[local], global_keep[local]  # (n,), (n,)
     kept = global_advantages[global_keep]
-    return Credit(advantages, keep, bool(kept.abs().any()), advantage_metrics(kept), seq_kl,
+    return Credit(advantages, keep, bool(kept.abs().any()), {**advantage_metrics(kept), **estimator_metrics}, seq_kl,
                   [{"advantage": a} for a in advantages.tolist()])
 
 
@@ -84,6 +106,20 @@ def step_tensors(episodes: list[Episode], group_size: int, invalid_penalty: floa
     return episode_group, torch.tensor(step_episode, dtype=torch.long), rewards, torch.tensor(anchors, dtype=torch.long)
 
 
+def episode_outcomes(episodes: list[Episode], step_episode: torch.Tensor, step_rewards: torch.Tensor):
+    """G-RA's split of each episode's rewards: the outcome o_i (E,) and the immediate rewards (S,). The outcome is
+    the environment's info["metrics"]["outcome"] at the episode's end, else its success (Episode.success); the
+    environment's step rewards include the outcome at the last step (the usual convention), so it is taken out
+    of the last step's reward: immediate = step rewards - o_i at the last step."""
+    outcome = torch.tensor([float(e.metrics.get("outcome", e.success)) for e in episodes], dtype=step_rewards.dtype)
+    immediate = step_rewards.clone()
+    if step_episode.numel():
+        last = torch.ones_like(step_episode, dtype=torch.bool)
+        last[:-1] = step_episode[1:] != step_episode[:-1]
+        immediate[last] -= outcome[step_episode[last]]
+    return outcome, immediate
+
+
 def token_advantages(step_adv: torch.Tensor, step_episode: torch.Tensor, step_index: torch.Tensor,
                      owner: torch.Tensor | None = None) -> torch.Tensor:
     """(N, C) advantage of every sampled token: the advantage of its step (0 on environment tokens).
@@ -101,8 +137,15 @@ def episode_credit(batch: Batch, algo, *, acc, **_) -> Credit:
     """Per-step advantages of the global episodes (algorithm.credit) -> this process's per-token (n, C)."""
     episodes, local = batch.episodes, batch.local
     knobs = dict(gamma=algo.gamma, step_weight=algo.step_weight, turn_weight=algo.turn_weight, scale=algo.scale,
-                 eps=algo.eps)
+                 eps=algo.eps, gate_threshold=algo.gate_threshold, hgpo_depth=algo.hgpo_depth, hgpo_alpha=algo.hgpo_alpha)
     episode_group, step_episode, step_rewards, step_anchor = step_tensors(episodes, batch.group_size, algo.invalid_penalty)
+    if algo.credit == "gra":  # G-RA: the outcome apart from the immediate rewards (episode_outcomes)
+        outcome, step_rewards = episode_outcomes(episodes, step_episode, step_rewards)
+        knobs["episode_outcome"] = outcome
+    if algo.credit == "hgpo":  # HGPO's history keys pair each past anchor with the action taken there
+        names: dict = {}
+        knobs["step_action"] = torch.tensor([names.setdefault(e.actions[t].strip() if t < len(e.actions) else "", len(names))
+                                             for e in episodes for t in range(len(e.step_rewards))], dtype=torch.long)
     step_adv, credit_metrics = CREDIT[algo.credit](episode_group, step_episode, step_rewards, step_anchor, **knobs)  # (S,)
     any_signal = bool(step_adv.abs().any())  # over the global batch, so every process decides alike
     mine = (step_episode >= local.start) & (step_episode < local.stop)
@@ -113,6 +156,7 @@ def episode_credit(batch: Batch, algo, *, acc, **_) -> Credit:
     sampled = gather_padded(acc, rollout.loss_mask).bool()  # (N, C)
     all_advantages = gather_padded(acc, advantages)  # (N, C)
     metrics = {
+        **credit_metrics,
         "env/anchor_group_size": credit_metrics.get("env/anchor_group_size", 0.0),
         "train/advantage_mean": all_advantages[sampled].mean().item() if sampled.any() else 0.0,
         "train/advantage_std": all_advantages[sampled].std().item() if sampled.sum() > 1 else 0.0,

@@ -33,6 +33,7 @@ from functools import partial
 
 import torch
 
+from rlx.algorithms.entropy_band import EntropyHistory, entropy_band_penalty, epo_phase_weight
 from rlx.algorithms.kl import adaptive_kl_coef, penalized_token_loss
 from rlx.algorithms.losses import aggregate, clipped_surrogate, entropy_threshold, top_entropy_mask
 from rlx.algorithms.offpolicy import (
@@ -88,6 +89,9 @@ def train_policy_gradient(settings, parts: Parts) -> dict:
     state = {**parts.checkpointed, **producer.checkpointed(), "shuffle": GeneratorState(shuffle)}
     if producer.kind == "single_turn" or algo.kl_target is not None:
         state["kl"] = kl_state
+    band = entropy_band_of(algo)  # EPO-style entropy smoothing (agents): the per-turn entropy history, or None
+    if band is not None:
+        state["entropy_history"] = band.history
     start_step = checkpointer.restore(**state, **reference_reset.checkpointed())
     if start_step:  # resumed: a vLLM engine was built on the starting weights
         generator.publish(acc.unwrap_model(model), start_step)
@@ -108,14 +112,18 @@ def train_policy_gradient(settings, parts: Parts) -> dict:
         if algo.mask_truncated:
             completion_mask = completion_mask * (~rollout.truncated).long().unsqueeze(1)  # (n, C)
 
-        # 2. old (proximal) log-probs (needed for several optimizer steps, KL in the reward, a rejecting correction, or
-        # entropy ranking) and reference's
+        # 2. old (proximal) log-probs (needed for several optimizer steps, KL in the reward, a rejecting correction,
+        # entropy ranking, or rows sampled in another context: hints, whose old log-probs are those of the hinted
+        # prompt) and the reference's
         update = UpdateSettings.of(settings, producer.loss_width)
-        need_old = needs_proximal_logprobs(updates_per_step, reference is not None and algo.kl_in == "reward",
-                                           update.correction)
+        if band is not None:
+            update.entropy_band = band.at(step, settings.steps)
+        need_old = (needs_proximal_logprobs(updates_per_step, reference is not None and algo.kl_in == "reward",
+                                            update.correction) or batch.behaviour is not None)
         old_logp, old_entropy = None, None
         if need_old or algo.forking_rho < 1:
-            old_logp, old_entropy = batched_logprobs(model, rollout, settings.micro_batch_size,
+            sampled_in = rollout if batch.behaviour is None else batch.behaviour  # the contexts the rows were drawn in
+            old_logp, old_entropy = batched_logprobs(model, sampled_in, settings.micro_batch_size,
                                                      with_entropy=algo.forking_rho < 1, temperature=roll.temperature,
                                                      pack=pack)
         ref_logp = (batched_logprobs(reference, rollout, settings.micro_batch_size, temperature=roll.temperature,
@@ -152,6 +160,8 @@ def train_policy_gradient(settings, parts: Parts) -> dict:
         else:
             stats = optimise(acc, model, optimizer, scheduler, rollout, credit.advantages, completion_mask, loss_mask,
                              pg_mask, credit.keep, old_logp, ref_logp, sampler_logp, kl_coef, shuffle, update)
+        if band is not None and not skip:
+            band.record(stats)  # this step's per-turn entropies join the history the next steps' band is set from
         generator.publish(acc.unwrap_model(model), step)  # the next rows (and evaluation) sample the updated policy
         model.eval()  # generation, old/reference log-probs and evaluation run in eval mode
         if reference is not None and algo.kl_target is not None:
@@ -184,6 +194,8 @@ def train_policy_gradient(settings, parts: Parts) -> dict:
             metrics["rollout/logprob_gap_max"] = gather(acc, torch.tensor([stats["gap_max"]])).max().item()
             if update.correction != "none":
                 metrics.update(correction_metrics(acc, stats, loss_mask, rejected, update.correction))
+        if stats["band_penalty"]:
+            metrics["train/entropy_band_penalty"] = global_mean(acc, mean_of(stats["band_penalty"]))
         if stats["kl"]:
             metrics["train/kl_ref"] = global_mean(acc, mean_of(stats["kl"]))
             metrics["train/kl_coef"] = kl_coef
@@ -215,13 +227,14 @@ class UpdateSettings:
                    temperature=roll.temperature, correction=rule, correction_level=level, correction_cap=cap,
                    correction_low=low,
                    micro_batch_size=settings.micro_batch_size, micro_batch_tokens=settings.micro_batch_tokens,
-                   pack=settings.packed_forward, max_grad_norm=settings.optim.max_grad_norm, loss_width=loss_width)
+                   pack=settings.packed_forward, max_grad_norm=settings.optim.max_grad_norm, loss_width=loss_width,
+                   entropy_band=None)
 
 
 def new_stats() -> dict:
     return {"loss": 0.0, "kl": [], "entropy": [], "clip_low": [], "clip_high": [], "clip": [], "approx_kl": [],
             "grad_norm": [], "seq_kl_sum": 0.0, "gap_sum": 0.0, "gap_max": 0.0, "gap_count": 0, "tis_capped": 0,
-            "tis_weight_sum": 0.0}
+            "tis_weight_sum": 0.0, "band_penalty": [], "band_entropy": []}
 
 
 def optimise(acc, model, optimizer, scheduler, rollout, advantages, completion_mask, loss_mask, pg_mask, keep, old_logp,
@@ -245,8 +258,9 @@ def optimise(acc, model, optimizer, scheduler, rollout, advantages, completion_m
             for idx in micro:
                 logp, entropy = completion_logprobs(
                     model, rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx],
-                    rollout.completion_mask[idx], with_entropy=True, entropy_grad=u.entropy_coef > 0,
-                    temperature=u.temperature, pack=u.pack,
+                    rollout.completion_mask[idx], with_entropy=True,
+                    entropy_grad=u.entropy_coef > 0 or u.entropy_band is not None, pack=u.pack,
+                    temperature=rollout.temperatures[idx] if rollout.temperatures is not None else u.temperature,
                 )
                 device_mask = loss_mask[idx].to(logp.device)
                 old = old_logp[idx].to(logp.device) if old_logp is not None else logp.detach()
@@ -266,6 +280,15 @@ def optimise(acc, model, optimizer, scheduler, rollout, advantages, completion_m
                     if epoch == 0:
                         stats["tis_capped"] += int((corr.bounded & device_mask.bool()).sum())
                         stats["tis_weight_sum"] += (corr.weights * device_mask).sum().item()
+                if u.entropy_band is not None:  # EPO-style: each token's entropy kept in a band around its turn's history
+                    weight, history, low, high = u.entropy_band
+                    turns = rollout.step_index[idx].to(logp.device)
+                    penalty = entropy_band_penalty(entropy, turns, history.to(logp.device), low, high)  # (n, C)
+                    token_loss = token_loss + weight * penalty
+                    if epoch == 0:
+                        stats["band_penalty"].append(masked_mean(penalty.detach(), device_mask))
+                        stats["band_entropy"].append((entropy.detach().cpu(), torch.where(device_mask.bool().cpu(),
+                                                                                           turns.cpu(), -1)))
                 token_loss, kl = penalized_token_loss(
                     token_loss, logp, ref_logp[idx].to(logp.device) if ref_logp is not None else None, entropy,
                     device_mask, kl_coef, u.kl_estimator, u.kl_in, u.entropy_coef,
@@ -299,6 +322,35 @@ def correction_metrics(acc, stats: dict, loss_mask: torch.Tensor, rejected: int,
     if rule == "tis":
         metrics.update({"rollout/tis_weight_mean": weight, "rollout/tis_capped_frac": bounded})
     return metrics
+
+
+class EntropyBand:
+    """EPO-style entropy smoothing of the agent family (algorithm.entropy_smoothing; rlx/algorithms/entropy_band.py):
+    the per-turn entropy history (checkpointed) and the band term of one update."""
+
+    def __init__(self, coef: float, low: float, high: float):
+        self.coef, self.low, self.high = coef, low, high
+        self.history = EntropyHistory()
+
+    def at(self, step: int, total_steps: int):
+        """(weight, history means (K,), low, high) for UpdateSettings.entropy_band: coef x the authors' phase weight."""
+        return self.coef * epo_phase_weight(step, total_steps), self.history.means(), self.low, self.high
+
+    def record(self, stats: dict) -> None:
+        """One history entry per step: the mean token entropy of each turn index over the step's first epoch."""
+        if stats["band_entropy"]:
+            width = max(e.shape[1] for e, _ in stats["band_entropy"])
+            pad = lambda t, v: torch.nn.functional.pad(t, (0, width - t.shape[1]), value=v)  # noqa: E731
+            entropy = torch.cat([pad(e, 0.0) for e, _ in stats["band_entropy"]])
+            turns = torch.cat([pad(t, -1) for _, t in stats["band_entropy"]])
+            self.history.update(entropy, turns)
+
+
+def entropy_band_of(algo) -> EntropyBand | None:
+    smoothing = getattr(algo, "entropy_smoothing", None)
+    if smoothing is None or not smoothing.coef:
+        return None
+    return EntropyBand(smoothing.coef, smoothing.low, smoothing.high)
 
 
 def update_metrics(acc, stats: dict) -> dict:

@@ -133,14 +133,15 @@ def completion_logprobs(
     with_entropy: bool = False,
     entropy_grad: bool = False,
     chunked: bool = True,
-    temperature: float = 1.0,
+    temperature: float | torch.Tensor = 1.0,
     trim: bool = True,
     pack: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi_T(completion_t | prompt, completion_<t) for every completion position, where
     pi_T = softmax(logits / T) is the distribution the sampler drew from at temperature T (the log-probs
     of the loss, the importance ratio, the KL and the entropy all refer to it, as in the PPO/GRPO
-    implementations of TRL and verl; T = 1 for SFT and preference losses).
+    implementations of TRL and verl; T = 1 for SFT and preference losses). temperature may be an (N, C) tensor:
+    a temperature per completion token (rollout.temperature_schedule, EAD).
 
     prompt_*: (N, P) left-padded; completion_*: (N, C). Position ids follow the attention mask, as in
     generation, so the numbers match the sampler's. Returns logp (N, C) and entropy (N, C) or None;
@@ -150,12 +151,15 @@ def completion_logprobs(
     in every row are not computed (trim_padding); the outputs keep the input's width C. pack: the rows' real
     tokens run as one packed sequence without padding (_packed_hidden; every prompt needs >= 1 token), when
     the head is a plain linear map and the model is not wrapped (DDP) or sharded; otherwise the padded path."""
-    if temperature <= 0:
+    per_token = isinstance(temperature, torch.Tensor)  # (N, C): a temperature per completion token (EAD)
+    if (temperature <= 0).any() if per_token else temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     full_width = completion_ids.shape[1]
     if trim:
         prompt_ids, prompt_mask, completion_ids, completion_mask = trim_padding(
             prompt_ids, prompt_mask, completion_ids, completion_mask)
+        if per_token:
+            temperature = temperature[:, : completion_ids.shape[1]]
         logp, entropy = completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
                                             with_entropy, entropy_grad, chunked, temperature, trim=False, pack=pack)
         return _pad_columns(logp, full_width), _pad_columns(entropy, full_width)
@@ -166,9 +170,12 @@ def completion_logprobs(
     prompt_len = prompt_ids.shape[1]
     targets = completion_ids.to(device)  # (N, C)
     head = _output_head(model) if chunked else None
+    if per_token and head is not None and head.bias is not None:
+        head = None  # z / tau_t = (h / tau_t) W^T only without a bias: take the plain path
     if head is None:
         logits = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False).logits
-        logits = logits[:, prompt_len - 1 : -1].float() / temperature  # (N, C, V): tempered logits of each completion token
+        scale = temperature.to(device).unsqueeze(-1) if per_token else temperature  # (N, C, 1) or a number
+        logits = logits[:, prompt_len - 1 : -1].float() / scale  # (N, C, V): tempered logits of each completion token
         logp = token_logprobs(logits, targets)  # (N, C)
         entropy = None
         if with_entropy:
@@ -189,6 +196,9 @@ def completion_logprobs(
         hidden = out.hidden_states[-1][:, prompt_len - 1 : -1]  # (N, C, H) final-norm states predicting each token
     if hidden.dim() == 3:
         hidden = hidden[keep]  # (M, H)
+    if per_token:  # softmax(h W^T / tau_t) = softmax((h / tau_t) W^T): the head then runs at temperature 1
+        hidden = hidden / temperature.to(device)[keep].unsqueeze(-1).to(hidden.dtype)
+        temperature = 1.0
     chunk_tokens = max(1, LOGIT_CHUNK_ELEMENTS // head.weight.shape[0])
     flat_logp, flat_entropy = chunked_linear_logprobs(
         hidden, head.weight, targets[keep], bias=head.bias, chunk_tokens=chunk_tokens, with_entropy=with_entropy,

@@ -106,7 +106,10 @@ class HFGenerator:
     @torch.no_grad()
     def generate_ids(self, prompts: list[list[int]], *, max_new_tokens: int, seeds: list[int],
                      greedy: bool = False, samples_per_prompt: int = 1, min_new_tokens: int = 0,
-                     prefixes: list[list[int]] | None = None, stop_when=None) -> Generation:
+                     prefixes: list[list[int]] | None = None, stop_when=None,
+                     schedule: list[float] | None = None) -> Generation:
+        """prefixes: continue each row from its token prefix (partial rollouts); stop_when: end generation early;
+        schedule: a sampling temperature per completion position (EAD), the decoder's log-probs taken at it."""
         starts = None
         if prefixes is not None:  # each row is its own prompt: prompt + the completion so far (rollout/hf.py)
             if len(prefixes) != len(prompts) * samples_per_prompt:
@@ -119,8 +122,9 @@ class HFGenerator:
         out = generate_tokens(self.model, self.tokenizer, ids, mask, samples_per_prompt=samples_per_prompt,
                               max_new_tokens=max_new_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                               greedy=greedy, batch_size=self.batch_size, seeds=seeds, min_new_tokens=min_new_tokens,
-                              sampler=self.sampler, onednn=self.onednn, logprobs=self.with_logprobs == "sampler",
-                              start_positions=starts, stop_when=stop_when)
+                              sampler=self.sampler, onednn=self.onednn,
+                              logprobs=self.with_logprobs == "sampler" or (schedule is not None and bool(self.with_logprobs)),
+                              start_positions=starts, stop_when=stop_when, schedule=schedule)
         lengths = out.completion_mask.sum(dim=1).tolist()
         ids = [out.completion_ids[i, :n].tolist() for i, n in enumerate(lengths)]
         logprobs = None
@@ -174,18 +178,25 @@ def policy_generator(model, tokenizer, roll, *, logprobs: bool | str = "sampler"
 
 
 def sample_rollout(generator: Generator, tokenizer, prompts: list[str], *, samples_per_prompt: int, max_new_tokens: int,
-                   seeds: list[int], greedy: bool = False, min_new_tokens: int = 0) -> Rollout:
+                   seeds: list[int], greedy: bool = False, min_new_tokens: int = 0,
+                   schedule: list[float] | None = None) -> Rollout:
     """Single-turn sampling through the generator protocol: rendered prompts are tokenized once (no special
     tokens added: the chat template has them), G = samples_per_prompt adjacent completions of each are drawn
     as token ids, and the Rollout is built from those ids (Rollout.from_ids), texts decoded without special
     tokens, every row stamped with the generator's policy version."""
     prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]  # B lists of ids
+    extra = {"schedule": schedule} if schedule is not None else {}  # EAD: only the hf generator takes one
     out = generator.generate_ids(prompt_ids, samples_per_prompt=samples_per_prompt, max_new_tokens=max_new_tokens,
-                                 seeds=seeds, greedy=greedy, min_new_tokens=min_new_tokens)
+                                 seeds=seeds, greedy=greedy, min_new_tokens=min_new_tokens, **extra)
     width_c = max((len(c) for c in out.ids), default=0)
     padded = torch.full((len(out.ids), width_c), tokenizer.pad_token_id, dtype=torch.long)
     for row, ids in enumerate(out.ids):
         padded[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
     texts = tokenizer.batch_decode(padded, skip_special_tokens=True)
-    return Rollout.from_ids(prompt_ids, out, samples_per_prompt, tokenizer.pad_token_id, texts,
-                            version=getattr(generator, "version", 0) or 0)
+    rollout = Rollout.from_ids(prompt_ids, out, samples_per_prompt, tokenizer.pad_token_id, texts,
+                               version=getattr(generator, "version", 0) or 0)
+    if schedule is not None:  # the temperature each token was drawn at (1.0 on padding, which carries no loss)
+        width = rollout.completion_ids.shape[1]
+        taus = torch.tensor(list(schedule[:width]), dtype=torch.float32).expand(len(rollout), width)
+        rollout.temperatures = torch.where(rollout.completion_mask.bool(), taus, torch.ones_like(taus))  # (N, C)
+    return rollout

@@ -141,7 +141,7 @@ def generate_tokens(model, tokenizer, unique_ids: torch.Tensor, unique_mask: tor
                     max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False,
                     batch_size: int = 256, seeds: list[int] | None = None, min_new_tokens: int = 0, sampler: str = "v2",
                     onednn: bool = False, logprobs: bool = False, start_positions: list[int] | None = None,
-                    stop_when=None) -> Rollout:
+                    stop_when=None, schedule: list[float] | None = None) -> Rollout:
     """`generate` on prompts given as left-padded token ids (B, P) and their mask (B, P); the tokenizer only
     names the pad and stop tokens and decodes the texts.
 
@@ -152,7 +152,16 @@ def generate_tokens(model, tokenizer, unique_ids: torch.Tensor, unique_mask: tor
     next (the logits of the prefix come from a prefill instead of decode steps, equal up to float rounding).
     The Rollout then holds the NEW tokens only. stop_when(finished (N,) bool: rows that emitted a stop token or
     reached their budget) is called after every token step; True ends generation there, and the rows still
-    going come back as far as they got (no stop token, shorter than their budget)."""
+    going come back as far as they got (no stop token, shorter than their budget).
+
+    schedule: a temperature per completion position (rollout.temperature_schedule, rlx/rollout/temperature.py; at
+    least max_new_tokens values): token t is drawn at schedule[t] instead of `temperature`, and its recorded
+    log-prob is log softmax(z / schedule[t]). Not with continuation (the config refuses partial rollouts with a
+    schedule: a continued row's positions differ per row)."""
+    if schedule is not None and len(schedule) < max_new_tokens:
+        raise ValueError(f"a temperature schedule of {len(schedule)} positions for {max_new_tokens} new tokens")
+    if schedule is not None and start_positions is not None:
+        raise ValueError("a temperature schedule with continued rows (start_positions): not supported")
     device = next(model.parameters()).device
     lockstep = is_sharded(model) and torch.distributed.is_available() and torch.distributed.is_initialized()
     stop_ids = eos_ids(model, tokenizer)
@@ -193,6 +202,7 @@ def generate_tokens(model, tokenizer, unique_ids: torch.Tensor, unique_mask: tor
             max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, stop_ids=stop_ids, pad_id=pad_id,
             greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, lockstep=lockstep, sampler=sampler,
             onednn=onednn, logprobs=logprobs, starts=starts[rows] if starts is not None else None, stop_when=chunk_stop,
+            schedule=schedule,
         )  # (n, c) each
         if counts is not None:
             counts[rows] = chunk_counts.cpu()
@@ -230,10 +240,11 @@ def _all_stopped(stopped: torch.Tensor) -> bool:
 
 def _decode(model, prompt_ids, prompt_mask, group, seeds, *, max_new_tokens, min_new_tokens, stop_ids, pad_id, greedy,
             temperature, top_k, top_p, lockstep=False, sampler="v2", onednn=False, logprobs=False, starts=None,
-            stop_when=None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, bool]:
+            stop_when=None, schedule=None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, bool]:
     """Token-by-token decoding of `group` samples for each of b prompts. Returns (b*group, c) token ids,
     with logprobs (b*group, c) log softmax(z / T) of each sampled token (see generate), else None, the count of
-    tokens each row emitted (b*group,), and whether stop_when ended the decoding.
+    tokens each row emitted (b*group,), and whether stop_when ended the decoding. schedule: a temperature per
+    completion position (see generate_tokens).
     lockstep: rows that stopped stay in the batch (their later tokens are masked by the caller) and the
     loop runs until every process's rows have stopped. starts (b,) with group 1: each row's first completion
     position (continuation, see generate_tokens); stop_when(finished (b*group,) bool) after every token step."""
@@ -272,6 +283,9 @@ def _decode(model, prompt_ids, prompt_mask, group, seeds, *, max_new_tokens, min
     used = steps
     done = torch.zeros(num_rows, dtype=torch.bool, device=device)  # rows that emitted a stop token or hit their budget
     for t in range(steps):
+        if schedule is not None:  # a per-position temperature (EAD): draw and record at tau_t
+            temperature = float(schedule[t])
+            scale = 1.0 if temperature <= 0 else temperature
         if logp is not None:  # the model's tempered distribution, a copy taken before the stop mask and any filter
             scaled = logits.float() / scale  # (a, V)
         position = t if starts is None else starts[alive] + t  # completion position of each row's next token

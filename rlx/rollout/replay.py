@@ -31,6 +31,7 @@ class ReplayEntry:
     correct: bool
     step: int
     logprobs: list[float] | None = None  # the sampler's log-probs when it was drawn (TIS)
+    truncated: bool = False  # the sample hit the generation budget (no stop token)
 
 
 class ReplayBuffer:
@@ -103,9 +104,10 @@ def replay_plan(correct: torch.Tensor, groups: torch.Tensor, keys: list, buffer:
 
 
 def fill_buffer(buffer: ReplayBuffer, correct: torch.Tensor, groups: torch.Tensor, keys: list, completions: list[list[int]],
-                rewards: torch.Tensor, step: int, logprobs: list[list[float]] | None = None) -> int:
-    """Store the samples of every informative group (some correct, some wrong). keys as in replay_plan.
-    Returns how many samples were stored."""
+                rewards: torch.Tensor, step: int, logprobs: list[list[float]] | None = None,
+                truncated: list[bool] | None = None) -> int:
+    """Store the samples of every informative group (some correct, some wrong). keys as in replay_plan;
+    truncated: whether each sample hit the generation budget. Returns how many samples were stored."""
     index, appearance, hits, sizes, _ = _group_summary(correct, groups)
     informative = (hits > 0) & (hits < sizes)
     stored = 0
@@ -113,7 +115,8 @@ def fill_buffer(buffer: ReplayBuffer, correct: torch.Tensor, groups: torch.Tenso
         dense = int(index[row])
         if informative[dense]:
             entry = ReplayEntry(list(completions[row]), float(rewards[row]), bool(correct[row]), step,
-                                list(logprobs[row]) if logprobs is not None else None)
+                                list(logprobs[row]) if logprobs is not None else None,
+                                bool(truncated[row]) if truncated is not None else False)
             buffer.add(keys[int(appearance[dense])], entry)
             stored += 1
     return stored

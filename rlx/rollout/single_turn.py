@@ -8,92 +8,140 @@ from __future__ import annotations
 
 import torch
 
-from rlx.algorithms.advantages import tied_groups, zero_std_group_fraction
+from rlx.algorithms.advantages import zero_std_group_fraction
+from rlx.algorithms.grouping import dense_ids, fixed_groups
+from rlx.algorithms.ngrpo import DROP_STRATEGIES
+from rlx.algorithms.shaping import correct_from_accuracy
 from rlx.data.tasks import PromptStream
 from rlx.rewards import RewardComponent, TrainerState, compute_rewards, token_lists
 from rlx.rollout.generator import Generator, sample_rollout
+from rlx.rollout.group_stages import GroupStages, Round, StageContext
 from rlx.rollout.prompts import format_prompts
 from rlx.rollout.sampling import sample_seed
 from rlx.rollout.types import Batch, Rollout
 from rlx.runtime.parallel import gather, global_sum, shard
 
 
+def tied_group_fraction(rewards: torch.Tensor, groups: torch.Tensor) -> float:
+    """Fraction of the groups (keyed by id) whose rewards all tie (DROP_STRATEGIES["tied"])."""
+    tied = DROP_STRATEGIES["tied"](rewards, torch.zeros_like(rewards, dtype=torch.bool), groups)
+    index, count = dense_ids(groups)
+    per_group = torch.zeros(count, dtype=torch.bool).index_fill_(0, index[tied], True)
+    return per_group.double().mean().item() if count else 0.0
+
+
 def sample_batch(generator: Generator, tokenizer, stream: PromptStream, rewards: list[RewardComponent], group_size: int, *,
                  step: int, prompts_per_step: int, max_new_tokens: int, min_new_tokens: int, seed: int,
                  use_chat_template: bool, system_prompt: str | None, on_error: str, accuracy_key: str, total_steps: int,
-                 dynamic_sampling: bool, max_rounds: int, acc=None) -> Batch:
-    """Generate and score `prompts_per_step` groups. With dynamic sampling, drop tied groups and draw
-    the missing number of prompts again, for at most `max_rounds` rounds; if still short, fill with
-    tied groups (zero advantage under group baselines) so the batch size stays fixed.
-    Completion i drawn at this step is sampled with seed sample_seed(seed, step, i). `generator` samples
-    through the generator protocol (rollout/generator.py: HFGenerator on the policy, or the vLLM engine;
-    its temperature / top-p / top-k are rollout's), the one-turn case of the multi-turn rollouts: prompts
-    are tokenized once and the Rollout is built from the sampled ids. With several processes (acc), every process
-    draws the same prompts, generates and scores its own shard, and the rewards are gathered
-    (dynamic sampling is single-process; train.py refuses the combination)."""
+                 dynamic_sampling: bool, max_rounds: int, acc=None, stages: GroupStages | None = None,
+                 completion_template: str | None = None) -> Batch:
+    """Generate and score `prompts_per_step` groups. With dynamic sampling, drop the groups of the drop strategy
+    (stages.drop: tied groups by default, DAPO) and draw the missing number of prompts again, for at most
+    `max_rounds` rounds; if still short, fill with dropped groups (zero advantage under group baselines when
+    tied) so the batch size stays fixed. Completion i drawn at this step is sampled with seed
+    sample_seed(seed, step, i). `generator` samples through the generator protocol (rollout/generator.py:
+    HFGenerator on the policy, or the vLLM engine; its temperature / top-p / top-k are rollout's), the one-turn
+    case of the multi-turn rollouts: prompts are tokenized once and the Rollout is built from the sampled ids.
+    With several processes (acc), every process draws the same prompts, generates and scores its own shard, and
+    the rewards are gathered (dynamic sampling and the seed stages are single-process; the config rules refuse
+    the combination). `stages` (rlx/rollout/group_stages.py): the seed ideas' group stages, run on each round
+    after scoring (verifier noise, replay, hints, group reward shaping); groups are keyed by id (Batch.groups),
+    so a group may grow (hinted re-samples)."""
     wanted = prompts_per_step
-    rollouts, all_rows, all_prompts, totals, components, errors = [], [], [], [], [], 0
-    kept_groups, rounds = 0, 0
+    stages = stages if stages is not None and stages.active else None
+    schedule = stages.schedule(step, max_new_tokens) if stages is not None else None
+    parts: list[Round] = []
+    kept_groups, rounds, drawn_samples, drawn_groups = 0, 0, 0, 0
+
+    def score(prompts: list[str], rollout: Rollout, rows: list[dict]):
+        if any(c.name == "overlong" for c in rewards):
+            rows = [dict(row, completion_tokens=int(n)) for row, n in zip(rows, rollout.lengths)]
+        return compute_rewards(rewards, prompts, rollout.texts, rows, on_error, system_prompt=system_prompt,
+                               completion_ids=token_lists(rollout.completion_ids, rollout.completion_mask),
+                               state=TrainerState(global_step=step, max_steps=total_steps))  # (n,)
+
+    context = StageContext(generator, tokenizer, score, step, seed, group_size, max_new_tokens, min_new_tokens,
+                           use_chat_template, system_prompt, completion_template, schedule)
     while True:
         rows = stream.take(wanted - kept_groups if dynamic_sampling else wanted)
         mine = shard(len(rows), acc) if acc is not None else slice(0, len(rows))
         rows = rows[mine]
         prompts = format_prompts(tokenizer, rows, use_chat_template, system_prompt)
-        first = sum(t.numel() for t in totals) + mine.start * group_size  # global index of this shard's first sample
+        first = drawn_samples + mine.start * group_size  # global index of this shard's first sample
         rollout = sample_rollout(
             generator, tokenizer, prompts, samples_per_prompt=group_size, max_new_tokens=max_new_tokens,
             seeds=[sample_seed(seed, step, first + i) for i in range(len(prompts) * group_size)],
-            min_new_tokens=min_new_tokens,
+            min_new_tokens=min_new_tokens, schedule=schedule,
         )
         sample_rows = [row for row in rows for _ in range(group_size)]
-        if any(c.name == "overlong" for c in rewards):
-            sample_rows = [dict(row, completion_tokens=int(n)) for row, n in zip(sample_rows, rollout.lengths)]
         sample_prompts = [p for p in prompts for _ in range(group_size)]
-        total, per_component, round_errors = compute_rewards(
-            rewards, sample_prompts, rollout.texts, sample_rows, on_error, system_prompt=system_prompt,
-            completion_ids=token_lists(rollout.completion_ids, rollout.completion_mask),
-            state=TrainerState(global_step=step, max_steps=total_steps))  # (n,)
-        rollouts.append(rollout)
-        all_rows += sample_rows
-        all_prompts += sample_prompts
-        totals.append(total)
-        components.append(per_component)
-        errors += round_errors
+        total, per_component, round_errors = score(sample_prompts, rollout, sample_rows)
+        groups = drawn_groups + torch.arange(len(rows)).repeat_interleave(group_size)  # (n,) ids unique over the step
+        part = Round(rollout, total, per_component, sample_rows, sample_prompts, groups,
+                     correct_from_accuracy(per_component[accuracy_key]), errors=round_errors)
+        if stages is not None:
+            part = stages.after_scoring(part, context, first)
+        parts.append(part)
+        drawn_samples += len(rows) * group_size
+        drawn_groups += len(rows)
         rounds += 1
         if not dynamic_sampling:
             break
-        kept_groups += int((~tied_groups(total, group_size)).sum())
+        dropped = stages.dropped(part) if stages is not None else DROP_STRATEGIES["tied"](part.rewards, part.correct, groups)
+        kept_groups += torch.unique(part.groups[~dropped]).numel()
         if kept_groups >= wanted or rounds >= max_rounds:
             break
-    rollout = Rollout.cat(rollouts, tokenizer.pad_token_id)
-    rewards_all = torch.cat(totals)  # (N_drawn,) this process
-    per_component = {name: torch.cat([c[name] for c in components]) for name in components[0]}
+    stage_metrics = stages.after_step(parts, stream, step) if stages is not None else {}
+    pad = tokenizer.pad_token_id
+    drawn = Round(Rollout.cat([p.rollout for p in parts], pad), torch.cat([p.rewards for p in parts]),
+                  {name: torch.cat([p.components[name] for p in parts]) for name in parts[0].components},
+                  [r for p in parts for r in p.rows], [q for p in parts for q in p.prompts],
+                  torch.cat([p.groups for p in parts]), torch.cat([p.correct for p in parts]),
+                  behaviour=(Rollout.cat([p.rollout if p.behaviour is None else p.behaviour for p in parts], pad)
+                             if any(p.behaviour is not None for p in parts) else None),
+                  hinted=torch.cat([p.hinted if p.hinted is not None else torch.zeros(len(p.rows), dtype=torch.bool)
+                                    for p in parts]),
+                  errors=sum(p.errors for p in parts))
+    rewards_all, per_component, errors, correct = drawn.rewards, drawn.components, drawn.errors, drawn.correct
     local = slice(0, rewards_all.numel())
     if acc is not None and acc.num_processes > 1:  # the global batch, in global sample order
         local = slice(acc.process_index * rewards_all.numel(), (acc.process_index + 1) * rewards_all.numel())
         rewards_all = gather(acc, rewards_all)  # (N,)
         per_component = {name: gather(acc, values) for name, values in per_component.items()}
+        correct = gather(acc, correct.long()).bool()
         errors = int(global_sum(acc, errors))
-    drawn_metrics = outcome_metrics(rewards_all, per_component, errors, rollout, accuracy_key, group_size, acc)
+    groups_all = drawn.groups if rewards_all.numel() == drawn.groups.numel() else fixed_groups(rewards_all.numel(), group_size)
+    if drawn.hinted.any():  # reward/* and completions/* describe the policy's own samples; hinted re-samples apart
+        plain = torch.nonzero(~drawn.hinted).flatten()
+        drawn_metrics = outcome_metrics(rewards_all[plain], {k: v[plain] for k, v in per_component.items()}, errors,
+                                        drawn.rollout.select(plain), accuracy_key, group_size, acc, groups=groups_all[plain])
+        drawn_metrics["train/frac_zero_std_groups"] = tied_group_fraction(rewards_all, groups_all)  # what trains
+    else:
+        drawn_metrics = outcome_metrics(rewards_all, per_component, errors, drawn.rollout, accuracy_key, group_size, acc,
+                                        groups=groups_all)
+    drawn_metrics.update(stage_metrics)
     filled = 0
     if dynamic_sampling:
-        tied = tied_groups(rewards_all, group_size)  # (groups drawn,)
-        informative = torch.nonzero(~tied).flatten()[:wanted]
+        dropped = (stages.dropped(drawn) if stages is not None
+                   else DROP_STRATEGIES["tied"](drawn.rewards, drawn.correct, drawn.groups))  # (n,)
+        order = torch.unique_consecutive(drawn.groups)  # group ids in order of appearance
+        is_dropped = torch.tensor([bool(dropped[drawn.groups == g][0]) for g in order.tolist()], dtype=torch.bool)
+        informative = order[~is_dropped][:wanted]
         filled = wanted - len(informative)
-        groups = torch.cat([informative, torch.nonzero(tied).flatten()[:filled]])  # (wanted,)
-        index = (groups.unsqueeze(1) * group_size + torch.arange(group_size)).flatten()  # (wanted * G,)
-        rollout = rollout.select(index)
-        rewards_all = rewards_all[index]
+        chosen = torch.cat([informative, order[is_dropped][:filled]])  # (wanted,) group ids
+        index = torch.cat([torch.nonzero(drawn.groups == g).flatten() for g in chosen.tolist()])  # the groups' rows
+        drawn = drawn.select(index)
+        rewards_all, correct, groups_all = drawn.rewards, drawn.correct, drawn.groups
         local = slice(0, rewards_all.numel())
-        all_rows = [all_rows[i] for i in index.tolist()]
-        all_prompts = [all_prompts[i] for i in index.tolist()]
-    prompts_drawn = sum(len(t) for t in totals) // group_size
-    return Batch(rollout, rewards_all, group_size, local, drawn_metrics, rows=all_rows, prompts=all_prompts,
-                 prompts_drawn=prompts_drawn, rounds=rounds, filled_groups=filled)
+        drawn_metrics["sampling/dropped_groups"] = int(is_dropped.sum())
+    return Batch(drawn.rollout, rewards_all, group_size, local, drawn_metrics, rows=drawn.rows, prompts=drawn.prompts,
+                 prompts_drawn=drawn_groups, rounds=rounds, filled_groups=filled, groups=groups_all, correct=correct,
+                 behaviour=drawn.behaviour)
 
 
-def outcome_metrics(rewards, per_component, errors, rollout, accuracy_key, group_size, acc=None) -> dict:
-    """reward/*, completions/* and train/frac_zero_std_groups over the samples drawn (all processes)."""
+def outcome_metrics(rewards, per_component, errors, rollout, accuracy_key, group_size, acc=None, groups=None) -> dict:
+    """reward/*, completions/* and train/frac_zero_std_groups over the samples drawn (all processes); groups (N,):
+    the group ids when they are keyed by id (else G adjacent samples per group)."""
     n = rewards.numel()
     lengths = rollout.lengths.float()
     truncated = rollout.truncated.float()
@@ -107,7 +155,8 @@ def outcome_metrics(rewards, per_component, errors, rollout, accuracy_key, group
         "completions/mean_length": lengths.mean().item(),
         "completions/max_length": lengths.max().item(),
         "completions/truncated_frac": truncated.mean().item(),
-        "train/frac_zero_std_groups": zero_std_group_fraction(rewards, group_size),
+        "train/frac_zero_std_groups": (zero_std_group_fraction(rewards, group_size) if groups is None
+                                       else tied_group_fraction(rewards, groups)),
     }
     for name, values in per_component.items():
         present = values[~torch.isnan(values)]
@@ -124,14 +173,16 @@ class SingleTurnProducer:
     def __init__(self, generator, tokenizer, stream: PromptStream, rewards: list[RewardComponent], *, group_size: int,
                  prompts_per_step: int, max_new_tokens: int, min_new_tokens: int, seed: int, use_chat_template: bool,
                  system_prompt: str | None, on_error: str, accuracy_key: str, total_steps: int, dynamic_sampling: bool,
-                 max_rounds: int, acc=None):
+                 max_rounds: int, acc=None, stages: GroupStages | None = None, completion_template: str | None = None):
         self.generator, self.tokenizer, self.stream, self.rewards = generator, tokenizer, stream, rewards
         self.group_size = group_size
         self.settings = dict(prompts_per_step=prompts_per_step, max_new_tokens=max_new_tokens,
                              min_new_tokens=min_new_tokens, seed=seed, use_chat_template=use_chat_template,
                              system_prompt=system_prompt, on_error=on_error, accuracy_key=accuracy_key,
-                             total_steps=total_steps, dynamic_sampling=dynamic_sampling, max_rounds=max_rounds)
+                             total_steps=total_steps, dynamic_sampling=dynamic_sampling, max_rounds=max_rounds,
+                             completion_template=completion_template)
         self.acc = acc
+        self.stages = stages  # the seed ideas' group stages (rlx/rollout/group_stages.py), or None
 
     @property
     def loss_width(self) -> int:
@@ -139,11 +190,13 @@ class SingleTurnProducer:
         return int(self.settings["max_new_tokens"])
 
     def checkpointed(self) -> dict:
-        return {"data": self.stream}  # the position in the shuffled prompts
+        """The position in the shuffled prompts (or the difficulty-aware sampler's pass rates and generator), and
+        the seed stages' state (replay buffer, LASER-D targets) when they keep one."""
+        return {"data": self.stream, **(self.stages.checkpointed() if self.stages is not None else {})}
 
     def produce(self, step: int) -> Batch:
         return sample_batch(self.generator, self.tokenizer, self.stream, self.rewards, self.group_size, step=step,
-                            acc=self.acc, **self.settings)
+                            acc=self.acc, stages=self.stages, **self.settings)
 
     def records(self, batch: Batch, samples: list[dict], count: int) -> list[dict]:
         """The samples file rows of this process's first `count` samples (the main process's are the first)."""

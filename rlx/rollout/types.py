@@ -38,7 +38,9 @@ class Rollout:
     step_index (N, C) the turn each sampled token belongs to (-1 elsewhere); truncated (N,) bool (no stop token
     within the budget, or an episode cut by a limit); texts: the decoded completions (special tokens removed);
     logprobs (N, C) the sampler's log-prob of each sampled token (0 elsewhere) or None; versions (N,) long: the
-    policy version (number of updates published to the generator) that sampled each row."""
+    policy version (number of updates published to the generator) that sampled each row; temperatures (N, C) the
+    temperature each token was sampled at when it varies within a generation (rollout.temperature_schedule), which
+    the trainer's log-probs then use too; None: rollout.temperature everywhere."""
 
     prompt_ids: torch.Tensor
     prompt_mask: torch.Tensor
@@ -50,6 +52,7 @@ class Rollout:
     loss_mask: torch.Tensor | None = None  # None at construction: the completion mask (single-turn)
     step_index: torch.Tensor | None = None  # None at construction: 0 on every sampled token (single-turn)
     versions: torch.Tensor | None = None  # None at construction: version 0 for every row
+    temperatures: torch.Tensor | None = None  # (N, C) per-token sampling temperature (EAD); None: rollout.temperature
 
     def __post_init__(self):
         if self.loss_mask is None:
@@ -132,7 +135,8 @@ class Rollout:
         take = lambda t: t[index] if t is not None else None  # noqa: E731
         return Rollout(take(self.prompt_ids), take(self.prompt_mask), take(self.completion_ids),
                        take(self.completion_mask), take(self.truncated), [self.texts[i] for i in index.tolist()],
-                       take(self.logprobs), take(self.loss_mask), take(self.step_index), take(self.versions))
+                       take(self.logprobs), take(self.loss_mask), take(self.step_index), take(self.versions),
+                       take(self.temperatures))
 
     @staticmethod
     def cat(parts: list[Rollout], pad_id: int) -> Rollout:
@@ -151,6 +155,8 @@ class Rollout:
 
         logprobs = (torch.cat([pad(r.logprobs, c_width, 0, False) for r in parts])  # (N, C)
                     if all(r.logprobs is not None for r in parts) else None)
+        temperatures = (torch.cat([pad(r.temperatures, c_width, 1.0, False) for r in parts])  # (N, C)
+                        if all(r.temperatures is not None for r in parts) else None)
         return Rollout(
             torch.cat([pad(r.prompt_ids, p_width, pad_id, True) for r in parts]),  # (N, P)
             torch.cat([pad(r.prompt_mask, p_width, 0, True) for r in parts]),  # (N, P)
@@ -162,6 +168,7 @@ class Rollout:
             torch.cat([pad(r.loss_mask, c_width, 0, False) for r in parts]),  # (N, C)
             torch.cat([pad(r.step_index, c_width, -1, False) for r in parts]),  # (N, C)
             torch.cat([r.versions for r in parts]),
+            temperatures,
         )
 
 
@@ -189,6 +196,9 @@ class Batch:
     filled_groups: int = 0
     episodes: list[Episode] | None = None
     row_episode: torch.Tensor | None = None  # (n,) this process's episode of each row (a harness fork: several rows)
+    groups: torch.Tensor | None = None  # (N,) a key per global row for keyed estimators (seed ideas)
+    correct: torch.Tensor | None = None  # (N,) the verifier's verdict, before any verifier-noise model
+    behaviour: Rollout | None = None  # the hinted rows as sampled (their context), for the old log-probs
 
 
 @dataclass
