@@ -17,7 +17,6 @@ stops the server and the batcher and closes every session.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import secrets
 import socket
@@ -29,6 +28,7 @@ from rlx.gateway.batcher import MicroBatcher
 from rlx.gateway.chat import ChatRenderer, RequestError
 from rlx.gateway.sessions import Limits, Session
 from rlx.gateway.tools import TOOL_PARSERS
+from rlx.rollout.server_process import is_loopback
 
 log = logging.getLogger("rlx")
 
@@ -50,15 +50,6 @@ class GatewaySettings:
     greedy: bool = False               # argmax decoding (held-out evaluation) instead of sampling
     model_name: str = "rlx"            # what GET /v1/models lists (any `model` in a request is accepted)
     auto_sessions: bool = False        # a call to an unknown session opens it (`rlx gateway`); else 404
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class Gateway:
