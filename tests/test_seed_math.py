@@ -236,6 +236,18 @@ def test_agrae_matches_the_authors_formula_by_hand():
     assert close(agrae_advantages(advantages, rewards, groups, alpha=0.5), [0.363085, -1.089256, 0, 0, 0, 0])
 
 
+
+def test_agrae_pass_rate_is_the_verifiers_not_the_total_reward():
+    """With a format bonus the total reward is not a pass rate: group [1.1, 1.0] is all correct (p_g 1) but its
+    rewards differ, so GRPO gives it +-0.707107. p_g from `correct`: [1, 1] -> p 1, [0, 0] -> p 0; p_bar 0.5.
+    The hard term (1 / (1 - sqrt 1)) is left out, the easy one stays: A' = 0.5 x 0.5 x A / 1 = 0.25 A ->
+    +0.176777 x min(1, 0.5) = 0.088388 and -0.176777. Clamping the total reward instead made the hard term
+    A / eps (~1e5): the A-GRAE ablation's first run saw mean |advantage change| 55."""
+    rewards, groups = T([1.1, 1.0, 0.1, 0.1]), fixed_groups(4, 2)
+    correct = torch.tensor([True, True, False, False])
+    advantages = group_advantages(rewards, 2)
+    assert close(agrae_advantages(advantages, rewards, groups, alpha=1.0, correct=correct), [0.088388, -0.176777, 0, 0])
+
 def test_pass_at_k_advantages_by_hand():
     """n = 4, k = 2. c = 1: R = 1 - C(3,2)/C(4,2) = 1 - 3/6 = 0.5, sigma = 0.5, A_pos = 0.5 / 0.5 = 1,
     A_neg = (0.5 - C(2,1)/C(3,1)) / 0.5 = (0.5 - 2/3) / 0.5 = -1/3.

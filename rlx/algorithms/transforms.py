@@ -31,29 +31,38 @@ def apply_transforms(names, advantages: torch.Tensor, rewards: torch.Tensor, sig
 
 
 def agrae_advantages(advantages: torch.Tensor, rewards: torch.Tensor, groups: torch.Tensor, alpha: float = 1.0,
-                     eps: float = 1e-6) -> torch.Tensor:
+                     eps: float = 1e-6, correct: torch.Tensor | None = None) -> torch.Tensor:
     """A-GRAE's asymmetric scaling ("Unveiling Implicit Advantage Symmetry"; the authors'
     code Yu7-code/A-GRAE, verl/trainer/ppo/core_algos.py compute_grpo_outcome_advantage, grpo_weight 2.0):
-        p_g  = mean reward of group g,  p_bar = mean of p_g over the batch's groups (each group once)
+        p_g  = pass rate of group g,  p_bar = mean of p_g over the batch's groups (each group once)
         A'   = (1 - p_bar) * 0.5 * A / (1 - sqrt(p_g) + eps) + p_bar * 0.5 * A / (sqrt(p_g) + eps)
         A'  <- A' * min(1, p_bar / alpha)   where A' > 0      (alpha = 1 for math, 0.5 for geo3k / med)
     Early (p_bar small) the easy groups' samples are amplified, later the hard groups'; positive
-    advantages stay damped while the batch is mostly failing. Rewards are pass rates in [0, 1] here: p_g
-    is clamped into [0, 1] before the square root. advantages, rewards, groups: (N,)."""
-    rate = group_mean(rewards.double(), groups).clamp(0.0, 1.0)  # (N,) p_g
+    advantages stay damped while the batch is mostly failing.
+
+    p_g is the share of the group's samples the verifier judged correct (`correct`, bool (N,)); without a
+    verifier, the group's mean reward clamped into [0, 1]. The authors' rewards are binary, so there the two
+    agree; with other reward components (rlx's format bonus) the total reward is not a pass rate. A term whose
+    denominator would be eps alone (1 - sqrt(p_g) in an all-correct group, sqrt(p_g) in an all-wrong one) is
+    left out: with binary rewards those groups have A = 0 and the term is 0 either way, while with other
+    components their advantages would be multiplied by 1 / eps. advantages, rewards, groups: (N,)."""
+    solved = correct.double() if correct is not None else rewards.double()
+    rate = group_mean(solved, groups).clamp(0.0, 1.0)  # (N,) p_g
     index, count = dense_ids(groups)
     per_group = torch.zeros(count, dtype=torch.float64).index_add_(0, index, rate / group_size(groups))  # each p_g once
     overall = per_group.mean()  # p_bar
     root = rate.sqrt()
     values = advantages.double()
-    scaled = (1 - overall) * 0.5 * values / (1 - root + eps) + overall * 0.5 * values / (root + eps)
+    hard = torch.where(root < 1, values / (1 - root + eps), torch.zeros_like(values))
+    easy = torch.where(root > 0, values / (root + eps), torch.zeros_like(values))
+    scaled = (1 - overall) * 0.5 * hard + overall * 0.5 * easy
     scaled = torch.where(scaled > 0, scaled * torch.clamp(overall / alpha, max=1.0), scaled)
     return scaled.to(advantages.dtype)
 
 
 @TRANSFORMS.register("agrae")
 def agrae_transform(advantages, rewards, signals: GroupSignals, *, agrae_alpha: float = 1.0, eps: float = 1e-6, **_):
-    return agrae_advantages(advantages, rewards, signals.groups, agrae_alpha, eps), {}
+    return agrae_advantages(advantages, rewards, signals.groups, agrae_alpha, eps, signals.correct), {}
 
 
 def _comb(n: int, k: int) -> int:
