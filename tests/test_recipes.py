@@ -24,6 +24,9 @@ from rlx.config.paths import RECIPES_DIR
 from tests.conftest import run_rlx
 
 RECIPES = recipe_names()
+# the seed ideas' ablation recipes (docs/algorithms/seed-ideas.md): their options train two steps each in
+# tests/test_seed_wiring.py and their presets in tests/test_pg_presets.py, so their own 1-step runs are `slow`
+ABLATION = [name for name in RECIPES if name.startswith("seed_")]
 SOURCELESS = {"tiny_sft", "tiny_agent_sft"}  # rlx's own model-building recipes: no paper to cite
 ONE_STEP = ["steps=1", "prompts_per_step=2", "rollout.samples_per_prompt=4", "micro_batch_size=8", "eval.size=4",
             "eval.batch_size=4", "eval.every=1", "rollout.max_new_tokens=16", "log.samples_every=0", "save.final=false",
@@ -58,12 +61,15 @@ def _composed(name):
 
 @pytest.fixture(scope="module")
 def one_step_runs(tmp_path_factory):
-    """recipe -> (run directory or None, why not)."""
-    tmp = tmp_path_factory.mktemp("recipes")
+    """recipe -> (run directory or None, why not), for every recipe but the ablation's."""
+    return _one_step_runs(tmp_path_factory.mktemp("recipes"), [n for n in RECIPES if n not in ABLATION])
+
+
+def _one_step_runs(tmp, recipes: list[str]) -> dict:
     batches: dict[str, tuple[list[str], list[str]]] = {"cpu": ([], []), "pg": ([], ON_TINY + ["data=chain_sum", "reward=task"]),
                                                        "pref": ([], ON_TINY + ["data=prefs"])}
     status = {}
-    for name in RECIPES:
+    for name in recipes:
         cfg, why = _composed(name)
         if cfg is None:
             status[name] = (None, why)
@@ -90,9 +96,20 @@ def one_step_runs(tmp_path_factory):
     return status
 
 
-@pytest.mark.parametrize("name", RECIPES)
+@pytest.mark.parametrize("name", [n for n in RECIPES if n not in ABLATION])
 def test_recipe_runs_one_step(name, one_step_runs):
-    trial, why = one_step_runs[name]
+    _ran_one_step(name, one_step_runs)
+
+
+@pytest.mark.slow
+def test_ablation_recipes_run_one_step(tmp_path):
+    status = _one_step_runs(tmp_path, ABLATION)
+    for name in ABLATION:
+        _ran_one_step(name, status)
+
+
+def _ran_one_step(name: str, status: dict) -> None:
+    trial, why = status[name]
     assert trial is not None, f"recipe {name}: {why}"
     rows = [json.loads(line) for line in (trial / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["step"] == 1 and "train/loss" in rows[-1]
