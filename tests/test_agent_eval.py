@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from rlx.config.paths import CONF_DIR
 from rlx.evaluation.agents import per_task_values
 from tests.conftest import REPO, run_rlx
 
@@ -44,7 +45,7 @@ def test_rlx_eval_env_custom_with_run_dir_and_compare(tmp_path):
     final = tmp_path / "run" / "final"
     load_causal_lm("builtin:tiny_agent", "float32").save_pretrained(final)
     load_tokenizer("builtin:tiny_agent").save_pretrained(final)
-    env = OmegaConf.load(REPO / "rlx" / "conf" / "env" / "custom.yaml")
+    env = OmegaConf.load(CONF_DIR / "env" / "custom.yaml")
     env.target = "tests.helpers.SeedParity"
     OmegaConf.save({"env": env}, tmp_path / "run" / "config.yaml")  # the run's environment: no env= needed
     result = run_rlx(["eval", f"run={tmp_path / 'run'}", "compare=builtin:tiny_agent", "limit=4", "sampling.n=3",

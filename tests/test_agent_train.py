@@ -32,22 +32,23 @@ class ParityEnv:
 
 
 class SignalOnce:
-    """Rewards differ within groups only in the first `varying` environments this process makes (the factory's
-    probe and step 1's 4 episodes): 1 for every other environment made, and episodes of a group are made one
-    after another, so each group of 2 scores 0 and 1 whatever the model says. Every later episode scores 0,
-    so later steps carry no learning signal."""
+    """Rewards differ within groups only in the first `varying` calls of `step` in this process: step 1's 4
+    episodes end after one action each, stepped in row order, so groups of 2 score 1 and 0 whatever the model
+    says. Every later step scores 0, so later steps carry no learning signal. (Counted on `step`, not on
+    construction: start-up checks make and reset environments, and how many is theirs to change.)"""
 
-    made = 0
+    stepped = 0
 
-    def __init__(self, varying=5):
-        SignalOnce.made += 1
-        self.reward = float(SignalOnce.made % 2) if SignalOnce.made <= varying else 0.0
+    def __init__(self, varying=4):
+        self.varying = varying
 
     def reset(self, *, seed=None, options=None):
         return "say anything", {}
 
     def step(self, action):
-        return "done", self.reward, True, False, {"metrics": {"success": self.reward}}
+        SignalOnce.stepped += 1
+        reward = float(SignalOnce.stepped % 2) if SignalOnce.stepped <= self.varying else 0.0
+        return "done", reward, True, False, {"metrics": {"success": reward}}
 
 
 def test_step_tensors_and_token_advantages():
