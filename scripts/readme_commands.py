@@ -44,7 +44,10 @@ SHORT_PREFS = {"prompts": "12", "samples_per_prompt": "4"}
 # why a command cannot run on a CPU-only, offline machine (first match wins)
 SKIPS = [
     (r"hardware=(gpu|multinode)|hardware=(ddp|fsdp)(?!.*hardware\.cpu=true)|rollout=vllm", "needs GPUs"),
-    (r"model=(qwen|llama)|data=prefs_hub|benchmark=\[?gsm8k(?!.*load\.path)|math500", "needs a hub download"),
+    (r"model=(qwen|llama)|model\.path=(Qwen|meta-llama)/|data=prefs_hub|benchmark=\[?gsm8k(?!.*load\.path)|math500",
+     "needs a hub download"),
+    (r"rollout=server", "needs vLLM (the .venv-vllm environment: make test-vllm runs rollout=server)"),
+    (r"env\.target=my_agent\.", "the user's own agent program (examples/ has runnable ones, tests/test_gateway_harness.py runs them)"),
     (r"^(pip|make bench|python benchmarks)", "installs packages or benchmarks for an hour"),
     (r"^make (train|test|reproduce)", "make target (make test runs the suite; rlx commands cover the rest)"),
     (r"^pytest", "a test command (the suite is run separately)"),

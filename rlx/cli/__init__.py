@@ -147,6 +147,21 @@ def _wants_help(args: list[str]) -> bool:
     return any(a in ("-h", "--help") for a in args)
 
 
+def cpu_deepspeed_without_a_warning() -> None:
+    """With DeepSpeed installed, Accelerate imports it in every run, and DeepSpeed's accelerator detection logs a
+    WARNING on a machine without a GPU ("Setting accelerator to CPU ... unable to detect it"). On such a machine
+    its choice is the CPU anyway, so rlx names it (DS_ACCELERATOR=cpu, as launches with hardware=deepspeed do):
+    the same accelerator, no warning. A user's own DS_ACCELERATOR is kept."""
+    import importlib.util
+
+    if "DS_ACCELERATOR" in os.environ or importlib.util.find_spec("deepspeed") is None:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["DS_ACCELERATOR"] = "cpu"
+
+
 def main(argv: list[str] | None = None) -> None:
     from rlx.errors import StorageError
 
@@ -169,6 +184,7 @@ def _main(argv: list[str] | None = None) -> None:
 
         print(f"rlx {__version__}")
         return
+    cpu_deepspeed_without_a_warning()
     quiet_libraries()
     if argv[0] in ("-sc", "--shell-completion"):
         _shell_completion(argv)
