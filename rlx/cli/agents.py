@@ -23,10 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ks", type=int, nargs="*", default=[1, 2, 4, 8])
     parser.add_argument("--seed", type=int, default=0)
     args, rest = parser.parse_known_args(argv)
-    from rlx.models.loading import is_run_model
+    from rlx.models.loading import gguf_source, is_run_model
 
     model = Path(args.model).expanduser()
-    subject = f"run={args.model}" if model.is_dir() and not is_run_model(model) else f"model.path={args.model}"
+    run_dir = model.is_dir() and not is_run_model(model) and gguf_source(args.model) is None
+    subject = f"run={args.model}" if run_dir else f"model.path={args.model}"
     overrides = [subject, f"env={args.env}", f"limit={args.tasks}", f"sampling.n={args.samples}",
                  f"sampling.greedy={str(args.samples == 0).lower()}", f"sampling.temperature={args.temperature}",
                  f"metrics.ks=[{','.join(map(str, args.ks))}]", f"seed={args.seed}", "name=env_eval"]

@@ -7,6 +7,7 @@ through the package and a source checkout (editable install) finds them at the r
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -34,3 +35,12 @@ def group_options(group: str) -> list[str]:
 
 def config_groups() -> list[str]:
     return sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra")
+
+
+def cache_dir() -> Path:
+    """rlx's own cache (converted GGUF models, packaged model files): RLX_CACHE, else $XDG_CACHE_HOME/rlx,
+    else ~/.cache/rlx. Read at each call, so a test or a user can point it elsewhere with the variable."""
+    if os.environ.get("RLX_CACHE"):
+        return Path(os.environ["RLX_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "rlx"

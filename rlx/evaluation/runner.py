@@ -83,10 +83,10 @@ def resolve_compare(compare: str, run: str | None, checkpoint: str) -> tuple[str
         if base is None:
             raise UserError("compare=base: the run built its model from scratch; give compare=<model> instead")
         return str(base), f"base ({base})"
-    from rlx.models.loading import is_run_model
+    from rlx.models.loading import gguf_source, is_run_model
 
     folder = Path(compare).expanduser()
-    if folder.is_dir() and not is_run_model(folder):
+    if folder.is_dir() and not is_run_model(folder) and gguf_source(compare) is None:  # a run dir, not a GGUF folder
         return resolve_run(compare, "final")
     return compare, compare
 

@@ -15,7 +15,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def resolve_model_path(path: str) -> str:
-    """builtin:<name> -> the shipped asset; a local directory or a hub id is returned as is."""
+    """builtin:<name> -> the shipped asset; package:<name>, a .gguf file, or a folder holding one .gguf and no
+    config.json -> its converted save_pretrained folder (rlx/models/gguf.py, converted once and cached);
+    a local directory or a hub id is returned as is."""
+    gguf = gguf_source(path)
+    if gguf is not None:
+        from rlx.models.gguf import gguf_folder
+
+        return str(gguf_folder(gguf))
     if path.startswith("builtin:"):
         name = path.split(":", 1)[1]
         local = ASSETS_DIR / name
@@ -27,6 +34,23 @@ def resolve_model_path(path: str) -> str:
     if looks_local and not Path(path).expanduser().is_dir():
         raise UserError(f"model.path '{path}' is not a directory; point it at a save_pretrained folder or use a hub id")
     return str(Path(path).expanduser()) if looks_local else path
+
+
+def gguf_source(path: str) -> Path | None:
+    """The GGUF file model.path names, or None: package:<name> (rlx/models/packaged.py), a path ending in .gguf,
+    or a local folder holding exactly one *.gguf and no config.json."""
+    if path.startswith("package:"):
+        from rlx.models.packaged import packaged_gguf
+
+        return packaged_gguf(path.split(":", 1)[1])
+    local = Path(path).expanduser()
+    if path.lower().endswith(".gguf"):
+        return local
+    if local.is_dir() and not (local / "config.json").is_file():
+        files = sorted(local.glob("*.gguf"))
+        if len(files) == 1:
+            return files[0]
+    return None
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")

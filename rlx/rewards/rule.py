@@ -20,6 +20,15 @@ def format_reward(prompts, completions, **row) -> list[float]:
     return [1.0 if FORMAT_RE.match(completion_text(c)) else 0.0 for c in completions]
 
 
+def stated_answer_format(prompts, completions, **row) -> list[float]:
+    """1.0 when the completion states its answer outright (an <answer> tag, \\boxed{}, or "the answer is N"), else
+    0.0: the format bonus for instruct models that do not write tags. A format signal only, never correctness
+    (reward.accuracy names the verifier's component)."""
+    from rlx.tasks import stated_answer
+
+    return [1.0 if stated_answer(completion_text(c)) is not None else 0.0 for c in completions]
+
+
 def exact_match(prompts, completions, answer, **row) -> list[float]:
     """1.0 when the <answer> text equals the reference after whitespace normalisation (verifier "exact")."""
     return verifier_reward(prompts, completions, "exact", answer=answer, **row)

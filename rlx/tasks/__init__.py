@@ -80,6 +80,32 @@ def answer_tag_or_boxed(completion: str, problem: dict) -> str | None:
     return tagged if tagged is not None else _last_boxed(completion)
 
 
+# "the answer is 10", "answer: 10", "the final answer to this problem is -3.5" (at most 40 characters between)
+_STATED_RE = re.compile(r"answer(?:[^.\n\d]{0,40}?\bis|\s*:|\s*=)\s*\$?\s*(-?\d+(?:,\d{3})*(?:\.\d+)?)", re.IGNORECASE)
+
+
+def stated_answer(completion: str) -> str | None:
+    """The answer a completion states outright: the last <answer> tag, else the last \\boxed{...}, else the number
+    after the last "answer is" / "answer:" (what an instruct model such as SmolLM2 writes); None otherwise."""
+    tagged = extract_answer(completion)
+    if tagged is not None:
+        return tagged
+    boxed = _last_boxed(completion)
+    if boxed is not None:
+        return boxed
+    stated = _STATED_RE.findall(completion)
+    return stated[-1] if stated else None
+
+
+def final_number(completion: str, problem: dict) -> str | None:
+    """The stated answer (`stated_answer`), else the last number in the text: an instruct model's final answer."""
+    stated = stated_answer(completion)
+    if stated is not None:
+        return stated
+    numbers = _NUMBER_RE.findall(completion)
+    return numbers[-1] if numbers else None
+
+
 def code_completion(completion: str, problem: dict, stop: tuple[str, ...] = ()) -> str | None:
     """The program to test: the prompt plus the completion cut at the first stop sequence (the
     Codex protocol: stop at the next top-level def/class/if/print).  A fenced ```python block that
@@ -171,6 +197,13 @@ def numeric_match(extracted: list[str | None], problems: list[dict], rel_tol: fl
         else:
             scores.append(1.0 if " ".join(answer.split()) == " ".join(problem["answer"].split()) else 0.0)
     return scores
+
+
+@register_verifier("final_number", final_number)
+def final_number_match(extracted: list[str | None], problems: list[dict]) -> list[float]:
+    """Numeric match (as `numeric`) of the answer an instruct model states: the <answer> tag, \\boxed{}, the number
+    after "the answer is", else the last number. For models that do not write tags (model=smollm2-135m-instruct)."""
+    return numeric_match(extracted, problems)
 
 
 @register_verifier("math", answer_tag_or_boxed)
