@@ -53,6 +53,9 @@ SETTINGS = {  # name: (model, prompts per step, samples per prompt, completion t
     "0.5b 2x4x128": ("0.5b", 2, 4, 128),
     "0.5b 2x2x64": ("0.5b", 2, 2, 64),
     "0.5b 2x8x64": ("0.5b", 2, 8, 64),
+    # the real model (model=smollm2-135m-instruct, 134.5M parameters, vocabulary 49,152), natural lengths (its own EOS)
+    "smollm2 8x8 natural<=64": ("smollm2-natural", 8, 8, 64),
+    "smollm2 4x8 natural<=64": ("smollm2-natural", 4, 8, 64),
     # GPU sizes (make bench-scale DEVICE=cuda): a realistic rollout batch
     "0.5b 8x8x64": ("0.5b", 8, 8, 64),
     "0.5b 8x8x256": ("0.5b", 8, 8, 256),
@@ -93,6 +96,10 @@ def model_dir(kind: str) -> Path:
 
             build_shaped_model("qwen2.5-0.5b", folder)
         return folder
+    if kind == "smollm2-natural":  # the packaged real model, converted once into rlx's cache (rlx fetch)
+        from rlx.models.loading import resolve_model_path
+
+        return Path(resolve_model_path("package:smollm2-135m-instruct"))
     if kind == "0.5b-natural":
         return natural_length_model(model_dir("0.5b"), CACHE / "qwen2.5-0.5b-shape-natural")
     return TINY if kind == "tiny" else large_vocab_model()

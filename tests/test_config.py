@@ -6,7 +6,7 @@ from rlx.config.overrides import check_overrides
 from rlx.config.paths import RECIPES_DIR, config_groups, group_options
 from tests.conftest import run_rlx
 
-GROUP_OPTIONS = [(g, o) for g in config_groups() if g not in ("recipes", "sweep") for o in group_options(g)]  # those two are _global_
+GROUP_OPTIONS = [(g, o) for g in config_groups() if g not in ("recipes", "sweep", "tuning") for o in group_options(g)]  # those are _global_
 
 
 @pytest.mark.parametrize("group,option", GROUP_OPTIONS, ids=[f"{g}={o}" for g, o in GROUP_OPTIONS])

@@ -1,0 +1,76 @@
+"""A real instruct model gets a reward signal at its preset's defaults: the answer is read where an instruct model
+states it (rlx.tasks.final_number), the format bonus is logged apart from correctness, and a model preset's tuning
+files (conf/tuning/) reach the other groups without touching the tiny model's defaults."""
+
+import pytest
+
+from rlx.config.overrides import check_overrides
+from rlx.config.paths import CONF_DIR, group_options
+from rlx.rewards.rule import format_reward, stated_answer_format
+from rlx.tasks import final_number, get_verifier, stated_answer
+
+
+@pytest.mark.parametrize("text,stated,final", [
+    ("The answer is 10.", "10", "10"),                                     # SmolLM2's usual reply
+    ("The final answer to this arithmetic problem is -3.", "-3", "-3"),  # words between "answer" and "is"
+    ("2 + 8 = 10", None, "10"),                                           # no statement: the last number
+    ("<answer>4</answer> and then 5", "4", "4"),                          # a tag wins over later numbers
+    ("so \\boxed{7}, not 8", "7", "7"),
+    ("Answer: 1,234.5 in all", "1,234.5", "1,234.5"),
+    ("The answer is 3, not 4.", "3", "3"),                                # the stated number, not the last one
+    ("no digits here", None, None),
+])
+def test_stated_and_final_answers(text, stated, final):
+    assert stated_answer(text) == stated
+    assert final_number(text, {}) == final
+
+
+def test_final_number_verifier_matches_numbers():
+    verifier = get_verifier("final_number")
+    completions = ["The answer is 10.", "The answer is 1,000.", "2 + 8 = 11", "The answer is ten."]
+    problems = [{"answer": "10"}, {"answer": "1000"}, {"answer": "10"}, {"answer": "10"}]
+    extracted, scores = verifier.score(completions, problems)
+    assert extracted == ["10", "1,000", "11", None]
+    assert scores == [1.0, 1.0, 0.0, 0.0]
+
+
+def test_format_bonus_is_for_a_stated_answer_and_separate_from_correctness():
+    completions = ["The answer is 11.", "2 + 8 = 10", "<answer>10</answer>"]
+    assert stated_answer_format(None, completions) == [1.0, 0.0, 1.0]  # a wrong answer stated outright still counts
+    assert format_reward(None, completions) == [0.0, 0.0, 1.0]          # the tag format the tiny model is trained for
+
+
+def test_preset_tuning_reaches_the_other_groups():
+    cfg = check_overrides(["model=smollm2-135m-instruct"])
+    assert cfg.model.path == "package:smollm2-135m-instruct"
+    assert cfg.optim.lr == cfg.model.lr == 1e-5
+    assert cfg.rollout.temperature == 0.7 and cfg.rollout.max_new_tokens == 32
+    assert cfg.data.verifier == "final_number" and cfg.data.prompt_template == "{question}"
+    assert cfg.data.task_config.max_terms == 2
+    assert cfg.reward.components.format._target_ == "rlx.rewards.rule.stated_answer_format"
+    assert cfg.reward.accuracy == "task"  # correctness is the verifier's component alone
+
+
+def test_tiny_defaults_are_untouched_and_overrides_win():
+    tiny = check_overrides([])
+    assert tiny.model.path == "builtin:tiny" and tiny.rollout.temperature == 1.0
+    assert tiny.data.verifier == "reasoning_gym" and tiny.data.task_config.max_terms == 3
+    cfg = check_overrides(["model=smollm2-135m-instruct", "rollout.temperature=0.3", "data.task_config.max_terms=3"])
+    assert cfg.rollout.temperature == 0.3 and cfg.data.task_config.max_terms == 3
+    other = check_overrides(["model=smollm2-135m-instruct", "data=gsm8k"])  # no per-task file: the data's own
+    assert other.data.name == "gsm8k" and other.rollout.temperature == 0.7
+
+
+def test_a_recipe_that_overrides_the_model_gets_its_tuning():
+    cfg = check_overrides(["recipes=smollm2_grpo_chain_sum"])
+    assert cfg.model.path == "package:smollm2-135m-instruct" and cfg.data.verifier == "final_number"
+
+
+def test_every_tuning_file_names_a_model_preset_and_a_data_option():
+    models, data = set(group_options("model")), set(group_options("data"))
+    for path in (CONF_DIR / "tuning").rglob("*.yaml"):
+        relative = path.relative_to(CONF_DIR / "tuning").with_suffix("")
+        assert relative.parts[0] in models, f"{path}: no model preset {relative.parts[0]}"
+        if len(relative.parts) == 2:
+            assert relative.parts[1] in data, f"{path}: no data option {relative.parts[1]}"
+        assert path.read_text().lstrip().startswith("# @package _global_")
