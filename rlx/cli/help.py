@@ -25,7 +25,7 @@ def defaults_of(config_name: str) -> dict[str, str | None]:
     for entry in config.get("defaults", []):
         if isinstance(entry, dict):
             (key, value), = entry.items()
-            if not key.startswith(("override ", "hydra/")):
+            if not key.startswith(("override ", "hydra/", "optional ")):  # optional: the tuning slots, shown apart
                 groups[key] = value
     return groups
 
@@ -69,6 +69,12 @@ def config_help(command: str, overrides: list[str] = ()) -> str:
         for name in _option_chain(group, option):
             parts.append(f"== {group}={name} (conf/{group}/{name}.yaml; keys under {group}.) ==\n"
                          + (CONF_DIR / group / f"{name}.yaml").read_text().rstrip())
+    model = groups.get("model")
+    for tuning in ([CONF_DIR / "tuning" / f"{model}.yaml", CONF_DIR / "tuning" / str(model) / f"{groups.get('data')}.yaml"]
+                   if model and (CONF_DIR / "tuning").is_dir() else []):
+        if tuning.is_file():  # what the model preset sets in other groups, merged after them (conf/tuning/)
+            parts.append(f"== tuning of model={model} (conf/{tuning.relative_to(CONF_DIR)}; merged after the groups above) ==\n"
+                         + tuning.read_text().rstrip())
     if help_name is not None:
         parts.append(header["footer"].rstrip())
     return "\n\n".join(parts) + "\n"
