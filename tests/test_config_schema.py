@@ -11,7 +11,16 @@ from omegaconf import DictConfig
 from rlx.config.overrides import check_overrides
 from rlx.config.paths import config_groups, group_options
 from rlx.config.rules import check_settings
-from rlx.config.schema import DISPATCH, SCHEMAS, _present, _unpack, check_config, dispatched, schema_fields
+from rlx.config.schema import (
+    DISPATCH,
+    SCHEMAS,
+    _present,
+    _unpack,
+    check_config,
+    dispatched,
+    drop_train_tuning,
+    schema_fields,
+)
 from rlx.errors import UserError
 from tests.conftest import run_rlx
 
@@ -101,10 +110,12 @@ def _all_schemas() -> set:
 def test_every_shipped_yaml_key_has_a_schema_field_and_every_field_a_key():
     """A new knob cannot skip typing (its key fails here until a dataclass in rlx/config/ declares it), and a
     removed one cannot leave a stale field. Groups are composed in each primary config they belong to."""
-    assert set(config_groups()) - {"recipes"} <= {g for groups in PRIMARY.values() for g in groups}
+    # tuning: no group a user picks; model=NAME composes its files (conf/tuning/), checked with each model option
+    assert set(config_groups()) - {"recipes", "tuning"} <= {g for groups in PRIMARY.values() for g in groups}
     used = set()
     for config_name, overrides in _compositions():
         cfg = check_overrides(overrides, config_name=config_name)
+        drop_train_tuning(cfg, config_name)  # as `rlx data prefs` does: a model's tuning for rlx train alone
         _used_fields(cfg, SCHEMAS[config_name], used)
         check_config(cfg, config_name)  # and every shipped value passes its type and range
     unused = sorted(f"{schema.__name__}.{name}" for schema in _all_schemas() if schema not in DISPATCH
@@ -230,3 +241,21 @@ def test_data_prefs_knobs_are_typed_too():
             build(check_overrides([override], config_name="data_prefs"))  # stops before any model loads
         assert str(info.value).startswith(start)
     assert "`rlx data prefs --help`" in str(info.value)
+
+
+def test_data_prefs_samples_with_a_model_presets_tuning():
+    # `rlx data prefs model=smollm2-135m-instruct` at the tiny model's sampling and tag verifier made 0 pairs
+    from omegaconf import OmegaConf
+
+    from rlx.config.paths import CONF_DIR
+
+    tuning = OmegaConf.load(CONF_DIR / "tuning" / "smollm2-135m-instruct.yaml")
+    per_task = OmegaConf.load(CONF_DIR / "tuning" / "smollm2-135m-instruct" / "chain_sum.yaml")
+    cfg = check_overrides(["model=smollm2-135m-instruct"], config_name="data_prefs")
+    drop_train_tuning(cfg, "data_prefs")
+    check_config(cfg, "data_prefs")  # the tuning's keys for rlx train alone (steps, eval) are gone
+    assert "steps" in tuning and "steps" not in cfg and "eval" not in cfg
+    assert cfg.rollout.temperature == tuning.rollout.temperature != 1.0
+    assert cfg.data.verifier == per_task.data.verifier and cfg.data.prompt_template == per_task.data.prompt_template
+    given = check_overrides(["model=smollm2-135m-instruct", "rollout.temperature=0.3"], config_name="data_prefs")
+    assert given.rollout.temperature == 0.3  # the command line still wins

@@ -319,3 +319,15 @@ def test_benchmark_sampling_through_the_generator_protocol_draws_what_generate_d
             assert record["samples"] == sampled.texts[3 * i : 3 * i + 3]
             assert record["truncated"] == int(sampled.truncated[3 * i : 3 * i + 3].sum())
     assert len({s for r in records for s in r["samples"]}) > 5  # really sampled, not all alike
+
+
+@pytest.mark.parametrize("given, want", [([], 0.7), (["sampling.temperature=1.0"], 1.0), (["rollout.temperature=1.0"], 1.0)])
+def test_eval_of_a_run_samples_at_the_runs_temperature(tmp_path, given, want):
+    # a real model's preset trains at 0.7 (conf/tuning): eval.yaml's 1.0 would score samples the run never drew
+    run = tmp_path / "run"
+    shutil.copytree(ASSETS_DIR / "tiny", run / "final")
+    (run / "config.yaml").write_text("model:\n  path: builtin:tiny\nrollout:\n  temperature: 0.7\n  top_p: 0.9\n  top_k: 5\n")
+    out = tmp_path / "eval"
+    evaluate(_eval_cfg(f"run={run}", "limit=2", "sampling.n=1", *given), out, [f"run={run}", *given])
+    sampling = OmegaConf.load(out / "config.yaml").sampling
+    assert (sampling.temperature, sampling.top_p, sampling.top_k) == (want, 0.9, 5)

@@ -18,6 +18,8 @@ from rlx.tasks import final_number, get_verifier, stated_answer
     ("so \\boxed{7}, not 8", "7", "7"),
     ("Answer: 1,234.5 in all", "1,234.5", "1,234.5"),
     ("The answer is 3, not 4.", "3", "3"),                                # the stated number, not the last one
+    ("The final answer is 1 + 7 = 8.", None, "8"),                        # an expression: its result, the last number
+    ("The answer is 12. Check: 12 - 3 = 9", "12", "12"),
     ("no digits here", None, None),
 ])
 def test_stated_and_final_answers(text, stated, final):

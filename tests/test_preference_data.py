@@ -118,3 +118,25 @@ def test_pairs_from_samples_pairs_correct_with_incorrect():
     assert len(pairs) == 2 and {p["prompt"] for p in pairs} == {"p0"}
     assert all(p["chosen"] == "b" and p["rejected"] in {"a", "c", "d"} for p in pairs)
     assert pairs[0]["rejected"] != pairs[1]["rejected"]
+
+
+def test_pairs_from_samples_leave_out_completions_cut_at_the_budget():
+    # training appends the end token to chosen and rejected: a completion cut mid-answer would be taught as whole
+    rows = [{"prompt": "p0", "answer": "1"}, {"prompt": "p1", "answer": "2"}]
+    texts = ["right", "right but cu", "wrong", "wrong but cu",  # p0: a finished pair, the cut ones left out
+             "right", "wrong but cu", "wro", "ng"]             # p1: its only wrong samples are cut -> no pair
+    scores = [1, 1, 0, 0, 1, 0, 0, 0]
+    finished = [True, False, True, False, True, False, False, False]
+    pairs = pairs_from_samples(rows, texts, scores, group_size=4, pairs_per_prompt=4, seed=0, finished=finished)
+    assert [(p["prompt"], p["chosen"], p["rejected"]) for p in pairs] == [("p0", "right", "wrong")]
+
+
+@pytest.mark.parametrize("pairs, seed, steps, batch", [(10, 0, 2, 3), (10, 5, 3, 4), (7, 1, 5, 2), (3, 0, 1, 8)])
+def test_pairs_drawn_are_those_the_stream_hands_out(pairs, seed, steps, batch):
+    # the DPO reference pass scores only these: they must cover every pair the training loop will draw
+    from rlx.data.tasks import PromptStream
+    from rlx.loops.preference import pairs_drawn
+
+    stream = PromptStream(list(range(pairs)), seed)
+    drawn = {i for _ in range(steps) for i in stream.take(batch)}
+    assert pairs_drawn(pairs, seed, steps * batch) == sorted(drawn)

@@ -47,6 +47,8 @@ def test_dpo_two_steps_caches_reference_logps(tmp_path, small_pairs):
     cached = torch.load(run / "reference_logps.pt")
     # 24 pairs; held-out prompts cover at least 8 of them (a prompt can have several pairs), 8 are kept
     assert cached["eval"].shape == (8, 2) and cached["train"].shape[1] == 2 and 14 <= cached["train"].shape[0] <= 16
+    # only the 2 x 4 pairs the run draws were scored (a real model's short run need not score thousands); NaN: the rest
+    assert int((~cached["train"].isnan().any(dim=1)).sum()) == 8
     # step 0: policy == reference, every implicit reward is 0, the loss is log 2
     assert rows[0]["eval/pref_loss"] == pytest.approx(0.693147, abs=1e-5)
     assert rows[2]["eval/pref_loss"] != rows[0]["eval/pref_loss"]

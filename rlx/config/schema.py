@@ -168,6 +168,31 @@ def check_config(cfg: DictConfig, config_name: str = "train") -> None:
         _check_section(cfg, SCHEMAS[config_name], "", config_name, derived)
 
 
+def tuning_keys() -> frozenset[str]:
+    """Top-level keys the model presets' tuning files set (conf/tuning/**.yaml, `@package _global_`)."""
+    from omegaconf import OmegaConf
+
+    from rlx.config.paths import CONF_DIR
+
+    keys: set[str] = set()
+    for path in sorted((CONF_DIR / "tuning").rglob("*.yaml")):
+        keys |= {str(key) for key in OmegaConf.load(path).keys() if key != "defaults"}
+    return frozenset(keys)
+
+
+def drop_train_tuning(cfg: DictConfig, config_name: str) -> None:
+    """Leaves out the top-level keys a model preset's tuning brought into a config that has no such knob. The
+    tuning is written for `rlx train`; `rlx data prefs model=smollm2-135m-instruct` composes it too, for its
+    sampling, reward and per-task settings, but has no run length (steps, prompts_per_step, eval)."""
+    from omegaconf import open_dict
+
+    known = schema_fields(SCHEMAS[config_name])
+    extra = [str(key) for key in cfg.keys() if str(key) not in known and str(key) != "hydra" and str(key) in tuning_keys()]
+    with open_dict(cfg):
+        for key in extra:
+            cfg.pop(key)
+
+
 @functools.cache
 def schema_fields(schema: type) -> dict[str, tuple[object, dict]]:
     """{field name: (type, range metadata)} of a schema dataclass (annotations resolved)."""

@@ -2,7 +2,9 @@
 
 For each of `prompts` training prompts, sample `samples_per_prompt` completions, score them with
 reward.accuracy (the task's own checker), and pair a correct completion (chosen) with an incorrect
-one (rejected). Prompts where every sample is right, or every one wrong, give no pair. The output is
+one (rejected). Completions cut at rollout.max_new_tokens are left out (training appends the end token to
+both sides of a pair). A model preset's tuning (conf/tuning/) applies as in `rlx train`: its sampling, reward
+and per-task settings. Prompts where every sample is right, or every one wrong, give no pair. The output is
 a jsonl file with prompt (the user message), chosen, rejected, question and answer: the `text` layout
 of data.pairs, readable by `rlx train algorithm=dpo data=prefs data.pairs.path=FILE`.
 """
@@ -25,7 +27,7 @@ log = logging.getLogger("rlx")
 
 
 def build(cfg: DictConfig) -> dict:
-    from rlx.config.schema import check_config
+    from rlx.config.schema import check_config, drop_train_tuning
     from rlx.data.preferences import pairs_from_samples
     from rlx.data.tasks import PromptStream, load_rows
     from rlx.loops.common import seed_everything
@@ -34,6 +36,7 @@ def build(cfg: DictConfig) -> dict:
     from rlx.rollout.hf import generate
     from rlx.rollout.prompts import format_prompts
 
+    drop_train_tuning(cfg, "data_prefs")  # a model preset's tuning for `rlx train` alone (steps, eval)
     check_config(cfg, "data_prefs")  # every knob's type and range (rlx/config/schema.py), before the model loads
     if cfg.hardware.num_threads:
         torch.set_num_threads(cfg.hardware.num_threads)
@@ -51,29 +54,31 @@ def build(cfg: DictConfig) -> dict:
     # drawn once, so sampling chunk by chunk (for the bar) draws what one call would (rollout/sampling.py)
     seeds = torch.randint(0, 2**31 - 1, (len(prompts) * group,)).tolist()
     per_chunk = max(1, roll.batch_size // group)
-    texts = []
+    texts, finished = [], []
     with PhaseProgress("sampling completions", len(prompts), cfg.progress) as bar:
         for first in range(0, len(prompts), per_chunk):
             chunk = prompts[first:first + per_chunk]
-            texts += generate(model, tokenizer, chunk, samples_per_prompt=group, max_new_tokens=roll.max_new_tokens,
-                              temperature=roll.temperature, top_p=roll.top_p, top_k=roll.top_k,
-                              batch_size=roll.batch_size, seeds=seeds[first * group:(first + len(chunk)) * group]).texts
+            sampled = generate(model, tokenizer, chunk, samples_per_prompt=group, max_new_tokens=roll.max_new_tokens,
+                               temperature=roll.temperature, top_p=roll.top_p, top_k=roll.top_k,
+                               batch_size=roll.batch_size, seeds=seeds[first * group:(first + len(chunk)) * group])
+            texts += sampled.texts
+            finished += (~sampled.truncated).tolist()
             bar.advance(len(chunk))
     sample_rows = [row for row in rows for _ in range(group)]
     sample_prompts = [p for p in prompts for _ in range(group)]
     _, per_component, _ = compute_rewards(rewards, sample_prompts, texts, sample_rows, cfg.reward.on_error,
                                           system_prompt=cfg.data.system_prompt)
     scores = torch.nan_to_num(per_component[cfg.reward.accuracy], nan=0.0).tolist()
-    pairs = pairs_from_samples(rows, texts, scores, group, cfg.pairs_per_prompt, cfg.seed)
+    pairs = pairs_from_samples(rows, texts, scores, group, cfg.pairs_per_prompt, cfg.seed, finished)
     out = Path(cfg.out).expanduser()
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w") as handle:
         for pair in pairs:
             handle.write(json.dumps(pair) + "\n")
     summary = {"prompts": len(rows), "samples": len(scores), "sample_accuracy": sum(scores) / max(1, len(scores)),
-               "pairs": len(pairs)}
-    log.info("done: %s  wrote %d pairs (%d prompts x %d samples, sample accuracy %.3f)", out, len(pairs), len(rows), group,
-             summary["sample_accuracy"])
+               "truncated": finished.count(False), "pairs": len(pairs)}
+    log.info("done: %s  wrote %d pairs (%d prompts x %d samples, sample accuracy %.3f, %d cut at rollout.max_new_tokens "
+             "left out)", out, len(pairs), len(rows), group, summary["sample_accuracy"], summary["truncated"])
     return summary
 
 

@@ -278,16 +278,18 @@ def prepare_pairs(pairs_cfg, tokenizer, pairs: list[dict], use_chat_template: bo
 
 
 def pairs_from_samples(rows: list[dict], completions: list[str], scores: list[float], group_size: int,
-                       pairs_per_prompt: int, seed: int) -> list[dict]:
+                       pairs_per_prompt: int, seed: int, finished: list[bool] | None = None) -> list[dict]:
     """Pair correct (score 1) with incorrect (score 0) samples of the same prompt.
 
     rows: one per prompt; completions/scores: group_size per prompt, adjacent. A prompt whose
     samples are all correct or all incorrect gives no pair; otherwise up to pairs_per_prompt pairs,
-    each a distinct (correct, incorrect) text combination drawn at random."""
+    each a distinct (correct, incorrect) text combination drawn at random. finished: whether each sample
+    ended with its stop token; the others (cut at the token budget) are left out, since training reads a
+    pair's completions as whole answers and appends the end token to each."""
     rng = random.Random(seed)
     out = []
     for i, row in enumerate(rows):
-        group = range(i * group_size, (i + 1) * group_size)
+        group = [j for j in range(i * group_size, (i + 1) * group_size) if finished is None or finished[j]]
         correct = sorted({completions[j] for j in group if scores[j] >= 1.0})
         wrong = sorted({completions[j] for j in group if scores[j] <= 0.0} - set(correct))
         combos = [(c, w) for c in correct for w in wrong if c.strip() and w.strip()]

@@ -74,6 +74,23 @@ def run_task_benchmark(run: str) -> tuple[str, dict] | None:
     return name, spec
 
 
+SAMPLING_KNOBS = ("temperature", "top_p", "top_k")
+
+
+def run_sampling(run: str, overrides: list[str]) -> dict:
+    """The run's own sampling knobs (its rollout.temperature, top_p, top_k), for those the command line leaves
+    unset (sampling.KNOB= or rollout.KNOB=): sampled metrics (pass@k, maj@k) then measure the distribution the run
+    drew from, as its training reward did. eval.yaml's defaults are the tiny model's (temperature 1.0); a real
+    model's preset samples cooler (model=smollm2-135m-instruct: 0.7, where its samples are coherent)."""
+    config = run_config(run)
+    if config is None or config.get("rollout") is None:
+        return {}
+    given = {o.lstrip("+~").partition("=")[0] for o in overrides}
+    rollout = OmegaConf.to_container(config.rollout, resolve=True)
+    return {knob: rollout[knob] for knob in SAMPLING_KNOBS
+            if rollout.get(knob) is not None and not {f"sampling.{knob}", f"rollout.{knob}"} & given}
+
+
 def _importable(target: str) -> bool:
     from hydra.utils import get_method
 

@@ -373,6 +373,15 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
         cfg = _saved_config(out_dir, cfg)
     else:
         cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+        if cfg.run:  # sample as the run sampled, unless the command line says otherwise
+            from rlx.evaluation.run_task import run_sampling
+
+            taken = {k: v for k, v in run_sampling(cfg.run, overrides).items() if cfg.sampling[k] != v}
+            for knob, value in taken.items():
+                cfg.sampling[knob] = value
+            if taken:
+                log.info("sampling with the run's %s (sampling.KNOB=... to change)",
+                         ", ".join(f"{k}={v}" for k, v in taken.items()))
     if cfg.get("benchmark_files") and not cfg.resume:  # benchmark=./mine.yaml: files outside the package (rlx/evaluation/run_task.py)
         from rlx.evaluation.run_task import load_benchmark_files
 

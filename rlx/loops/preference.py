@@ -4,7 +4,8 @@ Setup:
   1. load (prompt, chosen, rejected) pairs (data.pairs), render prompts with the chat template,
      tokenize with the configured length limits; hold out data.pairs.eval_size pairs;
   2. reference log-probs: for reference-based losses with algorithm.reference=precompute, one pass of
-     the starting policy (the reference) over every pair, saved to <run>/reference_logps.pt, and no
+     the starting policy (the reference) over every pair the run will draw (steps x batch_size of them, all
+     of them from the second epoch on) and the held-out ones, saved to <run>/reference_logps.pt, and no
      reference model is kept; with reference=model a frozen copy runs every step; reference-free
      losses (simpo, orpo) use no reference at all.
 Each step:
@@ -78,7 +79,8 @@ def reference_logps(model, pairs: list[dict], micro: int, pad_id: int, progress=
 def load_pairs(settings, parts: Parts) -> dict:
     """Run by the builder (rlx/build.py) on the unprepared starting policy: 1. the tokenized pairs, and
     2. for a reference-based loss with algorithm.reference=precompute, the reference log-probs of every
-    pair (the starting policy is the reference), written into the pairs and <run>/reference_logps.pt.
+    pair the run draws and every held-out pair (the starting policy is the reference), written into the pairs
+    and <run>/reference_logps.pt (NaN rows: training pairs the run never draws).
     Returns {train_pairs, eval_pairs, data_counts} (parts.pairs)."""
     algo, acc, run_dir = settings.algorithm, parts.accelerator, parts.run_dir
     pad_id, micro = parts.tokenizer.pad_token_id, settings.micro_batch_size
@@ -89,20 +91,35 @@ def load_pairs(settings, parts: Parts) -> dict:
     if algo.loss_type not in REFERENCE_FREE and algo.reference != "model":
         start = time.perf_counter()
         parts.model.to(acc.device)
-        with PhaseProgress("reference log-probs", len(train_pairs) + len(eval_pairs), settings.log.progress,
+        drawn = pairs_drawn(len(train_pairs), settings.seed, settings.steps * algo.batch_size)
+        used = [train_pairs[i] for i in drawn]
+        with PhaseProgress("reference log-probs", len(used) + len(eval_pairs), settings.log.progress,
                            enabled=acc.is_main_process) as bar:
-            cached = {"train": reference_logps(parts.model, train_pairs, micro, pad_id, bar),
+            computed = reference_logps(parts.model, used, micro, pad_id, bar)  # (len(used), 2)
+            cached = {"train": torch.full((len(train_pairs), 2), float("nan")),  # NaN: a pair the run never draws
                       "eval": reference_logps(parts.model, eval_pairs, micro, pad_id, bar)}
+            if drawn:
+                cached["train"][torch.tensor(drawn)] = computed
         if acc.is_main_process:  # a record of the reference (a resume recomputes it): optional
             with writing(run_dir / "reference_logps.pt", "the reference log-probs", partial=run_dir / "reference_logps.pt",
                          optional="reference_logps.pt"):
                 torch.save(cached, run_dir / "reference_logps.pt")
-        for split, pairs in (("train", train_pairs), ("eval", eval_pairs)):
-            for pair, (chosen, rejected) in zip(pairs, cached[split].tolist()):
+        for split, pairs in (("train", used), ("eval", eval_pairs)):
+            for pair, (chosen, rejected) in zip(pairs, (computed if split == "train" else cached["eval"]).tolist()):
                 pair["ref_chosen"], pair["ref_rejected"] = chosen, rejected
-        log.info("reference log-probs of %d pairs precomputed in %.1fs -> %s", len(train_pairs) + len(eval_pairs),
+        log.info("reference log-probs of %d pairs (%d held out; %d of %d training pairs: the run draws no others) "
+                 "precomputed in %.1fs -> %s", len(used) + len(eval_pairs), len(eval_pairs), len(used), len(train_pairs),
                  time.perf_counter() - start, run_dir / "reference_logps.pt")
     return loaded
+
+
+def pairs_drawn(num_pairs: int, seed: int, draws: int) -> list[int]:
+    """Indices of the training pairs a run's PromptStream(pairs, seed) hands out in `draws` draws (steps x batch),
+    sorted: every pair once the run reaches a second epoch. The reference pass skips the others: a short run
+    on a real model (2 steps of 4 pairs) need not score thousands of pairs it never trains on."""
+    if draws >= num_pairs:
+        return list(range(num_pairs))
+    return sorted(PromptStream(list(range(num_pairs)), seed).take(draws))
 
 
 def train_preference(settings, parts: Parts) -> dict:
@@ -126,6 +143,9 @@ def train_preference(settings, parts: Parts) -> dict:
             with torch.no_grad():
                 chosen, rejected, _, _ = sequence_logps(reference, pairs, pad_id)
             return chosen, rejected
+        if any("ref_chosen" not in p for p in pairs):  # pairs_drawn's simulation of the stream disagrees with it
+            raise RuntimeError("a preference pair without a precomputed reference log-prob: the run draws more pairs "
+                               "than steps x algorithm.batch_size")
         chosen = torch.tensor([p["ref_chosen"] for p in pairs], device=device)  # (m,)
         rejected = torch.tensor([p["ref_rejected"] for p in pairs], device=device)  # (m,)
         return chosen, rejected

@@ -81,7 +81,9 @@ def answer_tag_or_boxed(completion: str, problem: dict) -> str | None:
 
 
 # "the answer is 10", "answer: 10", "the final answer to this problem is -3.5" (at most 40 characters between)
-_STATED_RE = re.compile(r"answer(?:[^.\n\d]{0,40}?\bis|\s*:|\s*=)\s*\$?\s*(-?\d+(?:,\d{3})*(?:\.\d+)?)", re.IGNORECASE)
+# A number followed by an operator and another number starts an expression ("The answer is 1 + 7 = 8."): not taken.
+_STATED_RE = re.compile(r"answer(?:[^.\n\d]{0,40}?\bis|\s*:|\s*=)\s*\$?\s*(-?\d+(?:,\d{3})*(?:\.\d+)?)"
+                        r"(?![\d,.]*\s*[-+*/\u00d7=]\s*-?\d)(?!\d)", re.IGNORECASE)
 
 
 def stated_answer(completion: str) -> str | None:
