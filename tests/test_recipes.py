@@ -45,7 +45,7 @@ def test_recipe_header_states_command_source_hardware_expected(name):
     assert info["hardware"] or "(" in info["command"]
     if name not in SOURCELESS:
         assert info["source"] and ("20" in info["source"]), "a '# Source:' line naming the paper and year"
-    if name.endswith("_tiny"):
+    if name.endswith("_tiny") or name.startswith("smollm2_"):  # CPU-scale: measured here, a machine-readable block
         spec = expected(name)
         assert spec is not None and spec["metric"].count("/") == 1 and spec["tolerance"] >= 0
     else:
