@@ -45,7 +45,7 @@ def test_the_built_in_names_and_their_order_are_kept():
     assert sorted(preference.REFERENCE_FREE) == ["orpo", "simpo"]
     assert list(gigpo.CREDIT) == ["trajectory", "gigpo", "turn", "loo", "gra", "hgpo"]
     assert list(gigpo.SCALES) == ["group", "none"]
-    assert list(VERIFIERS) == ["exact", "numeric", "math", "reasoning_gym", "unit_tests"]
+    assert list(VERIFIERS) == ["exact", "numeric", "final_number", "math", "reasoning_gym", "unit_tests"]
     assert VERIFIERS["unit_tests"].needs == ("prompt", "test", "entry_point")
     assert VERIFIERS["reasoning_gym"].needs == ("answer", "question", "task", "metadata")
     assert list(ENVIRONMENTS) == ["guess_number", "grid", "corridor", "tool_use", "mixture"]
@@ -176,7 +176,7 @@ LIVE = [  # (kind's registry, name, entry, overrides naming it, the message once
      "reinforce_pp, reinforce_pp_baseline, median, ngrpo, gae"),
     ("credit", ["algorithm=gigpo", "env=grid", "algorithm.credit=tmp"], "unknown algorithm.credit 'tmp'; valid choices: "
      "trajectory, gigpo, turn, loo, gra, hgpo"),
-    ("verifier", ["data.verifier=tmp"], "unknown data.verifier 'tmp'; valid choices: exact, numeric, math, "
+    ("verifier", ["data.verifier=tmp"], "unknown data.verifier 'tmp'; valid choices: exact, numeric, final_number, math, "
      "reasoning_gym, unit_tests, null"),
     ("env", ["algorithm=gigpo", "env=custom", "env.name=tmp"], "unknown env.name 'tmp'; valid choices: guess_number, "
      "grid, corridor, tool_use, mixture, custom, harness"),
