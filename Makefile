@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export NO_MKDOCS_2_WARNING ?= 1
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-slow test-gpu test-vllm bench-scale bench-growth bench-async lint tiny-model tiny-agent-model clean reproduce bench-algorithms bench readme-commands docs docs-serve
+.PHONY: help install train test test-slow test-long test-gpu test-vllm bench-scale bench-growth bench-async lint tiny-model tiny-agent-model clean reproduce bench-algorithms bench readme-commands docs docs-serve
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -28,9 +28,13 @@ train: $(STAMP) ## Run the default training (GRPO on the built-in tiny model, CP
 test: $(STAMP) ## Run the test suite (offline, CPU)
 	$(PY) -m pytest -q $(ARGS)
 
-test-slow: $(STAMP) ## Run the long checks marked slow (installs the deepspeed extra for the ZeRO checks)
+test-slow: $(STAMP) ## The long checks CI runs (marked slow, ~15 min): real model, DDP/ZeRO-2/FSDP2 equality, kill-and-resume, wheel
 	$(PY) -m pip install -q -e '.[deepspeed]'
 	$(PY) -m pytest -q -m slow $(ARGS)
+
+test-long: $(STAMP) ## The longest checks, not in CI (marked long, ~1.5 h): every family x strategy, real shapes, docs commands
+	$(PY) -m pip install -q -e '.[deepspeed]'
+	$(PY) -m pytest -q -m "long and not slow" $(ARGS)
 
 test-gpu: $(STAMP) ## GRPO steps on every GPU path (bf16, LoRA, vLLM, FSDP2, DeepSpeed), random-init 0.5B shape; needs CUDA
 	$(PY) scripts/gpu_smoke.py $(ARGS)

@@ -32,7 +32,7 @@ def _summary(tmp_path):
     return run, json.loads((run / "summary.json").read_text())
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_rlx_eval_env_custom_with_run_dir_and_compare(tmp_path):
     """env=custom through the CLI on a run directory (the environment read from the run's config.yaml),
     compared with the same weights: the seed decides
@@ -64,7 +64,7 @@ def test_rlx_eval_env_custom_with_run_dir_and_compare(tmp_path):
     assert summary["models"]["model"]["path"] == str(final)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_agents_alias_then_resume_plays_the_same_episodes(tmp_path):
     """python -m rlx.evaluation.agents runs `rlx eval env=`; an interrupted evaluation (last task and a
     half-written line lost) resumed with `rlx eval resume=` gives the records of the uninterrupted one."""

@@ -62,7 +62,7 @@ def test_step_tensors_and_token_advantages():
     assert adv.tolist() == [[1.0, 1.0, 0.0, 2.0], [3.0, 0.0, 0.0, 0.0]]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("algorithm", ["gigpo", "agent_grpo"])
 def test_agent_training_runs_and_reports_env_metrics(tmp_path, algorithm):
     """~30 s each on an idle core (60-90 s on the shared 2-core machine)."""
@@ -104,7 +104,7 @@ def train_then_resume(tmp_path, args):
     return run
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_agent_resume_matches_an_uninterrupted_run(tmp_path):
     """3.5 min on the shared 2-core machine (three runs). A custom environment with group-varying rewards, so the updates are real."""
     args = ["algorithm=gigpo", "env=custom", "env.target=tests.test_agent_train.ParityEnv", "eval.every=4",
@@ -121,7 +121,7 @@ def test_agent_resume_matches_an_uninterrupted_run(tmp_path):
     assert a == b
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_agent_micro_batching_does_not_change_the_step(tmp_path):
     """~40 s. One optimizer step over 8 episodes as 1 micro-batch of 8 or 4 of 2 (gradient accumulation):
     the same loss, so the same weights (Adam eps=1 makes the update proportional to the gradient, so a
@@ -142,7 +142,7 @@ def test_agent_micro_batching_does_not_change_the_step(tmp_path):
     assert max((whole[k] - micro[k]).abs().max().item() for k in whole) < 1e-5
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_steps_without_learning_signal_leave_the_weights_alone(tmp_path):
     """~30 s. Step 1 has group-varying rewards, steps 2-3 only zeros (and no KL/entropy term): their loss has
     zero gradient, and the loop takes no optimizer step, so the weights stay those of step 1. (AdamW stepped
@@ -159,7 +159,7 @@ def test_steps_without_learning_signal_leave_the_weights_alone(tmp_path):
     assert all(torch.equal(first[k], last[k]) for k in first)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_agent_sft_resume_matches_an_uninterrupted_run(tmp_path):
     """~30 s. The warm start's loop (recipe tiny_agent_sft, shortened): 4 steps straight, or 2 steps then
     resumed to 4, end with the same weights bit for bit (demonstrations come from (seed, step, index))."""

@@ -201,7 +201,7 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path):
     assert again.returncode == 0 and "already finished" in again.stdout + again.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_ctrl_c_writes_a_checkpoint_and_resume_finishes(tmp_path):
     args = [*RUN, "steps=6", "checkpoint.every=0"]  # only the Ctrl-C checkpoint and the final one
     process = _popen(args, tmp_path)
@@ -226,7 +226,7 @@ def stream_state(checkpoint):
     return state
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_resume_across_a_data_epoch_boundary(tmp_path):
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{i} + 1 =", "answer": str(i + 1)}) + "\n" for i in range(12)))
@@ -272,7 +272,7 @@ def test_resume_of_a_run_saved_with_another_familys_knob_leaves_it_out(tmp_path,
     assert resolve_resume([f"resume={ppo}"])[:2] == ["algorithm=ppo", "algorithm.vf_coef=0.1"]  # its own knob stays
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_grpo_run_saved_with_the_old_critic_knobs_resumes(tmp_path):
     """A real run whose config.yaml and overrides.yaml have the shape of runs made before grpo.yaml lost the
     critic's knobs (they sat in every policy-gradient config, and could be overridden) resumes and finishes."""

@@ -277,7 +277,7 @@ def test_missing_benchmark_file_exits_2_with_one_line(tmp_path):
     assert "download the test split of openai/gsm8k" in lines[0] and "benchmark.gsm8k.load.path=FILE" in lines[0]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_trained_run_beats_its_base_model_with_a_paired_interval(tmp_path):
     # 50 GRPO steps lift held-out greedy accuracy on chain_sum well above the shipped model's
     train = run_rlx(["train", "steps=50", "eval.every=50", "hardware.num_threads=1", "save.plot=false"], tmp_path, timeout=1200)

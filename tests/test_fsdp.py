@@ -119,7 +119,7 @@ def one_process(tmp_path_factory):
     return load_file(run / "final" / "model.safetensors"), _eval_of(run)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_fsdp2_shards_and_generates_in_lockstep(tmp_path):
     """~15 s: 2 ranks; every parameter of the policy and of the KL reference is a DTensor holding half of
     dim 0; greedy completions of 13 and 24 tokens equal the unsharded model's (the rank that finishes
@@ -174,7 +174,7 @@ def test_fsdp_two_processes_match_one_and_resume(tmp_path, one_process):
     assert _eval_of(run) == pytest.approx(one_eval)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_fsdp_one_launched_process_matches_plain_one(tmp_path, one_process):
     """~25 s: hardware=fsdp with one process is launched (a 1-rank process group), sharded over that rank,
     and trains exactly like the plain process (the path `make test-gpu` takes on one GPU)."""
@@ -189,7 +189,7 @@ def test_fsdp_one_launched_process_matches_plain_one(tmp_path, one_process):
 
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("family", [
     ["algorithm=sft", "steps=2", "algorithm.batch_size=8", "micro_batch_size=2"],
     ["algorithm=dpo", "data=prefs", "steps=2", "algorithm.batch_size=8", "micro_batch_size=2", "algorithm.reference=model"],
@@ -200,7 +200,7 @@ def test_other_loops_under_fsdp_match_one_process(tmp_path, family):
     assert_same_parameters(tmp_path, family, strategy="fsdp", atol=1e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_lora_under_fsdp_matches_one_process(tmp_path):
     """~40 s: GRPO with LoRA on 2 FSDP2 processes (base and adapter sharded, the KL reference the policy with
     the adapter off): the adapter in final/ and in the last checkpoint's adapter/ (gathered from the shards)
@@ -219,7 +219,7 @@ def test_lora_under_fsdp_matches_one_process(tmp_path):
     assert _max_gap(one, checkpoint) < 1e-6
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_fsdp_bf16_weights_train_fp32_masters(tmp_path):
     """~30 s: bf16 weights under hardware.mixed_precision=bf16 (what the GPU presets run) on 2 FSDP2 processes:
     FSDP2 upcasts the trainable weights to fp32 masters and computes in bf16, so final/ is fp32, every step's

@@ -289,7 +289,7 @@ def test_the_agent_loop_raises_the_action_a_harness_pays_for(tmp_path, monkeypat
     (["env.target=tests.test_gateway_harness.judged", "env.tasks=/no/such/file.jsonl"], "does not exist"),
     (["env.target=tests.test_gateway_harness.judged", "env.host=0.0.0.0"], "not a loopback address"),
     pytest.param(["env.target=tests.test_gateway_harness.returns_string", "steps=1"],
-                 "every one of the 4 harness episodes failed", marks=pytest.mark.slow),  # ~25 s: a model and a step
+                 "every one of the 4 harness episodes failed", marks=pytest.mark.long),  # ~25 s: a model and a step
 ])
 def test_bad_harness_input_is_one_error_line(tmp_path, args, needle):
     result = run_rlx(["train", "algorithm=agent_grpo", "env=harness", "data.source=none", "prompts_per_step=2",
@@ -304,7 +304,7 @@ def test_bad_harness_input_is_one_error_line(tmp_path, args, needle):
 # ------------------------------------------------------------------ the examples learn (slow)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("recipe,overrides,floor", [
     ("agent_grpo_corridor_tiny", ["env.target=examples.corridor_harness.run", "env.max_new_tokens=3", "env.max_turns=8"], 0.9),
     ("agent_grpo_tool_tiny", ["env.target=examples.tool_harness.run", "env.tool_parser=tags",

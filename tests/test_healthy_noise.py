@@ -66,11 +66,11 @@ def test_the_check_sees_each_kind_of_warning_line():
     assert unexpected_warnings("\n".join([*lines, "[rlx][INFO] - step 1/2  reward 0.5", "warmup_steps: 5"])) == lines
 
 
-# in the fast suite: the runs where a warning was found (~15 s each); the other families with `make test-slow`
+# in the fast suite: the runs where a warning was found (~15 s each); the other families with `make test-long`
 FAST = ("reward_model", "grpo_lora_kl", "tied_agent")
 
 
-@pytest.mark.parametrize("family", [f if f in FAST else pytest.param(f, marks=pytest.mark.slow) for f in FAMILIES])
+@pytest.mark.parametrize("family", [f if f in FAST else pytest.param(f, marks=pytest.mark.long) for f in FAMILIES])
 def test_a_healthy_run_of_each_family_prints_no_unexpected_warning(family, tmp_path):
     result = run_rlx(["train", *FAMILIES[family], *SMALL], tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

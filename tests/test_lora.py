@@ -82,7 +82,7 @@ def test_lora_grpo_run_with_kl_writes_adapter_checkpoints_and_env(tmp_path):
         assert key in env
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_lora_resume_continues_exactly(tmp_path):
     args = ["train", "model.lora.enabled=true", "model.lora.rank=4", "algorithm.kl_coef=0.05", "prompts_per_step=2",
             "rollout.samples_per_prompt=4", "eval.size=4", "eval.every=0", "checkpoint.every=1", "hardware.num_threads=1",

@@ -210,7 +210,7 @@ def _rlx_train(tmp_path: Path, *overrides: str, timeout: int = 300) -> list[dict
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.slow  # ~25-50 s each on 2 busy cores (CPU bf16 matmuls are slow)
+@pytest.mark.long  # ~25-50 s each on 2 busy cores (CPU bf16 matmuls are slow)
 @pytest.mark.parametrize("overrides", [
     ("model.dtype=bfloat16", "hardware.mixed_precision=bf16"),  # the model presets on hardware=gpu
     ("model.dtype=float32", "hardware.mixed_precision=bf16", "algorithm.entropy_coef=0.01"),  # hardware=gpu, fp32 weights

@@ -9,9 +9,10 @@ import pytest
 
 from tests.parallel_helpers import assert_same_parameters, checkpoint_weights
 
-pytestmark = pytest.mark.slow  # ~40 s per loop family on 2 idle cores (two runs, one with 2 processes)
+pytestmark = pytest.mark.long  # ~40 s per loop family on 2 idle cores (two runs, one with 2 processes)
 
 
+@pytest.mark.slow  # in CI (make test-slow); the other families are make test-long
 def test_grpo_two_processes_match_one(tmp_path):
     assert_same_parameters(tmp_path, ["steps=2", "prompts_per_step=4", "rollout.samples_per_prompt=4",
                                       "algorithm.scale=batch", "algorithm.kl_coef=0.1"])

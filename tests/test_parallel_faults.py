@@ -15,7 +15,7 @@ import pytest
 from rlx.runtime.checkpoint import list_checkpoints
 from tests.conftest import REPO, only_run_dir, run_rlx
 
-pytestmark = pytest.mark.slow  # ~1-2 min each on 2 busy cores: two or three 2-process runs
+pytestmark = pytest.mark.long  # ~1-2 min each on 2 busy cores: two or three 2-process runs
 
 DDP = ["hardware=ddp", "hardware.num_processes=2", "hardware.cpu=true", "hardware.mixed_precision=no", "steps=4",
        "prompts_per_step=2", "rollout.samples_per_prompt=2", "eval.size=2", "eval.every=0", "eval.at_start=false",
@@ -77,6 +77,7 @@ def test_a_non_finite_loss_on_one_rank_stops_every_rank_with_one_line(tmp_path):
     _assert_stopped_cleanly_and_resumes(tmp_path, result, [1, 2])
 
 
+@pytest.mark.slow  # in CI (make test-slow)
 def test_a_rank_killed_without_a_word_is_named_with_its_signal(tmp_path):
     result = run_rlx(["train", *DDP, *_reward("killed_on_rank_one")], tmp_path, env_extra={"RLX_TEST_FAIL_FROM_CALL": "3"})
     assert result.returncode == 1, result.stderr[-3000:]

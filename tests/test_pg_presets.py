@@ -114,7 +114,7 @@ def test_every_preset_names_its_source_and_passes_the_checks():
         check_settings(check_overrides([f"algorithm={preset}"]))
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_every_knob_at_once_in_both_families(tmp_path):
     # the knobs no preset turns: entropy bonus, forking tokens, KL in the loss with an adaptive coefficient
     # and periodic reference reset, dual clip, truncation masking, sign weighting, several mini-batches;

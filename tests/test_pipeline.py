@@ -318,8 +318,8 @@ def test_the_default_run_builds_the_synchronous_path(tmp_path):
 PIPELINE = ["rollout.max_staleness=1", "rollout.correction=tis"]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("extra", [[], ["rollout.max_staleness=2", "rollout.partial=true"]], ids=["k1", "k2-partial"])
+@pytest.mark.parametrize("extra", [pytest.param([], marks=pytest.mark.slow, id="k1"),
+                                   pytest.param(["rollout.max_staleness=2", "rollout.partial=true"], marks=pytest.mark.long, id="k2-partial")])
 def test_sigkill_then_resume_equals_an_uninterrupted_pipeline_run(tmp_path, extra):
     """kill -9 after step 3 (checkpoint at step 2 holds batches 3 .. 2+k, sampled with older weights than its own);
     the resumed run's metrics (all but wall-clock figures) and final weights equal an uninterrupted run's."""
@@ -352,7 +352,7 @@ def test_sigkill_then_resume_equals_an_uninterrupted_pipeline_run(tmp_path, extr
     assert all(torch.equal(want_w[key], got_w[key]) for key in want_w)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_ctrl_c_in_pipeline_mode_checkpoints_the_queue_and_resume_finishes(tmp_path):
     import signal
 

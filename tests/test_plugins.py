@@ -224,7 +224,7 @@ def test_the_plugins_page_lists_every_kind_and_its_examples_work(on_path):
                 registry.unregister(name)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_worker_processes_import_the_plugins_too(user_dir):
     """hardware=ddp with 2 processes: each worker (started with the same overrides) imports the plugin and
     computes the batch's advantages with it (2 steps x 2 ranks calls). ~20 s."""

@@ -168,7 +168,7 @@ def test_model_reward_in_process_single_and_ensemble(tmp_path):
     torch.testing.assert_close(torch.tensor(model_reward(prompts, completions, path=both)), (a + b) / 2)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_reference_in_memory_matches_precomputed(tmp_path, small_pairs):
     # both references are the starting policy, so the runs must agree (precompute only saves memory)
     evals = []

@@ -51,7 +51,7 @@ def test_quick_readme_commands_pass_on_a_fresh_clone():
     assert "ok" in result.stdout and "$ rlx train algorithm=grpoo" in result.stdout  # the transcripts ran
 
 
-@pytest.mark.slow  # every command of the README and the docs, trainings shortened (~8 min on 2 cores)
+@pytest.mark.long  # every command of the README and the docs, trainings shortened (~8 min on 2 cores)
 @pytest.mark.skipif(not (REPO / ".git").exists(), reason="needs a git checkout to clone")
 def test_every_docs_command_runs_on_a_fresh_clone():
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "readme_commands.py")], capture_output=True,

@@ -4,7 +4,7 @@ with the published shapes of Qwen2.5-0.5B, Qwen3-0.6B and Llama-3.2-1B (rlx/mode
 slower than fp32 on CPUs without bf16 units) use a reduced vocabulary. Each run is a child process, so
 its peak RSS is its own; the figures are printed (pytest -s) and quoted in the README.
 
-Slow, and the slowest of make test-slow: measured here at 2-20 min per run with the 2 cores shared by
+Marked long (make test-long, not in CI), and the slowest of it: measured here at 2-20 min per run with the 2 cores shared by
 ~15 other jobs (load average 15); an idle 2-core machine takes a fraction of that. CPU time goes to the
 151,936 x 896 output head (forward, backward, generation) and to CPU bf16 matmuls."""
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.long
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES: list[str] = []
 

@@ -101,7 +101,7 @@ def test_recipe_runs_one_step(name, one_step_runs):
     _ran_one_step(name, one_step_runs)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_ablation_recipes_run_one_step(tmp_path):
     status = _one_step_runs(tmp_path, ABLATION)
     for name in ABLATION:
@@ -151,7 +151,7 @@ def test_recipes_list_and_show(tmp_path):
     assert missing.returncode == 2 and "unknown recipe 'grpo_tiyn' (did you mean 'grpo_tiny'?)" in missing.stderr
 
 
-@pytest.mark.slow  # a 2-seed multirun of grpo_tiny through `rlx recipes reproduce` (make test-slow)
+@pytest.mark.long  # a 2-seed multirun of grpo_tiny through `rlx recipes reproduce` (make test-long)
 def test_reproduce_command_runs_a_recipe_and_reports(tmp_path):
     out = tmp_path / "repro"
     result = run_rlx(["recipes", "reproduce", "grpo_tiny", "--seeds", "2", "--out", str(out),

@@ -334,7 +334,7 @@ def stop_after(monkeypatch, last_step: int) -> None:
     monkeypatch.setattr(training, "build_parts", cut)
 
 
-@pytest.mark.parametrize("option", [pytest.param(name, marks=pytest.mark.slow) if name == "entropy_smoothing" else name
+@pytest.mark.parametrize("option", [pytest.param(name, marks=pytest.mark.long) if name == "entropy_smoothing" else name
                                     for name in STATEFUL])
 def test_resume_is_exact_for_stateful_options(tmp_path, option, monkeypatch):
     """3-10 s each (the agent case ~20 s, marked slow). 4 steps straight against the same run stopped after its step-2 checkpoint and resumed:

@@ -158,8 +158,7 @@ def _eval_of(line: str) -> dict:
     return {k: v for k, v in row.items() if k.startswith("eval/")}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("stage", [pytest.param(2, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.long)])
 def test_deepspeed_two_processes_match_one_and_resume(tmp_path, one_process, stage):
     """~2.5 min per stage on 2 cores: a 2-process run (2 micro-batches per process and step), its
     last step redone from the step-2 checkpoint, both equal to the 1-process run."""
@@ -193,7 +192,7 @@ def test_deepspeed_two_processes_match_one_and_resume(tmp_path, one_process, sta
     assert gap < 1e-6, f"ZeRO-{stage} resumed from step 2 differs from 1 process by {gap:.2e}"
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_forking_tokens_two_processes_match_one(tmp_path):
     """~40 s: the top-20% entropy threshold is one over the global batch (per-process thresholds: 1.0e-5)."""
     assert_same_parameters(tmp_path, ["steps=2", "prompts_per_step=4", "rollout.samples_per_prompt=4",
@@ -233,7 +232,7 @@ def _two_machines(tmp_path, args_of_machine, timeout=400):
     return outputs
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_two_machines_on_loopback_match_one_process_and_resume(tmp_path, one_process):
     """~2.5 min: the README's multi-node command on each "machine" (1 process each, gloo on 127.0.0.1, a
     shared run directory), then both resumed from the step-2 checkpoint; equal to the 1-process run."""
@@ -259,7 +258,7 @@ def test_two_machines_on_loopback_match_one_process_and_resume(tmp_path, one_pro
     assert gap < 1e-6, f"2 machines resumed from step 2 differ from 1 process by {gap:.2e}"
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_generation_on_zero3_keeps_ranks_in_lockstep(tmp_path):
     """~40 s: 2 ranks with every parameter partitioned generate completions of different lengths (13 and
     24 tokens); the rank that stops first keeps stepping, and both equal the unsharded model. Without
@@ -286,7 +285,7 @@ RM = ["algorithm=reward_model", "data=prefs", "steps=2", "algorithm.batch_size=8
 EVERY_PARAMETER = "hardware.deepspeed.param_persistence_threshold=0"  # ZeRO-3 partitions even the tiny model's
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("family, strategy", [
     (SFT, "deepspeed_zero2"), (DPO, "deepspeed_zero2"), (RM, "deepspeed_zero2"),
     (SFT, "deepspeed_zero3"), (DPO, "deepspeed_zero3"),

@@ -411,7 +411,7 @@ def _error_lines(result):
     return lines[0]
 
 
-@pytest.mark.slow  # two real runs, ~30 s on the shared 2-core machine
+@pytest.mark.long  # two real runs, ~30 s on the shared 2-core machine
 def test_a_run_whose_disk_fills_mid_checkpoint_stops_in_one_line_and_resumes(tmp_path):
     """A 16 MiB tmpfs holds the run's files and step 1's checkpoint (10.5 MiB of model and optimizer state for the
     tiny model), not step 2's: the run stops with exit code 3 and one line; the printed command, run once the

@@ -35,7 +35,7 @@ SHIPPED_ACCURACY = 0.32  # held-out greedy accuracy of the shipped model, as wri
 PARTIAL_SKILL = (0.2, 0.6)  # the recipe's goal: the task learned, room left for RL (CPU kernels move the exact value)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_full_tiny_sft_reproduces_the_shipped_model(tmp_path):
     # On the machine that built the asset the rebuild is bitwise identical. Another CPU may use other
     # matmul kernels, and float rounding then moves this early-stopped SFT: measured 0.32 on the build machine
@@ -56,7 +56,7 @@ def test_full_tiny_sft_reproduces_the_shipped_model(tmp_path):
 AGENT_SHIPPED_SUCCESS = 0.42  # eval/success of the shipped agent warm start (mixture, 50 held-out episodes)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_full_tiny_agent_sft_reproduces_the_shipped_warm_start(tmp_path):
     # 2.5-5 min on the shared 2-core machine. `rlx train tiny_agent_sft` (one thread, as the recipe sets)
     # rebuilt builtin:tiny_agent bit for bit on the machine that built it (weight gap 0.0, eval/success 0.42,

@@ -16,7 +16,7 @@ TINY = ["steps=2", "prompts_per_step=2", "rollout.samples_per_prompt=2", "eval.s
 EVAL = ["limit=3", "sampling.n=0", "plot=false", "hardware.num_threads=1"]
 
 
-@pytest.mark.slow  # three 1-step trials in one process (~1 min on 2 busy cores)
+@pytest.mark.long  # three 1-step trials in one process (~1 min on 2 busy cores)
 def test_reasoning_gym_tasks_train(tmp_path):
     result = run_rlx(["train", "-m", "data=reasoning_gym", "data.task=leg_counting,gcd,basic_arithmetic", "steps=1",
                       "data.train_size=40", "data.eval_size=4", *[a for a in TINY if not a.startswith("steps=")],
@@ -35,7 +35,7 @@ def test_reasoning_gym_config_has_no_chain_sum_options():
     assert cfg.data.task_config is None and cfg.data.name == "gcd"
 
 
-@pytest.mark.slow  # a 2-step run and three evaluations each (~1.5 min on 2 busy cores)
+@pytest.mark.long  # a 2-step run and three evaluations each (~1.5 min on 2 busy cores)
 @pytest.mark.parametrize("lora", [False, True])
 def test_eval_of_a_checkpoint_and_of_the_final_model_of_a_moved_run(tmp_path, lora):
     extra = ["model.lora.enabled=true", "model.lora.rank=4", "optim.lr=1e-2"] if lora else []

