@@ -1,5 +1,8 @@
 """A training run from start to end: lock the run directory, launch workers or set up Accelerate, load data and
-model, build the parts (rlx/build.py), run the family's loop, save the final model."""
+model, build the parts (rlx/build.py), run the family's loop, save the final model.
+
+The command's orchestration, above the builder: `rlx train`'s Hydra front (rlx/cli/train.py) calls `run`; nothing
+below rlx/cli/ imports this module (tests/test_layers.py)."""
 
 from __future__ import annotations
 
