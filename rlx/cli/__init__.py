@@ -197,6 +197,8 @@ def _main(argv: list[str] | None = None) -> None:
 
         print(config_help(help_command, [a for a in args if "=" in a and not a.startswith("-")]), end="")
         return
+    if command in ("train", "eval", "data", "gateway", "sweep"):  # they compose and check a config: every registry
+        import rlx.cli.registries  # noqa: F401  publishes its names first (rlx/config/groups.py reads them)
     if command == "train":
         from rlx.runtime.launch import check_not_externally_launched, resolve_resume
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import hydra
 from omegaconf import DictConfig
 
+import rlx.cli.registries  # noqa: F401  every registry publishes its names before the config is checked
 from rlx.cli.training import run
 from rlx.config.paths import CONF_DIR
 from rlx.config.rules import optimized_metric

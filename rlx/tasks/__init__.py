@@ -23,7 +23,7 @@ import re
 import threading
 from dataclasses import dataclass
 
-from rlx.registry import Registry
+from rlx.registry import Registry, publish
 from rlx.rewards import completion_text
 
 ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -143,7 +143,7 @@ class Verifier:
         return extracted, [float(s) for s in self.verify(extracted, problems)]
 
 
-VERIFIERS = Registry("verifier")  # name -> Verifier(extract, verify, needs)
+VERIFIERS = publish("verifier", Registry("verifier"))  # name -> Verifier(extract, verify, needs)
 
 
 def register_verifier(name: str, extract=answer_tag, needs=("answer",)):
