@@ -121,7 +121,7 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
     model, tokenizer = build_model_and_tokenizer(cfg, train_rows)
     model = prepare_policy(model, cfg.model, cfg.hardware)
     if cfg.algorithm.family in ("policy_gradient", "ppo") and cfg.data.get("max_prompt_length") is not None:
-        from rlx.data.prompt_limits import limit_prompt_length
+        from rlx.rollout.prompt_limits import limit_prompt_length
 
         train_rows, counts = limit_prompt_length(tokenizer, train_rows, cfg.data.max_prompt_length,
                                                  cfg.data.get("overlong_prompts", "drop"), cfg.model.chat_template,
@@ -133,7 +133,7 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
                               json.dumps(dict(counts, max_prompt_length=cfg.data.max_prompt_length)) + "\n",
                               "the prompt-length counts (prompt_length.json)")
     if cfg.algorithm.family in ("policy_gradient", "ppo"):
-        from rlx.data.prompt_limits import check_context, model_context
+        from rlx.rollout.prompt_limits import check_context, model_context
 
         source = describe_data_source(cfg.data)
         for rows, split in ((train_rows, "training"), (eval_rows, "held-out")):
@@ -141,7 +141,7 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
                           cfg.data.system_prompt, f"{source} ({split})")
     if cfg.get("env") and cfg.env.name != "harness":  # an episode that cannot play a turn: stop now, one line
         from rlx.build import environment_factory
-        from rlx.data.prompt_limits import model_context
+        from rlx.rollout.prompt_limits import model_context
         from rlx.rollout.budgets import check_episode_budget
         from rlx.rollout.env import train_env_seed
 
