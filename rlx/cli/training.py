@@ -21,10 +21,35 @@ from rlx.build import (
     describe_data_source,
     process_group_kwargs,
 )
-from rlx.config.rules import check_batch, check_run
+from rlx.config.async_rules import check_async_settings
+from rlx.config.rules import (
+    check_batch,
+    check_device,
+    check_settings,
+    check_sharded_settings,
+    check_strategy,
+)
 from rlx.errors import UserError
 
 log = logging.getLogger("rlx")
+
+
+def check_run(cfg: DictConfig) -> None:
+    """Every rule of a training run, in order: knobs, family, batch split, engine, device, sharding (the rules
+    are rlx/config/; the command calls them, with what only the layers above config know: the process count,
+    the server's own settings)."""
+    from rlx.runtime.launch import world_size
+
+    check_settings(cfg)
+    check_batch(cfg, world_size(cfg.hardware))
+    check_async_settings(cfg, world_size(cfg.hardware))
+    if cfg.rollout.backend == "server":
+        from rlx.rollout.server_process import check_server_settings
+
+        check_server_settings(cfg.rollout, world_size(cfg.hardware))
+    check_strategy(cfg.hardware)
+    check_device(cfg.hardware)
+    check_sharded_settings(cfg)
 
 
 def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
@@ -141,9 +166,9 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
                           cfg.data.system_prompt, f"{source} ({split})")
     if cfg.get("env") and cfg.env.name != "harness":  # an episode that cannot play a turn: stop now, one line
         from rlx.build import environment_factory
-        from rlx.rollout.prompt_limits import model_context
         from rlx.rollout.budgets import check_episode_budget
         from rlx.rollout.env import train_env_seed
+        from rlx.rollout.prompt_limits import model_context
 
         check_episode_budget(cfg.env, environment_factory(cfg.env), tokenizer, model_context(model), cfg.model.path,
                              [train_env_seed(cfg.seed, 1, task) for task in range(cfg.prompts_per_step)],
