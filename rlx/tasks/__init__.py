@@ -24,9 +24,15 @@ import threading
 from dataclasses import dataclass
 
 from rlx.registry import Registry, publish
-from rlx.rewards import completion_text
 
 ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def completion_text(completion) -> str:
+    """The text of a completion in either TRL form: a string, or [{"role": "assistant", "content": ...}]."""
+    if isinstance(completion, list):
+        return "".join(str(m.get("content", "")) for m in completion)
+    return completion
 
 
 def extract_answer(completion) -> str | None:
