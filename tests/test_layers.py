@@ -63,8 +63,6 @@ KNOWN_UPWARD = {
     "their own check (issue 36, item 3)",
     ("rlx/config/rules.py", "rlx.gateway.harness"): "check_agent_settings loads the harness program and its task "
     "files before the model loads; goes with the same change",
-    ("rlx/runtime/checkpoint.py", "rlx.models.lora"): "a checkpoint writes the LoRA adapter beside the "
-    "Accelerate state; goes when the builder hands the Checkpointer the policy's save function",
 }
 
 
