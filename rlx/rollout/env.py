@@ -97,10 +97,7 @@ def run_episodes(generator: Generator, tokenizer, envs: list, env_seeds: list[in
     fmt = ChatFormat(tokenizer, system_prompt, use_chat_template)
     stop_ids = stop_ids if stop_ids is not None else [tokenizer.eos_token_id]
     episodes: list[Episode] = []
-    # side record of the episodes in play, by index: the state key the next turn is taken in, and where the last
-    # turn (with its closing stop token) ends, so that an answer after it can be dropped
-    next_anchor: dict[int, object] = {}
-    turn_end: dict[int, int] = {}
+    next_anchor, turn_end = {}, {}  # by episode index: the next turn's state key; where its last turn ends
     for index, (env, seed) in enumerate(zip(envs, env_seeds)):
         try:
             obs, info = env.reset(seed=seed)
