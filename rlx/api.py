@@ -17,7 +17,7 @@ is the usual outputs/train/<time>_<name>) and returns the run directory and the 
 `rewards` are Python callables (or {name: callable} / {name: (callable, weight)}) that replace the
 configured reward components; the first one is reported as accuracy unless reward.accuracy is given.
 Bad input raises `rlx.config.UserError` with the one-line message the command line prints.
-`register(kind, name)` adds a function or class to one of rlx's registries (rlx/config/registries.py: KINDS);
+`register(kind, name)` adds a function or class to one of rlx's registries (rlx/cli/registries.py: KINDS);
 the module that does so is named in the config's `plugins: [...]`, which `fit` and `evaluate` import before
 they check the config (docs/extending/plugins.md).
 """
@@ -101,6 +101,7 @@ def fit(overrides: Iterable[str] = (), rewards: Iterable[Callable] | Mapping | N
     dataset: a list of dicts, a datasets.Dataset or a DatasetDict (train split; test or validation split held
     out), with a `prompt` column as in TRL; eval_dataset: the held-out rows (without one, 1 row in 10 is held
     out). The rows are written to <run>/dataset/ and trained as data=file (rlx/data/in_memory.py)."""
+    import rlx.cli.registries  # noqa: F401  every registry publishes its names before the config is checked
     from rlx.config.overrides import check_overrides
 
     def checked(overrides: list[str]):
@@ -166,9 +167,9 @@ def register(kind: str, name: str, **options) -> Callable:
         def my_mean(rewards, group_size, scale, eps, **knobs): ...
 
     kinds: advantage, scale, credit, loss_agg, kl_estimator, verifier, env, reward_shaper, advantage_transform,
-    ... (rlx/config/registries.py KINDS: each kind's config key and contract; an unknown kind raises one line
+    ... (rlx/cli/registries.py KINDS: each kind's config key and contract; an unknown kind raises one line
     listing them). verifier takes options: extract=fn(completion, problem) and needs=(columns).
     A name that is taken (a built-in or another plugin's) is refused."""
-    from rlx.config.registries import register as register_in
+    from rlx.cli.registries import register as register_in
 
     return register_in(kind, name, **options)

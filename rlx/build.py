@@ -179,7 +179,7 @@ def build_parts(cfg: DictConfig, components: Components) -> Parts:
             parts.producer, parts.generator = pipelined(s.rollout, parts.producer, parts.generator, rollout_model, policy,
                                                         policy_generator(policy, parts.tokenizer, s.rollout), s.steps)
             log.info("built: pipeline, batches sampled up to %d update(s) behind the trainer", s.rollout.max_staleness)
-    parts.checkpointer = Checkpointer.from_config(s, acc, parts.run_dir)
+    parts.checkpointer = Checkpointer.from_config(s, acc, parts.run_dir, lora=lora)  # a LoRA adapter in each checkpoint
     parts.metrics_log = MetricsLog(parts.run_dir, s.steps, s.log.progress, enabled=acc.is_main_process, tracker=acc)
     if needs.evaluator is not None:
         parts.run_eval = EVALUATORS[needs.evaluator](s, parts)

@@ -133,3 +133,30 @@ class RegistryView(Mapping):
 
     def names(self) -> tuple[str, ...]:
         return tuple(self)
+
+
+# ------------------------------------------------------------------------------------------------
+# Published registries: how rlx/config/ learns the names of an upper layer's registry without importing it
+# ------------------------------------------------------------------------------------------------
+
+_PUBLISHED: dict[str, Mapping] = {}
+
+
+def publish(key: str, registry: Mapping) -> Mapping:
+    """Announce `registry` (a Registry or any name -> entry mapping) under `key` and return it unchanged:
+    `VERIFIERS = publish("verifier", Registry("verifier"))`. The config checks names against
+    `published(key)`, so that rlx/config/ never imports the layer the registry lives in (tests/test_layers.py)."""
+    if _PUBLISHED.get(key, registry) is not registry:
+        raise ValueError(f"a registry is already published as '{key}'")
+    _PUBLISHED[key] = registry
+    return registry
+
+
+def published(key: str) -> Mapping:
+    """The registry published under `key`, live (a plugin's entries included). Its module must have been
+    imported: the commands and rlx.api import every registering module first (rlx/cli/registries.py)."""
+    try:
+        return _PUBLISHED[key]
+    except KeyError:
+        raise LookupError(f"no registry is published as '{key}': import rlx.cli.registries (every module that "
+                          f"registers) before checking a config") from None

@@ -9,6 +9,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# as the commands do: every registry publishes its names before a test checks a config in-process
+# (rlx/config/groups.py reads them through rlx.registry.published)
+import rlx.cli.registries  # noqa: E402, F401
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -232,7 +232,7 @@ def test_the_eval_defaults_pass():
 
 
 def test_data_prefs_knobs_are_typed_too():
-    from rlx.data.build_prefs import build
+    from rlx.cli.data_prefs import build
 
     for override, start in (("samples_per_prompt=1", "samples_per_prompt=1 is not valid: it must be an integer >= 2"),
                             ("progress=sometimes", "unknown progress 'sometimes'; valid choices: auto, true, false"),

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from rlx.data.prompt_limits import check_context, model_context
 from rlx.errors import UserError
 from rlx.models.loading import load_causal_lm, load_tokenizer
+from rlx.rollout.prompt_limits import check_context, model_context
 from tests.conftest import run_rlx
 
 TINY = "builtin:tiny"

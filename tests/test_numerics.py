@@ -121,8 +121,8 @@ def test_policy_gradient_and_ppo_loops_score_at_the_sampling_temperature_in_trai
     import rlx.loops.common as common
     import rlx.loops.policy_gradient as pg
     import rlx.loops.ppo as ppo
+    from rlx.cli.training import run
     from rlx.config.overrides import check_overrides
-    from rlx.runtime.training import run
 
     calls = []
     real = completion_logprobs

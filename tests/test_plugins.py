@@ -200,7 +200,7 @@ def test_the_plugins_page_lists_every_kind_and_its_examples_work(on_path):
     import torch
 
     from rlx.algorithms.advantages import OUTCOME_ESTIMATORS
-    from rlx.config.registries import KINDS
+    from rlx.cli.registries import KINDS
     from rlx.envs import ENVIRONMENTS
     from rlx.tasks import VERIFIERS
 

@@ -189,7 +189,7 @@ LIVE = [  # (kind's registry, name, entry, overrides naming it, the message once
 def test_a_name_is_checked_against_the_live_registry(kind, overrides, refused):
     """Registered after the schema module was imported (as a plugin does), the name is valid; unregistered, the
     check refuses it in one line listing the registry's names at that moment."""
-    from rlx.config.registries import KINDS
+    from rlx.cli.registries import KINDS
     from rlx.config.schema import check_config
 
     registry = KINDS[kind].registry
@@ -205,7 +205,7 @@ def test_a_name_is_checked_against_the_live_registry(kind, overrides, refused):
 
 def test_rlx_register_names_its_kinds_and_refuses_taken_names():
     import rlx
-    from rlx.config.registries import KINDS
+    from rlx.cli.registries import KINDS
     from rlx.tasks import VERIFIERS, answer_tag_or_boxed
 
     with pytest.raises(ValueError) as info:

@@ -3,7 +3,7 @@ work in a real 2-step run (its metric appears and moves), and exact resumes for 
 
 Hooks: groups keyed by id (keyed estimators), per-token temperatures (decoder and trainer), hints (rows, contexts,
 the ratio's denominator in the hinted context), G-RA's outcome split, the progress corridor. Runs: the real loop on
-the tiny model and chain_sum, in-process (rlx.runtime.training.run), one thread."""
+the tiny model and chain_sum, in-process (rlx.cli.training.run), one thread."""
 
 from __future__ import annotations
 
@@ -227,7 +227,7 @@ AGENT = [*QUIET, "hardware.num_threads=1", "model.path=builtin:tiny_agent", "dat
 
 def train(tmp_path, *overrides, base=RUN, steps=2, run_dir=None) -> list[dict]:
     """`rlx train` in-process (the real loop, builder and producer); the rows of metrics.jsonl."""
-    from rlx.runtime.training import run
+    from rlx.cli.training import run
 
     cfg = check_overrides([*base, f"steps={steps}", *overrides])
     run_dir = run_dir or tmp_path / "run"
@@ -315,7 +315,7 @@ class Stopped(Exception):
 def stop_after(monkeypatch, last_step: int) -> None:
     """The next in-process run dies when its producer is asked for step last_step + 1 (its checkpoint at
     last_step is written): the first leg of a resume test, with the same config (steps=4) as the full run."""
-    import rlx.runtime.training as training
+    import rlx.cli.training as training
 
     build = training.build_parts
 

@@ -73,9 +73,9 @@ def test_loopback_only_unless_allowed():
 
 def test_a_remote_bind_stops_rlx_train_before_any_work():
     """The rule runs in check_run (before data and model load), and the schema knows every server knob."""
+    from rlx.cli.training import check_run
     from rlx.config.groups import LoraPush
     from rlx.config.overrides import check_overrides
-    from rlx.config.rules import check_run
     from rlx.rollout.server_process import LORA_PUSH
 
     assert [m.value for m in LoraPush] == list(LORA_PUSH)

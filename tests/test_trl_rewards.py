@@ -164,8 +164,8 @@ def test_trl_reward_reads_the_datasets_own_answer_column_in_a_training_run(tmp_p
 
 
 def test_max_prompt_length_drops_or_truncates_and_counts():
-    from rlx.data.prompt_limits import limit_prompt_length
     from rlx.models.loading import load_tokenizer
+    from rlx.rollout.prompt_limits import limit_prompt_length
 
     tokenizer = load_tokenizer("builtin:tiny", None, False)
     short = {"prompt": "1 + 2 =", "answer": "3"}

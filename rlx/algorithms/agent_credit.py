@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from rlx.algorithms.gigpo import CREDIT, SCALES
+from rlx.algorithms.gigpo import CREDIT, SCALES, discounted_returns
 from rlx.algorithms.grouping import group_mean, group_size, group_std
 
 
@@ -67,16 +67,6 @@ def gra_advantages(episode_group, step_episode, step_rewards, step_anchor=None, 
     return episode_adv.to(step_rewards.dtype)[step_episode], {"env/gated_frac": cut}
 
 
-def _discounted(step_rewards: torch.Tensor, step_episode: torch.Tensor, gamma: float) -> torch.Tensor:
-    returns = torch.zeros_like(step_rewards)
-    following = 0.0
-    for t in reversed(range(step_rewards.numel())):
-        last = t == step_rewards.numel() - 1 or step_episode[t + 1] != step_episode[t]
-        following = step_rewards[t] + (0.0 if last else gamma * following)
-        returns[t] = following
-    return returns
-
-
 def history_keys(episode_group: torch.Tensor, step_episode: torch.Tensor, step_anchor: torch.Tensor, depth: int,
                  step_action: torch.Tensor | None = None) -> torch.Tensor:
     """(depth + 1, S) long ids of HGPO's nested groups: level k groups the anchored steps of one task that
@@ -118,7 +108,7 @@ def hgpo_advantages(episode_group, step_episode, step_rewards, step_anchor, *, s
     GiGPO. Metric env/hgpo_depth_used: mean over anchored steps of the deepest usable level."""
     returns = _episode_returns(step_rewards, step_episode, episode_group.numel()).double()
     episode_adv = _grouped(returns, episode_group, scale, eps)[step_episode]  # (S,)
-    step_returns = _discounted(step_rewards.double(), step_episode, gamma)  # (S,)
+    step_returns = discounted_returns(step_rewards.double(), step_episode, gamma)  # (S,)
     keys = history_keys(episode_group, step_episode, step_anchor, hgpo_depth, step_action)  # (K+1, S)
     anchored = step_anchor >= 0
     weighted = torch.zeros_like(step_returns)

@@ -197,6 +197,8 @@ def _main(argv: list[str] | None = None) -> None:
 
         print(config_help(help_command, [a for a in args if "=" in a and not a.startswith("-")]), end="")
         return
+    if command in ("train", "eval", "data", "gateway", "sweep"):  # they compose and check a config: every registry
+        import rlx.cli.registries  # noqa: F401  publishes its names first (rlx/config/groups.py reads them)
     if command == "train":
         from rlx.runtime.launch import check_not_externally_launched, resolve_resume
 
@@ -217,11 +219,11 @@ def _main(argv: list[str] | None = None) -> None:
     elif command == "data":
         if not args or args[0] != "prefs":
             fail("usage: rlx data prefs [key=value ...]; valid data commands: prefs")
-        from rlx.data.build_prefs import prefs_app
+        from rlx.cli.data_prefs import prefs_app
 
         _hydra_app(prefs_app, "rlx-data-prefs", args[1:], "data_prefs")
-    elif command == "gateway":  # `rlx gateway`: serve a model to an agent harness by hand (rlx/gateway/cli.py)
-        from rlx.gateway.cli import main as gateway_main
+    elif command == "gateway":  # `rlx gateway`: serve a model to an agent harness by hand (rlx/cli/gateway.py)
+        from rlx.cli.gateway import main as gateway_main
 
         raise SystemExit(gateway_main(args))
     elif command in ("sweep", "recipes", "report", "fetch"):

@@ -9,6 +9,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+import rlx.cli.registries  # noqa: F401  every registry publishes its names before the config is checked
 from rlx.config.paths import CONF_DIR
 from rlx.errors import StorageError, UserError, fail
 from rlx.evaluation.runner import evaluate, headline

@@ -1,4 +1,4 @@
-"""`rlx train`: the Hydra front of a training run (rlx/runtime/training.py), its exit codes and sweep results.
+"""`rlx train`: the Hydra front of a training run (rlx/cli/training.py), its exit codes and sweep results.
 
 The loop is picked by `algorithm.family`: policy_gradient (GRPO family), ppo (with a critic), agent
 (multi-turn environments), sft,
@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 import hydra
 from omegaconf import DictConfig
 
+import rlx.cli.registries  # noqa: F401  every registry publishes its names before the config is checked
+from rlx.cli.training import run
 from rlx.config.paths import CONF_DIR
 from rlx.config.rules import optimized_metric
 from rlx.errors import (
@@ -29,7 +31,6 @@ from rlx.errors import (
     fail,
 )
 from rlx.runtime.checkpoint import what_survived
-from rlx.runtime.training import run
 
 if TYPE_CHECKING:
     pass

@@ -1,6 +1,6 @@
 """Cross-field rules of asynchronous and partial rollouts and of the off-policy correction (conf/rollout/hf.yaml:
 rollout.max_staleness, producer_*, correction*, partial*; docs/scaling/async.md). Called by
-rlx.config.rules.check_run after the knobs' own checks; each stops the run with one line naming the fix."""
+rlx.cli.training.check_run after the knobs' own checks; each stops the run with one line naming the fix."""
 
 from __future__ import annotations
 

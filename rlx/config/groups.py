@@ -22,15 +22,13 @@ from rlx.algorithms.preference import PREFERENCE_LOSSES
 from rlx.algorithms.shaping import SHAPERS
 from rlx.algorithms.transforms import TRANSFORMS
 from rlx.config.fields import choices, fraction, num, positive, registry_names
-from rlx.data.difficulty import SAMPLING_WEIGHTS
-from rlx.data.tasks import DATA_SOURCES
-from rlx.envs.registry import CUSTOM, ENVIRONMENTS
-from rlx.gateway.tools import TOOL_PARSERS
-from rlx.rollout.replay import TRIGGERS
-from rlx.rollout.temperature import TEMPERATURE_SCHEDULES
-from rlx.tasks import VERIFIERS
+from rlx.registry import published
 
-# registry-backed sets: the registry's names when the config is checked (plugins' entries included)
+CUSTOM = "custom"  # env.name that loads env.target (rlx.envs.registry.CUSTOM; a test keeps them equal)
+
+# registry-backed sets: the registry's names when the config is checked (plugins' entries included). The
+# registries of the layers above config (tasks, data, envs, rollout, gateway) are read as they published
+# themselves (rlx.registry.publish), never imported from here: the commands import them first (rlx/cli/registries.py)
 Advantage = registry_names("Advantage", lambda: ESTIMATORS)
 Scale = registry_names("Scale", lambda: SCALES)
 AgentScale = registry_names("AgentScale", lambda: AGENT_SCALES)
@@ -40,18 +38,18 @@ RatioLevel = registry_names("RatioLevel", lambda: RATIO_LEVELS)
 KLEstimator = registry_names("KLEstimator", lambda: KL_ESTIMATORS)
 KLPlacement = registry_names("KLPlacement", lambda: KL_PLACEMENTS)
 PreferenceLoss = registry_names("PreferenceLoss", lambda: PREFERENCE_LOSSES)
-Verifier = registry_names("Verifier", lambda: VERIFIERS)
-DataSource = registry_names("DataSource", lambda: (*DATA_SOURCES, "none"))  # none: preference data without a task
-EnvName = registry_names("EnvName", lambda: (*ENVIRONMENTS, CUSTOM, "harness"))  # custom: env.target names the class;
+Verifier = registry_names("Verifier", lambda: published("verifier"))
+DataSource = registry_names("DataSource", lambda: (*published("data_source"), "none"))  # none: preference data without a task
+EnvName = registry_names("EnvName", lambda: (*published("env"), CUSTOM, "harness"))  # custom: env.target names the class;
 # harness: the user's OpenAI-client program (rlx/gateway/)
-ToolParser = registry_names("ToolParser", lambda: TOOL_PARSERS)
+ToolParser = registry_names("ToolParser", lambda: published("tool_parser"))
 # the seed ideas (issue 29)
 Shaper = registry_names("Shaper", lambda: SHAPERS)
 Transform = registry_names("Transform", lambda: TRANSFORMS)
 DropStrategy = registry_names("DropStrategy", lambda: DROP_STRATEGIES)
-PromptSamplingMode = registry_names("PromptSamplingMode", lambda: SAMPLING_WEIGHTS)
-ReplayTrigger = registry_names("ReplayTrigger", lambda: TRIGGERS)
-TemperatureMode = registry_names("TemperatureMode", lambda: TEMPERATURE_SCHEDULES)
+PromptSamplingMode = registry_names("PromptSamplingMode", lambda: published("prompt_sampling"))
+ReplayTrigger = registry_names("ReplayTrigger", lambda: published("replay_trigger"))
+TemperatureMode = registry_names("TemperatureMode", lambda: published("temperature_schedule"))
 Correction = registry_names("Correction", lambda: CORRECTIONS)  # rlx.algorithms.offpolicy.CORRECTIONS
 CorrectionLevel = registry_names("CorrectionLevel", lambda: CORRECTION_LEVELS)
 # fixed sets
@@ -407,7 +405,7 @@ class _EnvSchemas(dict):
         return self.get(name)
 
     def __iter__(self):
-        return iter((*ENVIRONMENTS, CUSTOM, "harness"))
+        return iter((*published("env"), CUSTOM, "harness"))
 
     def keys(self):
         return list(self)

@@ -41,21 +41,28 @@ def import_plugins(names) -> list[str]:
 def _import(name: str) -> None:
     if name in sys.modules:
         return
+    _import_module(name, lambda cause: f"plugin '{name}' not found: {cause}; plugins= names importable modules (a "
+                                       f"file in the directory `rlx` runs in, on PYTHONPATH, or in an installed package)",
+                   lambda cause: f"plugin '{name}' failed to import: {cause}")
+
+
+def _import_module(module_name: str, not_found, failed):
+    """importlib.import_module(module_name), or one line (UserError): `not_found(cause)` when the module itself
+    does not exist, `failed(cause (file, line N))` when it exists but fails while it runs (a module it imports is
+    missing, an exception, a syntax error), naming the real cause and where, never a traceback."""
     try:
-        importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and (name == exc.name or name.startswith(exc.name + ".")):
-            raise UserError(f"plugin '{name}' not found: {exc}; plugins= names importable modules (a file in the "
-                            f"directory `rlx` runs in, on PYTHONPATH, or in an installed package)") from None
-        raise UserError(f"plugin '{name}' failed to import: {exc}{_where(exc)}") from None
+        return importlib.import_module(module_name)
     except UserError:
         raise
-    except BaseException as exc:  # anything the module raised while it ran: name it, not a traceback
+    except BaseException as exc:
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
-        what = (str(exc) if isinstance(exc, ImportError) else  # SyntaxError's str() holds its place already
-                f"{type(exc).__name__}: {exc.msg if isinstance(exc, SyntaxError) else exc}")
-        raise UserError(f"plugin '{name}' failed to import: {what}{_where(exc)}") from None
+        if isinstance(exc, ModuleNotFoundError) and exc.name is not None and (
+                module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise UserError(not_found(str(exc))) from None
+        cause = (str(exc) if isinstance(exc, ImportError) else  # SyntaxError's str() holds its place already
+                 f"{type(exc).__name__}: {exc.msg if isinstance(exc, SyntaxError) else exc}")
+        raise UserError(failed(f"{cause}{_where(exc)}")) from None
 
 
 def import_target(target: str, what: str):
@@ -66,21 +73,9 @@ def import_target(target: str, what: str):
     module_name, _, attr = str(target).rpartition(".")
     if not module_name or not attr:
         raise UserError(f"{what}: '{target}' is not a dotted path such as my_module.my_function")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and (module_name == exc.name or module_name.startswith(exc.name + ".")):
-            raise UserError(f"{what}: cannot import '{target}': {exc} (a file in the directory `rlx` runs in, on "
-                            f"PYTHONPATH, or in an installed package)") from None
-        raise UserError(f"{what}: cannot import '{target}': {exc}{_where(exc)}") from None
-    except UserError:
-        raise
-    except BaseException as exc:  # the user's module failed while it ran
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            raise
-        shown = (str(exc) if isinstance(exc, ImportError) else
-                 f"{type(exc).__name__}: {exc.msg if isinstance(exc, SyntaxError) else exc}")
-        raise UserError(f"{what}: cannot import '{target}': {shown}{_where(exc)}") from None
+    module = _import_module(module_name, lambda cause: f"{what}: cannot import '{target}': {cause} (a file in the "
+                                                       f"directory `rlx` runs in, on PYTHONPATH, or in an installed package)",
+                            lambda cause: f"{what}: cannot import '{target}': {cause}")
     if not hasattr(module, attr):
         raise UserError(f"{what}: module {module_name} has no attribute '{attr}'")
     return getattr(module, attr)

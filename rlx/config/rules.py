@@ -1,34 +1,17 @@
 """Cross-field rules of `rlx train` configs, in one place: combinations of knobs that make no sense
 stop the run before any work with one line naming the settings and the fix (rlx.config.UserError).
 Each knob's own type, range or choices is declared once in rlx/config/schema.py (the typed schema of
-its group, checked first by check_config); the rules here compare knobs. `check_run` is the front door
-train.py calls; which rules a family adds is the FAMILY_CHECKS registry."""
+its group, checked first by check_config); the rules here compare knobs. `check_run` (rlx/cli/training.py) is the
+front door that calls them in order; which rules a family adds is the FAMILY_CHECKS registry."""
 
 from __future__ import annotations
 
 import torch
 from omegaconf import DictConfig
 
-from rlx.config.async_rules import check_async_settings
 from rlx.config.schema import check_config
 from rlx.config.seed_rules import check_agent_seed_settings, check_seed_processes, check_seed_settings
 from rlx.errors import UserError
-
-
-def check_run(cfg: DictConfig) -> None:
-    """Every rule of a training run, in order: knobs, family, batch split, engine, device, sharding."""
-    from rlx.runtime.launch import world_size
-
-    check_settings(cfg)
-    check_batch(cfg, world_size(cfg.hardware))
-    check_async_settings(cfg, world_size(cfg.hardware))
-    if cfg.rollout.backend == "server":
-        from rlx.rollout.server_process import check_server_settings
-
-        check_server_settings(cfg.rollout, world_size(cfg.hardware))
-    check_strategy(cfg.hardware)
-    check_device(cfg.hardware)
-    check_sharded_settings(cfg)
 
 
 def check_settings(cfg: DictConfig) -> None:

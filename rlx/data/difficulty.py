@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from rlx.registry import Registry
+from rlx.registry import Registry, publish
 
 # f(p): the unnormalised weight of a prompt with estimated pass rate p (tensor in, tensor out)
-SAMPLING_WEIGHTS = Registry("prompt sampling mode")
+SAMPLING_WEIGHTS = publish("prompt_sampling", Registry("prompt sampling mode"))
 SAMPLING_WEIGHTS.register("uniform")(lambda p: torch.ones_like(p))
 SAMPLING_WEIGHTS.register("learnability")(lambda p: p * (1 - p))  # peaks at p = 1/2, where GRPO's signal is largest
 SAMPLING_WEIGHTS.register("hard")(lambda p: 1 - p)  # hard focus (DRIVE-style)

@@ -17,7 +17,7 @@ import re
 
 from rlx.data.readers import numbered_jsonl, read_hub, read_records
 from rlx.errors import UserError
-from rlx.registry import Registry
+from rlx.registry import Registry, publish
 
 
 def _is_messages(value) -> bool:
@@ -184,7 +184,7 @@ def hub_rows(dataset_id: str, subset, train_split: str, eval_split, eval_size: i
 
 
 # data.source: fn(data_cfg, seed) -> (train rows, held-out rows)
-DATA_SOURCES = Registry("data.source")
+DATA_SOURCES = publish("data_source", Registry("data.source"))
 
 
 @DATA_SOURCES.register("reasoning_gym")

@@ -6,7 +6,7 @@ own with `@rlx.register("env", "name")` and runs with `env=custom env.name=name`
 
 from __future__ import annotations
 
-from rlx.registry import Registry
+from rlx.registry import Registry, publish
 
-ENVIRONMENTS = Registry("env")
+ENVIRONMENTS = publish("env", Registry("env"))
 CUSTOM = "custom"  # env.name that loads env.target instead of a registered environment

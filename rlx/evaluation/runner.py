@@ -434,9 +434,9 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
         if environment:
             name, factory, tasks = environment
             if cfg.env.name != "harness":  # an episode that cannot play a turn: stop before playing, one line
-                from rlx.data.prompt_limits import model_context
                 from rlx.rollout.budgets import check_episode_budget
                 from rlx.rollout.env import EVAL_SEED_BASE
+                from rlx.rollout.prompt_limits import model_context
 
                 check_episode_budget(cfg.env, factory, tokenizer, model_context(model), path,
                                      [EVAL_SEED_BASE + task for task in range(tasks)], bool(cfg.model.chat_template))

@@ -20,6 +20,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from rlx.registry import publish
+
 
 @dataclass
 class ParsedMessage:
@@ -27,7 +29,7 @@ class ParsedMessage:
     tool_calls: list[dict] = field(default_factory=list)   # [{"name": str, "arguments": dict}], ids added later
 
 
-TOOL_PARSERS: dict[str, Callable[[str, list[dict]], ParsedMessage]] = {}
+TOOL_PARSERS: dict[str, Callable[[str, list[dict]], ParsedMessage]] = publish("tool_parser", {})
 
 
 def register(name: str):

@@ -18,7 +18,7 @@ from rlx.rollout.types import Rollout
 
 @dataclass
 class Components:
-    """What rlx/runtime/training.py loads (accelerator, model, tokenizer, data, rewards) and the builder starts from."""
+    """What rlx/cli/training.py loads (accelerator, model, tokenizer, data, rewards) and the builder starts from."""
 
     accelerator: object
     model: object

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from rlx.errors import RewardError, UserError
+from rlx.tasks import completion_text  # noqa: F401  (re-exported: a reward function's helper)
 
 
 @dataclass
@@ -83,13 +84,6 @@ def with_system_prompt(messages: list[dict], system_prompt: str | None) -> list[
     if system_prompt and (not messages or messages[0].get("role") != "system"):
         messages.insert(0, {"role": "system", "content": system_prompt})
     return messages
-
-
-def completion_text(completion) -> str:
-    """The text of a completion in either TRL form: a string, or [{"role": "assistant", "content": ...}]."""
-    if isinstance(completion, list):
-        return "".join(str(m.get("content", "")) for m in completion)
-    return completion
 
 
 def _call(comp: RewardComponent, prompts, completions, columns: dict, extra: dict):

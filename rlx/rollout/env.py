@@ -97,14 +97,15 @@ def run_episodes(generator: Generator, tokenizer, envs: list, env_seeds: list[in
     fmt = ChatFormat(tokenizer, system_prompt, use_chat_template)
     stop_ids = stop_ids if stop_ids is not None else [tokenizer.eos_token_id]
     episodes: list[Episode] = []
-    for env, seed in zip(envs, env_seeds):
+    next_anchor, turn_end = {}, {}  # by episode index: the next turn's state key; where its last turn ends
+    for index, (env, seed) in enumerate(zip(envs, env_seeds)):
         try:
             obs, info = env.reset(seed=seed)
             if not isinstance(obs, str):
                 raise ValueError(f"reset() returned a {type(obs).__name__} observation, not a string")
             info = info if isinstance(info, dict) else {}
             episode = Episode(prompt_ids=fmt.prompt_ids(obs), observations=[obs])
-            episode.next_anchor = info.get("anchor")
+            next_anchor[index] = info.get("anchor")
         except Exception as exc:  # the environment's fault: this episode only
             episode = Episode(prompt_ids=[], truncated=True, error=f"reset: {type(exc).__name__}: {exc}")
         episodes.append(episode)
@@ -130,14 +131,14 @@ def run_episodes(generator: Generator, tokenizer, envs: list, env_seeds: list[in
             e.loss_mask += [1] * len(ids)
             e.logprobs += logprobs
             e.turn_spans.append((start, len(e.ids)))
-            e.anchors.append(e.next_anchor)
+            e.anchors.append(next_anchor[i])
             if not stopped:  # the turn hit its budget: close it with the stop token, not trained
                 e.turn_truncated += 1
                 if stop_ids:
                     e.ids.append(stop_ids[0])
                     e.loss_mask.append(0)
                     e.logprobs.append(0.0)
-            e.turn_end = len(e.ids)
+            turn_end[i] = len(e.ids)
             action = tokenizer.decode(ids, skip_special_tokens=True)
             e.actions.append(action)
             try:
@@ -150,7 +151,7 @@ def run_episodes(generator: Generator, tokenizer, envs: list, env_seeds: list[in
             e.step_rewards.append(reward)
             e.valid.append(bool(info.get("is_action_valid", True)))
             e.metrics = dict(info.get("metrics") or e.metrics)
-            e.next_anchor = info.get("anchor")
+            next_anchor[i] = info.get("anchor")
             if terminated or truncated:
                 e.terminated, e.truncated = terminated, truncated and not terminated
                 continue
@@ -163,10 +164,9 @@ def run_episodes(generator: Generator, tokenizer, envs: list, env_seeds: list[in
         live = still
     for i in live:  # max_turns reached without the environment ending the episode
         episodes[i].truncated = True
-    for e in episodes:  # an answer after the last turn was never read by the model: drop it
-        end = e.__dict__.pop("turn_end", len(e.ids))
+    for i, e in enumerate(episodes):  # an answer after the last turn was never read by the model: drop it
+        end = turn_end.get(i, len(e.ids))
         e.ids, e.loss_mask, e.logprobs = e.ids[:end], e.loss_mask[:end], e.logprobs[:end]
-        e.__dict__.pop("next_anchor", None)
     return episodes
 
 

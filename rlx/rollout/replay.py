@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from rlx.algorithms.grouping import dense_ids
-from rlx.registry import Registry
+from rlx.registry import Registry, publish
 
 
 @dataclass
@@ -70,7 +70,7 @@ class ReplayBuffer:
 
 # which collapsed groups get a replayed sample, and of which kind:
 # fn(all_correct (K,) bool, all_wrong (K,) bool) -> (K,) long: 1 = insert a correct sample, 0 = a wrong one, -1 = none
-TRIGGERS = Registry("replay trigger")
+TRIGGERS = publish("replay_trigger", Registry("replay trigger"))
 TRIGGERS.register("all_fail")(lambda all_correct, all_wrong: torch.where(all_wrong, 1, -1))
 TRIGGERS.register("tied")(lambda all_correct, all_wrong: torch.where(all_wrong, 1, torch.where(all_correct, 0, -1)))
 

@@ -15,9 +15,9 @@ import math
 
 import torch
 
-from rlx.registry import Registry
+from rlx.registry import Registry, publish
 
-TEMPERATURE_SCHEDULES = Registry("temperature schedule")
+TEMPERATURE_SCHEDULES = publish("temperature_schedule", Registry("temperature schedule"))
 
 
 @TEMPERATURE_SCHEDULES.register("constant")

@@ -166,8 +166,10 @@ def _only_trainable_weights(models, weights, output_dir) -> None:
 
 
 class Checkpointer:
-    def __init__(self, accelerator, run_dir: Path, every: int, keep: int, total_steps: int, resume: bool):
-        self.acc, self.run_dir = accelerator, Path(run_dir)
+    def __init__(self, accelerator, run_dir: Path, every: int, keep: int, total_steps: int, resume: bool, lora=None):
+        """lora: rlx.models.lora (its is_peft and save_adapter), handed in by the builder because runtime/ sits below
+        models/ (tests/test_layers.py): a LoRA policy's adapter is written beside the Accelerate state."""
+        self.acc, self.run_dir, self.lora = accelerator, Path(run_dir), lora
         self.every, self.keep, self.total_steps, self.resume = every, max(1, keep), total_steps, resume
         self.folder = checkpoint_dir(self.run_dir)
         logging.getLogger("accelerate").setLevel(logging.WARNING)  # a line per saved file otherwise
@@ -179,8 +181,9 @@ class Checkpointer:
             self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
 
     @classmethod
-    def from_config(cls, cfg, accelerator, run_dir: Path) -> Checkpointer:
-        return cls(accelerator, run_dir, cfg.checkpoint.every, cfg.checkpoint.keep, cfg.steps, cfg.resume is not None)
+    def from_config(cls, cfg, accelerator, run_dir: Path, lora=None) -> Checkpointer:
+        return cls(accelerator, run_dir, cfg.checkpoint.every, cfg.checkpoint.keep, cfg.steps, cfg.resume is not None,
+                   lora)
 
     def _on_signal(self, signum, frame) -> None:
         # a second Ctrl-C gives up on the checkpoint; a repeat within a second is the same Ctrl-C
@@ -297,13 +300,14 @@ class Checkpointer:
             with writing(tmp, what, partial=tmp):
                 self.acc.save_state(str(tmp))  # every process: its RNG state, and its shard under FSDP/DeepSpeed
                 self.acc.wait_for_everyone()
-                from rlx.models.lora import is_peft, save_adapter
                 from rlx.runtime.parallel import gathered_trainable_weights
 
                 policy = self.acc.unwrap_model(self.acc._models[0])
-                adapter = gathered_trainable_weights(policy) if is_peft(policy) else None  # FSDP2: every rank gathers
+                peft = self.lora is not None and self.lora.is_peft(policy)
+                adapter = gathered_trainable_weights(policy) if peft else None  # FSDP2: every rank gathers
                 if self.acc.is_main_process:
-                    save_adapter(policy, tmp / "adapter", adapter)
+                    if peft:
+                        self.lora.save_adapter(policy, tmp / "adapter", adapter)
                     state = {"step": step, "total_steps": self.total_steps, "num_processes": self.acc.num_processes,
                              "objects": self._object_names}
                     (tmp / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")

@@ -23,10 +23,16 @@ import re
 import threading
 from dataclasses import dataclass
 
-from rlx.registry import Registry
-from rlx.rewards import completion_text
+from rlx.registry import Registry, publish
 
 ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def completion_text(completion) -> str:
+    """The text of a completion in either TRL form: a string, or [{"role": "assistant", "content": ...}]."""
+    if isinstance(completion, list):
+        return "".join(str(m.get("content", "")) for m in completion)
+    return completion
 
 
 def extract_answer(completion) -> str | None:
@@ -143,7 +149,7 @@ class Verifier:
         return extracted, [float(s) for s in self.verify(extracted, problems)]
 
 
-VERIFIERS = Registry("verifier")  # name -> Verifier(extract, verify, needs)
+VERIFIERS = publish("verifier", Registry("verifier"))  # name -> Verifier(extract, verify, needs)
 
 
 def register_verifier(name: str, extract=answer_tag, needs=("answer",)):

@@ -1,5 +1,8 @@
 """A training run from start to end: lock the run directory, launch workers or set up Accelerate, load data and
-model, build the parts (rlx/build.py), run the family's loop, save the final model."""
+model, build the parts (rlx/build.py), run the family's loop, save the final model.
+
+The command's orchestration, above the builder: `rlx train`'s Hydra front (rlx/cli/train.py) calls `run`; nothing
+below rlx/cli/ imports this module (tests/test_layers.py)."""
 
 from __future__ import annotations
 
@@ -18,10 +21,35 @@ from rlx.build import (
     describe_data_source,
     process_group_kwargs,
 )
-from rlx.config.rules import check_batch, check_run
+from rlx.config.async_rules import check_async_settings
+from rlx.config.rules import (
+    check_batch,
+    check_device,
+    check_settings,
+    check_sharded_settings,
+    check_strategy,
+)
 from rlx.errors import UserError
 
 log = logging.getLogger("rlx")
+
+
+def check_run(cfg: DictConfig) -> None:
+    """Every rule of a training run, in order: knobs, family, batch split, engine, device, sharding (the rules
+    are rlx/config/; the command calls them, with what only the layers above config know: the process count,
+    the server's own settings)."""
+    from rlx.runtime.launch import world_size
+
+    check_settings(cfg)
+    check_batch(cfg, world_size(cfg.hardware))
+    check_async_settings(cfg, world_size(cfg.hardware))
+    if cfg.rollout.backend == "server":
+        from rlx.rollout.server_process import check_server_settings
+
+        check_server_settings(cfg.rollout, world_size(cfg.hardware))
+    check_strategy(cfg.hardware)
+    check_device(cfg.hardware)
+    check_sharded_settings(cfg)
 
 
 def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
@@ -118,7 +146,7 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
     model, tokenizer = build_model_and_tokenizer(cfg, train_rows)
     model = prepare_policy(model, cfg.model, cfg.hardware)
     if cfg.algorithm.family in ("policy_gradient", "ppo") and cfg.data.get("max_prompt_length") is not None:
-        from rlx.data.prompt_limits import limit_prompt_length
+        from rlx.rollout.prompt_limits import limit_prompt_length
 
         train_rows, counts = limit_prompt_length(tokenizer, train_rows, cfg.data.max_prompt_length,
                                                  cfg.data.get("overlong_prompts", "drop"), cfg.model.chat_template,
@@ -130,7 +158,7 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
                               json.dumps(dict(counts, max_prompt_length=cfg.data.max_prompt_length)) + "\n",
                               "the prompt-length counts (prompt_length.json)")
     if cfg.algorithm.family in ("policy_gradient", "ppo"):
-        from rlx.data.prompt_limits import check_context, model_context
+        from rlx.rollout.prompt_limits import check_context, model_context
 
         source = describe_data_source(cfg.data)
         for rows, split in ((train_rows, "training"), (eval_rows, "held-out")):
@@ -138,9 +166,9 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
                           cfg.data.system_prompt, f"{source} ({split})")
     if cfg.get("env") and cfg.env.name != "harness":  # an episode that cannot play a turn: stop now, one line
         from rlx.build import environment_factory
-        from rlx.data.prompt_limits import model_context
         from rlx.rollout.budgets import check_episode_budget
         from rlx.rollout.env import train_env_seed
+        from rlx.rollout.prompt_limits import model_context
 
         check_episode_budget(cfg.env, environment_factory(cfg.env), tokenizer, model_context(model), cfg.model.path,
                              [train_env_seed(cfg.seed, 1, task) for task in range(cfg.prompts_per_step)],

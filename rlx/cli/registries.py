@@ -9,6 +9,10 @@ knob that names its entries, and the contract an entry follows (docs/extending/p
         return (grouped - grouped.mean(dim=1, keepdim=True)).reshape(-1)
 
 then `rlx train plugins=[my_module] algorithm.advantage=my_mean`.
+
+Importing this module imports every module that registers (and so publishes its registry, rlx.registry.publish):
+the commands import it before they compose a config, because rlx/config/ reads the names of the registries above
+it (tasks, data, envs, rollout, gateway) as published, never by importing those layers (tests/test_layers.py).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from rlx.algorithms.transforms import TRANSFORMS
 from rlx.data.difficulty import SAMPLING_WEIGHTS
 from rlx.data.tasks import DATA_SOURCES
 from rlx.envs.registry import ENVIRONMENTS
+from rlx.gateway.tools import TOOL_PARSERS  # noqa: F401  (env.tool_parser's names: published, not a plugin kind)
 from rlx.registry import Registry, UnknownName
 from rlx.rollout.replay import TRIGGERS
 from rlx.rollout.temperature import TEMPERATURE_SCHEDULES

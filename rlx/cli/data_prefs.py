@@ -19,6 +19,7 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
+import rlx.cli.registries  # noqa: F401  every registry publishes its names before the config is checked
 from rlx.config.paths import CONF_DIR
 from rlx.errors import UserError, fail
 from rlx.runtime.rundir import PhaseProgress

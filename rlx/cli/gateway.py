@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = [o for o in args.overrides if "=" not in o]
     if bad:
         parser.error(f"expected key=value settings, got {' '.join(bad)}")
+    import rlx.cli.registries  # noqa: F401  every registry publishes its names before the config is checked
     from rlx.config.overrides import check_overrides
     from rlx.config.schema import check_config
     from rlx.errors import UserError, fail
