@@ -22,15 +22,16 @@ PLUGIN = '''"""A user's plugin: an advantage estimator, a verifier and an enviro
 import json
 
 import rlx
+from rlx.algorithms.grouping import group_mean
 
 
-@rlx.register("advantage", "my_mean")
-def my_mean(rewards, group_size, scale, eps, **knobs):
-    """The group-mean baseline, shifted by 0.25 so that a test sees these advantages in train/advantage_mean."""
-    grouped = rewards.view(-1, group_size)
+@rlx.register("advantage", "my_mean", needs={"group_baseline": True})
+def my_mean(rewards, group_ids, **knobs):
+    """The group-mean baseline over group ids, shifted by 0.25 so that a test sees these advantages in
+    train/advantage_mean."""
     with open("my_mean_calls.jsonl", "a") as f:
         f.write(json.dumps(rewards.tolist()) + "\\n")
-    return (grouped - grouped.mean(dim=1, keepdim=True)).reshape(-1) + 0.25
+    return rewards - group_mean(rewards, group_ids) + 0.25
 
 
 @rlx.register("verifier", "my_exact")
@@ -182,7 +183,7 @@ def test_the_python_api_imports_plugins_before_it_checks(on_path):
     from rlx.algorithms.advantages import OUTCOME_ESTIMATORS
 
     _write(on_path, "plug_c", "import rlx\n\n\n@rlx.register('advantage', 'plug_c_mean')\n"
-                              "def plug_c_mean(rewards, group_size, scale, eps, **knobs):\n    return rewards * 0\n")
+                              "def plug_c_mean(rewards, group_ids, **knobs):\n    return rewards * 0\n")
     try:
         with pytest.raises(UserError, match=r"unknown algorithm.advantage 'plug_c_meen'; valid choices: .*ngrpo, "
                                             r"plug_c_mean, gae$"):
@@ -194,9 +195,9 @@ def test_the_python_api_imports_plugins_before_it_checks(on_path):
 
 def test_the_plugins_page_lists_every_kind_and_its_examples_work(on_path):
     """docs/extending/plugins.md: its table has one row per kind, in KINDS' order, and its Python examples, imported
-    as plugins, register what they say and compute what they say: my_mean on rewards [1, 0, 0, 1] in groups of 2
-    gives r - mean(group) = [0.5, -0.5, -0.5, 0.5]; case_insensitive takes the last word 'PARIS' of the completion
-    and matches the reference 'paris'; coin's action 'b' (98, even) succeeds."""
+    as plugins, register what they say and compute what they say: my_mean on rewards [1, 0, 0, 1] with group ids
+    [3, 8, 8, 3] gives r - mean(group) = [0.5, -0.5, -0.5, 0.5]; case_insensitive takes the last word 'PARIS' of the
+    completion and matches the reference 'paris'; coin's action 'b' (98, even) succeeds."""
     import torch
 
     from rlx.algorithms.advantages import OUTCOME_ESTIMATORS
@@ -213,8 +214,8 @@ def test_the_plugins_page_lists_every_kind_and_its_examples_work(on_path):
         _write(on_path, f"page_example_{i}", block)
     try:
         import_plugins([f"page_example_{i}" for i in range(len(blocks))])
-        adv = OUTCOME_ESTIMATORS["my_mean"](torch.tensor([1.0, 0.0, 0.0, 1.0]), 2, "group", 1e-6)
-        assert adv.tolist() == [0.5, -0.5, -0.5, 0.5]
+        adv = OUTCOME_ESTIMATORS["my_mean"](torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.tensor([3, 8, 8, 3]))
+        assert adv.tolist() == [0.5, -0.5, -0.5, 0.5] and OUTCOME_ESTIMATORS.needs("my_mean").group_baseline
         assert VERIFIERS["case_insensitive"].score(["The capital is PARIS"], [{"answer": "paris"}]) == (["PARIS"], [1.0])
         env = ENVIRONMENTS["coin"]()
         assert env.reset(seed=0)[0] == "flip" and env.step("b")[1] == 1.0
