@@ -2,8 +2,9 @@
 
 `CREDIT_RULES[producer.kind]` is applied by the policy-gradient loop:
 - "single_turn": an outcome estimator (`algorithm.advantage`: grpo, rloo, median, reinforce_pp, ngrpo, ...;
-  rlx/algorithms/advantages.py) over the rewards keyed by group id (hinted re-samples join their group), optionally with the sequence KL subtracted from the
-  reward first (kl_in=reward) and weighted by sign (W-REINFORCE); one advantage per row.
+  rlx/algorithms/advantages.py) over the rewards keyed by group id (hinted re-samples join their group), optionally
+  with the sequence KL subtracted from the reward first (kl_in=reward) and weighted by sign (W-REINFORCE); one
+  advantage per row.
 - "episodes": a credit rule (`algorithm.credit`: trajectory, gigpo, turn, loo, gra, hgpo; rlx/algorithms/gigpo.py)
   over the steps of every episode of the global batch; each sampled token gets its step's advantage.
 Both compute over the GLOBAL batch (every process's rows), so N processes take the step one process would.
