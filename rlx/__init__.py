@@ -5,7 +5,7 @@
     rlx.evaluate(overrides=[f"run={result.run_dir}"])
 
     @rlx.register("advantage", "my_mean")                           # a plugin's entry (docs/extending/plugins.md)
-    def my_mean(rewards, group_size, scale, eps, **knobs): ...
+    def my_mean(rewards, group_ids, **knobs): ...
 
 The Python entry points load lazily, so `import rlx` (and `rlx --version`) stays fast.
 """

@@ -10,7 +10,7 @@
     rlx.evaluate([f"run={result.run_dir}", "limit=50"]).metrics
 
     @rlx.register("advantage", "my_mean")     # in a module named by plugins=[...]
-    def my_mean(rewards, group_size, scale, eps, **knobs): ...
+    def my_mean(rewards, group_ids, **knobs): ...
 
 `fit` runs `rlx train` with the overrides in this process (Hydra composes the config, the run directory
 is the usual outputs/train/<time>_<name>) and returns the run directory and the final metrics.
@@ -164,7 +164,7 @@ def register(kind: str, name: str, **options) -> Callable:
     """Decorator adding the decorated function or class to the registry of `kind` under `name`:
 
         @rlx.register("advantage", "my_mean")
-        def my_mean(rewards, group_size, scale, eps, **knobs): ...
+        def my_mean(rewards, group_ids, **knobs): ...
 
     kinds: advantage, scale, credit, loss_agg, kl_estimator, verifier, env, reward_shaper, advantage_transform,
     ... (rlx/cli/registries.py KINDS: each kind's config key and contract; an unknown kind raises one line

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 import torch
 from omegaconf import DictConfig
 
+from rlx.algorithms.advantages import group_count
 from rlx.algorithms.preference import REFERENCE_FREE
 from rlx.config.settings import settings as settings_of
 from rlx.data.difficulty import DifficultySampler
@@ -197,8 +198,8 @@ def environment_factory(env):
 
 def single_turn_producer(s, parts: Parts) -> SingleTurnProducer | PartialProducer:
     algo, roll = s.algorithm, s.rollout
-    # the median estimator samples one extra completion per prompt: the pivot, left out of the gradient
-    group_size = roll.samples_per_prompt + (1 if algo.advantage == "median" else 0)
+    # the completions per prompt: an estimator's declared extra samples too (median's pivot, left out of the gradient)
+    group_size = group_count(roll.samples_per_prompt, algo.advantage)
     rewards = with_overlong_penalty(parts.rewards, algo.overlong_buffer, algo.overlong_weight, roll.max_new_tokens)
     if roll.partial:  # partial rollouts: groups carried across steps (rlx/rollout/partial.py); the seed stages are
         # refused with it (rlx/config/seed_rules.py check_seed_partial)

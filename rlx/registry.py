@@ -10,6 +10,11 @@ One small generic type, so that a variant is one decorated definition, never a b
 
     SHAPERS["laser"](rewards, signals)      # an unknown name raises one line listing the valid choices
 
+An entry may declare what it needs (`@ESTIMATORS.register("median", needs=EstimatorNeeds(extra_samples=1))`): the
+registry keeps the object as given and `REGISTRY.needs("name")` returns it, or the registry's `default_needs` for an
+entry that declared none; generic code (the config's compatibility check, the builder) reads it instead of
+comparing names. A dict is turned into the type of `default_needs` (so a plugin writes `needs={"...": ...}`).
+
 A registry is a read-only Mapping (`in`, iteration, `keys()`, `items()`, `get`, `len`) whose names keep their
 registration order, so code that used a dict keeps working; entries are added only through `register`/`add`.
 The config checks the names a user gives against the live registry (rlx/config/schema.py), so an entry a
@@ -41,25 +46,32 @@ def _where(definition: Any) -> tuple[str, str] | None:
 class Registry(Mapping):
     """name -> entry, filled by the `register` decorator; `kind` names what is registered in messages."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, default_needs: Any = None):
         self.kind = kind
+        self.default_needs = default_needs  # what an entry that declares nothing needs (None: the kind has no needs)
         self._entries: dict[str, Any] = {}
         self._origins: dict[str, tuple[str, str] | None] = {}  # name -> where its definition lives
+        self._needs: dict[str, Any] = {}  # name -> its declared needs
 
-    def register(self, name: str) -> Callable[[Any], Any]:
-        """Decorator adding the decorated function or class under `name` and returning it unchanged."""
+    def register(self, name: str, needs: Any = None) -> Callable[[Any], Any]:
+        """Decorator adding the decorated function or class under `name` (with its declared `needs`) and
+        returning it unchanged."""
 
         def decorate(entry: Any) -> Any:
-            self.add(name, entry)
+            self.add(name, entry, needs=needs)
             return entry
 
         return decorate
 
-    def add(self, name: str, entry: Any, definition: Any = None) -> Any:
+    def add(self, name: str, entry: Any, definition: Any = None, needs: Any = None) -> Any:
         """Add `entry` under `name`. Another definition under a taken name is refused (one line); the same
         definition again (same module and qualified name: a re-run notebook cell, a reloaded module) replaces
         it. definition: the function or class that identifies the entry when the entry is built from it
-        (default: the entry itself)."""
+        (default: the entry itself). needs: what the entry needs (see `needs`)."""
+        if needs is not None and self.default_needs is None:
+            raise ValueError(f"a {self.kind} declares no needs (got needs={needs!r} for '{name}')")
+        if isinstance(needs, dict):
+            needs = type(self.default_needs)(**needs)
         if not isinstance(name, str) or not name:
             raise ValueError(f"a {self.kind} needs a non-empty string name, got {name!r}")
         origin = _where(entry if definition is None else definition)
@@ -68,13 +80,20 @@ class Registry(Mapping):
             raise ValueError(f"{self.kind} '{name}' is registered twice"
                              + (f" (already by {'.'.join(taken)})" if taken else "") + "; pick another name")
         self._entries[name], self._origins[name] = entry, origin
+        self._needs[name] = self.default_needs if needs is None else needs
         return entry
 
     def unregister(self, name: str) -> None:
         """Remove `name` (a test's clean-up; a plugin withdrawing an entry). Unknown names raise UnknownName."""
         if name not in self._entries:
             raise self._unknown(name)
-        del self._entries[name], self._origins[name]
+        del self._entries[name], self._origins[name], self._needs[name]
+
+    def needs(self, name: str) -> Any:
+        """What entry `name` declared it needs (the registry's default_needs if nothing). Unknown: UnknownName."""
+        if name not in self._entries:
+            raise self._unknown(name)
+        return self._needs[name]
 
     def __getitem__(self, name: str) -> Any:
         if name not in self._entries:
@@ -130,6 +149,13 @@ class RegistryView(Mapping):
 
     def __repr__(self) -> str:
         return f"RegistryView({self.kind!r}: {', '.join(self)})"
+
+    def needs(self, name: str) -> Any:
+        """The needs the part holding `name` keeps for it."""
+        for part in self.parts:
+            if name in part:
+                return part.needs(name)
+        raise UnknownName(f"unknown {self.kind} '{name}'; valid choices: {', '.join(self)}")
 
     def names(self) -> tuple[str, ...]:
         return tuple(self)

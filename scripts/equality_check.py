@@ -5,6 +5,7 @@ A refactor that keeps behaviour must leave every run of this list unchanged at a
     python scripts/equality_check.py capture OUT_BEFORE      # on the commit before the change
     python scripts/equality_check.py capture OUT_AFTER       # on the commit after it
     python scripts/equality_check.py compare OUT_BEFORE OUT_AFTER
+    python scripts/equality_check.py capture OUT --only default dapo   # a subset (compare takes --only too)
 
 `capture` runs each configuration below with the `rlx` of the current environment and keeps, per run, its
 metrics rows (timing metrics left out) and a SHA-256 of every tensor of final/. `compare` prints, per run,
@@ -42,6 +43,13 @@ RUNS = {
                                "steps=4", "eval.every=2", "algorithm.epochs=2"],
     "gigpo_t07": ["algorithm=gigpo", "env=corridor", "model.path=builtin:tiny_agent", "data.source=none",
                   "rollout.temperature=0.7", "algorithm.epochs=2", "steps=2", "eval.every=2"],
+    # the seed presets whose estimator or credit rule declares needs (keyed groups, extra samples, inputs)
+    "seed_ngrpo": ["seed_ngrpo_tiny", "steps=4", "eval.every=2"],
+    "seed_hints_guide": ["seed_hints_guide_tiny", "steps=4", "eval.every=2"],
+    "seed_replay": ["seed_replay_tiny", "steps=4", "eval.every=2"],
+    "pass_at_k": ["algorithm.transforms=[pass_at_k]", "steps=4", "eval.every=2"],
+    "seed_gra": ["seed_gra_tiny", "steps=4", "eval.every=2"],
+    "seed_hgpo": ["seed_hgpo_grid_tiny", "steps=4", "eval.every=2"],
 }
 TIMING = ("perf/", "time")  # metric names holding wall-clock figures: never compared
 
@@ -98,9 +106,11 @@ def _max_metric_diff(before: list[dict], after: list[dict]) -> tuple[float, str,
     return worst, where, common
 
 
-def compare(before_dir: Path, after_dir: Path, tolerance: float) -> int:
+def compare(before_dir: Path, after_dir: Path, tolerance: float, only: list[str] | None = None) -> int:
     bad = 0
     for label in RUNS:
+        if only and label not in only:
+            continue
         fb, fa = before_dir / f"{label}.json", after_dir / f"{label}.json"
         if not fb.is_file() or not fa.is_file():
             print(f"{label:24s} missing on one side")
@@ -131,11 +141,12 @@ def main() -> None:
     cmp_.add_argument("before", type=Path)
     cmp_.add_argument("after", type=Path)
     cmp_.add_argument("--tolerance", type=float, default=0.0)
+    cmp_.add_argument("--only", nargs="*")
     args = parser.parse_args()
     if args.command == "capture":
         capture(args.out, args.only)
     else:
-        raise SystemExit(compare(args.before, args.after, args.tolerance))
+        raise SystemExit(compare(args.before, args.after, args.tolerance, args.only))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from rlx.algorithms.advantages import (
     whiten,
     zero_std_group_fraction,
 )
+from rlx.algorithms.grouping import fixed_groups
 from rlx.algorithms.kl import adaptive_kl_coef, kl_penalty, sequence_kl_in_reward, token_rewards
 from rlx.algorithms.logprobs import token_entropy, token_logprobs
 from rlx.algorithms.losses import (
@@ -161,11 +162,11 @@ def test_median_advantages_and_pivot():
     adv, keep = median_advantages(torch.ones(6), 3)
     assert torch.equal(adv, torch.zeros(6)) and keep.tolist() == [False, True, True, False, True, True]
     # dispatch returns the keep mask; other estimators keep every sample
-    _, keep = outcome_advantages(rewards, 3, "median")
+    _, keep, _ = outcome_advantages(rewards, fixed_groups(6, 3), "median")
     assert keep.sum().item() == 4
-    assert outcome_advantages(rewards, 3, "rloo")[1].all()
+    assert outcome_advantages(rewards, fixed_groups(6, 3), "rloo")[1].all()
     with pytest.raises(ValueError, match="valid choices"):
-        outcome_advantages(rewards, 3, "gae")
+        outcome_advantages(rewards, fixed_groups(6, 3), "gae")
 
 
 def test_sign_weighting():

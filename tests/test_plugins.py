@@ -22,15 +22,18 @@ PLUGIN = '''"""A user's plugin: an advantage estimator, a verifier and an enviro
 import json
 
 import rlx
+from rlx.algorithms.grouping import group_mean
 
 
-@rlx.register("advantage", "my_mean")
-def my_mean(rewards, group_size, scale, eps, **knobs):
-    """The group-mean baseline, shifted by 0.25 so that a test sees these advantages in train/advantage_mean."""
-    grouped = rewards.view(-1, group_size)
+@rlx.register("advantage", "my_mean", needs={"group_baseline": True})
+def my_mean(rewards, group_ids, **knobs):
+    """The group-mean baseline over group ids, shifted by 0.25 so that a test sees these advantages in
+    train/advantage_mean."""
     with open("my_mean_calls.jsonl", "a") as f:
         f.write(json.dumps(rewards.tolist()) + "\\n")
-    return (grouped - grouped.mean(dim=1, keepdim=True)).reshape(-1) + 0.25
+    with open("my_mean_groups.jsonl", "a") as f:
+        f.write(json.dumps(group_ids.tolist()) + "\\n")
+    return rewards - group_mean(rewards, group_ids) + 0.25
 
 
 @rlx.register("verifier", "my_exact")
@@ -89,6 +92,19 @@ def test_a_plugin_estimator_and_verifier_train_from_the_users_directory(user_dir
     rows = [r for r in read_metrics(only_run_dir(user_dir) / "metrics.jsonl") if "train/advantage_mean" in r]
     assert len(rows) == 2 and all(abs(r["train/advantage_mean"] - 0.25) < 1e-6 for r in rows)
     assert (user_dir / "my_exact_calls.txt").read_text().splitlines()[:2] == ["8", "8"]
+
+
+def test_a_plugin_estimator_takes_the_hinted_groups_of_different_sizes(user_dir):
+    """~40 s. Hints add 4 re-samples to each all-fail group (chain_sum with 2-4 terms: about half the groups of 4 fail
+    at the start), so the group ids the plugin's estimator receives name groups of 4 and of 8 in one batch; it runs
+    unchanged, with no rule of rlx naming it."""
+    small = [o for o in SMALL if not o.startswith("prompts_per_step=")]
+    result = rlx_command(["train", "plugins=[my_plugin]", "algorithm.advantage=my_mean", "algorithm.hints.enabled=true",
+                          "data.task_config.max_terms=4", "prompts_per_step=4", "steps=2", *small], user_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    calls = [json.loads(line) for line in (user_dir / "my_mean_groups.jsonl").read_text().splitlines()]
+    sizes = [sorted({ids.count(g) for g in ids}) for ids in calls]
+    assert len(calls) == 2 and [4, 8] in sizes, sizes
 
 
 def test_a_plugin_environment_trains_and_evaluates(user_dir):
@@ -152,7 +168,7 @@ def on_path(tmp_path, monkeypatch):
      "plugin 'plug_a' failed to import: RuntimeError: no config here (plug_a.py, line 2)"),
     ("import rlx\n\n\n@rlx.register('advantage', 'grpo')\ndef mine(*args, **knobs):\n    pass\n",
      "plugin 'plug_a' failed to import: ValueError: outcome advantage estimator 'grpo' is registered twice (already by "
-     "rlx.algorithms.advantages._grpo); pick another name (plug_a.py, line 4)"),
+     "rlx.algorithms.advantages.grpo_estimator); pick another name (plug_a.py, line 4)"),
     ("import rlx\nrlx.register('advantages', 'x')\n",
      "plugin 'plug_a' failed to import: UnknownName: unknown registry kind 'advantages'; valid kinds: advantage,"),
 ])
@@ -182,7 +198,7 @@ def test_the_python_api_imports_plugins_before_it_checks(on_path):
     from rlx.algorithms.advantages import OUTCOME_ESTIMATORS
 
     _write(on_path, "plug_c", "import rlx\n\n\n@rlx.register('advantage', 'plug_c_mean')\n"
-                              "def plug_c_mean(rewards, group_size, scale, eps, **knobs):\n    return rewards * 0\n")
+                              "def plug_c_mean(rewards, group_ids, **knobs):\n    return rewards * 0\n")
     try:
         with pytest.raises(UserError, match=r"unknown algorithm.advantage 'plug_c_meen'; valid choices: .*ngrpo, "
                                             r"plug_c_mean, gae$"):
@@ -194,9 +210,9 @@ def test_the_python_api_imports_plugins_before_it_checks(on_path):
 
 def test_the_plugins_page_lists_every_kind_and_its_examples_work(on_path):
     """docs/extending/plugins.md: its table has one row per kind, in KINDS' order, and its Python examples, imported
-    as plugins, register what they say and compute what they say: my_mean on rewards [1, 0, 0, 1] in groups of 2
-    gives r - mean(group) = [0.5, -0.5, -0.5, 0.5]; case_insensitive takes the last word 'PARIS' of the completion
-    and matches the reference 'paris'; coin's action 'b' (98, even) succeeds."""
+    as plugins, register what they say and compute what they say: my_mean on rewards [1, 0, 0, 1] with group ids
+    [3, 8, 3, 8] gives r - mean(group) = [0.5, -0.5, -0.5, 0.5]; case_insensitive takes the last word 'PARIS' of the
+    completion and matches the reference 'paris'; coin's action 'b' (98, even) succeeds."""
     import torch
 
     from rlx.algorithms.advantages import OUTCOME_ESTIMATORS
@@ -213,8 +229,8 @@ def test_the_plugins_page_lists_every_kind_and_its_examples_work(on_path):
         _write(on_path, f"page_example_{i}", block)
     try:
         import_plugins([f"page_example_{i}" for i in range(len(blocks))])
-        adv = OUTCOME_ESTIMATORS["my_mean"](torch.tensor([1.0, 0.0, 0.0, 1.0]), 2, "group", 1e-6)
-        assert adv.tolist() == [0.5, -0.5, -0.5, 0.5]
+        adv = OUTCOME_ESTIMATORS["my_mean"](torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.tensor([3, 8, 3, 8]))
+        assert adv.tolist() == [0.5, -0.5, -0.5, 0.5] and OUTCOME_ESTIMATORS.needs("my_mean").group_baseline
         assert VERIFIERS["case_insensitive"].score(["The capital is PARIS"], [{"answer": "paris"}]) == (["PARIS"], [1.0])
         env = ENVIRONMENTS["coin"]()
         assert env.reset(seed=0)[0] == "flip" and env.step("b")[1] == 1.0

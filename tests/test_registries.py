@@ -165,10 +165,11 @@ def test_a_registered_variant_is_used_by_name(registered):
 def test_an_estimator_returning_advantages_alone_keeps_every_sample(registered):
     """rewards [1, 0, 0, 1] in groups of 2: r - mean(group) = [0.5, -0.5, -0.5, 0.5]; no keep mask returned,
     so every sample enters the loss."""
-    registered(advantages.OUTCOME_ESTIMATORS, "centred",
-               lambda rewards, group_size, scale, eps, **knobs: rewards - rewards.view(-1, group_size).mean(1).repeat_interleave(group_size))
-    adv, keep = advantages.outcome_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), 2, "centred")
-    assert adv.tolist() == [0.5, -0.5, -0.5, 0.5] and keep.tolist() == [True] * 4
+    from rlx.algorithms.grouping import group_mean
+
+    registered(advantages.OUTCOME_ESTIMATORS, "centred", lambda rewards, group_ids, **knobs: rewards - group_mean(rewards, group_ids))
+    adv, keep, metrics = advantages.outcome_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.tensor([4, 4, 9, 9]), "centred")
+    assert adv.tolist() == [0.5, -0.5, -0.5, 0.5] and keep.tolist() == [True] * 4 and metrics == {}
 
 
 LIVE = [  # (kind's registry, name, entry, overrides naming it, the message once it is gone)
@@ -214,10 +215,12 @@ def test_rlx_register_names_its_kinds_and_refuses_taken_names():
     assert {"advantage", "scale", "credit", "loss_agg", "kl_estimator", "verifier", "env", "reward_shaper",
             "advantage_transform"} <= set(KINDS)
     with pytest.raises(ValueError, match=r"^outcome advantage estimator 'grpo' is registered twice \(already by "
-                                         r"rlx.algorithms.advantages._grpo\); pick another name$"):
+                                         r"rlx.algorithms.advantages.grpo_estimator\); pick another name$"):
         rlx.register("advantage", "grpo")(lambda *a, **k: None)
     with pytest.raises(ValueError, match="takes no options"):
         rlx.register("advantage", "x", extract=len)
+    with pytest.raises(ValueError, match=r"^a loss aggregation declares no needs"):
+        rlx.register("loss_agg", "x", needs={"extra_samples": 1})(lambda *a, **k: None)
 
     def lower_case(extracted, problems):
         return [float(a is not None and a.lower() == p["answer"].lower()) for a, p in zip(extracted, problems)]

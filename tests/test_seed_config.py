@@ -69,7 +69,7 @@ BAD = [
     (["algorithm.shapers=[noise_backward]", "~reward.components.format"], "cancels exactly"),
     (["algorithm.hints.enabled=true", "algorithm.hints.source=column"], "needs algorithm.hints.column=NAME"),
     (["rollout=vllm", "rollout.temperature_schedule.mode=ead"], "use rollout=hf"),
-    (["algorithm=gigpo", "env=grid", "algorithm.credit=gra"], "set algorithm.gate_threshold=TAU"),
+    (["algorithm=gigpo", "env=grid", "algorithm.credit=gra"], "algorithm.credit=gra needs algorithm.gate_threshold: set"),
     (["algorithm=gigpo", "env=grid", "algorithm.entropy_smoothing.low=1.5"], "must be below high=1.2"),
 ]
 
@@ -85,7 +85,6 @@ WIRED_ELSEWHERE = [
     (["algorithm=ppo", "algorithm.transforms=[agrae]"], "acts in the policy-gradient loop's credit or update"),
     (["algorithm=ppo", "algorithm.hints.enabled=true"], "use algorithm=grpo"),
     (["algorithm=ppo", "rollout.temperature_schedule.mode=ead"], "the PPO loop scores at rollout.temperature"),
-    (["algorithm=mc_grpo", "algorithm.hints.enabled=true"], "use algorithm.advantage=grpo | rloo | ngrpo"),
     (["algorithm.replay.enabled=true", "rollout.temperature_schedule.mode=ead"], "turn one of them off"),
 ]
 

@@ -118,10 +118,13 @@ def test_ngrpo_gives_all_wrong_groups_a_negative_push_where_grpo_gives_none():
 
 def test_ngrpo_through_the_estimator_registry_and_its_refusals():
     rewards = T([0.0, 0, 0, 1, 0, 0])
-    advantages, keep = outcome_advantages(rewards, 3, "ngrpo", "group", 1e-6, virtual_reward=1.0, virtual_samples=1)
+    groups = fixed_groups(6, 3)
+    advantages, keep, metrics = outcome_advantages(rewards, groups, "ngrpo", scale="group", eps=1e-6, virtual_reward=1.0,
+                                                   virtual_samples=1)
     assert close(advantages, [-0.5] * 3 + [0.866025, -0.866025, -0.866025]) and keep.all()
+    assert metrics == {"train/ngrpo_dead_groups_revived": 1.0}
     with pytest.raises(ValueError, match="algorithm.scale=group"):
-        outcome_advantages(rewards, 3, "ngrpo", "batch", 1e-6)
+        outcome_advantages(rewards, groups, "ngrpo", scale="batch", eps=1e-6)
     # a total reward above r_max (a format bonus on top of accuracy 1) would make the "max" sample not the max
     with pytest.raises(ValueError, match=r"algorithm.virtual_reward=1.0 is below a sampled reward 1.1"):
         ngrpo_advantages(T([1.1, 0.0]), T([0, 0]))

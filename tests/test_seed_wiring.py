@@ -14,7 +14,7 @@ import torch
 
 from rlx.algorithms.advantages import group_advantages, rloo_advantages
 from rlx.algorithms.grouping import fixed_groups
-from rlx.algorithms.keyed_advantages import KEYED_ESTIMATORS
+from rlx.algorithms.keyed_advantages import keyed_group_advantages, keyed_rloo_advantages
 from rlx.config.overrides import check_overrides
 from rlx.config.rules import check_settings
 from rlx.envs.gated import ProgressCorridor
@@ -38,9 +38,9 @@ T = torch.tensor
 def test_keyed_grpo_matches_the_fixed_groups_on_equal_groups(scale):
     rewards = T([1.0, 0.0, 0.0, 1.1, 0.1, 0.1, 0.1, 0.1, 0.5, 0.2, 0.9, 0.0])
     fixed = group_advantages(rewards, 4, scale)
-    keyed, keep, _ = KEYED_ESTIMATORS["grpo"](rewards, fixed_groups(12, 4), scale)
-    assert torch.allclose(keyed, fixed, atol=1e-6) and keep.all()
-    assert torch.allclose(KEYED_ESTIMATORS["rloo"](rewards, fixed_groups(12, 4))[0], rloo_advantages(rewards, 4), atol=1e-6)
+    keyed = keyed_group_advantages(rewards, fixed_groups(12, 4), scale)
+    assert torch.allclose(keyed, fixed, atol=1e-6)
+    assert torch.allclose(keyed_rloo_advantages(rewards, fixed_groups(12, 4)), rloo_advantages(rewards, 4), atol=1e-6)
 
 
 def test_keyed_grpo_on_groups_of_different_sizes_by_hand():
@@ -49,9 +49,9 @@ def test_keyed_grpo_on_groups_of_different_sizes_by_hand():
     Group 1 = [0, 0] ties -> 0. RLOO on group 0: n / (n - 1) (r - mean) = 1.25 x 0.6 = 0.75 and -0.5."""
     rewards = T([1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0])
     groups = T([0, 0, 0, 0, 0, 1, 1])
-    advantages, _, _ = KEYED_ESTIMATORS["grpo"](rewards, groups, "group", 0.0)
+    advantages = keyed_group_advantages(rewards, groups, "group", 0.0)
     assert advantages.tolist() == pytest.approx([1.095445, -0.730297, -0.730297, -0.730297, 1.095445, 0, 0], abs=1e-5)
-    rloo, _, _ = KEYED_ESTIMATORS["rloo"](rewards, groups)
+    rloo = keyed_rloo_advantages(rewards, groups)
     assert rloo.tolist() == pytest.approx([0.75, -0.5, -0.5, -0.5, 0.75, 0, 0])
 
 

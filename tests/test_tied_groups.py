@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from rlx.algorithms.advantages import outcome_advantages
+from rlx.algorithms.grouping import fixed_groups
 from rlx.algorithms.kl import sequence_kl_in_reward
 
 
@@ -27,13 +28,13 @@ def _kl_shaped_rewards():
     ("median", "group"), ("median", "none"),
 ])
 def test_a_tied_group_gets_exactly_zero_advantage_under_a_kl_penalty(estimator, scale):
-    advantages, keep = outcome_advantages(_kl_shaped_rewards(), 4, estimator, scale, 1e-6)
+    advantages, keep, _ = outcome_advantages(_kl_shaped_rewards(), fixed_groups(8, 4), estimator, scale=scale, eps=1e-6)
     assert torch.equal(advantages[:4], torch.zeros(4))  # exactly, not 1e-2
     assert advantages[4:].abs().sum() > 0.5  # the informative group keeps its signal
 
 
 def test_exact_ties_and_real_small_differences():
     rewards = torch.tensor([0.1, 0.1, 0.1, 0.2, 0.2, 0.3])  # 0.1 * 3 / 3 != 0.1 in float32
-    advantages, _ = outcome_advantages(rewards, 3, "grpo", "none", 1e-6)
+    advantages, _, _ = outcome_advantages(rewards, fixed_groups(6, 3), "grpo", scale="none", eps=1e-6)
     assert torch.equal(advantages[:3], torch.zeros(3))
     assert advantages[3] == pytest.approx(-1 / 30, abs=1e-6) and advantages[5] == pytest.approx(2 / 30, abs=1e-6)

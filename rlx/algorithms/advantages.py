@@ -1,19 +1,27 @@
 """Advantage estimators.
 
-Outcome estimators take one scalar reward per completion as a flat (B*G,) tensor ordered group by
-group: the G completions of prompt 0, then the G completions of prompt 1, and so on. `gae` works on
-per-token rewards and values (PPO with a critic).
+One contract for the outcome estimators (the OUTCOME_ESTIMATORS registry, below): one scalar reward per completion
+and a group id per completion, `fn(rewards (N,), group_ids (N,), **knobs)`, groups of any sizes in any order
+(verl's `index`); each entry declares what it needs (EstimatorNeeds). The pure functions first take the (B*G,)
+layout of a single-turn batch, G adjacent completions per prompt (`group_size`); their keyed forms for any
+grouping are in keyed_advantages.py. `gae` works on per-token rewards and values (PPO with a critic).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from rlx.algorithms.grouping import fixed_groups
+from rlx.algorithms.grouping import adjacent_group_size
+from rlx.algorithms.keyed_advantages import (
+    keyed_group_advantages,
+    keyed_median_advantages,
+    keyed_reinforce_pp_advantages,
+    keyed_rloo_advantages,
+)
 from rlx.algorithms.ngrpo import ngrpo_advantages
 from rlx.registry import Registry, RegistryView
-
-GROUP_BASELINES = ("grpo", "rloo", "reinforce_pp_baseline", "median", "ngrpo")  # need >= 2 samples per prompt
 
 
 def _grouped(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -150,64 +158,96 @@ def median_advantages(
     return advantages.reshape(-1), keep.reshape(-1)
 
 
-# algorithm.advantage of the policy-gradient family, one scalar reward per completion:
-# fn(rewards (B*G,), group_size, scale, eps, **knobs) -> (advantages (B*G,), keep (B*G,) bool), or advantages alone
-OUTCOME_ESTIMATORS = Registry("outcome advantage estimator")
+@dataclass(frozen=True)
+class EstimatorNeeds:
+    """What an outcome estimator asks of the run, declared at registration and read by generic code: the config's
+    check (rlx/config/needs.py check_entry_needs) and the producer's group size (rlx/build.py). The defaults
+    ask for nothing: an estimator over group ids combines with hints, replay and variable group sizes."""
+
+    extra_samples: int = 0          # completions sampled per prompt beyond rollout.samples_per_prompt, left out of the loss
+    group_baseline: bool = False    # compares the samples of a prompt: >= 2 per prompt; a tied group has no signal
+    odd_group: bool = False         # the group (samples_per_prompt + extra_samples) must be odd (one middle sample)
+    scales: tuple[str, ...] = ()    # the algorithm.scale values it defines; () any of SCALES
+    equal_groups: bool = False      # only equal groups of adjacent samples (it reshapes to (B, G)): no hints
+
+
+# algorithm.advantage of the policy-gradient family, one scalar reward per completion, groups keyed by id:
+#   fn(rewards (N,), group_ids (N,), *, scale, eps, **knobs) -> advantages (N,)
+#                                                                | (advantages, keep (N,) bool) | (advantages, keep, metrics)
+# group_ids: equal id = same prompt's group, any order and sizes (verl's `index`). knobs: scale, eps and every
+# estimator's own setting (ngrpo: virtual_reward, virtual_samples); an entry takes what it uses and `**_` the rest.
+OUTCOME_ESTIMATORS = Registry("outcome advantage estimator", default_needs=EstimatorNeeds())
 # algorithm.advantage of the PPO family (per-token rewards and a critic's values): gae, registered below
-CRITIC_ESTIMATORS = Registry("critic advantage estimator")
+CRITIC_ESTIMATORS = Registry("critic advantage estimator", default_needs=EstimatorNeeds())
 ESTIMATORS = RegistryView("advantage estimator", OUTCOME_ESTIMATORS, CRITIC_ESTIMATORS)  # every valid algorithm.advantage
 
 
-def outcome_advantages(
-    rewards: torch.Tensor, group_size: int, estimator: str, scale: str = "group", eps: float = 1e-6, **knobs
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dispatch on the estimator name. Returns advantages (B*G,) and keep (B*G,) bool: which samples
-    enter the policy-gradient loss (all but the median pivots; all of them for an estimator that returns its
-    advantages alone). knobs: an estimator's own settings (ngrpo: virtual_reward, virtual_samples); the
-    others ignore them."""
-    if estimator not in OUTCOME_ESTIMATORS:
-        raise ValueError(f"unknown outcome advantage estimator '{estimator}'; valid choices: {', '.join(OUTCOME_ESTIMATORS)}")
-    result = OUTCOME_ESTIMATORS[estimator](rewards, group_size, scale, eps, **knobs)
-    return _all_kept(result) if isinstance(result, torch.Tensor) else result
+def outcome_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, estimator: str, **knobs) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """OUTCOME_ESTIMATORS[estimator](rewards, group_ids, **knobs), its result made whole: advantages (N,), keep (N,)
+    bool (the samples in the policy-gradient loss: all but median pivots; all for an estimator that returns its
+    advantages alone) and its metrics (a new dict). An unknown name: one line listing the valid ones."""
+    result = OUTCOME_ESTIMATORS[estimator](rewards, group_ids, **knobs)
+    if isinstance(result, torch.Tensor):
+        result = (result,)
+    advantages = result[0]
+    keep = result[1] if len(result) > 1 else torch.ones_like(advantages, dtype=torch.bool)
+    return advantages, keep, dict(result[2]) if len(result) > 2 else {}
 
 
-def _all_kept(advantages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return advantages, torch.ones_like(advantages, dtype=torch.bool)
+def group_count(samples_per_prompt: int, estimator: str | None) -> int:
+    """Completions sampled per prompt: rollout.samples_per_prompt plus the estimator's declared extra samples."""
+    return samples_per_prompt + (ESTIMATORS.needs(estimator).extra_samples if estimator in ESTIMATORS else 0)
 
 
-@OUTCOME_ESTIMATORS.register("grpo")
-def _grpo(rewards, group_size, scale, eps, **_):
-    return _all_kept(group_advantages(rewards, group_size, scale, eps))
+# Each built-in computes the (B, G) form when the groups are G adjacent samples each (the single-turn layout: the
+# numbers rlx always gave, bit for bit) and its keyed form (keyed_advantages.py) for any other grouping.
+@OUTCOME_ESTIMATORS.register("grpo", needs=EstimatorNeeds(group_baseline=True))
+def grpo_estimator(rewards, group_ids, *, scale="group", eps=1e-6, **_):
+    """GRPO: `group_advantages`, or `keyed_group_advantages` for other groupings."""
+    size = adjacent_group_size(group_ids)
+    return group_advantages(rewards, size, scale, eps) if size else keyed_group_advantages(rewards, group_ids, scale, eps)
 
 
-@OUTCOME_ESTIMATORS.register("rloo")
-def _rloo(rewards, group_size, scale, eps, **_):
-    return _all_kept(rloo_advantages(rewards, group_size))
+@OUTCOME_ESTIMATORS.register("rloo", needs=EstimatorNeeds(group_baseline=True))
+def rloo_estimator(rewards, group_ids, **_):
+    """RLOO: `rloo_advantages`, or `keyed_rloo_advantages`."""
+    size = adjacent_group_size(group_ids)
+    return rloo_advantages(rewards, size) if size else keyed_rloo_advantages(rewards, group_ids)
 
 
 @OUTCOME_ESTIMATORS.register("reinforce_pp")
-def _reinforce_pp(rewards, group_size, scale, eps, **_):
-    return _all_kept(reinforce_pp_advantages(rewards, group_size, False, eps))
+def reinforce_pp_estimator(rewards, group_ids, *, eps=1e-6, **_):
+    """REINFORCE++ without a group baseline: `reinforce_pp_advantages(..., baseline=False)`."""
+    size = adjacent_group_size(group_ids)
+    return (reinforce_pp_advantages(rewards, size, False, eps) if size
+            else keyed_reinforce_pp_advantages(rewards, group_ids, False, eps))
 
 
-@OUTCOME_ESTIMATORS.register("reinforce_pp_baseline")
-def _reinforce_pp_baseline(rewards, group_size, scale, eps, **_):
-    return _all_kept(reinforce_pp_advantages(rewards, group_size, True, eps))
+@OUTCOME_ESTIMATORS.register("reinforce_pp_baseline", needs=EstimatorNeeds(group_baseline=True))
+def reinforce_pp_baseline_estimator(rewards, group_ids, *, eps=1e-6, **_):
+    """REINFORCE++-baseline: `reinforce_pp_advantages(..., baseline=True)`."""
+    size = adjacent_group_size(group_ids)
+    return (reinforce_pp_advantages(rewards, size, True, eps) if size
+            else keyed_reinforce_pp_advantages(rewards, group_ids, True, eps))
 
 
-@OUTCOME_ESTIMATORS.register("median")
-def _median(rewards, group_size, scale, eps, **_):
-    return median_advantages(rewards, group_size, scale, eps)
+# MC-GRPO samples G+1 completions (an odd group) so that the median is one of them, the pivot left out of the loss
+@OUTCOME_ESTIMATORS.register("median", needs=EstimatorNeeds(extra_samples=1, group_baseline=True, odd_group=True))
+def median_estimator(rewards, group_ids, *, scale="none", eps=1e-6, **_):
+    """MC-GRPO: `median_advantages`, or `keyed_median_advantages`. Returns advantages, keep (False on pivots)."""
+    size = adjacent_group_size(group_ids)
+    return median_advantages(rewards, size, scale, eps) if size else keyed_median_advantages(rewards, group_ids, scale, eps)
 
 
-@OUTCOME_ESTIMATORS.register("ngrpo")  # NGRPO (2025): k virtual max-reward samples in the group statistics (ngrpo.py)
-def _ngrpo(rewards, group_size, scale, eps, virtual_reward=1.0, virtual_samples=1, **_):
-    if scale != "group":  # the paper defines the group std only
+# NGRPO (2025): k virtual max-reward samples in the group statistics (ngrpo.py); the paper defines the group std only
+@OUTCOME_ESTIMATORS.register("ngrpo", needs=EstimatorNeeds(group_baseline=True, scales=("group",)))
+def ngrpo_estimator(rewards, group_ids, *, scale="group", eps=1e-6, virtual_reward=1.0, virtual_samples=1, **_):
+    """NGRPO: `ngrpo_advantages` over the keyed groups, with its mechanism metric."""
+    if scale != "group":
         raise ValueError(f"algorithm.advantage=ngrpo normalises by the std of the augmented group: set algorithm.scale=group "
                          f"(got {scale})")
-    advantages, _metrics = ngrpo_advantages(rewards, fixed_groups(rewards.numel(), group_size), virtual_reward,
-                                            virtual_samples, eps)
-    return _all_kept(advantages)
+    advantages, metrics = ngrpo_advantages(rewards, group_ids, virtual_reward, virtual_samples, eps)
+    return advantages, torch.ones_like(advantages, dtype=torch.bool), metrics
 
 
 def sign_weighted(advantages: torch.Tensor, positive_weight: float, negative_weight: float) -> torch.Tensor:

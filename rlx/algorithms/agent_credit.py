@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from rlx.algorithms.gigpo import CREDIT, SCALES, discounted_returns
+from rlx.algorithms.gigpo import CREDIT, SCALES, CreditNeeds, discounted_returns
 from rlx.algorithms.grouping import group_mean, group_size, group_std
 
 
@@ -52,7 +52,7 @@ def gated_returns(step_rewards: torch.Tensor, step_episode: torch.Tensor, episod
     return episode_outcome.to(step_rewards.dtype) + gate * immediate
 
 
-@CREDIT.register("gra")
+@CREDIT.register("gra", needs=CreditNeeds(inputs=("episode_outcome",), knobs=("gate_threshold",)))
 def gra_advantages(episode_group, step_episode, step_rewards, step_anchor=None, *, episode_outcome=None,
                    gate_threshold: float | None = None, scale: str = "group", eps: float = 1e-6, **_) -> tuple[torch.Tensor, dict]:
     """Trajectory-level GRPO on the gated returns of `gated_returns` (G-RA). Needs the environment's
@@ -92,7 +92,7 @@ def history_keys(episode_group: torch.Tensor, step_episode: torch.Tensor, step_a
     return keys
 
 
-@CREDIT.register("hgpo")
+@CREDIT.register("hgpo", needs=CreditNeeds(inputs=("step_action",)))
 def hgpo_advantages(episode_group, step_episode, step_rewards, step_anchor, *, step_action=None, hgpo_depth: int = 2,
                     hgpo_alpha: float = 1.0, gamma: float = 0.95, step_weight: float = 1.0, scale: str = "group",
                     eps: float = 1e-6, **_) -> tuple[torch.Tensor, dict]:

@@ -21,14 +21,26 @@ weighting happens only later, in the loss aggregation (token-mean etc.).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from rlx.registry import Registry
 
+
 # algorithm.credit of the agent family: fn(episode_group, step_episode, step_rewards, step_anchor, **knobs) ->
 # (step advantages (S,), metrics). The three below, then loo | gra | hgpo (rlx/algorithms/agent_credit.py, which
 # rlx/algorithms/__init__.py imports, so every import of rlx.algorithms.* sees all six in this order)
-CREDIT = Registry("credit rule")
+@dataclass(frozen=True)
+class CreditNeeds:
+    """What a credit rule asks of the run, declared at registration: read by the loop (rlx/loops/credit.py
+    CREDIT_INPUTS computes each named input and passes it as a keyword) and by the config's check (rlx/config/needs.py)."""
+
+    inputs: tuple[str, ...] = ()  # episode inputs beyond the steps: "episode_outcome" (E,), "step_action" (S,)
+    knobs: tuple[str, ...] = ()   # algorithm knobs that must be set (not null)
+
+
+CREDIT = Registry("credit rule", default_needs=CreditNeeds())
 
 # algorithm.scale of the agent family, the denominator s of the grouped advantage: fn(std (K,), eps) -> s,
 # broadcastable to (K,)

@@ -18,6 +18,23 @@ def fixed_groups(num_samples: int, group_size: int) -> torch.Tensor:
     return torch.arange(num_samples) // group_size
 
 
+def adjacent_group_size(groups: torch.Tensor) -> int | None:
+    """G when the ids form runs of G adjacent samples, one run per group (the layout `fixed_groups` makes, any id
+    values: dynamic sampling leaves gaps); None otherwise (sizes differ, or a group's samples are not adjacent).
+    An empty batch counts as groups of 1."""
+    n = groups.numel()
+    if n == 0:
+        return 1
+    starts = torch.ones(n, dtype=torch.bool)
+    starts[1:] = groups[1:] != groups[:-1]
+    runs = int(starts.sum())
+    if n % runs:
+        return None
+    size = n // runs
+    equal_runs = bool(torch.equal(starts, torch.arange(n) % size == 0))
+    return size if equal_runs and torch.unique(groups).numel() == runs else None
+
+
 def dense_ids(groups: torch.Tensor) -> tuple[torch.Tensor, int]:
     """(index (N,) in 0..K-1, K): the groups renumbered densely in order of their ids."""
     _, index = torch.unique(groups, return_inverse=True)
@@ -58,6 +75,13 @@ def group_max(values: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
 def group_min(values: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
     """(N,): the smallest value of each sample's group."""
     return -group_max(-values, groups)
+
+
+def group_median(values: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """(N,): the lower-middle value of each sample's group (rank (n - 1) // 2 of its n values)."""
+    middle = (group_size(groups).long() - 1) // 2
+    at_middle = group_rank(values, groups) == middle
+    return group_max(torch.where(at_middle, values, torch.full_like(values, -torch.inf)), groups)
 
 
 def group_all(flags: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:

@@ -1,58 +1,69 @@
-"""Outcome estimators over groups keyed by id (sizes may differ): the batches of the seed ideas' stages, where
-hinted re-samples join their group (rlx/rollout/group_stages.py). On equal groups of G adjacent samples each
-matches its fixed-size twin in advantages.py (tests/test_seed_wiring.py checks it). Torch only.
-
-    KEYED_ESTIMATORS[name](rewards (N,), groups (N,), scale, eps, **knobs) -> (advantages (N,), keep (N,) bool, metrics)
+"""Outcome estimators over groups keyed by id, for any group sizes and any order (verl's `index`): the keyed forms of
+the estimators of advantages.py, used by its registry entries when groups are not G adjacent samples each (hinted
+re-samples join their group, replay, variable budgets). On equal adjacent groups each matches its (B, G) twin in
+advantages.py to float rounding (tests/test_estimator_contract.py checks it). Torch only; rewards, groups: (N,).
 """
 
 from __future__ import annotations
 
 import torch
 
-from rlx.algorithms.grouping import group_max, group_mean, group_min, group_size, group_std
-from rlx.algorithms.ngrpo import TIE_TOLERANCE, ngrpo_advantages
-from rlx.registry import Registry
-
-KEYED_ESTIMATORS = Registry("keyed outcome estimator")
+from rlx.algorithms.grouping import group_max, group_mean, group_median, group_min, group_size, group_std
+from rlx.algorithms.ngrpo import TIE_TOLERANCE
 
 
-def _tied(rewards: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
-    return group_max(rewards, groups) - group_min(rewards, groups) <= TIE_TOLERANCE
+def tied(rewards: torch.Tensor, groups: torch.Tensor, tolerance: float = TIE_TOLERANCE) -> torch.Tensor:
+    """(N,) bool: the sample's group ties (max - min <= tolerance): no signal under a group baseline."""
+    return group_max(rewards, groups) - group_min(rewards, groups) <= tolerance
 
 
-def _kept(advantages: torch.Tensor) -> torch.Tensor:
-    return torch.ones_like(advantages, dtype=torch.bool)
-
-
-@KEYED_ESTIMATORS.register("grpo")
-def keyed_grpo(rewards, groups, scale="group", eps=1e-6, **_):
-    """A_i = (r_i - mean(g)) / (s + eps), s = the group's unbiased std ("group"), the batch's ("batch") or 1
-    ("none"), as advantages.group_advantages, for any group sizes; a group of one or of tied rewards gets 0."""
-    centred = rewards - group_mean(rewards, groups)
+def keyed_scale(rewards: torch.Tensor, groups: torch.Tensor, scale: str, eps: float):
+    """The denominator of algorithm.scale per sample: "group" the group's unbiased std, "batch" the batch's, "none" 1,
+    "mad" the group's median absolute deviation from its median (lower middle values), each + eps but "none"."""
     if scale == "group":
-        denominator = group_std(rewards, groups) + eps
-    elif scale == "batch":
-        denominator = (rewards.std() if rewards.numel() > 1 else torch.zeros((), dtype=rewards.dtype)) + eps
-    elif scale == "none":
-        denominator = 1.0
-    else:
-        raise ValueError(f"groups of different sizes support algorithm.scale=group|batch|none, got '{scale}'")
-    advantages = centred / denominator
-    advantages = torch.where(_tied(rewards, groups) | (group_size(groups) < 2), torch.zeros_like(advantages), advantages)
-    return advantages, _kept(advantages), {}
+        return group_std(rewards, groups) + eps
+    if scale == "batch":
+        return (rewards.std() if rewards.numel() > 1 else torch.zeros((), dtype=rewards.dtype)) + eps
+    if scale == "none":
+        return 1.0
+    if scale == "mad":
+        return group_median((rewards - group_median(rewards, groups)).abs(), groups) + eps
+    raise ValueError(f"groups keyed by id support algorithm.scale=group|batch|none|mad, got '{scale}' (a scale of "
+                     f"the SCALES registry takes equal groups (B, G))")
 
 
-@KEYED_ESTIMATORS.register("rloo")
-def keyed_rloo(rewards, groups, scale="group", eps=1e-6, **_):
-    """A_i = r_i - mean_{j != i in g} r_j = n_g / (n_g - 1) (r_i - mean(g)) (RLOO) for any group sizes."""
+def keyed_group_advantages(rewards, groups, scale="group", eps=1e-6):
+    """A_i = (r_i - mean(g)) / s (GRPO), s by `keyed_scale`; a group of one or of tied rewards gets 0.
+    Example: rewards [1, 0, 0, 1, 1], groups [7, 7, 7, 3, 3], scale "none": group 7 has mean 1/3 -> [2/3, -1/3, -1/3];
+    group 3 ties -> [0, 0]."""
+    advantages = (rewards - group_mean(rewards, groups)) / keyed_scale(rewards, groups, scale, eps)
+    no_signal = tied(rewards, groups) | (group_size(groups) < 2)
+    return torch.where(no_signal, torch.zeros_like(advantages), advantages)
+
+
+def keyed_rloo_advantages(rewards, groups):
+    """A_i = r_i - mean_{j != i in g} r_j = n_g / (n_g - 1) (r_i - mean(g)) (RLOO); a group of one or of tied rewards
+    gets 0."""
     count = group_size(groups).to(rewards.dtype)
     advantages = (rewards - group_mean(rewards, groups)) * count / (count - 1).clamp(min=1)
-    advantages = torch.where(_tied(rewards, groups) | (count < 2), torch.zeros_like(advantages), advantages)
-    return advantages, _kept(advantages), {}
+    return torch.where(tied(rewards, groups) | (count < 2), torch.zeros_like(advantages), advantages)
 
 
-@KEYED_ESTIMATORS.register("ngrpo")
-def keyed_ngrpo(rewards, groups, scale="group", eps=1e-6, virtual_reward=1.0, virtual_samples=1, **_):
-    """NGRPO's virtual max-reward samples (rlx/algorithms/ngrpo.py), with its mechanism metric."""
-    advantages, metrics = ngrpo_advantages(rewards, groups, virtual_reward, virtual_samples, eps)
-    return advantages, _kept(advantages), metrics
+def keyed_reinforce_pp_advantages(rewards, groups, baseline: bool, eps=1e-6):
+    """REINFORCE++: x whitened over the batch, x = r (baseline=False) or r - mean(g) (baseline=True, whose tied groups
+    get 0), as advantages.reinforce_pp_advantages."""
+    x = rewards - group_mean(rewards, groups) if baseline else rewards
+    advantages = (x - x.mean()) / ((x.std() if x.numel() > 1 else torch.zeros((), dtype=x.dtype)) + eps)
+    return torch.where(tied(rewards, groups, eps), torch.zeros_like(advantages), advantages) if baseline else advantages
+
+
+def keyed_median_advantages(rewards, groups, scale="none", eps=1e-6):
+    """MC-GRPO: A_i = (r_i - median(g)) / s with the lower-middle median; the pivot (the first sample of the group, in
+    batch order, holding the median) is left out of the gradient. Returns advantages (N,), keep (N,) bool."""
+    median = group_median(rewards, groups)  # (N,)
+    position = torch.arange(rewards.numel(), dtype=torch.float64)
+    holds = rewards == median
+    first = -group_max(torch.where(holds, -position, torch.full_like(position, -torch.inf)), groups)  # (N,)
+    keep = position != first
+    advantages = (rewards - median) / keyed_scale(rewards, groups, scale, eps)
+    return torch.where(tied(rewards, groups, eps), torch.zeros_like(advantages), advantages), keep

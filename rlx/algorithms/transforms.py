@@ -10,6 +10,7 @@ transform of this kind and stays where it is. Torch only.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -17,7 +18,15 @@ from rlx.algorithms.grouping import dense_ids, group_mean, group_size, group_sum
 from rlx.algorithms.shaping import GroupSignals
 from rlx.registry import Registry
 
-TRANSFORMS = Registry("advantage transform")
+
+@dataclass(frozen=True)
+class TransformNeeds:
+    """What an advantage transform asks of the run, read by rlx/config/needs.py."""
+
+    group_at_least: str = ""  # an algorithm.shaping knob the samples per prompt must reach (pass_at_k: pass_k)
+
+
+TRANSFORMS = Registry("advantage transform", default_needs=TransformNeeds())
 
 
 def apply_transforms(names, advantages: torch.Tensor, rewards: torch.Tensor, signals: GroupSignals,
@@ -94,7 +103,7 @@ def pass_at_k_advantages(correct: torch.Tensor, groups: torch.Tensor, k: int, ep
     return torch.where(correct.bool(), positive[index], negative[index])
 
 
-@TRANSFORMS.register("pass_at_k")
+@TRANSFORMS.register("pass_at_k", needs=TransformNeeds(group_at_least="pass_k"))
 def pass_at_k_transform(advantages, rewards, signals: GroupSignals, *, pass_k: int = 4, eps: float = 1e-6, **_):
     correct = signals.need("correct", "transform pass_at_k")
     return pass_at_k_advantages(correct, signals.groups, pass_k, eps).to(advantages.dtype), {}

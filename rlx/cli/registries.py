@@ -3,10 +3,12 @@ knob that names its entries, and the contract an entry follows (docs/extending/p
 
     import rlx
 
-    @rlx.register("advantage", "my_mean")
-    def my_mean(rewards, group_size, scale, eps, **knobs):
-        grouped = rewards.view(-1, group_size)                      # (B, G)
-        return (grouped - grouped.mean(dim=1, keepdim=True)).reshape(-1)
+    @rlx.register("advantage", "my_mean", needs={"group_baseline": True})
+    def my_mean(rewards, group_ids, **knobs):                       # (N,), (N,) equal id = same group
+        _, index = torch.unique(group_ids, return_inverse=True)     # (N,) groups numbered 0..K-1
+        sums = torch.zeros(int(index.max()) + 1).index_add_(0, index, rewards)
+        counts = torch.bincount(index).to(rewards.dtype)
+        return rewards - (sums / counts)[index]
 
 then `rlx train plugins=[my_module] algorithm.advantage=my_mean`.
 
@@ -49,8 +51,8 @@ class Kind:
 
 KINDS = {
     "advantage": Kind(OUTCOME_ESTIMATORS, "algorithm.advantage",
-                      "fn(rewards (B*G,), group_size, scale, eps, **knobs) -> advantages (B*G,) "
-                      "or (advantages, keep (B*G,) bool)"),
+                      "fn(rewards (N,), group_ids (N,), *, scale, eps, **knobs) -> advantages (N,) "
+                      "or (advantages, keep (N,) bool[, metrics dict]); needs: EstimatorNeeds"),
     "scale": Kind(SCALES, "algorithm.scale", "fn(grouped rewards (B, G), rewards (B*G,), eps) -> denominator"),
     "agent_scale": Kind(AGENT_SCALES, "algorithm.scale (agent family)", "fn(group std (K,), eps) -> denominator"),
     "credit": Kind(CREDIT, "algorithm.credit",
@@ -68,7 +70,8 @@ KINDS = {
                                 "rejected_rewards)"),
     "reward_shaper": Kind(SHAPERS, "algorithm.shapers", "fn(rewards (N,), signals: GroupSignals, **knobs) -> (rewards (N,), metrics dict)"),
     "advantage_transform": Kind(TRANSFORMS, "algorithm.transforms",
-                                "fn(advantages (N,), rewards (N,), signals: GroupSignals, **knobs) -> (advantages (N,), metrics dict)"),
+                                "fn(advantages (N,), rewards (N,), signals: GroupSignals, **knobs) -> (advantages (N,), "
+                                "metrics dict); needs: TransformNeeds"),
     "drop_strategy": Kind(DROP_STRATEGIES, "algorithm.dynamic_sampling_drop",
                           "fn(rewards (N,), correct (N,), groups (N,)) -> dropped (N,) bool"),
     "prompt_sampling": Kind(SAMPLING_WEIGHTS, "algorithm.prompt_sampling.mode",
@@ -88,12 +91,14 @@ KINDS = {
 
 def register(kind: str, name: str, **options) -> Callable:
     """Decorator adding the decorated function or class to the registry of `kind` under `name` (returned
-    unchanged). Unknown kind, a taken name or options a kind does not take: one line (ValueError)."""
+    unchanged). needs=: what the entry needs, for the kinds that declare needs (advantage: EstimatorNeeds or a dict of
+    its fields). Unknown kind, a taken name or options a kind does not take: one line (ValueError)."""
     if kind not in KINDS:
         raise UnknownName(f"unknown registry kind '{kind}'; valid kinds: {', '.join(KINDS)}")
     entry = KINDS[kind]
     if entry.decorator is not None:
         return entry.decorator(name, **options)
+    needs = options.pop("needs", None)  # a kind that declares no needs refuses it (Registry.add)
     if options:
-        raise ValueError(f"rlx.register('{kind}', ...) takes no options (got {', '.join(options)})")
-    return entry.registry.register(name)
+        raise ValueError(f"rlx.register('{kind}', ...) takes no options but needs= (got {', '.join(options)})")
+    return entry.registry.register(name, needs=needs)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from omegaconf import DictConfig
 
+from rlx.algorithms.advantages import group_count
+from rlx.config.needs import check_credit_needs, check_entry_needs
 from rlx.config.schema import check_config
 from rlx.config.seed_rules import check_agent_seed_settings, check_seed_processes, check_seed_settings
 from rlx.errors import UserError
@@ -33,7 +35,7 @@ def check_settings(cfg: DictConfig) -> None:
 def check_rollout_batch(cfg: DictConfig) -> None:
     """The rollout batch of the policy-gradient and PPO families: sizes and its split into mini-batches."""
     algo = cfg.algorithm
-    batch = cfg.prompts_per_step * (cfg.rollout.samples_per_prompt + (algo.advantage == "median"))
+    batch = cfg.prompts_per_step * group_count(cfg.rollout.samples_per_prompt, algo.advantage)
     if batch % algo.mini_batches:
         raise UserError(
             f"algorithm.mini_batches={algo.mini_batches} must divide the rollout batch "
@@ -109,19 +111,11 @@ def check_agent_settings(cfg: DictConfig) -> None:
 
 def check_policy_gradient_settings(cfg: DictConfig) -> None:
     """Conflicting knobs of the policy-gradient and PPO families (see conf/algorithm/grpo.yaml)."""
-    from rlx.algorithms.advantages import GROUP_BASELINES
-
-    algo, family, samples = cfg.algorithm, cfg.algorithm.family, cfg.rollout.samples_per_prompt
+    algo, family = cfg.algorithm, cfg.algorithm.family
     if algo.advantage == "gae" and family != "ppo":
         raise UserError("algorithm.advantage=gae needs a value model: use algorithm=ppo (algorithm.family=ppo)")
     if family == "ppo" and algo.advantage != "gae":
         raise UserError(f"algorithm.family=ppo trains a critic for algorithm.advantage=gae, got '{algo.advantage}'")
-    if algo.advantage in GROUP_BASELINES and algo.advantage != "median" and samples < 2:
-        raise UserError(f"algorithm.advantage={algo.advantage} compares samples of a prompt: "
-                        f"rollout.samples_per_prompt={samples} must be at least 2")
-    if algo.advantage == "median" and (samples < 2 or samples % 2):
-        raise UserError(f"algorithm.advantage=median samples G+1 completions so that the median is one of them: "
-                        f"rollout.samples_per_prompt={samples} must be even and at least 2")
     if cfg.rollout.temperature <= 0:
         raise UserError(f"rollout.temperature={cfg.rollout.temperature} must be > 0: training samples the completions "
                         f"it scores (greedy decoding gives every sample of a group the same completion)")
@@ -138,9 +132,6 @@ def check_policy_gradient_settings(cfg: DictConfig) -> None:
     if algo.ref_reset_every and cfg.model.lora.enabled:
         raise UserError("algorithm.ref_reset_every copies the policy into the reference, but under LoRA the reference is "
                         "the base with the adapter off; set algorithm.ref_reset_every=0 or model.lora.enabled=false")
-    if algo.dynamic_sampling and algo.advantage not in GROUP_BASELINES:
-        raise UserError(f"algorithm.dynamic_sampling drops groups with tied rewards, which only carry no signal "
-                        f"under a group baseline; algorithm.advantage={algo.advantage} is not one")
     if algo.overlong_buffer > cfg.rollout.max_new_tokens:
         raise UserError(f"algorithm.overlong_buffer={algo.overlong_buffer} must be in 0..rollout.max_new_tokens="
                         f"{cfg.rollout.max_new_tokens}")
@@ -183,8 +174,8 @@ def check_sharded_settings(cfg: DictConfig) -> None:
 
 def check_batch(cfg, processes: int) -> int:
     """The global batch must split evenly over processes, micro-batches and accumulation steps.
-    Returns the per-process batch of one optimizer step. With advantage=median each prompt has G + 1
-    samples (the pivot too), so the rollout batch is prompts_per_step x (G + 1)."""
+    Returns the per-process batch of one optimizer step. An estimator's declared extra samples count (median: each
+    prompt has G + 1 samples, the pivot too, so the rollout batch is prompts_per_step x (G + 1))."""
     hw = cfg.hardware
     if processes > 1 and cfg.algorithm.get("dynamic_sampling"):
         raise UserError("algorithm.dynamic_sampling runs on one process for now; set algorithm.dynamic_sampling=false "
@@ -192,7 +183,7 @@ def check_batch(cfg, processes: int) -> int:
     check_seed_processes(cfg, processes)
     if cfg.algorithm.family in ("policy_gradient", "ppo", "agent", "agent_sft"):  # agent*: tasks x episodes per task
         prompts = cfg.prompts_per_step
-        group = cfg.rollout.samples_per_prompt + (cfg.algorithm.get("advantage") == "median")
+        group = group_count(cfg.rollout.samples_per_prompt, cfg.algorithm.get("advantage"))
         if prompts % processes:
             raise UserError(
                 f"prompts_per_step={prompts} does not split over {processes} processes "
@@ -279,9 +270,9 @@ def optimized_metric(name: str, family: str, data_source: str | None = None) -> 
 
 # algorithm.family -> the cross-field rules of its knobs, run in order after the common ones
 FAMILY_CHECKS = {
-    "policy_gradient": (check_policy_gradient_settings, check_rollout_batch, check_seed_settings),
-    "ppo": (check_policy_gradient_settings, check_rollout_batch, check_seed_settings),
-    "agent": (check_agent_settings, check_agent_seed_settings),  # data-parallel like the policy-gradient loop (hardware=ddp)
+    "policy_gradient": (check_policy_gradient_settings, check_entry_needs, check_rollout_batch, check_seed_settings),
+    "ppo": (check_policy_gradient_settings, check_entry_needs, check_rollout_batch, check_seed_settings),
+    "agent": (check_agent_settings, check_credit_needs, check_agent_seed_settings),  # data-parallel like the policy-gradient loop (hardware=ddp)
     "agent_sft": (check_agent_sft_settings,),  # data-parallel too (hardware=ddp)
     "sft": (),
     "preference": (check_preference_settings,),

@@ -28,14 +28,8 @@ PRODUCER_KNOBS = {"dynamic_sampling_drop": "tied", "shapers": [], "transforms": 
 
 def check_seed_settings(cfg: DictConfig) -> None:
     """The policy-gradient family's seed-idea knobs: values that contradict each other, then the not-wired guard."""
-    algo, samples = cfg.algorithm, cfg.rollout.samples_per_prompt
+    algo = cfg.algorithm
     shaping = algo.shaping
-    if algo.advantage == "ngrpo" and algo.scale != "group":
-        raise UserError(f"algorithm.advantage=ngrpo normalises by the std of the augmented group: set algorithm.scale=group "
-                        f"(got {algo.scale})")
-    if "pass_at_k" in algo.transforms and shaping.pass_k > samples:
-        raise UserError(f"algorithm.shaping.pass_k={shaping.pass_k} needs at least that many samples per prompt: "
-                        f"rollout.samples_per_prompt={samples}")
     uses_backward = "noise_backward" in algo.shapers
     if uses_backward and shaping.assumed_fp_rate + shaping.assumed_fn_rate >= 1:
         raise UserError(f"algorithm.shaping.assumed_fp_rate + assumed_fn_rate = "
@@ -55,11 +49,6 @@ def check_seed_settings(cfg: DictConfig) -> None:
     ead = cfg.rollout.temperature_schedule.mode != "constant"
     if ead and cfg.rollout.backend != "hf":
         raise UserError("rollout.temperature_schedule.mode=ead needs per-token temperatures in the decoder: use rollout=hf")
-    from rlx.algorithms.keyed_advantages import KEYED_ESTIMATORS
-
-    if algo.hints.enabled and algo.family != "ppo" and algo.advantage not in KEYED_ESTIMATORS.names():
-        raise UserError(f"algorithm.hints.enabled=true adds the hinted re-samples to their group, so groups differ in size: "
-                        f"use algorithm.advantage={' | '.join(KEYED_ESTIMATORS.names())} (got {algo.advantage})")
     if algo.replay.enabled and ead:
         raise UserError("algorithm.replay.enabled=true with rollout.temperature_schedule.mode=ead: a replayed sample keeps "
                         "no per-token temperatures; turn one of them off")
@@ -91,8 +80,6 @@ def check_seed_processes(cfg: DictConfig, processes: int) -> None:
 def check_agent_seed_settings(cfg: DictConfig) -> None:
     """The agent family's seed-idea knobs."""
     algo = cfg.algorithm
-    if algo.credit == "gra" and algo.gate_threshold is None:
-        raise UserError("algorithm.credit=gra gates step rewards on the outcome: set algorithm.gate_threshold=TAU")
     smoothing = algo.entropy_smoothing
     if smoothing.low >= smoothing.high:
         raise UserError(f"algorithm.entropy_smoothing.low={smoothing.low} must be below high={smoothing.high}")

@@ -2,8 +2,9 @@
 
 `CREDIT_RULES[producer.kind]` is applied by the policy-gradient loop:
 - "single_turn": an outcome estimator (`algorithm.advantage`: grpo, rloo, median, reinforce_pp, ngrpo, ...;
-  rlx/algorithms/advantages.py) over each group's rewards, optionally with the sequence KL subtracted from the
-  reward first (kl_in=reward) and weighted by sign (W-REINFORCE); one advantage per row.
+  rlx/algorithms/advantages.py) over the rewards keyed by group id (hinted re-samples join their group), optionally
+  with the sequence KL subtracted from the reward first (kl_in=reward) and weighted by sign (W-REINFORCE); one
+  advantage per row.
 - "episodes": a credit rule (`algorithm.credit`: trajectory, gigpo, turn, loo, gra, hgpo; rlx/algorithms/gigpo.py)
   over the steps of every episode of the global batch; each sampled token gets its step's advantage.
 Both compute over the GLOBAL batch (every process's rows), so N processes take the step one process would.
@@ -17,8 +18,7 @@ import torch
 
 from rlx.algorithms.advantages import outcome_advantages, sign_weighted
 from rlx.algorithms.gigpo import CREDIT, invalid_action_penalty
-from rlx.algorithms.grouping import fixed_groups, group_size
-from rlx.algorithms.keyed_advantages import KEYED_ESTIMATORS
+from rlx.algorithms.grouping import fixed_groups
 from rlx.algorithms.kl import sequence_kl_in_reward
 from rlx.algorithms.shaping import GroupSignals
 from rlx.algorithms.transforms import apply_transforms
@@ -60,17 +60,10 @@ def outcome_credit(batch: Batch, algo, *, acc, completion_mask, old_logp=None, r
     if ref_logp is not None and algo.kl_in == "reward":
         shaped, seq_kl = sequence_kl_in_reward(rewards[local], old_logp, ref_logp, completion_mask, kl_coef)  # (n,)
         shaped, seq_kl = gather(acc, shaped), gather(acc, seq_kl)  # (N,)
-    knobs = dict(virtual_reward=algo.virtual_reward, virtual_samples=algo.virtual_samples)
     groups = batch.groups if batch.groups is not None else fixed_groups(shaped.numel(), batch.group_size)  # (N,)
-    estimator_metrics = {}
-    sizes = group_size(groups)
-    if algo.advantage in KEYED_ESTIMATORS.names() and (algo.advantage == "ngrpo" or bool((sizes != sizes[0]).any())):
-        # groups keyed by id (hinted re-samples make sizes differ; NGRPO reports its revived groups)
-        global_advantages, global_keep, estimator_metrics = KEYED_ESTIMATORS[algo.advantage](
-            shaped, groups, algo.scale, algo.eps, **knobs)
-    else:
-        global_advantages, global_keep = outcome_advantages(shaped, batch.group_size, algo.advantage, algo.scale,
-                                                            algo.eps, **knobs)
+    global_advantages, global_keep, estimator_metrics = outcome_advantages(
+        shaped, groups, algo.advantage, scale=algo.scale, eps=algo.eps, virtual_reward=algo.virtual_reward,
+        virtual_samples=algo.virtual_samples)
     if algo.transforms:  # the advantage-transform stage (rlx/algorithms/transforms.py), in the configured order
         signals = GroupSignals(groups, batch.correct, batch.rollout.lengths, mean_logprobs(batch.rollout))
         knobs = {**vars(algo.shaping), "eps": algo.eps}
@@ -120,6 +113,25 @@ def episode_outcomes(episodes: list[Episode], step_episode: torch.Tensor, step_r
     return outcome, immediate
 
 
+def _outcome_input(episodes: list[Episode], step_episode: torch.Tensor, step_rewards: torch.Tensor):
+    """episode_outcome (E,) for G-RA, and the step rewards without it (`episode_outcomes`)."""
+    outcome, immediate = episode_outcomes(episodes, step_episode, step_rewards)
+    return immediate, outcome
+
+
+def _action_input(episodes: list[Episode], step_episode: torch.Tensor, step_rewards: torch.Tensor):
+    """step_action (S,): each step's action text numbered in order of appearance (HGPO's history keys pair each past
+    anchor with the action taken there); the step rewards unchanged."""
+    names: dict = {}
+    actions = [names.setdefault(e.actions[t].strip() if t < len(e.actions) else "", len(names))
+               for e in episodes for t in range(len(e.step_rewards))]
+    return step_rewards, torch.tensor(actions, dtype=torch.long)
+
+
+# CreditNeeds.inputs name -> fn(episodes, step_episode (S,), step_rewards (S,)) -> (step_rewards (S,), the input)
+CREDIT_INPUTS = {"episode_outcome": _outcome_input, "step_action": _action_input}
+
+
 def token_advantages(step_adv: torch.Tensor, step_episode: torch.Tensor, step_index: torch.Tensor,
                      owner: torch.Tensor | None = None) -> torch.Tensor:
     """(N, C) advantage of every sampled token: the advantage of its step (0 on environment tokens).
@@ -139,13 +151,8 @@ def episode_credit(batch: Batch, algo, *, acc, **_) -> Credit:
     knobs = dict(gamma=algo.gamma, step_weight=algo.step_weight, turn_weight=algo.turn_weight, scale=algo.scale,
                  eps=algo.eps, gate_threshold=algo.gate_threshold, hgpo_depth=algo.hgpo_depth, hgpo_alpha=algo.hgpo_alpha)
     episode_group, step_episode, step_rewards, step_anchor = step_tensors(episodes, batch.group_size, algo.invalid_penalty)
-    if algo.credit == "gra":  # G-RA: the outcome apart from the immediate rewards (episode_outcomes)
-        outcome, step_rewards = episode_outcomes(episodes, step_episode, step_rewards)
-        knobs["episode_outcome"] = outcome
-    if algo.credit == "hgpo":  # HGPO's history keys pair each past anchor with the action taken there
-        names: dict = {}
-        knobs["step_action"] = torch.tensor([names.setdefault(e.actions[t].strip() if t < len(e.actions) else "", len(names))
-                                             for e in episodes for t in range(len(e.step_rewards))], dtype=torch.long)
+    for name in CREDIT.needs(algo.credit).inputs:  # the episode inputs the rule declared it needs
+        step_rewards, knobs[name] = CREDIT_INPUTS[name](episodes, step_episode, step_rewards)
     step_adv, credit_metrics = CREDIT[algo.credit](episode_group, step_episode, step_rewards, step_anchor, **knobs)  # (S,)
     any_signal = bool(step_adv.abs().any())  # over the global batch, so every process decides alike
     mine = (step_episode >= local.start) & (step_episode < local.stop)
