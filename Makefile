@@ -25,8 +25,11 @@ install: $(STAMP) ## Create the virtual environment (.venv) and install rlx with
 train: $(STAMP) ## Run the default training (GRPO on the built-in tiny model, CPU: ~2 min on one thread, after the install)
 	$(VENV)/bin/rlx train $(ARGS)
 
-test: $(STAMP) ## Run the test suite (offline, CPU)
-	$(PY) -m pytest -q $(ARGS)
+# make test runs the suite on $(TEST_WORKERS) pytest-xdist workers of one torch thread each (a module stays on one worker,
+# so a module's shared fixture is built once); TEST_WORKERS=0 runs it in this process with torch's default threads
+TEST_WORKERS ?= 2
+test: $(STAMP) ## Run the test suite (offline, CPU; 2 workers of one thread each, TEST_WORKERS=0 for one process)
+	$(if $(filter 0,$(TEST_WORKERS)),,OMP_NUM_THREADS=1 MKL_NUM_THREADS=1) $(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) $(ARGS)
 
 test-slow: $(STAMP) ## The long checks CI runs (marked slow, ~15 min): real model, DDP/ZeRO-2/FSDP2 equality, kill-and-resume, wheel
 	$(PY) -m pip install -q -e '.[deepspeed]'
