@@ -183,7 +183,7 @@ ESTIMATORS = RegistryView("advantage estimator", OUTCOME_ESTIMATORS, CRITIC_ESTI
 
 
 def outcome_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, estimator: str, **knobs) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """OUTCOME_ESTIMATORS[estimator](rewards, group_ids, **knobs), its result made whole: advantages (N,), keep (N,)
+    """`OUTCOME_ESTIMATORS[estimator](rewards, group_ids, **knobs)`, its result made whole: advantages (N,), keep (N,)
     bool (the samples in the policy-gradient loss: all but median pivots; all for an estimator that returns its
     advantages alone) and its metrics (a new dict). An unknown name: one line listing the valid ones."""
     result = OUTCOME_ESTIMATORS[estimator](rewards, group_ids, **knobs)
