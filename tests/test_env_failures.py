@@ -14,10 +14,11 @@ from tests.conftest import only_run_dir, run_rlx
 
 
 class NoReset:
-    """The issue's reproduction: reset returns None instead of (observation, info)."""
+    """A broken environment: every reset raises (the issue's reproduction returned None from reset, which since
+    issue 36 stops the run at once as a mistake in the environment's code: tests/test_bad_input.py)."""
 
     def reset(self, *, seed=None, options=None):
-        return None
+        raise RuntimeError("the game server is down")
 
     def step(self, action):
         return "done", 0.0, True, False, {}
@@ -34,7 +35,7 @@ class NoResetWithExpert(NoReset):
 
 
 def _episodes(*errors):
-    return [SimpleNamespace(error=e) for e in errors]
+    return [SimpleNamespace(error=e, loss_mask=[] if e else [1]) for e in errors]  # a good episode sampled a token
 
 
 def test_the_run_stops_at_the_third_step_in_a_row_with_every_episode_failed():
@@ -85,8 +86,8 @@ def test_a_custom_environment_whose_reset_returns_none_stops_the_run(tmp_path):
     line = _one_error_line(result, 1)
     run = only_run_dir(tmp_path)
     assert line.startswith("error: every episode of steps 1-3 failed (24 episodes; env.stop_after_failed_steps=3): the "
-                           "first, at step 1, in tests.test_env_failures.NoReset: reset: TypeError: "), line
-    assert "24 of 24 episodes failed with reset: TypeError" in line, line
+                           "first, at step 1, in tests.test_env_failures.NoReset: reset: RuntimeError: the game server is down; "), line
+    assert "24 of 24 episodes failed with reset: RuntimeError" in line, line
     assert line.endswith(f"resume continues from step 2 ({run}/checkpoints/step_000002); then run: rlx train "
                          f"resume={run}"), line
     rows = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
@@ -104,6 +105,6 @@ def test_agent_sft_on_a_failing_environment_stops_too(tmp_path):
                        "env.target=tests.test_env_failures.NoResetWithExpert", *ARGS], tmp_path, timeout=300)
     line = _one_error_line(stopped, 1)
     assert re.match(r"error: every episode of steps 1-2 failed \(16 episodes; env.stop_after_failed_steps=2\): the "
-                    r"first, at step 1, in tests.test_env_failures.NoResetWithExpert: reset: TypeError: .*; 16 of 16 "
-                    r"episodes failed with reset: TypeError\. ", line), line
+                    r"first, at step 1, in tests.test_env_failures.NoResetWithExpert: reset: RuntimeError: .*; 16 of "
+                    r"16 episodes failed with reset: RuntimeError\. ", line), line
     assert "no checkpoint had been written yet" in line

@@ -29,18 +29,20 @@ def check_context_budget(max_total_tokens: int, context: int | None, model_name:
 def first_prompt_lengths(factory, tokenizer, env_seeds: list[int], system_prompt: str | None,
                          use_chat_template: bool) -> list[int]:
     """Token length of the first prompt (chat template around the first observation, as the episode starts) of
-    a fresh environment reset with each seed; a reset that raises is left out (the episode reports it)."""
-    from rlx.rollout.env import ChatFormat
+    a fresh environment reset with each seed; a reset that raises is left out (the episode reports it), one that
+    hands back no text observation stops here, before the model loads its first batch (UserError)."""
+    from rlx.rollout.env import ChatFormat, checked_reset
 
     fmt = ChatFormat(tokenizer, system_prompt, use_chat_template)
     lengths = []
     for seed in env_seeds:
         try:
-            observation, _ = factory().reset(seed=seed)
+            observation, _ = checked_reset(factory(), seed)
+        except UserError:
+            raise
         except Exception:
             continue
-        if isinstance(observation, str):
-            lengths.append(len(fmt.prompt_ids(observation)))
+        lengths.append(len(fmt.prompt_ids(observation)))
     return lengths
 
 

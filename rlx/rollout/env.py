@@ -10,14 +10,17 @@ Limits: `max_turns` model turns; `max_new_tokens` per turn (a turn that hits it 
 stop token, loss mask 0, and counted in Episode.turn_truncated); `max_total_tokens` for the whole
 sequence, prompt included (the model's position limit). An episode cut by any limit or by the
 environment's own truncation is marked `truncated` (the loop can leave it out of the loss, as DAPO
-does with overlong samples). An environment that raises, or returns a non-string observation or a
-non-numeric reward, ends its own episode as truncated with `error` set; the other episodes go on.
+does with overlong samples). An environment that raises, or returns a non-numeric reward, ends its own episode
+as truncated with `error` set; the other episodes go on. One that hands back something other than text as an
+observation (reset or step) is a mistake in its code, not bad luck: the run stops at once with one line
+(`observation_text`, UserError, exit code 2), in training, agent SFT, evaluation and the start-up probe alike.
 """
 
 from __future__ import annotations
 
 import math
 
+from rlx.errors import UserError
 from rlx.rollout.generator import Generator
 from rlx.rollout.hf import eos_ids
 from rlx.rollout.sampling import sample_seed
@@ -73,14 +76,48 @@ class ChatFormat:
         return self.encode(self.answer_template.replace(_PLACEHOLDER_USER, observation))
 
 
+def _environment(env) -> str:
+    kind = type(env)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _a(name: str) -> str:
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def observation_text(observation, env, call: str) -> str:
+    """The one check that an environment's observation is text: UserError (one line, exit code 2) naming the
+    environment, the call ('reset' or 'step'), the type it returned and what to return instead."""
+    if isinstance(observation, str):
+        return observation
+    shown = repr(observation)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    shape = "(observation, info)" if call == "reset" else "(observation, reward, terminated, truncated, info)"
+    raise UserError(f"environment {_environment(env)}: {call}() returned {_a(type(observation).__name__)} observation "
+                    f"({shown}), not text; {call}() must return {shape} with the observation a str (the text the "
+                    f"model reads, e.g. str(obs) or a rendering of it)")
+
+
+def checked_reset(env, seed: int):
+    """env.reset(seed=seed) -> (observation: str, info: dict); a return value that is not (observation, info) or
+    whose observation is not text is a UserError (observation_text). An exception inside reset propagates."""
+    out = env.reset(seed=seed)
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        what = "None" if out is None else f"{_a(type(out).__name__)} ({repr(out)[:40]})"
+        raise UserError(f"environment {_environment(env)}: reset() returned {what} instead of (observation, info); "
+                        f"return a pair (observation: str, info: dict)")
+    obs, info = out
+    return observation_text(obs, env, "reset"), info if isinstance(info, dict) else {}
+
+
 def _checked_step(env, action: str):
-    """env.step with the return value checked; raises ValueError naming what is wrong."""
+    """env.step with the return value checked; raises ValueError naming what is wrong (UserError for an observation
+    that is not text: observation_text)."""
     out = env.step(action)
     if not isinstance(out, tuple) or len(out) != 5:
         raise ValueError(f"step() must return (observation, reward, terminated, truncated, info), got {type(out).__name__}")
     obs, reward, terminated, truncated, info = out
-    if not isinstance(obs, str):
-        raise ValueError(f"step() returned a {type(obs).__name__} observation, not a string")
+    observation_text(obs, env, "step")
     if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(float(reward)):
         raise ValueError(f"step() returned reward {reward!r}, not a finite number")
     return obs, float(reward), bool(terminated), bool(truncated), info if isinstance(info, dict) else {}
@@ -100,12 +137,11 @@ def run_episodes(generator: Generator, tokenizer, envs: list, env_seeds: list[in
     next_anchor, turn_end = {}, {}  # by episode index: the next turn's state key; where its last turn ends
     for index, (env, seed) in enumerate(zip(envs, env_seeds)):
         try:
-            obs, info = env.reset(seed=seed)
-            if not isinstance(obs, str):
-                raise ValueError(f"reset() returned a {type(obs).__name__} observation, not a string")
-            info = info if isinstance(info, dict) else {}
+            obs, info = checked_reset(env, seed)
             episode = Episode(prompt_ids=fmt.prompt_ids(obs), observations=[obs])
             next_anchor[index] = info.get("anchor")
+        except UserError:  # the environment's code hands back the wrong thing, in every episode alike
+            raise
         except Exception as exc:  # the environment's fault: this episode only
             episode = Episode(prompt_ids=[], truncated=True, error=f"reset: {type(exc).__name__}: {exc}")
         episodes.append(episode)
@@ -143,6 +179,8 @@ def run_episodes(generator: Generator, tokenizer, envs: list, env_seeds: list[in
             e.actions.append(action)
             try:
                 obs, reward, terminated, truncated, info = _checked_step(envs[i], action)
+            except UserError:
+                raise
             except Exception as exc:
                 e.step_rewards.append(0.0)
                 e.valid.append(False)
