@@ -6,14 +6,19 @@ every episode of `env.stop_after_failed_steps` consecutive training steps failed
 from (every row is empty, every update skipped) and would otherwise go on for its whole length: it stops with
 one line quoting the first error of the streak, the environment's class and how many episodes failed the same
 way (EpisodesFailed, exit code 1; the metrics rows of the earlier steps, env/errors included, stay written).
-0 turns the check off. The same watch serves any producer of episodes (environments now, agent harnesses later).
+0 turns the check off. The same watch serves any producer of episodes (environments, the harness, agent SFT).
+
+It also stops a step that has no token to train on although not every episode failed (issue 36): every episode
+ended before its first turn (no room left in env.max_total_tokens, or an error) or sampled nothing. Such a step
+would take an update on an empty loss, and a run of them exits 0 having trained nothing: one line instead
+(UserError, exit code 2), counting the episodes by cause.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from rlx.errors import EpisodesFailed
+from rlx.errors import EpisodesFailed, UserError
 
 
 def error_kind(error: str) -> str:
@@ -30,6 +35,27 @@ def environment_name(factory: Callable | None) -> str:
     return f"{kind.__module__}.{kind.__qualname__}"
 
 
+def trainable_tokens(episode) -> int:
+    """Tokens of `episode` in the loss (its own and its fork rows')."""
+    return sum(episode.loss_mask) + sum(sum(fork.loss_mask) for fork in getattr(episode, "forks", ()))
+
+
+def no_tokens_message(step: int, episodes: list, environment: str) -> str:
+    """One line: why none of a step's episodes has a token to train on, counted by cause."""
+    failed = [e.error for e in episodes if e.error is not None]
+    cut = sum(e.error is None and bool(getattr(e, "budget_cut", False)) for e in episodes)
+    empty = len(episodes) - len(failed) - cut
+    causes = [f"{cut} had no room for a first turn within env.max_total_tokens"] if cut else []
+    if failed:
+        causes.append(f"{len(failed)} ended in an error (the first: {(failed[0].splitlines() or [''])[0]})")
+    if empty:
+        causes.append(f"{empty} sampled no token")
+    fix = ("raise env.max_total_tokens or shorten the environment's observations" if cut else
+           "fix the environment" if failed else "check the model's stop tokens and env.max_new_tokens")
+    return (f"step {step} has no token to train on: none of its {len(episodes)} episodes of {environment} sampled a "
+            f"token the loss keeps ({'; '.join(causes)}); an update would learn nothing, so the run stops: {fix}")
+
+
 class EpisodeFailureWatch:
     """Counts consecutive training steps in which every episode failed; raises EpisodesFailed at `patience`.
     factory: makes one environment, only to name its class in the message."""
@@ -41,11 +67,13 @@ class EpisodeFailureWatch:
 
     def observe(self, step: int, episodes: list) -> None:
         """Record one step's episodes (all processes' episodes, so every process stops at the same step)."""
-        if not self.patience:
-            return
         errors = [episode.error for episode in episodes]
         if not errors or any(error is None for error in errors):
             self.streak = []
+            if errors and not any(map(trainable_tokens, episodes)):  # the one place a step's loss is judged empty
+                raise UserError(no_tokens_message(step, episodes, environment_name(self.factory)))
+            return
+        if not self.patience:  # every episode failed, and the user chose to train on regardless
             return
         self.streak.append((step, errors))
         if len(self.streak) >= self.patience:
