@@ -24,7 +24,7 @@ import time
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from rlx.gateway.chat import RequestError, normalize_messages
+from rlx.gateway.chat import NotText, RequestError, normalize_messages
 from rlx.gateway.tools import openai_tool_calls, parse_tool_calls
 
 
@@ -142,7 +142,11 @@ def build_app(gateway) -> FastAPI:
     async def chat(request: Request, sid: str | None = None):
         body = await body_of(request)
         session = session_of(request, sid)
-        messages = normalize_messages(body.get("messages"), gateway.settings.system_prompt)
+        try:
+            messages = normalize_messages(body.get("messages"), gateway.settings.system_prompt)
+        except NotText as exc:
+            session.not_text = session.not_text or str(exc)  # the harness's mistake: its run stops after the batch
+            raise
         tools = body.get("tools") or None
         if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
             raise RequestError("tools must be a list of tool objects", param="tools")
@@ -178,6 +182,8 @@ def build_app(gateway) -> FastAPI:
             prompt = prompt[0]
         valid_ids = isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
         if not (isinstance(prompt, str) and prompt) and not valid_ids:
+            if not isinstance(prompt, (str, list)):  # the observation itself is not text: the harness's run stops
+                session.not_text = session.not_text or f"prompt is a {type(prompt).__name__}, not text"
             raise RequestError("prompt must be a non-empty string or a list of token ids (one prompt per call)", param="prompt")
         if body.get("echo"):
             raise RequestError("echo is not supported", param="echo")

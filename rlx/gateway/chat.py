@@ -27,6 +27,14 @@ class RequestError(ValueError):
         self.status, self.code, self.param = status, code, param
 
 
+class NotText(RequestError):
+    """A message content (an observation the harness shows the model) that is not text: HTTP 400 to the client,
+    and under env=harness the run stops with one line (rlx/gateway/harness.py)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, param="messages")
+
+
 def _text(content, where: str) -> str | None:
     if content is None or isinstance(content, str):
         return content
@@ -35,10 +43,13 @@ def _text(content, where: str) -> str | None:
         for part in content:
             if not isinstance(part, dict) or part.get("type") not in ("text", "input_text", "output_text"):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise RequestError(f"{where}: content part of type {kind!r} is not supported (text only)", param="messages")
+                raise NotText(f"{where}: content part of type {kind!r} is not supported (text only)")
             parts.append(str(part.get("text", "")))
         return "".join(parts)
-    raise RequestError(f"{where}: content must be a string or a list of text parts", param="messages")
+    shown = repr(content)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    raise NotText(f"{where}: content is a {type(content).__name__} ({shown}), not text; it must be a string or a list "
+                  f"of text parts")
 
 
 def _tool_calls(calls, where: str) -> list[dict]:

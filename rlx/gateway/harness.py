@@ -19,7 +19,8 @@ Without "rewards" the return is the last call's reward.
 env.concurrency episodes run at once, each within env.timeout_s. An episode whose run() raises, runs past its
 timeout, returns anything else (a string, NaN, None, a bool) or never calls the model is kept as a marked
 episode: error set, truncated, reward 0, its tokens kept (mask_truncated leaves them out of the loss), and
-counted in env/errors; the batch goes on. Only when every episode of a batch fails (none by timeout) does
+counted in env/errors; the batch goes on. A message whose content is not text (an int, a dict, an image part)
+is refused with HTTP 400 and, after the batch, stops the run with one line naming the session (HarnessError). Only when every episode of a batch fails (none by timeout) does
 the run stop, with one line naming the first error. A synchronous run() runs in a daemon thread; past its
 timeout it is abandoned (its session is closed, so its next model call gets HTTP 410).
 """
@@ -331,6 +332,12 @@ def play_harness(generator, tokenizer, target, tasks: list | None, seeds: list[i
     finally:
         if own:
             gateway.stop()
+    not_text = next((i for i in sorted(sessions) if sessions[i].not_text), None)
+    if not_text is not None:  # a mistake in the harness's code, not bad luck: every episode would hit it
+        name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}"
+        raise HarnessError(f"harness env.target={name} showed the model an observation that is not text (session "
+                           f"{sids[not_text]}: {sessions[not_text].not_text}); send each message's content as a str (or "
+                           f"a list of text parts), and a /v1/completions prompt as a str")
     episodes, failures = [], []
     for i, (result, error, timed_out, trace) in enumerate(outcomes):
         session = sessions[i]

@@ -112,6 +112,7 @@ class Session:
         self.forks = 0
         self.fork_reasons: list[str] = []
         self.cut: str | None = None   # the limit that refused a call
+        self.not_text: str | None = None  # the first refusal of a message content that is not text (gateway/app.py)
         self.closed = False
         self.lock = threading.Lock()
 
