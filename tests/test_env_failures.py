@@ -86,7 +86,8 @@ def test_a_custom_environment_whose_reset_returns_none_stops_the_run(tmp_path):
     line = _one_error_line(result, 1)
     run = only_run_dir(tmp_path)
     assert line.startswith("error: every episode of steps 1-3 failed (24 episodes; env.stop_after_failed_steps=3): the "
-                           "first, at step 1, in tests.test_env_failures.NoReset: reset: RuntimeError: the game server is down; "), line
+                           "first, at step 1, in tests.test_env_failures.NoReset: reset: RuntimeError: the game server "
+                           "is down; "), line
     assert "24 of 24 episodes failed with reset: RuntimeError" in line, line
     assert line.endswith(f"resume continues from step 2 ({run}/checkpoints/step_000002); then run: rlx train "
                          f"resume={run}"), line

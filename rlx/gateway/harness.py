@@ -19,10 +19,11 @@ Without "rewards" the return is the last call's reward.
 env.concurrency episodes run at once, each within env.timeout_s. An episode whose run() raises, runs past its
 timeout, returns anything else (a string, NaN, None, a bool) or never calls the model is kept as a marked
 episode: error set, truncated, reward 0, its tokens kept (mask_truncated leaves them out of the loss), and
-counted in env/errors; the batch goes on. A message whose content is not text (an int, a dict, an image part)
-is refused with HTTP 400 and, after the batch, stops the run with one line naming the session (HarnessError). Only when every episode of a batch fails (none by timeout) does
-the run stop, with one line naming the first error. A synchronous run() runs in a daemon thread; past its
-timeout it is abandoned (its session is closed, so its next model call gets HTTP 410).
+counted in env/errors; the batch goes on. Only when every episode of a batch fails (none by timeout) does
+the run stop, with one line naming the first error. A message whose content is not text (an int, a dict, an
+image part) is refused with HTTP 400 and, after the batch, stops the run with one line naming the session
+(HarnessError): a mistake in the harness's code, not one episode's bad luck. A synchronous run() runs in a
+daemon thread; past its timeout it is abandoned (its session is closed, so its next model call gets HTTP 410).
 """
 
 from __future__ import annotations
