@@ -1,7 +1,8 @@
 """Stop a run whose environment fails every episode (issue 31).
 
-An environment that raises, or returns something that is not an observation, ends its own episode with
-`Episode.error` set and the other episodes go on (rlx/rollout/env.py): one flaky episode costs one row. When
+An environment that raises, or returns a reward that is not a number, ends its own episode with `Episode.error`
+set and the other episodes go on (rlx/rollout/env.py): one flaky episode costs one row. (One whose observation is
+not text stops the run at once there: a mistake in its code, not bad luck.) When
 every episode of `env.stop_after_failed_steps` consecutive training steps failed, the run has nothing to learn
 from (every row is empty, every update skipped) and would otherwise go on for its whole length: it stops with
 one line quoting the first error of the streak, the environment's class and how many episodes failed the same
@@ -57,7 +58,8 @@ def no_tokens_message(step: int, episodes: list, environment: str) -> str:
 
 
 class EpisodeFailureWatch:
-    """Counts consecutive training steps in which every episode failed; raises EpisodesFailed at `patience`.
+    """Counts consecutive training steps in which every episode failed; raises EpisodesFailed at `patience`, and
+    UserError at once for a step with no token to train on that not every failure explains.
     factory: makes one environment, only to name its class in the message."""
 
     def __init__(self, patience: int | None, factory: Callable | None = None):
