@@ -98,6 +98,17 @@ def test_an_observation_that_is_not_text_stops_every_episode_in_one_line(tokeniz
     assert str(info.value).startswith(needle) and "\n" not in str(info.value), str(info.value)
 
 
+def test_the_start_up_probe_stops_before_the_first_step(tokenizer):
+    """rlx/rollout/budgets.py resets a few environments to measure first observations: a reset that raises is left
+    to its episode, one that hands back no text stops there (train and eval, before a model generates)."""
+    from rlx.rollout.budgets import first_prompt_lengths
+
+    start = len(tokenizer("start\n", add_special_tokens=False)["input_ids"])  # the plain-text prompt of Echo
+    assert first_prompt_lengths(Echo, tokenizer, [0, 1], None, False) == [start, start]
+    with pytest.raises(UserError, match="NumberReset: reset\\(\\) returned an int observation"):
+        first_prompt_lengths(NumberReset, tokenizer, [0, 1], None, False)
+
+
 def _budget_cut():
     return Episode(prompt_ids=[1] * 300, truncated=True, budget_cut=True)
 
@@ -121,15 +132,18 @@ def test_a_step_with_no_token_to_train_on_stops_in_one_line():
 
 
 def not_text_harness(task, base_url, api_key):
-    """Shows the model the tool's result as a dict, not text."""
+    """Task 0 shows the model the board as a dict, not text (its run() raises on the HTTP 400); task 1 plays."""
     from openai import OpenAI
 
+    content = {"board": [1, 2]} if task == 0 else "hi"
     with OpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
-        client.chat.completions.create(model="m", messages=[{"role": "user", "content": {"board": [1, 2]}}])
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": content}])
     return 1.0
 
 
 def test_a_harness_that_shows_the_model_no_text_stops_in_one_line():
+    """One episode of two sends a dict: the run stops although the other played (before, only a batch in which
+    every episode failed stopped it)."""
     settings = HarnessSettings(concurrency=2, timeout_s=10.0, gateway=GatewaySettings(max_new_tokens=8,
                                                                                       max_total_tokens=240))
     with pytest.raises(HarnessError) as info:
