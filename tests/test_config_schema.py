@@ -259,3 +259,41 @@ def test_data_prefs_samples_with_a_model_presets_tuning():
     assert cfg.data.verifier == per_task.data.verifier and cfg.data.prompt_template == per_task.data.prompt_template
     given = check_overrides(["model=smollm2-135m-instruct", "rollout.temperature=0.3"], config_name="data_prefs")
     assert given.rollout.temperature == 0.3  # the command line still wins
+
+
+def test_eval_of_a_model_preset_asks_and_scores_as_its_training_does():
+    # `rlx eval model=smollm2-135m-instruct` used eval.yaml's tiny-model defaults: the tag verifier, temperature 1
+    from omegaconf import OmegaConf
+
+    from rlx.config.paths import CONF_DIR
+    from rlx.config.schema import apply_benchmark_tuning
+
+    train = check_overrides(["model=smollm2-135m-instruct"], config_name="train")
+    for benchmarks in (["benchmark=chain_sum"], ["benchmark=[chain_sum,gsm8k]"]):
+        cfg = check_overrides(["model=smollm2-135m-instruct", *benchmarks], config_name="eval")
+        drop_train_tuning(cfg, "eval")
+        merged = apply_benchmark_tuning(cfg, "smollm2-135m-instruct")
+        check_config(cfg, "eval")
+        assert merged == ["tuning/smollm2-135m-instruct/benchmark_chain_sum.yaml"]
+        assert "steps" not in cfg and "reward" not in cfg
+        spec = OmegaConf.to_container(cfg.benchmark.chain_sum, resolve=True)
+        assert spec["verifier"] == train.data.verifier == "final_number"  # what training scored, not the tag
+        assert spec["data"]["prompt_template"] == train.data.prompt_template
+        assert spec["data"]["task_config"] == OmegaConf.to_container(train.data.task_config)
+        assert spec["max_new_tokens"] == train.rollout.max_new_tokens
+        assert cfg.sampling.temperature == train.rollout.temperature == 0.7
+    tiny = check_overrides([], config_name="eval")
+    assert apply_benchmark_tuning(tiny, "tiny") == [] and tiny.benchmark.chain_sum.verifier == "reasoning_gym"
+
+
+def test_a_model_presets_lora_learning_rate_applies_only_with_lora():
+    # model=smollm2-135m-instruct model.lora.enabled=true trained at the full fine-tune's 1e-5: adapters barely moved
+    rates = {}
+    for extra in ([], ["model.lora.enabled=true"], ["model.lora.enabled=true", "optim.lr=3e-4"]):
+        for model in ("tiny", "smollm2-135m-instruct"):
+            cfg = check_overrides([f"model={model}", *extra], config_name="train")
+            rates[model, tuple(extra)] = cfg.optim.lr
+    assert rates["smollm2-135m-instruct", ()] == 1e-5
+    assert rates["smollm2-135m-instruct", ("model.lora.enabled=true",)] == 2e-4  # the preset's model.lora.lr
+    assert rates["tiny", ()] == rates["tiny", ("model.lora.enabled=true",)] == 1e-4  # no lora.lr: model.lr
+    assert rates["smollm2-135m-instruct", ("model.lora.enabled=true", "optim.lr=3e-4")] == 3e-4  # the command line wins

@@ -33,8 +33,13 @@ if not OmegaConf.has_resolver("rlx_eval_dir"):
 def eval_app(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
+    from rlx.config.schema import apply_benchmark_tuning, drop_train_tuning
+
     hydra_cfg = HydraConfig.get()
     out_dir = Path(hydra_cfg.runtime.output_dir)
+    drop_train_tuning(cfg, "eval")  # a model preset's tuning: its sampling stays, `rlx train`'s run length goes
+    if not cfg.run and not cfg.resume:  # the preset's prompt, verifier and difficulty of each benchmark it tunes
+        apply_benchmark_tuning(cfg, hydra_cfg.runtime.choices.get("model"))
     try:
         summary = evaluate(cfg, out_dir, list(hydra_cfg.overrides.task))
     except StorageError as exc:  # finished problems stay in the results files; resume generates only the rest

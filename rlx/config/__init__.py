@@ -7,6 +7,19 @@ errors (overrides), the names other libraries use (peer_names), the user's modul
 `rlx.config.UserError` is the exception the Python API raises for a user's mistake (kept here for user code).
 """
 
+from omegaconf import OmegaConf
+
 from rlx.errors import UserError
 
 __all__ = ["UserError"]
+
+
+def model_lr(full: float, lora_enabled: bool, lora_lr: float | None) -> float:
+    """optim.lr's default (conf/train.yaml): the model preset's learning rate for what trains, its own
+    `model.lora.lr` when LoRA adapters train and the preset sets one (adapters take a ~10-20x larger rate
+    than a full fine-tune), else `model.lr`. An explicit optim.lr= replaces the interpolation."""
+    return lora_lr if lora_enabled and lora_lr is not None else full
+
+
+if not OmegaConf.has_resolver("rlx_lr"):  # every config is composed after some rlx.config module is imported
+    OmegaConf.register_new_resolver("rlx_lr", model_lr)

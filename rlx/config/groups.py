@@ -136,6 +136,7 @@ class Lora:
     dropout: float = fraction(high_open=True)
     target_modules: str | list[str] = field()
     save_merged: bool = field()
+    lr: float | None = positive()
 
 
 @dataclass

@@ -193,6 +193,28 @@ def drop_train_tuning(cfg: DictConfig, config_name: str) -> None:
             cfg.pop(key)
 
 
+def apply_benchmark_tuning(cfg: DictConfig, model_choice: str | None) -> list[str]:
+    """Merges a model preset's per-benchmark tuning (conf/tuning/<model>/benchmark_<name>.yaml, `@package
+    _global_`) into `rlx eval`'s config for each benchmark it evaluates: `rlx eval model=smollm2-135m-instruct`
+    then asks and scores chain_sum the way `rlx train model=smollm2-135m-instruct` trains on it. Hydra cannot
+    pick these files itself (benchmark= may be a list). Returns the files merged."""
+    from omegaconf import OmegaConf, open_dict
+
+    from rlx.config.paths import CONF_DIR
+
+    if not model_choice or not cfg.get("benchmark"):
+        return []
+    merged = []
+    for name in list(cfg.benchmark.keys()):
+        path = CONF_DIR / "tuning" / str(model_choice) / f"benchmark_{name}.yaml"
+        if path.is_file():
+            tuning = OmegaConf.load(path)
+            with open_dict(cfg):
+                cfg.benchmark[name] = OmegaConf.merge(cfg.benchmark[name], tuning.benchmark[name])
+            merged.append(str(path.relative_to(CONF_DIR)))
+    return merged
+
+
 @functools.cache
 def schema_fields(schema: type) -> dict[str, tuple[object, dict]]:
     """{field name: (type, range metadata)} of a schema dataclass (annotations resolved)."""
