@@ -391,12 +391,16 @@ class HarnessEnv(Env):
     allow_remote: bool = field()
 
 
+# env.name -> its schema, for the names with knobs of their own (the gateway's, rlx.envs.registry.GATEWAY_ENVS)
+OWN_SCHEMAS = {"harness": HarnessEnv}
+
+
 class _EnvSchemas(dict):
     """env.name -> its schema: every environment (a registered name, custom, or one a plugin adds) shares Env's
     knobs; the harness has its own."""
 
     def get(self, name, default=None):
-        return HarnessEnv if name == "harness" else Env
+        return OWN_SCHEMAS.get(name, Env)
 
     def __contains__(self, name) -> bool:
         return True
@@ -405,7 +409,7 @@ class _EnvSchemas(dict):
         return self.get(name)
 
     def __iter__(self):
-        return iter((*published("env"), CUSTOM, "harness"))
+        return iter((*published("env"), CUSTOM, *OWN_SCHEMAS))
 
     def keys(self):
         return list(self)

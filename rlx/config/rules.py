@@ -47,10 +47,11 @@ def check_agent_sft_settings(cfg: DictConfig) -> None:
     """Imitation in an environment: the environment must exist and build."""
     if cfg.get("env") is None:
         raise UserError("algorithm=agent_sft imitates demonstrations in an environment: add env=grid (or corridor, ...)")
-    if cfg.env.name == "harness":
-        raise UserError("algorithm=agent_sft imitates an environment's expert; env=harness has none (train it with "
-                        "algorithm=agent_grpo, gigpo or mt_grpo)")
-    from rlx.envs import env_factory
+    from rlx.envs import env_factory, plays_through_gateway
+
+    if plays_through_gateway(cfg.env.name):
+        raise UserError(f"algorithm=agent_sft imitates an environment's expert; env={cfg.env.name} has none (train it "
+                        "with algorithm=agent_grpo, gigpo or mt_grpo)")
     from rlx.errors import EnvError
 
     try:
@@ -84,10 +85,10 @@ def check_agent_settings(cfg: DictConfig) -> None:
     if env is None:
         raise UserError(f"algorithm={algo.name} plays an environment: add env=grid (or guess_number, corridor, tool_use, "
                         f"custom env.target=my_module.MyEnv)")
-    from rlx.envs import env_factory
+    from rlx.envs import env_factory, plays_through_gateway
     from rlx.errors import EnvError
 
-    if env.name == "harness":  # [harness] the program must import and take (task, base_url, api_key)
+    if plays_through_gateway(env.name):  # [harness] the program must import and take (task, base_url, api_key)
         from rlx.gateway.harness import HarnessSettings, load_harness
 
         load_harness(env.target)

@@ -21,7 +21,9 @@ from rlx.rollout.types import Episode
 def player_for(env):
     """The `play` of an env (rlx.rollout.env.play's signature) and its extra metrics: env=harness plays the user's
     program through the gateway (rlx/gateway/harness.py) and reports its forks, timeouts and cut episodes."""
-    if getattr(env, "name", None) == "harness":
+    from rlx.envs.registry import plays_through_gateway
+
+    if plays_through_gateway(getattr(env, "name", None)):
         from rlx.gateway.episodes import harness_metrics
         from rlx.gateway.harness import harness_player
 
