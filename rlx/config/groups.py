@@ -259,6 +259,23 @@ class ServerRollout(Rollout):
 ROLLOUTS = {"hf": Rollout, "vllm": VLLMRollout, "server": ServerRollout}
 
 
+@dataclass(frozen=True)
+class RolloutGives:
+    """What a rollout backend gives, read by the rules instead of its name (rlx/config/seed_rules.py, async_rules.py,
+    rules.py): the options that need one of these stop on a backend that lacks it."""
+
+    per_token_temperature: bool = False  # its decoder takes a temperature per position (temperature_schedule=ead)
+    seeded_continuation: bool = False  # continues unfinished rows from their tokens with rlx's sampler (rollout.partial)
+    background_thread: bool = False  # samples in a thread beside the trainer (rollout.max_staleness)
+    unfiltered_logprobs: bool = False  # records the unfiltered log-probs under top-p/top-k (the off-policy correction)
+    sharded_weights: bool = False  # reads the policy's weights when FSDP or DeepSpeed shard them
+
+
+# rollout.backend -> what it gives: hf is the policy sampling itself; vllm an in-process engine; server its own process
+ROLLOUT_GIVES = {"hf": RolloutGives(True, True, True, True, True), "vllm": RolloutGives(),
+                 "server": RolloutGives(background_thread=True)}
+
+
 @dataclass
 class DeepSpeed:
     zero_stage: int = num(1, 3)
