@@ -4,7 +4,7 @@ added to rlx.config.rules.FAMILY_CHECKS. Each stops the run with one line naming
 Every option is wired into training (docs/algorithms/seed-ideas.md, "Where each hook lives"): `NOT_WIRED` is
 empty. It stays as the guard for an option added later, whose knob would otherwise be silently ignored: list it
 here (knob -> its off value) until the loop applies it. A few options are wired into one loop only; the PPO
-loop refuses the others (`PPO_REFUSED`), and the producer-level ones run on one process (`check_seed_processes`).
+loop refuses the others (`PPO_REFUSED`), and the producer-level ones run on one process (`single_process_problems`).
 """
 
 from __future__ import annotations
@@ -66,18 +66,25 @@ def check_seed_settings(cfg: DictConfig) -> None:
     ])
 
 
-def check_seed_processes(cfg: DictConfig, processes: int) -> None:
-    """The producer's group stages run on one process (like dynamic sampling): one line naming the first knob set."""
-    if processes <= 1 or cfg.algorithm.get("family") not in ("policy_gradient", "ppo"):
-        return
+def single_process_problems(cfg: DictConfig, processes: int) -> list[str]:
+    """What runs on one process only, set in a run on `processes` processes: dynamic sampling, then the producer's
+    group stages (PRODUCER_KNOBS) and the temperature schedule of the policy-gradient and PPO families."""
+    if processes <= 1:
+        return []
+    dynamic = broken([(cfg.algorithm.get("dynamic_sampling"), "algorithm.dynamic_sampling runs on one process for now; "
+                                                              "set algorithm.dynamic_sampling=false or "
+                                                              "hardware.num_processes=1")])
+    if cfg.algorithm.get("family") not in ("policy_gradient", "ppo"):
+        return dynamic
     schedule = cfg.rollout.get("temperature_schedule")
-    refuse_first([
+    return [
+        *dynamic,
         *(f"algorithm.{knob}={value} runs in the single-process producer for now; set it back to {default} or "
           f"hardware.num_processes=1" for knob, default, value in producer_knobs_set(cfg.algorithm)),
         *broken([(schedule is not None and schedule.mode != "constant",
                   "rollout.temperature_schedule.mode runs in the single-process producer for now; set it to constant "
                   "or hardware.num_processes=1")]),
-    ])
+    ]
 
 
 def check_agent_seed_settings(cfg: DictConfig) -> None:
