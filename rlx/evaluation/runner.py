@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from rlx.envs.registry import plays_through_gateway
 from rlx.errors import UserError
 from rlx.evaluation.agents import per_task_values
 from rlx.evaluation.benchmarks import Benchmark
@@ -323,7 +324,6 @@ def _environment(cfg: DictConfig):
     if not env_cfg:
         return None
     from rlx.envs import env_factory
-    from rlx.envs.registry import plays_through_gateway
     from rlx.errors import EnvError
 
     try:
@@ -434,8 +434,6 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
                                "top_k": int(cfg.sampling.top_k)}
         if environment:
             name, factory, tasks = environment
-            from rlx.envs.registry import plays_through_gateway
-
             if not plays_through_gateway(cfg.env.name):  # an episode that cannot play a turn: stop before playing, one line
                 from rlx.rollout.budgets import check_episode_budget
                 from rlx.rollout.env import EVAL_SEED_BASE
