@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from rlx.algorithms.advantages import ESTIMATORS
 from rlx.config.groups import ROLLOUT_GIVES
 from rlx.config.needs import (
     broken,
@@ -38,8 +39,7 @@ def check_seed_settings(cfg: DictConfig) -> None:
     rollout backend declare they need, what the PPO loop does not apply, then the not-wired guard."""
     algo, roll = cfg.algorithm, cfg.rollout
     shaping, noise, hints = algo.shaping, algo.verifier_noise, algo.hints
-    standardized = algo.advantage in ("reinforce_pp", "reinforce_pp_baseline") or (
-        algo.advantage == "grpo" and algo.scale in ("group", "batch"))
+    standardized = algo.advantage in ESTIMATORS and ESTIMATORS.needs(algo.advantage).standardised(algo.get("scale"))
     cancelled = standardized and list(cfg.reward.components) == [cfg.reward.accuracy]
     ead = roll.temperature_schedule.mode != "constant"
     ppo_refused = [knob for knob, default in PPO_REFUSED.items() if knob_value(algo, knob) != default]
