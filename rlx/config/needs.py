@@ -1,8 +1,13 @@
 """The one generic compatibility check of the chosen registry entries: each entry declares what it needs when it is
 registered (`@OUTCOME_ESTIMATORS.register("median", needs=EstimatorNeeds(...))`, rlx/algorithms/advantages.py;
-`TransformNeeds` in transforms.py; `CreditNeeds` in gigpo.py), and this module compares those needs with the settings, so no rule names an
-entry and a plugin's entry is checked like a built-in. A run whose entries need something the settings do not give
-stops with one line naming the entry, the need and the knob to change."""
+`TransformNeeds` in transforms.py; `CreditNeeds` in gigpo.py; `ShaperNeeds` in shaping.py), and this module compares
+those needs with the settings, so no rule names an entry and a plugin's entry is checked like a built-in. A run whose
+entries need something the settings do not give stops with one line naming the entry, the need and the knob to change.
+
+The other cross-field rules (rules.py, seed_rules.py, async_rules.py) are tables of (broken, message) rows, each
+message one line naming the knobs, the reason and the fix: `broken` keeps the messages of the rows that hold, in
+table order, and `refuse_first` stops the run with the first, so a config with two mistakes names the same one as
+before the rules were tables. The rollout backends declare what they give in `ROLLOUT_GIVES` (rlx/config/groups.py)."""
 
 from __future__ import annotations
 
