@@ -272,8 +272,9 @@ class RolloutGives:
 
 
 # rollout.backend -> what it gives: hf is the policy sampling itself; vllm an in-process engine; server its own process
-ROLLOUT_GIVES = {"hf": RolloutGives(True, True, True, True, True), "vllm": RolloutGives(),
-                 "server": RolloutGives(background_thread=True)}
+ROLLOUT_GIVES = {"hf": RolloutGives(per_token_temperature=True, seeded_continuation=True, background_thread=True,
+                                    unfiltered_logprobs=True, sharded_weights=True),
+                 "vllm": RolloutGives(), "server": RolloutGives(background_thread=True)}
 
 
 @dataclass
