@@ -192,6 +192,7 @@ def test_the_registries_and_the_schema_name_the_same_choices():
         return [m.value for m in e]
 
     assert sorted(ALGORITHMS) == sorted(LOOPS) and list(schema.ROLLOUTS) == list(ROLLOUT_BACKENDS)
+    assert list(schema.ROLLOUT_GIVES) == list(ROLLOUT_BACKENDS)  # each backend declares what it gives
     assert names(schema.Schedule) == list(SCHEDULES) and names(schema.DType) == list(DTYPES)
     assert names(schema.Sampler) == list(SAMPLERS) and names(schema.Seeding) == list(SEEDING)
     assert names(schema.PairSource) == list(PAIR_SOURCES) and names(schema.PairLayout) == list(LAYOUTS)

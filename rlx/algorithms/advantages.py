@@ -169,6 +169,12 @@ class EstimatorNeeds:
     odd_group: bool = False         # the group (samples_per_prompt + extra_samples) must be odd (one middle sample)
     scales: tuple[str, ...] = ()    # the algorithm.scale values it defines; () any of SCALES
     equal_groups: bool = False      # only equal groups of adjacent samples (it reshapes to (B, G)): no hints
+    standardises: bool | tuple[str, ...] = False  # divides by a std (True), or under these algorithm.scale values:
+                                                  # an affine map of the reward (noise_backward) then cancels
+
+    def standardised(self, scale: str | None) -> bool:
+        """Whether the advantages are divided by a std at algorithm.scale=`scale`."""
+        return self.standardises is True or (bool(self.standardises) and scale in self.standardises)
 
 
 # algorithm.advantage of the policy-gradient family, one scalar reward per completion, groups keyed by id:
@@ -201,7 +207,7 @@ def group_count(samples_per_prompt: int, estimator: str | None) -> int:
 
 # Each built-in computes the (B, G) form when the groups are G adjacent samples each (the single-turn layout: the
 # numbers rlx always gave, bit for bit) and its keyed form (keyed_advantages.py) for any other grouping.
-@OUTCOME_ESTIMATORS.register("grpo", needs=EstimatorNeeds(group_baseline=True))
+@OUTCOME_ESTIMATORS.register("grpo", needs=EstimatorNeeds(group_baseline=True, standardises=("group", "batch")))
 def grpo_estimator(rewards, group_ids, *, scale="group", eps=1e-6, **_):
     """GRPO: `group_advantages`, or `keyed_group_advantages` for other groupings."""
     size = adjacent_group_size(group_ids)
@@ -215,7 +221,7 @@ def rloo_estimator(rewards, group_ids, **_):
     return rloo_advantages(rewards, size) if size else keyed_rloo_advantages(rewards, group_ids)
 
 
-@OUTCOME_ESTIMATORS.register("reinforce_pp")
+@OUTCOME_ESTIMATORS.register("reinforce_pp", needs=EstimatorNeeds(standardises=True))
 def reinforce_pp_estimator(rewards, group_ids, *, eps=1e-6, **_):
     """REINFORCE++ without a group baseline: `reinforce_pp_advantages(..., baseline=False)`."""
     size = adjacent_group_size(group_ids)
@@ -223,7 +229,7 @@ def reinforce_pp_estimator(rewards, group_ids, *, eps=1e-6, **_):
             else keyed_reinforce_pp_advantages(rewards, group_ids, False, eps))
 
 
-@OUTCOME_ESTIMATORS.register("reinforce_pp_baseline", needs=EstimatorNeeds(group_baseline=True))
+@OUTCOME_ESTIMATORS.register("reinforce_pp_baseline", needs=EstimatorNeeds(group_baseline=True, standardises=True))
 def reinforce_pp_baseline_estimator(rewards, group_ids, *, eps=1e-6, **_):
     """REINFORCE++-baseline: `reinforce_pp_advantages(..., baseline=True)`."""
     size = adjacent_group_size(group_ids)

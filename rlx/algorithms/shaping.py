@@ -56,7 +56,19 @@ def correct_from_accuracy(accuracy: torch.Tensor, full: float = 1.0) -> torch.Te
     return torch.nan_to_num(accuracy.double(), nan=-math.inf) >= full - 1e-9
 
 
-SHAPERS = Registry("reward shaper")
+@dataclass(frozen=True)
+class ShaperNeeds:
+    """What a reward shaper asks of the run, declared at registration and read by generic code (the config's check,
+    rlx/config/needs.py; the producer's group stages, rlx/rollout/group_stages.py). The defaults ask for nothing."""
+
+    knobs: tuple[tuple[str, str], ...] = ()  # (algorithm.shaping knob that must be set, what it holds): laser_d's budgets
+    rates_below_one: tuple[str, ...] = ()  # algorithm.shaping rates whose sum must be below 1 (noise_backward)
+    affine: bool = False                 # an affine map of the verifier's binary reward: standardisation cancels it
+    length_targets: bool = False         # per-difficulty length targets the loop adapts (LaserDTargets, laser_d)
+    reference_rewards: bool = False      # the reward of each row's reference completion (data.completion_template)
+
+
+SHAPERS = Registry("reward shaper", default_needs=ShaperNeeds())
 
 
 def apply_shapers(names, rewards: torch.Tensor, signals: GroupSignals, knobs: dict) -> tuple[torch.Tensor, dict]:
@@ -163,7 +175,8 @@ class LaserDTargets:
         self.updated_at = int(state["updated_at"])
 
 
-@SHAPERS.register("laser_d")
+@SHAPERS.register("laser_d", needs=ShaperNeeds(knobs=(("target_candidates", "budgets to try"),),
+                                                          length_targets=True))
 def laser_d_shaping(rewards, signals: GroupSignals, *, length_alpha: float = 0.5, bucket_targets=(16, 16, 16), **_):
     """LASER-D: LASER with L_T = the target of the prompt's difficulty bucket (`difficulty_buckets`);
     bucket_targets (easy, medium, hard) come from LaserDTargets, which the loop updates."""
@@ -251,7 +264,8 @@ def backward_correction(observed: torch.Tensor, fp_rate: float, fn_rate: float) 
     return (observed.double() - fp_rate) / (1.0 - fp_rate - fn_rate)
 
 
-@SHAPERS.register("noise_backward")
+@SHAPERS.register("noise_backward", needs=ShaperNeeds(rates_below_one=("assumed_fp_rate", "assumed_fn_rate"),
+                                                      affine=True))
 def noise_backward_shaping(rewards, signals: GroupSignals, *, assumed_fp_rate: float = 0.0, assumed_fn_rate: float = 0.0, **_):
     """Replace the verifier's share of the total, w * r_obs, by w * r_hat (w = accuracy_weight)."""
     observed = signals.need("correct", "shaper noise_backward").double()
@@ -275,7 +289,7 @@ def par_rewards(rewards: torch.Tensor, reference_rewards: torch.Tensor) -> torch
     return torch.sigmoid(rewards.unsqueeze(1) - reference.to(rewards.dtype)).mean(dim=1)
 
 
-@SHAPERS.register("par")
+@SHAPERS.register("par", needs=ShaperNeeds(reference_rewards=True))
 def par_shaping(rewards, signals: GroupSignals, **_):
     reference = signals.need("reference_rewards", "shaper par")
     return par_rewards(rewards, reference), {}

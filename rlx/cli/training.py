@@ -29,6 +29,7 @@ from rlx.config.rules import (
     check_sharded_settings,
     check_strategy,
 )
+from rlx.envs.registry import plays_through_gateway
 from rlx.errors import UserError
 
 log = logging.getLogger("rlx")
@@ -164,7 +165,7 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
         for rows, split in ((train_rows, "training"), (eval_rows, "held-out")):
             check_context(tokenizer, rows, model_context(model), cfg.rollout.max_new_tokens, cfg.model.chat_template,
                           cfg.data.system_prompt, f"{source} ({split})")
-    if cfg.get("env") and cfg.env.name != "harness":  # an episode that cannot play a turn: stop now, one line
+    if cfg.get("env") and not plays_through_gateway(cfg.env.name):  # an episode that cannot play a turn: stop now, one line
         from rlx.build import environment_factory
         from rlx.rollout.budgets import check_episode_budget
         from rlx.rollout.env import train_env_seed

@@ -260,6 +260,24 @@ class ServerRollout(Rollout):
 ROLLOUTS = {"hf": Rollout, "vllm": VLLMRollout, "server": ServerRollout}
 
 
+@dataclass(frozen=True)
+class RolloutGives:
+    """What a rollout backend gives, read by the rules instead of its name (rlx/config/seed_rules.py, async_rules.py,
+    rules.py): the options that need one of these stop on a backend that lacks it."""
+
+    per_token_temperature: bool = False  # its decoder takes a temperature per position (temperature_schedule=ead)
+    seeded_continuation: bool = False  # continues unfinished rows from their tokens with rlx's sampler (rollout.partial)
+    background_thread: bool = False  # samples in a thread beside the trainer (rollout.max_staleness)
+    unfiltered_logprobs: bool = False  # records the unfiltered log-probs under top-p/top-k (the off-policy correction)
+    sharded_weights: bool = False  # reads the policy's weights when FSDP or DeepSpeed shard them
+
+
+# rollout.backend -> what it gives: hf is the policy sampling itself; vllm an in-process engine; server its own process
+ROLLOUT_GIVES = {"hf": RolloutGives(per_token_temperature=True, seeded_continuation=True, background_thread=True,
+                                    unfiltered_logprobs=True, sharded_weights=True),
+                 "vllm": RolloutGives(), "server": RolloutGives(background_thread=True)}
+
+
 @dataclass
 class DeepSpeed:
     zero_stage: int = num(1, 3)
@@ -392,12 +410,16 @@ class HarnessEnv(Env):
     allow_remote: bool = field()
 
 
+# env.name -> its schema, for the names with knobs of their own (the gateway's, rlx.envs.registry.GATEWAY_ENVS)
+OWN_SCHEMAS = {"harness": HarnessEnv}
+
+
 class _EnvSchemas(dict):
     """env.name -> its schema: every environment (a registered name, custom, or one a plugin adds) shares Env's
     knobs; the harness has its own."""
 
     def get(self, name, default=None):
-        return HarnessEnv if name == "harness" else Env
+        return OWN_SCHEMAS.get(name, Env)
 
     def __contains__(self, name) -> bool:
         return True
@@ -406,7 +428,7 @@ class _EnvSchemas(dict):
         return self.get(name)
 
     def __iter__(self):
-        return iter((*published("env"), CUSTOM, "harness"))
+        return iter((*published("env"), CUSTOM, *OWN_SCHEMAS))
 
     def keys(self):
         return list(self)

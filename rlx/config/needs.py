@@ -1,17 +1,32 @@
 """The one generic compatibility check of the chosen registry entries: each entry declares what it needs when it is
 registered (`@OUTCOME_ESTIMATORS.register("median", needs=EstimatorNeeds(...))`, rlx/algorithms/advantages.py;
-`TransformNeeds` in transforms.py; `CreditNeeds` in gigpo.py), and this module compares those needs with the settings, so no rule names an
-entry and a plugin's entry is checked like a built-in. A run whose entries need something the settings do not give
-stops with one line naming the entry, the need and the knob to change."""
+`TransformNeeds` in transforms.py; `CreditNeeds` in gigpo.py; `ShaperNeeds` in shaping.py), and this module compares
+those needs with the settings, so no rule names an entry and a plugin's entry is checked like a built-in. A run whose
+entries need something the settings do not give stops with one line naming the entry, the need and the knob to change.
+
+The other cross-field rules (rules.py, seed_rules.py, async_rules.py) are tables of (broken, message) rows, each
+message one line naming the knobs, the reason and the fix: `broken` keeps the messages of the rows that hold, in
+table order, and `refuse_first` stops the run with the first, so a config with two mistakes names the same one as
+before the rules were tables. The rollout backends declare what they give in `ROLLOUT_GIVES` (rlx/config/groups.py)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from omegaconf import DictConfig
 
 from rlx.algorithms.advantages import ESTIMATORS, SCALES, EstimatorNeeds
 from rlx.algorithms.gigpo import CREDIT
+from rlx.algorithms.shaping import SHAPERS
 from rlx.algorithms.transforms import TRANSFORMS
 from rlx.errors import UserError
+
+
+def refuse_first(problems: Iterable[str]) -> None:
+    """Stop the run with the first of `problems` (one line each: the knobs, the reason and the fix), if there is one:
+    the one raise of a table of rules, each row a (broken, message) pair or a needs check's sentences."""
+    for problem in problems:
+        raise UserError(problem)
 
 
 def estimator_problems(name: str, needs: EstimatorNeeds, algo, samples: int) -> list[str]:
@@ -47,6 +62,35 @@ def transform_problems(names, algo, samples: int) -> list[str]:
             problems.append(f"algorithm.transforms=[{name}] with algorithm.shaping.{knob}={algo.shaping[knob]} needs at "
                             f"least that many samples per prompt: rollout.samples_per_prompt={samples}")
     return problems
+
+
+def broken(rows: Iterable[tuple[bool, str]]) -> list[str]:
+    """The messages of a rule table's rows whose condition holds, in table order (each row: (broken, message))."""
+    return [message for is_broken, message in rows if is_broken]
+
+
+def shaper_rate_problems(names, shaping) -> list[str]:
+    """The shapers `names` whose declared rates (algorithm.shaping knobs) sum to 1 or more."""
+    problems = []
+    for name in names:
+        rates = SHAPERS.needs(name).rates_below_one
+        total = sum(shaping[rate] for rate in rates)
+        if rates and total >= 1:
+            problems.append(f"algorithm.shaping.{' + '.join(rates)} = {total:g} must be below 1 for {name}")
+    return problems
+
+
+def shaper_affine_problems(names) -> list[str]:
+    """The shapers `names` that are affine maps of a binary reward, for a run whose standardisation cancels them."""
+    return [f"algorithm.shapers=[{name}] is an affine map of a binary reward, which group or batch standardisation "
+            f"cancels exactly; use it with algorithm.scale=none, algorithm=rloo, or beside other reward components "
+            f"(docs/algorithms/seed-ideas.md)" for name in names if SHAPERS.needs(name).affine]
+
+
+def shaper_knob_problems(names, shaping) -> list[str]:
+    """The shapers `names` whose declared algorithm.shaping knobs are unset (empty)."""
+    return [f"algorithm.shapers=[{name}] needs algorithm.shaping.{knob} ({what})"
+            for name in names for knob, what in SHAPERS.needs(name).knobs if not shaping[knob]]
 
 
 def check_entry_needs(cfg: DictConfig) -> None:

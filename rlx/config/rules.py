@@ -10,9 +10,10 @@ import torch
 from omegaconf import DictConfig
 
 from rlx.algorithms.advantages import group_count
-from rlx.config.needs import check_credit_needs, check_entry_needs
+from rlx.config.groups import ROLLOUT_GIVES
+from rlx.config.needs import broken, check_credit_needs, check_entry_needs, refuse_first
 from rlx.config.schema import check_config
-from rlx.config.seed_rules import check_agent_seed_settings, check_seed_processes, check_seed_settings
+from rlx.config.seed_rules import check_agent_seed_settings, check_seed_settings, single_process_problems
 from rlx.errors import UserError
 
 
@@ -47,10 +48,11 @@ def check_agent_sft_settings(cfg: DictConfig) -> None:
     """Imitation in an environment: the environment must exist and build."""
     if cfg.get("env") is None:
         raise UserError("algorithm=agent_sft imitates demonstrations in an environment: add env=grid (or corridor, ...)")
-    if cfg.env.name == "harness":
-        raise UserError("algorithm=agent_sft imitates an environment's expert; env=harness has none (train it with "
-                        "algorithm=agent_grpo, gigpo or mt_grpo)")
-    from rlx.envs import env_factory
+    from rlx.envs import env_factory, plays_through_gateway
+
+    if plays_through_gateway(cfg.env.name):
+        raise UserError(f"algorithm=agent_sft imitates an environment's expert; env={cfg.env.name} has none (train it "
+                        "with algorithm=agent_grpo, gigpo or mt_grpo)")
     from rlx.errors import EnvError
 
     try:
@@ -84,10 +86,10 @@ def check_agent_settings(cfg: DictConfig) -> None:
     if env is None:
         raise UserError(f"algorithm={algo.name} plays an environment: add env=grid (or guess_number, corridor, tool_use, "
                         f"custom env.target=my_module.MyEnv)")
-    from rlx.envs import env_factory
+    from rlx.envs import env_factory, plays_through_gateway
     from rlx.errors import EnvError
 
-    if env.name == "harness":  # [harness] the program must import and take (task, base_url, api_key)
+    if plays_through_gateway(env.name):  # [harness] the program must import and take (task, base_url, api_key)
         from rlx.gateway.harness import HarnessSettings, load_harness
 
         load_harness(env.target)
@@ -96,127 +98,116 @@ def check_agent_settings(cfg: DictConfig) -> None:
         env_factory(env.name, env.get("target"), env.get("kwargs"))
     except EnvError as exc:
         raise UserError(str(exc)) from None
-    if algo.kl_in != "loss":
-        raise UserError(f"algorithm.kl_in={algo.kl_in}: episodes take the KL as a penalty per model token; set "
-                        f"algorithm.kl_in=loss")
-    if cfg.rollout.samples_per_prompt < 2:
-        raise UserError(f"algorithm.family=agent compares the episodes of a task: rollout.samples_per_prompt="
-                        f"{cfg.rollout.samples_per_prompt} must be at least 2")
-    if algo.clip_high < algo.clip_low:
-        raise UserError(f"algorithm.clip_high={algo.clip_high} is below algorithm.clip_low={algo.clip_low}; "
-                        f"clip-higher needs clip_high >= clip_low")
-    if (cfg.prompts_per_step * cfg.rollout.samples_per_prompt) % algo.mini_batches:
-        raise UserError(f"algorithm.mini_batches={algo.mini_batches} must divide prompts_per_step x rollout.samples_per_prompt")
+    refuse_first(broken([
+        (algo.kl_in != "loss", f"algorithm.kl_in={algo.kl_in}: episodes take the KL as a penalty per model token; set "
+                               f"algorithm.kl_in=loss"),
+        (cfg.rollout.samples_per_prompt < 2, f"algorithm.family=agent compares the episodes of a task: "
+                                             f"rollout.samples_per_prompt={cfg.rollout.samples_per_prompt} must be at "
+                                             f"least 2"),
+        clip_row(algo),
+        ((cfg.prompts_per_step * cfg.rollout.samples_per_prompt) % algo.mini_batches,
+         f"algorithm.mini_batches={algo.mini_batches} must divide prompts_per_step x rollout.samples_per_prompt"),
+    ]))
+
+
+def clip_row(algo) -> tuple[bool, str]:
+    """The (broken, message) row of clip-higher: algorithm.clip_high below clip_low."""
+    return (algo.clip_high < algo.clip_low, f"algorithm.clip_high={algo.clip_high} is below algorithm.clip_low="
+                                            f"{algo.clip_low}; clip-higher needs clip_high >= clip_low")
 
 
 def check_policy_gradient_settings(cfg: DictConfig) -> None:
     """Conflicting knobs of the policy-gradient and PPO families (see conf/algorithm/grpo.yaml)."""
     algo, family = cfg.algorithm, cfg.algorithm.family
-    if algo.advantage == "gae" and family != "ppo":
-        raise UserError("algorithm.advantage=gae needs a value model: use algorithm=ppo (algorithm.family=ppo)")
-    if family == "ppo" and algo.advantage != "gae":
-        raise UserError(f"algorithm.family=ppo trains a critic for algorithm.advantage=gae, got '{algo.advantage}'")
-    if cfg.rollout.temperature <= 0:
-        raise UserError(f"rollout.temperature={cfg.rollout.temperature} must be > 0: training samples the completions "
-                        f"it scores (greedy decoding gives every sample of a group the same completion)")
-    if algo.clip_high < algo.clip_low:
-        raise UserError(f"algorithm.clip_high={algo.clip_high} is below algorithm.clip_low={algo.clip_low}; "
-                        f"clip-higher needs clip_high >= clip_low")
-    if algo.dual_clip is not None and algo.dual_clip <= 1:
-        raise UserError(f"algorithm.dual_clip={algo.dual_clip} must be > 1 (or null to turn it off)")
-    if algo.kl_in == "reward" and algo.kl_estimator != "k1":
-        raise UserError(f"algorithm.kl_in=reward uses the k1 estimator; set algorithm.kl_estimator=k1 "
-                        f"(got {algo.kl_estimator})")
-    if algo.kl_coef == 0 and (algo.kl_target is not None or algo.ref_reset_every):
-        raise UserError("algorithm.kl_target / algorithm.ref_reset_every need a reference: set algorithm.kl_coef > 0")
-    if algo.ref_reset_every and cfg.model.lora.enabled:
-        raise UserError("algorithm.ref_reset_every copies the policy into the reference, but under LoRA the reference is "
-                        "the base with the adapter off; set algorithm.ref_reset_every=0 or model.lora.enabled=false")
-    if algo.overlong_buffer > cfg.rollout.max_new_tokens:
-        raise UserError(f"algorithm.overlong_buffer={algo.overlong_buffer} must be in 0..rollout.max_new_tokens="
-                        f"{cfg.rollout.max_new_tokens}")
+    refuse_first(broken([
+        (algo.advantage == "gae" and family != "ppo",
+         "algorithm.advantage=gae needs a value model: use algorithm=ppo (algorithm.family=ppo)"),
+        (family == "ppo" and algo.advantage != "gae",
+         f"algorithm.family=ppo trains a critic for algorithm.advantage=gae, got '{algo.advantage}'"),
+        (cfg.rollout.temperature <= 0, f"rollout.temperature={cfg.rollout.temperature} must be > 0: training samples "
+                                       f"the completions it scores (greedy decoding gives every sample of a group the "
+                                       f"same completion)"),
+        clip_row(algo),
+        (algo.dual_clip is not None and algo.dual_clip <= 1,
+         f"algorithm.dual_clip={algo.dual_clip} must be > 1 (or null to turn it off)"),
+        (algo.kl_in == "reward" and algo.kl_estimator != "k1",
+         f"algorithm.kl_in=reward uses the k1 estimator; set algorithm.kl_estimator=k1 (got {algo.kl_estimator})"),
+        (algo.kl_coef == 0 and (algo.kl_target is not None or algo.ref_reset_every),
+         "algorithm.kl_target / algorithm.ref_reset_every need a reference: set algorithm.kl_coef > 0"),
+        (algo.ref_reset_every and cfg.model.lora.enabled,
+         "algorithm.ref_reset_every copies the policy into the reference, but under LoRA the reference is the base "
+         "with the adapter off; set algorithm.ref_reset_every=0 or model.lora.enabled=false"),
+        (algo.overlong_buffer > cfg.rollout.max_new_tokens, f"algorithm.overlong_buffer={algo.overlong_buffer} must be "
+                                                            f"in 0..rollout.max_new_tokens={cfg.rollout.max_new_tokens}"),
+    ]))
 
 
 def check_sharded_settings(cfg: DictConfig) -> None:
     """What the sharded engines do not run (yet), stopped before any work."""
-    hw = cfg.hardware
+    hw, family = cfg.hardware, cfg.algorithm.family
     engine = {"fsdp": "FSDP", "deepspeed": "DeepSpeed"}.get(hw.get("distributed"))
-    if engine is not None:  # what neither sharded engine runs
-        if cfg.algorithm.family in ("agent", "agent_sft"):
-            raise UserError(f"algorithm={cfg.algorithm.name} plays episodes whose turn counts differ between processes, "
-                            f"which {engine}'s collective forward passes do not allow yet; use hardware=ddp")
-        if cfg.algorithm.family == "ppo":
-            why = "Accelerate's FSDP2 prepares one" if engine == "FSDP" else "which rlx does not prepare under DeepSpeed"
-            raise UserError(f"algorithm=ppo trains two models (policy and critic), {why}; use hardware=ddp or a "
-                            f"critic-free algorithm (grpo, rloo, ...)")
-        if cfg.rollout.backend != "hf":
-            raise UserError(f"rollout={cfg.rollout.backend} reads the full policy weights after each update, not run under {engine} yet; "
-                            f"use rollout=hf or hardware=ddp")
-    if hw.get("distributed") == "fsdp":
-        if cfg.model.dtype in ("bfloat16", "float16") and hw.mixed_precision == "no":
-            raise UserError(f"hardware=fsdp with model.dtype={cfg.model.dtype} and hardware.mixed_precision=no would step "
-                            f"{cfg.model.dtype} weights without fp32 master copies; set hardware.mixed_precision=bf16 "
-                            f"(FSDP2 then trains fp32 masters and computes in bf16) or model.dtype=float32")
-        if cfg.model.lora.enabled and cfg.model.lora.save_merged:
-            raise UserError("model.lora.save_merged=true merges a copy of the policy, not done between FSDP shards; "
-                            "set model.lora.save_merged=false (final/ holds the adapter) or use hardware=ddp")
-    if hw.get("distributed") != "deepspeed":
-        return
-    if hw.deepspeed.zero_stage == 3 and cfg.algorithm.get("ref_reset_every"):
-        raise UserError("algorithm.ref_reset_every copies the policy into the reference, not done between ZeRO-3 shards; "
-                        "set algorithm.ref_reset_every=0 or hardware=deepspeed_zero2")
+    fsdp, deepspeed = hw.get("distributed") == "fsdp", hw.get("distributed") == "deepspeed"
+    zero3 = deepspeed and hw.deepspeed.zero_stage == 3
     lora = cfg.model.get("lora")
-    if (hw.deepspeed.zero_stage == 3 and hw.deepspeed.zero3_init_flag and cfg.algorithm.get("kl_coef", 0) > 0
-            and not (lora is not None and lora.enabled)):
-        raise UserError("hardware.deepspeed.zero3_init_flag=true loads the policy already partitioned, so the KL reference "
-                        "cannot be copied from it; set hardware.deepspeed.zero3_init_flag=false or use model.lora.enabled=true")
+    why = "Accelerate's FSDP2 prepares one" if engine == "FSDP" else "which rlx does not prepare under DeepSpeed"
+    refuse_first(broken([  # what neither sharded engine runs, then what FSDP does not, then what ZeRO-3 does not
+        (engine is not None and family in ("agent", "agent_sft"),
+         f"algorithm={cfg.algorithm.name} plays episodes whose turn counts differ between processes, which {engine}'s "
+         f"collective forward passes do not allow yet; use hardware=ddp"),
+        (engine is not None and family == "ppo", f"algorithm=ppo trains two models (policy and critic), {why}; use "
+                                                 f"hardware=ddp or a critic-free algorithm (grpo, rloo, ...)"),
+        (engine is not None and not ROLLOUT_GIVES[cfg.rollout.backend].sharded_weights,
+         f"rollout={cfg.rollout.backend} reads the full policy weights after each update, not run under {engine} yet; "
+         f"use rollout=hf or hardware=ddp"),
+        (fsdp and cfg.model.dtype in ("bfloat16", "float16") and hw.mixed_precision == "no",
+         f"hardware=fsdp with model.dtype={cfg.model.dtype} and hardware.mixed_precision=no would step "
+         f"{cfg.model.dtype} weights without fp32 master copies; set hardware.mixed_precision=bf16 (FSDP2 then trains "
+         f"fp32 masters and computes in bf16) or model.dtype=float32"),
+        (fsdp and cfg.model.lora.enabled and cfg.model.lora.save_merged,
+         "model.lora.save_merged=true merges a copy of the policy, not done between FSDP shards; set "
+         "model.lora.save_merged=false (final/ holds the adapter) or use hardware=ddp"),
+        (zero3 and cfg.algorithm.get("ref_reset_every"),
+         "algorithm.ref_reset_every copies the policy into the reference, not done between ZeRO-3 shards; set "
+         "algorithm.ref_reset_every=0 or hardware=deepspeed_zero2"),
+        (zero3 and hw.deepspeed.zero3_init_flag and cfg.algorithm.get("kl_coef", 0) > 0
+         and not (lora is not None and lora.enabled),
+         "hardware.deepspeed.zero3_init_flag=true loads the policy already partitioned, so the KL reference cannot be "
+         "copied from it; set hardware.deepspeed.zero3_init_flag=false or use model.lora.enabled=true"),
+    ]))
 
 
 def check_batch(cfg, processes: int) -> int:
     """The global batch must split evenly over processes, micro-batches and accumulation steps.
     Returns the per-process batch of one optimizer step. An estimator's declared extra samples count (median: each
     prompt has G + 1 samples, the pivot too, so the rollout batch is prompts_per_step x (G + 1))."""
-    hw = cfg.hardware
-    if processes > 1 and cfg.algorithm.get("dynamic_sampling"):
-        raise UserError("algorithm.dynamic_sampling runs on one process for now; set algorithm.dynamic_sampling=false "
-                        "or hardware.num_processes=1")
-    check_seed_processes(cfg, processes)
-    if cfg.algorithm.family in ("policy_gradient", "ppo", "agent", "agent_sft"):  # agent*: tasks x episodes per task
-        prompts = cfg.prompts_per_step
-        group = group_count(cfg.rollout.samples_per_prompt, cfg.algorithm.get("advantage"))
-        if prompts % processes:
-            raise UserError(
-                f"prompts_per_step={prompts} does not split over {processes} processes "
-                f"(hardware.num_processes x num_machines); make prompts_per_step a multiple of {processes}"
-            )
-        local = prompts // processes * group
-        mini_batches = cfg.algorithm.get("mini_batches", 1)
-        if local % mini_batches:
-            raise UserError(
-                f"each process holds prompts_per_step/processes x samples per prompt = {local} samples, which "
-                f"algorithm.mini_batches={mini_batches} does not divide; change prompts_per_step or mini_batches"
-            )
-        local_step = local // mini_batches
-        what = "prompts_per_step/processes x samples per prompt / algorithm.mini_batches"
+    hw, algo = cfg.hardware, cfg.algorithm
+    episodes_or_groups = algo.family in ("policy_gradient", "ppo", "agent", "agent_sft")  # agent*: tasks x episodes
+    prompts, batch = cfg.prompts_per_step, algo.get("batch_size", cfg.prompts_per_step)
+    local = prompts // processes * group_count(cfg.rollout.samples_per_prompt, algo.get("advantage")) if (
+        episodes_or_groups) else 0  # samples each process holds
+    mini_batches = algo.get("mini_batches", 1)
+    if episodes_or_groups:
+        local_step, what = local // mini_batches, "prompts_per_step/processes x samples per prompt / algorithm.mini_batches"
     else:
-        batch = cfg.algorithm.get("batch_size", cfg.prompts_per_step)
-        if batch % processes:
-            raise UserError(
-                f"algorithm.batch_size={batch} does not split over {processes} processes; "
-                f"make it a multiple of {processes}"
-            )
-        local_step = batch // processes
-        what = "algorithm.batch_size / processes"
+        local_step, what = batch // processes, "algorithm.batch_size / processes"
     accumulation = hw.get("gradient_accumulation_steps")
-    if cfg.get("micro_batch_tokens") is not None and hw.get("distributed") == "deepspeed":
-        raise UserError("micro_batch_tokens varies the micro-batch count per step, which DeepSpeed's engine fixes; "
-                        "set micro_batch_tokens=null (use micro_batch_size) or another hardware strategy")
-    if accumulation is not None and local_step != accumulation * cfg.micro_batch_size:
-        raise UserError(
-            f"hardware.gradient_accumulation_steps={accumulation} x micro_batch_size={cfg.micro_batch_size} must equal "
-            f"the per-process batch of one optimizer step ({what} = {local_step}); change one of them, "
-            f"or set hardware.gradient_accumulation_steps=null to derive it"
-        )
+    refuse_first([*single_process_problems(cfg, processes), *broken([
+        (episodes_or_groups and prompts % processes,
+         f"prompts_per_step={prompts} does not split over {processes} processes (hardware.num_processes x "
+         f"num_machines); make prompts_per_step a multiple of {processes}"),
+        (episodes_or_groups and local % mini_batches,
+         f"each process holds prompts_per_step/processes x samples per prompt = {local} samples, which "
+         f"algorithm.mini_batches={mini_batches} does not divide; change prompts_per_step or mini_batches"),
+        (not episodes_or_groups and batch % processes,
+         f"algorithm.batch_size={batch} does not split over {processes} processes; make it a multiple of {processes}"),
+        (cfg.get("micro_batch_tokens") is not None and hw.get("distributed") == "deepspeed",
+         "micro_batch_tokens varies the micro-batch count per step, which DeepSpeed's engine fixes; set "
+         "micro_batch_tokens=null (use micro_batch_size) or another hardware strategy"),
+        (accumulation is not None and local_step != accumulation * cfg.micro_batch_size,
+         f"hardware.gradient_accumulation_steps={accumulation} x micro_batch_size={cfg.micro_batch_size} must equal "
+         f"the per-process batch of one optimizer step ({what} = {local_step}); change one of them, or set "
+         f"hardware.gradient_accumulation_steps=null to derive it"),
+    ])])
     return local_step
 
 
@@ -228,15 +219,16 @@ def check_strategy(hardware) -> None:
     import torch
 
     strategy = hardware.get("distributed", "no")
-    if strategy == "fsdp" and not hardware.get("cpu") and not torch.cuda.is_available():
-        raise UserError("hardware=fsdp without a GPU needs hardware.cpu=true (FSDP2 then runs on CPU processes with gloo); "
-                        "add hardware.cpu=true hardware.mixed_precision=no")
-    if strategy == "deepspeed":
-        if importlib.util.find_spec("deepspeed") is None:
-            raise UserError("hardware=deepspeed_zero2/3 needs DeepSpeed: pip install 'rlx[deepspeed]'")
-        if hardware.get("cpu"):
-            raise UserError("hardware.distributed=deepspeed ignores hardware.cpu=true (Accelerate then drops DeepSpeed); "
-                            "set hardware.cpu=false: without a GPU DeepSpeed runs on the CPU with gloo")
+    refuse_first(broken([
+        (strategy == "fsdp" and not hardware.get("cpu") and not torch.cuda.is_available(),
+         "hardware=fsdp without a GPU needs hardware.cpu=true (FSDP2 then runs on CPU processes with gloo); add "
+         "hardware.cpu=true hardware.mixed_precision=no"),
+        (strategy == "deepspeed" and importlib.util.find_spec("deepspeed") is None,
+         "hardware=deepspeed_zero2/3 needs DeepSpeed: pip install 'rlx[deepspeed]'"),
+        (strategy == "deepspeed" and hardware.get("cpu"),
+         "hardware.distributed=deepspeed ignores hardware.cpu=true (Accelerate then drops DeepSpeed); set "
+         "hardware.cpu=false: without a GPU DeepSpeed runs on the CPU with gloo"),
+    ]))
 
 
 def check_device(hardware) -> None:

@@ -19,10 +19,11 @@ from rlx.envs.tools import ToolUse
 
 # isort: split
 from rlx.envs.mixture import Mixture
-from rlx.envs.registry import CUSTOM, ENVIRONMENTS
+from rlx.envs.registry import CUSTOM, ENVIRONMENTS, plays_through_gateway
 from rlx.errors import EnvError, UserError
 
-__all__ = ["ENVIRONMENTS", "Corridor", "Grid", "GuessNumber", "Mixture", "ToolUse", "env_factory", "load_target"]
+__all__ = ["ENVIRONMENTS", "Corridor", "Grid", "GuessNumber", "Mixture", "ToolUse", "env_factory", "load_target",
+           "plays_through_gateway"]
 
 
 def load_target(target: str):
@@ -40,7 +41,7 @@ def load_target(target: str):
 def env_factory(name: str, target: str | None = None, kwargs: dict | None = None):
     """A zero-argument callable making a fresh environment for one episode slot (None for env=harness)."""
     kwargs = dict(kwargs or {})
-    if name == "harness":  # no environment object: rlx/gateway/harness.py plays the user's program
+    if plays_through_gateway(name):  # no environment object: rlx/gateway/harness.py plays the user's program
         return None
     if name == CUSTOM:
         if not target:

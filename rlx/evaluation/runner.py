@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from rlx.envs.registry import plays_through_gateway
 from rlx.errors import UserError
 from rlx.evaluation.agents import per_task_values
 from rlx.evaluation.benchmarks import Benchmark
@@ -330,7 +331,7 @@ def _environment(cfg: DictConfig):
     except EnvError as exc:
         raise UserError(str(exc)) from None
     label = str(env_cfg.target).rpartition(".")[2] if env_cfg.name == "custom" else env_cfg.name
-    if env_cfg.name == "harness":  # [harness] checked before a model loads; results named by run()'s module
+    if plays_through_gateway(env_cfg.name):  # [harness] checked before a model loads; results named by run()'s module
         from rlx.gateway.harness import HarnessSettings, load_harness
 
         load_harness(env_cfg.target)
@@ -433,7 +434,7 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
                                "top_k": int(cfg.sampling.top_k)}
         if environment:
             name, factory, tasks = environment
-            if cfg.env.name != "harness":  # an episode that cannot play a turn: stop before playing, one line
+            if not plays_through_gateway(cfg.env.name):  # an episode that cannot play a turn: stop before playing, one line
                 from rlx.rollout.budgets import check_episode_budget
                 from rlx.rollout.env import EVAL_SEED_BASE
                 from rlx.rollout.prompt_limits import model_context

@@ -144,7 +144,7 @@ class GroupStages:
         self.drop = algo.dynamic_sampling_drop
         self.laser_d = (LaserDTargets(self.shaping["target_tokens"], self.shaping["target_candidates"], group_size,
                                       self.shaping["adapt_every"], self.shaping["expected_correct"])
-                        if "laser_d" in self.shapers else None)
+                        if any(SHAPERS.needs(name).length_targets for name in self.shapers) else None)
         self.schedule_mode = roll.temperature_schedule.mode
         self.schedule_knobs = {k: v for k, v in vars(roll.temperature_schedule).items() if k != "mode"}
         self.base_temperature = roll.temperature
@@ -341,7 +341,7 @@ class GroupStages:
 
     def _shape(self, part: Round, ctx: StageContext) -> Round:
         reference = None
-        if "par" in self.shapers:  # r(x, y_ref): the reward of the row's reference completion (data.completion_template)
+        if any(SHAPERS.needs(name).reference_rewards for name in self.shapers):  # r(x, y_ref): the reward of the row's reference completion (data.completion_template)
             texts = [ctx.completion_template.format(answer=row.get("answer")) for row in part.rows]
             reference = _reference_rewards(ctx, part, texts)
         signals = GroupSignals(part.groups, part.correct, part.rollout.lengths, mean_logprobs(part.rollout), reference,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 from accelerate.utils import gather_object
 
+from rlx.envs.registry import plays_through_gateway
 from rlx.evaluation.metrics import pass_at_k
 from rlx.rollout.env import EVAL_SEED_BASE, play
 from rlx.rollout.episodes import episode_metrics
@@ -21,7 +22,7 @@ from rlx.rollout.types import Episode
 def player_for(env):
     """The `play` of an env (rlx.rollout.env.play's signature) and its extra metrics: env=harness plays the user's
     program through the gateway (rlx/gateway/harness.py) and reports its forks, timeouts and cut episodes."""
-    if getattr(env, "name", None) == "harness":
+    if plays_through_gateway(getattr(env, "name", None)):
         from rlx.gateway.episodes import harness_metrics
         from rlx.gateway.harness import harness_player
 
