@@ -26,6 +26,10 @@ def test_grpo_two_steps_writes_run_directory_and_changes_parameters(tmp_path):
                 "train/clip_frac_low", "completions/mean_length", "perf/tokens_per_s", "perf/step_time_s"):
         assert key in rows[1], key
     assert "eval/accuracy" in rows[0] and "eval/accuracy" in rows[2]
+    for row in rows[1:]:  # the per-phase profile: disjoint parts of the step, the optimizer inside the update
+        phases = [row[f"perf/{p}_time_s"] for p in ("generation", "logprob", "update")]
+        assert min(phases) >= 0 and sum(phases) <= row["perf/step_time_s"]
+        assert 0 < row["perf/optimizer_time_s"] < row["perf/update_time_s"]
     assert "steps=2" in (run / "overrides.yaml").read_text()
     before = load_file(ASSETS_DIR / "tiny" / "model.safetensors")
     after = load_file(run / "final" / "model.safetensors")

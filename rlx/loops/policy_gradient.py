@@ -121,6 +121,7 @@ def train_policy_gradient(settings, parts: Parts) -> dict:
         need_old = (needs_proximal_logprobs(updates_per_step, reference is not None and algo.kl_in == "reward",
                                             update.correction) or batch.behaviour is not None)
         old_logp, old_entropy = None, None
+        logprob_start = time.perf_counter()
         if need_old or algo.forking_rho < 1:
             sampled_in = rollout if batch.behaviour is None else batch.behaviour  # the contexts the rows were drawn in
             old_logp, old_entropy = batched_logprobs(model, sampled_in, settings.micro_batch_size,
@@ -129,6 +130,7 @@ def train_policy_gradient(settings, parts: Parts) -> dict:
         ref_logp = (batched_logprobs(reference, rollout, settings.micro_batch_size, temperature=roll.temperature,
                                      pack=pack)[0]
                     if reference is not None else None)
+        logprob_time = time.perf_counter() - logprob_start
 
         # 3. credit: this process's advantages, (n,) per row or (n, C) per token, computed over the global batch
         credit = credit_rule(batch, algo, acc=acc, completion_mask=completion_mask, old_logp=old_logp,
@@ -151,6 +153,7 @@ def train_policy_gradient(settings, parts: Parts) -> dict:
         # yet AdamW would move every weight along its momentum, so algorithm.skip_zero_advantage takes no step.
         skip = algo.skip_zero_advantage and not credit.any_signal and algo.kl_coef == 0 and algo.entropy_coef == 0
         model.train()  # gradient checkpointing acts only in train mode (dropout is off for good, models/lora.py)
+        update_start = time.perf_counter()
         if skip:
             stats = new_stats()
             with warnings.catch_warnings():  # a schedule stepped before the first optimizer step is what we want here
@@ -160,6 +163,7 @@ def train_policy_gradient(settings, parts: Parts) -> dict:
         else:
             stats = optimise(acc, model, optimizer, scheduler, rollout, credit.advantages, completion_mask, loss_mask,
                              pg_mask, credit.keep, old_logp, ref_logp, sampler_logp, kl_coef, shuffle, update)
+        update_time = time.perf_counter() - update_start
         if band is not None and not skip:
             band.record(stats)  # this step's per-turn entropies join the history the next steps' band is set from
         generator.publish(acc.unwrap_model(model), step)  # the next rows (and evaluation) sample the updated policy
@@ -179,6 +183,9 @@ def train_policy_gradient(settings, parts: Parts) -> dict:
             **batch.metrics,
             "perf/step_time_s": step_time,
             "perf/generation_time_s": generation_time,
+            "perf/logprob_time_s": logprob_time,  # the old (proximal) and reference log-prob passes, when needed
+            "perf/update_time_s": update_time,  # forward, backward and optimizer steps of the update
+            "perf/optimizer_time_s": stats["optimizer_time"],  # of which clipping and the optimizer steps
             "perf/tokens_per_s": global_sum(acc, completion_mask.sum().item()) / step_time,
             **generator.step_metrics(),  # e.g. the weight publish time of an engine or server
         }
@@ -234,7 +241,7 @@ class UpdateSettings:
 def new_stats() -> dict:
     return {"loss": 0.0, "kl": [], "entropy": [], "clip_low": [], "clip_high": [], "clip": [], "approx_kl": [],
             "grad_norm": [], "seq_kl_sum": 0.0, "gap_sum": 0.0, "gap_max": 0.0, "gap_count": 0, "tis_capped": 0,
-            "tis_weight_sum": 0.0, "band_penalty": [], "band_entropy": []}
+            "tis_weight_sum": 0.0, "band_penalty": [], "band_entropy": [], "optimizer_time": 0.0}
 
 
 def optimise(acc, model, optimizer, scheduler, rollout, advantages, completion_mask, loss_mask, pg_mask, keep, old_logp,
@@ -305,7 +312,9 @@ def optimise(acc, model, optimizer, scheduler, rollout, advantages, completion_m
                 stats["clip_high"].append(high)
                 stats["clip"].append(high + low)
                 stats["approx_kl"].append(clip_stats["train/approx_kl"].item())
+            optimizer_start = time.perf_counter()
             grad_norm = optimizer_step(acc, model, optimizer, scheduler, u.max_grad_norm)
+            stats["optimizer_time"] += time.perf_counter() - optimizer_start
             if grad_norm is not None:
                 stats["grad_norm"].append(grad_norm)
     return stats
