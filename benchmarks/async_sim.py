@@ -84,8 +84,8 @@ class Setup:
     write: float = 0.0                # push: writing the weights (share of a synchronous 8-GPU step)
     reload: float = 0.0               # push: an engine loading them (share of a synchronous 8-GPU step)
     switch: float = 0.05              # colocated sync: switching the GPUs between training and generation (share)
-    batches: int = 60                 # batches simulated; the first `warmup` are not timed
-    warmup: int = 10
+    batches: int = 40                 # batches simulated; the first `warmup` are not timed
+    warmup: int = 8
     seed: int = 0
     token_cost: float = field(default=0.0)  # update: t0 per trained token on one GPU (set by calibrate)
     unit: float = field(default=1.0)        # t0 per synchronous 8-GPU step (set by calibrate)
@@ -411,7 +411,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--saturation", type=float, default=256.0)
     parser.add_argument("--round-tokens", type=int, default=32)
     parser.add_argument("--switch", type=float, default=0.05)
-    parser.add_argument("--batches", type=int, default=60)
+    parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--json", help="also write inputs and table as JSON here")
     args = parser.parse_args(argv)
     measured = measured_inputs()

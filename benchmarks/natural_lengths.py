@@ -1,6 +1,6 @@
 """Natural completion lengths of the real model, the input of benchmarks/async_sim.py's length tail.
 
-    python benchmarks/natural_lengths.py        # ~1-3 min on one CPU thread
+    python benchmarks/natural_lengths.py        # ~10-20 min on one shared CPU thread (6 min for chain_sum at load 9)
 
 SmolLM2-135M-Instruct (the packaged model rlx converts once into its cache), 64 prompts x 1 sample at temperature
 0.7, up to 256 new tokens, batched (left padding), one CPU thread, on two prompt sets from reasoning-gym (generated
@@ -28,8 +28,8 @@ def prompt_sets() -> dict[str, list[str]]:
     chain = reasoning_gym.create_dataset("chain_sum", size=PROMPTS, seed=SEED, min_terms=2, max_terms=2,
                                          min_digits=1, max_digits=1)
     words = reasoning_gym.create_dataset("gsm_symbolic", size=PROMPTS, seed=SEED)
-    return {"chain_sum": [row["question"] for row in chain],
-            "gsm_symbolic": [row["question"] + "\nReason step by step, then state the final answer." for row in words]}
+    return {"gsm_symbolic": [row["question"] + "\nReason step by step, then state the final answer." for row in words],
+            "chain_sum": [row["question"] for row in chain]}
 
 
 def lengths(model, tokenizer, prompts: list[str]) -> list[int]:
@@ -71,8 +71,8 @@ def main() -> None:
         got = lengths(model, tokenizer, prompts)
         record["sets"][name] = {"lengths": got, "mean": sum(got) / len(got), "max": max(got),
                                 "cut_at_budget": sum(n >= MAX_NEW for n in got), "seconds": time.perf_counter() - start}
-        print(name, {k: v for k, v in record["sets"][name].items() if k != "lengths"})
-    OUT.write_text(json.dumps(record, indent=1) + "\n")
+        print(name, {k: v for k, v in record["sets"][name].items() if k != "lengths"}, flush=True)
+        OUT.write_text(json.dumps(record, indent=1) + "\n")   # after each set: a long run keeps what it measured
     print("wrote", OUT)
 
 
