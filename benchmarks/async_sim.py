@@ -345,6 +345,13 @@ def calibrate(setup: Setup) -> Setup:
     return replace(setup, token_cost=update * 8 / tokens, unit=gen / setup.gen_share)
 
 
+def bound_time(setup: Setup, gpus: int) -> float:
+    """No schedule beats this step (t0): every GPU busy all the time, generating at full capacity (step time
+    1 + C / saturation for C rows) or training; no tail, push or switch. Mean tokens of a batch: P G mean length."""
+    tokens = setup.prompts * setup.group * sum(setup.lengths) / len(setup.lengths)
+    return tokens * (step_time(setup.capacity, setup.saturation) / setup.capacity + setup.token_cost) / gpus
+
+
 def splits(gpus: int) -> list[int]:
     """Generating-GPU counts tried for the disaggregated schedules: every count on 8 GPUs, else from half the GPUs
     up in sixteenths (generation is most of the work, so the best split gives it more than half)."""
@@ -369,7 +376,7 @@ def compare(setup: Setup, gpus: int, stalenesses=(1, 2, 4)) -> list[dict]:
             best[name] = min((pipeline_time(setup, produced[(e, runs)], gpus - e, k), e) for e in splits(gpus))
         best["streaming"] = min((streaming_time(setup, streamed[e], gpus - e, k), e) for e in splits(gpus))
         row = {"gpus": gpus, "staleness": k, "sync_step": sync / setup.unit,
-               "sync_partial": sync / sync_partial}
+               "sync_partial": sync / sync_partial, "bound": sync / bound_time(setup, gpus)}
         for name, (time, e) in best.items():
             row[name] = sync / time
             row[name + "_generating_gpus"] = e
@@ -429,12 +436,13 @@ def main(argv=None) -> dict:
                   "peers' NCCL push of a 0.5B model (0.15-0.6 s) against a 5 s H100 0.5B step (gpu_smoke_h100)")
     print("assumptions: " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in inputs.items()))
     table = [row for n in map(int, args.gpus.split(",")) for row in compare(setup, n)]
-    header = ["GPUs", "k", "sync + partial", "pipeline (gen GPUs)", "pipeline + partial", "streaming (gen GPUs)"]
+    header = ["GPUs", "k", "sync + partial", "pipeline (gen GPUs)", "pipeline + partial", "streaming (gen GPUs)",
+              "bound"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in table:
         lines.append(f"| {r['gpus']} | {r['staleness']} | {r['sync_partial']:.2f}x | {r['pipeline']:.2f}x "
                      f"({r['pipeline_generating_gpus']}) | {r['pipeline_partial']:.2f}x | {r['streaming']:.2f}x "
-                     f"({r['streaming_generating_gpus']}) |")
+                     f"({r['streaming_generating_gpus']}) | {r['bound']:.2f}x |")
     print("\n".join(lines))
     print("\npublished by peers (their hardware, models, tasks): " + "; ".join(f"{a}: {b}" for a, b in PEERS))
     record = {"inputs": inputs, "table": table, "peers": dict(PEERS)}

@@ -101,3 +101,10 @@ def test_compare_runs_end_to_end_on_a_small_setup():
     setup = sim.calibrate(sim.Setup(lengths=(3, 7, 20, 40), prompts=8, group=2, batches=8, warmup=2))
     rows = sim.compare(setup, 8, stalenesses=(1,))
     assert rows[0]["gpus"] == 8 and all(rows[0][k] > 0 for k in ("pipeline", "pipeline_partial", "streaming"))
+
+
+def test_bound_by_hand():
+    """Lengths (10, 30): mean 20; 2 groups of 2 rows: 80 tokens a batch. Capacity 4, saturation 4: a full step
+    costs 2 t0 for 4 tokens (0.5 a token); update 0.25 a token: 80 x 0.75 / 2 GPUs = 30."""
+    setup = sim.Setup(lengths=(10, 30), prompts=2, group=2, capacity=4, saturation=4.0, token_cost=0.25)
+    assert sim.bound_time(setup, 2) == pytest.approx(30.0)
