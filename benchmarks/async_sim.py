@@ -169,7 +169,7 @@ def partial_step(pool: list[Group], prompts: int, engines: int, capacity: int, s
         per[e].extend((j, r) for r, left in enumerate(pool[j].left) if left > 0)
     done_at = [0.0] * len(pool)                                        # a group's completion time
     runs = []
-    for e, rows in enumerate(per):
+    for rows in per:
         if not rows:
             continue
         finish, admitted, timeline = engine_run([pool[j].left[r] for j, r in rows], capacity, saturation)
