@@ -1,37 +1,66 @@
-"""A small simulator: from measured per-phase times, the speed-up of pipeline mode (staleness k = 1..4) over the
-synchronous loop on N = 8 and 64 GPUs.
+"""A row-level simulator of rlx's rollout schedules on 8, 64 and 512 GPUs: synchronous, pipeline, partial rollouts
+and streaming (token-budget rounds), each against the synchronous loop at the same GPU count.
 
-    python benchmarks/async_sim.py                       # inputs from benchmarks/results/async_vs_sync_0.5b_*.json
-    python benchmarks/async_sim.py --gen-share 0.75 --tail 0.3 --cv 0.3 --sync 0.05
+    python benchmarks/async_sim.py                  # inputs from benchmarks/results/ (see measured_inputs)
+    python benchmarks/async_sim.py --push nccl      # the push at the peers' NCCL figure instead of rlx's file push
+    python benchmarks/async_sim.py --round-tokens 16 --capacity 128 --json /tmp/x.json
 
-The model (every number relative to one synchronous step on 8 GPUs = 1):
-  - generation takes the share g of a synchronous step; a part t of it is the long tail (decoding the longest rows
-    of the batch after most have finished: per-token latency, which more GPUs do not shorten), the rest (1 - t)
-    is throughput, shared by the generating GPUs; the tail of a batch varies from batch to batch (lognormal, mean
-    1, coefficient of variation cv: the longest completion of a batch is a random draw);
-  - the update takes 1 - g, shared by the training GPUs (ideal data parallelism);
-  - a weight push takes `sync` (a broadcast: it does not shrink with N).
-  Synchronous (colocated, every GPU generates then trains): step = g (1 - t) 8/N + g t X_b + (1 - g) 8/N + sync.
-  Pipeline (disaggregated: n_g GPUs generate, N - n_g train, the best split), rlx's schedule: batch b is sampled
-  once the weights of update b-1-k are published and the previous batch is sampled (one batch at a time, as the
-  producer thread does); the trainer updates on batch b once it is sampled and update b-1 is done. The push
-  (sync) is the producer's, between two batches. Simulated over 4,000 steps; the speed-up is the ratio of the
-  mean step times. Partial rollouts are modelled as cutting the tail by the fraction measured (--partial-cut).
-What it leaves out: continuous batching across batches (AReaL streams rows; rlx's producer samples one batch at a
-time), the trainer's idle memory, network limits of the push beyond a constant, and data-parallel inefficiency.
+The model. A batch is P groups of G rows (P = 512, G = 16: the batch is held fixed as GPUs grow). Each row's
+completion length is drawn from the real model's natural lengths (`natural_lengths.py`). Generation runs on
+engines (one GPU each for this model size). An engine holds at most `capacity` rows at once (KV cache and
+max_num_seqs) and decodes them together: a decode step with b rows takes t0 (1 + b / saturation), so a step of
+few rows costs almost as much as a full one (the long tail: per-token latency, which more GPUs do not shorten).
+When a row ends, the next row waiting for that engine takes its place (continuous batching within what the
+engine was sent). A group stays on one engine. Prefill is not modelled. The update costs a fixed time per
+trained token, shared by the training GPUs (ideal data parallelism). The two costs are calibrated so that
+generation takes `gen_share` of a synchronous step on 8 GPUs (0.75: the H100 figure, 68-82% of a 0.5B step).
+Every time is reported relative to that 8-GPU step.
+
+The schedules (what rlx does, or would do):
+  - sync: colocated, every GPU generates the batch and then trains on it, plus a switch cost per step (weights
+    loaded into the engine, its memory released and taken back).
+  - sync + partial: rlx's `rollout.partial=true` (APRIL) on the same GPUs: ceil(oversample P) groups in flight;
+    generation stops when P groups are complete; the P complete groups with the smallest draw index are
+    trained; unfinished rows keep their tokens for the next step. Only the decode steps actually run are paid
+    for, and only the trained rows' tokens are trained.
+  - pipeline k: `rollout.max_staleness=k` with rollout=server: n_g GPUs generate, the rest train (the best split).
+    The producer samples one batch at a time; batch b waits for the weights of update b-1-k, and the producer
+    pushes them (write + the engines' reload) before it starts. The trainer updates on batch b once it is sampled
+    and update b-1 is done.
+  - pipeline k + partial: the same producer, each batch made by the partial rule above.
+  - streaming k (token-budget rounds, not built in rlx: the design in generation-service.md): every unfinished row
+    advances at most S tokens per round, all at the round's version max(0, m - k), where m is the number of
+    batches formed before the round; after each round the first P complete groups in draw order form a batch
+    (repeatedly). New groups enter in draw order at the start of a round, each on the engine with the fewest
+    rows, while the rows in flight stay within the engines' capacity and oversample P G. A round ends when every
+    engine has done its part (a barrier) and costs `round_overhead` decode steps more (the continuation request
+    and its prefill). The write of new weights runs beside generation; an engine reloads when the round's
+    version is newer than the one it holds, which stops it for the reload time.
+  The speed-up of a schedule is the synchronous loop's mean step time over the schedule's, at the same GPU count.
+
+What it leaves out: prefill, network limits beyond the push's constant, imbalance beyond what the lengths and
+the group placement make, trainer memory, data-parallel inefficiency, and the statistical cost of staleness.
 """
 
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import math
 import random
 import sys
+from bisect import bisect_right
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-# published figures of peers, for the docs table beside the simulation (their hardware, models and tasks)
+LENGTHS_FILE = RESULTS / "natural_lengths_smollm2_135m.json"
+PUSH_FILE = RESULTS / "server_rollout_0.5b_shm.json"   # rlx's server push at the 0.5B shape, work_dir on /dev/shm
+STEP_FILE = RESULTS / "async_vs_sync_0.5b_2x4x64.json"  # the synchronous 0.5B step measured on the same CPU
+# the peers' NCCL push of a 0.5B model (0.15-0.6 s) against an H100 0.5B step (gpu_smoke_h100: 4.3-6.8 s)
+NCCL_PUSH = (0.4 / 5.0, 0.0)
+# published figures of peers (their hardware, models, tasks): asynchronous against their synchronous runs
 PEERS = [
     ("AReaL (Fu et al. 2025), fully asynchronous vs synchronous", "2.57x (2.77x in its later release)"),
     ("ROLL Flash (2025), asynchronous RLVR / agentic", "2.24x / 2.72x"),
@@ -39,93 +68,387 @@ PEERS = [
 ]
 
 
-def simulate(gen_share: float, tail: float, cv: float, sync: float, gpus: int, staleness: int | None, generators: int = 0,
-             steps: int = 4000, seed: int = 0) -> float:
-    """Mean step time (relative to one synchronous step on 8 GPUs). staleness None: synchronous on all `gpus`."""
-    rng = random.Random(seed)
-    sigma = math.sqrt(math.log(1 + cv * cv))
-    draws = [rng.lognormvariate(-sigma * sigma / 2, sigma) for _ in range(steps)]  # mean 1
-    scale = 8 / gpus
-    if staleness is None:
-        total = sum(gen_share * (1 - tail) * scale + gen_share * tail * x + (1 - gen_share) * scale + sync for x in draws)
-        return total / steps
-    trainers = gpus - generators
-    produce = [gen_share * (1 - tail) * 8 / generators + gen_share * tail * x + sync for x in draws]
-    update = (1 - gen_share) * 8 / trainers
-    sampled, updated = [0.0] * (steps + 1), [0.0] * (steps + 1)  # end times (index = batch/step, 1-based)
-    producer_free = 0.0
-    for b in range(1, steps + 1):
-        weights = updated[b - 1 - staleness] if b - 1 - staleness >= 1 else 0.0
-        start = max(producer_free, weights)
-        sampled[b] = producer_free = start + produce[b - 1]
-        updated[b] = max(sampled[b], updated[b - 1]) + update
-    warm = steps // 10
-    return (updated[steps] - updated[warm]) / (steps - warm)
+@dataclass(frozen=True)
+class Setup:
+    """The model's inputs. Times are in decode steps of one row (t0) until `calibrate` sets the update's cost."""
+
+    lengths: tuple[int, ...]          # natural completion lengths to draw from (tokens)
+    prompts: int = 512                # P: groups per batch
+    group: int = 16                   # G: rows per group
+    gen_share: float = 0.75           # generation's share of a synchronous 8-GPU step (calibration)
+    capacity: int = 256               # rows an engine holds at once (vLLM's max_num_seqs default)
+    saturation: float = 256.0         # a decode step of b rows costs 1 + b / saturation (t0 = 1)
+    oversample: float = 2.0           # partial rollouts and streaming: groups in flight <= oversample P
+    round_tokens: int = 32            # S: streaming's token budget per row and round
+    round_overhead: float = 2.0       # streaming: decode steps' worth of cost per round (request, prefill)
+    write: float = 0.0                # push: writing the weights (share of a synchronous 8-GPU step)
+    reload: float = 0.0               # push: an engine loading them (share of a synchronous 8-GPU step)
+    switch: float = 0.05              # colocated sync: switching the GPUs between training and generation (share)
+    batches: int = 40                 # batches simulated; the first `warmup` are not timed
+    warmup: int = 8
+    seed: int = 0
+    token_cost: float = field(default=0.0)  # update: t0 per trained token on one GPU (set by calibrate)
+    unit: float = field(default=1.0)        # t0 per synchronous 8-GPU step (set by calibrate)
 
 
-def best_pipeline(gen_share, tail, cv, sync, gpus, staleness) -> tuple[float, int]:
-    """(mean step time, generating GPUs) at the best split of `gpus`."""
-    return min((simulate(gen_share, tail, cv, sync, gpus, staleness, g), g) for g in range(1, gpus))
+def step_time(rows: int, saturation: float) -> float:
+    """One decode step of `rows` rows, in t0."""
+    return 1.0 + rows / saturation
+
+
+# ----------------------------------------------------------------------------------------------- one engine
+
+
+def engine_run(lengths: list[int], capacity: int, saturation: float):
+    """Decode rows of `lengths` tokens on one engine, admitted in order, at most `capacity` at once.
+
+    Returns (finish, admitted, timeline): each row's finish time, each row's (admission time, decode-step count at
+    admission), and the timeline as (start time, step count, step time) segments, one per stretch of constant
+    rows. Example: lengths [1, 3], capacity 2, saturation 2: one step of 2 rows (2 t0), then two of 1 row
+    (1.5 t0 each): finish [2, 5]."""
+    n = len(lengths)
+    finish, admitted, timeline = [0.0] * n, [(0.0, 0)] * n, []
+    heap: list[tuple[int, int]] = []
+    t, step, nxt = 0.0, 0, 0
+    while nxt < n and len(heap) < capacity:
+        heapq.heappush(heap, (lengths[nxt], nxt))
+        nxt += 1
+    while heap:
+        tau = step_time(len(heap), saturation)
+        end = heap[0][0]
+        timeline.append((t, step, tau))
+        t += (end - step) * tau
+        step = end
+        while heap and heap[0][0] == end:
+            finish[heapq.heappop(heap)[1]] = t
+        while nxt < n and len(heap) < capacity:
+            admitted[nxt] = (t, step)
+            heapq.heappush(heap, (step + lengths[nxt], nxt))
+            nxt += 1
+    return finish, admitted, timeline
+
+
+def steps_by(timeline, t: float) -> int:
+    """Decode steps an engine has done by time t (a step counts once it is over)."""
+    i = bisect_right([seg[0] for seg in timeline], t) - 1
+    if i < 0:
+        return 0
+    start, step, tau = timeline[i]
+    return step + int((t - start) / tau + 1e-9)
+
+
+def engines_of(groups: int, engines: int) -> list[int]:
+    """Group j goes to engine j mod engines (in draw order)."""
+    return [j % engines for j in range(groups)]
+
+
+def batch_time(groups: list[list[int]], engines: int, capacity: int, saturation: float) -> float:
+    """Generating whole groups (one batch, from scratch) on `engines` engines: the slowest engine's time."""
+    per = [[] for _ in range(engines)]
+    for j, e in enumerate(engines_of(len(groups), engines)):
+        per[e].extend(groups[j])
+    return max((max(engine_run(rows, capacity, saturation)[0]) for rows in per if rows), default=0.0)
+
+
+# ------------------------------------------------------------------------------------------ partial rollouts
+
+
+@dataclass
+class Group:
+    draw: int                 # draw index
+    left: list[int]           # tokens still to decode, per row
+    total: int                # the group's tokens when complete (what the update trains)
+
+
+def partial_step(pool: list[Group], prompts: int, engines: int, capacity: int, saturation: float):
+    """One partial-rollout step on `engines` engines: every unfinished row of the pool decodes until `prompts` groups
+    are complete. Returns (time, trained groups in draw order, the pool left: unfinished rows keep their progress;
+    complete groups beyond the P trained wait). Only the decode steps run until the stop are paid for."""
+    per: list[list[tuple[int, int]]] = [[] for _ in range(engines)]   # (group index, row index)
+    for j, e in enumerate(engines_of(len(pool), engines)):
+        per[e].extend((j, r) for r, left in enumerate(pool[j].left) if left > 0)
+    done_at = [0.0] * len(pool)                                        # a group's completion time
+    runs = []
+    for rows in per:
+        if not rows:
+            continue
+        finish, admitted, timeline = engine_run([pool[j].left[r] for j, r in rows], capacity, saturation)
+        runs.append((rows, finish, admitted, timeline))
+        for (j, _), f in zip(rows, finish):
+            done_at[j] = max(done_at[j], f)
+    if len(pool) < prompts:
+        raise ValueError("the pool holds fewer groups than a batch")
+    stop = sorted(done_at)[prompts - 1]
+    complete = [j for j in range(len(pool)) if done_at[j] <= stop]
+    trained = sorted(complete, key=lambda j: pool[j].draw)[:prompts]
+    for rows, finish, admitted, timeline in runs:
+        done = steps_by(timeline, stop)
+        for (j, r), f, (at, start) in zip(rows, finish, admitted):
+            if f <= stop:
+                pool[j].left[r] = 0
+            elif at <= stop:
+                pool[j].left[r] -= max(0, done - start)
+    chosen = set(trained)
+    return stop, [pool[j] for j in trained], [g for j, g in enumerate(pool) if j not in chosen]
+
+
+# ------------------------------------------------------------------------------------------ streaming rounds
+
+
+def round_time(advances: list[int], saturation: float) -> float:
+    """One engine's round: every row decodes its advance (min(S, tokens left)) together; rows drop out as they
+    finish. Example: advances [1, 3], saturation 2: 1 step of 2 rows (2 t0) + 2 steps of 1 row (1.5 t0) = 5."""
+    t, done, rows = 0.0, 0, len(advances)
+    for a in sorted(advances):
+        if a > done:
+            t += (a - done) * step_time(rows, saturation)
+            done = a
+        rows -= 1
+    return t
+
+
+def streaming_rounds(draw_group, prompts: int, group: int, engines: int, capacity: int, saturation: float,
+                     budget: int, oversample: float, overhead: float, batches: int):
+    """The token-budget rounds, which depend on token counts only (not on time or staleness). draw_group(i) gives
+    group i's row lengths. Returns one (round time in t0, [tokens of each batch formed after the round]) per round,
+    until `batches` batches are formed."""
+    flight: list[tuple[Group, int]] = []                 # (group, engine), unfinished or complete and untrained
+    load = [0] * engines                                 # unfinished rows per engine
+    next_draw, formed, rounds = 0, 0, []
+    max_groups = max(prompts, math.ceil(oversample * prompts))
+    while formed < batches:
+        while len(flight) < max_groups:                  # admission in draw order, least-loaded engine
+            e = min(range(engines), key=load.__getitem__)
+            if load[e] + group > capacity and flight:
+                break
+            lengths = draw_group(next_draw)
+            flight.append((Group(next_draw, list(lengths), sum(lengths)), e))
+            load[e] += group
+            next_draw += 1
+        advances: list[list[int]] = [[] for _ in range(engines)]
+        for g, e in flight:
+            for r, left in enumerate(g.left):
+                if left > 0:
+                    a = min(budget, left)
+                    advances[e].append(a)
+                    g.left[r] = left - a
+                    if g.left[r] == 0:
+                        load[e] -= 1
+        elapsed = max(round_time(a, saturation) for a in advances if a) + overhead if any(advances) else 0.0
+        made = []
+        while True:
+            complete = sorted((g.draw, i) for i, (g, _) in enumerate(flight) if not any(g.left))
+            if len(complete) < prompts:
+                break
+            take = {i for _, i in complete[:prompts]}
+            made.append(sum(flight[i][0].total for i in take))
+            flight = [x for i, x in enumerate(flight) if i not in take]
+        formed += len(made)
+        rounds.append((elapsed, made))
+    return rounds
+
+
+# ------------------------------------------------------------------------------------------ the schedules
+
+
+def draws(setup: Setup):
+    """Group i's row lengths: a fixed function of (seed, i), so every schedule sees the same rows in draw order."""
+    def draw_group(i: int) -> list[int]:
+        rng = random.Random(setup.seed * 1_000_003 + i)
+        return [rng.choice(setup.lengths) for _ in range(setup.group)]
+    return draw_group
+
+
+def update_time(setup: Setup, tokens: int, gpus: int) -> float:
+    return setup.token_cost * tokens / gpus
+
+
+def sync_steps(setup: Setup, gpus: int, partial: bool = False) -> float:
+    """Mean step of the colocated synchronous loop (every GPU generates, then trains), in t0."""
+    draw_group, P, switch = draws(setup), setup.prompts, setup.switch * setup.unit
+    times, pool, nxt = [], [], 0
+    for b in range(setup.batches):
+        if partial:
+            while len(pool) < math.ceil(setup.oversample * P):
+                lengths = draw_group(nxt)
+                pool.append(Group(nxt, list(lengths), sum(lengths)))
+                nxt += 1
+            gen, trained, pool = partial_step(pool, P, gpus, setup.capacity, setup.saturation)
+            tokens = sum(g.total for g in trained)
+        else:
+            groups = [draw_group(b * P + j) for j in range(P)]
+            gen, tokens = batch_time(groups, gpus, setup.capacity, setup.saturation), sum(map(sum, groups))
+        times.append(gen + update_time(setup, tokens, gpus) + switch)
+    return sum(times[setup.warmup:]) / (setup.batches - setup.warmup)
+
+
+def producer_batches(setup: Setup, engines: int, partial: bool) -> list[tuple[float, int]]:
+    """(generation time, trained tokens) of each batch the one-batch-at-a-time producer makes."""
+    draw_group, P, out, pool, nxt = draws(setup), setup.prompts, [], [], 0
+    for b in range(setup.batches):
+        if partial:
+            while len(pool) < math.ceil(setup.oversample * P):
+                lengths = draw_group(nxt)
+                pool.append(Group(nxt, list(lengths), sum(lengths)))
+                nxt += 1
+            gen, trained, pool = partial_step(pool, P, engines, setup.capacity, setup.saturation)
+            out.append((gen, sum(g.total for g in trained)))
+        else:
+            groups = [draw_group(b * P + j) for j in range(P)]
+            out.append((batch_time(groups, engines, setup.capacity, setup.saturation), sum(map(sum, groups))))
+    return out
+
+
+def pipeline_time(setup: Setup, made: list[tuple[float, int]], trainers: int, staleness: int) -> float:
+    """Mean step of rlx's pipeline: batch b waits for update b-1-k, whose push (write + reload) the producer does
+    before sampling it; the trainer updates on batch b once it is sampled and update b-1 is done."""
+    n, push = len(made), (setup.write + setup.reload) * setup.unit
+    updated, producer, held = [0.0] * (n + 1), 0.0, 0
+    for b in range(1, n + 1):
+        need = max(0, b - 1 - staleness)
+        start = max(producer, updated[need] if need else 0.0)
+        if need > held:
+            start, held = start + push, need
+        producer = start + made[b - 1][0]
+        updated[b] = max(producer, updated[b - 1]) + update_time(setup, made[b - 1][1], trainers)
+    return (updated[n] - updated[setup.warmup]) / (n - setup.warmup)
+
+
+def streaming_time(setup: Setup, rounds, trainers: int, staleness: int) -> float:
+    """Mean step of streaming: round r runs at version max(0, m - k) (m batches formed before it), once that version
+    is written (write after its update) and reloaded by the engines (reload when the version changes)."""
+    write, reload = setup.write * setup.unit, setup.reload * setup.unit
+    updated, t, held = [0.0], 0.0, 0
+    for elapsed, made in rounds:
+        need = max(0, len(updated) - 1 - staleness)
+        if need:
+            t = max(t, updated[need] + write)
+        if need > held:
+            t, held = t + reload, need
+        t += elapsed
+        for tokens in made:
+            updated.append(max(t, updated[-1]) + update_time(setup, tokens, trainers))
+    n = min(len(updated) - 1, setup.batches)
+    return (updated[n] - updated[setup.warmup]) / (n - setup.warmup)
+
+
+def calibrate(setup: Setup) -> Setup:
+    """Set the update's cost per token so that generation is gen_share of a synchronous 8-GPU step, and the unit."""
+    draw_group, P = draws(setup), setup.prompts
+    gen = tokens = 0.0
+    n = min(setup.batches, 10)
+    for b in range(n):
+        groups = [draw_group(b * P + j) for j in range(P)]
+        gen += batch_time(groups, 8, setup.capacity, setup.saturation) / n
+        tokens += sum(map(sum, groups)) / n
+    update = gen * (1 - setup.gen_share) / setup.gen_share
+    return replace(setup, token_cost=update * 8 / tokens, unit=gen / setup.gen_share)
+
+
+def bound_time(setup: Setup, gpus: int) -> float:
+    """No schedule beats this step (t0): every GPU busy all the time, generating at full capacity (step time
+    1 + C / saturation for C rows) or training; no tail, push or switch. Mean tokens of a batch: P G mean length."""
+    tokens = setup.prompts * setup.group * sum(setup.lengths) / len(setup.lengths)
+    return tokens * (step_time(setup.capacity, setup.saturation) / setup.capacity + setup.token_cost) / gpus
+
+
+def splits(gpus: int) -> list[int]:
+    """Generating-GPU counts tried for the disaggregated schedules: every count on 8 GPUs, else from half the GPUs
+    up in sixteenths (generation is most of the work, so the best split gives it more than half)."""
+    if gpus <= 8:
+        return list(range(1, gpus))
+    step = gpus // 16
+    return list(range(gpus // 2, gpus, step))
+
+
+def compare(setup: Setup, gpus: int, stalenesses=(1, 2, 4)) -> list[dict]:
+    """Every schedule's speed-up over the synchronous loop on `gpus` GPUs, at each staleness (best split each)."""
+    sync = sync_steps(setup, gpus)
+    sync_partial = sync_steps(setup, gpus, partial=True)
+    produced = {(e, p): producer_batches(setup, e, p) for e in splits(gpus) for p in (False, True)}
+    streamed = {e: streaming_rounds(draws(setup), setup.prompts, setup.group, e, setup.capacity, setup.saturation,
+                                    setup.round_tokens, setup.oversample, setup.round_overhead, setup.batches)
+                for e in splits(gpus)}
+    rows = []
+    for k in stalenesses:
+        best = {}
+        for name, runs in (("pipeline", False), ("pipeline_partial", True)):
+            best[name] = min((pipeline_time(setup, produced[(e, runs)], gpus - e, k), e) for e in splits(gpus))
+        best["streaming"] = min((streaming_time(setup, streamed[e], gpus - e, k), e) for e in splits(gpus))
+        row = {"gpus": gpus, "staleness": k, "sync_step": sync / setup.unit,
+               "sync_partial": sync / sync_partial, "bound": sync / bound_time(setup, gpus)}
+        for name, (time, e) in best.items():
+            row[name] = sync / time
+            row[name + "_generating_gpus"] = e
+        row["streaming_staleness_bound"] = k + math.ceil(max(setup.lengths) / setup.round_tokens) - 1
+        rows.append(row)
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ inputs and output
 
 
 def measured_inputs() -> dict:
-    """g, t, cv from the 0.5B benchmark files when present: g from the synchronous forced-length run, t from the
-    natural-length run (1 - generation of the forced run / generation of the natural run, equal mean lengths), cv
-    from the natural run's per-step generation times, and the tail cut of partial rollouts."""
-    inputs = {}
-    forced_file, natural_file = RESULTS / "async_vs_sync_0.5b_2x4x64.json", RESULTS / "async_vs_sync_0.5b_2x4_natural_max128.json"
-    if forced_file.is_file():
-        sync = json.loads(forced_file.read_text())["summary"]["sync"]
-        inputs["gen_share"] = sync["generation_s"] / (sync["generation_s"] + sync["update_s"])
-    if natural_file.is_file():
-        record = json.loads(natural_file.read_text())
-        times = [t for run in record["runs"]["sync"] for t in run["generation_times"]]
-        mean = sum(times) / len(times)
-        inputs["cv"] = math.sqrt(sum((t - mean) ** 2 for t in times) / max(len(times) - 1, 1)) / mean
-        if forced_file.is_file():
-            forced = json.loads(forced_file.read_text())["summary"]["sync"]["generation_s"]
-            inputs["tail"] = max(0.0, 1 - forced / record["summary"]["sync"]["generation_s"])
-        if "partial" in record["summary"]:
-            partial, whole = record["summary"]["partial"]["generation_s"], record["summary"]["sync"]["generation_s"]
-            inputs["partial_cut"] = max(0.0, min(1.0, (whole - partial) / max(whole * inputs.get("tail", 1.0), 1e-9)))
-    return inputs
+    """The measured inputs, each with where it came from: the natural lengths (natural_lengths.py), and rlx's push
+    against the synchronous 0.5B step on the same 2-core CPU (server_rollout_0.5b_shm.json: write and reload
+    medians, /dev/shm; async_vs_sync_0.5b_2x4x64.json: the synchronous step)."""
+    out: dict = {}
+    if LENGTHS_FILE.is_file():
+        record = json.loads(LENGTHS_FILE.read_text())
+        out["lengths"] = {name: s["lengths"] for name, s in record["sets"].items()}
+        out["lengths_source"] = f"{LENGTHS_FILE.name}: {record['model']}, T={record['temperature']}, " \
+                                f"max {record['max_new_tokens']} new tokens, {record['prompts']} prompts per set"
+    if PUSH_FILE.is_file() and STEP_FILE.is_file():
+        publish = json.loads(PUSH_FILE.read_text())["publish"]
+        step = json.loads(STEP_FILE.read_text())["summary"]["sync"]["step_s"]
+        out["write"], out["reload"] = publish["write_median_s"] / step, publish["reload_median_s"] / step
+        out["push_source"] = f"{PUSH_FILE.name} (write {publish['write_median_s']:.1f} s, reload " \
+                             f"{publish['reload_median_s']:.1f} s) / {STEP_FILE.name} (sync step {step:.1f} s)"
+    return out
 
 
-def main(argv=None) -> list[list[str]]:
+def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--gen-share", type=float, help="generation's share of a synchronous step (default: measured, "
-                                                        "else 0.75, the H100 figure of issue 27)")
-    parser.add_argument("--tail", type=float, help="share of generation in the long tail (default: measured, else 0.3)")
-    parser.add_argument("--cv", type=float, help="variation of a batch's tail (default: measured, else 0.3)")
-    parser.add_argument("--sync", type=float, default=0.02, help="a weight push, share of a synchronous 8-GPU step")
-    parser.add_argument("--partial-cut", type=float, help="share of the tail partial rollouts avoid (default: measured)")
-    parser.add_argument("--json", help="also write the table as JSON here")
+    parser.add_argument("--lengths", default="gsm_symbolic", help="which measured length set (gsm_symbolic | chain_sum)")
+    parser.add_argument("--push", default="rlx", choices=["rlx", "nccl"], help="rlx: its file push, measured; "
+                        "nccl: the peers' figure")
+    parser.add_argument("--gpus", default="8,64,512")
+    parser.add_argument("--gen-share", type=float, default=0.75)
+    parser.add_argument("--capacity", type=int, default=256)
+    parser.add_argument("--saturation", type=float, default=256.0)
+    parser.add_argument("--round-tokens", type=int, default=32)
+    parser.add_argument("--switch", type=float, default=0.05)
+    parser.add_argument("--batches", type=int, default=40)
+    parser.add_argument("--json", help="also write inputs and table as JSON here")
     args = parser.parse_args(argv)
     measured = measured_inputs()
-    g = args.gen_share if args.gen_share is not None else measured.get("gen_share", 0.75)
-    tail = args.tail if args.tail is not None else measured.get("tail", 0.3)
-    cv = args.cv if args.cv is not None else measured.get("cv", 0.3)
-    cut = args.partial_cut if args.partial_cut is not None else measured.get("partial_cut", 0.0)
-    print(f"inputs: generation share {g:.2f}, tail share {tail:.2f}, tail variation {cv:.2f}, push {args.sync:.2f}, "
-          f"partial rollouts cut {cut:.2f} of the tail" + (f" (measured: {', '.join(sorted(measured))})" if measured else ""))
-    rows, record = [], []
-    for gpus in (8, 64):
-        sync_time = simulate(g, tail, cv, args.sync, gpus, None)
-        for k in (1, 2, 3, 4):
-            piped, generators = best_pipeline(g, tail, cv, args.sync, gpus, k)
-            partial, _ = best_pipeline(g, tail * (1 - cut), cv, args.sync, gpus, k)
-            rows.append([str(gpus), str(k), f"{generators}/{gpus - generators}", f"{sync_time / piped:.2f}x",
-                         f"{sync_time / partial:.2f}x"])
-            record.append({"gpus": gpus, "staleness": k, "generating_gpus": generators, "speedup": sync_time / piped,
-                           "speedup_partial": sync_time / partial})
-    header = ["GPUs", "staleness k", "generate/train GPUs", "pipeline vs sync", "+ partial rollouts"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+    if "lengths" not in measured:
+        raise SystemExit(f"no natural lengths: run benchmarks/natural_lengths.py (writes {LENGTHS_FILE})")
+    write, reload = (measured["write"], measured["reload"]) if args.push == "rlx" else NCCL_PUSH
+    setup = calibrate(Setup(lengths=tuple(measured["lengths"][args.lengths]), gen_share=args.gen_share,
+                            capacity=args.capacity, saturation=args.saturation, round_tokens=args.round_tokens,
+                            write=write, reload=reload, switch=args.switch, batches=args.batches))
+    inputs = {k: v for k, v in asdict(setup).items() if k != "lengths"}
+    inputs.update(lengths_set=args.lengths, lengths_mean=sum(setup.lengths) / len(setup.lengths),
+                  lengths_max=max(setup.lengths), push=args.push,
+                  lengths_source=measured["lengths_source"],
+                  push_source=measured.get("push_source", "") if args.push == "rlx" else
+                  "peers' NCCL push of a 0.5B model (0.15-0.6 s) against a 5 s H100 0.5B step (gpu_smoke_h100)")
+    print("assumptions: " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in inputs.items()))
+    table = [row for n in map(int, args.gpus.split(",")) for row in compare(setup, n)]
+    header = ["GPUs", "k", "sync + partial", "pipeline (gen GPUs)", "pipeline + partial", "streaming (gen GPUs)",
+              "bound"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in table:
+        lines.append(f"| {r['gpus']} | {r['staleness']} | {r['sync_partial']:.2f}x | {r['pipeline']:.2f}x "
+                     f"({r['pipeline_generating_gpus']}) | {r['pipeline_partial']:.2f}x | {r['streaming']:.2f}x "
+                     f"({r['streaming_generating_gpus']}) | {r['bound']:.2f}x |")
     print("\n".join(lines))
     print("\npublished by peers (their hardware, models, tasks): " + "; ".join(f"{a}: {b}" for a, b in PEERS))
+    record = {"inputs": inputs, "table": table, "peers": dict(PEERS)}
     if args.json:
-        Path(args.json).write_text(json.dumps({"inputs": {"gen_share": g, "tail": tail, "cv": cv, "sync": args.sync,
-                                                          "partial_cut": cut}, "table": record}, indent=1) + "\n")
-    return rows
+        Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
+    return record
 
 
 if __name__ == "__main__":
