@@ -23,7 +23,7 @@ from rlx.data.tasks import PromptStream
 from rlx.envs import env_factory
 from rlx.errors import EnvError, UserError
 from rlx.evaluation.agents import episode_evaluator, player_for
-from rlx.evaluation.tasks import task_evaluator
+from rlx.evaluation.tasks import task_eval_settings, task_evaluator
 from rlx.loops.agent_sft import train_agent_sft
 from rlx.loops.common import Components, Parts
 from rlx.loops.policy_gradient import train_policy_gradient
@@ -248,9 +248,7 @@ def episode_producer(s, parts: Parts) -> EpisodeProducer:
 
 def task_eval(s, parts: Parts):
     return task_evaluator(parts.accelerator, parts.model, parts.tokenizer, parts.eval_rows[: s.eval.size], parts.rewards,
-                          dict(accuracy_key=s.reward.accuracy, use_chat_template=s.model.chat_template,
-                               system_prompt=s.data.system_prompt, max_new_tokens=s.eval.max_new_tokens,
-                               batch_size=s.eval.batch_size, on_error=s.reward.on_error, max_steps=s.steps))
+                          task_eval_settings(s))
 
 
 def episode_eval(s, parts: Parts):
