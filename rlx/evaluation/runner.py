@@ -22,6 +22,7 @@ import re
 import sys
 import time
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -170,15 +171,29 @@ class _Progress:
             self._bar = None
 
 
+@dataclass(frozen=True)
+class EvalPass:
+    """One model's pass over one benchmark or environment: its results file (the records already there are
+    kept, the rest generated), the sampling knobs (cfg.sampling), whether prompts use the chat template, the
+    run's seed, and the progress bar's label and switch."""
+
+    results: Path
+    sampling: object
+    chat_template: bool
+    seed: int
+    label: str
+    progress: object
+
+
 @torch.no_grad()
-def run_benchmark(model, tokenizer, bench: Benchmark, problems: list[dict], results: Path, sampling, *,
-                  chat_template: bool, seed: int, label: str, progress, engine=None) -> list[dict]:
-    """Generate and score every problem not yet in `results`; returns all records in problem order.
+def run_benchmark(model, tokenizer, bench: Benchmark, problems: list[dict], run: EvalPass, engine=None) -> list[dict]:
+    """Generate and score every problem not yet in `run.results`; returns all records in problem order.
     Sampling goes through the generator protocol (rlx.rollout.generator.sample_rollout): `engine` (rollout=vllm,
     its knobs set to `sampling`'s) when given, else HFGenerator on the model. Seeds: drawn per completion from
     the torch RNG seeded per batch (greedy rows first, then the sampled ones)."""
     from rlx.rollout.generator import sample_rollout
 
+    results, sampling, label = run.results, run.sampling, run.label
     generator = engine if engine is not None else _hf_generator(model, tokenizer, sampling, logprobs=False)
 
     def generate(inputs, *, samples_per_prompt, greedy=False):
@@ -194,9 +209,9 @@ def run_benchmark(model, tokenizer, bench: Benchmark, problems: list[dict], resu
     n, greedy = int(sampling.n), bool(sampling.greedy)
     per_problem = n + int(greedy)
     max_new = int(sampling.max_new_tokens or bench.max_new_tokens)
-    use_chat = chat_template if bench.chat_template is None else bool(bench.chat_template)
+    use_chat = run.chat_template if bench.chat_template is None else bool(bench.chat_template)
     step = max(1, int(sampling.batch_size) // per_problem)  # problems per batch
-    bar = _Progress(label, len(problems), len(problems) - len(todo), progress)
+    bar = _Progress(label, len(problems), len(problems) - len(todo), run.progress)
     running = [r["greedy"]["score"] if greedy else float(np.mean(r["scores"])) for r in done.values()]
     with writing(results.parent, "the results folder"):
         results.parent.mkdir(parents=True, exist_ok=True)
@@ -205,7 +220,7 @@ def run_benchmark(model, tokenizer, bench: Benchmark, problems: list[dict], resu
         for start in range(0, len(todo), step):
             batch = todo[start : start + step]
             inputs = _model_inputs(tokenizer, batch, use_chat, bench.system_prompt)
-            torch.manual_seed(_batch_seed(seed, batch[0]["id"]))
+            torch.manual_seed(_batch_seed(run.seed, batch[0]["id"]))
             texts, truncated = [], []
             if greedy:
                 out = generate(inputs, samples_per_prompt=1, greedy=True)
@@ -239,18 +254,18 @@ def run_benchmark(model, tokenizer, bench: Benchmark, problems: list[dict], resu
 
 
 @torch.no_grad()
-def run_environment(generator, tokenizer, env_cfg, factory, tasks: int, results: Path, sampling, *,
-                    chat_template: bool, seed: int, label: str, progress, stop_ids: list[int]) -> list[dict]:
-    """Play every held-out task not yet in `results` (its greedy episode and sampling.n sampled ones,
+def run_environment(generator, tokenizer, env_cfg, factory, tasks: int, run: EvalPass, stop_ids: list[int]) -> list[dict]:
+    """Play every held-out task not yet in `run.results` (its greedy episode and sampling.n sampled ones,
     evaluation/agents.py: play_tasks); returns all task records in task order."""
     from rlx.evaluation.agents import play_tasks
 
+    results, sampling = run.results, run.sampling
     ids = [f"task_{t:06d}" for t in range(tasks)]
     done = {r["id"]: r for r in read_records(results)}
     todo = [t for t, i in enumerate(ids) if i not in done]
     n, greedy = int(sampling.n), bool(sampling.greedy)
     step = max(1, int(sampling.batch_size) // (n + int(greedy)))  # tasks per batch
-    bar = _Progress(label, tasks, tasks - len(todo), progress, unit="tasks")
+    bar = _Progress(run.label, tasks, tasks - len(todo), run.progress, unit="tasks")
     running = [r["greedy"]["success"] if greedy else float(np.mean([e["success"] for e in r["episodes"]]))
                for r in done.values()]
     with writing(results.parent, "the results folder"):
@@ -259,7 +274,7 @@ def run_environment(generator, tokenizer, env_cfg, factory, tasks: int, results:
     try:
         for start in range(0, len(todo), step):
             batch = play_tasks(generator, tokenizer, factory, env_cfg, todo[start:start + step], n=n, greedy=greedy,
-                               seed=seed, use_chat_template=chat_template, stop_ids=stop_ids)
+                               seed=run.seed, use_chat_template=run.chat_template, stop_ids=stop_ids)
             for record in batch:
                 done[record["id"]] = record
                 running.append(record["greedy"]["success"] if greedy else
@@ -363,6 +378,12 @@ def _hf_generator(model, tokenizer, sampling, logprobs: bool = True):
                        top_k=int(sampling.top_k), batch_size=int(sampling.batch_size), logprobs=logprobs)
 
 
+def _eval_pass(cfg: DictConfig, out_dir: Path, name: str, role: str) -> EvalPass:
+    """The EvalPass of `role`'s model ("model" or "compare") over the benchmark or environment `name`."""
+    return EvalPass(out_dir / name / f"{role}.jsonl", cfg.sampling, chat_template=bool(cfg.model.chat_template),
+                    seed=int(cfg.seed), label=f"{name} {role}", progress=cfg.progress)
+
+
 def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
     """Evaluate according to cfg, writing everything into out_dir. Returns summary.json's content."""
     from rich.console import Console
@@ -442,15 +463,11 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
                                      [EVAL_SEED_BASE + task for task in range(tasks)], bool(cfg.model.chat_template))
             records[name][role] = run_environment(
                 engine or _hf_generator(model, tokenizer, cfg.sampling), tokenizer, cfg.env, factory, tasks,
-                out_dir / name / f"{role}.jsonl", cfg.sampling, chat_template=bool(cfg.model.chat_template),
-                seed=int(cfg.seed), label=f"{name} {role}", progress=cfg.progress,
+                _eval_pass(cfg, out_dir, name, role),
                 stop_ids=engine.stop_ids if engine is not None else eos_ids(model, tokenizer))
         for bench in benchmarks:
-            records[bench.name][role] = run_benchmark(
-                model, tokenizer, bench, problems[bench.name], out_dir / bench.name / f"{role}.jsonl", cfg.sampling,
-                chat_template=bool(cfg.model.chat_template), seed=int(cfg.seed), label=f"{bench.name} {role}",
-                progress=cfg.progress, engine=engine,
-            )
+            records[bench.name][role] = run_benchmark(model, tokenizer, bench, problems[bench.name],
+                                                      _eval_pass(cfg, out_dir, bench.name, role), engine=engine)
         if engine is not None:
             engine.close()
         del model, engine
