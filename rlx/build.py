@@ -39,7 +39,7 @@ from rlx.rollout.generator import policy_generator
 from rlx.rollout.group_stages import GroupStages
 from rlx.rollout.partial import PartialProducer
 from rlx.rollout.pipeline import pipelined, rollout_copy
-from rlx.rollout.single_turn import SingleTurnProducer
+from rlx.rollout.single_turn import SingleTurnProducer, SingleTurnSettings
 from rlx.runtime.checkpoint import Checkpointer
 from rlx.runtime.optim import build_optimizer, optimizer_settings
 from rlx.runtime.rundir import MetricsLog
@@ -203,20 +203,22 @@ def single_turn_producer(s, parts: Parts) -> SingleTurnProducer | PartialProduce
     rewards = with_overlong_penalty(parts.rewards, algo.overlong_buffer, algo.overlong_weight, roll.max_new_tokens)
     if roll.partial:  # partial rollouts: groups carried across steps (rlx/rollout/partial.py); the seed stages are
         # refused with it (rlx/config/seed_rules.py check_seed_partial)
-        return PartialProducer(
-            parts.generator, parts.tokenizer, PromptStream(parts.train_rows, s.seed), rewards, group_size=group_size,
-            prompts_per_step=s.prompts_per_step, oversample=roll.partial_oversample, max_new_tokens=roll.max_new_tokens,
-            min_new_tokens=roll.min_new_tokens, seed=s.seed, use_chat_template=s.model.chat_template,
-            system_prompt=s.data.system_prompt, on_error=s.reward.on_error, accuracy_key=s.reward.accuracy,
-            total_steps=s.steps)
+        return PartialProducer(parts.generator, parts.tokenizer, PromptStream(parts.train_rows, s.seed), rewards,
+                               single_turn_settings(s, group_size), oversample=roll.partial_oversample)
     stages, stream = seed_stages(s, parts, rewards, group_size)
-    return SingleTurnProducer(
-        parts.generator, parts.tokenizer, stream, rewards, group_size=group_size,
-        prompts_per_step=s.prompts_per_step, max_new_tokens=roll.max_new_tokens, min_new_tokens=roll.min_new_tokens,
-        seed=s.seed, use_chat_template=s.model.chat_template, system_prompt=s.data.system_prompt,
-        on_error=s.reward.on_error, accuracy_key=s.reward.accuracy, total_steps=s.steps,
-        dynamic_sampling=algo.dynamic_sampling, max_rounds=algo.max_sample_batches, acc=parts.accelerator,
-        stages=stages, completion_template=s.data.completion_template)
+    return SingleTurnProducer(parts.generator, parts.tokenizer, stream, rewards, single_turn_settings(s, group_size),
+                              acc=parts.accelerator, stages=stages)
+
+
+def single_turn_settings(s, group_size: int) -> SingleTurnSettings:
+    """The SingleTurnSettings of the typed settings, with `group_size` completions per prompt."""
+    roll, algo = s.rollout, s.algorithm
+    return SingleTurnSettings(
+        group_size=group_size, prompts_per_step=s.prompts_per_step, max_new_tokens=roll.max_new_tokens,
+        min_new_tokens=roll.min_new_tokens, seed=s.seed, use_chat_template=s.model.chat_template,
+        system_prompt=s.data.system_prompt, on_error=s.reward.on_error, accuracy_key=s.reward.accuracy,
+        total_steps=s.steps, dynamic_sampling=algo.dynamic_sampling, max_rounds=algo.max_sample_batches,
+        completion_template=s.data.completion_template)
 
 
 def seed_stages(s, parts: Parts, rewards, group_size: int):
