@@ -384,12 +384,9 @@ def _eval_pass(cfg: DictConfig, out_dir: Path, name: str, role: str) -> EvalPass
                     seed=int(cfg.seed), label=f"{name} {role}", progress=cfg.progress)
 
 
-def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
-    """Evaluate according to cfg, writing everything into out_dir. Returns summary.json's content."""
-    from rich.console import Console
-
-    from rlx.runtime.rundir import write_run_files
-
+def _settled_config(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> DictConfig:
+    """The settings evaluated by: a resumed evaluation's own (config.yaml), else cfg resolved, sampling as the
+    run= sampled unless the command line says otherwise, with the benchmark= files outside the package added."""
     if cfg.resume:
         cfg = _saved_config(out_dir, cfg)
     else:
@@ -411,6 +408,33 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
         if clash:
             raise UserError(f"benchmark '{clash[0]}' is both a file and a package benchmark; rename it in its file")
         cfg.benchmark = {**OmegaConf.to_container(cfg.get("benchmark") or OmegaConf.create({})), **extra}
+    return cfg
+
+
+def _write_summary(summary: dict, labels: dict, cfg: DictConfig, out_dir: Path) -> None:
+    """summary.json, the table and notes (printed, and in summary.txt), the pass@k plot (cfg.plot), the headline."""
+    from rich.console import Console
+
+    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2), "the evaluation summary (summary.json)")
+    console = Console(record=True, width=160)
+    console.print(render_table(summary, labels, float(cfg.metrics.confidence)))
+    from rlx.evaluation.explain import metric_notes
+
+    for line in support_lines(summary, labels) + metric_notes(summary):
+        console.print(line)
+    atomic_write_text(out_dir / "summary.txt", console.export_text(), "the evaluation summary (summary.txt)")
+    if cfg.plot:
+        plot_pass_at_k(summary, labels, out_dir / "plots" / "pass_at_k.png")
+    from rlx.evaluation.explain import headline_line
+
+    log.info("done: %s  %s", out_dir, headline_line(summary))
+
+
+def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
+    """Evaluate according to cfg, writing everything into out_dir. Returns summary.json's content."""
+    from rlx.runtime.rundir import write_run_files
+
+    cfg = _settled_config(cfg, out_dir, overrides)
     check_settings(cfg)
     if cfg.get("env") and any(o.lstrip("+~").startswith("benchmark") for o in overrides):
         raise UserError("env= evaluates an environment instead of benchmarks; evaluate benchmark= in a separate run")
@@ -477,19 +501,7 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
         "benchmarks": {name: summarize(by_role, cfg.metrics, per_task_values if environment else per_problem_values)
                        for name, by_role in records.items()},
     }
-    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2), "the evaluation summary (summary.json)")
-    console = Console(record=True, width=160)
-    console.print(render_table(summary, labels, float(cfg.metrics.confidence)))
-    from rlx.evaluation.explain import metric_notes
-
-    for line in support_lines(summary, labels) + metric_notes(summary):
-        console.print(line)
-    atomic_write_text(out_dir / "summary.txt", console.export_text(), "the evaluation summary (summary.txt)")
-    if cfg.plot:
-        plot_pass_at_k(summary, labels, out_dir / "plots" / "pass_at_k.png")
-    from rlx.evaluation.explain import headline_line
-
-    log.info("done: %s  %s", out_dir, headline_line(summary))
+    _write_summary(summary, labels, cfg, out_dir)
     return summary
 
 
