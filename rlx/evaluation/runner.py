@@ -19,8 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import sys
-import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,10 +30,11 @@ from omegaconf import DictConfig, OmegaConf
 from rlx.errors import UserError
 from rlx.evaluation.agents import per_task_values
 from rlx.evaluation.benchmarks import Benchmark
+from rlx.evaluation.progress import EvalProgress
 from rlx.evaluation.summary import per_problem_values, plot_pass_at_k, render_table, summarize, support_lines
 from rlx.rollout.backends import build_generator
 from rlx.rollout.hf import eos_ids
-from rlx.runtime.rundir import append_text, atomic_write_text, start_bar, stop_bar
+from rlx.runtime.rundir import append_text, atomic_write_text
 from rlx.runtime.storage import writing
 
 log = logging.getLogger("rlx")
@@ -139,38 +138,6 @@ def _model_inputs(tokenizer, problems: list[dict], chat_template: bool, system_p
     return format_prompts(tokenizer, problems, chat_template, system_prompt)
 
 
-class _Progress:
-    """Problems done, samples/s and the running metric: a rich bar on a terminal, log lines otherwise."""
-
-    def __init__(self, label: str, total: int, done: int, enabled: str | bool, unit: str = "problems"):
-        self.label, self.total, self.done, self.unit = label, total, done, unit
-        self.samples, self.start = 0, time.monotonic()
-        show = sys.stderr.isatty() if enabled == "auto" else bool(enabled)
-        self._bar = None
-        if show:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self._bar = Progress(TextColumn("[bold]{task.description}"), MofNCompleteColumn(), BarColumn(),
-                                 TimeRemainingColumn(), TextColumn("{task.fields[status]}"))
-            self._task = self._bar.add_task(label, total=total, completed=done, status="")
-            self._swapped = start_bar(self._bar)
-
-    def update(self, problems: int, samples: int, metric_name: str, metric: float) -> None:
-        self.done += problems
-        self.samples += samples
-        rate = self.samples / max(time.monotonic() - self.start, 1e-9)
-        status = f"{rate:.1f} samples/s  {metric_name} {metric:.3f}"
-        if self._bar is not None:
-            self._bar.update(self._task, completed=self.done, status=status)
-        else:
-            log.info("%s: %d/%d %s  %s", self.label, self.done, self.total, self.unit, status)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            stop_bar(self._bar, self._swapped)
-            self._bar = None
-
-
 @dataclass(frozen=True)
 class EvalPass:
     """One model's pass over one benchmark or environment: its results file (the records already there are
@@ -211,7 +178,7 @@ def run_benchmark(model, tokenizer, bench: Benchmark, problems: list[dict], run:
     max_new = int(sampling.max_new_tokens or bench.max_new_tokens)
     use_chat = run.chat_template if bench.chat_template is None else bool(bench.chat_template)
     step = max(1, int(sampling.batch_size) // per_problem)  # problems per batch
-    bar = _Progress(label, len(problems), len(problems) - len(todo), run.progress)
+    bar = EvalProgress(label, len(problems), len(problems) - len(todo), run.progress)
     running = [r["greedy"]["score"] if greedy else float(np.mean(r["scores"])) for r in done.values()]
     with writing(results.parent, "the results folder"):
         results.parent.mkdir(parents=True, exist_ok=True)
@@ -265,7 +232,7 @@ def run_environment(generator, tokenizer, env_cfg, factory, tasks: int, run: Eva
     todo = [t for t, i in enumerate(ids) if i not in done]
     n, greedy = int(sampling.n), bool(sampling.greedy)
     step = max(1, int(sampling.batch_size) // (n + int(greedy)))  # tasks per batch
-    bar = _Progress(run.label, tasks, tasks - len(todo), run.progress, unit="tasks")
+    bar = EvalProgress(run.label, tasks, tasks - len(todo), run.progress, unit="tasks")
     running = [r["greedy"]["success"] if greedy else float(np.mean([e["success"] for e in r["episodes"]]))
                for r in done.values()]
     with writing(results.parent, "the results folder"):
