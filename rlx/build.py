@@ -272,12 +272,13 @@ def deepspeed_plugin(cfg: DictConfig, accumulation: int):
     from accelerate.utils import DeepSpeedPlugin
 
     from rlx.runtime import launch
-    from rlx.runtime.parallel import deepspeed_config
+    from rlx.runtime.parallel import ZeroSettings, deepspeed_config
 
     ds = hw.deepspeed
-    config = deepspeed_config(ds.zero_stage, cfg.micro_batch_size, accumulation, launch.world_size(hw),
-                              cfg.optim.max_grad_norm, hw.mixed_precision, ds.offload_optimizer_device, ds.offload_param_device,
-                              ds.get("param_persistence_threshold"))
+    zero = ZeroSettings(ds.zero_stage, ds.offload_optimizer_device, ds.offload_param_device,
+                        ds.get("param_persistence_threshold"))
+    config = deepspeed_config(zero, cfg.micro_batch_size, accumulation, launch.world_size(hw), cfg.optim.max_grad_norm,
+                              hw.mixed_precision)
     return DeepSpeedPlugin(hf_ds_config=config, zero3_init_flag=bool(ds.zero3_init_flag and ds.zero_stage == 3))
 
 
