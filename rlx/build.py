@@ -23,7 +23,7 @@ from rlx.data.tasks import PromptStream
 from rlx.envs import env_factory
 from rlx.errors import EnvError, UserError
 from rlx.evaluation.agents import episode_evaluator, player_for
-from rlx.evaluation.tasks import task_evaluator
+from rlx.evaluation.tasks import task_eval_settings, task_evaluator
 from rlx.loops.agent_sft import train_agent_sft
 from rlx.loops.common import Components, Parts
 from rlx.loops.policy_gradient import train_policy_gradient
@@ -39,7 +39,7 @@ from rlx.rollout.generator import policy_generator
 from rlx.rollout.group_stages import GroupStages
 from rlx.rollout.partial import PartialProducer
 from rlx.rollout.pipeline import pipelined, rollout_copy
-from rlx.rollout.single_turn import SingleTurnProducer
+from rlx.rollout.single_turn import SingleTurnProducer, SingleTurnSettings
 from rlx.runtime.checkpoint import Checkpointer
 from rlx.runtime.optim import build_optimizer, optimizer_settings
 from rlx.runtime.rundir import MetricsLog
@@ -203,20 +203,22 @@ def single_turn_producer(s, parts: Parts) -> SingleTurnProducer | PartialProduce
     rewards = with_overlong_penalty(parts.rewards, algo.overlong_buffer, algo.overlong_weight, roll.max_new_tokens)
     if roll.partial:  # partial rollouts: groups carried across steps (rlx/rollout/partial.py); the seed stages are
         # refused with it (rlx/config/seed_rules.py check_seed_partial)
-        return PartialProducer(
-            parts.generator, parts.tokenizer, PromptStream(parts.train_rows, s.seed), rewards, group_size=group_size,
-            prompts_per_step=s.prompts_per_step, oversample=roll.partial_oversample, max_new_tokens=roll.max_new_tokens,
-            min_new_tokens=roll.min_new_tokens, seed=s.seed, use_chat_template=s.model.chat_template,
-            system_prompt=s.data.system_prompt, on_error=s.reward.on_error, accuracy_key=s.reward.accuracy,
-            total_steps=s.steps)
+        return PartialProducer(parts.generator, parts.tokenizer, PromptStream(parts.train_rows, s.seed), rewards,
+                               single_turn_settings(s, group_size), oversample=roll.partial_oversample)
     stages, stream = seed_stages(s, parts, rewards, group_size)
-    return SingleTurnProducer(
-        parts.generator, parts.tokenizer, stream, rewards, group_size=group_size,
-        prompts_per_step=s.prompts_per_step, max_new_tokens=roll.max_new_tokens, min_new_tokens=roll.min_new_tokens,
-        seed=s.seed, use_chat_template=s.model.chat_template, system_prompt=s.data.system_prompt,
-        on_error=s.reward.on_error, accuracy_key=s.reward.accuracy, total_steps=s.steps,
-        dynamic_sampling=algo.dynamic_sampling, max_rounds=algo.max_sample_batches, acc=parts.accelerator,
-        stages=stages, completion_template=s.data.completion_template)
+    return SingleTurnProducer(parts.generator, parts.tokenizer, stream, rewards, single_turn_settings(s, group_size),
+                              acc=parts.accelerator, stages=stages)
+
+
+def single_turn_settings(s, group_size: int) -> SingleTurnSettings:
+    """The SingleTurnSettings of the typed settings, with `group_size` completions per prompt."""
+    roll, algo = s.rollout, s.algorithm
+    return SingleTurnSettings(
+        group_size=group_size, prompts_per_step=s.prompts_per_step, max_new_tokens=roll.max_new_tokens,
+        min_new_tokens=roll.min_new_tokens, seed=s.seed, use_chat_template=s.model.chat_template,
+        system_prompt=s.data.system_prompt, on_error=s.reward.on_error, accuracy_key=s.reward.accuracy,
+        total_steps=s.steps, dynamic_sampling=algo.dynamic_sampling, max_rounds=algo.max_sample_batches,
+        completion_template=s.data.completion_template)
 
 
 def seed_stages(s, parts: Parts, rewards, group_size: int):
@@ -248,9 +250,7 @@ def episode_producer(s, parts: Parts) -> EpisodeProducer:
 
 def task_eval(s, parts: Parts):
     return task_evaluator(parts.accelerator, parts.model, parts.tokenizer, parts.eval_rows[: s.eval.size], parts.rewards,
-                          dict(accuracy_key=s.reward.accuracy, use_chat_template=s.model.chat_template,
-                               system_prompt=s.data.system_prompt, max_new_tokens=s.eval.max_new_tokens,
-                               batch_size=s.eval.batch_size, on_error=s.reward.on_error, max_steps=s.steps))
+                          task_eval_settings(s))
 
 
 def episode_eval(s, parts: Parts):
@@ -272,12 +272,13 @@ def deepspeed_plugin(cfg: DictConfig, accumulation: int):
     from accelerate.utils import DeepSpeedPlugin
 
     from rlx.runtime import launch
-    from rlx.runtime.parallel import deepspeed_config
+    from rlx.runtime.parallel import ZeroSettings, deepspeed_config
 
     ds = hw.deepspeed
-    config = deepspeed_config(ds.zero_stage, cfg.micro_batch_size, accumulation, launch.world_size(hw),
-                              cfg.optim.max_grad_norm, hw.mixed_precision, ds.offload_optimizer_device, ds.offload_param_device,
-                              ds.get("param_persistence_threshold"))
+    zero = ZeroSettings(ds.zero_stage, ds.offload_optimizer_device, ds.offload_param_device,
+                        ds.get("param_persistence_threshold"))
+    config = deepspeed_config(zero, cfg.micro_batch_size, accumulation, launch.world_size(hw), cfg.optim.max_grad_norm,
+                              hw.mixed_precision)
     return DeepSpeedPlugin(hf_ds_config=config, zero3_init_flag=bool(ds.zero3_init_flag and ds.zero_stage == 3))
 
 

@@ -266,7 +266,6 @@ def test_eval_of_a_model_preset_asks_and_scores_as_its_training_does():
     # `rlx eval model=smollm2-135m-instruct` used eval.yaml's tiny-model defaults: the tag verifier, temperature 1
     from omegaconf import OmegaConf
 
-    from rlx.config.paths import CONF_DIR
     from rlx.config.schema import apply_benchmark_tuning
 
     train = check_overrides(["model=smollm2-135m-instruct"], config_name="train")

@@ -296,7 +296,7 @@ def test_benchmark_sampling_through_the_generator_protocol_draws_what_generate_d
     torch RNG seeded per batch (greedy call first, then the sampled one)."""
     import torch
 
-    from rlx.evaluation.runner import _batch_seed, _model_inputs, run_benchmark
+    from rlx.evaluation.runner import EvalPass, _batch_seed, _model_inputs, run_benchmark
     from rlx.models.loading import load_causal_lm, load_tokenizer
     from rlx.rollout.hf import generate
 
@@ -305,8 +305,8 @@ def test_benchmark_sampling_through_the_generator_protocol_draws_what_generate_d
     problems = bench.load(5)
     sampling = OmegaConf.create({"n": 3, "greedy": True, "max_new_tokens": 12, "temperature": 0.8, "top_p": 0.95,
                                  "top_k": 0, "batch_size": 8})  # 2 problems (8 rows) per batch: 3 batches
-    records = run_benchmark(model, tok, bench, problems, tmp_path / "model.jsonl", sampling, chat_template=True,
-                            seed=3, label="chain_sum", progress=False)
+    records = run_benchmark(model, tok, bench, problems, EvalPass(tmp_path / "model.jsonl", sampling, chat_template=True,
+                                                                  seed=3, label="chain_sum", progress=False))
     for start in range(0, 5, 2):
         batch = problems[start : start + 2]
         inputs = _model_inputs(tok, batch, True, bench.system_prompt)

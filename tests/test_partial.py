@@ -8,6 +8,7 @@ import torch
 from rlx.data.tasks import PromptStream
 from rlx.rewards import RewardComponent
 from rlx.rollout.partial import PartialProducer
+from rlx.rollout.single_turn import SingleTurnSettings
 from rlx.rollout.types import Generation
 from tests.loop_fixtures import one_thread  # noqa: F401 (fixture)
 
@@ -64,9 +65,10 @@ def producer(lengths, prompts_per_step=2, oversample=2.0, group=2, max_new=12):
     stream = InOrder(rows, seed=0)
     generator = Scripted(lengths)
     rewards = [RewardComponent("task", lambda prompts, completions, **_: [float(c) for c in completions], 1.0)]
-    made = PartialProducer(generator, Tokenizer(), stream, rewards, group_size=group, prompts_per_step=prompts_per_step,
-                           oversample=oversample, max_new_tokens=max_new, min_new_tokens=0, seed=3, use_chat_template=False,
-                           system_prompt=None, on_error="raise", accuracy_key="task", total_steps=10)
+    settings = SingleTurnSettings(group_size=group, prompts_per_step=prompts_per_step, max_new_tokens=max_new,
+                                  min_new_tokens=0, seed=3, use_chat_template=False, system_prompt=None,
+                                  on_error="raise", accuracy_key="task", total_steps=10)
+    made = PartialProducer(generator, Tokenizer(), stream, rewards, settings, oversample=oversample)
     return made, generator
 
 

@@ -7,7 +7,7 @@ import torch
 from rlx.config.overrides import check_overrides
 from rlx.rollout.fast_decode import onednn_available
 from rlx.rollout.generator import HFGenerator, policy_generator
-from rlx.rollout.hf import generate_tokens
+from rlx.rollout.hf import Decoding, generate_tokens
 from rlx.rollout.sampling import ONEDNN_DECODE, SAMPLERS, sample_tokens
 from tests.loop_fixtures import PROMPTS, one_thread, tiny_policy  # noqa: F401 (fixture)
 
@@ -28,8 +28,8 @@ def _generate(model, tokenizer, sampler, onednn):
     width = max(map(len, ids))
     prompt = torch.tensor([[tokenizer.pad_token_id] * (width - len(r)) + r for r in ids])
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in ids])
-    return generate_tokens(model, tokenizer, prompt, mask, samples_per_prompt=4, max_new_tokens=24,
-                           seeds=list(range(12)), sampler=sampler, onednn=onednn, logprobs=True)
+    decoding = Decoding(samples_per_prompt=4, max_new_tokens=24, sampler=sampler, onednn=onednn, logprobs=True)
+    return generate_tokens(model, tokenizer, prompt, mask, decoding, seeds=list(range(12)))
 
 
 @pytest.mark.skipif(not onednn_available(torch.zeros(1)), reason="oneDNN decode needs a CPU with mkldnn")

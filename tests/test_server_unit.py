@@ -22,6 +22,7 @@ from rlx.config.paths import CONF_DIR
 from rlx.errors import UserError
 from rlx.rollout.server_client import BadAnswer, Refused, parse_completion, with_retries
 from rlx.rollout.server_process import (
+    EngineArgs,
     RolloutServerError,
     ServerProcess,
     check_server_settings,
@@ -89,9 +90,10 @@ def test_a_remote_bind_stops_rlx_train_before_any_work():
 
 
 def test_server_command_and_environment():
-    command = server_command("/py", "/m", "127.0.0.1", 4321, seed=3, dtype="float32", max_model_len=256,
-                             enforce_eager=True, kv_cache_gib=0.25, gpu_memory_utilization=0.3,
-                             max_num_batched_tokens=None, lora_rank=12, extra_args=["--max-num-seqs", 8])
+    engine = EngineArgs(dtype="float32", gpu_memory_utilization=0.3, max_model_len=256, enforce_eager=True,
+                        kv_cache_gib=0.25, max_num_batched_tokens=None)
+    command = server_command("/py", "/m", "127.0.0.1", 4321, engine, seed=3, lora_rank=12,
+                             extra_args=["--max-num-seqs", 8])
     text = " ".join(command)
     assert command[:3] == ["/py", "-m", "vllm.entrypoints.launchers.api_server.entry"]
     for part in ("--model /m", "--host 127.0.0.1 --port 4321", "--seed 3", "--logprobs-mode processed_logprobs",

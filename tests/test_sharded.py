@@ -18,7 +18,7 @@ from rlx.config.overrides import check_overrides
 from rlx.config.paths import ASSETS_DIR
 from rlx.config.rules import check_batch
 from rlx.evaluation.tasks import eval_shard
-from rlx.runtime.parallel import deepspeed_config, micro_batches_per_step
+from rlx.runtime.parallel import ZeroSettings, deepspeed_config, micro_batches_per_step
 from tests.conftest import run_rlx
 from tests.parallel_helpers import QUIET, SENSITIVE, assert_same_parameters
 
@@ -26,7 +26,7 @@ from tests.parallel_helpers import QUIET, SENSITIVE, assert_same_parameters
 
 
 def test_deepspeed_config_has_real_numbers_and_rlx_clipping():
-    config = deepspeed_config(2, micro_batch_size=2, accumulation=4, world_size=2, max_grad_norm=0.5)
+    config = deepspeed_config(ZeroSettings(2), micro_batch_size=2, accumulation=4, world_size=2, max_grad_norm=0.5)
     assert config["train_batch_size"] == 16  # 2 x 4 x 2: no "auto" left for a dataloader to fill
     assert config["train_micro_batch_size_per_gpu"] == 2
     assert config["gradient_accumulation_steps"] == 4
@@ -35,16 +35,16 @@ def test_deepspeed_config_has_real_numbers_and_rlx_clipping():
     assert not config["bf16"]["enabled"] and not config["fp16"]["enabled"]
     assert "auto" not in str(config)
     assert "stage3_param_persistence_threshold" not in str(config)  # DeepSpeed's default unless asked
-    assert deepspeed_config(3, 1, 1, 1, 1.0, param_persistence_threshold=0)["zero_optimization"][
+    assert deepspeed_config(ZeroSettings(3, param_persistence_threshold=0), 1, 1, 1, 1.0)["zero_optimization"][
         "stage3_param_persistence_threshold"] == 0
-    three = deepspeed_config(3, 1, 1, 4, None, "bf16", offload_optimizer="cpu", offload_param="cpu")
+    three = deepspeed_config(ZeroSettings(3, offload_optimizer="cpu", offload_param="cpu"), 1, 1, 4, None, "bf16")
     assert three["gradient_clipping"] == 0.0  # max_grad_norm null: no clipping
     assert three["train_batch_size"] == 4 and three["bf16"]["enabled"]
     zero = three["zero_optimization"]
     assert zero["stage"] == 3 and zero["stage3_gather_16bit_weights_on_model_save"]  # final/ gets full weights
     assert zero["offload_optimizer"] == {"device": "cpu"} and zero["offload_param"] == {"device": "cpu"}
     with pytest.raises(ValueError, match="zero_stage=4"):
-        deepspeed_config(4, 1, 1, 1, 1.0)
+        deepspeed_config(ZeroSettings(4), 1, 1, 1, 1.0)
 
 
 def test_micro_batches_per_step():

@@ -164,7 +164,7 @@ def eval_midway(run, fault, ctx):
     than the free part of the file's last page)."""
     from rlx.config.overrides import check_overrides
     from rlx.evaluation.benchmarks import Benchmark
-    from rlx.evaluation.runner import run_benchmark
+    from rlx.evaluation.runner import EvalPass, run_benchmark
 
     model, tokenizer = ctx["tiny"]
     cfg = check_overrides(["benchmark=chain_sum"], config_name="eval")
@@ -180,8 +180,9 @@ def eval_midway(run, fault, ctx):
             return real(*args)
 
         bench.score = faulty
-        run_benchmark(model, tokenizer, bench, bench.load(16), run / "chain_sum" / "model.jsonl", sampling,
-                      chat_template=True, seed=0, label="chain_sum", progress=False)
+        run_benchmark(model, tokenizer, bench, bench.load(16), EvalPass(run / "chain_sum" / "model.jsonl", sampling,
+                                                                        chat_template=True, seed=0, label="chain_sum",
+                                                                        progress=False))
 
 
 def eval_left(run, ctx):

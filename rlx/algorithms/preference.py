@@ -25,6 +25,7 @@ Conventions shared by every function here:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -234,21 +235,32 @@ def _orpo(chosen_avg: Tensor, rejected_avg: Tensor, beta: float, gamma: float):
     return orpo_odds_ratio_loss(chosen_rewards, rejected_rewards, weight=beta), chosen_rewards, rejected_rewards
 
 
+@dataclass(frozen=True)
+class PreferenceLoss:
+    """Which preference loss and its knobs (see `preference_loss`): `loss_type` (PREFERENCE_LOSSES), `beta`,
+    cdpo/robust's `label_smoothing`, SimPO's `gamma`, and `length_normalize` (reference-based losses)."""
+
+    loss_type: str
+    beta: float
+    label_smoothing: float = 0.0
+    gamma: float = 0.0
+    length_normalize: bool = False
+
+
 def preference_loss(
     policy_chosen_logps: Tensor,
     policy_rejected_logps: Tensor,
     ref_chosen_logps: Tensor | None,
     ref_rejected_logps: Tensor | None,
     *,
-    loss_type: str,
-    beta: float,
-    label_smoothing: float = 0.0,
-    gamma: float = 0.0,
     chosen_lengths: Tensor | None = None,
     rejected_lengths: Tensor | None = None,
-    length_normalize: bool = False,
+    **loss,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Per-pair preference loss of `loss_type`, (B,), and detached batch-mean metrics.
+
+    loss: the fields of PreferenceLoss by keyword: loss_type and beta (required), label_smoothing, gamma,
+    length_normalize.
 
     loss_type (see PREFERENCE_LOSSES):
       "dpo"    -log sigmoid(beta h)                               Rafailov et al. 2023
@@ -287,56 +299,16 @@ def preference_loss(
       pref/accuracy: fraction of pairs with chosen_reward > rejected_reward (ties count as wrong).
       pref/chosen_logp, pref/rejected_logp: mean summed policy log-probs.
     """
-    if loss_type not in REFERENCE_LOSSES and loss_type not in REFERENCE_FREE_LOSSES:
-        raise ValueError(
-            f"unknown preference loss_type {loss_type!r}; "
-            f"valid choices: {', '.join([*REFERENCE_LOSSES, *REFERENCE_FREE_LOSSES])}"
-        )
-    if beta <= 0:
-        raise ValueError(f"beta must be > 0, got {beta}")
-    if label_smoothing != 0.0 and loss_type not in _LABEL_SMOOTHING_LOSSES:
-        raise ValueError(
-            f"label_smoothing is only used by {sorted(_LABEL_SMOOTHING_LOSSES)}, "
-            f"got label_smoothing={label_smoothing} with loss_type={loss_type!r}"
-        )
-    if gamma != 0.0 and loss_type != "simpo":
-        raise ValueError(
-            f"gamma (SimPO target margin) is only used by simpo, got loss_type={loss_type!r}"
-        )
-    if policy_chosen_logps.shape != policy_rejected_logps.shape:
-        raise ValueError(
-            f"chosen and rejected log-probs differ in shape: "
-            f"{tuple(policy_chosen_logps.shape)} vs {tuple(policy_rejected_logps.shape)}"
-        )
-
-    if loss_type in REFERENCE_FREE_LOSSES:
-        if ref_chosen_logps is not None or ref_rejected_logps is not None:
-            raise ValueError(
-                f"{loss_type} is reference-free: pass ref_chosen_logps=None and "
-                f"ref_rejected_logps=None (and skip the reference model)"
-            )
-        chosen_avg = _per_token(policy_chosen_logps, chosen_lengths, "chosen_lengths", loss_type)
-        rejected_avg = _per_token(
-            policy_rejected_logps, rejected_lengths, "rejected_lengths", loss_type
-        )
-        losses, chosen_rewards, rejected_rewards = REFERENCE_FREE_LOSSES[loss_type](chosen_avg, rejected_avg, beta, gamma)
+    spec = PreferenceLoss(**loss)
+    _check_preference_loss(spec, policy_chosen_logps, policy_rejected_logps)
+    if spec.loss_type in REFERENCE_FREE_LOSSES:
+        losses, chosen_rewards, rejected_rewards = _reference_free_loss(
+            spec, policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps,
+            (chosen_lengths, rejected_lengths))
     else:
-        if ref_chosen_logps is None or ref_rejected_logps is None:
-            raise ValueError(
-                f"{loss_type} needs the reference model's log-probs (ref_chosen_logps and "
-                f"ref_rejected_logps); only {sorted(REFERENCE_FREE)} are reference-free"
-            )
-        chosen_logratios = policy_chosen_logps - ref_chosen_logps  # (B,)
-        rejected_logratios = policy_rejected_logps - ref_rejected_logps  # (B,)
-        if length_normalize:
-            what = f"{loss_type} with length_normalize=True"
-            chosen_logratios = _per_token(chosen_logratios, chosen_lengths, "chosen_lengths", what)
-            rejected_logratios = _per_token(
-                rejected_logratios, rejected_lengths, "rejected_lengths", what
-            )
-        logratio_diff = chosen_logratios - rejected_logratios  # h, (B,)
-        chosen_rewards, rejected_rewards = beta * chosen_logratios, beta * rejected_logratios
-        losses = REFERENCE_LOSSES[loss_type](logratio_diff, beta, label_smoothing)
+        losses, chosen_rewards, rejected_rewards = _reference_based_loss(
+            spec, policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps,
+            (chosen_lengths, rejected_lengths))
 
     with torch.no_grad():
         chosen_rewards, rejected_rewards = chosen_rewards.detach(), rejected_rewards.detach()
@@ -349,6 +321,75 @@ def preference_loss(
             "pref/rejected_logp": policy_rejected_logps.detach().mean(),
         }
     return losses, metrics
+
+
+def _check_preference_loss(spec: PreferenceLoss, policy_chosen_logps: Tensor, policy_rejected_logps: Tensor) -> None:
+    """The loss type is known, beta positive, label_smoothing and gamma set only where used, and the chosen and
+    rejected log-probs of the same shape; else ValueError."""
+    loss_type = spec.loss_type
+    if loss_type not in REFERENCE_LOSSES and loss_type not in REFERENCE_FREE_LOSSES:
+        raise ValueError(
+            f"unknown preference loss_type {loss_type!r}; "
+            f"valid choices: {', '.join([*REFERENCE_LOSSES, *REFERENCE_FREE_LOSSES])}"
+        )
+    if spec.beta <= 0:
+        raise ValueError(f"beta must be > 0, got {spec.beta}")
+    if spec.label_smoothing != 0.0 and loss_type not in _LABEL_SMOOTHING_LOSSES:
+        raise ValueError(
+            f"label_smoothing is only used by {sorted(_LABEL_SMOOTHING_LOSSES)}, "
+            f"got label_smoothing={spec.label_smoothing} with loss_type={loss_type!r}"
+        )
+    if spec.gamma != 0.0 and loss_type != "simpo":
+        raise ValueError(
+            f"gamma (SimPO target margin) is only used by simpo, got loss_type={loss_type!r}"
+        )
+    if policy_chosen_logps.shape != policy_rejected_logps.shape:
+        raise ValueError(
+            f"chosen and rejected log-probs differ in shape: "
+            f"{tuple(policy_chosen_logps.shape)} vs {tuple(policy_rejected_logps.shape)}"
+        )
+
+
+def _reference_free_loss(spec: PreferenceLoss, policy_chosen_logps: Tensor, policy_rejected_logps: Tensor,
+                         ref_chosen_logps: Tensor | None, ref_rejected_logps: Tensor | None,
+                         lengths: tuple[Tensor | None, Tensor | None]) -> tuple[Tensor, Tensor, Tensor]:
+    """(losses, chosen rewards, rejected rewards) of a reference-free loss, from the per-token average policy
+    log-probs (lengths: the chosen and rejected completion token counts); the reference log-probs must be None."""
+    loss_type = spec.loss_type
+    if ref_chosen_logps is not None or ref_rejected_logps is not None:
+        raise ValueError(
+            f"{loss_type} is reference-free: pass ref_chosen_logps=None and "
+            f"ref_rejected_logps=None (and skip the reference model)"
+        )
+    chosen_avg = _per_token(policy_chosen_logps, lengths[0], "chosen_lengths", loss_type)
+    rejected_avg = _per_token(
+        policy_rejected_logps, lengths[1], "rejected_lengths", loss_type
+    )
+    return REFERENCE_FREE_LOSSES[loss_type](chosen_avg, rejected_avg, spec.beta, spec.gamma)
+
+
+def _reference_based_loss(spec: PreferenceLoss, policy_chosen_logps: Tensor, policy_rejected_logps: Tensor,
+                          ref_chosen_logps: Tensor | None, ref_rejected_logps: Tensor | None,
+                          lengths: tuple[Tensor | None, Tensor | None]) -> tuple[Tensor, Tensor, Tensor]:
+    """(losses, chosen rewards, rejected rewards) of a reference-based loss of the log-ratio difference h, each
+    log-ratio divided by its completion length (lengths) when spec.length_normalize."""
+    loss_type = spec.loss_type
+    if ref_chosen_logps is None or ref_rejected_logps is None:
+        raise ValueError(
+            f"{loss_type} needs the reference model's log-probs (ref_chosen_logps and "
+            f"ref_rejected_logps); only {sorted(REFERENCE_FREE)} are reference-free"
+        )
+    chosen_logratios = policy_chosen_logps - ref_chosen_logps  # (B,)
+    rejected_logratios = policy_rejected_logps - ref_rejected_logps  # (B,)
+    if spec.length_normalize:
+        what = f"{loss_type} with length_normalize=True"
+        chosen_logratios = _per_token(chosen_logratios, lengths[0], "chosen_lengths", what)
+        rejected_logratios = _per_token(
+            rejected_logratios, lengths[1], "rejected_lengths", what
+        )
+    logratio_diff = chosen_logratios - rejected_logratios  # h, (B,)
+    chosen_rewards, rejected_rewards = spec.beta * chosen_logratios, spec.beta * rejected_logratios
+    return REFERENCE_LOSSES[loss_type](logratio_diff, spec.beta, spec.label_smoothing), chosen_rewards, rejected_rewards
 
 
 def _per_token(values: Tensor, lengths: Tensor | None, name: str, needed_by: str) -> Tensor:

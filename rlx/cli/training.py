@@ -71,40 +71,94 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
 
 
 def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | None:
-    from accelerate import Accelerator
-
-    from rlx.data.tasks import load_rows
+    """The run, its directory locked: a finished run is left alone (or its final/ rebuilt), a multi-process run's
+    parent launches the workers; otherwise set up Accelerate, load the data, rewards and model, build the parts,
+    run the family's loop and save the final model. Returns the final evaluation metrics (main process)."""
     from rlx.loops.common import Components, seed_everything
-    from rlx.models.lora import final_is_complete, prepare_policy, save_final
-    from rlx.rewards import build_rewards
     from rlx.runtime import launch, tracking
-    from rlx.runtime.checkpoint import latest_checkpoint
-    from rlx.runtime.parallel import fsdp_plugin, full_state_dict, micro_batches_per_step, use_fsdp_on_cpu
-    from rlx.runtime.rundir import atomic_write_text, plot_run, write_run_files
+    from rlx.runtime.rundir import write_run_files
 
     local_batch = check_batch(cfg, launch.world_size(cfg.hardware))
-    rebuild_final = False
-    if cfg.resume is not None:  # the cli pointed the run directory at the run being resumed
-        found = latest_checkpoint(run_dir)
-        if found is not None and found[0] >= cfg.steps:
-            if not cfg.save.final or final_is_complete(run_dir, cfg.model.lora.save_merged):
-                log.info("run %s already finished (checkpoint at step %d, steps=%d): nothing to train", run_dir,
-                         found[0], cfg.steps)
-                _restore_result(cfg, run_dir)  # only when a storage fault kept result.json from being written
-                return None  # nothing else in the run directory is touched
-            log.warning("run %s finished but final/ is missing or partial: rebuilding it from checkpoint step %d",
-                        run_dir, found[0])
-            rebuild_final = True
+    rebuild_final = _finished_run(cfg, run_dir)
+    if rebuild_final is None:
+        return None  # nothing else in the run directory is touched
     if launch.needs_launch(cfg.hardware):  # parent of a multi-process run: write the run files, start workers
-        if not rebuild_final and cfg.hardware.machine_rank == 0:  # machine 0 writes the shared run directory's files
-            if cfg.resume is not None:
-                _record_resume(cfg, run_dir, overrides)
-            write_run_files(run_dir, cfg, overrides)
-            tracking.write_env_info(run_dir, launch.world_size(cfg.hardware))
-        code = launch.launch_workers(cfg.hardware, run_dir, overrides)
-        if code:
-            raise SystemExit(code)
+        _launch_workers(cfg, run_dir, overrides, rebuild_final)
         return None  # the main worker wrote the results
+    accelerator = _accelerator(cfg, run_dir, local_batch)
+    # a resume rewrites the run files only once its data and model have loaded (just before the loop), so a
+    # failed attempt leaves the run as it was
+    writes_run_files = accelerator.is_main_process and not launch.is_worker() and not rebuild_final
+    if writes_run_files and cfg.resume is None:
+        write_run_files(run_dir, cfg, overrides)
+        tracking.write_env_info(run_dir, accelerator.num_processes)
+    if not accelerator.is_main_process:
+        logging.getLogger("rlx").setLevel(logging.WARNING)  # one process reports
+    tracking.start_trackers(accelerator, cfg, run_dir)
+    seed_everything(cfg.seed)
+    train_rows, eval_rows, rewards, model, tokenizer = _load_inputs(cfg, accelerator, run_dir)
+    log.info("run directory: %s", run_dir)
+    log.info("model: %s (%.2fM parameters), %d train / %d held-out rows", cfg.model.path or "built from scratch",
+             sum(p.numel() for p in model.parameters()) / 1e6, len(train_rows), len(eval_rows))
+    parts = Components(accelerator, model, tokenizer, train_rows, eval_rows, rewards, run_dir)
+    if writes_run_files and cfg.resume is not None:
+        _record_resume(cfg, run_dir, overrides)
+        write_run_files(run_dir, cfg, overrides)
+
+    built = build_parts(cfg, parts)
+    try:
+        result = LOOPS[cfg.algorithm.family](built.settings, built)
+    finally:  # a vLLM engine or server (and its child process) goes with the run, whatever ended it
+        if built.generator is not None:
+            built.generator.close()
+    return _finish(cfg, run_dir, accelerator, result, tokenizer, rebuild_final)
+
+
+def _finished_run(cfg: DictConfig, run_dir: Path) -> bool | None:
+    """Whether a resumed run must rebuild its final/ (True: it finished, but final/ is missing or partial), or
+    None when it finished with final/ complete (nothing to train: its result.json restored if missing)."""
+    from rlx.models.lora import final_is_complete
+    from rlx.runtime.checkpoint import latest_checkpoint
+
+    if cfg.resume is None:  # the cli pointed the run directory at the run being resumed
+        return False
+    found = latest_checkpoint(run_dir)
+    if found is None or found[0] < cfg.steps:
+        return False
+    if not cfg.save.final or final_is_complete(run_dir, cfg.model.lora.save_merged):
+        log.info("run %s already finished (checkpoint at step %d, steps=%d): nothing to train", run_dir,
+                 found[0], cfg.steps)
+        _restore_result(cfg, run_dir)  # only when a storage fault kept result.json from being written
+        return None
+    log.warning("run %s finished but final/ is missing or partial: rebuilding it from checkpoint step %d",
+                run_dir, found[0])
+    return True
+
+
+def _launch_workers(cfg: DictConfig, run_dir: Path, overrides: list[str], rebuild_final: bool) -> None:
+    """The parent of a multi-process run: machine 0 writes the shared run directory's files, then the workers
+    run; a worker's failure exits with its code."""
+    from rlx.runtime import launch, tracking
+    from rlx.runtime.rundir import write_run_files
+
+    if not rebuild_final and cfg.hardware.machine_rank == 0:  # machine 0 writes the shared run directory's files
+        if cfg.resume is not None:
+            _record_resume(cfg, run_dir, overrides)
+        write_run_files(run_dir, cfg, overrides)
+        tracking.write_env_info(run_dir, launch.world_size(cfg.hardware))
+    code = launch.launch_workers(cfg.hardware, run_dir, overrides)
+    if code:
+        raise SystemExit(code)
+
+
+def _accelerator(cfg: DictConfig, run_dir: Path, local_batch: int):
+    """This process's Accelerator (threads, trackers, gradient accumulation over `local_batch` rows, the
+    DeepSpeed or FSDP plugin); refuses a process count other than the run's."""
+    from accelerate import Accelerator
+
+    from rlx.runtime import launch, tracking
+    from rlx.runtime.parallel import fsdp_plugin, micro_batches_per_step, use_fsdp_on_cpu
+
     if cfg.hardware.num_threads:
         torch.set_num_threads(cfg.hardware.num_threads)
     trackers = tracking.tracker_names(cfg.logger)
@@ -127,16 +181,16 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
     if accelerator.num_processes != launch.world_size(cfg.hardware):
         raise UserError(f"{accelerator.num_processes} processes are running but hardware.num_processes x num_machines = "
                         f"{launch.world_size(cfg.hardware)}; start runs with `rlx train`, not `accelerate launch`")
-    # a resume rewrites the run files only once its data and model have loaded (just before the loop), so a
-    # failed attempt leaves the run as it was
-    writes_run_files = accelerator.is_main_process and not launch.is_worker() and not rebuild_final
-    if writes_run_files and cfg.resume is None:
-        write_run_files(run_dir, cfg, overrides)
-        tracking.write_env_info(run_dir, accelerator.num_processes)
-    if not accelerator.is_main_process:
-        logging.getLogger("rlx").setLevel(logging.WARNING)  # one process reports
-    tracking.start_trackers(accelerator, cfg, run_dir)
-    seed_everything(cfg.seed)
+    return accelerator
+
+
+def _load_inputs(cfg: DictConfig, accelerator, run_dir: Path):
+    """(train rows, held-out rows, reward components, prepared policy, tokenizer), with the rows checked against
+    the rewards, the prompt-length limit applied and every prompt's (or episode's) token budget checked."""
+    from rlx.data.tasks import load_rows
+    from rlx.models.lora import prepare_policy
+    from rlx.rewards import build_rewards
+
     # data.source none: preference data without a verifiable task (no eval/accuracy)
     train_rows, eval_rows = load_rows(cfg.data, cfg.seed) if cfg.data.source != "none" else ([], [])
     rewards = build_rewards(cfg.reward)
@@ -147,17 +201,32 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
     model, tokenizer = build_model_and_tokenizer(cfg, train_rows)
     model = prepare_policy(model, cfg.model, cfg.hardware)
     if cfg.algorithm.family in ("policy_gradient", "ppo") and cfg.data.get("max_prompt_length") is not None:
-        from rlx.rollout.prompt_limits import limit_prompt_length
+        train_rows = _limit_prompt_length(cfg, accelerator, run_dir, tokenizer, train_rows)
+    _check_budgets(cfg, model, tokenizer, train_rows, eval_rows)
+    return train_rows, eval_rows, rewards, model, tokenizer
 
-        train_rows, counts = limit_prompt_length(tokenizer, train_rows, cfg.data.max_prompt_length,
-                                                 cfg.data.get("overlong_prompts", "drop"), cfg.model.chat_template,
-                                                 cfg.data.system_prompt)
-        log.info("data.max_prompt_length=%d: %d of %d training prompts longer (%d dropped, %d truncated)",
-                 cfg.data.max_prompt_length, counts["over_length"], counts["prompts"], counts["dropped"], counts["truncated"])
-        if accelerator.is_main_process:
-            atomic_write_text(run_dir / "prompt_length.json",
-                              json.dumps(dict(counts, max_prompt_length=cfg.data.max_prompt_length)) + "\n",
-                              "the prompt-length counts (prompt_length.json)")
+
+def _limit_prompt_length(cfg: DictConfig, accelerator, run_dir: Path, tokenizer, train_rows: list[dict]) -> list[dict]:
+    """The training rows under data.max_prompt_length (data.overlong_prompts: dropped or truncated), the counts
+    logged and written to prompt_length.json."""
+    from rlx.rollout.prompt_limits import limit_prompt_length
+    from rlx.runtime.rundir import atomic_write_text
+
+    train_rows, counts = limit_prompt_length(tokenizer, train_rows, cfg.data.max_prompt_length,
+                                             cfg.data.get("overlong_prompts", "drop"), cfg.model.chat_template,
+                                             cfg.data.system_prompt)
+    log.info("data.max_prompt_length=%d: %d of %d training prompts longer (%d dropped, %d truncated)",
+             cfg.data.max_prompt_length, counts["over_length"], counts["prompts"], counts["dropped"], counts["truncated"])
+    if accelerator.is_main_process:
+        atomic_write_text(run_dir / "prompt_length.json",
+                          json.dumps(dict(counts, max_prompt_length=cfg.data.max_prompt_length)) + "\n",
+                          "the prompt-length counts (prompt_length.json)")
+    return train_rows
+
+
+def _check_budgets(cfg: DictConfig, model, tokenizer, train_rows: list[dict], eval_rows: list[dict]) -> None:
+    """Every prompt fits the model's context with rollout.max_new_tokens (policy-gradient and PPO families), and
+    an environment's first episodes can play a turn: else one line, before training starts."""
     if cfg.algorithm.family in ("policy_gradient", "ppo"):
         from rlx.rollout.prompt_limits import check_context, model_context
 
@@ -174,20 +243,14 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
         check_episode_budget(cfg.env, environment_factory(cfg.env), tokenizer, model_context(model), cfg.model.path,
                              [train_env_seed(cfg.seed, 1, task) for task in range(cfg.prompts_per_step)],
                              cfg.model.chat_template)
-    log.info("run directory: %s", run_dir)
-    log.info("model: %s (%.2fM parameters), %d train / %d held-out rows", cfg.model.path or "built from scratch",
-             sum(p.numel() for p in model.parameters()) / 1e6, len(train_rows), len(eval_rows))
-    parts = Components(accelerator, model, tokenizer, train_rows, eval_rows, rewards, run_dir)
-    if writes_run_files and cfg.resume is not None:
-        _record_resume(cfg, run_dir, overrides)
-        write_run_files(run_dir, cfg, overrides)
 
-    built = build_parts(cfg, parts)
-    try:
-        result = LOOPS[cfg.algorithm.family](built.settings, built)
-    finally:  # a vLLM engine or server (and its child process) goes with the run, whatever ended it
-        if built.generator is not None:
-            built.generator.close()
+
+def _finish(cfg: DictConfig, run_dir: Path, accelerator, result: dict, tokenizer, rebuild_final: bool) -> dict | None:
+    """After the loop: the final model saved (its full weights gathered by every process), the run's plots, the
+    trackers ended. Returns the final evaluation metrics on the main process, else None."""
+    from rlx.models.lora import save_final
+    from rlx.runtime.parallel import full_state_dict
+    from rlx.runtime.rundir import plot_run
 
     accelerator.wait_for_everyone()
     # every process takes part in gathering the full weights of a sharded policy; the main one writes them

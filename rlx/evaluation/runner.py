@@ -19,9 +19,8 @@ from __future__ import annotations
 import json
 import logging
 import re
-import sys
-import time
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,10 +31,11 @@ from rlx.envs.registry import plays_through_gateway
 from rlx.errors import UserError
 from rlx.evaluation.agents import per_task_values
 from rlx.evaluation.benchmarks import Benchmark
+from rlx.evaluation.progress import EvalProgress
 from rlx.evaluation.summary import per_problem_values, plot_pass_at_k, render_table, summarize, support_lines
 from rlx.rollout.backends import build_generator
 from rlx.rollout.hf import eos_ids
-from rlx.runtime.rundir import append_text, atomic_write_text, start_bar, stop_bar
+from rlx.runtime.rundir import append_text, atomic_write_text
 from rlx.runtime.storage import writing
 
 log = logging.getLogger("rlx")
@@ -139,47 +139,29 @@ def _model_inputs(tokenizer, problems: list[dict], chat_template: bool, system_p
     return format_prompts(tokenizer, problems, chat_template, system_prompt)
 
 
-class _Progress:
-    """Problems done, samples/s and the running metric: a rich bar on a terminal, log lines otherwise."""
+@dataclass(frozen=True)
+class EvalPass:
+    """One model's pass over one benchmark or environment: its results file (the records already there are
+    kept, the rest generated), the sampling knobs (cfg.sampling), whether prompts use the chat template, the
+    run's seed, and the progress bar's label and switch."""
 
-    def __init__(self, label: str, total: int, done: int, enabled: str | bool, unit: str = "problems"):
-        self.label, self.total, self.done, self.unit = label, total, done, unit
-        self.samples, self.start = 0, time.monotonic()
-        show = sys.stderr.isatty() if enabled == "auto" else bool(enabled)
-        self._bar = None
-        if show:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self._bar = Progress(TextColumn("[bold]{task.description}"), MofNCompleteColumn(), BarColumn(),
-                                 TimeRemainingColumn(), TextColumn("{task.fields[status]}"))
-            self._task = self._bar.add_task(label, total=total, completed=done, status="")
-            self._swapped = start_bar(self._bar)
-
-    def update(self, problems: int, samples: int, metric_name: str, metric: float) -> None:
-        self.done += problems
-        self.samples += samples
-        rate = self.samples / max(time.monotonic() - self.start, 1e-9)
-        status = f"{rate:.1f} samples/s  {metric_name} {metric:.3f}"
-        if self._bar is not None:
-            self._bar.update(self._task, completed=self.done, status=status)
-        else:
-            log.info("%s: %d/%d %s  %s", self.label, self.done, self.total, self.unit, status)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            stop_bar(self._bar, self._swapped)
-            self._bar = None
+    results: Path
+    sampling: object
+    chat_template: bool
+    seed: int
+    label: str
+    progress: object
 
 
 @torch.no_grad()
-def run_benchmark(model, tokenizer, bench: Benchmark, problems: list[dict], results: Path, sampling, *,
-                  chat_template: bool, seed: int, label: str, progress, engine=None) -> list[dict]:
-    """Generate and score every problem not yet in `results`; returns all records in problem order.
+def run_benchmark(model, tokenizer, bench: Benchmark, problems: list[dict], run: EvalPass, engine=None) -> list[dict]:
+    """Generate and score every problem not yet in `run.results`; returns all records in problem order.
     Sampling goes through the generator protocol (rlx.rollout.generator.sample_rollout): `engine` (rollout=vllm,
     its knobs set to `sampling`'s) when given, else HFGenerator on the model. Seeds: drawn per completion from
     the torch RNG seeded per batch (greedy rows first, then the sampled ones)."""
     from rlx.rollout.generator import sample_rollout
 
+    results, sampling, label = run.results, run.sampling, run.label
     generator = engine if engine is not None else _hf_generator(model, tokenizer, sampling, logprobs=False)
 
     def generate(inputs, *, samples_per_prompt, greedy=False):
@@ -195,9 +177,9 @@ def run_benchmark(model, tokenizer, bench: Benchmark, problems: list[dict], resu
     n, greedy = int(sampling.n), bool(sampling.greedy)
     per_problem = n + int(greedy)
     max_new = int(sampling.max_new_tokens or bench.max_new_tokens)
-    use_chat = chat_template if bench.chat_template is None else bool(bench.chat_template)
+    use_chat = run.chat_template if bench.chat_template is None else bool(bench.chat_template)
     step = max(1, int(sampling.batch_size) // per_problem)  # problems per batch
-    bar = _Progress(label, len(problems), len(problems) - len(todo), progress)
+    bar = EvalProgress(label, len(problems), len(problems) - len(todo), run.progress)
     running = [r["greedy"]["score"] if greedy else float(np.mean(r["scores"])) for r in done.values()]
     with writing(results.parent, "the results folder"):
         results.parent.mkdir(parents=True, exist_ok=True)
@@ -206,7 +188,7 @@ def run_benchmark(model, tokenizer, bench: Benchmark, problems: list[dict], resu
         for start in range(0, len(todo), step):
             batch = todo[start : start + step]
             inputs = _model_inputs(tokenizer, batch, use_chat, bench.system_prompt)
-            torch.manual_seed(_batch_seed(seed, batch[0]["id"]))
+            torch.manual_seed(_batch_seed(run.seed, batch[0]["id"]))
             texts, truncated = [], []
             if greedy:
                 out = generate(inputs, samples_per_prompt=1, greedy=True)
@@ -240,18 +222,18 @@ def run_benchmark(model, tokenizer, bench: Benchmark, problems: list[dict], resu
 
 
 @torch.no_grad()
-def run_environment(generator, tokenizer, env_cfg, factory, tasks: int, results: Path, sampling, *,
-                    chat_template: bool, seed: int, label: str, progress, stop_ids: list[int]) -> list[dict]:
-    """Play every held-out task not yet in `results` (its greedy episode and sampling.n sampled ones,
+def run_environment(generator, tokenizer, env_cfg, factory, tasks: int, run: EvalPass, stop_ids: list[int]) -> list[dict]:
+    """Play every held-out task not yet in `run.results` (its greedy episode and sampling.n sampled ones,
     evaluation/agents.py: play_tasks); returns all task records in task order."""
     from rlx.evaluation.agents import play_tasks
 
+    results, sampling = run.results, run.sampling
     ids = [f"task_{t:06d}" for t in range(tasks)]
     done = {r["id"]: r for r in read_records(results)}
     todo = [t for t, i in enumerate(ids) if i not in done]
     n, greedy = int(sampling.n), bool(sampling.greedy)
     step = max(1, int(sampling.batch_size) // (n + int(greedy)))  # tasks per batch
-    bar = _Progress(label, tasks, tasks - len(todo), progress, unit="tasks")
+    bar = EvalProgress(run.label, tasks, tasks - len(todo), run.progress, unit="tasks")
     running = [r["greedy"]["success"] if greedy else float(np.mean([e["success"] for e in r["episodes"]]))
                for r in done.values()]
     with writing(results.parent, "the results folder"):
@@ -260,7 +242,7 @@ def run_environment(generator, tokenizer, env_cfg, factory, tasks: int, results:
     try:
         for start in range(0, len(todo), step):
             batch = play_tasks(generator, tokenizer, factory, env_cfg, todo[start:start + step], n=n, greedy=greedy,
-                               seed=seed, use_chat_template=chat_template, stop_ids=stop_ids)
+                               seed=run.seed, use_chat_template=run.chat_template, stop_ids=stop_ids)
             for record in batch:
                 done[record["id"]] = record
                 running.append(record["greedy"]["success"] if greedy else
@@ -364,12 +346,15 @@ def _hf_generator(model, tokenizer, sampling, logprobs: bool = True):
                        top_k=int(sampling.top_k), batch_size=int(sampling.batch_size), logprobs=logprobs)
 
 
-def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
-    """Evaluate according to cfg, writing everything into out_dir. Returns summary.json's content."""
-    from rich.console import Console
+def _eval_pass(cfg: DictConfig, out_dir: Path, name: str, role: str) -> EvalPass:
+    """The EvalPass of `role`'s model ("model" or "compare") over the benchmark or environment `name`."""
+    return EvalPass(out_dir / name / f"{role}.jsonl", cfg.sampling, chat_template=bool(cfg.model.chat_template),
+                    seed=int(cfg.seed), label=f"{name} {role}", progress=cfg.progress)
 
-    from rlx.runtime.rundir import write_run_files
 
+def _settled_config(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> DictConfig:
+    """The settings evaluated by: a resumed evaluation's own (config.yaml), else cfg resolved, sampling as the
+    run= sampled unless the command line says otherwise, with the benchmark= files outside the package added."""
     if cfg.resume:
         cfg = _saved_config(out_dir, cfg)
     else:
@@ -391,6 +376,33 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
         if clash:
             raise UserError(f"benchmark '{clash[0]}' is both a file and a package benchmark; rename it in its file")
         cfg.benchmark = {**OmegaConf.to_container(cfg.get("benchmark") or OmegaConf.create({})), **extra}
+    return cfg
+
+
+def _write_summary(summary: dict, labels: dict, cfg: DictConfig, out_dir: Path) -> None:
+    """summary.json, the table and notes (printed, and in summary.txt), the pass@k plot (cfg.plot), the headline."""
+    from rich.console import Console
+
+    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2), "the evaluation summary (summary.json)")
+    console = Console(record=True, width=160)
+    console.print(render_table(summary, labels, float(cfg.metrics.confidence)))
+    from rlx.evaluation.explain import metric_notes
+
+    for line in support_lines(summary, labels) + metric_notes(summary):
+        console.print(line)
+    atomic_write_text(out_dir / "summary.txt", console.export_text(), "the evaluation summary (summary.txt)")
+    if cfg.plot:
+        plot_pass_at_k(summary, labels, out_dir / "plots" / "pass_at_k.png")
+    from rlx.evaluation.explain import headline_line
+
+    log.info("done: %s  %s", out_dir, headline_line(summary))
+
+
+def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
+    """Evaluate according to cfg, writing everything into out_dir. Returns summary.json's content."""
+    from rlx.runtime.rundir import write_run_files
+
+    cfg = _settled_config(cfg, out_dir, overrides)
     check_settings(cfg)
     if cfg.get("env") and any(o.lstrip("+~").startswith("benchmark") for o in overrides):
         raise UserError("env= evaluates an environment instead of benchmarks; evaluate benchmark= in a separate run")
@@ -443,15 +455,11 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
                                      [EVAL_SEED_BASE + task for task in range(tasks)], bool(cfg.model.chat_template))
             records[name][role] = run_environment(
                 engine or _hf_generator(model, tokenizer, cfg.sampling), tokenizer, cfg.env, factory, tasks,
-                out_dir / name / f"{role}.jsonl", cfg.sampling, chat_template=bool(cfg.model.chat_template),
-                seed=int(cfg.seed), label=f"{name} {role}", progress=cfg.progress,
+                _eval_pass(cfg, out_dir, name, role),
                 stop_ids=engine.stop_ids if engine is not None else eos_ids(model, tokenizer))
         for bench in benchmarks:
-            records[bench.name][role] = run_benchmark(
-                model, tokenizer, bench, problems[bench.name], out_dir / bench.name / f"{role}.jsonl", cfg.sampling,
-                chat_template=bool(cfg.model.chat_template), seed=int(cfg.seed), label=f"{bench.name} {role}",
-                progress=cfg.progress, engine=engine,
-            )
+            records[bench.name][role] = run_benchmark(model, tokenizer, bench, problems[bench.name],
+                                                      _eval_pass(cfg, out_dir, bench.name, role), engine=engine)
         if engine is not None:
             engine.close()
         del model, engine
@@ -461,19 +469,7 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
         "benchmarks": {name: summarize(by_role, cfg.metrics, per_task_values if environment else per_problem_values)
                        for name, by_role in records.items()},
     }
-    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2), "the evaluation summary (summary.json)")
-    console = Console(record=True, width=160)
-    console.print(render_table(summary, labels, float(cfg.metrics.confidence)))
-    from rlx.evaluation.explain import metric_notes
-
-    for line in support_lines(summary, labels) + metric_notes(summary):
-        console.print(line)
-    atomic_write_text(out_dir / "summary.txt", console.export_text(), "the evaluation summary (summary.txt)")
-    if cfg.plot:
-        plot_pass_at_k(summary, labels, out_dir / "plots" / "pass_at_k.png")
-    from rlx.evaluation.explain import headline_line
-
-    log.info("done: %s  %s", out_dir, headline_line(summary))
+    _write_summary(summary, labels, cfg, out_dir)
     return summary
 
 

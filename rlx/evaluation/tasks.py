@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from rlx.rewards import RewardComponent, TrainerState, compute_rewards, token_lists
@@ -22,24 +24,40 @@ def eval_shard(count: int, acc) -> tuple[slice, int]:
     return slice(lo, hi), per - (hi - lo)
 
 
+@dataclass(frozen=True)
+class TaskEvalSettings:
+    """How held-out task rows are evaluated: the reward component read as accuracy, the prompt format (chat
+    template, system prompt), the greedy generation's budget and batch size, what a failing reward does
+    (reward.on_error), and the run's step count (the reward functions' `trainer_state.max_steps`)."""
+
+    accuracy_key: str
+    use_chat_template: bool
+    system_prompt: str | None
+    max_new_tokens: int
+    batch_size: int
+    on_error: str = "raise"
+    max_steps: int = 0
+
+
 @torch.no_grad()
-def evaluate(model, tokenizer, rows: list[dict], rewards: list[RewardComponent], *, accuracy_key: str,
-             use_chat_template: bool, system_prompt: str | None, max_new_tokens: int, batch_size: int,
-             on_error: str = "raise", acc=None, step: int = 0, max_steps: int = 0) -> tuple[dict, list[dict]]:
+def evaluate(model, tokenizer, rows: list[dict], rewards: list[RewardComponent], settings: TaskEvalSettings, *,
+             acc=None, step: int = 0) -> tuple[dict, list[dict]]:
     """Greedy completions on held-out rows; returns eval/* metrics and per-row records. Reward functions get
     `trainer_state` with the training step being evaluated (global_step=step) and the run's max_steps.
 
     With several processes (acc), every process generates its block of the rows (eval_shard) and the
     per-row results are gathered, so each process returns the metrics of all rows; the records are
     this process's rows (the main process's are the first ones)."""
+    accuracy_key, system_prompt = settings.accuracy_key, settings.system_prompt
     mine, padding = eval_shard(len(rows), acc)
     rows = rows[mine] + rows[:1] * padding if rows else rows
-    prompts = format_prompts(tokenizer, rows, use_chat_template, system_prompt)
-    rollout = generate(model, tokenizer, prompts, samples_per_prompt=1, max_new_tokens=max_new_tokens,
-                       greedy=True, batch_size=batch_size)
-    total, per_component, _ = compute_rewards(rewards, prompts, rollout.texts, rows, on_error, system_prompt=system_prompt,
+    prompts = format_prompts(tokenizer, rows, settings.use_chat_template, system_prompt)
+    rollout = generate(model, tokenizer, prompts, samples_per_prompt=1, max_new_tokens=settings.max_new_tokens,
+                       greedy=True, batch_size=settings.batch_size)
+    total, per_component, _ = compute_rewards(rewards, prompts, rollout.texts, rows, settings.on_error,
+                                              system_prompt=system_prompt,
                                               completion_ids=token_lists(rollout.completion_ids, rollout.completion_mask),
-                                              state=TrainerState(global_step=step, max_steps=max_steps))
+                                              state=TrainerState(global_step=step, max_steps=settings.max_steps))
     lengths, truncated = rollout.lengths.float(), rollout.truncated.float()
     local = {"total": total, "lengths": lengths, "truncated": truncated, **{f"component/{k}": v for k, v in per_component.items()}}
     if acc is not None and acc.num_processes > 1:  # (N x block,) -> the `count` real rows, in order
@@ -64,19 +82,20 @@ def evaluate(model, tokenizer, rows: list[dict], rewards: list[RewardComponent],
     return metrics, records
 
 
-def task_evaluator(acc, model, tokenizer, rows: list[dict], rewards: list[RewardComponent], settings: dict):
+def task_evaluator(acc, model, tokenizer, rows: list[dict], rewards: list[RewardComponent], settings: TaskEvalSettings):
     """run_eval(step) -> metrics: greedy evaluation of the (unwrapped) policy on held-out `rows`
-    (settings: eval_settings(cfg))."""
+    (settings: task_eval_settings(settings))."""
 
     def run_eval(step: int) -> dict:
-        metrics, _ = evaluate(acc.unwrap_model(model), tokenizer, rows, rewards, **settings, acc=acc, step=step)
+        metrics, _ = evaluate(acc.unwrap_model(model), tokenizer, rows, rewards, settings, acc=acc, step=step)
         return metrics
 
     return run_eval
 
 
-def task_eval_settings(settings) -> dict:
-    """Keyword arguments of `evaluate` from the typed settings of `rlx train` (the same for every loop)."""
-    return dict(accuracy_key=settings.reward.accuracy, use_chat_template=settings.model.chat_template,
-                system_prompt=settings.data.system_prompt, max_new_tokens=settings.eval.max_new_tokens,
-                batch_size=settings.eval.batch_size, on_error=settings.reward.on_error, max_steps=settings.steps)
+def task_eval_settings(settings) -> TaskEvalSettings:
+    """The TaskEvalSettings of `evaluate` from the typed settings of `rlx train` (the same for every loop)."""
+    return TaskEvalSettings(accuracy_key=settings.reward.accuracy, use_chat_template=settings.model.chat_template,
+                            system_prompt=settings.data.system_prompt, max_new_tokens=settings.eval.max_new_tokens,
+                            batch_size=settings.eval.batch_size, on_error=settings.reward.on_error,
+                            max_steps=settings.steps)

@@ -141,75 +141,85 @@ def build_app(gateway) -> FastAPI:
 
     async def chat(request: Request, sid: str | None = None):
         body = await body_of(request)
-        session = session_of(request, sid)
-        try:
-            messages = normalize_messages(body.get("messages"), gateway.settings.system_prompt)
-        except NotText as exc:
-            session.not_text = session.not_text or str(exc)  # the harness's mistake: its run stops after the batch
-            raise
-        tools = body.get("tools") or None
-        if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
-            raise RequestError("tools must be a list of tool objects", param="tools")
-        if body.get("tool_choice") == "none":
-            tools_for_parsing = None  # the harness asked for no tool call: the reply stays text
-        else:
-            tools_for_parsing = tools
-        max_tokens = _int_or_none(body, "max_completion_tokens") or _int_or_none(body, "max_tokens")
-        stops = _stops(body)
-        pending = session.prepare_chat(messages, tools, gateway.chat_renderer(), max_tokens)
-        ids, logprobs, stopped, text, finish, version = await _generate(gateway, session, pending, stops)
-        parsed = parse_tool_calls(gateway.settings.tool_parser, text, tools_for_parsing)
-        calls = openai_tool_calls(parsed.tool_calls, f"call_{pending.index}")
-        reply = {"role": "assistant", "content": parsed.content if calls else text}
-        if calls:
-            reply["tool_calls"], finish = calls, "tool_calls"
-        session.record(pending, ids, logprobs, stopped, text, normalize_messages([reply])[0], finish, version)
-        choice = {"index": 0, "message": reply, "finish_reason": finish,
-                  "logprobs": {"content": _token_logprobs(gateway.tokenizer, ids, logprobs)} if body.get("logprobs") else None}
-        usage = {"prompt_tokens": len(pending.context), "completion_tokens": len(ids),
-                 "total_tokens": len(pending.context) + len(ids)}
-        ident, model = f"chatcmpl-{session.sid}-{pending.index}", body.get("model") or gateway.settings.model_name
-        if body.get("stream"):
-            return StreamingResponse(_chat_events(ident, model, reply, finish, usage, body), media_type="text/event-stream")
-        return JSONResponse({"id": ident, "object": "chat.completion", "created": int(time.time()), "model": model,
-                             "choices": [choice], "usage": usage})
+        return await _chat(gateway, body, session_of(request, sid))
 
     async def completions(request: Request, sid: str | None = None):
         body = await body_of(request)
-        session = session_of(request, sid)
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        valid_ids = isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-        if not (isinstance(prompt, str) and prompt) and not valid_ids:
-            if not isinstance(prompt, (str, list)):  # the observation itself is not text: the harness's run stops
-                session.not_text = session.not_text or f"prompt is a {type(prompt).__name__}, not text"
-            raise RequestError("prompt must be a non-empty string or a list of token ids (one prompt per call)", param="prompt")
-        if body.get("echo"):
-            raise RequestError("echo is not supported", param="echo")
-        max_tokens = _int_or_none(body, "max_tokens")
-        encode = lambda text: gateway.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-        pending = session.prepare_text(prompt, encode, max_tokens)
-        ids, logprobs, stopped, text, finish, version = await _generate(gateway, session, pending, _stops(body))
-        session.record(pending, ids, logprobs, stopped, text, None, finish, version)
-        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
-        if body.get("logprobs") is not None and logprobs is not None:
-            tokens = [gateway.tokenizer.decode([t]) for t in ids]
-            choice["logprobs"] = {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": None,
-                                  "text_offset": [sum(len(t) for t in tokens[:k]) for k in range(len(tokens))]}
-        usage = {"prompt_tokens": len(pending.context), "completion_tokens": len(ids),
-                 "total_tokens": len(pending.context) + len(ids)}
-        ident, model = f"cmpl-{session.sid}-{pending.index}", body.get("model") or gateway.settings.model_name
-        if body.get("stream"):
-            return StreamingResponse(_text_events(ident, model, choice), media_type="text/event-stream")
-        return JSONResponse({"id": ident, "object": "text_completion", "created": int(time.time()), "model": model,
-                             "choices": [choice], "usage": usage})
+        return await _completions(gateway, body, session_of(request, sid))
 
     for prefix in ("/v1", "/sessions/{sid}/v1"):
         app.add_api_route(f"{prefix}/models", models, methods=["GET"])
         app.add_api_route(f"{prefix}/chat/completions", chat, methods=["POST"])
         app.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
     return app
+
+
+async def _chat(gateway, body: dict, session):
+    """/chat/completions: one turn of `session` from the request body (messages, tools, sampling), the reply as
+    a chat.completion (or its event stream with stream=true)."""
+    try:
+        messages = normalize_messages(body.get("messages"), gateway.settings.system_prompt)
+    except NotText as exc:
+        session.not_text = session.not_text or str(exc)  # the harness's mistake: its run stops after the batch
+        raise
+    tools = body.get("tools") or None
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise RequestError("tools must be a list of tool objects", param="tools")
+    if body.get("tool_choice") == "none":
+        tools_for_parsing = None  # the harness asked for no tool call: the reply stays text
+    else:
+        tools_for_parsing = tools
+    max_tokens = _int_or_none(body, "max_completion_tokens") or _int_or_none(body, "max_tokens")
+    stops = _stops(body)
+    pending = session.prepare_chat(messages, tools, gateway.chat_renderer(), max_tokens)
+    ids, logprobs, stopped, text, finish, version = await _generate(gateway, session, pending, stops)
+    parsed = parse_tool_calls(gateway.settings.tool_parser, text, tools_for_parsing)
+    calls = openai_tool_calls(parsed.tool_calls, f"call_{pending.index}")
+    reply = {"role": "assistant", "content": parsed.content if calls else text}
+    if calls:
+        reply["tool_calls"], finish = calls, "tool_calls"
+    session.record(pending, ids, logprobs, stopped, text, normalize_messages([reply])[0], finish, version)
+    choice = {"index": 0, "message": reply, "finish_reason": finish,
+              "logprobs": {"content": _token_logprobs(gateway.tokenizer, ids, logprobs)} if body.get("logprobs") else None}
+    usage = {"prompt_tokens": len(pending.context), "completion_tokens": len(ids),
+             "total_tokens": len(pending.context) + len(ids)}
+    ident, model = f"chatcmpl-{session.sid}-{pending.index}", body.get("model") or gateway.settings.model_name
+    if body.get("stream"):
+        return StreamingResponse(_chat_events(ident, model, reply, finish, usage, body), media_type="text/event-stream")
+    return JSONResponse({"id": ident, "object": "chat.completion", "created": int(time.time()), "model": model,
+                         "choices": [choice], "usage": usage})
+
+
+async def _completions(gateway, body: dict, session):
+    """/completions: one turn of `session` from a text prompt or token ids, the reply as a text_completion (or its
+    event stream with stream=true)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    valid_ids = isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    if not (isinstance(prompt, str) and prompt) and not valid_ids:
+        if not isinstance(prompt, (str, list)):  # the observation itself is not text: the harness's run stops
+            session.not_text = session.not_text or f"prompt is a {type(prompt).__name__}, not text"
+        raise RequestError("prompt must be a non-empty string or a list of token ids (one prompt per call)", param="prompt")
+    if body.get("echo"):
+        raise RequestError("echo is not supported", param="echo")
+    max_tokens = _int_or_none(body, "max_tokens")
+    encode = lambda text: gateway.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    pending = session.prepare_text(prompt, encode, max_tokens)
+    ids, logprobs, stopped, text, finish, version = await _generate(gateway, session, pending, _stops(body))
+    session.record(pending, ids, logprobs, stopped, text, None, finish, version)
+    choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+    if body.get("logprobs") is not None and logprobs is not None:
+        tokens = [gateway.tokenizer.decode([t]) for t in ids]
+        choice["logprobs"] = {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": None,
+                              "text_offset": [sum(len(t) for t in tokens[:k]) for k in range(len(tokens))]}
+    usage = {"prompt_tokens": len(pending.context), "completion_tokens": len(ids),
+             "total_tokens": len(pending.context) + len(ids)}
+    ident, model = f"cmpl-{session.sid}-{pending.index}", body.get("model") or gateway.settings.model_name
+    if body.get("stream"):
+        return StreamingResponse(_text_events(ident, model, choice), media_type="text/event-stream")
+    return JSONResponse({"id": ident, "object": "text_completion", "created": int(time.time()), "model": model,
+                         "choices": [choice], "usage": usage})
 
 
 def _sse(payload) -> str:

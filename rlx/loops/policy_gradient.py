@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -79,7 +80,7 @@ def train_policy_gradient(settings, parts: Parts) -> dict:
     producer, generator = parts.producer, parts.generator
     credit_rule = CREDIT_RULES[producer.kind]
     updates_per_step = algo.epochs * algo.mini_batches
-    model, optimizer, scheduler = parts.model, parts.optimizer, parts.scheduler
+    model, scheduler = parts.model, parts.scheduler
     reference = parts.reference  # frozen starting policy (with LoRA: the base with the adapter off) or None
     kl_state = KLCoefficient(float(algo.kl_coef))
     reference_reset = ReferenceReset(reference, algo.ref_reset_every)
@@ -161,8 +162,9 @@ def train_policy_gradient(settings, parts: Parts) -> dict:
                 for _ in range(updates_per_step):  # the schedule still follows the step count
                     scheduler.step()
         else:
-            stats = optimise(acc, model, optimizer, scheduler, rollout, credit.advantages, completion_mask, loss_mask,
-                             pg_mask, credit.keep, old_logp, ref_logp, sampler_logp, kl_coef, shuffle, update)
+            rows = UpdateRows(rollout, credit.advantages, completion_mask, loss_mask, pg_mask, credit.keep, old_logp,
+                              ref_logp, sampler_logp)
+            stats = optimise(parts, rows, kl_coef, shuffle, update)
         update_time = time.perf_counter() - update_start
         if band is not None and not skip:
             band.record(stats)  # this step's per-turn entropies join the history the next steps' band is set from
@@ -244,11 +246,32 @@ def new_stats() -> dict:
             "tis_weight_sum": 0.0, "band_penalty": [], "band_entropy": [], "optimizer_time": 0.0}
 
 
-def optimise(acc, model, optimizer, scheduler, rollout, advantages, completion_mask, loss_mask, pg_mask, keep, old_logp,
-             ref_logp, sampler_logp, kl_coef: float, shuffle: torch.Generator, u: UpdateSettings) -> dict:
+@dataclass(frozen=True)
+class UpdateRows:
+    """The rows one update trains on: the rollout, its advantages ((n,) per row or (n, C) per token), the masks
+    ((n, C): the sampled tokens, those in the loss, those in the policy-gradient term), the rows kept (n,), and
+    the log-probs ((n, C) or None) of the policy that sampled ("old", proximal), the reference and the sampler."""
+
+    rollout: object
+    advantages: torch.Tensor
+    completion_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    pg_mask: torch.Tensor
+    keep: torch.Tensor
+    old_logp: torch.Tensor | None
+    ref_logp: torch.Tensor | None
+    sampler_logp: torch.Tensor | None
+
+
+def optimise(parts: Parts, rows: UpdateRows, kl_coef: float, shuffle: torch.Generator, u: UpdateSettings) -> dict:
     """`u.epochs` passes of `u.mini_batches` optimizer steps over the rows, each accumulated exactly over its
-    micro-batches. Returns the statistics (new_stats) of the update. old_logp None: one optimizer step per
-    batch, the ratio taken against the current policy's own (detached) log-probs."""
+    micro-batches, with the accelerator, policy, optimizer and schedule of `parts`. Returns the statistics
+    (new_stats) of the update. rows.old_logp None: one optimizer step per batch, the ratio taken against the
+    current policy's own (detached) log-probs."""
+    acc, model, optimizer, scheduler = parts.accelerator, parts.model, parts.optimizer, parts.scheduler
+    rollout, advantages, completion_mask = rows.rollout, rows.advantages, rows.completion_mask
+    loss_mask, pg_mask, keep = rows.loss_mask, rows.pg_mask, rows.keep
+    old_logp, ref_logp, sampler_logp = rows.old_logp, rows.ref_logp, rows.sampler_logp
     stats = new_stats()
     num_rows = rollout.completion_ids.shape[0]
     updates_per_step = u.epochs * u.mini_batches

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -79,9 +80,7 @@ def train_ppo(settings, parts: Parts) -> dict:
     algo, roll = settings.algorithm, settings.rollout
     acc, run_dir = parts.accelerator, parts.run_dir
     producer, generator = parts.producer, parts.generator
-    updates_per_step = algo.epochs * algo.mini_batches
-    model, optimizer, scheduler = parts.model, parts.optimizer, parts.scheduler
-    value_model, value_optimizer, value_scheduler = parts.value_model, parts.value_optimizer, parts.value_scheduler
+    model, scheduler, value_model = parts.model, parts.scheduler, parts.value_model
     reference = parts.reference  # frozen starting policy (with LoRA: the base with the adapter off) or None
     kl_state = KLCoefficient(float(algo.kl_coef))
     reference_reset = ReferenceReset(reference, algo.ref_reset_every)
@@ -104,7 +103,6 @@ def train_ppo(settings, parts: Parts) -> dict:
         batch = producer.produce(step)
         rollout, rewards, local = batch.rollout, batch.rewards, batch.local  # rewards: (N,) global
         generation_time = time.perf_counter() - step_start
-        num_samples = rollout.completion_ids.shape[0]  # n, this process
         mask = rollout.completion_mask  # (n, C)
         if algo.mask_truncated:
             mask = mask * (~rollout.truncated).long().unsqueeze(1)
@@ -141,61 +139,9 @@ def train_ppo(settings, parts: Parts) -> dict:
 
         # 4. optimisation in train mode (gradient checkpointing acts only there; dropout is off, models/lora.py)
         model.train()
-        stats = {key: [] for key in ("kl", "entropy", "clip_low", "clip_high", "approx_kl", "value_clip", "grad_norm", "value_grad_norm")}
-        stats["loss"], stats["value_loss"] = 0.0, 0.0
-        seq_kl_sum = 0.0
-        for _epoch in range(algo.epochs):
-            order = torch.randperm(num_samples, generator=shuffle) if updates_per_step > 1 else torch.arange(num_samples)
-            for mini in order.chunk(algo.mini_batches):
-                mini_tokens = global_sum(acc, mask[mini].sum().item())  # normalisers: the whole mini-batch
-                mini_seqs = global_sum(acc, len(mini))
-                policy_tokens = mini_tokens if correction is None else global_sum(acc, policy_mask[mini].sum().item())
-                # a fixed count of rows, or a token budget (micro_batch_tokens; loops/micro_batches.py)
-                micro = plan_micro_batches(mini, rollout.prompt_mask, rollout.completion_mask, micro_size,
-                                           settings.micro_batch_tokens, partial(global_max, acc))
-                if settings.micro_batch_tokens:
-                    set_accumulation(acc, len(micro))  # this optimizer step's count of backward passes
-                for idx in micro:
-                    micro_mask = mask[idx]
-                    logp, entropy = completion_logprobs(
-                        model, rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx],
-                        rollout.completion_mask[idx], with_entropy=True, entropy_grad=algo.entropy_coef > 0,
-                        temperature=roll.temperature, pack=pack,
-                    )
-                    device_mask = policy_mask[idx].to(logp.device)
-                    token_loss, clip_stats = clipped_surrogate(
-                        logp, old_logp[idx].to(logp.device), advantages[idx].to(logp.device), device_mask,
-                        algo.clip_low, algo.clip_high, algo.dual_clip, algo.ratio_level,
-                    )
-                    if correction is not None:
-                        token_loss = token_loss * correction.weights[idx].to(logp.device)  # (n, C)
-                    token_loss, kl = penalized_token_loss(
-                        token_loss, logp, ref_logp[idx].to(logp.device) if ref_logp is not None else None, entropy,
-                        device_mask, kl_coef, algo.kl_estimator, algo.kl_in, algo.entropy_coef,
-                    )  # (n, C) each
-                    if kl is not None:
-                        stats["kl"].append(masked_mean(kl.detach(), device_mask))
-                        seq_kl_sum += (kl.detach() * device_mask).sum().item()
-                    values = value_model(rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx],
-                                         rollout.completion_mask[idx], pack=pack)  # (n, C)
-                    v_loss, v_stats = value_loss(values, old_values[idx].to(values.device), returns[idx].to(values.device),
-                                                 micro_mask.to(values.device), algo.value_clip)
-                    policy_part = aggregate(token_loss, device_mask, algo.loss_agg, policy_tokens, mini_seqs, roll.max_new_tokens)
-                    value_part = aggregate(v_loss, micro_mask.to(values.device), "token-mean", mini_tokens, mini_seqs)
-                    loss = policy_part + algo.vf_coef * value_part
-                    backward(acc, loss, model, value_model)
-                    stats["loss"] += policy_part.item() / updates_per_step
-                    stats["value_loss"] += value_part.item() / updates_per_step
-                    stats["value_clip"].append(v_stats["train/value_clip_frac"].item())
-                    stats["entropy"].append(masked_mean(entropy.detach(), device_mask))
-                    stats["clip_low"].append(clip_stats["train/clip_frac_low"].item())
-                    stats["clip_high"].append(clip_stats["train/clip_frac_high"].item())
-                    stats["approx_kl"].append(clip_stats["train/approx_kl"].item())
-                grad_norm = optimizer_step(acc, model, optimizer, scheduler, settings.optim.max_grad_norm)
-                value_grad_norm = optimizer_step(acc, value_model, value_optimizer, value_scheduler, settings.optim.max_grad_norm)
-                if grad_norm is not None:
-                    stats["grad_norm"].append(grad_norm)
-                    stats["value_grad_norm"].append(value_grad_norm)
+        rows = PPORows(rollout, mask, policy_mask, old_logp, ref_logp, old_values, advantages, returns, correction)
+        stats = ppo_update(parts, settings, rows, kl_coef, shuffle)
+        seq_kl_sum = stats["seq_kl_sum"]
         generator.publish(acc.unwrap_model(model), step)  # the next rollout samples from the updated policy
         model.eval()  # generation, old/reference log-probs and evaluation run in eval mode
         if reference is not None and algo.kl_target is not None:
@@ -249,3 +195,92 @@ def train_ppo(settings, parts: Parts) -> dict:
         end_step(step, metrics, metrics_log, checkpointer, settings.log.every, settings.steps)
     metrics_log.close()
     return {"model": model, "final_eval": last_eval}
+
+
+@dataclass(frozen=True)
+class PPORows:
+    """The rows one PPO update trains on: the rollout, its masks ((n, C): the sampled tokens, in the value loss;
+    those in the policy term), the old (sampling-policy) and reference log-probs, the old values, the
+    advantages and returns (n, C), and the off-policy correction (weights pi_old / pi_sampler) or None."""
+
+    rollout: object
+    mask: torch.Tensor
+    policy_mask: torch.Tensor
+    old_logp: torch.Tensor
+    ref_logp: torch.Tensor | None
+    old_values: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    correction: object
+
+
+def ppo_update(parts: Parts, settings, rows: PPORows, kl_coef: float, shuffle: torch.Generator) -> dict:
+    """`algorithm.epochs` passes of `algorithm.mini_batches` optimizer steps of the policy and the critic (the
+    clipped surrogate, KL and entropy terms, and the clipped value loss), each accumulated exactly over its
+    micro-batches. Returns the statistics of the update (seq_kl_sum: the summed KL of the sampled tokens)."""
+    algo, roll = settings.algorithm, settings.rollout
+    acc, model, optimizer, scheduler = parts.accelerator, parts.model, parts.optimizer, parts.scheduler
+    value_model, value_optimizer, value_scheduler = parts.value_model, parts.value_optimizer, parts.value_scheduler
+    rollout, mask, policy_mask, correction = rows.rollout, rows.mask, rows.policy_mask, rows.correction
+    old_logp, ref_logp, old_values = rows.old_logp, rows.ref_logp, rows.old_values
+    advantages, returns = rows.advantages, rows.returns
+    updates_per_step = algo.epochs * algo.mini_batches
+    num_samples = rollout.completion_ids.shape[0]  # n, this process
+    pack, micro_size = settings.packed_forward, settings.micro_batch_size
+    stats = {key: [] for key in ("kl", "entropy", "clip_low", "clip_high", "approx_kl", "value_clip", "grad_norm", "value_grad_norm")}
+    stats["loss"], stats["value_loss"] = 0.0, 0.0
+    seq_kl_sum = 0.0
+    for _epoch in range(algo.epochs):
+        order = torch.randperm(num_samples, generator=shuffle) if updates_per_step > 1 else torch.arange(num_samples)
+        for mini in order.chunk(algo.mini_batches):
+            mini_tokens = global_sum(acc, mask[mini].sum().item())  # normalisers: the whole mini-batch
+            mini_seqs = global_sum(acc, len(mini))
+            policy_tokens = mini_tokens if correction is None else global_sum(acc, policy_mask[mini].sum().item())
+            # a fixed count of rows, or a token budget (micro_batch_tokens; loops/micro_batches.py)
+            micro = plan_micro_batches(mini, rollout.prompt_mask, rollout.completion_mask, micro_size,
+                                       settings.micro_batch_tokens, partial(global_max, acc))
+            if settings.micro_batch_tokens:
+                set_accumulation(acc, len(micro))  # this optimizer step's count of backward passes
+            for idx in micro:
+                micro_mask = mask[idx]
+                logp, entropy = completion_logprobs(
+                    model, rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx],
+                    rollout.completion_mask[idx], with_entropy=True, entropy_grad=algo.entropy_coef > 0,
+                    temperature=roll.temperature, pack=pack,
+                )
+                device_mask = policy_mask[idx].to(logp.device)
+                token_loss, clip_stats = clipped_surrogate(
+                    logp, old_logp[idx].to(logp.device), advantages[idx].to(logp.device), device_mask,
+                    algo.clip_low, algo.clip_high, algo.dual_clip, algo.ratio_level,
+                )
+                if correction is not None:
+                    token_loss = token_loss * correction.weights[idx].to(logp.device)  # (n, C)
+                token_loss, kl = penalized_token_loss(
+                    token_loss, logp, ref_logp[idx].to(logp.device) if ref_logp is not None else None, entropy,
+                    device_mask, kl_coef, algo.kl_estimator, algo.kl_in, algo.entropy_coef,
+                )  # (n, C) each
+                if kl is not None:
+                    stats["kl"].append(masked_mean(kl.detach(), device_mask))
+                    seq_kl_sum += (kl.detach() * device_mask).sum().item()
+                values = value_model(rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx],
+                                     rollout.completion_mask[idx], pack=pack)  # (n, C)
+                v_loss, v_stats = value_loss(values, old_values[idx].to(values.device), returns[idx].to(values.device),
+                                             micro_mask.to(values.device), algo.value_clip)
+                policy_part = aggregate(token_loss, device_mask, algo.loss_agg, policy_tokens, mini_seqs, roll.max_new_tokens)
+                value_part = aggregate(v_loss, micro_mask.to(values.device), "token-mean", mini_tokens, mini_seqs)
+                loss = policy_part + algo.vf_coef * value_part
+                backward(acc, loss, model, value_model)
+                stats["loss"] += policy_part.item() / updates_per_step
+                stats["value_loss"] += value_part.item() / updates_per_step
+                stats["value_clip"].append(v_stats["train/value_clip_frac"].item())
+                stats["entropy"].append(masked_mean(entropy.detach(), device_mask))
+                stats["clip_low"].append(clip_stats["train/clip_frac_low"].item())
+                stats["clip_high"].append(clip_stats["train/clip_frac_high"].item())
+                stats["approx_kl"].append(clip_stats["train/approx_kl"].item())
+            grad_norm = optimizer_step(acc, model, optimizer, scheduler, settings.optim.max_grad_norm)
+            value_grad_norm = optimizer_step(acc, value_model, value_optimizer, value_scheduler, settings.optim.max_grad_norm)
+            if grad_norm is not None:
+                stats["grad_norm"].append(grad_norm)
+                stats["value_grad_norm"].append(value_grad_norm)
+    stats["seq_kl_sum"] = seq_kl_sum
+    return stats

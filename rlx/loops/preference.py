@@ -150,7 +150,7 @@ def train_preference(settings, parts: Parts) -> dict:
         rejected = torch.tensor([p["ref_rejected"] for p in pairs], device=device)  # (m,)
         return chosen, rejected
 
-    eval_kwargs = task_eval_settings(settings)
+    eval_settings = task_eval_settings(settings)
     eval_rows = parts.eval_rows[: settings.eval.size]
 
     @torch.no_grad()
@@ -175,7 +175,7 @@ def train_preference(settings, parts: Parts) -> dict:
                 sums["eval/pref_accuracy_logp"] += (chosen / chosen_len > rejected / rejected_len).float().mean().item() * weight
             metrics.update(sums)
         if eval_rows:
-            task_metrics, records = evaluate(policy, tokenizer, eval_rows, parts.rewards, **eval_kwargs, acc=acc,
+            task_metrics, records = evaluate(policy, tokenizer, eval_rows, parts.rewards, eval_settings, acc=acc,
                                              step=step)
             metrics.update(task_metrics)
             if acc.is_main_process:

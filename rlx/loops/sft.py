@@ -44,11 +44,11 @@ def train_sft(settings, parts: Parts) -> dict:
     stream = PromptStream(parts.train_rows, settings.seed)
     checkpointer, metrics_log = parts.checkpointer, parts.metrics_log
     start_step = checkpointer.restore(**parts.checkpointed, data=stream)
-    eval_kwargs = task_eval_settings(settings)
+    eval_settings = task_eval_settings(settings)
     eval_rows = parts.eval_rows[: settings.eval.size]
 
     def run_eval(step: int) -> dict:
-        metrics, records = evaluate(acc.unwrap_model(model), tokenizer, eval_rows, parts.rewards, **eval_kwargs, acc=acc,
+        metrics, records = evaluate(acc.unwrap_model(model), tokenizer, eval_rows, parts.rewards, eval_settings, acc=acc,
                                     step=step)
         if acc.is_main_process:
             write_samples(run_dir, step, records[: settings.log.num_samples])

@@ -124,6 +124,42 @@ def _pad_columns(values: torch.Tensor | None, width: int) -> torch.Tensor | None
     return torch.nn.functional.pad(values, (0, width - values.shape[1]))
 
 
+def _full_logits_logprobs(model, inputs: tuple, prompt_len: int, targets: torch.Tensor,
+                          temperature: float | torch.Tensor, with_entropy: bool, entropy_grad: bool):
+    """completion_logprobs through the model's full logits (N, C, V) (no plain linear head to chunk, or a
+    per-token temperature with a biased head); inputs: (input ids, attention mask, position ids) (N, P+C)."""
+    input_ids, attention, position_ids = inputs
+    device = input_ids.device
+    per_token = isinstance(temperature, torch.Tensor)
+    logits = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False).logits
+    scale = temperature.to(device).unsqueeze(-1) if per_token else temperature  # (N, C, 1) or a number
+    logits = logits[:, prompt_len - 1 : -1].float() / scale  # (N, C, V): tempered logits of each completion token
+    logp = token_logprobs(logits, targets)  # (N, C)
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = token_entropy(logits)  # (N, C)
+    return logp, entropy
+
+
+def _completion_hidden(model, rows: tuple, inputs: tuple, pack: bool, device) -> torch.Tensor:
+    """The final-norm hidden states predicting each completion token: (M, H) over the real tokens when packed or
+    shared, else (N, C, H). rows: (prompt ids, prompt mask, completion ids, completion mask); inputs: (input ids,
+    attention mask, position ids) of the padded rows, on `device`."""
+    prompt_ids, prompt_mask, completion_ids, completion_mask = rows
+    input_ids, attention, position_ids = inputs
+    first, group_of_row = prompt_groups(prompt_ids, prompt_mask)
+    if pack and not hasattr(model, "module"):
+        return _packed_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask, device)  # (M, H)
+    if len(first) < len(group_of_row) and _can_share_prompts(model):
+        return _shared_prompt_hidden(model, prompt_ids, prompt_mask, completion_ids.to(device), attention,
+                                     position_ids, first.to(device), group_of_row.to(device))
+    # logits_to_keep=1: the model projects only the last position; the rest is done here in chunks
+    out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False,
+                output_hidden_states=True, logits_to_keep=1)
+    return out.hidden_states[-1][:, prompt_ids.shape[1] - 1 : -1]  # (N, C, H)
+
+
 def completion_logprobs(
     model,
     prompt_ids: torch.Tensor,
@@ -173,27 +209,11 @@ def completion_logprobs(
     if per_token and head is not None and head.bias is not None:
         head = None  # z / tau_t = (h / tau_t) W^T only without a bias: take the plain path
     if head is None:
-        logits = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False).logits
-        scale = temperature.to(device).unsqueeze(-1) if per_token else temperature  # (N, C, 1) or a number
-        logits = logits[:, prompt_len - 1 : -1].float() / scale  # (N, C, V): tempered logits of each completion token
-        logp = token_logprobs(logits, targets)  # (N, C)
-        entropy = None
-        if with_entropy:
-            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                entropy = token_entropy(logits)  # (N, C)
-        return logp, entropy
+        return _full_logits_logprobs(model, (input_ids, attention, position_ids), prompt_len, targets, temperature,
+                                     with_entropy, entropy_grad)
     keep = completion_mask.to(device).bool()  # (N, C)
-    first, group_of_row = prompt_groups(prompt_ids, prompt_mask)
-    if pack and not hasattr(model, "module"):
-        hidden = _packed_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask, device)  # (M, H)
-    elif len(first) < len(group_of_row) and _can_share_prompts(model):
-        hidden = _shared_prompt_hidden(model, prompt_ids, prompt_mask, completion_ids.to(device), attention,
-                                       position_ids, first.to(device), group_of_row.to(device))
-    else:
-        # logits_to_keep=1: the model projects only the last position; the rest is done here in chunks
-        out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False,
-                    output_hidden_states=True, logits_to_keep=1)
-        hidden = out.hidden_states[-1][:, prompt_len - 1 : -1]  # (N, C, H) final-norm states predicting each token
+    hidden = _completion_hidden(model, (prompt_ids, prompt_mask, completion_ids, completion_mask),
+                                (input_ids, attention, position_ids), pack, device)
     if hidden.dim() == 3:
         hidden = hidden[keep]  # (M, H)
     if per_token:  # softmax(h W^T / tau_t) = softmax((h / tau_t) W^T): the head then runs at temperature 1

@@ -18,6 +18,7 @@ import argparse
 import csv
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -197,9 +198,30 @@ def _interval_cell(low, high, caveat: str | None) -> str:
     return f"{interval} ({caveat})" if caveat else interval
 
 
-def markdown(groups: list[Group], rows: list[dict], comparisons: list[dict], plot: Path | None, sources: list[Path],
-             profile: dict | None = None, profile_plot: Path | None = None, adastop: dict | None = None,
-             remarks: list[str] | None = None, skipped: list[tuple[Path, str]] | None = None) -> str:
+@dataclass(frozen=True)
+class ReportContent:
+    """What summary.md shows: the configurations (groups) and their aggregate rows, the comparisons, the plot,
+    the run folders read (sources), and where present the profiles and their plot, the AdaStop decision, the
+    remarks and the folders skipped (with why)."""
+
+    groups: list[Group]
+    rows: list[dict]
+    comparisons: list[dict]
+    plot: Path | None
+    sources: list[Path]
+    profile: dict | None = None
+    profile_plot: Path | None = None
+    adastop: dict | None = None
+    remarks: list[str] | None = None
+    skipped: list[tuple[Path, str]] | None = None
+
+
+def markdown(content: ReportContent) -> str:
+    """summary.md of a report."""
+    groups, rows, comparisons, plot, sources = (content.groups, content.rows, content.comparisons, content.plot,
+                                                content.sources)
+    profile, profile_plot, adastop = content.profile, content.profile_plot, content.adastop
+    remarks, skipped = content.remarks, content.skipped
     lines = ["# rlx report", "", "Runs from: " + ", ".join(f"`{s}`" for s in sources), ""]
     for remark in remarks or []:
         lines += [f"**Remark:** {remark}", ""]
@@ -296,8 +318,8 @@ def write_report(paths: list[Path], out: Path | None = None, metrics: tuple[str,
                              row.get("iqm", ""), row.get("ci_low", ""), row.get("ci_high", ""),
                              " ".join(f"{v:.6g}" for v in row["values"])])
     summary = out / "summary.md"
-    summary.write_text(markdown(groups, rows, comparisons, plot, [Path(p) for p in paths], profile, profile_plot, decided,
-                                remarks, skipped))
+    summary.write_text(markdown(ReportContent(groups, rows, comparisons, plot, [Path(p) for p in paths], profile,
+                                              profile_plot, decided, remarks, skipped)))
     return {"groups": groups, "aggregates": rows, "comparisons": comparisons, "plot": plot, "profiles": profile,
             "adastop": decided, "summary": summary, "remarks": remarks, "skipped": skipped}
 

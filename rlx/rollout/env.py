@@ -123,18 +123,11 @@ def _checked_step(env, action: str):
     return obs, float(reward), bool(terminated), bool(truncated), info if isinstance(info, dict) else {}
 
 
-def run_episodes(generator: Generator, tokenizer, envs: list, env_seeds: list[int], sample_seeds: list[int], *,
-                 max_turns: int, max_new_tokens: int, max_total_tokens: int, greedy: bool = False,
-                 system_prompt: str | None = None, use_chat_template: bool = True, stop_ids: list[int] | None = None
-                 ) -> list[Episode]:
-    """Play one episode in each env (reset with env_seeds[i]); returns the episodes in input order.
-
-    sample_seeds[i] seeds the sampling of episode i (its turn t uses sample_seeds[i] * TURN_STRIDE + t), so
-    an episode does not depend on which other episodes share its batch."""
-    fmt = ChatFormat(tokenizer, system_prompt, use_chat_template)
-    stop_ids = stop_ids if stop_ids is not None else [tokenizer.eos_token_id]
+def _reset_episodes(envs: list, env_seeds: list[int], fmt: ChatFormat) -> tuple[list[Episode], dict]:
+    """Each env reset with its seed: the episodes (an environment that fails to reset ends its episode only, with
+    its error) and, by episode index, the first turn's state key (info["anchor"])."""
     episodes: list[Episode] = []
-    next_anchor, turn_end = {}, {}  # by episode index: the next turn's state key; where its last turn ends
+    next_anchor = {}
     for index, (env, seed) in enumerate(zip(envs, env_seeds)):
         try:
             obs, info = checked_reset(env, seed)
@@ -145,6 +138,38 @@ def run_episodes(generator: Generator, tokenizer, envs: list, env_seeds: list[in
         except Exception as exc:  # the environment's fault: this episode only
             episode = Episode(prompt_ids=[], truncated=True, error=f"reset: {type(exc).__name__}: {exc}")
         episodes.append(episode)
+    return episodes, next_anchor
+
+
+def _append_turn(e: Episode, ids: list[int], logprobs: list[float], stopped: bool, anchor, stop_ids: list[int]) -> None:
+    """The sampled turn `ids` joins episode `e` (trained tokens, their log-probs, its span and state key); a turn
+    that hit its budget without a stop token is closed with stop_ids[0], not trained."""
+    start = len(e.ids)
+    e.ids += ids
+    e.loss_mask += [1] * len(ids)
+    e.logprobs += logprobs
+    e.turn_spans.append((start, len(e.ids)))
+    e.anchors.append(anchor)
+    if not stopped:  # the turn hit its budget: close it with the stop token, not trained
+        e.turn_truncated += 1
+        if stop_ids:
+            e.ids.append(stop_ids[0])
+            e.loss_mask.append(0)
+            e.logprobs.append(0.0)
+
+
+def run_episodes(generator: Generator, tokenizer, envs: list, env_seeds: list[int], sample_seeds: list[int], *,
+                 max_turns: int, max_new_tokens: int, max_total_tokens: int, greedy: bool = False,
+                 system_prompt: str | None = None, use_chat_template: bool = True, stop_ids: list[int] | None = None
+                 ) -> list[Episode]:
+    """Play one episode in each env (reset with env_seeds[i]); returns the episodes in input order.
+
+    sample_seeds[i] seeds the sampling of episode i (its turn t uses sample_seeds[i] * TURN_STRIDE + t), so
+    an episode does not depend on which other episodes share its batch."""
+    fmt = ChatFormat(tokenizer, system_prompt, use_chat_template)
+    stop_ids = stop_ids if stop_ids is not None else [tokenizer.eos_token_id]
+    episodes, next_anchor = _reset_episodes(envs, env_seeds, fmt)
+    turn_end = {}  # by episode index: where its last turn ends
     live = [i for i, e in enumerate(episodes) if e.error is None]
     for turn in range(max_turns):
         budgets = {i: min(max_new_tokens, max_total_tokens - len(episodes[i].prompt_ids) - len(episodes[i].ids)) for i in live}
@@ -162,18 +187,7 @@ def run_episodes(generator: Generator, tokenizer, envs: list, env_seeds: list[in
             ids, stopped = out.ids[row][: budgets[i]], out.stopped[row]
             logprobs = out.logprobs[row][: budgets[i]] if out.logprobs is not None else [0.0] * len(ids)
             stopped = stopped and len(ids) == len(out.ids[row])
-            start = len(e.ids)
-            e.ids += ids
-            e.loss_mask += [1] * len(ids)
-            e.logprobs += logprobs
-            e.turn_spans.append((start, len(e.ids)))
-            e.anchors.append(next_anchor[i])
-            if not stopped:  # the turn hit its budget: close it with the stop token, not trained
-                e.turn_truncated += 1
-                if stop_ids:
-                    e.ids.append(stop_ids[0])
-                    e.loss_mask.append(0)
-                    e.logprobs.append(0.0)
+            _append_turn(e, ids, logprobs, stopped, next_anchor[i], stop_ids)
             turn_end[i] = len(e.ids)
             action = tokenizer.decode(ids, skip_special_tokens=True)
             e.actions.append(action)

@@ -20,7 +20,7 @@ import torch
 
 from rlx.errors import UserError
 from rlx.models.forward import position_ids_from_mask
-from rlx.rollout.hf import eos_ids, generate_tokens
+from rlx.rollout.hf import Decoding, eos_ids, generate_tokens
 from rlx.rollout.types import Generation, Rollout
 
 
@@ -119,12 +119,13 @@ class HFGenerator:
         if self.interrupt is not None:
             stop_when = _or_interrupted(self.interrupt, stop_when)
         ids, mask = left_pad(prompts, self.tokenizer.pad_token_id)
-        out = generate_tokens(self.model, self.tokenizer, ids, mask, samples_per_prompt=samples_per_prompt,
-                              max_new_tokens=max_new_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                              greedy=greedy, batch_size=self.batch_size, seeds=seeds, min_new_tokens=min_new_tokens,
-                              sampler=self.sampler, onednn=self.onednn,
-                              logprobs=self.with_logprobs == "sampler" or (schedule is not None and bool(self.with_logprobs)),
-                              start_positions=starts, stop_when=stop_when, schedule=schedule)
+        decoding = Decoding(samples_per_prompt=samples_per_prompt, max_new_tokens=max_new_tokens,
+                            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, greedy=greedy,
+                            batch_size=self.batch_size, min_new_tokens=min_new_tokens, sampler=self.sampler,
+                            onednn=self.onednn, schedule=schedule,
+                            logprobs=self.with_logprobs == "sampler" or (schedule is not None and bool(self.with_logprobs)))
+        out = generate_tokens(self.model, self.tokenizer, ids, mask, decoding, seeds=seeds, start_positions=starts,
+                              stop_when=stop_when)
         lengths = out.completion_mask.sum(dim=1).tolist()
         ids = [out.completion_ids[i, :n].tolist() for i, n in enumerate(lengths)]
         logprobs = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
@@ -92,27 +94,34 @@ def generation_cache(model, new_tokens: int) -> DynamicCache:
     return cache
 
 
+@dataclass(frozen=True)
+class Decoding:
+    """How rlx's decoder samples (`generate`, `generate_tokens`): `samples_per_prompt` completions of at most
+    `max_new_tokens` tokens for each prompt, drawn at `temperature` with top-p / top-k filtering (or greedily),
+    no stop token before `min_new_tokens`, `batch_size` rows decoded at a time; `sampler`: the draw's version
+    (rollout/sampling.py SAMPLERS); `onednn`: the decode step's projections through oneDNN; `logprobs`: keep the
+    decoder's log-prob of each sampled token; `schedule`: a temperature per completion position."""
+
+    samples_per_prompt: int
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    greedy: bool = False
+    batch_size: int = 256
+    min_new_tokens: int = 0
+    sampler: str = "v2"
+    onednn: bool = False
+    logprobs: bool = False
+    schedule: list[float] | None = None
+
+
 @torch.no_grad()
-def generate(
-    model,
-    tokenizer,
-    prompts: list[str],
-    *,
-    samples_per_prompt: int,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    greedy: bool = False,
-    batch_size: int = 256,
-    seeds: list[int] | None = None,
-    min_new_tokens: int = 0,
-    sampler: str = "v2",
-    onednn: bool = False,
-    logprobs: bool = False,
-) -> Rollout:
+def generate(model, tokenizer, prompts: list[str], *, seeds: list[int] | None = None, **decoding) -> Rollout:
     """G completions for each prompt, ordered prompt by prompt (the G samples of a prompt are adjacent).
 
+    decoding: the fields of Decoding by keyword (samples_per_prompt and max_new_tokens required; temperature,
+    top_p, top_k, greedy, batch_size, min_new_tokens, sampler, onednn, logprobs, schedule).
     Sampling is seeded per completion (rollout/sampling.py): completion i depends only on seeds[i], so
     chunking or sharding the batch does not change what is drawn. Without seeds, they are drawn from
     the global torch generator. Each prompt is encoded once and its KV cache copied to its G samples;
@@ -130,18 +139,24 @@ def generate(
     row leaves the batch early and every process keeps stepping until all processes' rows have stopped
     (`lockstep`), so each runs the same forward passes; each process must then pass as many prompts."""
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    return generate_tokens(model, tokenizer, enc["input_ids"], enc["attention_mask"], samples_per_prompt=samples_per_prompt,
-                           max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
-                           batch_size=batch_size, seeds=seeds, min_new_tokens=min_new_tokens, sampler=sampler, onednn=onednn,
-                           logprobs=logprobs)
+    return generate_tokens(model, tokenizer, enc["input_ids"], enc["attention_mask"], Decoding(**decoding), seeds=seeds)
+
+
+@dataclass(frozen=True)
+class _DecodeRun:
+    """The rules one generate_tokens call decodes every chunk by: its Decoding, the stop and pad tokens, and
+    whether rows decode in lockstep (a sharded model: no row leaves the batch early)."""
+
+    decoding: Decoding
+    stop_ids: list[int]
+    pad_id: int
+    lockstep: bool
 
 
 @torch.no_grad()
-def generate_tokens(model, tokenizer, unique_ids: torch.Tensor, unique_mask: torch.Tensor, *, samples_per_prompt: int,
-                    max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False,
-                    batch_size: int = 256, seeds: list[int] | None = None, min_new_tokens: int = 0, sampler: str = "v2",
-                    onednn: bool = False, logprobs: bool = False, start_positions: list[int] | None = None,
-                    stop_when=None, schedule: list[float] | None = None) -> Rollout:
+def generate_tokens(model, tokenizer, unique_ids: torch.Tensor, unique_mask: torch.Tensor, decoding: Decoding, *,
+                    seeds: list[int] | None = None, start_positions: list[int] | None = None,
+                    stop_when=None) -> Rollout:
     """`generate` on prompts given as left-padded token ids (B, P) and their mask (B, P); the tokenizer only
     names the pad and stop tokens and decodes the texts.
 
@@ -154,21 +169,20 @@ def generate_tokens(model, tokenizer, unique_ids: torch.Tensor, unique_mask: tor
     reached their budget) is called after every token step; True ends generation there, and the rows still
     going come back as far as they got (no stop token, shorter than their budget).
 
-    schedule: a temperature per completion position (rollout.temperature_schedule, rlx/rollout/temperature.py; at
-    least max_new_tokens values): token t is drawn at schedule[t] instead of `temperature`, and its recorded
-    log-prob is log softmax(z / schedule[t]). Not with continuation (the config refuses partial rollouts with a
-    schedule: a continued row's positions differ per row)."""
-    if schedule is not None and len(schedule) < max_new_tokens:
-        raise ValueError(f"a temperature schedule of {len(schedule)} positions for {max_new_tokens} new tokens")
-    if schedule is not None and start_positions is not None:
+    decoding.schedule: a temperature per completion position (rollout.temperature_schedule,
+    rlx/rollout/temperature.py; at least max_new_tokens values): token t is drawn at schedule[t] instead of
+    `temperature`, and its recorded log-prob is log softmax(z / schedule[t]). Not with continuation (the config
+    refuses partial rollouts with a schedule: a continued row's positions differ per row)."""
+    d = decoding
+    if d.schedule is not None and len(d.schedule) < d.max_new_tokens:
+        raise ValueError(f"a temperature schedule of {len(d.schedule)} positions for {d.max_new_tokens} new tokens")
+    if d.schedule is not None and start_positions is not None:
         raise ValueError("a temperature schedule with continued rows (start_positions): not supported")
-    device = next(model.parameters()).device
     lockstep = is_sharded(model) and torch.distributed.is_available() and torch.distributed.is_initialized()
-    stop_ids = eos_ids(model, tokenizer)
-    pad_id = tokenizer.pad_token_id
+    run = _DecodeRun(d, eos_ids(model, tokenizer), tokenizer.pad_token_id, lockstep)
     was_training = model.training
     model.eval()
-    group = samples_per_prompt
+    group = d.samples_per_prompt
     num_rows = unique_ids.shape[0] * group
     if seeds is None:
         seeds = torch.randint(0, 2**31 - 1, (num_rows,)).tolist()
@@ -178,15 +192,34 @@ def generate_tokens(model, tokenizer, unique_ids: torch.Tensor, unique_mask: tor
     if (start_positions is not None or stop_when is not None) and lockstep:
         raise ValueError("continuing rows or stopping early needs a model that is not sharded")
     if start_positions is not None:
-        if group != 1 or len(start_positions) != num_rows or any(not 0 <= p < max_new_tokens for p in start_positions):
+        if group != 1 or len(start_positions) != num_rows or any(not 0 <= p < d.max_new_tokens for p in start_positions):
             raise ValueError("start_positions: one per row (samples_per_prompt=1), each in [0, max_new_tokens)")
         starts = torch.tensor(start_positions, dtype=torch.int64)  # (N,)
     seed_tensor = torch.tensor(seeds, dtype=torch.int64)  # (N,)
     counts = torch.zeros(num_rows, dtype=torch.long) if (starts is not None or stop_when is not None) else None  # (N,)
-    completion_ids = torch.full((num_rows, max_new_tokens), pad_id, dtype=torch.long)  # (N, C_max)
-    sampled_logp = torch.zeros((num_rows, max_new_tokens)) if logprobs else None  # (N, C_max)
+    completion_ids, sampled_logp, width = _decode_chunks(model, unique_ids, unique_mask, seed_tensor, run, counts,
+                                                         starts=starts, stop_when=stop_when)
+    completion_ids, completion_mask, truncated, sampled_logp = _trim(completion_ids, sampled_logp, width, counts, run)
+    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+    if was_training:
+        model.train()
+    prompt_ids = unique_ids.repeat_interleave(group, dim=0)  # (N, P)
+    prompt_mask = unique_mask.repeat_interleave(group, dim=0)  # (N, P)
+    return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, truncated, texts, sampled_logp)
+
+
+def _decode_chunks(model, unique_ids: torch.Tensor, unique_mask: torch.Tensor, seeds: torch.Tensor, run: _DecodeRun,
+                   counts: torch.Tensor | None, *, starts: torch.Tensor | None, stop_when):
+    """Decode the prompts `run.decoding.batch_size` rows at a time. Returns the completion ids (N, C_max), the
+    sampled log-probs (N, C_max) or None, and the widest chunk's width; `counts` (N,), when given, receives
+    each row's count of emitted tokens. stop_when ends the decoding (the later chunks' rows stay empty)."""
+    d = run.decoding
+    device = next(model.parameters()).device
+    group, num_rows = d.samples_per_prompt, seeds.shape[0]
+    completion_ids = torch.full((num_rows, d.max_new_tokens), run.pad_id, dtype=torch.long)  # (N, C_max)
+    sampled_logp = torch.zeros((num_rows, d.max_new_tokens)) if d.logprobs else None  # (N, C_max)
     width = 0
-    prompts_per_chunk = max(1, batch_size // group)
+    prompts_per_chunk = max(1, d.batch_size // group)
     for first in range(0, unique_ids.shape[0], prompts_per_chunk):
         last = min(unique_ids.shape[0], first + prompts_per_chunk)
         rows = slice(first * group, last * group)
@@ -198,11 +231,8 @@ def generate_tokens(model, tokenizer, unique_ids: torch.Tensor, unique_mask: tor
                 finished[rows] = done.cpu()
                 return stop_when(finished)
         chunk, chunk_logp, chunk_counts, interrupted = _decode(
-            model, unique_ids[first:last].to(device), unique_mask[first:last].to(device), group, seed_tensor[rows],
-            max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, stop_ids=stop_ids, pad_id=pad_id,
-            greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, lockstep=lockstep, sampler=sampler,
-            onednn=onednn, logprobs=logprobs, starts=starts[rows] if starts is not None else None, stop_when=chunk_stop,
-            schedule=schedule,
+            model, unique_ids[first:last].to(device), unique_mask[first:last].to(device), seeds[rows], run,
+            starts=starts[rows] if starts is not None else None, stop_when=chunk_stop,
         )  # (n, c) each
         if counts is not None:
             counts[rows] = chunk_counts.cpu()
@@ -212,6 +242,15 @@ def generate_tokens(model, tokenizer, unique_ids: torch.Tensor, unique_mask: tor
         width = max(width, chunk.shape[1])
         if interrupted:  # stop_when ended generation: the later chunks' rows come back empty
             break
+    return completion_ids, sampled_logp, width
+
+
+def _trim(completion_ids: torch.Tensor, sampled_logp: torch.Tensor | None, width: int, counts: torch.Tensor | None,
+          run: _DecodeRun):
+    """(completion ids, completion mask, truncated, log-probs) of the decoded rows: each row up to its stop
+    token (or its own count: a stop token, the budget, or an early stop), padded to the longest completion."""
+    stop_ids, pad_id = run.stop_ids, run.pad_id
+    num_rows = completion_ids.shape[0]
     completion_mask, truncated = completion_mask_from_ids(completion_ids[:, :width], stop_ids)
     if counts is not None:  # rows end at their own count: a stop token, the budget, or an early stop
         completion_mask = (torch.arange(width).unsqueeze(0) < counts.unsqueeze(1)).long()  # (N, C)
@@ -223,12 +262,7 @@ def generate_tokens(model, tokenizer, unique_ids: torch.Tensor, unique_mask: tor
     completion_ids = completion_ids.masked_fill(completion_mask == 0, pad_id)
     if sampled_logp is not None:
         sampled_logp = sampled_logp[:, :width] * completion_mask  # (N, C)
-    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-    if was_training:
-        model.train()
-    prompt_ids = unique_ids.repeat_interleave(group, dim=0)  # (N, P)
-    prompt_mask = unique_mask.repeat_interleave(group, dim=0)  # (N, P)
-    return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, truncated, texts, sampled_logp)
+    return completion_ids, completion_mask, truncated, sampled_logp
 
 
 def _all_stopped(stopped: torch.Tensor) -> bool:
@@ -238,20 +272,61 @@ def _all_stopped(stopped: torch.Tensor) -> bool:
     return flag.item() == 0.0
 
 
-def _decode(model, prompt_ids, prompt_mask, group, seeds, *, max_new_tokens, min_new_tokens, stop_ids, pad_id, greedy,
-            temperature, top_k, top_p, lockstep=False, sampler="v2", onednn=False, logprobs=False, starts=None,
-            stop_when=None, schedule=None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, bool]:
-    """Token-by-token decoding of `group` samples for each of b prompts. Returns (b*group, c) token ids,
-    with logprobs (b*group, c) log softmax(z / T) of each sampled token (see generate), else None, the count of
-    tokens each row emitted (b*group,), and whether stop_when ended the decoding. schedule: a temperature per
-    completion position (see generate_tokens).
-    lockstep: rows that stopped stay in the batch (their later tokens are masked by the caller) and the
+def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, d: Decoding):
+    """Encode the b prompts once for their whole group. Returns the first token's logits (n, V), the cache
+    (repeated per sample), rlx's own decode step for Llama-family models (rollout/fast_decode.py) or None, the
+    attention mask (n, P) and each row's next position (n,)."""
+    group = d.samples_per_prompt
+    positions = position_ids_from_mask(prompt_mask)  # (b, P), as in the training forward (models/forward.py)
+    cache = generation_cache(model, d.max_new_tokens)
+    step = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, past_key_values=cache,
+                 use_cache=True, logits_to_keep=1)  # the prompt is encoded once for its whole group
+    logits = step.logits[:, -1].repeat_interleave(group, dim=0)  # (n, V)
+    cache = step.past_key_values
+    fast = (decode_step_for(model, onednn=d.onednn or d.sampler in ONEDNN_DECODE)
+            if all(isinstance(layer, PreallocatedLayer) for layer in cache.layers) else None)
+    if group > 1:
+        cache.batch_repeat_interleave(group)
+    attention = prompt_mask.repeat_interleave(group, dim=0)  # (n, P + t)
+    next_position = positions[:, -1].repeat_interleave(group) + 1  # (n,)
+    return logits, cache, fast, attention, next_position
+
+
+def _forbid_early_stop(logits: torch.Tensor, t: int, position, stop: torch.Tensor, starts, min_new_tokens: int) -> None:
+    """The stop tokens' logits to -inf (in place) for the rows whose next completion position is below
+    min_new_tokens: all rows at step t, or (continuation, `starts`) each row by its own position."""
+    if starts is None:
+        if t < min_new_tokens and stop.numel():
+            logits[:, stop] = float("-inf")
+    elif stop.numel() and bool((position < min_new_tokens).any()):
+        early = (position < min_new_tokens).nonzero().squeeze(1)
+        logits[early.unsqueeze(1), stop.unsqueeze(0)] = float("-inf")
+
+
+def _next_logits(model, fast, token: torch.Tensor, next_position: torch.Tensor, attention: torch.Tensor, cache):
+    """The logits (a, V) of the next token of each alive row, by rlx's decode step when there is one."""
+    if fast is not None:
+        return fast(token, next_position, attention, cache)  # (a, V)
+    step = model(input_ids=token.unsqueeze(1), attention_mask=attention,
+                 position_ids=next_position.unsqueeze(1), past_key_values=cache, use_cache=True)
+    return step.logits[:, -1]  # (a, V)
+
+
+def _decode(model, prompt_ids, prompt_mask, seeds, run: _DecodeRun, *, starts=None,
+            stop_when=None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, bool]:
+    """Token-by-token decoding of `group` (run.decoding.samples_per_prompt) samples for each of b prompts.
+    Returns (b*group, c) token ids, with logprobs (b*group, c) log softmax(z / T) of each sampled token (see
+    generate), else None, the count of tokens each row emitted (b*group,), and whether stop_when ended the
+    decoding. run.decoding.schedule: a temperature per completion position (see generate_tokens).
+    run.lockstep: rows that stopped stay in the batch (their later tokens are masked by the caller) and the
     loop runs until every process's rows have stopped. starts (b,) with group 1: each row's first completion
     position (continuation, see generate_tokens); stop_when(finished (b*group,) bool) after every token step."""
+    d = run.decoding
+    max_new_tokens, temperature, schedule = d.max_new_tokens, d.temperature, d.schedule
     device = prompt_ids.device
-    num_rows = prompt_ids.shape[0] * group
-    out = torch.full((num_rows, max_new_tokens), pad_id, dtype=torch.long, device=device)  # (n, C_max)
-    logp = torch.zeros((num_rows, max_new_tokens), device=device) if logprobs else None  # (n, C_max)
+    num_rows = prompt_ids.shape[0] * d.samples_per_prompt
+    out = torch.full((num_rows, max_new_tokens), run.pad_id, dtype=torch.long, device=device)  # (n, C_max)
+    logp = torch.zeros((num_rows, max_new_tokens), device=device) if d.logprobs else None  # (n, C_max)
     counts = torch.zeros(num_rows, dtype=torch.long, device=device)  # (n,) tokens emitted
     scale = 1.0 if temperature <= 0 else float(temperature)  # as the trainer's forward (HFGenerator._logprobs)
     budget = None
@@ -263,22 +338,10 @@ def _decode(model, prompt_ids, prompt_mask, group, seeds, *, max_new_tokens, min
         steps = max_new_tokens
     if steps == 0:
         return out[:, :0], (logp[:, :0] if logp is not None else None), counts, False
-    positions = position_ids_from_mask(prompt_mask)  # (b, P), as in the training forward (models/forward.py)
-    cache = generation_cache(model, max_new_tokens)
-    step = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, past_key_values=cache,
-                 use_cache=True, logits_to_keep=1)  # the prompt is encoded once for its whole group
-    logits = step.logits[:, -1].repeat_interleave(group, dim=0)  # (n, V)
-    cache = step.past_key_values
-    # the per-token steps: rlx's own decode step for Llama-family models (rollout/fast_decode.py)
-    fast = (decode_step_for(model, onednn=onednn or sampler in ONEDNN_DECODE)
-            if all(isinstance(layer, PreallocatedLayer) for layer in cache.layers) else None)
+    logits, cache, fast, attention, next_position = _prefill(model, prompt_ids, prompt_mask, d)
     stopped = torch.zeros(num_rows, dtype=torch.bool, device=device)  # lockstep: rows that emitted a stop token
-    if group > 1:
-        cache.batch_repeat_interleave(group)
-    attention = prompt_mask.repeat_interleave(group, dim=0)  # (n, P + t)
-    next_position = positions[:, -1].repeat_interleave(group) + 1  # (n,)
     alive = torch.arange(num_rows, device=device)  # rows of `out` still generating
-    stop = torch.tensor(stop_ids, dtype=torch.long, device=device)  # (S,)
+    stop = torch.tensor(run.stop_ids, dtype=torch.long, device=device)  # (S,)
     seeds = seeds.to(device)
     used = steps
     done = torch.zeros(num_rows, dtype=torch.bool, device=device)  # rows that emitted a stop token or hit their budget
@@ -289,16 +352,11 @@ def _decode(model, prompt_ids, prompt_mask, group, seeds, *, max_new_tokens, min
         if logp is not None:  # the model's tempered distribution, a copy taken before the stop mask and any filter
             scaled = logits.float() / scale  # (a, V)
         position = t if starts is None else starts[alive] + t  # completion position of each row's next token
-        if starts is None:
-            if t < min_new_tokens and stop.numel():
-                logits[:, stop] = float("-inf")
-        elif stop.numel() and bool((position < min_new_tokens).any()):
-            early = (position < min_new_tokens).nonzero().squeeze(1)
-            logits[early.unsqueeze(1), stop.unsqueeze(0)] = float("-inf")
-        if greedy:
+        _forbid_early_stop(logits, t, position, stop, starts, d.min_new_tokens)
+        if d.greedy:
             token = logits.argmax(dim=-1)  # (a,)
         else:
-            token = sample_tokens(logits, seeds[alive], position, temperature, top_k, top_p, sampler)  # (a,)
+            token = sample_tokens(logits, seeds[alive], position, temperature, d.top_k, d.top_p, d.sampler)  # (a,)
         out[alive, t] = token
         counts[alive] += 1
         if logp is not None:
@@ -313,7 +371,7 @@ def _decode(model, prompt_ids, prompt_mask, group, seeds, *, max_new_tokens, min
                 return out[:, :used], (logp[:, :used] if logp is not None else None), counts, True
         if t == steps - 1:
             break
-        if lockstep:
+        if run.lockstep:
             stopped |= finished
             if _all_stopped(stopped):
                 used = t + 1
@@ -326,11 +384,6 @@ def _decode(model, prompt_ids, prompt_mask, group, seeds, *, max_new_tokens, min
             alive, token, attention, next_position = alive[keep], token[keep], attention[keep], next_position[keep]
             cache.batch_select_indices(keep)
         attention = torch.cat([attention, attention.new_ones(attention.shape[0], 1)], dim=1)
-        if fast is not None:
-            logits = fast(token, next_position, attention, cache)  # (a, V)
-        else:
-            step = model(input_ids=token.unsqueeze(1), attention_mask=attention,
-                         position_ids=next_position.unsqueeze(1), past_key_values=cache, use_cache=True)
-            logits = step.logits[:, -1]  # (a, V)
+        logits = _next_logits(model, fast, token, next_position, attention, cache)  # (a, V)
         next_position = next_position + 1
     return out[:, :used], (logp[:, :used] if logp is not None else None), counts, False

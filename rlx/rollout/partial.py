@@ -32,7 +32,7 @@ from rlx.rewards import RewardComponent, TrainerState, compute_rewards, token_li
 from rlx.rollout.pipeline import staleness_metrics
 from rlx.rollout.prompts import format_prompts
 from rlx.rollout.sampling import sample_seed
-from rlx.rollout.single_turn import outcome_metrics
+from rlx.rollout.single_turn import SingleTurnSettings, outcome_metrics
 from rlx.rollout.types import Batch, Generation, Rollout
 
 
@@ -68,15 +68,17 @@ class PartialProducer:
 
     kind = "single_turn"
 
-    def __init__(self, generator, tokenizer, stream: PromptStream, rewards: list[RewardComponent], *, group_size: int,
-                 prompts_per_step: int, oversample: float, max_new_tokens: int, min_new_tokens: int, seed: int,
-                 use_chat_template: bool, system_prompt: str | None, on_error: str, accuracy_key: str, total_steps: int):
+    def __init__(self, generator, tokenizer, stream: PromptStream, rewards: list[RewardComponent],
+                 settings: SingleTurnSettings, *, oversample: float):
+        """`settings`: as the single-turn producer's (its dynamic sampling and completion template unused);
+        `oversample`: the groups kept in flight, a multiple of prompts_per_step (rollout.partial_oversample)."""
         self.generator, self.tokenizer, self.stream, self.rewards = generator, tokenizer, stream, rewards
-        self.group_size, self.prompts_per_step = group_size, prompts_per_step
-        self.in_flight = max(prompts_per_step, math.ceil(prompts_per_step * oversample))
-        self.max_new_tokens, self.min_new_tokens, self.seed = max_new_tokens, min_new_tokens, seed
-        self.use_chat_template, self.system_prompt = use_chat_template, system_prompt
-        self.on_error, self.accuracy_key, self.total_steps = on_error, accuracy_key, total_steps
+        s = settings
+        self.group_size, self.prompts_per_step = s.group_size, s.prompts_per_step
+        self.in_flight = max(s.prompts_per_step, math.ceil(s.prompts_per_step * oversample))
+        self.max_new_tokens, self.min_new_tokens, self.seed = s.max_new_tokens, s.min_new_tokens, s.seed
+        self.use_chat_template, self.system_prompt = s.use_chat_template, s.system_prompt
+        self.on_error, self.accuracy_key, self.total_steps = s.on_error, s.accuracy_key, s.total_steps
         self.pool: list[dict] = []  # groups in flight, in draw order
         self.next_index = 0  # draw index of the next fresh group
 

@@ -41,6 +41,7 @@ from rlx.rollout.generator import refuse_continuation
 from rlx.rollout.hf import eos_ids
 from rlx.rollout.server_client import BadAnswer, ServerClient, parse_completion
 from rlx.rollout.server_process import (
+    EngineArgs,
     ServerProcess,
     check_server_settings,
     free_port,
@@ -290,12 +291,8 @@ def _start_child(rollout_cfg, model, served: Path, work_dir: Path, seed: int, ad
     lora_rank = None
     if adapter:
         lora_rank = max(int(c.r) for c in model.peft_config.values())
-    command = server_command(python, str(served), host, port, seed=seed, dtype=str(rollout_cfg.dtype),
-                             max_model_len=rollout_cfg.max_model_len, enforce_eager=bool(rollout_cfg.enforce_eager),
-                             kv_cache_gib=rollout_cfg.kv_cache_gib,
-                             gpu_memory_utilization=float(rollout_cfg.gpu_memory_utilization),
-                             max_num_batched_tokens=rollout_cfg.max_num_batched_tokens, lora_rank=lora_rank,
-                             extra_args=list(server.extra_args))
+    command = server_command(python, str(served), host, port, EngineArgs.of(rollout_cfg), seed=seed,
+                             lora_rank=lora_rank, extra_args=list(server.extra_args))
     env = server_env(os.environ, lora=adapter, extra=dict(server.env))
     process = ServerProcess(command, env, work_dir / "server.log", url, launch_prefix=list(server.launch_prefix),
                             grace_s=float(server.stop_grace_s), cleanup_dir=work_dir if temporary else None)

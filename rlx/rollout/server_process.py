@@ -33,6 +33,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from rlx.errors import RolloutServerError  # noqa: F401  (raised here; one leaf for every error type)
@@ -111,26 +112,44 @@ def lora_rank_slot(rank: int) -> int:
     raise ValueError(f"LoRA rank {rank} is above vLLM's largest ({LORA_RANKS[-1]})")
 
 
-def server_command(python: str, model_dir: str, host: str, port: int, *, seed: int, dtype: str,
-                   max_model_len: int | None, enforce_eager: bool, kv_cache_gib: float | None,
-                   gpu_memory_utilization: float, max_num_batched_tokens: int | None, lora_rank: int | None,
-                   extra_args: list[str]) -> list[str]:
+@dataclass(frozen=True)
+class EngineArgs:
+    """The vLLM engine's knobs on the server's command line (rollout.dtype, gpu_memory_utilization,
+    max_model_len, enforce_eager, kv_cache_gib, max_num_batched_tokens)."""
+
+    dtype: str
+    gpu_memory_utilization: float
+    max_model_len: int | None = None
+    enforce_eager: bool = False
+    kv_cache_gib: float | None = None
+    max_num_batched_tokens: int | None = None
+
+    @classmethod
+    def of(cls, rollout) -> EngineArgs:
+        """From the rollout settings of rollout=server."""
+        return cls(dtype=str(rollout.dtype), gpu_memory_utilization=float(rollout.gpu_memory_utilization),
+                   max_model_len=rollout.max_model_len, enforce_eager=bool(rollout.enforce_eager),
+                   kv_cache_gib=rollout.kv_cache_gib, max_num_batched_tokens=rollout.max_num_batched_tokens)
+
+
+def server_command(python: str, model_dir: str, host: str, port: int, engine: EngineArgs, *, seed: int,
+                   lora_rank: int | None, extra_args: list[str]) -> list[str]:
     """The vLLM server's command line (pure; no per-request access log). processed_logprobs: the log-probs reported for a sampled token are
     those of the temperature-scaled (and top-k/top-p filtered) distribution it was drawn from, the trainer's
     (vLLM's default reports temperature 1). --generation-config vllm: the model's generation_config.json does
     not change the sampling knobs rlx sends (or add stop tokens)."""
     command = [python, "-m", SERVER_MODULE, "--model", model_dir, "--host", host, "--port", str(port),
-               "--seed", str(seed), "--dtype", dtype, "--logprobs-mode", "processed_logprobs",
-               "--generation-config", "vllm", "--gpu-memory-utilization", str(gpu_memory_utilization),
+               "--seed", str(seed), "--dtype", engine.dtype, "--logprobs-mode", "processed_logprobs",
+               "--generation-config", "vllm", "--gpu-memory-utilization", str(engine.gpu_memory_utilization),
                "--enable-prefix-caching", "--disable-uvicorn-access-log"]
-    if max_model_len:
-        command += ["--max-model-len", str(max_model_len)]
-    if enforce_eager:
+    if engine.max_model_len:
+        command += ["--max-model-len", str(engine.max_model_len)]
+    if engine.enforce_eager:
         command.append("--enforce-eager")
-    if kv_cache_gib:
-        command += ["--kv-cache-memory-bytes", str(int(float(kv_cache_gib) * 2**30))]
-    if max_num_batched_tokens:
-        command += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
+    if engine.kv_cache_gib:
+        command += ["--kv-cache-memory-bytes", str(int(float(engine.kv_cache_gib) * 2**30))]
+    if engine.max_num_batched_tokens:
+        command += ["--max-num-batched-tokens", str(engine.max_num_batched_tokens)]
     if lora_rank is not None:
         command += ["--enable-lora", "--max-lora-rank", str(lora_rank_slot(lora_rank)), "--max-loras", "1"]
     return command + [str(a) for a in extra_args]

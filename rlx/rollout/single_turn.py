@@ -6,6 +6,8 @@ informative (non-tied) rewards. It hands the policy-gradient and PPO loops a `Ba
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from rlx.algorithms.advantages import zero_std_group_fraction
@@ -30,15 +32,35 @@ def tied_group_fraction(rewards: torch.Tensor, groups: torch.Tensor) -> float:
     return per_group.double().mean().item() if count else 0.0
 
 
-def sample_batch(generator: Generator, tokenizer, stream: PromptStream, rewards: list[RewardComponent], group_size: int, *,
-                 step: int, prompts_per_step: int, max_new_tokens: int, min_new_tokens: int, seed: int,
-                 use_chat_template: bool, system_prompt: str | None, on_error: str, accuracy_key: str, total_steps: int,
-                 dynamic_sampling: bool, max_rounds: int, acc=None, stages: GroupStages | None = None,
-                 completion_template: str | None = None) -> Batch:
-    """Generate and score `prompts_per_step` groups. With dynamic sampling, drop the groups of the drop strategy
-    (stages.drop: tied groups by default, DAPO) and draw the missing number of prompts again, for at most
-    `max_rounds` rounds; if still short, fill with dropped groups (zero advantage under group baselines when
-    tied) so the batch size stays fixed. Completion i drawn at this step is sampled with seed
+@dataclass(frozen=True)
+class SingleTurnSettings:
+    """How the single-turn producers draw and score a step's groups: `group_size` completions for each of
+    `prompts_per_step` prompts, each with `min_new_tokens`..`max_new_tokens` new tokens and sampled with seed
+    sample_seed(seed, step, i); the prompt format (chat template, system prompt, completion template); the
+    reward failure rule (reward.on_error), the component read as accuracy and the run's step count (the reward
+    functions' `trainer_state.max_steps`); DAPO's dynamic sampling, with at most `max_rounds` generation rounds."""
+
+    group_size: int
+    prompts_per_step: int
+    max_new_tokens: int
+    min_new_tokens: int
+    seed: int
+    use_chat_template: bool
+    system_prompt: str | None
+    on_error: str
+    accuracy_key: str
+    total_steps: int
+    dynamic_sampling: bool = False
+    max_rounds: int = 1
+    completion_template: str | None = None
+
+
+def sample_batch(generator: Generator, tokenizer, stream: PromptStream, rewards: list[RewardComponent],
+                 settings: SingleTurnSettings, *, step: int, acc=None, stages: GroupStages | None = None) -> Batch:
+    """Generate and score `settings.prompts_per_step` groups. With dynamic sampling, drop the groups of the drop
+    strategy (stages.drop: tied groups by default, DAPO) and draw the missing number of prompts again, for at most
+    `settings.max_rounds` rounds; if still short, fill with dropped groups (zero advantage under group baselines
+    when tied) so the batch size stays fixed. Completion i drawn at this step is sampled with seed
     sample_seed(seed, step, i). `generator` samples through the generator protocol (rollout/generator.py:
     HFGenerator on the policy, or the vLLM engine; its temperature / top-p / top-k are rollout's), the one-turn
     case of the multi-turn rollouts: prompts are tokenized once and the Rollout is built from the sampled ids.
@@ -47,61 +69,12 @@ def sample_batch(generator: Generator, tokenizer, stream: PromptStream, rewards:
     the combination). `stages` (rlx/rollout/group_stages.py): the seed ideas' group stages, run on each round
     after scoring (verifier noise, replay, hints, group reward shaping); groups are keyed by id (Batch.groups),
     so a group may grow (hinted re-samples)."""
-    wanted = prompts_per_step
     stages = stages if stages is not None and stages.active else None
-    schedule = stages.schedule(step, max_new_tokens) if stages is not None else None
-    parts: list[Round] = []
-    kept_groups, rounds, drawn_samples, drawn_groups = 0, 0, 0, 0
-
-    def score(prompts: list[str], rollout: Rollout, rows: list[dict]):
-        if any(c.name == "overlong" for c in rewards):
-            rows = [dict(row, completion_tokens=int(n)) for row, n in zip(rows, rollout.lengths)]
-        return compute_rewards(rewards, prompts, rollout.texts, rows, on_error, system_prompt=system_prompt,
-                               completion_ids=token_lists(rollout.completion_ids, rollout.completion_mask),
-                               state=TrainerState(global_step=step, max_steps=total_steps))  # (n,)
-
-    context = StageContext(generator, tokenizer, score, step, seed, group_size, max_new_tokens, min_new_tokens,
-                           use_chat_template, system_prompt, completion_template, schedule)
-    while True:
-        rows = stream.take(wanted - kept_groups if dynamic_sampling else wanted)
-        mine = shard(len(rows), acc) if acc is not None else slice(0, len(rows))
-        rows = rows[mine]
-        prompts = format_prompts(tokenizer, rows, use_chat_template, system_prompt)
-        first = drawn_samples + mine.start * group_size  # global index of this shard's first sample
-        rollout = sample_rollout(
-            generator, tokenizer, prompts, samples_per_prompt=group_size, max_new_tokens=max_new_tokens,
-            seeds=[sample_seed(seed, step, first + i) for i in range(len(prompts) * group_size)],
-            min_new_tokens=min_new_tokens, schedule=schedule,
-        )
-        sample_rows = [row for row in rows for _ in range(group_size)]
-        sample_prompts = [p for p in prompts for _ in range(group_size)]
-        total, per_component, round_errors = score(sample_prompts, rollout, sample_rows)
-        groups = drawn_groups + torch.arange(len(rows)).repeat_interleave(group_size)  # (n,) ids unique over the step
-        part = Round(rollout, total, per_component, sample_rows, sample_prompts, groups,
-                     correct_from_accuracy(per_component[accuracy_key]), errors=round_errors)
-        if stages is not None:
-            part = stages.after_scoring(part, context, first)
-        parts.append(part)
-        drawn_samples += len(rows) * group_size
-        drawn_groups += len(rows)
-        rounds += 1
-        if not dynamic_sampling:
-            break
-        dropped = stages.dropped(part) if stages is not None else DROP_STRATEGIES["tied"](part.rewards, part.correct, groups)
-        kept_groups += torch.unique(part.groups[~dropped]).numel()
-        if kept_groups >= wanted or rounds >= max_rounds:
-            break
+    parts, drawn_groups = draw_rounds(generator, tokenizer, stream, rewards, settings, step=step, acc=acc,
+                                      stages=stages)
     stage_metrics = stages.after_step(parts, stream, step) if stages is not None else {}
-    pad = tokenizer.pad_token_id
-    drawn = Round(Rollout.cat([p.rollout for p in parts], pad), torch.cat([p.rewards for p in parts]),
-                  {name: torch.cat([p.components[name] for p in parts]) for name in parts[0].components},
-                  [r for p in parts for r in p.rows], [q for p in parts for q in p.prompts],
-                  torch.cat([p.groups for p in parts]), torch.cat([p.correct for p in parts]),
-                  behaviour=(Rollout.cat([p.rollout if p.behaviour is None else p.behaviour for p in parts], pad)
-                             if any(p.behaviour is not None for p in parts) else None),
-                  hinted=torch.cat([p.hinted if p.hinted is not None else torch.zeros(len(p.rows), dtype=torch.bool)
-                                    for p in parts]),
-                  errors=sum(p.errors for p in parts))
+    drawn = merge_rounds(parts, tokenizer.pad_token_id)
+    group_size, accuracy_key = settings.group_size, settings.accuracy_key
     rewards_all, per_component, errors, correct = drawn.rewards, drawn.components, drawn.errors, drawn.correct
     local = slice(0, rewards_all.numel())
     if acc is not None and acc.num_processes > 1:  # the global batch, in global sample order
@@ -121,22 +94,93 @@ def sample_batch(generator: Generator, tokenizer, stream: PromptStream, rewards:
                                         groups=groups_all)
     drawn_metrics.update(stage_metrics)
     filled = 0
-    if dynamic_sampling:
-        dropped = (stages.dropped(drawn) if stages is not None
-                   else DROP_STRATEGIES["tied"](drawn.rewards, drawn.correct, drawn.groups))  # (n,)
-        order = torch.unique_consecutive(drawn.groups)  # group ids in order of appearance
-        is_dropped = torch.tensor([bool(dropped[drawn.groups == g][0]) for g in order.tolist()], dtype=torch.bool)
-        informative = order[~is_dropped][:wanted]
-        filled = wanted - len(informative)
-        chosen = torch.cat([informative, order[is_dropped][:filled]])  # (wanted,) group ids
-        index = torch.cat([torch.nonzero(drawn.groups == g).flatten() for g in chosen.tolist()])  # the groups' rows
-        drawn = drawn.select(index)
+    if settings.dynamic_sampling:
+        drawn, filled, dropped_groups = keep_informative(drawn, stages, settings.prompts_per_step)
         rewards_all, correct, groups_all = drawn.rewards, drawn.correct, drawn.groups
         local = slice(0, rewards_all.numel())
-        drawn_metrics["sampling/dropped_groups"] = int(is_dropped.sum())
+        drawn_metrics["sampling/dropped_groups"] = dropped_groups
     return Batch(drawn.rollout, rewards_all, group_size, local, drawn_metrics, rows=drawn.rows, prompts=drawn.prompts,
-                 prompts_drawn=drawn_groups, rounds=rounds, filled_groups=filled, groups=groups_all, correct=correct,
-                 behaviour=drawn.behaviour)
+                 prompts_drawn=drawn_groups, rounds=len(parts), filled_groups=filled, groups=groups_all,
+                 correct=correct, behaviour=drawn.behaviour)
+
+
+def draw_rounds(generator: Generator, tokenizer, stream: PromptStream, rewards: list[RewardComponent],
+                settings: SingleTurnSettings, *, step: int, acc, stages: GroupStages | None) -> tuple[list[Round], int]:
+    """The generation rounds of one step (one without dynamic sampling; with it, rounds until enough groups are
+    informative or `settings.max_rounds` is reached), each scored and passed through the active `stages`.
+    Returns the rounds and the number of prompts drawn."""
+    s = settings
+    wanted, group_size = s.prompts_per_step, s.group_size
+    schedule = stages.schedule(step, s.max_new_tokens) if stages is not None else None
+    parts: list[Round] = []
+    kept_groups, rounds, drawn_samples, drawn_groups = 0, 0, 0, 0
+
+    def score(prompts: list[str], rollout: Rollout, rows: list[dict]):
+        if any(c.name == "overlong" for c in rewards):
+            rows = [dict(row, completion_tokens=int(n)) for row, n in zip(rows, rollout.lengths)]
+        return compute_rewards(rewards, prompts, rollout.texts, rows, s.on_error, system_prompt=s.system_prompt,
+                               completion_ids=token_lists(rollout.completion_ids, rollout.completion_mask),
+                               state=TrainerState(global_step=step, max_steps=s.total_steps))  # (n,)
+
+    context = StageContext(generator, tokenizer, score, step, s.seed, group_size, s.max_new_tokens, s.min_new_tokens,
+                           s.use_chat_template, s.system_prompt, s.completion_template, schedule)
+    while True:
+        rows = stream.take(wanted - kept_groups if s.dynamic_sampling else wanted)
+        mine = shard(len(rows), acc) if acc is not None else slice(0, len(rows))
+        rows = rows[mine]
+        prompts = format_prompts(tokenizer, rows, s.use_chat_template, s.system_prompt)
+        first = drawn_samples + mine.start * group_size  # global index of this shard's first sample
+        rollout = sample_rollout(
+            generator, tokenizer, prompts, samples_per_prompt=group_size, max_new_tokens=s.max_new_tokens,
+            seeds=[sample_seed(s.seed, step, first + i) for i in range(len(prompts) * group_size)],
+            min_new_tokens=s.min_new_tokens, schedule=schedule,
+        )
+        sample_rows = [row for row in rows for _ in range(group_size)]
+        sample_prompts = [p for p in prompts for _ in range(group_size)]
+        total, per_component, round_errors = score(sample_prompts, rollout, sample_rows)
+        groups = drawn_groups + torch.arange(len(rows)).repeat_interleave(group_size)  # (n,) ids unique over the step
+        part = Round(rollout, total, per_component, sample_rows, sample_prompts, groups,
+                     correct_from_accuracy(per_component[s.accuracy_key]), errors=round_errors)
+        if stages is not None:
+            part = stages.after_scoring(part, context, first)
+        parts.append(part)
+        drawn_samples += len(rows) * group_size
+        drawn_groups += len(rows)
+        rounds += 1
+        if not s.dynamic_sampling:
+            break
+        dropped = stages.dropped(part) if stages is not None else DROP_STRATEGIES["tied"](part.rewards, part.correct, groups)
+        kept_groups += torch.unique(part.groups[~dropped]).numel()
+        if kept_groups >= wanted or rounds >= s.max_rounds:
+            break
+    return parts, drawn_groups
+
+
+def merge_rounds(parts: list[Round], pad: int) -> Round:
+    """One Round of a step's rounds, in order (behaviour rollouts where a round has them, hinted flags)."""
+    return Round(Rollout.cat([p.rollout for p in parts], pad), torch.cat([p.rewards for p in parts]),
+                 {name: torch.cat([p.components[name] for p in parts]) for name in parts[0].components},
+                 [r for p in parts for r in p.rows], [q for p in parts for q in p.prompts],
+                 torch.cat([p.groups for p in parts]), torch.cat([p.correct for p in parts]),
+                 behaviour=(Rollout.cat([p.rollout if p.behaviour is None else p.behaviour for p in parts], pad)
+                            if any(p.behaviour is not None for p in parts) else None),
+                 hinted=torch.cat([p.hinted if p.hinted is not None else torch.zeros(len(p.rows), dtype=torch.bool)
+                                   for p in parts]),
+                 errors=sum(p.errors for p in parts))
+
+
+def keep_informative(drawn: Round, stages: GroupStages | None, wanted: int) -> tuple[Round, int, int]:
+    """Dynamic sampling's choice: the first `wanted` groups the drop strategy keeps, filled up with dropped ones
+    when short. Returns the chosen rows, the number of groups filled and the number of groups dropped."""
+    dropped = (stages.dropped(drawn) if stages is not None
+               else DROP_STRATEGIES["tied"](drawn.rewards, drawn.correct, drawn.groups))  # (n,)
+    order = torch.unique_consecutive(drawn.groups)  # group ids in order of appearance
+    is_dropped = torch.tensor([bool(dropped[drawn.groups == g][0]) for g in order.tolist()], dtype=torch.bool)
+    informative = order[~is_dropped][:wanted]
+    filled = wanted - len(informative)
+    chosen = torch.cat([informative, order[is_dropped][:filled]])  # (wanted,) group ids
+    index = torch.cat([torch.nonzero(drawn.groups == g).flatten() for g in chosen.tolist()])  # the groups' rows
+    return drawn.select(index), filled, int(is_dropped.sum())
 
 
 def outcome_metrics(rewards, per_component, errors, rollout, accuracy_key, group_size, acc=None, groups=None) -> dict:
@@ -170,24 +214,18 @@ class SingleTurnProducer:
 
     kind = "single_turn"
 
-    def __init__(self, generator, tokenizer, stream: PromptStream, rewards: list[RewardComponent], *, group_size: int,
-                 prompts_per_step: int, max_new_tokens: int, min_new_tokens: int, seed: int, use_chat_template: bool,
-                 system_prompt: str | None, on_error: str, accuracy_key: str, total_steps: int, dynamic_sampling: bool,
-                 max_rounds: int, acc=None, stages: GroupStages | None = None, completion_template: str | None = None):
+    def __init__(self, generator, tokenizer, stream: PromptStream, rewards: list[RewardComponent],
+                 settings: SingleTurnSettings, *, acc=None, stages: GroupStages | None = None):
         self.generator, self.tokenizer, self.stream, self.rewards = generator, tokenizer, stream, rewards
-        self.group_size = group_size
-        self.settings = dict(prompts_per_step=prompts_per_step, max_new_tokens=max_new_tokens,
-                             min_new_tokens=min_new_tokens, seed=seed, use_chat_template=use_chat_template,
-                             system_prompt=system_prompt, on_error=on_error, accuracy_key=accuracy_key,
-                             total_steps=total_steps, dynamic_sampling=dynamic_sampling, max_rounds=max_rounds,
-                             completion_template=completion_template)
+        self.group_size = settings.group_size
+        self.settings = settings
         self.acc = acc
         self.stages = stages  # the seed ideas' group stages (rlx/rollout/group_stages.py), or None
 
     @property
     def loss_width(self) -> int:
         """The longest completion a row can hold (Dr. GRPO's constant normaliser)."""
-        return int(self.settings["max_new_tokens"])
+        return int(self.settings.max_new_tokens)
 
     def checkpointed(self) -> dict:
         """The position in the shuffled prompts (or the difficulty-aware sampler's pass rates and generator), and
@@ -195,8 +233,8 @@ class SingleTurnProducer:
         return {"data": self.stream, **(self.stages.checkpointed() if self.stages is not None else {})}
 
     def produce(self, step: int) -> Batch:
-        return sample_batch(self.generator, self.tokenizer, self.stream, self.rewards, self.group_size, step=step,
-                            acc=self.acc, stages=self.stages, **self.settings)
+        return sample_batch(self.generator, self.tokenizer, self.stream, self.rewards, self.settings, step=step,
+                            acc=self.acc, stages=self.stages)
 
     def records(self, batch: Batch, samples: list[dict], count: int) -> list[dict]:
         """The samples file rows of this process's first `count` samples (the main process's are the first)."""

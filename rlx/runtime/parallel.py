@@ -18,6 +18,8 @@ them (generation keeps stepping until every rank is done: rollout/hf.py).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -65,9 +67,19 @@ def micro_batches_per_step(local_batch: int, micro_batch_size: int) -> int:
     return max(1, -(-int(local_batch) // int(micro_batch_size)))
 
 
-def deepspeed_config(zero_stage: int, micro_batch_size: int, accumulation: int, world_size: int,
-                     max_grad_norm: float | None, mixed_precision: str = "no", offload_optimizer: str = "none",
-                     offload_param: str = "none", param_persistence_threshold: int | None = None) -> dict:
+@dataclass(frozen=True)
+class ZeroSettings:
+    """DeepSpeed ZeRO's knobs (hardware.deepspeed): the stage, where the optimizer state and (stage 3) the
+    parameters are offloaded ("none", "cpu", ...), and stage 3's param_persistence_threshold."""
+
+    stage: int
+    offload_optimizer: str = "none"
+    offload_param: str = "none"
+    param_persistence_threshold: int | None = None
+
+
+def deepspeed_config(zero: ZeroSettings, micro_batch_size: int, accumulation: int, world_size: int,
+                     max_grad_norm: float | None, mixed_precision: str = "no") -> dict:
     """DeepSpeed's config dict from rlx's settings, every number filled in.
 
     Accelerate fills DeepSpeed's "auto" batch sizes from a prepared dataloader, which rlx's loops do
@@ -78,25 +90,26 @@ def deepspeed_config(zero_stage: int, micro_batch_size: int, accumulation: int, 
     process (None: DeepSpeed's default, 1e5, which keeps a tiny model entirely unpartitioned). Example: stage 2, micro 2, K 4, 2 processes, clip 1.0 ->
     {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,
      "gradient_clipping": 1.0, "zero_optimization": {"stage": 2, ...}, ...}."""
+    zero_stage = zero.stage
     if zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"hardware.deepspeed.zero_stage={zero_stage}; valid choices: 0, 1, 2, 3")
     if mixed_precision not in ("no", "bf16", "fp16"):
         raise ValueError(f"hardware.mixed_precision={mixed_precision}; valid choices: no, bf16, fp16")
-    zero = {"stage": int(zero_stage)}
-    if offload_optimizer != "none":
-        zero["offload_optimizer"] = {"device": offload_optimizer}
+    optimization = {"stage": int(zero_stage)}
+    if zero.offload_optimizer != "none":
+        optimization["offload_optimizer"] = {"device": zero.offload_optimizer}
     if zero_stage == 3:
-        zero["stage3_gather_16bit_weights_on_model_save"] = True
-        if param_persistence_threshold is not None:
-            zero["stage3_param_persistence_threshold"] = int(param_persistence_threshold)
-        if offload_param != "none":
-            zero["offload_param"] = {"device": offload_param}
+        optimization["stage3_gather_16bit_weights_on_model_save"] = True
+        if zero.param_persistence_threshold is not None:
+            optimization["stage3_param_persistence_threshold"] = int(zero.param_persistence_threshold)
+        if zero.offload_param != "none":
+            optimization["offload_param"] = {"device": zero.offload_param}
     return {
         "train_batch_size": int(micro_batch_size) * int(accumulation) * int(world_size),
         "train_micro_batch_size_per_gpu": int(micro_batch_size),
         "gradient_accumulation_steps": int(accumulation),
         "gradient_clipping": float(max_grad_norm or 0.0),
-        "zero_optimization": zero,
+        "zero_optimization": optimization,
         "bf16": {"enabled": mixed_precision == "bf16"},
         "fp16": {"enabled": mixed_precision == "fp16"},
         "zero_allow_untested_optimizer": True,

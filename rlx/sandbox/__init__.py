@@ -94,8 +94,8 @@ only, it runs under ``python -I -S``), cgroup.py (the per-run control group), ui
 root runner).
 """
 
-from rlx.sandbox.api import check_program, run_code, run_many
+from rlx.sandbox.api import SandboxLimits, check_program, run_code, run_many
 from rlx.sandbox.result import STATUSES, SandboxResult
 from rlx.sandbox.uids import SANDBOX_UIDS
 
-__all__ = ["SANDBOX_UIDS", "STATUSES", "SandboxResult", "check_program", "run_code", "run_many"]
+__all__ = ["SANDBOX_UIDS", "STATUSES", "SandboxLimits", "SandboxResult", "check_program", "run_code", "run_many"]

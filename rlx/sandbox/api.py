@@ -8,6 +8,7 @@ import os
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from rlx.sandbox.cgroup import Cgroup, warn_no_cgroup
@@ -17,26 +18,11 @@ from rlx.sandbox.result import SandboxResult
 from rlx.sandbox.uids import UID_POOL, count_tasks
 
 
-def run_code(
-    code: str,
-    timeout_s: float = 5.0,
-    memory_mb: int = 512,
-    max_output_bytes: int = 64_000,
-    *,
-    stdin: str = "",
-    max_processes: int = 64,
-    max_file_bytes: int = 16 * 2**20,
-    max_open_files: int = 256,
-    total_memory_mb: int | None = None,
-    namespaces: bool = True,
-    cgroup: bool = True,
-    interpreter: str | None = None,
-) -> SandboxResult:
-    """Run `code` as the main script of a fresh interpreter inside the sandbox.
+@dataclass(frozen=True)
+class SandboxLimits:
+    """run_code's further limits and switches (keywords of run_code, run_many and check_program).
 
-    timeout_s: wall-clock limit (the CPU-time rlimit, int(timeout_s) + 2 s, comes later).
-    memory_mb: address-space limit of each process.  max_output_bytes: kept per stream.
-    stdin: text fed to the program.  max_processes: RLIMIT_NPROC (threads count too).
+    max_processes: RLIMIT_NPROC (threads count too).
     max_file_bytes: RLIMIT_FSIZE, and the size of each private tmpfs.
     max_open_files: RLIMIT_NOFILE (file descriptors per process).
     total_memory_mb: memory of the whole run, all its processes and private tmpfs files together
@@ -44,15 +30,43 @@ def run_code(
     processes to max_processes (+ 2 for the launcher and the namespace init).
     namespaces: try Linux namespaces (set False to exercise the fallback).
     cgroup: try a per-run cgroup (set False to exercise the fallback; see Cgroup).
-    interpreter: the Python that runs the sample (default: this one with symlinks resolved).
+    interpreter: the Python that runs the sample (default: this one with symlinks resolved)."""
+
+    max_processes: int = 64
+    max_file_bytes: int = 16 * 2**20
+    max_open_files: int = 256
+    total_memory_mb: int | None = None
+    namespaces: bool = True
+    cgroup: bool = True
+    interpreter: str | None = None
+
+
+def run_code(
+    code: str,
+    timeout_s: float = 5.0,
+    memory_mb: int = 512,
+    max_output_bytes: int = 64_000,
+    *,
+    stdin: str = "",
+    **limits,
+) -> SandboxResult:
+    """Run `code` as the main script of a fresh interpreter inside the sandbox.
+
+    timeout_s: wall-clock limit (the CPU-time rlimit, int(timeout_s) + 2 s, comes later).
+    memory_mb: address-space limit of each process.  max_output_bytes: kept per stream.
+    stdin: text fed to the program.
+    limits: the fields of SandboxLimits by keyword (max_processes, max_file_bytes, max_open_files,
+    total_memory_mb, namespaces, cgroup, interpreter); an unknown one is a TypeError.
     Thread-safe; see run_many.
     """
-    interpreter = os.path.realpath(interpreter or sys.executable)
+    lim = SandboxLimits(**limits)
+    max_processes, cgroup = lim.max_processes, lim.cgroup
+    interpreter = os.path.realpath(lim.interpreter or sys.executable)
     workdir = tempfile.mkdtemp(prefix="rlx-sandbox-")
     lease = group = None
     try:
         if cgroup:
-            total = (total_memory_mb or memory_mb) * 2**20
+            total = (lim.total_memory_mb or memory_mb) * 2**20
             group = Cgroup.create(total, max_processes + 2)
         if os.geteuid() == 0:
             lease = UID_POOL.acquire()
@@ -66,12 +80,12 @@ def run_code(
             "workdir": workdir,
             "interpreter": interpreter,
             "uid": None if lease is None else lease.uid,
-            "namespaces": namespaces,
+            "namespaces": lim.namespaces,
             "timeout_s": timeout_s,
             "memory_bytes": memory_mb * 2**20,
-            "max_file_bytes": max_file_bytes,
+            "max_file_bytes": lim.max_file_bytes,
             "max_processes": nproc,
-            "max_open_files": max_open_files,
+            "max_open_files": lim.max_open_files,
             "cgroup_procs": [] if group is None else group.procs_files(),
             "env": {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir},
         }
