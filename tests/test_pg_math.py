@@ -319,7 +319,7 @@ def test_adaptive_kl_controller():
 
 def test_overlong_penalty_buffer_formula():
     # L_max 16, buffer 4: penalty starts after 12 tokens: 12 -> 0, 14 -> (12 - 14) / 4 = -0.5, 16 -> -1, 17 -> -1
-    scores = overlong_penalty(["p"] * 4, ["c"] * 4, completion_tokens=[12, 14, 16, 17], max_length=16, buffer=4)
+    scores = overlong_penalty(["p"] * 4, ["c"] * 4, completion_ids=[[7] * n for n in (12, 14, 16, 17)], max_length=16, buffer=4)
     assert scores == [0.0, -0.5, -1.0, -1.0]
     assert overlong_penalty(["p"], ["c"], max_length=16, buffer=4) == [None]  # no token counts: does not apply
 

@@ -4,8 +4,8 @@ With L_max the generation budget and L_cache the buffer before it:
     R(y) = 0                                 if |y| <= L_max - L_cache
          = ((L_max - L_cache) - |y|) / L_cache   if L_max - L_cache < |y| <= L_max
          = -1                                if |y| > L_max
-so the penalty grows linearly from 0 to -1 across the buffer. The training loop passes the completion
-token counts as the `completion_tokens` column.
+so the penalty grows linearly from 0 to -1 across the buffer. |y| is the length of each completion's token ids,
+which every reward function receives as `completion_ids` (TRL's convention).
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ import functools
 from rlx.rewards import RewardComponent
 
 
-def overlong_penalty(prompts, completions, completion_tokens=None, *, max_length: int, buffer: int, **row) -> list[float | None]:
+def overlong_penalty(prompts, completions, completion_ids=None, *, max_length: int, buffer: int, **row) -> list[float | None]:
     """Example: L_max 16, buffer 4: 12 tokens -> 0, 14 -> -0.5, 16 -> -1, 17 -> -1.
-    None (does not apply) when token counts are not available (e.g. held-out evaluation)."""
-    if completion_tokens is None:
+    None (does not apply) when the token ids are not available."""
+    if completion_ids is None:
         return [None] * len(completions)
+    completion_tokens = [len(ids) for ids in completion_ids]
     if buffer <= 0 or buffer > max_length:
         raise ValueError(f"overlong buffer must be in 1..max_length={max_length}, got {buffer}")
     start = max_length - buffer

@@ -155,8 +155,6 @@ class PartialProducer:
         rollout = Rollout.from_ids([g["prompt_ids"] for g in groups], out, group, self.tokenizer.pad_token_id, texts)
         rollout.versions = torch.tensor([v if v is not None else 0 for g in groups for v in g["versions"]], dtype=torch.long)
         sample_rows = [g["row"] for g in groups for _ in range(group)]
-        if any(c.name == "overlong" for c in self.rewards):
-            sample_rows = [dict(row, completion_tokens=len(c)) for row, c in zip(sample_rows, ids)]
         sample_prompts = [g["prompt"] for g in groups for _ in range(group)]
         total, per_component, errors = compute_rewards(
             self.rewards, sample_prompts, texts, sample_rows, self.on_error, system_prompt=self.system_prompt,

@@ -116,8 +116,6 @@ def draw_rounds(generator: Generator, tokenizer, stream: PromptStream, rewards: 
     kept_groups, rounds, drawn_samples, drawn_groups = 0, 0, 0, 0
 
     def score(prompts: list[str], rollout: Rollout, rows: list[dict]):
-        if any(c.name == "overlong" for c in rewards):
-            rows = [dict(row, completion_tokens=int(n)) for row, n in zip(rows, rollout.lengths)]
         return compute_rewards(rewards, prompts, rollout.texts, rows, s.on_error, system_prompt=s.system_prompt,
                                completion_ids=token_lists(rollout.completion_ids, rollout.completion_mask),
                                state=TrainerState(global_step=step, max_steps=s.total_steps))  # (n,)
