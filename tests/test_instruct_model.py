@@ -69,10 +69,14 @@ def test_a_recipe_that_overrides_the_model_gets_its_tuning():
 
 
 def test_every_tuning_file_names_a_model_preset_and_a_data_option():
+    # <model>.yaml, <model>/<data>.yaml, <model>/benchmark_<benchmark>.yaml (rlx eval), env/<model>/<env>.yaml
     models, data = set(group_options("model")), set(group_options("data"))
+    benchmarks, envs = set(group_options("benchmark")), set(group_options("env"))
     for path in (CONF_DIR / "tuning").rglob("*.yaml"):
-        relative = path.relative_to(CONF_DIR / "tuning").with_suffix("")
-        assert relative.parts[0] in models, f"{path}: no model preset {relative.parts[0]}"
-        if len(relative.parts) == 2:
-            assert relative.parts[1] in data, f"{path}: no data option {relative.parts[1]}"
+        parts = path.relative_to(CONF_DIR / "tuning").with_suffix("").parts
+        model, rest, options = (parts[1], parts[2:], envs) if parts[0] == "env" else (parts[0], parts[1:], data)
+        assert model in models, f"{path}: no model preset {model}"
+        if rest and rest[0].startswith("benchmark_") and parts[0] != "env":
+            rest, options = (rest[0][len("benchmark_"):],), benchmarks
+        assert len(rest) <= 1 and (not rest or rest[0] in options), f"{path}: no option {rest} of its group"
         assert path.read_text().lstrip().startswith("# @package _global_")
