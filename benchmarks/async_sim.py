@@ -265,20 +265,8 @@ def update_time(setup: Setup, tokens: int, gpus: int) -> float:
 
 def sync_steps(setup: Setup, gpus: int, partial: bool = False) -> float:
     """Mean step of the colocated synchronous loop (every GPU generates, then trains), in t0."""
-    draw_group, P, switch = draws(setup), setup.prompts, setup.switch * setup.unit
-    times, pool, nxt = [], [], 0
-    for b in range(setup.batches):
-        if partial:
-            while len(pool) < math.ceil(setup.oversample * P):
-                lengths = draw_group(nxt)
-                pool.append(Group(nxt, list(lengths), sum(lengths)))
-                nxt += 1
-            gen, trained, pool = partial_step(pool, P, gpus, setup.capacity, setup.saturation)
-            tokens = sum(g.total for g in trained)
-        else:
-            groups = [draw_group(b * P + j) for j in range(P)]
-            gen, tokens = batch_time(groups, gpus, setup.capacity, setup.saturation), sum(map(sum, groups))
-        times.append(gen + update_time(setup, tokens, gpus) + switch)
+    switch = setup.switch * setup.unit
+    times = [gen + update_time(setup, tokens, gpus) + switch for gen, tokens in producer_batches(setup, gpus, partial)]
     return sum(times[setup.warmup:]) / (setup.batches - setup.warmup)
 
 
