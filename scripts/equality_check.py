@@ -50,6 +50,11 @@ RUNS = {
     "pass_at_k": ["algorithm.transforms=[pass_at_k]", "steps=4", "eval.every=2"],
     "seed_gra": ["seed_gra_tiny", "steps=4", "eval.every=2"],
     "seed_hgpo": ["seed_hgpo_grid_tiny", "steps=4", "eval.every=2"],
+    # the producer modes: pipeline (one batch ahead), partial rollouts, and a harness program through the gateway
+    "pipeline": ["rollout.max_staleness=1", "rollout.correction=tis", "steps=6", "eval.every=3"],
+    "partial": ["rollout.partial=true", "rollout.correction=tis", "steps=6", "eval.every=3"],
+    "harness": ["algorithm=agent_grpo", "env=harness", "env.target=examples.corridor_harness.run", "model.path=builtin:tiny_agent",
+                "data.source=none", "env.eval_episodes=8", "steps=3", "eval.every=3"],
 }
 TIMING = ("perf/", "time")  # metric names holding wall-clock figures: never compared
 
