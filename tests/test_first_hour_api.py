@@ -178,7 +178,7 @@ def test_eval_explains_mean_at_1_beside_pass_at_1():
 
 
 def test_eval_run_whose_reward_lives_in_another_process(tmp_path, caplog):
-    """A run scored by a reward function of another Python process (rlx.api.registered.*): with answers in its
+    """A run scored by a reward function that does not import here (a callable of another Python process): with answers in its
     data, its verifier scores instead, with a warning; without answers, one line asks for a benchmark."""
     import logging
 

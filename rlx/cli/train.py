@@ -1,4 +1,6 @@
-"""`rlx train`: the Hydra front of a training run (rlx/cli/training.py), its exit codes and sweep results.
+"""`rlx train`: `train(cfg, run_dir, overrides)`, one training run on a composed config (rlx/cli/training.py does
+the work), and its thin Hydra front `train_app`, which adds exit codes and sweep results. `rlx.fit` calls `train`
+directly.
 
 The loop is picked by `algorithm.family`: policy_gradient (GRPO family), ppo (with a critic), agent
 (multi-turn environments), sft,
@@ -33,24 +35,39 @@ from rlx.errors import (
 from rlx.runtime.checkpoint import what_survived
 
 if TYPE_CHECKING:
-    pass
+    from collections.abc import Callable, Mapping
 
 log = logging.getLogger("rlx")
+
+
+def train(cfg: DictConfig, run_dir: Path, overrides: list[str],
+          rewards: Mapping[str, Callable] | None = None) -> dict | None:
+    """Train according to the composed config `cfg` into `run_dir` and write its result.json. `overrides` are
+    the command line's (saved for a resume, passed to worker processes); `rewards` are reward functions of this
+    process by component name, used instead of importing those components' `_target_` (rlx.fit's callables).
+    Returns the final metrics, or None where nothing ran here (the run had finished, a multi-process run's
+    parent, a worker that is not the main process). Faults raise rlx.errors exceptions."""
+    from rlx.report.sweeps import write_result
+
+    metric = optimized_metric(cfg.optimized_metric, cfg.algorithm.family, cfg.data.source)
+    final = run(cfg, run_dir, overrides, rewards)
+    if final is not None:
+        write_result(run_dir, final, metric)
+    return final
+
 
 @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
 def train_app(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
-    from rlx.report.sweeps import RESULT_FILE, is_multirun, record_failure, write_result
+    from rlx.report.sweeps import RESULT_FILE, is_multirun, record_failure
     from rlx.runtime import launch
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     metric = optimized_metric(cfg.optimized_metric, cfg.algorithm.family, cfg.data.source)
     try:
-        final = run(cfg, run_dir, list(hydra_cfg.overrides.task))
-        if final is not None:  # None: nothing ran here (already finished, final/ rebuilt, parent or non-main worker)
-            write_result(run_dir, final, metric)
+        final = train(cfg, run_dir, list(hydra_cfg.overrides.task))
     except TrainingInterrupted as exc:
         log.warning("stopped after step %d; checkpoint written. Continue with: rlx train resume=%s", exc.step, run_dir)
         raise SystemExit(130) from None

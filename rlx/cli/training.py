@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -53,8 +54,9 @@ def check_run(cfg: DictConfig) -> None:
     check_sharded_settings(cfg)
 
 
-def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
-    """Train according to cfg, writing everything into run_dir. Returns the final evaluation metrics."""
+def run(cfg: DictConfig, run_dir: Path, overrides: list[str], rewards: Mapping[str, Callable] | None = None) -> dict:
+    """Train according to cfg, writing everything into run_dir. Returns the final evaluation metrics. `rewards`:
+    reward functions of this process by component name (rlx.fit), used instead of importing their `_target_`."""
     from rlx.runtime import launch
     from rlx.runtime.rundir import RunLock
     from rlx.runtime.storage import guard_log_files
@@ -64,13 +66,13 @@ def run(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
     # one process (tree) per run directory; machine 0's launcher holds it for a multi-node run
     lock = None if launch.is_worker() or cfg.hardware.machine_rank != 0 else RunLock(run_dir).acquire()
     try:
-        return _run_locked(cfg, run_dir, overrides)
+        return _run_locked(cfg, run_dir, overrides, rewards or {})
     finally:
         if lock is not None:
             lock.release()
 
 
-def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | None:
+def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str], rewards: Mapping[str, Callable]) -> dict | None:
     """The run, its directory locked: a finished run is left alone (or its final/ rebuilt), a multi-process run's
     parent launches the workers; otherwise set up Accelerate, load the data, rewards and model, build the parts,
     run the family's loop and save the final model. Returns the final evaluation metrics (main process)."""
@@ -96,7 +98,7 @@ def _run_locked(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict | 
         logging.getLogger("rlx").setLevel(logging.WARNING)  # one process reports
     tracking.start_trackers(accelerator, cfg, run_dir)
     seed_everything(cfg.seed)
-    train_rows, eval_rows, rewards, model, tokenizer = _load_inputs(cfg, accelerator, run_dir)
+    train_rows, eval_rows, rewards, model, tokenizer = _load_inputs(cfg, accelerator, run_dir, rewards)
     log.info("run directory: %s", run_dir)
     log.info("model: %s (%.2fM parameters), %d train / %d held-out rows", cfg.model.path or "built from scratch",
              sum(p.numel() for p in model.parameters()) / 1e6, len(train_rows), len(eval_rows))
@@ -184,7 +186,7 @@ def _accelerator(cfg: DictConfig, run_dir: Path, local_batch: int):
     return accelerator
 
 
-def _load_inputs(cfg: DictConfig, accelerator, run_dir: Path):
+def _load_inputs(cfg: DictConfig, accelerator, run_dir: Path, given: Mapping[str, Callable]):
     """(train rows, held-out rows, reward components, prepared policy, tokenizer), with the rows checked against
     the rewards, the prompt-length limit applied and every prompt's (or episode's) token budget checked."""
     from rlx.data.tasks import load_rows
@@ -193,7 +195,7 @@ def _load_inputs(cfg: DictConfig, accelerator, run_dir: Path):
 
     # data.source none: preference data without a verifiable task (no eval/accuracy)
     train_rows, eval_rows = load_rows(cfg.data, cfg.seed) if cfg.data.source != "none" else ([], [])
-    rewards = build_rewards(cfg.reward)
+    rewards = build_rewards(cfg.reward, given)
     if cfg.data.source != "none":
         from rlx.data.answers import check_answers
 

@@ -87,6 +87,26 @@ def check_overrides(overrides: list[str], config_name: str = "train") -> DictCon
     return cfg
 
 
+def composed_choices(overrides: list[str], config_name: str = "train") -> dict:
+    """The option each config group ended with (Hydra's runtime.choices: {"model": "smollm2-135m-instruct", ...})
+    for overrides that `check_overrides` accepted; what a Hydra front reads from HydraConfig, for callers that
+    compose without one (rlx.evaluate)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from rlx.config.free_form import free_form_overrides
+
+    overrides = [o for o in overrides if not o.startswith("hydra.") and not o.startswith("hydra/")]
+    single, _ = first_values(free_form_overrides(overrides, config_name))
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name=config_name, overrides=single, return_hydra_config=True)
+    finally:
+        GlobalHydra.instance().clear()
+    return dict(OmegaConf.to_container(cfg.hydra.runtime.choices))
+
+
 def _all_peer_pointers(single: list[str], config_name: str) -> str:
     """One line naming the rlx setting of every override that is a TRL/verl name and not an rlx key of the
     config composed without them (`algorithm.beta` of algorithm=dpo is rlx's own)."""

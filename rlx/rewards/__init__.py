@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -26,17 +27,21 @@ class RewardComponent:
     weight: float
 
 
-def build_rewards(reward_cfg) -> list[RewardComponent]:
+def build_rewards(reward_cfg, given: Mapping[str, Callable] | None = None) -> list[RewardComponent]:
+    """The configured reward components: each `_target_` imported (a component named in `given` takes that
+    function of this process instead: rlx.fit's callables, whose `_target_` only records where they were
+    defined), its other keys bound as keyword arguments, and its weight."""
     from rlx.config.plugins import import_target
 
+    given = given or {}
     components = []
     for name, spec in reward_cfg.components.items():
         spec = dict(spec)
         target = spec.pop("_target_", None)
         weight = float(spec.pop("weight", 1.0))
-        if target is None:
+        if target is None and name not in given:
             raise UserError(f"reward component '{name}' has no _target_ (a dotted path to a reward function)")
-        fn = import_target(target, f"reward component '{name}'")
+        fn = given[name] if name in given else import_target(target, f"reward component '{name}'")
         if not callable(fn):
             raise UserError(f"reward component '{name}': '{target}' is not a function")
         components.append(RewardComponent(name, functools.partial(fn, **spec) if spec else fn, weight))
