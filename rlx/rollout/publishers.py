@@ -228,9 +228,16 @@ class NCCLPublisher(_VLLMEnginePublisher):
 
         from rlx.rollout.server_process import free_port
 
-        sizes = [int(s) for s in self.client.everywhere(
-            "/get_world_size", None, what="reading the server's world size",
-            parse=lambda answer: answer["world_size"])]
+        from rlx.rollout.server_client import BadAnswer
+
+        def world_size(answer) -> int:
+            if not (isinstance(answer, dict) and isinstance(answer.get("world_size"), int)):
+                raise BadAnswer(f"/get_world_size answered {str(answer)[:120]} (a server without "
+                                f"--weight-transfer-config, or not in VLLM_SERVER_DEV_MODE=1?)")
+            return answer["world_size"]
+
+        sizes = self.client.everywhere("/get_world_size", None, what="reading the server's world size",
+                                       parse=world_size)
         host = str(self.settings.get("publish_host") or "127.0.0.1")
         port = free_port(host)
         world = 1 + sum(sizes)
