@@ -172,3 +172,127 @@ def test_fsdp2_shards_are_gathered_and_published(tmp_path):
             param[:first].mul_(2)
             param[first:].mul_(3)
     assert_bit_identical(full, held(tmp_path, 2))
+
+
+class FakeWeightServer:
+    """vLLM's dev-mode weight-transfer routes, recorded: /get_world_size answers `world_size`."""
+
+    def __init__(self, world_size: int = 2):
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.requests = []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _send(self, payload):
+                raw = json.dumps(payload).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def do_GET(self):
+                fake.requests.append((self.path, None))
+                self._send({"world_size": world_size} if self.path == "/get_world_size" else {})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+                fake.requests.append((self.path, body))
+                self._send({"message": "ok"})
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.http.shutdown()
+        self.http.server_close()
+
+
+@pytest.fixture
+def fake_vllm_engines(monkeypatch):
+    """vLLM's weight-transfer engine classes replaced by recorders (no vLLM, no CUDA here): what the trainer's
+    side of the nccl and ipc publishers hands them."""
+    import types
+
+    calls = []
+
+    class NCCL:
+        @staticmethod
+        def trainer_init(info):
+            calls.append(("trainer_init", info))
+            return "group"
+
+        @staticmethod
+        def trainer_send_weights(iterator, args):
+            calls.append(("send", [(n, t.clone()) for n, t in iterator], args))
+
+    class IPC:
+        @staticmethod
+        def trainer_send_weights(iterator, args):
+            calls.append(("ipc", [(n, t.clone()) for n, t in iterator], args))
+
+    for name, attrs in {"vllm": {}, "vllm.distributed": {}, "vllm.distributed.weight_transfer": {},
+                        "vllm.distributed.weight_transfer.nccl_engine": {"NCCLWeightTransferEngine": NCCL},
+                        "vllm.distributed.weight_transfer.ipc_engine": {"IPCWeightTransferEngine": IPC}}.items():
+        monkeypatch.setitem(sys.modules, name, types.SimpleNamespace(**attrs))
+    return calls
+
+
+def test_nccl_and_ipc_publishers_follow_vllms_weight_transfer_routes(fake_vllm_engines, tmp_path):
+    """The HTTP side of the CUDA publishers against recorded routes (the engines are fakes, tensors stay on the
+    CPU): nccl joins one group of 1 + the servers' world sizes with each server's rank offset, then per version
+    pauses, announces the served names/dtypes/shapes with the packed bucket size, sends, resumes; ipc has one
+    init and hands the served tensors to the IPC engine between pause and resume. What runs on a GPU is untested."""
+    from omegaconf import OmegaConf
+
+    from rlx.models.loading import load_causal_lm
+    from rlx.rollout.publishers import served_state_dict
+    from rlx.rollout.server_client import ServerClient
+
+    model = load_causal_lm("builtin:tiny")
+    servers = [FakeWeightServer(world_size=2), FakeWeightServer(world_size=1)]
+    settings = OmegaConf.create({"bucket_mib": 1, "request_timeout_s": 10, "publish_host": None})
+    client = ServerClient([s.url for s in servers], timeout_s=10, retries=0, backoff_s=0, concurrency=4)
+    try:
+        nccl = PUBLISHERS["nccl"](client, tmp_path, settings)
+        nccl.device = "cpu"
+        nccl.start(model)
+        init = fake_vllm_engines[0]
+        assert init[0] == "trainer_init" and init[1]["world_size"] == 4 and init[1]["master_address"] == "127.0.0.1"
+        joins = [[b for p, b in s.requests if p == "/init_weight_transfer_engine"][0]["init_info"] for s in servers]
+        assert [j["rank_offset"] for j in joins] == [1, 3] and {j["master_port"] for j in joins} == {init[1]["master_port"]}
+        timings = nccl.publish(model, 1)
+        assert set(timings) == {"perf/weight_write_s", "perf/weight_load_s"}
+        served = served_state_dict(model)
+        _, sent, args = fake_vllm_engines[1]
+        assert [n for n, _ in sent] == list(served) and all(torch.equal(t, served[n]) for n, t in sent)
+        assert args == {"group": "group", "packed": True, "packed_buffer_size_bytes": 2**20}
+        for server in servers:
+            paths = [p for p, _ in server.requests]
+            assert paths[-3:] == ["/pause?mode=wait", "/update_weights", "/resume"], paths
+            info = server.requests[-2][1]["update_info"]
+            assert info["names"] == list(served) and info["packed"] and info["packed_buffer_size_bytes"] == 2**20
+            assert info["shapes"][0] == list(served[info["names"][0]].shape) and info["dtype_names"][0] == "float32"
+        nccl.close()
+
+        one = ServerClient([servers[0].url], timeout_s=10, retries=0, backoff_s=0, concurrency=4)
+        ipc = PUBLISHERS["ipc"](one, tmp_path, settings)
+        ipc.device = "cpu"
+        ipc.start(model)
+        ipc.publish(model, 2)
+        kind, sent, args = fake_vllm_engines[-1]
+        assert kind == "ipc" and args == {"mode": "http", "url": servers[0].url} and len(sent) == len(served)
+        assert [p for p, _ in servers[0].requests][-3:] == ["/init_weight_transfer_engine", "/pause?mode=wait", "/resume"]
+        one.close()
+        with pytest.raises(UserError, match="publisher=ipc shares GPU memory with one server"):
+            PUBLISHERS["ipc"](client, tmp_path, settings).start(model)
+    finally:
+        client.close()
+        for server in servers:
+            server.close()

@@ -188,12 +188,6 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-def _served_cuda_weights(model):
-    """(checkpoint name, CUDA tensor) of the served weights, one at a time (LoRA merged, head untied)."""
-    for name, tensor in served_state_dict(model).items():
-        yield name, tensor.to("cuda", non_blocking=True)
-
-
 def _manifest(weights: dict[str, torch.Tensor]) -> dict:
     return {"names": list(weights), "dtype_names": [str(t.dtype).removeprefix("torch.") for t in weights.values()],
             "shapes": [list(t.shape) for t in weights.values()]}
@@ -205,6 +199,7 @@ class _VLLMEnginePublisher(WeightPublisher):
     checks: rlx.rollout.server_process.check_server_settings)."""
 
     needs_cuda = True
+    device = "cuda"  # where the weights go before vLLM's engine moves them (a test sets "cpu")
 
     def _paused(self, what: str, move) -> None:
         self.client.everywhere("/pause?mode=wait", {}, what="pausing generation", text_ok=True)
@@ -278,7 +273,7 @@ class NCCLPublisher(_VLLMEnginePublisher):
                 daemon=True)
             receiving.start()
             NCCLWeightTransferEngine.trainer_send_weights(
-                ((n, t.to("cuda")) for n, t in weights.items()),
+                ((n, t.to(self.device)) for n, t in weights.items()),
                 {"group": self.group, "packed": True, "packed_buffer_size_bytes": bucket})
             receiving.join(float(self.settings.request_timeout_s))
             if receiving.is_alive():
@@ -312,7 +307,8 @@ class IPCPublisher(_VLLMEnginePublisher):
         from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferEngine
 
         began = time.perf_counter()
-        weights = dict(_served_cuda_weights(model))  # alive until the server has mapped and copied them
+        # CUDA copies, alive until the server has mapped and copied them
+        weights = {name: t.to(self.device) for name, t in served_state_dict(model).items()}
         gathered = time.perf_counter()
         self._paused(f"version {version}", lambda: IPCWeightTransferEngine.trainer_send_weights(
             iter(weights.items()), {"mode": "http", "url": self.client.urls[0]}))
