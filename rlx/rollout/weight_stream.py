@@ -191,7 +191,7 @@ class WeightSender:
                 raise RolloutServerError(f"tensor {name} {tuple(tensor.shape)} {tensor.dtype} does not match the "
                                          f"announced manifest entry {entry}")
             data = _as_bytes(tensor)
-            hasher.update(data.numpy().tobytes())
+            hasher.update(memoryview(data.numpy()))  # no copy
             offset = 0
             while offset < data.numel():
                 take = min(data.numel() - offset, self.bucket_bytes - fill)
@@ -252,7 +252,7 @@ class WeightReceiver:
         on_version(version)
         hasher = hashlib.blake2b()
         for name, _, _ in entries:
-            hasher.update(_as_bytes(read(name)).numpy().tobytes())
+            hasher.update(memoryview(_as_bytes(read(name)).numpy()))
         _all_gather(self.group, torch.tensor([version, _digest_int(hasher)], dtype=torch.int64), self.world_size)
         self.version = version
         return True
