@@ -221,9 +221,8 @@ class NCCLPublisher(_VLLMEnginePublisher):
     def start(self, model) -> None:
         from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
 
-        from rlx.rollout.server_process import free_port
-
         from rlx.rollout.server_client import BadAnswer
+        from rlx.rollout.server_process import free_port
 
         def world_size(answer) -> int:
             if not (isinstance(answer, dict) and isinstance(answer.get("world_size"), int)):
@@ -312,5 +311,4 @@ class IPCPublisher(_VLLMEnginePublisher):
         gathered = time.perf_counter()
         self._paused(f"version {version}", lambda: IPCWeightTransferEngine.trainer_send_weights(
             iter(weights.items()), {"mode": "http", "url": self.client.urls[0]}))
-        del weights
         return {"perf/weight_write_s": gathered - began, "perf/weight_load_s": time.perf_counter() - gathered}
