@@ -50,6 +50,7 @@ REGISTRIES = [
     ("rlx.algorithms.preference", "PREFERENCE_LOSSES", "pref", "algorithms/preference.md"),
     ("rlx.tasks", "VERIFIERS", "verifier", "data-and-rewards.md"),
     ("rlx.envs", "ENVIRONMENTS", "env", "agents/index.md"),
+    ("rlx.rollout.publishers", "PUBLISHERS", "publisher", "scaling/publishers.md"),
 ]
 HEADING = re.compile(r"^#{1,6} (?P<text>.*?)\s*\{#(?P<anchor>[^}\s]+)\}\s*$", re.MULTILINE)
 PLACEHOLDER = re.compile(r"<[^<>\s]*>")

@@ -58,6 +58,8 @@ DType = choices("DType", ("float32", "bfloat16", "float16", "auto"))  # rlx.mode
 Sampler = choices("Sampler", ("v1", "v2", "v3"))  # rlx.rollout.sampling.SAMPLERS
 Seeding = choices("Seeding", ("request", "batch"))  # rlx.rollout.vllm.SEEDING
 LoraPush = choices("LoraPush", ("adapter", "merged"))  # rlx.rollout.server_process.LORA_PUSH
+# rollout.server.publisher: auto (lora_push decides) or a weight publisher (rlx.rollout.publishers.PUBLISHERS)
+Publisher = registry_names("Publisher", lambda: ("auto", *published("weight_publisher")))
 OnError = choices("OnError", ("raise", "zero"))
 Distributed = choices("Distributed", ("no", "ddp", "fsdp", "deepspeed"))
 MixedPrecision = choices("MixedPrecision", ("no", "bf16", "fp16", "fp8"))
@@ -238,7 +240,10 @@ class ServerSettings:
     max_retries: int = num(0)
     retry_backoff_s: float = num(0)
     max_concurrency: int = num(1)
+    publisher: Publisher = field()
     lora_push: LoraPush = field()
+    bucket_mib: float = positive()
+    publish_host: str | None = field()
     stop_grace_s: float = num(0)
 
 

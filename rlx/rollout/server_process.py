@@ -308,6 +308,7 @@ def check_server_settings(rollout_cfg, processes: int = 1) -> None:
         check_host(str(server.host), bool(server.allow_remote))
     if server.lora_push not in LORA_PUSH:
         raise UserError(f"unknown rollout.server.lora_push '{server.lora_push}'; valid choices: {', '.join(LORA_PUSH)}")
+    check_publisher(str(server.get("publisher", "auto")))
     python = server.python
     if not server.urls and python is None:
         import importlib.util
@@ -319,3 +320,31 @@ def check_server_settings(rollout_cfg, processes: int = 1) -> None:
     if not server.urls and python is not None and not (Path(str(python)).is_file() and os.access(str(python), os.X_OK)):
         raise UserError(f"rollout.server.python={python} is not an executable file; give the Python of an environment "
                         f"with vLLM (e.g. .venv-vllm/bin/python), or null for this one")
+
+
+def check_publisher(publisher: str, *, has_cuda: bool | None = None, has_vllm: bool | None = None) -> None:
+    """One-line errors for rollout.server.publisher: gloo (a CPU twin no vLLM server receives), and nccl / ipc
+    (vLLM's weight-transfer engines) on a machine without CUDA or a trainer Python without vLLM (torch is
+    imported only to ask for CUDA, when one of those two is named)."""
+    from rlx.config import UserError
+
+    if publisher == "gloo":
+        raise UserError("rollout.server.publisher=gloo is the CPU twin of the NCCL push, run against rlx's own "
+                        "receiver (tests/test_publisher.py); no vLLM server receives it: use file or lora "
+                        "(or nccl / ipc on a GPU)")
+    if publisher not in ("nccl", "ipc"):
+        return
+    if has_cuda is None:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    if not has_cuda:
+        raise UserError(f"rollout.server.publisher={publisher} uses vLLM's CUDA weight-transfer engine, and torch "
+                        f"sees no CUDA device here; use publisher=file (or lora for a LoRA policy)")
+    if has_vllm is None:
+        import importlib.util
+
+        has_vllm = importlib.util.find_spec("vllm") is not None
+    if not has_vllm:
+        raise UserError(f"rollout.server.publisher={publisher} runs vLLM's weight-transfer engine in the trainer, "
+                        f"whose Python has no vLLM: pip install 'rlx[vllm]', or use publisher=file")
