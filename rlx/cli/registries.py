@@ -37,6 +37,7 @@ from rlx.envs.registry import ENVIRONMENTS
 from rlx.gateway.tools import TOOL_PARSERS  # noqa: F401  (env.tool_parser's names: published, not a plugin kind)
 from rlx.registry import Registry, UnknownName
 from rlx.rollout.replay import TRIGGERS
+from rlx.rollout.stages import STAGES
 from rlx.rollout.temperature import TEMPERATURE_SCHEDULES
 from rlx.tasks import VERIFIERS, register_verifier
 
@@ -79,6 +80,9 @@ KINDS = {
     "replay_trigger": Kind(TRIGGERS, "algorithm.replay.trigger", "fn(all_correct (K,) bool, all_wrong (K,) bool) -> (K,) long: 1 replay a correct sample, 0 a wrong one, -1 none"),
     "temperature_schedule": Kind(TEMPERATURE_SCHEDULES, "rollout.temperature_schedule.mode",
                                  "fn(positions (T,), step, base, **knobs) -> temperatures (T,)"),
+    "stage": Kind(STAGES, "algorithm.stages",
+                  "fn(settings: StageSettings) -> Stage | None (a Stage subclass): after_scoring(round, ctx, first_index) "
+                  "-> round; after_step(rounds, stream, step) -> metrics dict; optional schedule, checkpointed"),
     "verifier": Kind(VERIFIERS, "data.verifier, benchmark.NAME.verifier",
                      "verify(extracted answers, problems) -> list[float]; options: extract=fn(completion, problem) -> "
                      "str | None (default: the <answer> tag), needs=(problem columns)", register_verifier),
