@@ -45,3 +45,50 @@ def test_the_built_in_stages_keep_their_order_and_refuse_being_listed():
     assert set(ORDER) <= set(STAGES)
     with pytest.raises(UserError, match="replay is a built-in stage"):
         build_stages(None, ["replay"])
+
+
+def test_the_pipeline_runs_verdict_stages_first_then_records_the_first_verdict():
+    """A 'verdict' stage listed last still runs before first_correct is recorded (it changes what the verifier
+    reports); group stages run after, in their order; each stage's metrics and state are its own, merged."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from rlx.rollout.stages import Stage, StagePipeline
+
+    calls = []
+
+    class Flip(Stage):
+        phase = "verdict"
+
+        def after_scoring(self, part, ctx, first_index):
+            calls.append("flip")
+            part.correct = ~part.correct
+            return part
+
+        def after_step(self, parts, stream, step):
+            return {"flip/n": 1}
+
+    class Watch(Stage):
+        def __init__(self, tag):
+            self.tag = tag
+
+        def after_scoring(self, part, ctx, first_index):
+            calls.append(self.tag)
+            assert part.first_correct.tolist() == [False, True]  # the flipped verdict, recorded once
+            part.correct = torch.tensor([True, True])
+            return part
+
+        def after_step(self, parts, stream, step):
+            return {f"{self.tag}/n": 2}
+
+        def checkpointed(self):
+            return {self.tag: object()}
+
+    pipeline = StagePipeline([Watch("a"), Watch("b"), Flip()])
+    part = pipeline.after_scoring(SimpleNamespace(correct=torch.tensor([True, False])), None, 0)
+    assert calls == ["flip", "a", "b"]
+    assert part.first_correct.tolist() == [False, True] and part.correct.tolist() == [True, True]
+    assert pipeline.after_step([part], None, 1) == {"a/n": 2, "b/n": 2, "flip/n": 1}
+    assert set(pipeline.checkpointed()) == {"a", "b"} and pipeline.active
+    assert not StagePipeline([]).active and StagePipeline([], "all_correct").describe() == ["drop all_correct"]
