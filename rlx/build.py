@@ -36,7 +36,7 @@ from rlx.rewards.overlong import with_overlong_penalty
 from rlx.rollout.backends import build_generator
 from rlx.rollout.episodes import EpisodeProducer
 from rlx.rollout.generator import policy_generator
-from rlx.rollout.group_stages import GroupStages
+from rlx.rollout.stages import StagePipeline, StageSettings, build_stages
 from rlx.rollout.partial import PartialProducer
 from rlx.rollout.pipeline import pipelined, rollout_copy
 from rlx.rollout.single_turn import SingleTurnProducer, SingleTurnSettings
@@ -222,11 +222,12 @@ def single_turn_settings(s, group_size: int) -> SingleTurnSettings:
 
 
 def seed_stages(s, parts: Parts, rewards, group_size: int):
-    """The seed ideas' group stages of the single-turn producer (rlx/rollout/group_stages.py; None when all are
+    """The seed ideas' group stages of the single-turn producer (rlx/rollout/stages/; None when all are
     off) and the prompt source: the shuffled stream, or the difficulty-aware sampler (rlx/data/difficulty.py)."""
     algo = s.algorithm
     weight = next((c.weight for c in rewards if c.name == s.reward.accuracy), 1.0)
-    stages = GroupStages(algo, s.rollout, accuracy_key=s.reward.accuracy, accuracy_weight=weight, group_size=group_size)
+    stages = StagePipeline(build_stages(StageSettings(algo, s.rollout, s.reward.accuracy, weight, group_size), algo.stages),
+                           algo.dynamic_sampling_drop)
     sampling = algo.prompt_sampling
     if sampling.mode == "uniform":
         stream = PromptStream(parts.train_rows, s.seed)

@@ -59,7 +59,7 @@ def correct_from_accuracy(accuracy: torch.Tensor, full: float = 1.0) -> torch.Te
 @dataclass(frozen=True)
 class ShaperNeeds:
     """What a reward shaper asks of the run, declared at registration and read by generic code (the config's check,
-    rlx/config/needs.py; the producer's group stages, rlx/rollout/group_stages.py). The defaults ask for nothing."""
+    rlx/config/needs.py; the producer's group stages, rlx/rollout/stages/shaping.py). The defaults ask for nothing."""
 
     knobs: tuple[tuple[str, str], ...] = ()  # (algorithm.shaping knob that must be set, what it holds): laser_d's budgets
     rates_below_one: tuple[str, ...] = ()  # algorithm.shaping rates whose sum must be below 1 (noise_backward)

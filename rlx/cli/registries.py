@@ -38,6 +38,7 @@ from rlx.gateway.tools import TOOL_PARSERS  # noqa: F401  (env.tool_parser's nam
 from rlx.registry import Registry, UnknownName
 from rlx.rollout.publishers import PUBLISHERS
 from rlx.rollout.replay import TRIGGERS
+from rlx.rollout.stages import STAGES
 from rlx.rollout.temperature import TEMPERATURE_SCHEDULES
 from rlx.tasks import VERIFIERS, register_verifier
 
@@ -83,6 +84,9 @@ KINDS = {
     "weight_publisher": Kind(PUBLISHERS, "rollout.server.publisher",
                              "a rlx.rollout.publishers.WeightPublisher subclass: (client, work_dir, settings); "
                              "start(model), publish(model, version) -> timings dict, close()"),
+    "stage": Kind(STAGES, "algorithm.stages",
+                  "fn(settings: StageSettings) -> Stage | None (a Stage subclass): after_scoring(round, ctx, first_index) "
+                  "-> round; after_step(rounds, stream, step) -> metrics dict; optional schedule, checkpointed"),
     "verifier": Kind(VERIFIERS, "data.verifier, benchmark.NAME.verifier",
                      "verify(extracted answers, problems) -> list[float]; options: extract=fn(completion, problem) -> "
                      "str | None (default: the <answer> tag), needs=(problem columns)", register_verifier),

@@ -25,6 +25,7 @@ from rlx.config.groups import (
     ReplayTrigger,
     Scale,
     Shaper,
+    StageName,
     Transform,
 )
 
@@ -139,6 +140,7 @@ class PolicyGradient(Algorithm):
     prompt_sampling: PromptSampling = field()
     replay: Replay = field()
     hints: Hints = field()
+    stages: list[StageName] = field()
 
 
 @dataclass

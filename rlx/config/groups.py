@@ -50,6 +50,7 @@ DropStrategy = registry_names("DropStrategy", lambda: DROP_STRATEGIES)
 PromptSamplingMode = registry_names("PromptSamplingMode", lambda: published("prompt_sampling"))
 ReplayTrigger = registry_names("ReplayTrigger", lambda: published("replay_trigger"))
 TemperatureMode = registry_names("TemperatureMode", lambda: published("temperature_schedule"))
+StageName = registry_names("StageName", lambda: published("stage"))  # algorithm.stages: a user's own producer stages
 Correction = registry_names("Correction", lambda: CORRECTIONS)  # rlx.algorithms.offpolicy.CORRECTIONS
 CorrectionLevel = registry_names("CorrectionLevel", lambda: CORRECTION_LEVELS)
 # fixed sets
@@ -73,7 +74,7 @@ Reference = choices("Reference", ("precompute", "model"))
 WandbMode = choices("WandbMode", ("online", "offline", "disabled"))
 Progress = Literal["auto", True, False]
 HintSource = choices("HintSource", ("answer", "column"))  # rlx.rollout.hints.reference_solution
-HintPlacement = choices("HintPlacement", ("prompt", "prefix"))  # rlx.rollout.group_stages GroupStages._hint
+HintPlacement = choices("HintPlacement", ("prompt", "prefix"))  # rlx/rollout/stages/hints.py
 
 
 # ------------------------------------------------------------------------------------------------

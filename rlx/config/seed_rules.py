@@ -28,10 +28,10 @@ NOT_WIRED: dict = {"policy_gradient": {}, "agent": {}, "rollout": {}}
 # update (transforms; hints' plain-context ratio; per-token temperatures); the producer's stages work under PPO too
 PPO_REFUSED = {"transforms": [], "hints.enabled": False}
 
-# knobs acting in the single-turn producer's group stages (rlx/rollout/group_stages.py): one process only
+# knobs acting in the single-turn producer's group stages (rlx/rollout/stages/): one process only
 PRODUCER_KNOBS = {"dynamic_sampling_drop": "tied", "shapers": [], "transforms": [], "verifier_noise.fn_rate": 0.0,
                   "verifier_noise.fp_rate": 0.0, "prompt_sampling.mode": "uniform", "replay.enabled": False,
-                  "hints.enabled": False}
+                  "hints.enabled": False, "stages": []}
 
 
 def check_seed_settings(cfg: DictConfig) -> None:

@@ -22,7 +22,7 @@ from rlx.algorithms.grouping import fixed_groups
 from rlx.algorithms.kl import sequence_kl_in_reward
 from rlx.algorithms.shaping import GroupSignals
 from rlx.algorithms.transforms import apply_transforms
-from rlx.rollout.group_stages import mean_logprobs
+from rlx.rollout.stages import mean_logprobs
 from rlx.rollout.types import Batch, Episode
 from rlx.runtime.parallel import gather, gather_padded
 

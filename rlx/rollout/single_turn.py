@@ -17,9 +17,9 @@ from rlx.algorithms.shaping import correct_from_accuracy
 from rlx.data.tasks import PromptStream
 from rlx.rewards import RewardComponent, TrainerState, compute_rewards, token_lists
 from rlx.rollout.generator import Generator, sample_rollout
-from rlx.rollout.group_stages import GroupStages, Round, StageContext
 from rlx.rollout.prompts import format_prompts
 from rlx.rollout.sampling import sample_seed
+from rlx.rollout.stages import Round, StageContext, StagePipeline
 from rlx.rollout.types import Batch, Rollout
 from rlx.runtime.parallel import gather, global_sum, shard
 
@@ -56,7 +56,7 @@ class SingleTurnSettings:
 
 
 def sample_batch(generator: Generator, tokenizer, stream: PromptStream, rewards: list[RewardComponent],
-                 settings: SingleTurnSettings, *, step: int, acc=None, stages: GroupStages | None = None) -> Batch:
+                 settings: SingleTurnSettings, *, step: int, acc=None, stages: StagePipeline | None = None) -> Batch:
     """Generate and score `settings.prompts_per_step` groups. With dynamic sampling, drop the groups of the drop
     strategy (stages.drop: tied groups by default, DAPO) and draw the missing number of prompts again, for at most
     `settings.max_rounds` rounds; if still short, fill with dropped groups (zero advantage under group baselines
@@ -66,7 +66,7 @@ def sample_batch(generator: Generator, tokenizer, stream: PromptStream, rewards:
     case of the multi-turn rollouts: prompts are tokenized once and the Rollout is built from the sampled ids.
     With several processes (acc), every process draws the same prompts, generates and scores its own shard, and
     the rewards are gathered (dynamic sampling and the seed stages are single-process; the config rules refuse
-    the combination). `stages` (rlx/rollout/group_stages.py): the seed ideas' group stages, run on each round
+    the combination). `stages` (rlx/rollout/stages/): the seed ideas' group stages, run on each round
     after scoring (verifier noise, replay, hints, group reward shaping); groups are keyed by id (Batch.groups),
     so a group may grow (hinted re-samples)."""
     stages = stages if stages is not None and stages.active else None
@@ -105,7 +105,7 @@ def sample_batch(generator: Generator, tokenizer, stream: PromptStream, rewards:
 
 
 def draw_rounds(generator: Generator, tokenizer, stream: PromptStream, rewards: list[RewardComponent],
-                settings: SingleTurnSettings, *, step: int, acc, stages: GroupStages | None) -> tuple[list[Round], int]:
+                settings: SingleTurnSettings, *, step: int, acc, stages: StagePipeline | None) -> tuple[list[Round], int]:
     """The generation rounds of one step (one without dynamic sampling; with it, rounds until enough groups are
     informative or `settings.max_rounds` is reached), each scored and passed through the active `stages`.
     Returns the rounds and the number of prompts drawn."""
@@ -167,7 +167,7 @@ def merge_rounds(parts: list[Round], pad: int) -> Round:
                  errors=sum(p.errors for p in parts))
 
 
-def keep_informative(drawn: Round, stages: GroupStages | None, wanted: int) -> tuple[Round, int, int]:
+def keep_informative(drawn: Round, stages: StagePipeline | None, wanted: int) -> tuple[Round, int, int]:
     """Dynamic sampling's choice: the first `wanted` groups the drop strategy keeps, filled up with dropped ones
     when short. Returns the chosen rows, the number of groups filled and the number of groups dropped."""
     dropped = (stages.dropped(drawn) if stages is not None
@@ -213,12 +213,12 @@ class SingleTurnProducer:
     kind = "single_turn"
 
     def __init__(self, generator, tokenizer, stream: PromptStream, rewards: list[RewardComponent],
-                 settings: SingleTurnSettings, *, acc=None, stages: GroupStages | None = None):
+                 settings: SingleTurnSettings, *, acc=None, stages: StagePipeline | None = None):
         self.generator, self.tokenizer, self.stream, self.rewards = generator, tokenizer, stream, rewards
         self.group_size = settings.group_size
         self.settings = settings
         self.acc = acc
-        self.stages = stages  # the seed ideas' group stages (rlx/rollout/group_stages.py), or None
+        self.stages = stages  # the seed ideas' group stages (rlx/rollout/stages/), or None
 
     @property
     def loss_width(self) -> int:

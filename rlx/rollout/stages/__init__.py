@@ -1,0 +1,28 @@
+"""The stages of the single-turn producer (issue 29's seed ideas; issue 36): what happens to one generation round
+between scoring and dynamic sampling, with whole groups in view. One file per stage; each owns its knobs, its
+state and its metrics, and is an entry of the STAGES registry (a user's own stage is one file of theirs:
+docs/extending/stages.md).
+
+rlx/rollout/single_turn.py `sample_batch` passes every round through the active stages, in this order (ORDER):
+  1. verifier_noise (algorithm.verifier_noise): the accuracy verdict flipped at the configured rates;
+     then the round's first_correct is recorded (the verdict on the samples as drawn);
+  2. replay (algorithm.replay): a collapsed group gets a buffered sample of the missing kind;
+  3. hints (algorithm.hints): an all-fail group is re-sampled with a prefix of the reference solution;
+  4. shaping (algorithm.shapers): group reward shaping, the SHAPERS registry in the configured order;
+  5. temperature_schedule (rollout.temperature_schedule): the step's per-position temperatures (EAD);
+  6. prompt_sampling (algorithm.prompt_sampling): after the step, the sampler learns the drawn prompts' pass rates;
+  7. the user's stages named in algorithm.stages, in their listed order.
+Dynamic sampling then drops the groups of algorithm.dynamic_sampling_drop (DROP_STRATEGIES). After the step's last
+round each stage's `after_step` updates its state and returns its metrics. The state (replay buffer, LASER-D
+targets; the prompt sampler is the producer's "data") is checkpointed through SingleTurnProducer.checkpointed(),
+so a resumed run continues exactly.
+
+They run on one process (rlx/config/seed_rules.py refuses their knobs with hardware.num_processes > 1).
+"""
+
+from rlx.rollout.stages import hints, prompt_sampling, replay, shaping, temperature, verifier_noise  # noqa: F401  (register)
+from rlx.rollout.stages.base import STAGES, Round, Stage, StageContext, StageSettings, mean_logprobs
+from rlx.rollout.stages.pipeline import ORDER, StagePipeline, build_stages
+
+__all__ = ["ORDER", "STAGES", "Round", "Stage", "StageContext", "StagePipeline", "StageSettings", "build_stages",
+           "mean_logprobs"]
