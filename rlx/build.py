@@ -33,7 +33,7 @@ from rlx.loops.reward_model import train_reward_model
 from rlx.loops.sft import train_sft
 from rlx.models import lora, value
 from rlx.rewards.overlong import with_overlong_penalty
-from rlx.rollout.backends import build_generator
+from rlx.rollout.backends import build_generator, eval_generator
 from rlx.rollout.episodes import EpisodeProducer
 from rlx.rollout.generator import policy_generator
 from rlx.rollout.group_stages import GroupStages
@@ -249,7 +249,10 @@ def episode_producer(s, parts: Parts) -> EpisodeProducer:
 
 
 def task_eval(s, parts: Parts):
-    return task_evaluator(parts.accelerator, parts.model, parts.tokenizer, parts.eval_rows[: s.eval.size], parts.rewards,
+    """Held-out task rows decoded through the generator of rollout.backend (eval_generator), greedily."""
+    generator = eval_generator(s.rollout.backend, parts.generator, parts.accelerator.unwrap_model(parts.model),
+                               parts.tokenizer, s.eval.batch_size)
+    return task_evaluator(parts.accelerator, generator, parts.tokenizer, parts.eval_rows[: s.eval.size], parts.rewards,
                           task_eval_settings(s))
 
 

@@ -178,6 +178,13 @@ def policy_generator(model, tokenizer, roll, *, logprobs: bool | str = "sampler"
                        onednn=bool(getattr(roll, "onednn_decode", False)))
 
 
+def eval_policy_generator(model, tokenizer, batch_size: int) -> HFGenerator:
+    """The policy decoding itself for held-out evaluation (rollout=hf, and the loops that build no generator): rlx's
+    decoder at its defaults (the v2 draw on the F.linear decode step, whatever rollout.sampler says), `batch_size`
+    rows at a time, no log-probs. Evaluation decodes greedily, so no temperature, top-p or top-k enters."""
+    return HFGenerator(model, tokenizer, batch_size=batch_size, logprobs=False)
+
+
 def sample_rollout(generator: Generator, tokenizer, prompts: list[str], *, samples_per_prompt: int, max_new_tokens: int,
                    seeds: list[int], greedy: bool = False, min_new_tokens: int = 0,
                    schedule: list[float] | None = None) -> Rollout:
