@@ -241,8 +241,7 @@ def run_environment(generator, tokenizer, env_cfg, factory, tasks: int, run: Eva
     _drop_partial_line(results)
     try:
         for start in range(0, len(todo), step):
-            batch = play_tasks(generator, tokenizer, factory, env_cfg, todo[start:start + step], n=n, greedy=greedy,
-                               seed=run.seed, use_chat_template=run.chat_template, stop_ids=stop_ids)
+            batch = play_tasks(generator, tokenizer, factory, env_cfg, todo[start:start + step], run, stop_ids)
             for record in batch:
                 done[record["id"]] = record
                 running.append(record["greedy"]["success"] if greedy else
