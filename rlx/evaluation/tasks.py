@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from rlx.rewards import RewardComponent, TrainerState, compute_rewards, token_lists
-from rlx.rollout.generator import sample_rollout
+from rlx.rollout.generator import Draw, sample_rollout
 from rlx.rollout.prompts import format_prompts
 from rlx.runtime.parallel import gather, global_sum
 
@@ -59,8 +59,7 @@ def evaluate(generator, tokenizer, rows: list[dict], rewards: list[RewardCompone
     rows = rows[mine] + rows[:1] * padding if rows else rows
     prompts = format_prompts(tokenizer, rows, settings.use_chat_template, system_prompt)
     seeds = torch.randint(0, 2**31 - 1, (len(prompts),)).tolist()
-    rollout = sample_rollout(generator, tokenizer, prompts, samples_per_prompt=1, max_new_tokens=settings.max_new_tokens,
-                             seeds=seeds, greedy=True)
+    rollout = sample_rollout(generator, tokenizer, prompts, Draw(1, settings.max_new_tokens, greedy=True), seeds)
     total, per_component, _ = compute_rewards(rewards, prompts, rollout.texts, rows, settings.on_error,
                                               system_prompt=system_prompt,
                                               completion_ids=token_lists(rollout.completion_ids, rollout.completion_mask),
