@@ -33,8 +33,8 @@ from rlx.loops.reward_model import train_reward_model
 from rlx.loops.sft import train_sft
 from rlx.models import lora, value
 from rlx.rewards.overlong import with_overlong_penalty
-from rlx.rollout.backends import build_generator
-from rlx.rollout.episodes import EpisodeProducer
+from rlx.rollout.backends import build_generator, eval_generator
+from rlx.rollout.episodes import EpisodeProducer, EpisodeSettings
 from rlx.rollout.generator import policy_generator
 from rlx.rollout.stages import StagePipeline, StageSettings, build_stages
 from rlx.rollout.partial import PartialProducer
@@ -243,14 +243,17 @@ def seed_stages(s, parts: Parts, rewards, group_size: int):
 
 def episode_producer(s, parts: Parts) -> EpisodeProducer:
     play_fn, extra_metrics = player_for(s.env)  # env=harness: the user's program through the gateway
-    return EpisodeProducer(parts.generator, parts.tokenizer, environment_factory(s.env), s.env,
-                           group_size=s.rollout.samples_per_prompt, prompts_per_step=s.prompts_per_step, seed=s.seed,
-                           use_chat_template=s.model.chat_template, acc=parts.accelerator, play_fn=play_fn,
-                           extra_metrics=extra_metrics)
+    settings = EpisodeSettings(group_size=s.rollout.samples_per_prompt, prompts_per_step=s.prompts_per_step, seed=s.seed,
+                               use_chat_template=s.model.chat_template)
+    return EpisodeProducer(parts.generator, parts.tokenizer, environment_factory(s.env), s.env, settings,
+                           acc=parts.accelerator, play_fn=play_fn, extra_metrics=extra_metrics)
 
 
 def task_eval(s, parts: Parts):
-    return task_evaluator(parts.accelerator, parts.model, parts.tokenizer, parts.eval_rows[: s.eval.size], parts.rewards,
+    """Held-out task rows decoded through the generator of rollout.backend (eval_generator), greedily."""
+    generator = eval_generator(s.rollout.backend, parts.generator, parts.accelerator.unwrap_model(parts.model),
+                               parts.tokenizer, s.eval.batch_size)
+    return task_evaluator(parts.accelerator, generator, parts.tokenizer, parts.eval_rows[: s.eval.size], parts.rewards,
                           task_eval_settings(s))
 
 

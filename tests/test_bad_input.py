@@ -11,7 +11,7 @@ import pytest
 from rlx.errors import UserError
 from rlx.gateway.harness import HarnessError, HarnessSettings, play_harness
 from rlx.gateway.server import GatewaySettings
-from rlx.rollout.env import run_episodes
+from rlx.rollout.env import EpisodeLimits, run_episodes
 from rlx.rollout.failures import EpisodeFailureWatch
 from rlx.rollout.types import Episode
 from tests.conftest import run_rlx
@@ -93,8 +93,7 @@ def test_an_observation_that_is_not_text_stops_every_episode_in_one_line(tokeniz
     """A good episode beside it does not hide it: the mistake is in the environment's code, not one episode's luck."""
     ids = tokenizer("R", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     with pytest.raises(UserError) as info:
-        run_episodes(Scripted([ids]), tokenizer, [Echo(), env], [0, 1], [0, 1], max_turns=2, max_new_tokens=8,
-                     max_total_tokens=200)
+        run_episodes(Scripted([ids]), tokenizer, [Echo(), env], [0, 1], [0, 1], EpisodeLimits(2, 8, 200))
     assert str(info.value).startswith(needle) and "\n" not in str(info.value), str(info.value)
 
 

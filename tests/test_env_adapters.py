@@ -75,7 +75,7 @@ def test_textarena_guess_the_number_plays_seeded_episodes():
     import numpy as np
 
     from rlx.models.loading import load_tokenizer
-    from rlx.rollout.env import run_episodes
+    from rlx.rollout.env import EpisodeLimits, run_episodes
     from rlx.rollout.types import Generation
 
     factory = env_factory("custom", "rlx.envs.adapters.TextArena", {"env_id": "GuessTheNumber-v0"})
@@ -118,8 +118,7 @@ def test_textarena_guess_the_number_plays_seeded_episodes():
         def generate_ids(self, prompts, *, max_new_tokens, seeds, greedy=False):
             return Generation([list(ids) for _ in prompts], [[0.0] * len(ids) for _ in prompts], [True] * len(prompts))
 
-    episodes = run_episodes(Fixed(), tokenizer, [factory(), factory()], [5, 6], [0, 1], max_turns=3, max_new_tokens=8,
-                            max_total_tokens=10_000)
+    episodes = run_episodes(Fixed(), tokenizer, [factory(), factory()], [5, 6], [0, 1], EpisodeLimits(3, 8, 10_000))
     for e in episodes:
         assert e.error is None and e.actions == ["[10]"] * len(e.actions)
         assert e.observations[1] in ("The target number is higher.", "The target number is lower.")

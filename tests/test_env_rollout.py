@@ -5,7 +5,7 @@ import torch
 
 from rlx.envs.builtin import Grid
 from rlx.models.loading import load_causal_lm, load_tokenizer
-from rlx.rollout.env import ChatFormat, run_episodes
+from rlx.rollout.env import ChatFormat, EpisodeLimits, TurnDecoding, run_episodes
 from rlx.rollout.generator import HFGenerator
 from rlx.rollout.types import Generation, Rollout
 
@@ -63,8 +63,7 @@ def test_token_in_token_out_keeps_sampled_ids_that_retokenizing_would_change(tok
     assert text == "higher"
     retokenized = tokenizer(text, add_special_tokens=False)["input_ids"]
     assert retokenized != sampled[:-1]  # the tokenizer merges "er": re-encoding would train other ids
-    episodes = run_episodes(Scripted([sampled]), tokenizer, [Echo(), Done()], [0, 1], [0, 1], max_turns=2,
-                            max_new_tokens=16, max_total_tokens=200)
+    episodes = run_episodes(Scripted([sampled]), tokenizer, [Echo(), Done()], [0, 1], [0, 1], EpisodeLimits(2, 16, 200))
     for e in episodes:
         for start, end in e.turn_spans:
             assert e.ids[start:end] == sampled and all(e.loss_mask[start:end])
@@ -85,8 +84,8 @@ def test_token_in_token_out_keeps_sampled_ids_that_retokenizing_would_change(tok
 def test_faulty_environments_lose_only_their_own_episode(tokenizer):
     ids = tokenizer("R", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     envs = [Raises(), Echo(), Done(), BadReward(), WordReward()]
-    episodes = run_episodes(Scripted([ids]), tokenizer, envs, [0, 1, 2, 3, 4], [0, 1, 2, 3, 4], max_turns=3,
-                            max_new_tokens=8, max_total_tokens=200)
+    episodes = run_episodes(Scripted([ids]), tokenizer, envs, [0, 1, 2, 3, 4], [0, 1, 2, 3, 4],
+                            EpisodeLimits(3, 8, 200))
     raised, echo, done, nan_reward, word_reward = episodes
     for bad in (nan_reward, word_reward):  # a reward that is not a finite number ends only its episode, marked
         assert bad.truncated and "not a finite number" in bad.error and bad.step_rewards == [0.0]
@@ -98,8 +97,7 @@ def test_faulty_environments_lose_only_their_own_episode(tokenizer):
         def reset(self, *, seed=None, options=None):
             raise OSError("no board")
 
-    bad, good = run_episodes(Scripted([ids]), tokenizer, [BadReset(), Done()], [0, 1], [0, 1], max_turns=1,
-                             max_new_tokens=8, max_total_tokens=200)
+    bad, good = run_episodes(Scripted([ids]), tokenizer, [BadReset(), Done()], [0, 1], [0, 1], EpisodeLimits(1, 8, 200))
     assert bad.truncated and "reset" in bad.error and good.terminated
     # an observation that is not text is not bad luck but the environment's code: the run stops
     # (tests/test_bad_input.py)
@@ -107,19 +105,16 @@ def test_faulty_environments_lose_only_their_own_episode(tokenizer):
 
 def test_turn_and_total_budgets_truncate_and_mark(tokenizer):
     long_turn = tokenizer("abcdefgh", add_special_tokens=False)["input_ids"]  # no stop token
-    (e,) = run_episodes(Scripted([long_turn], stop=False), tokenizer, [Echo()], [0], [0], max_turns=3,
-                        max_new_tokens=4, max_total_tokens=1000)
+    (e,) = run_episodes(Scripted([long_turn], stop=False), tokenizer, [Echo()], [0], [0], EpisodeLimits(3, 4, 1000))
     assert e.turn_truncated == 3 and all(end - start == 4 for start, end in e.turn_spans)
     assert e.ids[e.turn_spans[0][1]] == tokenizer.eos_token_id and e.loss_mask[e.turn_spans[0][1]] == 0
-    (e,) = run_episodes(Scripted([long_turn], stop=False), tokenizer, [Echo()], [0], [0], max_turns=10,
-                        max_new_tokens=4, max_total_tokens=40)
+    (e,) = run_episodes(Scripted([long_turn], stop=False), tokenizer, [Echo()], [0], [0], EpisodeLimits(10, 4, 40))
     assert e.truncated and len(e.prompt_ids) + sum(e.loss_mask) <= 40 and len(e.turn_spans) < 10
 
 
 def test_rollout_batch_masks(tokenizer):
     ids = tokenizer("R", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    episodes = run_episodes(Scripted([ids]), tokenizer, [Echo(), Done()], [0, 1], [0, 1], max_turns=2,
-                            max_new_tokens=8, max_total_tokens=200)
+    episodes = run_episodes(Scripted([ids]), tokenizer, [Echo(), Done()], [0, 1], [0, 1], EpisodeLimits(2, 8, 200))
     batch = Rollout.from_episodes(episodes, tokenizer.pad_token_id)
     assert batch.loss_mask.sum(dim=1).tolist() == [2 * len(ids), len(ids)]
     assert (batch.loss_mask <= batch.completion_mask).all()
@@ -141,8 +136,7 @@ def test_hf_generator_ids_are_exactly_what_the_model_sampled(tokenizer):
     torch.manual_seed(0)
     model = load_causal_lm("builtin:tiny", "float32", None, False)
     generator = Recording(model, tokenizer, temperature=1.0)
-    episodes = run_episodes(generator, tokenizer, [Grid(), Grid()], [3, 3], [5, 6], max_turns=3, max_new_tokens=6,
-                            max_total_tokens=240)
+    episodes = run_episodes(generator, tokenizer, [Grid(), Grid()], [3, 3], [5, 6], EpisodeLimits(3, 6, 240))
     sampled_turns = {0: [], 1: []}
     for out in generator.seen:
         live = [i for i in (0, 1) if len(sampled_turns[i]) < len(episodes[i].turn_spans)]
@@ -167,8 +161,7 @@ def test_tool_output_is_context_not_loss(tokenizer):
     expression, answer = env.expression, env.answer
     turns = [tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
              for text in (f"<calc>{expression}</calc>", f"<answer>{answer}</answer>")]
-    (e,) = run_episodes(Scripted(turns), tokenizer, [ToolUse()], [5], [0], max_turns=3, max_new_tokens=32,
-                        max_total_tokens=240)
+    (e,) = run_episodes(Scripted(turns), tokenizer, [ToolUse()], [5], [0], EpisodeLimits(3, 32, 240))
     assert e.terminated and e.step_rewards == [0.0, 1.0] and e.observations[1] == f"<result>{answer}</result>"
     trained = tokenizer.decode([i for i, m in zip(e.ids, e.loss_mask) if m])
     context = tokenizer.decode([i for i, m in zip(e.ids, e.loss_mask) if not m])
@@ -188,7 +181,7 @@ def test_play_closes_cut_turns_with_the_stop_ids_of_a_generator_without_a_model(
     stop = tokenizer.eos_token_id + 1  # any id other than the tokenizer's eos
     generator.stop_ids = [stop]
     env_cfg = OmegaConf.create({"max_turns": 2, "max_new_tokens": 2, "max_total_tokens": 240, "system_prompt": None})
-    (episode,) = play(generator, tokenizer, Echo, env_cfg, [0], [1], greedy=False)
+    (episode,) = play(generator, tokenizer, Echo, env_cfg, [0], [1], TurnDecoding(greedy=False))
     start, end = episode.turn_spans[0]
     assert episode.turn_truncated == 2
     assert episode.ids[end] == stop and episode.loss_mask[end] == 0

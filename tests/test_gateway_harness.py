@@ -188,6 +188,7 @@ def test_the_gateway_plays_exactly_the_tokens_of_the_environment_loop():
     from rlx.envs import env_factory
     from rlx.evaluation.agents import player_for
     from rlx.models.loading import load_causal_lm
+    from rlx.rollout.env import TurnDecoding
     from rlx.rollout.generator import HFGenerator
 
     torch.set_num_threads(1)
@@ -196,8 +197,9 @@ def test_the_gateway_plays_exactly_the_tokens_of_the_environment_loop():
     env_cfg = check_overrides(["env=corridor"]).env
     harness_cfg = check_overrides(["env=harness", "env.target=examples.corridor_harness.run", "env.max_new_tokens=3"]).env
     expected = player_for(env_cfg)[0](generator, tiny_tokenizer(), env_factory("corridor"), env_cfg, seeds, sample_seeds,
-                                       greedy=False)
-    got = player_for(harness_cfg)[0](generator, tiny_tokenizer(), None, harness_cfg, seeds, sample_seeds, greedy=False)
+                                       TurnDecoding(greedy=False))
+    got = player_for(harness_cfg)[0](generator, tiny_tokenizer(), None, harness_cfg, seeds, sample_seeds,
+                                     TurnDecoding(greedy=False))
     assert TURN_STRIDE == 1000003
     for e, g in zip(expected, got):
         assert g.error is None and not g.forks

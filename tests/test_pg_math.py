@@ -325,16 +325,16 @@ def test_overlong_penalty_buffer_formula():
 
 
 def test_penalized_token_loss_adds_kl_in_loss_and_subtracts_entropy():
-    from rlx.algorithms.kl import penalized_token_loss
+    from rlx.algorithms.kl import PenaltyTerms, penalized_token_loss
 
     pg = torch.tensor([[0.1, 0.1]])
     logp, ref = torch.tensor([[-1.0, -1.0]]), torch.tensor([[-1.2, -1.0]])  # k1 = [0.2, 0]
     entropy, mask = torch.tensor([[1.5, 1.5]]), torch.tensor([[1.0, 0.0]])
-    loss, kl = penalized_token_loss(pg, logp, ref, entropy, mask, 0.5, "k1", "loss", 0.01)
+    loss, kl = penalized_token_loss(pg, logp, ref, entropy, mask, 0.5, PenaltyTerms("k1", "loss", 0.01))
     # token 0: 0.1 + 0.5 * 0.2 - 0.01 * 1.5 = 0.185; token 1 is masked: 0.1 unchanged
     assert torch.allclose(loss, torch.tensor([[0.185, 0.1]])) and torch.allclose(kl, torch.tensor([[0.2, 0.0]]))
     # KL in the reward: the loss carries no KL term, but the estimate is still returned (for metrics)
-    loss, kl = penalized_token_loss(pg, logp, ref, entropy, mask, 0.5, "k1", "reward", 0.0)
+    loss, kl = penalized_token_loss(pg, logp, ref, entropy, mask, 0.5, PenaltyTerms("k1", "reward", 0.0))
     assert torch.allclose(loss, pg) and kl is not None
-    loss, kl = penalized_token_loss(pg, logp, None, entropy, mask, 0.5, "k1", "loss", 0.0)
+    loss, kl = penalized_token_loss(pg, logp, None, entropy, mask, 0.5, PenaltyTerms("k1", "loss", 0.0))
     assert kl is None and torch.equal(loss, pg)

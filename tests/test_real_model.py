@@ -61,7 +61,7 @@ def test_a_finished_completion_trains_its_end_token(real_model, monkeypatch):
     import torch
 
     from rlx.models.loading import load_causal_lm, load_tokenizer
-    from rlx.rollout.generator import HFGenerator, sample_rollout
+    from rlx.rollout.generator import Draw, HFGenerator, sample_rollout
 
     torch.set_num_threads(1)
     tokenizer, model = load_tokenizer(f"package:{MODEL}"), load_causal_lm(f"package:{MODEL}")
@@ -70,7 +70,7 @@ def test_a_finished_completion_trains_its_end_token(real_model, monkeypatch):
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], tokenize=False,
                                            add_generation_prompt=True)
     rollout = sample_rollout(HFGenerator(model, tokenizer, temperature=0.7, logprobs="sampler"), tokenizer, [prompt],
-                             samples_per_prompt=4, max_new_tokens=32, seeds=[1, 2, 3, 4])
+                             Draw(4, 32), [1, 2, 3, 4])
     finished = (~rollout.truncated).nonzero().flatten().tolist()
     assert finished, rollout.texts
     for row in finished:

@@ -116,7 +116,8 @@ def test_more_variants_are_found_by_name(monkeypatch, registered):
     registered(losses.RATIO_LEVELS, "one", lambda logp, old_logp, mask: torch.ones_like(logp))
     assert losses.importance_ratio(logp, old, mask, "one").tolist() == [[1.0, 1.0]]
     registered(kl.KL_PLACEMENTS, "twice", lambda loss, k, m, c: loss + 2 * c * k * m)
-    out, k = kl.penalized_token_loss(torch.zeros(1, 2), logp, old, torch.zeros(1, 2), mask, 0.5, "k1", "twice", 0.0)
+    out, k = kl.penalized_token_loss(torch.zeros(1, 2), logp, old, torch.zeros(1, 2), mask, 0.5,
+                                    kl.PenaltyTerms("k1", "twice", 0.0))
     assert torch.allclose(out, k)  # 2 x 0.5 x KL
     registered(gigpo.SCALES, "double", lambda std, eps: 0.5)
     grouped = gigpo.grouped_advantages(torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), "double")

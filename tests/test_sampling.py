@@ -158,7 +158,7 @@ def test_single_turn_sampling_through_the_generator_protocol_draws_what_generate
     from the ids: every tensor and text must equal the old text path (rlx.rollout.hf.generate on the rendered
     prompts) token for token, for the same seeds, knobs, chunking and min_new_tokens."""
     from rlx.models.loading import load_causal_lm, load_tokenizer
-    from rlx.rollout.generator import HFGenerator, sample_rollout
+    from rlx.rollout.generator import Draw, HFGenerator, sample_rollout
     from rlx.rollout.hf import generate
 
     tok, model = load_tokenizer("builtin:tiny"), load_causal_lm("builtin:tiny")
@@ -175,8 +175,8 @@ def test_single_turn_sampling_through_the_generator_protocol_draws_what_generate
         old = generate(model, tok, prompts, samples_per_prompt=group, max_new_tokens=12, seeds=seeds, **knobs)
         generator = HFGenerator(model, tok, temperature=knobs["temperature"], top_p=knobs["top_p"], top_k=knobs["top_k"],
                                 batch_size=knobs["batch_size"], logprobs=False)
-        new = sample_rollout(generator, tok, prompts, samples_per_prompt=group, max_new_tokens=12, seeds=seeds,
-                             greedy=knobs["greedy"], min_new_tokens=knobs["min_new_tokens"])
+        new = sample_rollout(generator, tok, prompts, Draw(group, 12, greedy=knobs["greedy"],
+                                                           min_new_tokens=knobs["min_new_tokens"]), seeds)
         for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated"):
             assert torch.equal(getattr(new, name), getattr(old, name)), (name, knobs)
         assert new.texts == old.texts and new.logprobs is None and old.logprobs is None

@@ -223,7 +223,7 @@ def test_engine_generate_ids_is_the_generator_protocol(engine):
     """generate_ids (multi-turn rollouts, rlx eval env=): token ids in, the same completions and log-probs as
     generate() on the same prompts and seeds, stop flags; a whole grid episode is played through it."""
     from rlx.envs.builtin import Grid
-    from rlx.rollout.env import run_episodes
+    from rlx.rollout.env import EpisodeLimits, TurnDecoding, run_episodes
     from rlx.rollout.generator import HFGenerator
     from rlx.rollout.sampling import sample_seed
 
@@ -246,8 +246,8 @@ def test_engine_generate_ids_is_the_generator_protocol(engine):
     hf = HFGenerator(model, tok).generate_ids(ids, max_new_tokens=12, seeds=seeds, greedy=True)
     assert sum(a == b for a, b in zip(greedy.ids, hf.ids)) >= 2  # the same weights decode the same (float ties aside)
     eng.sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
-    episodes = run_episodes(eng, tok, [Grid(), Grid()], [3, 4], [5, 6], max_turns=3, max_new_tokens=4,
-                            max_total_tokens=240, stop_ids=eng.stop_ids)
+    episodes = run_episodes(eng, tok, [Grid(), Grid()], [3, 4], [5, 6],
+                            EpisodeLimits(3, 4, 240), TurnDecoding(stop_ids=eng.stop_ids))
     for e in episodes:
         assert e.error is None and len(e.turn_spans) >= 1 and len(e.logprobs) == len(e.ids)
 

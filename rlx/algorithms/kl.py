@@ -8,6 +8,8 @@ With log-ratio d = log pi(x) - log pi_ref(x) for x ~ pi:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from rlx.registry import Registry
@@ -54,11 +56,27 @@ def _kl_in_reward(token_loss, kl, mask, kl_coef):
     return token_loss
 
 
+@dataclass(frozen=True)
+class PenaltyTerms:
+    """How the KL and entropy terms enter the per-token loss (penalized_token_loss), read once from the algorithm
+    settings: the KL estimator (kl_penalty), where the KL goes (algorithm.kl_in: loss | reward) and the entropy
+    bonus' coefficient. The KL coefficient is not here: an adaptive controller moves it every step."""
+
+    kl_estimator: str
+    kl_in: str
+    entropy_coef: float
+
+    @classmethod
+    def of(cls, algo) -> PenaltyTerms:
+        return cls(algo.kl_estimator, algo.kl_in, algo.entropy_coef)
+
+
 def penalized_token_loss(
     token_loss: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor | None, entropy: torch.Tensor,
-    mask: torch.Tensor, kl_coef: float, kl_estimator: str, kl_in: str, entropy_coef: float,
+    mask: torch.Tensor, kl_coef: float, terms: PenaltyTerms,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The per-token loss with the KL and entropy terms of the policy-gradient and PPO families:
+    """The per-token loss with the KL and entropy terms of the policy-gradient and PPO families (terms: the KL
+    estimator, kl_in and entropy_coef):
 
         loss_t = pg_t + kl_coef * KL_t * m_t   (only when kl_in = "loss")   - entropy_coef * H_t * m_t
     KL_t = kl_penalty(logp, ref_logp, kl_estimator) (Schulman 2020); the entropy bonus as in PPO (Schulman
@@ -67,10 +85,10 @@ def penalized_token_loss(
     and KL_t (n, T), or None without a reference."""
     kl = None
     if ref_logp is not None:
-        kl = kl_penalty(logp, ref_logp, kl_estimator)  # (n, T)
-        token_loss = KL_PLACEMENT_REGISTRY[kl_in](token_loss, kl, mask, kl_coef)
-    if entropy_coef > 0:
-        token_loss = token_loss - entropy_coef * entropy * mask
+        kl = kl_penalty(logp, ref_logp, terms.kl_estimator)  # (n, T)
+        token_loss = KL_PLACEMENT_REGISTRY[terms.kl_in](token_loss, kl, mask, kl_coef)
+    if terms.entropy_coef > 0:
+        token_loss = token_loss - terms.entropy_coef * entropy * mask
     return token_loss, kl
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -29,6 +31,17 @@ def head_compute_dtype(weight: torch.Tensor) -> torch.dtype:
     return weight.dtype
 
 
+@dataclass(frozen=True)
+class _ChunkPlan:
+    """How _ChunkedLinearLogprobs computes (no tensors: nothing here takes a gradient): `chunk_tokens` rows at a
+    time, the entropy too or not, at sampling temperature `temperature`, the product h W^T in `dtype`."""
+
+    chunk_tokens: int
+    with_entropy: bool
+    temperature: float
+    dtype: torch.dtype
+
+
 class _ChunkedLinearLogprobs(torch.autograd.Function):
     """log softmax((h W^T + b) / T)[target], chunk by chunk; the backward pass recomputes each chunk's logits.
 
@@ -41,9 +54,10 @@ class _ChunkedLinearLogprobs(torch.autograd.Function):
     The weight gradient accumulates in float32 across chunks and is cast to the weight's dtype once."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, chunk_tokens, with_entropy, temperature, dtype):
+    def forward(ctx, hidden, weight, bias, targets, plan: _ChunkPlan):
         # outputs are allocated up front and written in place: small per-chunk results interleaved with
         # the large freed logits otherwise keep the allocator from reusing them (RSS grew by a chunk per chunk)
+        chunk_tokens, with_entropy, temperature, dtype = plan.chunk_tokens, plan.with_entropy, plan.temperature, plan.dtype
         total = hidden.shape[0]
         logp = torch.empty(total, dtype=torch.float32, device=hidden.device)  # (M,)
         log_norm = torch.empty_like(logp)  # (M,)
@@ -102,7 +116,7 @@ class _ChunkedLinearLogprobs(torch.autograd.Function):
                     grad_hidden[rows] = grad_z @ weight_c
         grad_weight = grad_weight.to(weight.dtype) if grad_weight is not None else None
         grad_bias = grad_bias.to(bias.dtype) if grad_bias is not None else None
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None
 
 
 def _scaled_logits(hidden, weight, bias, temperature: float, dtype) -> torch.Tensor:
@@ -142,6 +156,6 @@ def chunked_linear_logprobs(
     if hidden.shape[0] == 0:  # nothing to score; keep the graph connected so backward still runs
         empty = (hidden.sum() * 0).float().reshape(1)[:0]
         return empty, (empty if with_entropy else None)
-    logp, entropy = _ChunkedLinearLogprobs.apply(hidden, weight, bias, targets, max(1, chunk_tokens), with_entropy,
-                                                 float(temperature), head_compute_dtype(weight))
+    plan = _ChunkPlan(max(1, chunk_tokens), with_entropy, float(temperature), head_compute_dtype(weight))
+    logp, entropy = _ChunkedLinearLogprobs.apply(hidden, weight, bias, targets, plan)
     return logp, (entropy if with_entropy else None)

@@ -159,15 +159,14 @@ def run_benchmark(model, tokenizer, bench: Benchmark, problems: list[dict], run:
     Sampling goes through the generator protocol (rlx.rollout.generator.sample_rollout): `engine` (rollout=vllm,
     its knobs set to `sampling`'s) when given, else HFGenerator on the model. Seeds: drawn per completion from
     the torch RNG seeded per batch (greedy rows first, then the sampled ones)."""
-    from rlx.rollout.generator import sample_rollout
+    from rlx.rollout.generator import Draw, sample_rollout
 
     results, sampling, label = run.results, run.sampling, run.label
     generator = engine if engine is not None else _hf_generator(model, tokenizer, sampling, logprobs=False)
 
     def generate(inputs, *, samples_per_prompt, greedy=False):
         seeds = torch.randint(0, 2**31 - 1, (len(inputs) * samples_per_prompt,)).tolist()
-        return sample_rollout(generator, tokenizer, inputs, samples_per_prompt=samples_per_prompt,
-                              max_new_tokens=max_new, seeds=seeds, greedy=greedy)
+        return sample_rollout(generator, tokenizer, inputs, Draw(samples_per_prompt, max_new, greedy=greedy), seeds)
 
     done = {r["id"]: r for r in read_records(results)}
     todo = [p for p in problems if p["id"] not in done]
@@ -241,8 +240,7 @@ def run_environment(generator, tokenizer, env_cfg, factory, tasks: int, run: Eva
     _drop_partial_line(results)
     try:
         for start in range(0, len(todo), step):
-            batch = play_tasks(generator, tokenizer, factory, env_cfg, todo[start:start + step], n=n, greedy=greedy,
-                               seed=run.seed, use_chat_template=run.chat_template, stop_ids=stop_ids)
+            batch = play_tasks(generator, tokenizer, factory, env_cfg, todo[start:start + step], run, stop_ids)
             for record in batch:
                 done[record["id"]] = record
                 running.append(record["greedy"]["success"] if greedy else

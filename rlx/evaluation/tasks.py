@@ -1,4 +1,6 @@
-"""Greedy held-out evaluation of a policy on task rows during training (eval/accuracy, eval/reward, ...)."""
+"""Greedy held-out evaluation of a policy on task rows during training (eval/accuracy, eval/reward, ...), decoded
+through the Generator protocol (rlx/rollout/generator.py), so it honours rollout.backend (rlx/rollout/backends.py
+eval_generator)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from rlx.rewards import RewardComponent, TrainerState, compute_rewards, token_lists
-from rlx.rollout.hf import generate
+from rlx.rollout.generator import Draw, sample_rollout
 from rlx.rollout.prompts import format_prompts
 from rlx.runtime.parallel import gather, global_sum
 
@@ -27,7 +29,8 @@ def eval_shard(count: int, acc) -> tuple[slice, int]:
 @dataclass(frozen=True)
 class TaskEvalSettings:
     """How held-out task rows are evaluated: the reward component read as accuracy, the prompt format (chat
-    template, system prompt), the greedy generation's budget and batch size, what a failing reward does
+    template, system prompt), the greedy generation's budget and batch size (the rows the policy decodes at a time
+    when it decodes itself: rlx.rollout.generator.eval_policy_generator), what a failing reward does
     (reward.on_error), and the run's step count (the reward functions' `trainer_state.max_steps`)."""
 
     accuracy_key: str
@@ -40,10 +43,13 @@ class TaskEvalSettings:
 
 
 @torch.no_grad()
-def evaluate(model, tokenizer, rows: list[dict], rewards: list[RewardComponent], settings: TaskEvalSettings, *,
+def evaluate(generator, tokenizer, rows: list[dict], rewards: list[RewardComponent], settings: TaskEvalSettings, *,
              acc=None, step: int = 0) -> tuple[dict, list[dict]]:
-    """Greedy completions on held-out rows; returns eval/* metrics and per-row records. Reward functions get
-    `trainer_state` with the training step being evaluated (global_step=step) and the run's max_steps.
+    """Greedy completions of `generator` (the Generator protocol: the policy itself, a vLLM engine or server) on
+    held-out rows; returns eval/* metrics and per-row records. Reward functions get `trainer_state` with the
+    training step being evaluated (global_step=step) and the run's max_steps. The rows' seeds are drawn from the
+    torch RNG (greedy rows do not use them), as rlx.rollout.hf.generate drew them before evaluation went through
+    the generator: the run's RNG state (saved in checkpoints) moves as it did.
 
     With several processes (acc), every process generates its block of the rows (eval_shard) and the
     per-row results are gathered, so each process returns the metrics of all rows; the records are
@@ -52,8 +58,8 @@ def evaluate(model, tokenizer, rows: list[dict], rewards: list[RewardComponent],
     mine, padding = eval_shard(len(rows), acc)
     rows = rows[mine] + rows[:1] * padding if rows else rows
     prompts = format_prompts(tokenizer, rows, settings.use_chat_template, system_prompt)
-    rollout = generate(model, tokenizer, prompts, samples_per_prompt=1, max_new_tokens=settings.max_new_tokens,
-                       greedy=True, batch_size=settings.batch_size)
+    seeds = torch.randint(0, 2**31 - 1, (len(prompts),)).tolist()
+    rollout = sample_rollout(generator, tokenizer, prompts, Draw(1, settings.max_new_tokens, greedy=True), seeds)
     total, per_component, _ = compute_rewards(rewards, prompts, rollout.texts, rows, settings.on_error,
                                               system_prompt=system_prompt,
                                               completion_ids=token_lists(rollout.completion_ids, rollout.completion_mask),
@@ -82,12 +88,13 @@ def evaluate(model, tokenizer, rows: list[dict], rewards: list[RewardComponent],
     return metrics, records
 
 
-def task_evaluator(acc, model, tokenizer, rows: list[dict], rewards: list[RewardComponent], settings: TaskEvalSettings):
-    """run_eval(step) -> metrics: greedy evaluation of the (unwrapped) policy on held-out `rows`
+def task_evaluator(acc, generator, tokenizer, rows: list[dict], rewards: list[RewardComponent], settings: TaskEvalSettings):
+    """run_eval(step) -> metrics: greedy evaluation through `generator` (rlx.rollout.backends.eval_generator: the
+    policy itself under rollout=hf, else the engine or server holding the published weights) on held-out `rows`
     (settings: task_eval_settings(settings))."""
 
     def run_eval(step: int) -> dict:
-        metrics, _ = evaluate(acc.unwrap_model(model), tokenizer, rows, rewards, settings, acc=acc, step=step)
+        metrics, _ = evaluate(generator, tokenizer, rows, rewards, settings, acc=acc, step=step)
         return metrics
 
     return run_eval

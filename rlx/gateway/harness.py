@@ -44,7 +44,7 @@ from pathlib import Path
 
 from rlx.errors import UserError
 from rlx.gateway.server import Gateway, GatewayError, GatewaySettings
-from rlx.rollout.hf import eos_ids
+from rlx.rollout.env import TurnDecoding, generator_stop_ids
 
 log = logging.getLogger("rlx")
 RESULT_KEYS = ("reward", "rewards", "success", "anchors", "valid", "truncated")
@@ -93,9 +93,10 @@ class HarnessSettings:
     tasks: list | None = None          # rows of env.tasks (None: the task is the seed)
     eval_tasks: list | None = None     # rows of env.eval_tasks (held-out seeds read these)
     version: int = 0                   # the policy version recorded when this call starts its own gateway
+    stop_ids: list[int] | None = None  # the tokens that end a model turn (None: the gateway's own)
 
     @classmethod
-    def from_env(cls, env_cfg, *, greedy: bool, version: int = 0) -> HarnessSettings:
+    def from_env(cls, env_cfg, *, greedy: bool, version: int = 0, stop_ids: list[int] | None = None) -> HarnessSettings:
         """The env=harness config group read and checked (HarnessError naming the knob)."""
         from rlx.gateway.server import is_loopback
 
@@ -115,7 +116,7 @@ class HarnessSettings:
         kwargs = dict(getattr(env_cfg, "kwargs", None) or {})
         return cls(int(env_cfg.concurrency), float(env_cfg.timeout_s), _plain(kwargs), gateway, str(env_cfg.host),
                    bool(env_cfg.allow_remote), read_tasks(getattr(env_cfg, "tasks", None)), read_tasks(getattr(env_cfg, "eval_tasks", None)),
-                   version)
+                   version, stop_ids)
 
 
 def _plain(value):
@@ -298,9 +299,9 @@ def run_sessions(fn, args: list[tuple], *, concurrency: int, timeout_s: float, k
 
 
 def play_harness(generator, tokenizer, target, tasks: list | None, seeds: list[int], sample_seeds: list[int],
-                 settings: HarnessSettings, *, stop_ids: list[int] | None = None, gateway: Gateway | None = None) -> list:
+                 settings: HarnessSettings, *, gateway: Gateway | None = None) -> list:
     """One episode per seed: run(task, base_url, api_key) against a gateway on `generator` (the one given, or
-    one started for this call with settings.version); returns one Episode per session, in input order, the
+    one started for this call with settings.version and settings.stop_ids); returns one Episode per session, in input order, the
     same record rlx.evaluation.agents.play returns (fork rows in Episode.forks: rlx/gateway/episodes.py)."""
     from rlx.gateway.episodes import session_episode
 
@@ -314,7 +315,7 @@ def play_harness(generator, tokenizer, target, tasks: list | None, seeds: list[i
     own = gateway is None
     if own:
         try:
-            gateway = Gateway(generator, tokenizer, settings.gateway, stop_ids=stop_ids, host=settings.host,
+            gateway = Gateway(generator, tokenizer, settings.gateway, stop_ids=settings.stop_ids, host=settings.host,
                               allow_remote=settings.allow_remote)
         except GatewayError as exc:
             raise HarnessError(str(exc)) from None
@@ -379,12 +380,11 @@ def harness_player(env):
     """A `play` for env=harness (the signature of rlx.rollout.env.play): each episode is one session of the user's
     program `env.target` against a gateway on the run's generator, the policy version the generator's."""
 
-    def play(generator, tokenizer, factory, limits, env_seeds: list[int], sample_seeds: list[int], *, greedy: bool,
-             use_chat_template: bool = True, stop_ids: list[int] | None = None) -> list:
-        if stop_ids is None:  # the vLLM engine carries its stop ids; HFGenerator's come from its model
-            stop_ids = (getattr(generator, "stop_ids", None) if not hasattr(generator, "model")
-                        else eos_ids(generator.model, tokenizer))
-        settings = HarnessSettings.from_env(env, greedy=greedy, version=getattr(generator, "version", 0) or 0)
-        return play_harness(generator, tokenizer, env.target, None, env_seeds, sample_seeds, settings, stop_ids=stop_ids)
+    def play(generator, tokenizer, factory, limits, env_seeds: list[int], sample_seeds: list[int],
+             decoding: TurnDecoding) -> list:
+        stop_ids = decoding.stop_ids if decoding.stop_ids is not None else generator_stop_ids(generator, tokenizer)
+        settings = HarnessSettings.from_env(env, greedy=decoding.greedy, version=getattr(generator, "version", 0) or 0,
+                                            stop_ids=stop_ids)
+        return play_harness(generator, tokenizer, env.target, None, env_seeds, sample_seeds, settings)
 
     return play

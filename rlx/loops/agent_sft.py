@@ -25,7 +25,7 @@ from rlx.envs.demos import ExpertGenerator
 from rlx.errors import EnvError, UserError
 from rlx.loops.common import Parts, end_step, eval_due, evaluate_at_start
 from rlx.models.forward import completion_logprobs
-from rlx.rollout.env import EVAL_SEED_BASE, run_episodes, train_env_seed
+from rlx.rollout.env import EVAL_SEED_BASE, EpisodeLimits, TurnDecoding, run_episodes, train_env_seed
 from rlx.rollout.episodes import episode_metrics
 from rlx.rollout.failures import EpisodeFailureWatch
 from rlx.rollout.types import Rollout
@@ -55,10 +55,8 @@ def train_agent_sft(settings, parts: Parts) -> dict:
         seeds = [train_env_seed(settings.seed, step, i) for i in mine]  # one task per demonstration
         envs = {i: factory() for i in mine}
         expert = ExpertGenerator(envs, tokenizer, algo.skill, seed=settings.seed * 1_000_003 + step)
-        episodes = run_episodes(expert, tokenizer, list(envs.values()), seeds, mine, max_turns=env.max_turns,
-                                max_new_tokens=env.max_new_tokens, max_total_tokens=env.max_total_tokens,
-                                system_prompt=env.system_prompt, use_chat_template=settings.model.chat_template,
-                                stop_ids=[tokenizer.eos_token_id])
+        episodes = run_episodes(expert, tokenizer, list(envs.values()), seeds, mine, env,
+                                TurnDecoding(use_chat_template=settings.model.chat_template, stop_ids=[tokenizer.eos_token_id]))
         demos = gather_object(episodes)  # every process's demonstrations, in global order
         failures.observe(step, demos)
         batch = Rollout.from_episodes(episodes, tokenizer.pad_token_id)
@@ -95,6 +93,6 @@ def demo_sanity(tokenizer, factory, skill: float, *, max_turns: int, max_new_tok
     envs = [factory() for _ in range(num)]
     seeds = [EVAL_SEED_BASE + k for k in range(num)]
     episodes = run_episodes(ExpertGenerator(envs, tokenizer, skill, seed=0), tokenizer, envs, seeds, list(range(num)),
-                            max_turns=max_turns, max_new_tokens=max_new_tokens, max_total_tokens=max_total_tokens,
-                            stop_ids=[tokenizer.eos_token_id])
+                            EpisodeLimits(max_turns, max_new_tokens, max_total_tokens),
+                            TurnDecoding(stop_ids=[tokenizer.eos_token_id]))
     return float(torch.tensor([e.success for e in episodes]).mean())

@@ -35,7 +35,7 @@ from functools import partial
 import torch
 
 from rlx.algorithms.entropy_band import EntropyHistory, entropy_band_penalty, epo_phase_weight
-from rlx.algorithms.kl import adaptive_kl_coef, penalized_token_loss
+from rlx.algorithms.kl import PenaltyTerms, adaptive_kl_coef, penalized_token_loss
 from rlx.algorithms.losses import aggregate, clipped_surrogate, entropy_threshold, top_entropy_mask
 from rlx.algorithms.offpolicy import (
     REJECTING,
@@ -233,6 +233,7 @@ class UpdateSettings:
         return cls(epochs=algo.epochs, mini_batches=algo.mini_batches, clip_low=algo.clip_low, clip_high=algo.clip_high,
                    dual_clip=algo.dual_clip, ratio_level=algo.ratio_level, loss_agg=algo.loss_agg,
                    kl_estimator=algo.kl_estimator, kl_in=algo.kl_in, entropy_coef=algo.entropy_coef,
+                   penalty=PenaltyTerms.of(algo),
                    temperature=roll.temperature, correction=rule, correction_level=level, correction_cap=cap,
                    correction_low=low,
                    micro_batch_size=settings.micro_batch_size, micro_batch_tokens=settings.micro_batch_tokens,
@@ -321,7 +322,7 @@ def optimise(parts: Parts, rows: UpdateRows, kl_coef: float, shuffle: torch.Gene
                                                                                            turns.cpu(), -1)))
                 token_loss, kl = penalized_token_loss(
                     token_loss, logp, ref_logp[idx].to(logp.device) if ref_logp is not None else None, entropy,
-                    device_mask, kl_coef, u.kl_estimator, u.kl_in, u.entropy_coef,
+                    device_mask, kl_coef, u.penalty,
                 )  # (n, C) each
                 if kl is not None:
                     stats["kl"].append(masked_mean(kl.detach(), device_mask))

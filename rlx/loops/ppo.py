@@ -32,7 +32,7 @@ from functools import partial
 import torch
 
 from rlx.algorithms.advantages import gae_advantages, whiten
-from rlx.algorithms.kl import adaptive_kl_coef, penalized_token_loss, token_rewards
+from rlx.algorithms.kl import PenaltyTerms, adaptive_kl_coef, penalized_token_loss, token_rewards
 from rlx.algorithms.losses import aggregate, clipped_surrogate, explained_variance, value_loss
 from rlx.algorithms.offpolicy import importance_correction, logprob_gap, resolve_correction
 from rlx.loops.common import (
@@ -219,6 +219,7 @@ def ppo_update(parts: Parts, settings, rows: PPORows, kl_coef: float, shuffle: t
     clipped surrogate, KL and entropy terms, and the clipped value loss), each accumulated exactly over its
     micro-batches. Returns the statistics of the update (seq_kl_sum: the summed KL of the sampled tokens)."""
     algo, roll = settings.algorithm, settings.rollout
+    penalty = PenaltyTerms.of(algo)  # the KL and entropy terms of the token loss
     acc, model, optimizer, scheduler = parts.accelerator, parts.model, parts.optimizer, parts.scheduler
     value_model, value_optimizer, value_scheduler = parts.value_model, parts.value_optimizer, parts.value_scheduler
     rollout, mask, policy_mask, correction = rows.rollout, rows.mask, rows.policy_mask, rows.correction
@@ -257,7 +258,7 @@ def ppo_update(parts: Parts, settings, rows: PPORows, kl_coef: float, shuffle: t
                     token_loss = token_loss * correction.weights[idx].to(logp.device)  # (n, C)
                 token_loss, kl = penalized_token_loss(
                     token_loss, logp, ref_logp[idx].to(logp.device) if ref_logp is not None else None, entropy,
-                    device_mask, kl_coef, algo.kl_estimator, algo.kl_in, algo.entropy_coef,
+                    device_mask, kl_coef, penalty,
                 )  # (n, C) each
                 if kl is not None:
                     stats["kl"].append(masked_mean(kl.detach(), device_mask))

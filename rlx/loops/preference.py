@@ -29,6 +29,7 @@ from rlx.data.tasks import PromptStream
 from rlx.evaluation.tasks import evaluate, task_eval_settings
 from rlx.loops.common import Parts, end_step, eval_due, evaluate_at_start
 from rlx.models.forward import completion_logprobs
+from rlx.rollout.generator import eval_policy_generator
 from rlx.runtime.optim import optimizer_step
 from rlx.runtime.parallel import backward, global_sum, shard
 from rlx.runtime.rundir import PhaseProgress, write_samples
@@ -175,7 +176,8 @@ def train_preference(settings, parts: Parts) -> dict:
                 sums["eval/pref_accuracy_logp"] += (chosen / chosen_len > rejected / rejected_len).float().mean().item() * weight
             metrics.update(sums)
         if eval_rows:
-            task_metrics, records = evaluate(policy, tokenizer, eval_rows, parts.rewards, eval_settings, acc=acc,
+            generator = eval_policy_generator(policy, tokenizer, eval_settings.batch_size)  # the policy decodes itself
+            task_metrics, records = evaluate(generator, tokenizer, eval_rows, parts.rewards, eval_settings, acc=acc,
                                              step=step)
             metrics.update(task_metrics)
             if acc.is_main_process:

@@ -16,6 +16,7 @@ from rlx.data.tasks import PromptStream
 from rlx.evaluation.tasks import evaluate, task_eval_settings
 from rlx.loops.common import Parts, end_step, eval_due, evaluate_at_start
 from rlx.models.forward import completion_logprobs
+from rlx.rollout.generator import eval_policy_generator
 from rlx.rollout.prompts import format_prompts
 from rlx.runtime.optim import optimizer_step
 from rlx.runtime.parallel import backward, global_sum, shard
@@ -46,10 +47,10 @@ def train_sft(settings, parts: Parts) -> dict:
     start_step = checkpointer.restore(**parts.checkpointed, data=stream)
     eval_settings = task_eval_settings(settings)
     eval_rows = parts.eval_rows[: settings.eval.size]
+    eval_generator = eval_policy_generator(acc.unwrap_model(model), tokenizer, eval_settings.batch_size)  # no rollout here
 
     def run_eval(step: int) -> dict:
-        metrics, records = evaluate(acc.unwrap_model(model), tokenizer, eval_rows, parts.rewards, eval_settings, acc=acc,
-                                    step=step)
+        metrics, records = evaluate(eval_generator, tokenizer, eval_rows, parts.rewards, eval_settings, acc=acc, step=step)
         if acc.is_main_process:
             write_samples(run_dir, step, records[: settings.log.num_samples])
         return metrics

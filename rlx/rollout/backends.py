@@ -12,7 +12,7 @@ import dataclasses
 from omegaconf import OmegaConf
 
 from rlx.errors import UserError
-from rlx.rollout.generator import policy_generator
+from rlx.rollout.generator import eval_policy_generator, policy_generator
 
 
 def _hf(rollout_cfg, model, tokenizer, seed: int):
@@ -44,3 +44,25 @@ def build_generator(rollout_cfg, model, tokenizer, seed: int):
     if backend not in ROLLOUT_BACKENDS:
         raise UserError(f"unknown rollout.backend '{backend}'; valid choices: {', '.join(ROLLOUT_BACKENDS)}")
     return ROLLOUT_BACKENDS[backend](rollout_cfg, model, tokenizer, seed)
+
+
+def _policy_eval(generator, policy, tokenizer, batch_size: int):
+    return eval_policy_generator(policy, tokenizer, batch_size)
+
+
+def _run_generator(generator, policy, tokenizer, batch_size: int):
+    return generator
+
+
+# rollout.backend -> fn(the run's generator, the trainer's policy, tokenizer, eval batch size) -> the Generator that
+# in-training evaluation decodes through
+EVAL_BACKENDS = {"hf": _policy_eval, "vllm": _run_generator, "server": _run_generator}
+assert set(EVAL_BACKENDS) == set(ROLLOUT_BACKENDS)
+
+
+def eval_generator(backend: str, generator, policy, tokenizer, batch_size: int):
+    """The Generator held-out task evaluation decodes through, by rollout.backend. hf: the trainer's policy itself
+    with the evaluation's decoding (eval_policy_generator: `batch_size` rows at a time, the default decode step);
+    vllm / server: the run's generator, the engine or server holding the weights published after the last update
+    (in pipeline mode the run's generator samples the trainer's current policy itself: rollout/pipeline.py)."""
+    return EVAL_BACKENDS[backend](generator, policy, tokenizer, batch_size)

@@ -19,6 +19,7 @@ observation (reset or step) is a mistake in its code, not bad luck: the run stop
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 
 from rlx.errors import UserError
 from rlx.rollout.generator import Generator
@@ -29,6 +30,29 @@ from rlx.rollout.types import Episode
 _PLACEHOLDER_USER, _PLACEHOLDER_ASSISTANT = "\x01U\x01", "\x01A\x01"
 TURN_STRIDE = 1000003  # turn t of the episode with sample seed s samples with seed s * TURN_STRIDE + t
 EVAL_SEED_BASE = 2**31  # held-out environment seeds start here; training seeds stay below
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    """The limits of an episode and its system prompt, as the `env` settings hold them (run_episodes reads these four
+    attributes: the env settings themselves do as well): `max_turns` model turns, `max_new_tokens` per turn,
+    `max_total_tokens` for the whole sequence, prompt included."""
+
+    max_turns: int
+    max_new_tokens: int
+    max_total_tokens: int
+    system_prompt: str | None = None
+
+
+@dataclass(frozen=True)
+class TurnDecoding:
+    """How the model's turns are decoded: greedily or sampled, the first prompt in the tokenizer's chat template or
+    as plain text, and the token ids that end a turn (None: run_episodes takes the tokenizer's end token; play the
+    generator's own, a vLLM engine's stop_ids or HFGenerator's model's)."""
+
+    greedy: bool = False
+    use_chat_template: bool = True
+    stop_ids: list[int] | None = None
 
 
 def train_env_seed(seed: int, step: int, task: int) -> int:
@@ -158,15 +182,16 @@ def _append_turn(e: Episode, ids: list[int], logprobs: list[float], stopped: boo
             e.logprobs.append(0.0)
 
 
-def run_episodes(generator: Generator, tokenizer, envs: list, env_seeds: list[int], sample_seeds: list[int], *,
-                 max_turns: int, max_new_tokens: int, max_total_tokens: int, greedy: bool = False,
-                 system_prompt: str | None = None, use_chat_template: bool = True, stop_ids: list[int] | None = None
-                 ) -> list[Episode]:
-    """Play one episode in each env (reset with env_seeds[i]); returns the episodes in input order.
+def run_episodes(generator: Generator, tokenizer, envs: list, env_seeds: list[int], sample_seeds: list[int],
+                 limits: EpisodeLimits, decoding: TurnDecoding = TurnDecoding()) -> list[Episode]:
+    """Play one episode in each env (reset with env_seeds[i]); returns the episodes in input order. limits: the
+    episode's limits and system prompt (EpisodeLimits, or the `env` settings); decoding: TurnDecoding.
 
     sample_seeds[i] seeds the sampling of episode i (its turn t uses sample_seeds[i] * TURN_STRIDE + t), so
     an episode does not depend on which other episodes share its batch."""
-    fmt = ChatFormat(tokenizer, system_prompt, use_chat_template)
+    max_turns, max_new_tokens, max_total_tokens = limits.max_turns, limits.max_new_tokens, limits.max_total_tokens
+    greedy, stop_ids = decoding.greedy, decoding.stop_ids
+    fmt = ChatFormat(tokenizer, limits.system_prompt, decoding.use_chat_template)
     stop_ids = stop_ids if stop_ids is not None else [tokenizer.eos_token_id]
     episodes, next_anchor = _reset_episodes(envs, env_seeds, fmt)
     turn_end = {}  # by episode index: where its last turn ends
@@ -222,14 +247,18 @@ def run_episodes(generator: Generator, tokenizer, envs: list, env_seeds: list[in
     return episodes
 
 
-def play(generator, tokenizer, factory, limits, env_seeds: list[int], sample_seeds: list[int], *, greedy: bool,
-         use_chat_template: bool = True, stop_ids: list[int] | None = None) -> list[Episode]:
+def generator_stop_ids(generator, tokenizer) -> list[int] | None:
+    """The token ids that end a turn of `generator`: the vLLM engine carries its stop ids; HFGenerator's come from its
+    model."""
+    return getattr(generator, "stop_ids", None) if not hasattr(generator, "model") else eos_ids(generator.model, tokenizer)
+
+
+def play(generator, tokenizer, factory, limits, env_seeds: list[int], sample_seeds: list[int],
+         decoding: TurnDecoding) -> list[Episode]:
     """One episode in a fresh environment (factory()) per seed; limits: the `env` settings (max_turns,
-    max_new_tokens, max_total_tokens, system_prompt)."""
+    max_new_tokens, max_total_tokens, system_prompt); decoding: greedy or sampled, the chat template, the stop ids
+    (None: the generator's own)."""
     envs = [factory() for _ in env_seeds]
-    if stop_ids is None:  # the vLLM engine carries its stop ids; HFGenerator's come from its model
-        stop_ids = (getattr(generator, "stop_ids", None) if not hasattr(generator, "model")
-                    else eos_ids(generator.model, tokenizer))
-    return run_episodes(generator, tokenizer, envs, env_seeds, sample_seeds, max_turns=limits.max_turns,
-                        max_new_tokens=limits.max_new_tokens, max_total_tokens=limits.max_total_tokens, greedy=greedy,
-                        system_prompt=limits.system_prompt, use_chat_template=use_chat_template, stop_ids=stop_ids)
+    if decoding.stop_ids is None:
+        decoding = replace(decoding, stop_ids=generator_stop_ids(generator, tokenizer))
+    return run_episodes(generator, tokenizer, envs, env_seeds, sample_seeds, limits, decoding)

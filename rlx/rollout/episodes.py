@@ -7,11 +7,13 @@ and the episodes are gathered so the credit rule sees the global batch.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from accelerate.utils import gather_object
 
 from rlx.rollout.budgets import BudgetWatch, budget_cut_frac
-from rlx.rollout.env import play, train_env_seed
+from rlx.rollout.env import TurnDecoding, play, train_env_seed
 from rlx.rollout.failures import EpisodeFailureWatch
 from rlx.rollout.sampling import sample_seed
 from rlx.rollout.types import Batch, Episode, Rollout
@@ -48,17 +50,29 @@ def training_rows(episodes: list[Episode]) -> tuple[list[Episode], torch.Tensor]
     return rows, torch.tensor(owner, dtype=torch.long)
 
 
+@dataclass(frozen=True)
+class EpisodeSettings:
+    """What the episode producer plays each step: `prompts_per_step` tasks with `group_size` episodes each, seeded
+    from the run's `seed`, the first prompt in the chat template or as plain text."""
+
+    group_size: int
+    prompts_per_step: int
+    seed: int
+    use_chat_template: bool
+
+
 class EpisodeProducer:
     """Episodes of environments from `factory` (a zero-argument callable making a fresh environment), limits
-    from the `env` settings (max_turns, max_new_tokens, max_total_tokens, system_prompt)."""
+    from the `env` settings (max_turns, max_new_tokens, max_total_tokens, system_prompt), what to play each step
+    from `settings` (EpisodeSettings); play_fn: the env's `play` (rlx.evaluation.agents.player_for)."""
 
     kind = "episodes"
 
-    def __init__(self, generator, tokenizer, factory, limits, *, group_size: int, prompts_per_step: int, seed: int,
-                 use_chat_template: bool, acc, play_fn=play, extra_metrics=None):
+    def __init__(self, generator, tokenizer, factory, limits, settings: EpisodeSettings, *, acc, play_fn=play,
+                 extra_metrics=None):
         self.generator, self.tokenizer, self.factory, self.limits = generator, tokenizer, factory, limits
-        self.group_size, self.prompts_per_step, self.seed = group_size, prompts_per_step, seed
-        self.use_chat_template, self.acc = use_chat_template, acc
+        self.group_size, self.prompts_per_step, self.seed = settings.group_size, settings.prompts_per_step, settings.seed
+        self.use_chat_template, self.acc = settings.use_chat_template, acc
         self.play, self.extra_metrics = play_fn, extra_metrics  # env=harness: its sessions (rlx/gateway/harness.py)
         self.failures = EpisodeFailureWatch(limits.stop_after_failed_steps, factory)  # issue 31: a broken environment
         self.budget_watch = BudgetWatch(limits.max_total_tokens)  # warns once when the budget ends most episodes
@@ -78,7 +92,7 @@ class EpisodeProducer:
         env_seeds = [train_env_seed(self.seed, step, i // group) for i in mine]
         sample_seeds = [sample_seed(self.seed, step, i) for i in mine]
         episodes = self.play(self.generator, self.tokenizer, self.factory, self.limits, env_seeds, sample_seeds,
-                             greedy=False, use_chat_template=self.use_chat_template)
+                             TurnDecoding(greedy=False, use_chat_template=self.use_chat_template))
         all_episodes = gather_object(episodes)  # every process's episodes, in global order
         version = getattr(self.generator, "version", 0) or 0
         rows, row_episode = training_rows(episodes)  # a harness session's fork rows join the batch

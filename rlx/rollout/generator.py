@@ -14,6 +14,7 @@ same prompts and seeds (tests/test_sampling.py checks it token for token).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -73,18 +74,27 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
     return ids, mask
 
 
+@dataclass(frozen=True)
+class DecodeStep:
+    """Which decoder HFGenerator runs: the seeded draw's version (rollout.sampler, rollout/sampling.py SAMPLERS) and
+    whether the decode step's projections go through oneDNN (rollout.onednn_decode; v3 always does)."""
+
+    sampler: str = "v2"
+    onednn: bool = False
+
+
 class HFGenerator:
     """Generator on a transformers model. Log-probs are those of the temperature-scaled distribution
     (before top-k / top-p filtering). logprobs=True: recomputed by one forward pass over prompt + sample;
     "sampler": the decoder's own, taken while sampling (rollout/hf.py generate(logprobs=True); no extra
     pass; the single-turn loops compare them with their forward: rollout/logprob_gap_*); False: none
-    (Generation.logprobs is None)."""
+    (Generation.logprobs is None). decode: the draw's version and the decode step (DecodeStep)."""
 
     def __init__(self, model, tokenizer, *, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                 batch_size: int = 256, logprobs: bool | str = True, sampler: str = "v2", onednn: bool = False):
+                 batch_size: int = 256, logprobs: bool | str = True, decode: DecodeStep = DecodeStep()):
         if logprobs not in (True, False, "sampler"):
             raise ValueError(f"logprobs must be True, False or 'sampler', got {logprobs!r}")
-        self.model, self.tokenizer, self.sampler, self.onednn = model, tokenizer, sampler, onednn
+        self.model, self.tokenizer, self.sampler, self.onednn = model, tokenizer, decode.sampler, decode.onednn
         self.temperature, self.top_p, self.top_k, self.batch_size = temperature, top_p, top_k, batch_size
         self.with_logprobs = logprobs
         self.version = 0
@@ -173,22 +183,42 @@ def policy_generator(model, tokenizer, roll, *, logprobs: bool | str = "sampler"
     oneDNN decode step (rollout.onednn_decode). logprobs: the decoder's own by default ("sampler")."""
     from rlx.rollout.sampling import LEGACY_SAMPLER
 
+    decode = DecodeStep(sampler=getattr(roll, "sampler", None) or LEGACY_SAMPLER,
+                        onednn=bool(getattr(roll, "onednn_decode", False)))
     return HFGenerator(model, tokenizer, temperature=roll.temperature, top_p=roll.top_p, top_k=roll.top_k,
-                       batch_size=roll.batch_size, logprobs=logprobs, sampler=getattr(roll, "sampler", None) or LEGACY_SAMPLER,
-                       onednn=bool(getattr(roll, "onednn_decode", False)))
+                       batch_size=roll.batch_size, logprobs=logprobs, decode=decode)
 
 
-def sample_rollout(generator: Generator, tokenizer, prompts: list[str], *, samples_per_prompt: int, max_new_tokens: int,
-                   seeds: list[int], greedy: bool = False, min_new_tokens: int = 0,
-                   schedule: list[float] | None = None) -> Rollout:
+def eval_policy_generator(model, tokenizer, batch_size: int) -> HFGenerator:
+    """The policy decoding itself for held-out evaluation (rollout=hf, and the loops that build no generator): rlx's
+    decoder at its defaults (the v2 draw on the F.linear decode step, whatever rollout.sampler says), `batch_size`
+    rows at a time, no log-probs. Evaluation decodes greedily, so no temperature, top-p or top-k enters."""
+    return HFGenerator(model, tokenizer, batch_size=batch_size, logprobs=False)
+
+
+@dataclass(frozen=True)
+class Draw:
+    """What sample_rollout asks the generator for: `samples_per_prompt` adjacent completions of each prompt, at most
+    `max_new_tokens` tokens each and no stop token before `min_new_tokens`, greedy or sampled, and optionally a
+    sampling temperature per completion position (EAD's `schedule`: rollout=hf only)."""
+
+    samples_per_prompt: int
+    max_new_tokens: int
+    greedy: bool = False
+    min_new_tokens: int = 0
+    schedule: list[float] | None = None
+
+
+def sample_rollout(generator: Generator, tokenizer, prompts: list[str], draw: Draw, seeds: list[int]) -> Rollout:
     """Single-turn sampling through the generator protocol: rendered prompts are tokenized once (no special
-    tokens added: the chat template has them), G = samples_per_prompt adjacent completions of each are drawn
-    as token ids, and the Rollout is built from those ids (Rollout.from_ids), texts decoded without special
-    tokens, every row stamped with the generator's policy version."""
+    tokens added: the chat template has them), G = draw.samples_per_prompt adjacent completions of each are drawn
+    as token ids (seeds: one per completion), and the Rollout is built from those ids (Rollout.from_ids), texts
+    decoded without special tokens, every row stamped with the generator's policy version."""
+    samples_per_prompt, schedule = draw.samples_per_prompt, draw.schedule
     prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]  # B lists of ids
     extra = {"schedule": schedule} if schedule is not None else {}  # EAD: only the hf generator takes one
-    out = generator.generate_ids(prompt_ids, samples_per_prompt=samples_per_prompt, max_new_tokens=max_new_tokens,
-                                 seeds=seeds, greedy=greedy, min_new_tokens=min_new_tokens, **extra)
+    out = generator.generate_ids(prompt_ids, samples_per_prompt=samples_per_prompt, max_new_tokens=draw.max_new_tokens,
+                                 seeds=seeds, greedy=draw.greedy, min_new_tokens=draw.min_new_tokens, **extra)
     width_c = max((len(c) for c in out.ids), default=0)
     padded = torch.full((len(out.ids), width_c), tokenizer.pad_token_id, dtype=torch.long)
     for row, ids in enumerate(out.ids):

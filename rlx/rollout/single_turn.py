@@ -16,7 +16,7 @@ from rlx.algorithms.ngrpo import DROP_STRATEGIES
 from rlx.algorithms.shaping import correct_from_accuracy
 from rlx.data.tasks import PromptStream
 from rlx.rewards import RewardComponent, TrainerState, compute_rewards, token_lists
-from rlx.rollout.generator import Generator, sample_rollout
+from rlx.rollout.generator import Draw, Generator, sample_rollout
 from rlx.rollout.prompts import format_prompts
 from rlx.rollout.sampling import sample_seed
 from rlx.rollout.stages import Round, StageContext, StagePipeline
@@ -122,17 +122,16 @@ def draw_rounds(generator: Generator, tokenizer, stream: PromptStream, rewards: 
 
     context = StageContext(generator, tokenizer, score, step, s.seed, group_size, s.max_new_tokens, s.min_new_tokens,
                            s.use_chat_template, s.system_prompt, s.completion_template, schedule)
+    draw = Draw(samples_per_prompt=group_size, max_new_tokens=s.max_new_tokens, min_new_tokens=s.min_new_tokens,
+                schedule=schedule)
     while True:
         rows = stream.take(wanted - kept_groups if s.dynamic_sampling else wanted)
         mine = shard(len(rows), acc) if acc is not None else slice(0, len(rows))
         rows = rows[mine]
         prompts = format_prompts(tokenizer, rows, s.use_chat_template, s.system_prompt)
         first = drawn_samples + mine.start * group_size  # global index of this shard's first sample
-        rollout = sample_rollout(
-            generator, tokenizer, prompts, samples_per_prompt=group_size, max_new_tokens=s.max_new_tokens,
-            seeds=[sample_seed(s.seed, step, first + i) for i in range(len(prompts) * group_size)],
-            min_new_tokens=s.min_new_tokens, schedule=schedule,
-        )
+        rollout = sample_rollout(generator, tokenizer, prompts, draw,
+                                 [sample_seed(s.seed, step, first + i) for i in range(len(prompts) * group_size)])
         sample_rows = [row for row in rows for _ in range(group_size)]
         sample_prompts = [p for p in prompts for _ in range(group_size)]
         total, per_component, round_errors = score(sample_prompts, rollout, sample_rows)

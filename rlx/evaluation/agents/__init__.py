@@ -14,7 +14,7 @@ from accelerate.utils import gather_object
 
 from rlx.envs.registry import plays_through_gateway
 from rlx.evaluation.metrics import pass_at_k
-from rlx.rollout.env import EVAL_SEED_BASE, play
+from rlx.rollout.env import EVAL_SEED_BASE, TurnDecoding, play
 from rlx.rollout.episodes import episode_metrics
 from rlx.rollout.types import Episode
 
@@ -40,7 +40,7 @@ def episode_evaluator(acc, generator, tokenizer, factory, limits, *, use_chat_te
     def run_eval(step: int) -> dict:
         mine = list(range(acc.process_index, len(eval_seeds), acc.num_processes))  # this process's episodes
         episodes = play_fn(generator, tokenizer, factory, limits, [eval_seeds[k] for k in mine], mine,
-                           greedy=limits.eval_greedy, use_chat_template=use_chat_template)
+                           TurnDecoding(greedy=limits.eval_greedy, use_chat_template=use_chat_template))
         episodes = gather_object(episodes)
         return {**episode_metrics(episodes, "eval"), **(extra_metrics(episodes, "eval") if extra_metrics else {})}
 
@@ -54,25 +54,27 @@ def episode_summary(e: Episode) -> dict:
             "error": e.error}
 
 
-def play_tasks(generator, tokenizer, factory, env_cfg, tasks: list[int], *, n: int, greedy: bool, seed: int,
-               use_chat_template: bool = True, stop_ids: list[int] | None = None) -> list[dict]:
+def play_tasks(generator, tokenizer, factory, env_cfg, tasks: list[int], run, stop_ids: list[int] | None = None
+               ) -> list[dict]:
     """One record per held-out task t (environment seed EVAL_SEED_BASE + t): its greedy episode (when
-    `greedy`) and `n` sampled episodes. Sampled episode j of task t samples with sample_seed(seed, t, j),
+    `run.sampling.greedy`) and `run.sampling.n` sampled episodes; run: the pass's EvalPass (rlx/evaluation/runner.py:
+    its sampling, seed and chat_template). Sampled episode j of task t samples with sample_seed(run.seed, t, j),
     so a task's episodes do not depend on which tasks share its batch (resume gives the same records)."""
     play_fn, _ = player_for(env_cfg)
     from rlx.rollout.sampling import sample_seed
 
+    n, seed = int(run.sampling.n), run.seed
     records = [{"id": f"task_{t:06d}", "env_seed": EVAL_SEED_BASE + t, "greedy": None, "episodes": []} for t in tasks]
-    if greedy:
+    if bool(run.sampling.greedy):
         seeds = [EVAL_SEED_BASE + t for t in tasks]
-        for record, episode in zip(records, play_fn(generator, tokenizer, factory, env_cfg, seeds, list(tasks), greedy=True,
-                                                 use_chat_template=use_chat_template, stop_ids=stop_ids)):
+        greedy = TurnDecoding(greedy=True, use_chat_template=run.chat_template, stop_ids=stop_ids)
+        for record, episode in zip(records, play_fn(generator, tokenizer, factory, env_cfg, seeds, list(tasks), greedy)):
             record["greedy"] = episode_summary(episode)
     if n:
         seeds = [EVAL_SEED_BASE + t for t in tasks for _ in range(n)]
         sample_seeds = [sample_seed(seed, t, j) for t in tasks for j in range(n)]
-        episodes = play_fn(generator, tokenizer, factory, env_cfg, seeds, sample_seeds, greedy=False,
-                        use_chat_template=use_chat_template, stop_ids=stop_ids)
+        episodes = play_fn(generator, tokenizer, factory, env_cfg, seeds, sample_seeds,
+                           TurnDecoding(greedy=False, use_chat_template=run.chat_template, stop_ids=stop_ids))
         for i, record in enumerate(records):
             record["episodes"] = [episode_summary(e) for e in episodes[i * n:(i + 1) * n]]
     return records
