@@ -36,10 +36,10 @@ from rlx.rewards.overlong import with_overlong_penalty
 from rlx.rollout.backends import build_generator, eval_generator
 from rlx.rollout.episodes import EpisodeProducer, EpisodeSettings
 from rlx.rollout.generator import policy_generator
-from rlx.rollout.stages import StagePipeline, StageSettings, build_stages
 from rlx.rollout.partial import PartialProducer
 from rlx.rollout.pipeline import pipelined, rollout_copy
 from rlx.rollout.single_turn import SingleTurnProducer, SingleTurnSettings
+from rlx.rollout.stages import StagePipeline, StageSettings, build_stages
 from rlx.runtime.checkpoint import Checkpointer
 from rlx.runtime.optim import build_optimizer, optimizer_settings
 from rlx.runtime.rundir import MetricsLog
