@@ -21,7 +21,7 @@ Everything here runs on one process (rlx/config/seed_rules.py refuses these knob
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -194,7 +194,7 @@ class GroupStages:
             part = self._shape(part, ctx)
         if ctx.schedule is not None:
             taus = part.rollout.temperatures
-            if taus is not None:
+            if part.rollout.scheduled:
                 sampled = part.rollout.loss_mask.bool()
                 self.counts.add(tau_sum=taus[sampled].double().sum().item(), tau_tokens=int(sampled.sum()))
         return part
@@ -247,10 +247,9 @@ class GroupStages:
                          [list(e.logprobs) for e in replayed] if all(e.logprobs is not None for e in replayed) else None,
                          [not e.truncated for e in replayed])
         texts = ctx.tokenizer.batch_decode([e.completion_ids for e in replayed], skip_special_tokens=True)
-        fresh = Rollout.from_ids(prompt_ids, out, 1, pad, texts)
-        fresh.versions = torch.tensor([max(e.step - 1, 0) for e in replayed], dtype=torch.long)  # the policy that sampled it
+        fresh = Rollout.from_ids(prompt_ids, out, 1, pad, texts, [max(e.step - 1, 0) for e in replayed])  # its sampler
         if rollout.logprobs is not None and fresh.logprobs is None:
-            fresh.logprobs = torch.zeros(fresh.completion_ids.shape)
+            fresh = replace(fresh, logprobs=torch.zeros(fresh.completion_ids.shape))
         merged = Rollout.cat([rollout, fresh], pad)
         order = torch.arange(len(rollout))
         for position, (row, entry) in enumerate(plan):
@@ -305,17 +304,17 @@ class GroupStages:
         texts = ctx.tokenizer.batch_decode(_padded(out.ids, pad), skip_special_tokens=True)
         trained = Rollout.from_ids(plain_ids, out, samples, pad, texts, version=getattr(ctx.generator, "version", 0))
         skip = [len(p) for p in prefixes] if hints.placement == "prefix" else [0] * len(prefixes)
-        trained.loss_mask = trained.completion_mask.clone()
+        loss_mask = trained.completion_mask.clone()
         for r, n in enumerate(skip):
-            trained.loss_mask[r, :n] = 0
-        trained.step_index = torch.where(trained.loss_mask.bool(), 0, -1)
+            loss_mask[r, :n] = 0
+        taus = trained.temperatures
         if ctx.schedule is not None:
             width = trained.completion_ids.shape[1]
             taus = torch.ones(len(trained), width)
             for r, n in enumerate(skip):  # the continuation's position t was drawn at schedule[t]
                 length = int(trained.completion_mask[r].sum()) - n
                 taus[r, n : n + length] = torch.tensor(ctx.schedule[:length], dtype=torch.float32)
-            trained.temperatures = taus
+        trained = replace(trained, loss_mask=loss_mask, step_index=torch.where(loss_mask.bool(), 0, -1), temperatures=taus)
         rows = [part.rows[row] for _, row, _ in chosen for _ in range(samples)]
         prompts = [part.prompts[row] for _, row, _ in chosen for _ in range(samples)]
         total, components, errors = ctx.score(prompts, trained, rows)
@@ -326,7 +325,7 @@ class GroupStages:
         behaviour = None
         if hints.placement == "prompt":  # the same completions after the hinted prompt: old and sampler log-probs
             behaviour = Rollout.from_ids(contexts, out, samples, pad, texts, version=getattr(ctx.generator, "version", 0))
-            behaviour.temperatures = trained.temperatures
+            behaviour = replace(behaviour, temperatures=trained.temperatures)
             behaviour = Rollout.cat([part.rollout if part.behaviour is None else part.behaviour, behaviour], pad)
         elif part.behaviour is not None:
             behaviour = Rollout.cat([part.behaviour, trained], pad)
