@@ -74,7 +74,7 @@ def producer(lengths, prompts_per_step=2, oversample=2.0, group=2, max_new=12):
 
 def trained(batch):
     """(prompt k, completion) of every row, in batch order."""
-    return [(row["prompt"], ids) for row, ids in zip(batch.rows, (r[m.bool()].tolist() for r, m in
+    return [(row["prompt"], ids) for row, ids in zip(batch.source.rows, (r[m.bool()].tolist() for r, m in
                                                                    zip(batch.rollout.completion_ids,
                                                                        batch.rollout.completion_mask)))]
 
@@ -158,6 +158,6 @@ def test_oversample_1_draws_the_synchronous_prompts_and_tokens(tmp_path):
     assert type(made["partial"]) is PartialProducer
     for step in (1, 2):
         a, b = made["sync"].produce(step), made["partial"].produce(step)
-        assert a.rollout.texts == b.rollout.texts and a.prompts == b.prompts
+        assert a.rollout.texts == b.rollout.texts and a.source.prompts == b.source.prompts
         assert torch.equal(a.rollout.completion_ids, b.rollout.completion_ids)
         torch.testing.assert_close(a.rollout.logprobs, b.rollout.logprobs, atol=1e-4, rtol=0)

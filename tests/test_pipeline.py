@@ -9,8 +9,9 @@ import time
 import pytest
 import torch
 
+from rlx.algorithms.grouping import fixed_groups
 from rlx.rollout.pipeline import PipelineGenerator, PipelineProducer, rollout_copy
-from rlx.rollout.types import Batch, Rollout
+from rlx.rollout.types import Batch, PromptRows, Rollout, no_verdicts
 from rlx.runtime.rundir import read_metrics
 from tests.loop_fixtures import one_thread  # noqa: F401 (fixture)
 
@@ -79,10 +80,11 @@ class FakeProducer:
         version, weight = self.generator.version, self.generator.model.weight.item()
         self.log.append((step, version, weight, self.stream.index))
         self.stream.index += 2
-        rollout = Rollout(torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1, dtype=torch.long),
-                          torch.full((2, 3), step), torch.ones(2, 3, dtype=torch.long), torch.zeros(2, dtype=torch.bool),
-                          [f"s{step}"] * 2, versions=torch.full((2,), version))
-        return Batch(rollout, torch.tensor([float(step), weight]), 2, metrics={"reward/total": float(step)})
+        rollout = Rollout.single_turn(torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1, dtype=torch.long),
+                                      torch.full((2, 3), step), torch.ones(2, 3, dtype=torch.long),
+                                      torch.zeros(2, dtype=torch.bool), [f"s{step}"] * 2, None, version)
+        return Batch(rollout, torch.tensor([float(step), weight]), 2, fixed_groups(2, 2), no_verdicts(),
+                     PromptRows([{}] * 2, [""] * 2), metrics={"reward/total": float(step)})
 
     def records(self, batch, samples, count):
         return []

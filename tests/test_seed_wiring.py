@@ -21,7 +21,7 @@ from rlx.envs.gated import ProgressCorridor
 from rlx.loops.credit import episode_outcomes
 from rlx.models.forward import completion_logprobs
 from rlx.rollout.single_turn import tied_group_fraction
-from rlx.rollout.types import Episode
+from rlx.rollout.types import Episode, HintedContext, SameContext
 from rlx.runtime.rundir import read_metrics
 from tests.loop_fixtures import QUIET, one_thread, tiny_policy  # noqa: F401 (fixture)
 
@@ -177,7 +177,7 @@ def test_prefix_hints_continue_from_the_reference_and_train_only_what_was_sample
                                        "algorithm.hints.samples=3", "algorithm.hints.fraction_start=0.5",
                                        "algorithm.hints.anneal_steps=0", "algorithm.hints.fraction_end=0.5")
     batch = producer.produce(1)
-    assert batch.groups.tolist() == [0] * 5 + [1] * 5 + [2] * 5 and batch.behaviour is None
+    assert batch.groups.tolist() == [0] * 5 + [1] * 5 + [2] * 5 and isinstance(batch.context, SameContext)
     rollout = batch.rollout
     for group, answer in enumerate(["7", "7", "7"]):
         reference = tokenizer(f"<answer>{answer}</answer>", add_special_tokens=False)["input_ids"]
@@ -192,8 +192,8 @@ def test_prefix_hints_continue_from_the_reference_and_train_only_what_was_sample
 
 @torch.no_grad()
 def test_guide_hints_take_the_ratios_denominator_in_the_hinted_context():
-    """placement=prompt: the training rows carry the plain prompt, Batch.behaviour the hinted one; the old
-    log-probs computed on Batch.behaviour (what the loop does) reproduce what the sampler recorded, while the
+    """placement=prompt: the training rows carry the plain prompt, Batch.context (a HintedContext) the hinted one;
+    the old log-probs computed on Batch.sampled_in (what the loop does) reproduce what the sampler recorded, while the
     same completions scored after the plain prompt differ: the ratio pi(y | x) / pi_old(y | x + h)."""
     from rlx.loops.common import batched_logprobs
 
@@ -202,13 +202,15 @@ def test_guide_hints_take_the_ratios_denominator_in_the_hinted_context():
                                            "algorithm.hints.fraction_end=1.0")
     batch = producer.produce(1)
     hinted = torch.tensor([i % 4 >= 2 for i in range(12)])
-    assert batch.behaviour is not None and len(batch.behaviour) == len(batch.rollout) == 12
-    text = tokenizer.decode(batch.behaviour.prompt_ids[2][batch.behaviour.prompt_mask[2].bool()])
+    assert isinstance(batch.context, HintedContext) and batch.sampled_in is batch.context.rollout
+    sampled_in = batch.sampled_in
+    assert len(sampled_in) == len(batch.rollout) == 12
+    text = tokenizer.decode(sampled_in.prompt_ids[2][sampled_in.prompt_mask[2].bool()])
     assert "Hint: the solution begins with: <answer>7</answer>" in text
-    behaviour_prompt = batch.behaviour.prompt_ids[0][batch.behaviour.prompt_mask[0].bool()]
+    behaviour_prompt = sampled_in.prompt_ids[0][sampled_in.prompt_mask[0].bool()]
     assert torch.equal(behaviour_prompt, batch.rollout.prompt_ids[0][batch.rollout.prompt_mask[0].bool()])  # plain rows
     mask = batch.rollout.loss_mask.bool()
-    behaviour, _ = batched_logprobs(model, batch.behaviour, 64)
+    behaviour, _ = batched_logprobs(model, sampled_in, 64)
     plain, _ = batched_logprobs(model, batch.rollout, 64)
     assert torch.allclose(behaviour[mask], batch.rollout.logprobs[mask], atol=1e-4)
     gap = (plain - batch.rollout.logprobs).abs()[mask & hinted.unsqueeze(1)]

@@ -224,8 +224,9 @@ def test_pipeline_samples_each_batch_with_the_version_it_was_given(server, tiny)
     differ from the current ones once they moved. The producer pushes between batches, never during one."""
     import copy
 
+    from rlx.algorithms.grouping import fixed_groups
     from rlx.rollout.pipeline import PipelineProducer, rollout_copy
-    from rlx.rollout.types import Batch, Rollout
+    from rlx.rollout.types import Batch, PromptRows, Rollout, no_verdicts
 
     model, tok = tiny
     policy = copy.deepcopy(model)
@@ -243,8 +244,9 @@ def test_pipeline_samples_each_batch_with_the_version_it_was_given(server, tiny)
                                       samples_per_prompt=2)
             sampled[step] = (server.version, out)
             empty = torch.zeros(4, 1, dtype=torch.long)
-            return Batch(Rollout(empty, empty + 1, empty, empty + 1, torch.zeros(4, dtype=torch.bool), [""] * 4,
-                                 versions=torch.full((4,), server.version or 0)), torch.zeros(4), 2)
+            rollout = Rollout.single_turn(empty, empty + 1, empty, empty + 1, torch.zeros(4, dtype=torch.bool), [""] * 4,
+                                          None, server.version or 0)
+            return Batch(rollout, torch.zeros(4), 2, fixed_groups(4, 2), no_verdicts(), PromptRows([{}] * 4, [""] * 4))
 
     server.publish(policy, 0)
     pipeline = PipelineProducer(Inner(), server, rollout_copy(policy), policy, max_staleness=1, total_steps=5)

@@ -107,7 +107,7 @@ def batched_logprobs(model, rollout: Rollout, micro: int, with_entropy: bool = F
         logp, entropy = completion_logprobs(
             model, rollout.prompt_ids[sl], rollout.prompt_mask[sl], rollout.completion_ids[sl], rollout.completion_mask[sl],
             with_entropy=with_entropy, pack=pack,
-            temperature=rollout.temperatures[sl] if rollout.temperatures is not None else temperature,
+            temperature=rollout.temperatures[sl] if rollout.scheduled else temperature,
         )
         logps.append(logp.cpu())
         if with_entropy:

@@ -18,7 +18,6 @@ import torch
 
 from rlx.algorithms.advantages import outcome_advantages, sign_weighted
 from rlx.algorithms.gigpo import CREDIT, invalid_action_penalty
-from rlx.algorithms.grouping import fixed_groups
 from rlx.algorithms.kl import sequence_kl_in_reward
 from rlx.algorithms.shaping import GroupSignals
 from rlx.algorithms.transforms import apply_transforms
@@ -60,7 +59,7 @@ def outcome_credit(batch: Batch, algo, *, acc, completion_mask, old_logp=None, r
     if ref_logp is not None and algo.kl_in == "reward":
         shaped, seq_kl = sequence_kl_in_reward(rewards[local], old_logp, ref_logp, completion_mask, kl_coef)  # (n,)
         shaped, seq_kl = gather(acc, shaped), gather(acc, seq_kl)  # (N,)
-    groups = batch.groups if batch.groups is not None else fixed_groups(shaped.numel(), batch.group_size)  # (N,)
+    groups = batch.groups  # (N,)
     global_advantages, global_keep, estimator_metrics = outcome_advantages(
         shaped, groups, algo.advantage, scale=algo.scale, eps=algo.eps, virtual_reward=algo.virtual_reward,
         virtual_samples=algo.virtual_samples)
@@ -147,7 +146,7 @@ def token_advantages(step_adv: torch.Tensor, step_episode: torch.Tensor, step_in
 
 def episode_credit(batch: Batch, algo, *, acc, **_) -> Credit:
     """Per-step advantages of the global episodes (algorithm.credit) -> this process's per-token (n, C)."""
-    episodes, local = batch.episodes, batch.local
+    episodes, local = batch.source.episodes, batch.local
     knobs = dict(gamma=algo.gamma, step_weight=algo.step_weight, turn_weight=algo.turn_weight, scale=algo.scale,
                  eps=algo.eps, gate_threshold=algo.gate_threshold, hgpo_depth=algo.hgpo_depth, hgpo_alpha=algo.hgpo_alpha)
     episode_group, step_episode, step_rewards, step_anchor = step_tensors(episodes, batch.group_size, algo.invalid_penalty)
@@ -158,7 +157,7 @@ def episode_credit(batch: Batch, algo, *, acc, **_) -> Credit:
     mine = (step_episode >= local.start) & (step_episode < local.stop)
     step_adv, step_episode = step_adv[mine], step_episode[mine] - local.start  # this process's steps
     rollout = batch.rollout
-    advantages = token_advantages(step_adv, step_episode, rollout.step_index, batch.row_episode)  # (n, C)
+    advantages = token_advantages(step_adv, step_episode, rollout.step_index, batch.source.row_episode)  # (n, C)
     keep = rollout.loss_mask.sum(dim=1) > 0  # (n,) an episode that failed before its first turn has no tokens
     sampled = gather_padded(acc, rollout.loss_mask).bool()  # (N, C)
     all_advantages = gather_padded(acc, advantages)  # (N, C)

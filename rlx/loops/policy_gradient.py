@@ -58,6 +58,7 @@ from rlx.loops.common import (
 from rlx.loops.credit import CREDIT_RULES
 from rlx.loops.micro_batches import plan_micro_batches
 from rlx.models.forward import completion_logprobs
+from rlx.rollout.types import HintedContext
 from rlx.runtime.checkpoint import GeneratorState
 from rlx.runtime.optim import optimizer_step
 from rlx.runtime.parallel import (
@@ -120,12 +121,11 @@ def train_policy_gradient(settings, parts: Parts) -> dict:
         if band is not None:
             update.entropy_band = band.at(step, settings.steps)
         need_old = (needs_proximal_logprobs(updates_per_step, reference is not None and algo.kl_in == "reward",
-                                            update.correction) or batch.behaviour is not None)
+                                            update.correction) or isinstance(batch.context, HintedContext))
         old_logp, old_entropy = None, None
         logprob_start = time.perf_counter()
         if need_old or algo.forking_rho < 1:
-            sampled_in = rollout if batch.behaviour is None else batch.behaviour  # the contexts the rows were drawn in
-            old_logp, old_entropy = batched_logprobs(model, sampled_in, settings.micro_batch_size,
+            old_logp, old_entropy = batched_logprobs(model, batch.sampled_in, settings.micro_batch_size,
                                                      with_entropy=algo.forking_rho < 1, temperature=roll.temperature,
                                                      pack=pack)
         ref_logp = (batched_logprobs(reference, rollout, settings.micro_batch_size, temperature=roll.temperature,
@@ -291,7 +291,7 @@ def optimise(parts: Parts, rows: UpdateRows, kl_coef: float, shuffle: torch.Gene
                     model, rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx],
                     rollout.completion_mask[idx], with_entropy=True,
                     entropy_grad=u.entropy_coef > 0 or u.entropy_band is not None, pack=u.pack,
-                    temperature=rollout.temperatures[idx] if rollout.temperatures is not None else u.temperature,
+                    temperature=rollout.temperatures[idx] if rollout.scheduled else u.temperature,
                 )
                 device_mask = loss_mask[idx].to(logp.device)
                 old = old_logp[idx].to(logp.device) if old_logp is not None else logp.detach()

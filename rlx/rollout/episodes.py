@@ -12,11 +12,12 @@ from dataclasses import dataclass
 import torch
 from accelerate.utils import gather_object
 
+from rlx.algorithms.grouping import fixed_groups
 from rlx.rollout.budgets import BudgetWatch, budget_cut_frac
 from rlx.rollout.env import TurnDecoding, play, train_env_seed
 from rlx.rollout.failures import EpisodeFailureWatch
 from rlx.rollout.sampling import sample_seed
-from rlx.rollout.types import Batch, Episode, Rollout
+from rlx.rollout.types import Batch, Episode, EpisodeRows, Rollout, SameContext, no_verdicts
 from rlx.runtime.parallel import shard
 
 
@@ -109,10 +110,10 @@ class EpisodeProducer:
         }
         if self.acc.is_main_process:
             self.budget_watch.observe(step, all_episodes)
-        return Batch(rollout, returns, group, slice(mine.start, mine.stop), metrics, episodes=all_episodes,
-                     row_episode=row_episode)
+        return Batch(rollout, returns, group, fixed_groups(returns.numel(), group), no_verdicts(),
+                     EpisodeRows(all_episodes, row_episode), SameContext(), slice(mine.start, mine.stop), metrics)
 
     def records(self, batch: Batch, samples: list[dict], count: int) -> list[dict]:
         """The samples file rows of this process's first `count` episodes (the main process's are the first)."""
-        local = batch.episodes[batch.local]
+        local = batch.source.episodes[batch.local]
         return episode_records(local, count, samples)

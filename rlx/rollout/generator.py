@@ -14,7 +14,7 @@ same prompts and seeds (tests/test_sampling.py checks it token for token).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -229,5 +229,5 @@ def sample_rollout(generator: Generator, tokenizer, prompts: list[str], draw: Dr
     if schedule is not None:  # the temperature each token was drawn at (1.0 on padding, which carries no loss)
         width = rollout.completion_ids.shape[1]
         taus = torch.tensor(list(schedule[:width]), dtype=torch.float32).expand(len(rollout), width)
-        rollout.temperatures = torch.where(rollout.completion_mask.bool(), taus, torch.ones_like(taus))  # (N, C)
+        rollout = replace(rollout, temperatures=torch.where(rollout.completion_mask.bool(), taus, torch.ones_like(taus)))
     return rollout

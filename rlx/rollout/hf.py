@@ -205,7 +205,7 @@ def generate_tokens(model, tokenizer, unique_ids: torch.Tensor, unique_mask: tor
         model.train()
     prompt_ids = unique_ids.repeat_interleave(group, dim=0)  # (N, P)
     prompt_mask = unique_mask.repeat_interleave(group, dim=0)  # (N, P)
-    return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, truncated, texts, sampled_logp)
+    return Rollout.single_turn(prompt_ids, prompt_mask, completion_ids, completion_mask, truncated, texts, sampled_logp)
 
 
 def _decode_chunks(model, unique_ids: torch.Tensor, unique_mask: torch.Tensor, seeds: torch.Tensor, run: _DecodeRun,

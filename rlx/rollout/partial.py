@@ -27,13 +27,15 @@ import math
 
 import torch
 
+from rlx.algorithms.grouping import fixed_groups
+from rlx.algorithms.shaping import correct_from_accuracy
 from rlx.data.tasks import PromptStream
 from rlx.rewards import RewardComponent, TrainerState, compute_rewards, token_lists
 from rlx.rollout.pipeline import staleness_metrics
 from rlx.rollout.prompts import format_prompts
 from rlx.rollout.sampling import sample_seed
 from rlx.rollout.single_turn import SingleTurnSettings, outcome_metrics
-from rlx.rollout.types import Batch, Generation, Rollout
+from rlx.rollout.types import Batch, Generation, PromptRows, Rollout, SameContext
 
 
 def new_group(index: int, row: dict, prompt: str, prompt_ids: list[int], seeds: list[int]) -> dict:
@@ -152,8 +154,9 @@ class PartialProducer:
         for row, c in enumerate(ids):
             padded[row, : len(c)] = torch.tensor(c, dtype=torch.long)
         texts = self.tokenizer.batch_decode(padded, skip_special_tokens=True)
-        rollout = Rollout.from_ids([g["prompt_ids"] for g in groups], out, group, self.tokenizer.pad_token_id, texts)
-        rollout.versions = torch.tensor([v if v is not None else 0 for g in groups for v in g["versions"]], dtype=torch.long)
+        versions = [v if v is not None else 0 for g in groups for v in g["versions"]]  # a row's oldest sampler
+        rollout = Rollout.from_ids([g["prompt_ids"] for g in groups], out, group, self.tokenizer.pad_token_id, texts,
+                                   versions)
         sample_rows = [g["row"] for g in groups for _ in range(group)]
         sample_prompts = [g["prompt"] for g in groups for _ in range(group)]
         total, per_component, errors = compute_rewards(
@@ -164,13 +167,16 @@ class PartialProducer:
         carried = [g["first_step"] is not None and g["first_step"] < step for g in groups]
         metrics.update({"rollout/partial_carried_frac": sum(carried) / max(len(groups), 1),
                         "rollout/partial_pool_groups": len(self.pool), **staleness_metrics(rollout.versions, step)})
-        return Batch(rollout, total, group, slice(0, total.numel()), metrics, rows=sample_rows, prompts=sample_prompts,
+        correct = correct_from_accuracy(per_component[self.accuracy_key])  # (N,) the verifier's verdict
+        return Batch(rollout, total, group, fixed_groups(total.numel(), group), correct,
+                     PromptRows(sample_rows, sample_prompts), SameContext(), slice(0, total.numel()), metrics,
                      prompts_drawn=drawn)
 
     def records(self, batch: Batch, samples: list[dict], count: int) -> list[dict]:
         """The samples file rows of the first `count` samples."""
+        source = batch.source
         return [
-            {"prompt": batch.prompts[i], "completion": batch.rollout.texts[i], "reward": batch.rewards[i].item(),
-             **samples[i], "answer": batch.rows[i].get("answer"), "version": int(batch.rollout.versions[i])}
-            for i in range(min(count, len(batch.prompts)))
+            {"prompt": source.prompts[i], "completion": batch.rollout.texts[i], "reward": batch.rewards[i].item(),
+             **samples[i], "answer": source.rows[i].get("answer"), "version": int(batch.rollout.versions[i])}
+            for i in range(min(count, len(source.prompts)))
         ]

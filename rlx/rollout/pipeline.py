@@ -40,6 +40,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import replace
 
 import torch
 
@@ -133,13 +134,13 @@ class PipelineProducer:
             self._consumed = step
             for old in [s for s in self._states if s < step]:
                 del self._states[old]
-        batch.metrics.update({
+        return replace(batch, metrics={
+            **batch.metrics,
             **staleness_metrics(batch.rollout.versions, step),
             "perf/trainer_idle_s": time.perf_counter() - began,
             "perf/producer_idle_s": producer_idle,
             "perf/rollout_time_s": producing,
         })
-        return batch
 
     # -- weights from the trainer ----------------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from rlx.rollout.generator import Draw, Generator, sample_rollout
 from rlx.rollout.prompts import format_prompts
 from rlx.rollout.sampling import sample_seed
 from rlx.rollout.stages import Round, StageContext, StagePipeline
-from rlx.rollout.types import Batch, Rollout
+from rlx.rollout.types import Batch, HintedContext, PromptRows, Rollout, SameContext
 from rlx.runtime.parallel import gather, global_sum, shard
 
 
@@ -99,9 +99,9 @@ def sample_batch(generator: Generator, tokenizer, stream: PromptStream, rewards:
         rewards_all, correct, groups_all = drawn.rewards, drawn.correct, drawn.groups
         local = slice(0, rewards_all.numel())
         drawn_metrics["sampling/dropped_groups"] = dropped_groups
-    return Batch(drawn.rollout, rewards_all, group_size, local, drawn_metrics, rows=drawn.rows, prompts=drawn.prompts,
-                 prompts_drawn=drawn_groups, rounds=len(parts), filled_groups=filled, groups=groups_all,
-                 correct=correct, behaviour=drawn.behaviour)
+    context = HintedContext(drawn.behaviour) if drawn.behaviour is not None else SameContext()
+    return Batch(drawn.rollout, rewards_all, group_size, groups_all, correct, PromptRows(drawn.rows, drawn.prompts),
+                 context, local, drawn_metrics, prompts_drawn=drawn_groups, rounds=len(parts), filled_groups=filled)
 
 
 def draw_rounds(generator: Generator, tokenizer, stream: PromptStream, rewards: list[RewardComponent],
@@ -235,8 +235,9 @@ class SingleTurnProducer:
 
     def records(self, batch: Batch, samples: list[dict], count: int) -> list[dict]:
         """The samples file rows of this process's first `count` samples (the main process's are the first)."""
+        source = batch.source
         return [
-            {"prompt": batch.prompts[i], "completion": batch.rollout.texts[i], "reward": batch.rewards[i].item(),
-             **samples[i], "answer": batch.rows[i].get("answer")}
-            for i in range(min(count, len(batch.prompts)))
+            {"prompt": source.prompts[i], "completion": batch.rollout.texts[i], "reward": batch.rewards[i].item(),
+             **samples[i], "answer": source.rows[i].get("answer")}
+            for i in range(min(count, len(source.prompts)))
         ]

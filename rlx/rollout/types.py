@@ -8,6 +8,12 @@ the turn each sampled token belongs to, so per-turn advantages reach their token
 case of one turn and no environment tokens (loss_mask == completion_mask, step_index 0 on every sampled
 token), as in verl's AgentLoopOutput (`response_mask = [1] * n`).
 
+`Batch` is the one step record a producer hands the update: the Rollout, and the rewards, group keys and
+verdicts over the global batch, with explicit variants where a producer differs: where the rows come from
+(`PromptRows` | `EpisodeRows`) and the context they were sampled in (`SameContext` | `HintedContext`). Both
+records are complete at construction (no field means something by being None, except Rollout.logprobs: the
+generator was not asked for them) and frozen: a stage that changes one builds a new one (dataclasses.replace).
+
 `Episode` is how an episode was played, turn by turn (unpadded lists: ids, rewards, anchors, actions,
 observations); the episode producer fills one per environment and `Rollout.from_episodes` pads them.
 """
@@ -28,19 +34,22 @@ class Generation:
     stopped: list[bool]             # True when a stop token ended the row (False: the budget ran out)
 
 
-@dataclass
+@dataclass(frozen=True, eq=False)
 class Rollout:
-    """N sequences for a forward pass (rlx.models.forward.completion_logprobs) and their bookkeeping.
+    """N sequences for a forward pass (rlx.models.forward.completion_logprobs) and their bookkeeping. Every field
+    is set at construction (the factories `single_turn`, `from_ids`, `from_episodes`) and never assigned after:
+    a changed record is a new one (dataclasses.replace).
 
     prompt_ids / prompt_mask (N, P) left-padded; completion_ids (N, C) right-padded: every token after the
     prompt (model AND environment tokens); completion_mask (N, C) its attention mask (1 up to and including
-    the first stop token of a single-turn sample); loss_mask (N, C) 1 on the tokens the model sampled only;
-    step_index (N, C) the turn each sampled token belongs to (-1 elsewhere); truncated (N,) bool (no stop token
-    within the budget, or an episode cut by a limit); texts: the decoded completions (special tokens removed);
-    logprobs (N, C) the sampler's log-prob of each sampled token (0 elsewhere) or None; versions (N,) long: the
-    policy version (number of updates published to the generator) that sampled each row; temperatures (N, C) the
-    temperature each token was sampled at when it varies within a generation (rollout.temperature_schedule), which
-    the trainer's log-probs then use too; None: rollout.temperature everywhere."""
+    the first stop token of a single-turn sample); truncated (N,) bool (no stop token within the budget, or an
+    episode cut by a limit); texts: the decoded completions (special tokens removed); logprobs (N, C) the
+    sampler's log-prob of each sampled token (0 elsewhere), or None when the generator was not asked for them;
+    loss_mask (N, C) 1 on the tokens the model sampled only; step_index (N, C) long: the turn each sampled token
+    belongs to (-1 elsewhere); versions (N,) long: the policy version (number of updates published to the
+    generator) that sampled each row; temperatures: (N, C) the temperature each token was sampled at when it
+    varies within a generation (rollout.temperature_schedule, EAD), which the trainer's log-probs then use too,
+    or an empty (N, 0) when every token was sampled at rollout.temperature (`scheduled` tells them apart)."""
 
     prompt_ids: torch.Tensor
     prompt_mask: torch.Tensor
@@ -48,19 +57,28 @@ class Rollout:
     completion_mask: torch.Tensor
     truncated: torch.Tensor
     texts: list[str]
-    logprobs: torch.Tensor | None = None
-    loss_mask: torch.Tensor | None = None  # None at construction: the completion mask (single-turn)
-    step_index: torch.Tensor | None = None  # None at construction: 0 on every sampled token (single-turn)
-    versions: torch.Tensor | None = None  # None at construction: version 0 for every row
-    temperatures: torch.Tensor | None = None  # (N, C) per-token sampling temperature (EAD); None: rollout.temperature
+    logprobs: torch.Tensor | None
+    loss_mask: torch.Tensor
+    step_index: torch.Tensor
+    versions: torch.Tensor
+    temperatures: torch.Tensor
 
-    def __post_init__(self):
-        if self.loss_mask is None:
-            self.loss_mask = self.completion_mask
-        if self.step_index is None:
-            self.step_index = torch.where(self.loss_mask.bool(), 0, -1)
-        if self.versions is None:
-            self.versions = torch.zeros(self.completion_ids.shape[0], dtype=torch.long)
+    @classmethod
+    def single_turn(cls, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+                    completion_mask: torch.Tensor, truncated: torch.Tensor, texts: list[str],
+                    logprobs: torch.Tensor | None, version: int | list[int] = 0) -> Rollout:
+        """Single-turn rows: every token after the prompt was sampled (loss_mask = completion_mask, step_index 0 on
+        it), by policy version `version` (one for every row, or one per row), at the constant temperature."""
+        rows = completion_ids.shape[0]
+        versions = (torch.full((rows,), version, dtype=torch.long) if isinstance(version, int)
+                    else torch.tensor(version, dtype=torch.long))  # (N,)
+        return cls(prompt_ids, prompt_mask, completion_ids, completion_mask, truncated, texts, logprobs,
+                   completion_mask, torch.where(completion_mask.bool(), 0, -1), versions, constant_temperature(rows))
+
+    @property
+    def scheduled(self) -> bool:
+        """True when `temperatures` holds each token's sampling temperature (EAD); False: rollout.temperature."""
+        return self.temperatures.shape[1] > 0
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -71,10 +89,11 @@ class Rollout:
 
     @classmethod
     def from_ids(cls, prompt_ids: list[list[int]], out: Generation, group: int, pad_id: int, texts: list[str],
-                 version: int = 0) -> Rollout:
+                 version: int | list[int] = 0) -> Rollout:
         """Single-turn rows from token-id prompts and the generator's reply: G = group adjacent samples per prompt,
         prompts left-padded (N, P), completions right-padded (N, C) to the longest one, mask 1 up to and including
-        the stop token, truncated where no stop token ended the row, the sampler's log-probs when returned."""
+        the stop token, truncated where no stop token ended the row, the sampler's log-probs when returned, the
+        policy version that sampled them (one for every row, or one per row)."""
         rows = len(prompt_ids) * group
         width_p = max((len(p) for p in prompt_ids), default=0)
         width_c = max((len(c) for c in out.ids), default=0)
@@ -94,8 +113,7 @@ class Rollout:
                 if logprobs is not None:
                     logprobs[row, : len(sampled)] = torch.tensor(out.logprobs[row], dtype=torch.float32)
         truncated = torch.tensor([not s for s in out.stopped], dtype=torch.bool)  # (N,)
-        return cls(p_ids, p_mask, c_ids, c_mask, truncated, texts, logprobs,
-                   versions=torch.full((rows,), version, dtype=torch.long))
+        return cls.single_turn(p_ids, p_mask, c_ids, c_mask, truncated, texts, logprobs, version)
 
     @classmethod
     def from_episodes(cls, episodes: list[Episode], pad_id: int, versions: list[int] | None = None) -> Rollout:
@@ -128,7 +146,7 @@ class Rollout:
         texts = [" | ".join(e.actions) for e in episodes]
         version_tensor = torch.tensor(versions if versions is not None else [0] * n, dtype=torch.long)
         return cls(prompt_ids, prompt_mask, completion_ids, completion_mask, truncated, texts, logprobs, loss_mask,
-                   step_index, version_tensor)
+                   step_index, version_tensor, constant_temperature(n))
 
     def select(self, index: torch.Tensor) -> Rollout:
         """The rows `index` (1-D long tensor), in that order."""
@@ -156,7 +174,7 @@ class Rollout:
         logprobs = (torch.cat([pad(r.logprobs, c_width, 0, False) for r in parts])  # (N, C)
                     if all(r.logprobs is not None for r in parts) else None)
         temperatures = (torch.cat([pad(r.temperatures, c_width, 1.0, False) for r in parts])  # (N, C)
-                        if all(r.temperatures is not None for r in parts) else None)
+                        if all(r.scheduled for r in parts) else constant_temperature(sum(len(r) for r in parts)))
         return Rollout(
             torch.cat([pad(r.prompt_ids, p_width, pad_id, True) for r in parts]),  # (N, P)
             torch.cat([pad(r.prompt_mask, p_width, 0, True) for r in parts]),  # (N, P)
@@ -172,33 +190,86 @@ class Rollout:
         )
 
 
-@dataclass
+def constant_temperature(rows: int) -> torch.Tensor:
+    """Rollout.temperatures of rows sampled at the constant rollout.temperature: an empty (N, 0)."""
+    return torch.ones((rows, 0))
+
+
+@dataclass(frozen=True, eq=False)
+class PromptRows:
+    """Where single-turn rows come from: the data row and the rendered prompt of each of this process's rows."""
+
+    rows: list[dict]
+    prompts: list[str]
+
+
+@dataclass(frozen=True, eq=False)
+class EpisodeRows:
+    """Where episode rows come from: every episode of the global batch, in global order, and row_episode (n,)
+    long: the episode (index into `episodes`, minus the process's first one) of each of this process's rows;
+    a harness session's fork rows share their episode."""
+
+    episodes: list[Episode]
+    row_episode: torch.Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class SameContext:
+    """Every row was sampled from the prompt it trains on: the old log-probs are taken on Batch.rollout."""
+
+
+@dataclass(frozen=True, eq=False)
+class HintedContext:
+    """Some rows were sampled from another prompt (a hint in the user message, algorithm.hints placement=prompt):
+    `rollout` holds every row with the prompt it was sampled from, for the old log-probs (rows as Batch.rollout)."""
+
+    rollout: Rollout
+
+
+@dataclass(frozen=True, eq=False)
 class Batch:
     """One step's training rows from a producer: the Rollout of this process's rows, and what the credit rule
-    needs over the GLOBAL batch (all processes, in global row order).
+    needs over the GLOBAL batch (all processes, in global row order). Every field is set at construction and
+    never assigned after (a changed batch is a new one: dataclasses.replace).
 
     rewards (N,) the outcome reward of each global row (single-turn: the weighted total; episodes: the return);
-    group_size: rows per group (G adjacent rows share a prompt or an environment seed); local: this process's
-    rows within the global batch; metrics: reward/*, completions/* or env/* over everything drawn this step.
-    Single-turn extras: rows / prompts (this process's data rows and rendered prompts), prompts_drawn,
-    rounds, filled_groups (dynamic sampling). Episode extras: episodes (global, in order) and the
-    process's own first global row index."""
+    group_size: rows per group (G adjacent rows share a prompt or an environment seed); groups (N,) long: the
+    group key of each global row, what keyed estimators group by (fixed groups, row // group_size, unless a
+    stage regrouped the rows: hinted re-samples join their group); correct (N,) bool: the verdict training sees
+    (the accuracy component after verifier noise; a replayed row: the stored one), or an empty (0,) when the
+    producer has no verifier (episodes: `no_verdicts`); source: PromptRows (single-turn) or EpisodeRows
+    (episodes, the harness); context: SameContext, or HintedContext with the rows as sampled; local: this
+    process's rows within the global batch; metrics: reward/*, completions/* or env/* over everything drawn
+    this step; prompts_drawn, rounds, filled_groups: single-turn sampling's counts (dynamic sampling)."""
 
     rollout: Rollout
     rewards: torch.Tensor
     group_size: int
+    groups: torch.Tensor
+    correct: torch.Tensor
+    source: PromptRows | EpisodeRows
+    context: SameContext | HintedContext = field(default_factory=SameContext)
     local: slice = field(default_factory=lambda: slice(None))
     metrics: dict = field(default_factory=dict)
-    rows: list[dict] | None = None
-    prompts: list[str] | None = None
     prompts_drawn: int = 0
     rounds: int = 1
     filled_groups: int = 0
-    episodes: list[Episode] | None = None
-    row_episode: torch.Tensor | None = None  # (n,) this process's episode of each row (a harness fork: several rows)
-    groups: torch.Tensor | None = None  # (N,) a key per global row for keyed estimators (seed ideas)
-    correct: torch.Tensor | None = None  # (N,) the verifier's verdict, before any verifier-noise model
-    behaviour: Rollout | None = None  # the hinted rows as sampled (their context), for the old log-probs
+
+    def __post_init__(self):
+        n = self.rewards.shape[0]
+        if self.groups.shape != (n,) or self.correct.shape not in ((n,), (0,)):
+            raise ValueError(f"Batch: {n} rewards, groups {tuple(self.groups.shape)}, correct "
+                             f"{tuple(self.correct.shape)} (want ({n},); correct may be (0,): no verifier)")
+
+    @property
+    def sampled_in(self) -> Rollout:
+        """The rows with the context each was sampled in: what the old (proximal) log-probs are taken on."""
+        return self.context.rollout if isinstance(self.context, HintedContext) else self.rollout
+
+
+def no_verdicts() -> torch.Tensor:
+    """Batch.correct of a producer without a verifier (episodes): an empty (0,) bool tensor."""
+    return torch.zeros(0, dtype=torch.bool)
 
 
 @dataclass

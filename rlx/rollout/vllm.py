@@ -269,7 +269,7 @@ class VLLMEngine:
         texts = tok.batch_decode(completion_ids, skip_special_tokens=True)
         prompt_ids = unique_ids.repeat_interleave(group, dim=0)  # (N, P)
         prompt_mask = unique_mask.repeat_interleave(group, dim=0)  # (N, P)
-        return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, truncated, texts, logprobs)
+        return Rollout.single_turn(prompt_ids, prompt_mask, completion_ids, completion_mask, truncated, texts, logprobs)
 
     @torch.no_grad()
     def generate_ids(self, prompts: list[list[int]], *, max_new_tokens: int, seeds: list[int],

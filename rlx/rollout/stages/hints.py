@@ -10,6 +10,8 @@ re-sample correct), hints/fraction (the mean share of the solution given).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from rlx.algorithms.grouping import dense_ids, group_all
@@ -110,11 +112,11 @@ class Hints(Stage):
         version = getattr(ctx.generator, "version", 0)
         trained = Rollout.from_ids(plain_ids, out, samples, pad, texts, version=version)
         skip = [len(p) for p in prefixes] if hints.placement == "prefix" else [0] * len(prefixes)
-        _mask_prefixes(trained, skip, ctx.schedule)
+        trained = _mask_prefixes(trained, skip, ctx.schedule)
         behaviour = None
         if hints.placement == "prompt":  # the same completions after the hinted prompt: old and sampler log-probs
             behaviour = Rollout.from_ids(contexts, out, samples, pad, texts, version=version)
-            behaviour.temperatures = trained.temperatures
+            behaviour = replace(behaviour, temperatures=trained.temperatures)
         rows = [part.rows[row] for _, row, _ in chosen for _ in range(samples)]
         prompts = [part.prompts[row] for _, row, _ in chosen for _ in range(samples)]
         groups = torch.tensor([int(part.groups[row]) for _, row, _ in chosen for _ in range(samples)], dtype=torch.long)
@@ -129,20 +131,20 @@ class Hints(Stage):
         return metrics
 
 
-def _mask_prefixes(trained: Rollout, skip: list[int], schedule: list[float] | None) -> None:
-    """Leave each row's first skip[r] completion tokens (the hint prefix) out of the loss; with a temperature
-    schedule, the continuation's position t was drawn at schedule[t] (the prefix at 1)."""
-    trained.loss_mask = trained.completion_mask.clone()
+def _mask_prefixes(trained: Rollout, skip: list[int], schedule: list[float] | None) -> Rollout:
+    """The record with each row's first skip[r] completion tokens (the hint prefix) left out of the loss; with a
+    temperature schedule, the continuation's position t was drawn at schedule[t] (the prefix at 1)."""
+    loss_mask = trained.completion_mask.clone()
     for r, n in enumerate(skip):
-        trained.loss_mask[r, :n] = 0
-    trained.step_index = torch.where(trained.loss_mask.bool(), 0, -1)
+        loss_mask[r, :n] = 0
+    taus = trained.temperatures
     if schedule is not None:
         width = trained.completion_ids.shape[1]
         taus = torch.ones(len(trained), width)
         for r, n in enumerate(skip):
             length = int(trained.completion_mask[r].sum()) - n
             taus[r, n : n + length] = torch.tensor(schedule[:length], dtype=torch.float32)
-        trained.temperatures = taus
+    return replace(trained, loss_mask=loss_mask, step_index=torch.where(loss_mask.bool(), 0, -1), temperatures=taus)
 
 
 def _with_hint(row: dict, hint: str, template: str) -> dict:

@@ -9,6 +9,8 @@ replay/buffer_size.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from rlx.algorithms.grouping import dense_ids, group_all
@@ -61,10 +63,9 @@ def put_back(part: Round, plan: list, pad: int, tokenizer) -> None:
                      [list(e.logprobs) for e in replayed] if all(e.logprobs is not None for e in replayed) else None,
                      [not e.truncated for e in replayed])
     texts = tokenizer.batch_decode([e.completion_ids for e in replayed], skip_special_tokens=True)
-    fresh = Rollout.from_ids(prompt_ids, out, 1, pad, texts)
-    fresh.versions = torch.tensor([max(e.step - 1, 0) for e in replayed], dtype=torch.long)  # the policy that sampled it
+    fresh = Rollout.from_ids(prompt_ids, out, 1, pad, texts, [max(e.step - 1, 0) for e in replayed])  # its sampler
     if rollout.logprobs is not None and fresh.logprobs is None:
-        fresh.logprobs = torch.zeros(fresh.completion_ids.shape)
+        fresh = replace(fresh, logprobs=torch.zeros(fresh.completion_ids.shape))
     merged = Rollout.cat([rollout, fresh], pad)
     order = torch.arange(len(rollout))
     for position, (row, entry) in enumerate(plan):

@@ -23,7 +23,7 @@ class TemperatureSchedule(Stage):
 
     def after_scoring(self, part: Round, ctx: StageContext, first_index: int) -> Round:
         taus = part.rollout.temperatures
-        if ctx.schedule is not None and taus is not None:
+        if ctx.schedule is not None and part.rollout.scheduled:
             sampled = part.rollout.loss_mask.bool()
             self.tau_sum += float(taus[sampled].double().sum().item())
             self.tau_tokens = (self.tau_tokens or 0.0) + float(int(sampled.sum()))
