@@ -308,7 +308,7 @@ def check_server_settings(rollout_cfg, processes: int = 1) -> None:
         check_host(str(server.host), bool(server.allow_remote))
     if server.lora_push not in LORA_PUSH:
         raise UserError(f"unknown rollout.server.lora_push '{server.lora_push}'; valid choices: {', '.join(LORA_PUSH)}")
-    check_publisher(str(server.get("publisher", "auto")))
+    check_publisher(str(getattr(server, "publisher", "auto")))  # a DictConfig or ServerSettings; older runs: auto
     python = server.python
     if not server.urls and python is None:
         import importlib.util
