@@ -91,6 +91,8 @@ class WeightPublisher:
     server_args: tuple[str, ...] = ()  # extra flags of a child server
     server_env: dict[str, str] = {}  # extra environment of a child server
     needs_cuda = False
+    survives_loss = False  # the run can go on without a lost server, and catch_up() brings one back
+
 
     def __init__(self, client, work_dir: Path, settings):
         self.client, self.work_dir, self.settings = client, Path(work_dir), settings
@@ -102,22 +104,33 @@ class WeightPublisher:
         """Put the policy's weights on every server; {perf/weight_write_s, perf/weight_load_s}."""
         raise NotImplementedError
 
+    def catch_up(self, url: str, version: int) -> None:
+        """Put the weights of the last publish (`version`) on one server that was lost and answers again
+        (only where survives_loss)."""
+        raise NotImplementedError
+
     def close(self) -> None:
         """Release what start() opened (the generator calls it before the server stops)."""
 
 
 @PUBLISHERS.register("file")
 class FilePublisher(WeightPublisher):
-    """The full weights through the filesystem: safetensors in work_dir/model, then reload_weights everywhere."""
+    """The full weights through the filesystem: safetensors in work_dir/model, then reload_weights everywhere.
+    The file holds the last publish's weights, so a server that returns reloads it (catch_up)."""
+
+    survives_loss = True
 
     def publish(self, model, version: int) -> dict[str, float]:
         began = time.perf_counter()
         write_weights(served_state_dict(model), self.work_dir / "model")
         written = time.perf_counter()
-        self.client.everywhere("/collective_rpc", {"method": "reload_weights",
-                                                   "kwargs": {"weights_path": str(self.work_dir / "model")}},
-                               what=f"reloading the weights of version {version}")
+        self.client.each(lambda url: self.catch_up(url, version))
         return {"perf/weight_write_s": written - began, "perf/weight_load_s": time.perf_counter() - written}
+
+    def catch_up(self, url: str, version: int) -> None:
+        self.client.call(url, "/collective_rpc", {"method": "reload_weights",
+                                                  "kwargs": {"weights_path": str(self.work_dir / "model")}},
+                         what=f"reloading the weights of version {version}")
 
 
 @PUBLISHERS.register("lora")
@@ -125,6 +138,7 @@ class LoraPublisher(WeightPublisher):
     """The LoRA adapter alone: saved per version, loaded in place under one name; the served base never changes."""
 
     adapter = True
+    survives_loss = True
 
     def publish(self, model, version: int) -> dict[str, float]:
         began = time.perf_counter()
@@ -132,12 +146,16 @@ class LoraPublisher(WeightPublisher):
         # a peft model saves its adapter only; save_embedding_layers=False: no look-up of the base's config
         model.save_pretrained(str(folder), save_embedding_layers=False)
         written = time.perf_counter()
-        self.client.everywhere("/v1/load_lora_adapter", {"lora_name": ADAPTER_NAME, "lora_path": str(folder),
-                                                         "load_inplace": True},
-                               what=f"loading the LoRA adapter of version {version}", text_ok=True)
+        self.client.each(lambda url: self.catch_up(url, version))
         for old in sorted((self.work_dir / "adapters").iterdir())[:-2]:  # the one in use and the one before
             shutil.rmtree(old, ignore_errors=True)
         return {"perf/weight_write_s": written - began, "perf/weight_load_s": time.perf_counter() - written}
+
+    def catch_up(self, url: str, version: int) -> None:
+        folder = self.work_dir / "adapters" / f"v{version:06d}"
+        self.client.call(url, "/v1/load_lora_adapter", {"lora_name": ADAPTER_NAME, "lora_path": str(folder),
+                                                        "load_inplace": True},
+                         what=f"loading the LoRA adapter of version {version}", text_ok=True)
 
 
 @PUBLISHERS.register("gloo")

@@ -58,7 +58,6 @@ from rlx.rollout.server_process import (
     check_server_settings,
     free_port,
     normalize_urls,
-    served_model_name,
     server_command,
     server_env,
 )
@@ -82,12 +81,13 @@ class ServerGenerator:
     """The generator protocol on vLLM server(s); `process` is the child server (None: user-started URLs)."""
 
     def __init__(self, client: ServerClient, model_name: str, tokenizer, stop_ids: list[int], vocab_size: int,
-                 sampling: dict, work_dir: Path, *, publisher: WeightPublisher, process: ServerProcess | None = None,
-                 remove_work_dir: bool = False):
+                 sampling: dict, work_dir: Path, *, publisher: WeightPublisher,
+                 processes: list[ServerProcess] = (), remove_work_dir: bool = False):
         self.client, self.model_name, self.tokenizer, self.stop_ids = client, model_name, tokenizer, stop_ids
         self.vocab_size, self.sampling, self.work_dir = vocab_size, sampling, Path(work_dir)
         self.publisher, self.adapter = publisher, publisher.adapter
-        self.process, self.remove_work_dir = process, remove_work_dir
+        self.processes, self.remove_work_dir = list(processes), remove_work_dir
+        self._failovers_seen = 0
         self.version: int | None = None  # the weight version every server holds (None before the first publish)
         self._timings: dict[str, float] = {}
         self._retries_seen = 0
@@ -106,7 +106,7 @@ class ServerGenerator:
         rows = len(prompts) * group
         if len(seeds) != rows:
             raise ValueError(f"{len(seeds)} seeds for {rows} completions")
-        knobs, urls = self.sampling, self.client.urls
+        knobs, assigned = self.sampling, {}  # a prompt's G rows on one server (its prefix cache)
 
         def one(row: int):
             body = {"model": self.request_model, "prompt": [int(t) for t in prompts[row // group]],
@@ -117,17 +117,17 @@ class ServerGenerator:
                     "stop_token_ids": self.stop_ids, "logprobs": 0, "return_token_ids": True}
             parse = lambda answer: parse_completion(answer, max_new_tokens=max_new_tokens,  # noqa: E731
                                                     vocab_size=self.vocab_size, stop_ids=self.stop_ids)
-            return self.client.call(urls[(row // group) % len(urls)], "/v1/completions", body,
-                                    what="a completion request", parse=parse)
+            return self.client.routed(row // group, assigned, "/v1/completions", body, what="a completion request",
+                                      parse=parse)
 
         answers = self.client.map(one, list(range(rows)))
         return Generation([a[0] for a in answers], [a[1] for a in answers], [a[2] for a in answers])
 
     def score(self, prompts: list[list[int]], completions: list[list[int]]) -> list[torch.Tensor]:
         """log p(completion_t | prompt, completion_<t) under the served weights (temperature 1), one (C_i,) tensor
-        per pair, from the first server's prompt log-probs."""
-        def one(pair):
-            prompt, completion = pair
+        per pair, from the prompt log-probs of a server chosen by load."""
+        def one(item):
+            index, (prompt, completion) = item
             body = {"model": self.request_model, "prompt": list(prompt) + list(completion), "max_tokens": 1,
                     "prompt_logprobs": 0, "temperature": 1.0}
 
@@ -138,25 +138,31 @@ class ServerGenerator:
                 except (KeyError, IndexError, TypeError) as exc:
                     raise BadAnswer(f"no prompt log-probs in the answer ({exc!r})") from None
 
-            return self.client.call(self.client.urls[0], "/v1/completions", body, what="a scoring request", parse=parse)
+            return self.client.routed(index, {}, "/v1/completions", body, what="a scoring request", parse=parse)
 
-        return self.client.map(one, list(zip(prompts, completions)))
+        return self.client.map(one, list(enumerate(zip(prompts, completions))))
 
     @torch.no_grad()
     def publish(self, model, version: int) -> None:
-        """Put the policy's current weights (or its adapter) on every server through the run's publisher
-        (rlx.rollout.publishers), then stamp them with `version`."""
+        """Put the policy's current weights (or its adapter) on every live server through the run's publisher
+        (rlx.rollout.publishers), then stamp them with `version`; then bring back lost servers that answer
+        again (the publisher's catch_up, then the stamp), before they get work."""
         began = time.perf_counter()
         timings = self.publisher.publish(model, version)
         moved = time.perf_counter()
         self._stamp(version)
+        self.client.rejoin(lambda url: self._catch_up(url, version))
         done = time.perf_counter()
         timings["perf/weight_load_s"] = timings.get("perf/weight_load_s", 0.0) + done - moved  # the stamp included
         self._timings = {"perf/weight_sync_s": done - began, **timings}
         log.debug("published weights of version %d in %.2f s", version, done - began)
 
     def _stamp(self, version: int) -> None:
-        """Drop KV blocks cached for the old weights, then record and check the version on every server."""
+        """Drop KV blocks cached for the old weights, then record and check the version on every live server."""
+        self.client.each(lambda url: self._stamp_one(url, version))
+        self.version = version
+
+    def _stamp_one(self, url: str, version: int) -> None:
         def reset_done(answer):
             if not (isinstance(answer, dict) and answer.get("success")):
                 raise BadAnswer(f"the prefix cache was not reset: {answer}")
@@ -165,11 +171,14 @@ class ServerGenerator:
             if not (isinstance(answer, dict) and answer.get("weight_version") == str(version)):
                 raise BadAnswer(f"/weight_info reports {answer}, not version {version}")
 
-        self.client.everywhere("/reset_prefix_cache", {}, what="resetting the prefix cache", parse=reset_done)
-        self.client.everywhere("/update_weight_version", {"new_version": str(version)}, what="stamping the version")
-        for url in self.client.urls:
-            self.client.call(url, "/weight_info", None, what="reading the weight version", parse=holds_version)
-        self.version = version
+        self.client.call(url, "/reset_prefix_cache", {}, what="resetting the prefix cache", parse=reset_done)
+        self.client.call(url, "/update_weight_version", {"new_version": str(version)}, what="stamping the version")
+        self.client.call(url, "/weight_info", None, what="reading the weight version", parse=holds_version)
+
+    def _catch_up(self, url: str, version: int) -> None:
+        """A lost server that answers again: the last published weights, then the stamp."""
+        self.publisher.catch_up(url, version)
+        self._stamp_one(url, version)
 
     def sync_weights(self, model, version: int | None = None) -> None:
         """publish() under the loops' name; without a version, the next one after the last."""
@@ -183,17 +192,21 @@ class ServerGenerator:
         previous call (rollout/server_retries)."""
         retries = self.client.failed_attempts - self._retries_seen
         self._retries_seen = self.client.failed_attempts
-        metrics = dict(self._timings, **{"rollout/server_retries": float(retries)})
+        failovers = self.client.failovers - self._failovers_seen
+        self._failovers_seen = self.client.failovers
+        metrics = dict(self._timings, **{"rollout/server_retries": float(retries),
+                                         "rollout/server_failovers": float(failovers),
+                                         "rollout/servers_live": float(len(self.client.urls))})
         if self.version is not None:
             metrics["rollout/policy_version"] = float(self.version)
         return metrics
 
     def close(self) -> None:
-        """Stop the child server (if any) and remove the temporary served checkpoint."""
+        """Stop the child servers (if any) and remove the temporary served checkpoint."""
         self.publisher.close()
         self.client.close()
-        if self.process is not None:
-            self.process.stop()
+        for process in self.processes:
+            process.stop()
         if self.remove_work_dir:
             shutil.rmtree(self.work_dir, ignore_errors=True)
 
@@ -216,59 +229,90 @@ def build_server_generator(rollout_cfg, model, tokenizer, seed: int) -> ServerGe
             write_served_checkpoint(model, tokenizer, served)
     else:
         write_served_checkpoint(model, tokenizer, served)
-    process = None
-    timeout = float(server.request_timeout_s)
     if server.urls:
-        urls = normalize_urls(server.urls, bool(server.allow_remote))
+        urls, processes = normalize_urls(server.urls, bool(server.allow_remote)), []
     else:
-        urls, process = _start_child(rollout_cfg, model, served, work_dir, seed, kind, temporary=remove)
-    client = ServerClient(urls, timeout_s=timeout, retries=int(server.max_retries), backoff_s=float(server.retry_backoff_s),
-                          concurrency=int(server.max_concurrency), dead=process.exit_note if process else lambda: None)
+        urls, processes = _start_children(rollout_cfg, model, served, work_dir, seed, kind, temporary=remove)
+    client = ServerClient(urls, timeout_s=float(server.request_timeout_s), retries=int(server.max_retries),
+                          backoff_s=float(server.retry_backoff_s), concurrency=int(server.max_concurrency),
+                          per_server=int(getattr(server, "per_server_concurrency", 32)),
+                          min_servers=int(getattr(server, "min_servers", 1)),
+                          exit_notes=[p.exit_note for p in processes] if processes else None,
+                          tolerates_loss=kind.survives_loss)
     try:
-        names = [served_model_name(url, timeout) for url in urls]
-    except OSError as exc:
+        names = client.each(lambda url: client.call(url, "/v1/models", None, what="listing the served model",
+                                                    parse=_model_name))
+    except RolloutServerError as exc:
         client.close()
-        if process is not None:
+        for process in processes:
             process.stop()
-        raise RolloutServerError(f"the rollout server at {urls[0]} did not list its model (/v1/models): {exc}",
+        raise RolloutServerError(f"the rollout server(s) did not list their model (/v1/models): {exc}",
                                  resumable=False) from None
     sampling = {"temperature": float(rollout_cfg.temperature), "top_p": float(rollout_cfg.top_p),
                 "top_k": int(rollout_cfg.top_k)}
     publisher = kind(client, work_dir, server)
     generator = ServerGenerator(client, names[0], tokenizer, eos_ids(model, tokenizer),
                                 int(model.get_output_embeddings().weight.shape[0]), sampling, work_dir,
-                                publisher=publisher, process=process, remove_work_dir=remove)
+                                publisher=publisher, processes=processes, remove_work_dir=remove)
     try:
         publisher.start(model)
     except BaseException:
         generator.close()
         raise
-    if process is not None and not adapter:
-        generator._stamp(0)  # the child started from these very weights
+    if processes and not adapter:
+        generator._stamp(0)  # the children started from these very weights
     else:
         generator.publish(model, 0)
-    log.info("rollout server(s): %s, model %s%s, weights version 0", ", ".join(urls), names[0],
+    log.info("rollout server(s): %s, model %s%s, weights version 0", ", ".join(client.urls), names[0],
              f" + LoRA adapter {ADAPTER_NAME}" if adapter else "")
     return generator
 
 
-def _start_child(rollout_cfg, model, served: Path, work_dir: Path, seed: int, publisher: type[WeightPublisher],
-                 temporary: bool):
+def _model_name(answer) -> str:
+    try:
+        return str(answer["data"][0]["id"])
+    except (KeyError, IndexError, TypeError):
+        raise BadAnswer(f"no model listed: {str(answer)[:160]}") from None
+
+
+def _start_children(rollout_cfg, model, served: Path, work_dir: Path, seed: int, publisher: type[WeightPublisher],
+                    temporary: bool) -> tuple[list[str], list[ServerProcess]]:
+    """rollout.server.num_servers child servers on ports the OS picks, started side by side; `{index}` in
+    launch_prefix and env values becomes the server's index (0, 1, ...), e.g. [taskset, -c, "{index}"] pins
+    server i to core i. Each logs to server.log (one server) or server-<i>.log."""
     import sys
+    from concurrent.futures import ThreadPoolExecutor
 
     server = rollout_cfg.server
     python = str(server.python) if server.python else sys.executable
-    host = str(server.host)
-    port = free_port(host)
-    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    host, count = str(server.host), int(getattr(server, "num_servers", 1))
     adapter, lora_rank = publisher.adapter, None
     if adapter:
         lora_rank = max(int(c.r) for c in model.peft_config.values())
-    command = server_command(python, str(served), host, port, EngineArgs.of(rollout_cfg), seed=seed,
-                             lora_rank=lora_rank, extra_args=[*publisher.server_args, *server.extra_args])
-    env = server_env(os.environ, lora=adapter, extra={**publisher.server_env, **dict(server.env)})
-    process = ServerProcess(command, env, work_dir / "server.log", url, launch_prefix=list(server.launch_prefix),
-                            grace_s=float(server.stop_grace_s), cleanup_dir=work_dir if temporary else None)
-    took = process.start(float(server.startup_timeout_s))
-    log.info("rollout server: up in %.1f s", took)
-    return [url], process
+    processes, urls = [], []
+    for index in range(count):
+        port = free_port(host)
+        url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        command = server_command(python, str(served), host, port, EngineArgs.of(rollout_cfg), seed=seed,
+                                 lora_rank=lora_rank, extra_args=[*publisher.server_args, *server.extra_args])
+        extra = {**publisher.server_env, **{k: str(v).replace("{index}", str(index)) for k, v in dict(server.env).items()}}
+        env = server_env(os.environ, lora=adapter, extra=extra)
+        log_name = "server.log" if count == 1 else f"server-{index}.log"
+        prefix = [str(a).replace("{index}", str(index)) for a in server.launch_prefix]
+        processes.append(ServerProcess(command, env, work_dir / log_name, url, launch_prefix=prefix,
+                                       grace_s=float(server.stop_grace_s), cleanup_dir=work_dir if temporary else None))
+        urls.append(url)
+    began = time.perf_counter()
+    for process in processes:
+        process.launch()  # from this thread: a guard's parent-death signal follows the thread that started it
+    with ThreadPoolExecutor(max_workers=count) as pool:
+        waiting = [pool.submit(p.wait_ready, float(server.startup_timeout_s)) for p in processes]
+        try:
+            for future in waiting:
+                future.result()
+        except BaseException:
+            for process in processes:
+                process.stop()
+            raise
+    log.info("rollout server(s): %d up in %.1f s", count, time.perf_counter() - began)
+    return urls, processes

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import math
 import threading
 import time
@@ -21,8 +22,11 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import CancelledError, ThreadPoolExecutor
+from dataclasses import dataclass
 
 from rlx.errors import RolloutServerError
+
+log = logging.getLogger("rlx")
 
 
 class BadAnswer(ValueError):
@@ -33,11 +37,24 @@ class Refused(Exception):
     """HTTP 4xx: the server understood the request and rejected it (retrying would not help)."""
 
 
+class ServerFault(OSError):
+    """HTTP 5xx: the server is up and failed this request (retried on the same server first)."""
+
+
+class RequestRefused(RolloutServerError):
+    """A server refused the request itself (HTTP 4xx): no other server would take it either."""
+
+    def __init__(self, message: str):
+        super().__init__(message, resumable=False)
+
+
 def with_retries(call: Callable[[], object], *, retries: int, backoff_s: float, what: str,
-                 dead: Callable[[], str | None] = lambda: None, sleep: Callable[[float], None] = time.sleep):
+                 dead: Callable[[], str | None] = lambda: None, sleep: Callable[[float], None] = time.sleep,
+                 give_up: Callable[[BaseException], bool] = lambda exc: False):
     """call() until it returns, at most 1 + retries times, sleeping backoff_s * 2**k before retry k+1.
     RolloutServerError naming `what` and the last failure when every attempt fails, at once when `dead()`
-    explains a failure (the child exited: its note is the message) or the server refused the request."""
+    explains a failure (the child exited: its note is the message) or `give_up(failure)` says so (a fleet
+    sends the request elsewhere instead), RequestRefused when the server refused the request."""
     failure = None
     for attempt in range(retries + 1):
         if attempt:
@@ -45,15 +62,26 @@ def with_retries(call: Callable[[], object], *, retries: int, backoff_s: float, 
         try:
             return call()
         except Refused as exc:
-            raise RolloutServerError(f"the rollout server refused {what}: {exc}", resumable=False) from None
+            raise RequestRefused(f"the rollout server refused {what}: {exc}") from None
         except (OSError, urllib.error.URLError, http.client.HTTPException, BadAnswer, TimeoutError) as exc:
             # HTTPException: the connection broke mid-answer (IncompleteRead, RemoteDisconnected when the server dies)
             failure = exc
             note = dead()
             if note is not None:
                 raise RolloutServerError(f"{note} (while {what})") from None
-    kind = "timed out" if isinstance(failure, TimeoutError) or "timed out" in str(failure) else "failed"
-    raise RolloutServerError(f"{what} {kind} {retries + 1} times, last: {_describe(failure)}") from None
+            if give_up(exc):
+                raise RolloutServerError(f"{what} {_kind(exc)}: {_describe(exc)}") from None
+    raise RolloutServerError(f"{what} {_kind(failure)} {retries + 1} times, last: {_describe(failure)}") from None
+
+
+def _kind(exc: BaseException | None) -> str:
+    return "timed out" if isinstance(exc, TimeoutError) or "timed out" in str(exc) else "failed"
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether a failure says the server is gone rather than that one answer went wrong: a refused or dropped
+    connection or a timeout (not HTTP 5xx, not a garbage answer, which the same server is asked again)."""
+    return not isinstance(exc, (ServerFault, BadAnswer))
 
 
 def _describe(exc: BaseException | None) -> str:
@@ -74,7 +102,7 @@ def request_json(url: str, body: dict | None, timeout_s: float, text_ok: bool = 
         detail = exc.read().decode(errors="replace")[:300].replace("\n", " ")
         if 400 <= exc.code < 500:
             raise Refused(f"HTTP {exc.code} {detail}") from None
-        raise OSError(f"HTTP {exc.code} from {url}: {detail}") from None
+        raise ServerFault(f"HTTP {exc.code} from {url}: {detail}") from None
     if not raw.strip():
         return None
     try:
@@ -115,19 +143,62 @@ def parse_completion(answer, *, max_new_tokens: int, vocab_size: int, stop_ids: 
     return ids, [float(v) for v in values], bool(ids) and ids[-1] in stops
 
 
+@dataclass(eq=False)
+class Member:
+    """One inference server of the fleet: its address, whether rlx sends it work, the rows assigned to it and
+    not answered yet (its load), and how its child process ended (None while it runs, or for a user's URL)."""
+
+    url: str
+    index: int
+    slots: threading.BoundedSemaphore
+    exit_note: Callable[[], str | None] = lambda: None
+    live: bool = True
+    load: int = 0
+    answered: int = 0
+    lost_because: str = ""
+
+
 class ServerClient:
-    """Requests to one or more servers, with the retry policy above, `concurrency` at a time."""
+    """Requests to a fleet of one or more servers, with the retry policy above.
+
+    Routing (`routed`): a request goes to the live server with the least load (rows assigned and not answered),
+    every request of one key (a prompt's group) to the same server, so its prefix cache encodes the prompt once;
+    at most `per_server` requests are in flight on one server, `concurrency` over the fleet. Failover: a server
+    that cannot be reached (refused or dropped connection, timeout; with another server live) or that keeps
+    failing after the retries is dropped from the fleet and its requests go to another server; they carry
+    their own seeds, so the tokens do not depend on which server drew them (where the kernels are
+    batch-invariant). The run goes on while `min_servers` are live; below that, RolloutServerError (resumable).
+    `everywhere` (weight pushes, version stamps) asks every live server and drops those that fail.
+    `rejoin(catch_up)` probes the dropped servers' /health and, when one answers, brings it to the current
+    version (`catch_up(url)`) before it gets work again. `tolerates_loss=False` (a publisher whose servers
+    form one fixed group, e.g. NCCL): losing any server ends the run."""
 
     def __init__(self, urls: list[str], *, timeout_s: float, retries: int, backoff_s: float, concurrency: int,
-                 dead: Callable[[], str | None] = lambda: None):
-        self.urls, self.timeout_s, self.retries, self.backoff_s = list(urls), timeout_s, retries, backoff_s
-        self.dead = dead
+                 per_server: int | None = None, min_servers: int = 1, dead: Callable[[], str | None] = lambda: None,
+                 exit_notes: list[Callable[[], str | None]] | None = None, tolerates_loss: bool = True):
+        self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
+        self.min_servers, self.tolerates_loss = max(1, int(min_servers)), tolerates_loss
+        notes = exit_notes if exit_notes is not None else [dead] * len(urls)
+        limit = int(per_server or concurrency)
+        self.members = [Member(str(url), i, threading.BoundedSemaphore(limit), note)
+                        for i, (url, note) in enumerate(zip(urls, notes))]
         self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="rlx-rollout-http")
         self._lock = threading.Lock()
         self.failed_attempts = 0  # attempts that failed and were retried (a metric: rollout/server_retries)
+        self.failovers = 0  # requests sent to another server after theirs was lost (rollout/server_failovers)
+        self.rejoined = 0  # lost servers brought back (rollout/servers_rejoined)
+
+    @property
+    def urls(self) -> list[str]:
+        """The live servers' addresses, in the order they were given."""
+        return [m.url for m in self.members if m.live]
+
+    def member(self, url: str) -> Member:
+        return next(m for m in self.members if m.url == url)
 
     def call(self, url: str, path: str, body: dict | None, *, what: str, parse: Callable = lambda a: a,
-             timeout_s: float | None = None, text_ok: bool = False):
+             timeout_s: float | None = None, text_ok: bool = False,
+             give_up: Callable[[BaseException], bool] = lambda exc: False):
         """parse(answer of url+path), retried as a whole (a BadAnswer from parse is retried too)."""
         def attempt():
             try:
@@ -137,8 +208,68 @@ class ServerClient:
                     self.failed_attempts += 1
                 raise
 
+        note = next((m.exit_note for m in self.members if m.url == url), lambda: None)
         return with_retries(attempt, retries=self.retries, backoff_s=self.backoff_s, what=f"{what} at {url}",
-                            dead=self.dead)
+                            dead=note, give_up=give_up)
+
+    def routed(self, key, assigned: dict, path: str, body: dict | None, *, what: str, parse: Callable = lambda a: a):
+        """call() on the server `assigned[key]` (chosen by load when the key is new or its server was lost);
+        on the loss of that server, the same request on another one."""
+        while True:
+            member = self._assign(key, assigned)
+            try:
+                with member.slots:
+                    answer = self.call(member.url, path, body, what=what, parse=parse,
+                                       give_up=lambda exc, m=member: self._elsewhere(m, exc))
+                with self._lock:
+                    member.answered += 1
+                return answer
+            except RequestRefused:
+                raise
+            except RolloutServerError as exc:
+                self.lose(member, exc)
+                with self._lock:
+                    self.failovers += 1
+            finally:
+                with self._lock:
+                    member.load -= 1
+
+    def _elsewhere(self, member: Member, exc: BaseException) -> bool:
+        """Whether a request that failed on `member` goes to another server now instead of being retried there:
+        the member was lost meanwhile, or it cannot be reached and another server is live."""
+        return not member.live or (unreachable(exc) and any(m.live and m is not member for m in self.members))
+
+    def _assign(self, key, assigned: dict) -> Member:
+        with self._lock:
+            member = assigned.get(key)
+            if member is None or not member.live:
+                live = [m for m in self.members if m.live]
+                if not live:
+                    raise RolloutServerError(self._quorum_note())
+                member = assigned[key] = min(live, key=lambda m: (m.load, m.index))
+            member.load += 1
+            return member
+
+    def lose(self, member: Member, cause: RolloutServerError) -> None:
+        """Drop `member` from the fleet after `cause`; re-raise when the fleet cannot go on without it."""
+        with self._lock:
+            if member.live:
+                member.live, member.lost_because = False, str(cause)
+                log.warning("rollout server %s lost (%s); %d of %d live", member.url, cause, len(self.urls),
+                            len(self.members))
+            live = len(self.urls)
+        if len(self.members) == 1:
+            raise cause
+        if not self.tolerates_loss:
+            raise RolloutServerError(f"rollout server {member.url} was lost and the weight publisher cannot go on "
+                                     f"without it (its servers form one fixed group): {cause}") from None
+        if live < self.min_servers:
+            raise RolloutServerError(self._quorum_note()) from None
+
+    def _quorum_note(self) -> str:
+        lost = "; ".join(f"{m.url}: {m.lost_because}" for m in self.members if not m.live)
+        return (f"{len(self.urls)} of {len(self.members)} rollout servers live, fewer than "
+                f"rollout.server.min_servers={self.min_servers} (lost: {lost})")
 
     def map(self, fn: Callable, items: list) -> list:
         """[fn(item) for item in items], run concurrently. On the first error the requests not started yet are
@@ -160,11 +291,57 @@ class ServerClient:
             raise error
         return results
 
+    def each(self, fn: Callable[[str], object]) -> list:
+        """[fn(url) for every live server], concurrently; a server whose call fails is lost (lose()), and the
+        answers of the others are returned."""
+        live = [m for m in self.members if m.live]
+        futures = [(m, self.pool.submit(fn, m.url)) for m in live]
+        answers = []
+        for member, future in futures:
+            try:
+                answers.append(future.result())
+            except RequestRefused:
+                raise
+            except RolloutServerError as exc:
+                self.lose(member, exc)
+        return answers
+
     def everywhere(self, path: str, body: dict | None, *, what: str, parse: Callable = lambda a: a,
                    timeout_s: float | None = None, text_ok: bool = False) -> list:
-        """The same call on every server, concurrently."""
-        return self.map(lambda url: self.call(url, path, body, what=what, parse=parse, timeout_s=timeout_s,
-                                              text_ok=text_ok), self.urls)
+        """The same call on every live server, concurrently (each())."""
+        return self.each(lambda url: self.call(url, path, body, what=what, parse=parse, timeout_s=timeout_s,
+                                               text_ok=text_ok))
+
+    def rejoin(self, catch_up: Callable[[str], None], health_timeout_s: float = 2.0) -> list[str]:
+        """Lost servers that answer /health again (and whose child process, if any, still runs), brought to the
+        current version by catch_up(url), then live again; their addresses. A catch-up that fails leaves the
+        server out until the next try."""
+        if not self.tolerates_loss:
+            return []
+        back = []
+        for member in [m for m in self.members if not m.live]:
+            if member.exit_note() is not None or not health(member.url, health_timeout_s):
+                continue
+            try:
+                catch_up(member.url)
+            except RolloutServerError as exc:
+                log.warning("rollout server %s answers again but could not be caught up: %s", member.url, exc)
+                continue
+            with self._lock:
+                member.live, member.lost_because = True, ""
+                self.rejoined += 1
+            log.info("rollout server %s rejoined; %d of %d live", member.url, len(self.urls), len(self.members))
+            back.append(member.url)
+        return back
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def health(url: str, timeout_s: float) -> bool:
+    """Whether GET url/health answers 200 within timeout_s."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout_s) as response:
+            return response.status == 200
+    except (OSError, urllib.error.URLError, ValueError):
+        return False

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import atexit
 import ipaddress
-import json
 import logging
 import os
 import re
@@ -37,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlx.errors import RolloutServerError  # noqa: F401  (raised here; one leaf for every error type)
+from rlx.rollout.server_client import health
 
 log = logging.getLogger("rlx")
 
@@ -192,25 +192,36 @@ class ServerProcess:
     def start(self, timeout_s: float) -> float:
         """Start and wait for /health; the seconds it took. RolloutServerError (not resumable) naming the log's
         last lines when the server exits first, or when it does not answer within timeout_s."""
+        began = time.perf_counter()
+        self.launch()
+        self.wait_ready(timeout_s)
+        return time.perf_counter() - began
+
+    def launch(self) -> None:
+        """Start the guarded server without waiting. Call it from the thread that lives as long as the server
+        (the main thread): the guard's parent-death signal fires when the thread that started it exits."""
         guard = [sys.executable, "-m", "rlx.rollout.server_guard", str(os.getpid()), str(self.grace_s),
                  *([str(self.cleanup_dir)] if self.cleanup_dir else []), "--"]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        began = time.perf_counter()
         with open(self.log_path, "ab") as out:
             self.guard = subprocess.Popen(guard + self.launch_prefix + self.command, stdout=out, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, env=self.env, start_new_session=True)
         atexit.register(self.stop)
         self._install_sigterm()
         log.info("rollout server: starting vLLM at %s (pid %d, log %s)", self.url, self.guard.pid, self.log_path)
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Wait for /health of a launched server (any thread); RolloutServerError as start()."""
         deadline = time.monotonic() + timeout_s
         while True:
-            if self.guard.poll() is not None:
-                code = self.guard.returncode
+            guard = self.guard
+            if guard is None or guard.poll() is not None:
+                code = guard.returncode if guard is not None else -signal.SIGTERM
                 self.stop()
                 raise RolloutServerError(f"the rollout server {ended(code)} during start-up; its last log lines: "
                                          f"{log_tail(self.log_path)}", resumable=False)
             if health(self.url, timeout_s=2.0):
-                return time.perf_counter() - began
+                return
             if time.monotonic() > deadline:
                 self.stop()
                 raise RolloutServerError(f"the rollout server did not answer {self.url}/health within {timeout_s:.0f} s "
@@ -275,21 +286,6 @@ def ended(code: int) -> str:
     return f"was killed (signal {-code})" if code < 0 else f"exited with code {code}"
 
 
-def health(url: str, timeout_s: float) -> bool:
-    """Whether GET url/health answers 200 within timeout_s."""
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=timeout_s) as response:
-            return response.status == 200
-    except (OSError, urllib.error.URLError, ValueError):
-        return False
-
-
-def served_model_name(url: str, timeout_s: float) -> str:
-    """The first model a running server lists at /v1/models (the name requests must carry)."""
-    with urllib.request.urlopen(f"{url}/v1/models", timeout=timeout_s) as response:
-        return json.load(response)["data"][0]["id"]
-
-
 LORA_PUSH = ("adapter", "merged")
 
 
@@ -309,6 +305,10 @@ def check_server_settings(rollout_cfg, processes: int = 1) -> None:
     if server.lora_push not in LORA_PUSH:
         raise UserError(f"unknown rollout.server.lora_push '{server.lora_push}'; valid choices: {', '.join(LORA_PUSH)}")
     check_publisher(str(getattr(server, "publisher", "auto")))  # a DictConfig or ServerSettings; older runs: auto
+    servers = len(server.urls) if server.urls else int(getattr(server, "num_servers", 1))
+    if int(getattr(server, "min_servers", 1)) > servers:
+        raise UserError(f"rollout.server.min_servers={server.min_servers} is more than the {servers} server(s) of the "
+                        f"fleet (rollout.server.urls, or num_servers children); set min_servers={servers} or fewer")
     python = server.python
     if not server.urls and python is None:
         import importlib.util
