@@ -201,11 +201,11 @@ def single_turn_producer(s, parts: Parts) -> SingleTurnProducer | PartialProduce
     # the completions per prompt: an estimator's declared extra samples too (median's pivot, left out of the gradient)
     group_size = group_count(roll.samples_per_prompt, algo.advantage)
     rewards = with_overlong_penalty(parts.rewards, algo.overlong_buffer, algo.overlong_weight, roll.max_new_tokens)
-    if roll.partial:  # partial rollouts: groups carried across steps (rlx/rollout/partial.py); the seed stages are
-        # refused with it (rlx/config/seed_rules.py check_seed_partial)
-        return PartialProducer(parts.generator, parts.tokenizer, PromptStream(parts.train_rows, s.seed), rewards,
-                               single_turn_settings(s, group_size), oversample=roll.partial_oversample)
     stages, stream = seed_stages(s, parts, rewards, group_size)
+    if roll.partial:  # partial rollouts: groups carried across steps (rlx/rollout/partial.py); the stages run on the
+        # groups each step finishes (the temperature schedule and prompt sampling are refused: rlx/config/async_rules.py)
+        return PartialProducer(parts.generator, parts.tokenizer, stream, rewards, single_turn_settings(s, group_size),
+                               oversample=roll.partial_oversample, stages=stages)
     return SingleTurnProducer(parts.generator, parts.tokenizer, stream, rewards, single_turn_settings(s, group_size),
                               acc=parts.accelerator, stages=stages)
 

@@ -4,11 +4,10 @@ rlx.cli.training.check_run after the knobs' own checks; each stops the run with 
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from rlx.config.groups import ROLLOUT_GIVES
 from rlx.config.needs import broken, refuse_first
-from rlx.config.seed_rules import producer_knobs_set
 
 # the families whose rows come from a producer the pipeline can wrap (single-turn or episodes)
 PRODUCER_FAMILIES = ("policy_gradient", "ppo", "agent")
@@ -51,6 +50,7 @@ def stale_problems(cfg: DictConfig, processes: int) -> list[str]:
     what = f"rollout.max_staleness={staleness}" if staleness else "rollout.partial=true"
     kinds = "policy-gradient, PPO and agent" if staleness else "single-turn policy-gradient and PPO"
     gives = ROLLOUT_GIVES[roll.backend]
+    sampling = OmegaConf.select(cfg.algorithm, "prompt_sampling.mode", default="uniform")  # DPO has no sampler
     return broken([
         (family not in (PRODUCER_FAMILIES if staleness else SINGLE_TURN_FAMILIES),
          f"{what} samples the rows of the {kinds} families, not algorithm={cfg.algorithm.name} (family {family}); "
@@ -68,10 +68,13 @@ def stale_problems(cfg: DictConfig, processes: int) -> list[str]:
         (partial and cfg.algorithm.get("dynamic_sampling"),
          "rollout.partial=true and algorithm.dynamic_sampling both decide which groups a step trains; set "
          "algorithm.dynamic_sampling=false"),
-        *((partial, f"rollout.partial=true carries unfinished groups across steps, which the seed stage "
-                    f"algorithm.{knob} does not handle yet; set algorithm.{knob}={default} or rollout.partial=false")
-          for knob, default, _ in producer_knobs_set(cfg.algorithm)),
+        # the seed stages run on the groups each step finishes (rlx/rollout/partial.py); two cannot, by what they are
+        (partial and sampling != "uniform",
+         f"rollout.partial=true trains groups drawn at earlier steps, while algorithm.prompt_sampling.mode={sampling} "
+         f"pairs the prompts drawn at a step with that step's verdicts (it would credit pass rates to the wrong "
+         f"prompts); set algorithm.prompt_sampling.mode=uniform or rollout.partial=false"),
         (partial and roll.temperature_schedule.mode != "constant",
-         "rollout.partial=true continues rows at later positions, where a per-position temperature schedule is not "
-         "supported yet; set rollout.temperature_schedule.mode=constant or rollout.partial=false"),
+         f"rollout.partial=true continues a row at a later step than it began, while rollout.temperature_schedule."
+         f"mode={roll.temperature_schedule.mode} sets each position's temperature by the step (one row would mix two "
+         f"steps' schedules); set rollout.temperature_schedule.mode=constant or rollout.partial=false"),
     ])

@@ -18,6 +18,14 @@ version (its first token's), which the staleness metrics use. Rows that waited a
 rollout.max_staleness=0: the config rules require rollout.correction.
 The pool (tokens, log-probs, versions, seeds, draw indices) is training state: in checkpoints, so a resumed run
 continues the same rows. Partial rollouts need a generator that continues rows and stops early (rollout=hf).
+
+The seed stages that act on finished groups (rlx/rollout/stages/: verifier noise, replay, hints, group reward
+shaping, a user's algorithm.stages) run on the step's finished groups as one round, through the same StagePipeline
+as the single-turn producer: after scoring, the round's first sample index is 0 (verifier noise's uniforms and
+hints' seeds follow the row's position in the step's batch, as for the synchronous producer's one round), and the
+stages' state (replay buffer, LASER-D targets) is checkpointed with the pool. With oversample 1 the step is the
+synchronous producer's, stages included. The per-position temperature schedule and the difficulty-aware prompt
+sampler stay refused (rlx/config/async_rules.py says why).
 """
 
 from __future__ import annotations
@@ -30,12 +38,14 @@ import torch
 from rlx.algorithms.grouping import fixed_groups
 from rlx.algorithms.shaping import correct_from_accuracy
 from rlx.data.tasks import PromptStream
-from rlx.rewards import RewardComponent, TrainerState, compute_rewards, token_lists
+from rlx.errors import UserError
+from rlx.rewards import RewardComponent
 from rlx.rollout.pipeline import staleness_metrics
 from rlx.rollout.prompts import format_prompts
 from rlx.rollout.sampling import sample_seed
-from rlx.rollout.single_turn import SingleTurnSettings, outcome_metrics
-from rlx.rollout.types import Batch, Generation, PromptRows, Rollout, SameContext
+from rlx.rollout.single_turn import SingleTurnSettings, round_metrics, round_scorer, stage_context
+from rlx.rollout.stages import Round, StagePipeline
+from rlx.rollout.types import Batch, Generation, HintedContext, PromptRows, Rollout, SameContext
 
 
 def new_group(index: int, row: dict, prompt: str, prompt_ids: list[int], seeds: list[int]) -> dict:
@@ -71,11 +81,14 @@ class PartialProducer:
     kind = "single_turn"
 
     def __init__(self, generator, tokenizer, stream: PromptStream, rewards: list[RewardComponent],
-                 settings: SingleTurnSettings, *, oversample: float):
-        """`settings`: as the single-turn producer's (its dynamic sampling and completion template unused);
-        `oversample`: the groups kept in flight, a multiple of prompts_per_step (rollout.partial_oversample)."""
+                 settings: SingleTurnSettings, *, oversample: float, stages: StagePipeline | None = None):
+        """`settings`: as the single-turn producer's (its dynamic sampling unused); `oversample`: the groups kept in
+        flight, a multiple of prompts_per_step (rollout.partial_oversample); `stages`: the seed stages run on the
+        groups each step finishes (None or inactive: none)."""
         self.generator, self.tokenizer, self.stream, self.rewards = generator, tokenizer, stream, rewards
         s = settings
+        self.settings = s
+        self.stages = stages if stages is not None and stages.active else None
         self.group_size, self.prompts_per_step = s.group_size, s.prompts_per_step
         self.in_flight = max(s.prompts_per_step, math.ceil(s.prompts_per_step * oversample))
         self.max_new_tokens, self.min_new_tokens, self.seed = s.max_new_tokens, s.min_new_tokens, s.seed
@@ -83,13 +96,15 @@ class PartialProducer:
         self.on_error, self.accuracy_key, self.total_steps = s.on_error, s.accuracy_key, s.total_steps
         self.pool: list[dict] = []  # groups in flight, in draw order
         self.next_index = 0  # draw index of the next fresh group
+        self.unscheduled(1)
 
     @property
     def loss_width(self) -> int:
         return int(self.max_new_tokens)
 
     def checkpointed(self) -> dict:
-        return {"data": self.stream, "partial": self}
+        """The position in the prompts, the pool, and the stages' state (replay buffer, LASER-D targets)."""
+        return {"data": self.stream, "partial": self, **(self.stages.checkpointed() if self.stages is not None else {})}
 
     def state_dict(self) -> dict:
         return {"pool": copy.deepcopy(self.pool), "next_index": self.next_index}
@@ -137,7 +152,15 @@ class PartialProducer:
             drawn += len(new)
         return drawn
 
+    def unscheduled(self, step: int) -> None:
+        """A stage's per-position temperature schedule cannot hold for a row begun at an earlier step: refused."""
+        if self.stages is not None and self.stages.schedule(step, self.max_new_tokens) is not None:
+            raise UserError("rollout.partial=true continues a row at a later step than it began, where a stage's "
+                            "per-step temperature schedule would change within the row; leave that stage out of "
+                            "algorithm.stages or set rollout.partial=false")
+
     def produce(self, step: int) -> Batch:
+        self.unscheduled(step)
         drawn = self._refill(step)
         self._generate(step)
         done = [i for i, finished in enumerate(groups_done(self.pool)) if finished][: self.prompts_per_step]
@@ -159,18 +182,24 @@ class PartialProducer:
                                    versions)
         sample_rows = [g["row"] for g in groups for _ in range(group)]
         sample_prompts = [g["prompt"] for g in groups for _ in range(group)]
-        total, per_component, errors = compute_rewards(
-            self.rewards, sample_prompts, texts, sample_rows, self.on_error, system_prompt=self.system_prompt,
-            completion_ids=token_lists(rollout.completion_ids, rollout.completion_mask),
-            state=TrainerState(global_step=step, max_steps=self.total_steps))  # (N,)
-        metrics = outcome_metrics(total, per_component, errors, rollout, self.accuracy_key, group)
+        score = round_scorer(self.rewards, self.settings, step)
+        total, per_component, errors = score(sample_prompts, rollout, sample_rows)  # (N,)
+        part = Round(rollout, total, per_component, sample_rows, sample_prompts, fixed_groups(total.numel(), group),
+                     correct_from_accuracy(per_component[self.accuracy_key]), errors=errors)  # the verifier's verdict
+        stage_metrics = {}
+        if self.stages is not None:  # the seed stages on the finished groups, as the single-turn producer's one round
+            part = self.stages.after_scoring(part, stage_context(self.generator, self.tokenizer, score, self.settings,
+                                                                 step), 0)
+            stage_metrics = self.stages.after_step([part], self.stream, step)
+        metrics = round_metrics(part, part.rewards, part.components, part.errors, part.groups, self.accuracy_key, group)
         carried = [g["first_step"] is not None and g["first_step"] < step for g in groups]
         metrics.update({"rollout/partial_carried_frac": sum(carried) / max(len(groups), 1),
-                        "rollout/partial_pool_groups": len(self.pool), **staleness_metrics(rollout.versions, step)})
-        correct = correct_from_accuracy(per_component[self.accuracy_key])  # (N,) the verifier's verdict
-        return Batch(rollout, total, group, fixed_groups(total.numel(), group), correct,
-                     PromptRows(sample_rows, sample_prompts), SameContext(), slice(0, total.numel()), metrics,
-                     prompts_drawn=drawn)
+                        "rollout/partial_pool_groups": len(self.pool), **staleness_metrics(part.rollout.versions, step),
+                        **stage_metrics})
+        context = HintedContext(part.behaviour) if part.behaviour is not None else SameContext()
+        n = part.rewards.numel()
+        return Batch(part.rollout, part.rewards, group, part.groups, part.correct, PromptRows(part.rows, part.prompts),
+                     context, slice(0, n), metrics, prompts_drawn=drawn)
 
     def records(self, batch: Batch, samples: list[dict], count: int) -> list[dict]:
         """The samples file rows of the first `count` samples."""

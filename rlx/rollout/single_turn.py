@@ -84,14 +84,7 @@ def sample_batch(generator: Generator, tokenizer, stream: PromptStream, rewards:
         correct = gather(acc, correct.long()).bool()
         errors = int(global_sum(acc, errors))
     groups_all = drawn.groups if rewards_all.numel() == drawn.groups.numel() else fixed_groups(rewards_all.numel(), group_size)
-    if drawn.hinted.any():  # reward/* and completions/* describe the policy's own samples; hinted re-samples apart
-        plain = torch.nonzero(~drawn.hinted).flatten()
-        drawn_metrics = outcome_metrics(rewards_all[plain], {k: v[plain] for k, v in per_component.items()}, errors,
-                                        drawn.rollout.select(plain), accuracy_key, group_size, acc, groups=groups_all[plain])
-        drawn_metrics["train/frac_zero_std_groups"] = tied_group_fraction(rewards_all, groups_all)  # what trains
-    else:
-        drawn_metrics = outcome_metrics(rewards_all, per_component, errors, drawn.rollout, accuracy_key, group_size, acc,
-                                        groups=groups_all)
+    drawn_metrics = round_metrics(drawn, rewards_all, per_component, errors, groups_all, accuracy_key, group_size, acc)
     drawn_metrics.update(stage_metrics)
     filled = 0
     if settings.dynamic_sampling:
@@ -115,13 +108,8 @@ def draw_rounds(generator: Generator, tokenizer, stream: PromptStream, rewards: 
     parts: list[Round] = []
     kept_groups, rounds, drawn_samples, drawn_groups = 0, 0, 0, 0
 
-    def score(prompts: list[str], rollout: Rollout, rows: list[dict]):
-        return compute_rewards(rewards, prompts, rollout.texts, rows, s.on_error, system_prompt=s.system_prompt,
-                               completion_ids=token_lists(rollout.completion_ids, rollout.completion_mask),
-                               state=TrainerState(global_step=step, max_steps=s.total_steps))  # (n,)
-
-    context = StageContext(generator, tokenizer, score, step, s.seed, group_size, s.max_new_tokens, s.min_new_tokens,
-                           s.use_chat_template, s.system_prompt, s.completion_template, schedule)
+    score = round_scorer(rewards, s, step)
+    context = stage_context(generator, tokenizer, score, s, step, schedule)
     draw = Draw(samples_per_prompt=group_size, max_new_tokens=s.max_new_tokens, min_new_tokens=s.min_new_tokens,
                 schedule=schedule)
     while True:
@@ -151,6 +139,40 @@ def draw_rounds(generator: Generator, tokenizer, stream: PromptStream, rewards: 
         if kept_groups >= wanted or rounds >= s.max_rounds:
             break
     return parts, drawn_groups
+
+
+def round_scorer(rewards: list[RewardComponent], settings: SingleTurnSettings, step: int):
+    """score(prompts, rollout, rows) -> (total (n,), components {name: (n,)}, errors): the reward components on
+    the rows of `step` (what the stages call to score the rows they add)."""
+    s = settings
+
+    def score(prompts: list[str], rollout: Rollout, rows: list[dict]):
+        return compute_rewards(rewards, prompts, rollout.texts, rows, s.on_error, system_prompt=s.system_prompt,
+                               completion_ids=token_lists(rollout.completion_ids, rollout.completion_mask),
+                               state=TrainerState(global_step=step, max_steps=s.total_steps))  # (n,)
+
+    return score
+
+
+def stage_context(generator, tokenizer, score, settings: SingleTurnSettings, step: int,
+                  schedule: list[float] | None = None) -> StageContext:
+    """What the stages may call at `step` (the single-turn and the partial producer alike)."""
+    s = settings
+    return StageContext(generator, tokenizer, score, step, s.seed, s.group_size, s.max_new_tokens, s.min_new_tokens,
+                        s.use_chat_template, s.system_prompt, s.completion_template, schedule)
+
+
+def round_metrics(drawn: Round, rewards, per_component: dict, errors: int, groups, accuracy_key: str, group_size: int,
+                  acc=None) -> dict:
+    """outcome_metrics of a step's rows after the stages: reward/* and completions/* describe the policy's own
+    samples (hinted re-samples apart), train/frac_zero_std_groups what trains."""
+    if drawn.hinted is not None and drawn.hinted.any():
+        plain = torch.nonzero(~drawn.hinted).flatten()
+        metrics = outcome_metrics(rewards[plain], {k: v[plain] for k, v in per_component.items()}, errors,
+                                  drawn.rollout.select(plain), accuracy_key, group_size, acc, groups=groups[plain])
+        metrics["train/frac_zero_std_groups"] = tied_group_fraction(rewards, groups)  # what trains
+        return metrics
+    return outcome_metrics(rewards, per_component, errors, drawn.rollout, accuracy_key, group_size, acc, groups=groups)
 
 
 def merge_rounds(parts: list[Round], pad: int) -> Round:

@@ -91,7 +91,8 @@ class Stage:
     first_correct is recorded), "group" (default) for one that works on the scored groups;
     schedule(step, max_new_tokens): the step's per-position sampling temperatures, or None;
     after_scoring(part, ctx, first_index) -> Round: one round, after scoring (first_index: the global index of
-    its first sample, the sampling seeds' counter);
+    its first sample, the sampling seeds' counter; under partial rollouts 0, the round being the groups the step
+    finished, some begun at earlier steps and seeded then);
     after_step(parts, stream, step) -> dict: the step's rounds are drawn; update state, return this stage's
     metrics for the step (and reset its counters);
     checkpointed() -> dict: {name: object with state_dict/load_state_dict} saved with the run, restored on resume;
