@@ -253,12 +253,12 @@ def test_nccl_and_ipc_publishers_follow_vllms_weight_transfer_routes(fake_vllm_e
 
     from rlx.models.loading import load_causal_lm
     from rlx.rollout.publishers import served_state_dict
-    from rlx.rollout.server_client import ServerClient
+    from rlx.rollout.server_client import RequestPolicy, ServerClient
 
     model = load_causal_lm("builtin:tiny")
     servers = [FakeWeightServer(world_size=2), FakeWeightServer(world_size=1)]
     settings = OmegaConf.create({"bucket_mib": 1, "request_timeout_s": 10, "publish_host": None})
-    client = ServerClient([s.url for s in servers], timeout_s=10, retries=0, backoff_s=0, concurrency=4)
+    client = ServerClient([s.url for s in servers], RequestPolicy(timeout_s=10, retries=0, backoff_s=0, concurrency=4))
     try:
         nccl = PUBLISHERS["nccl"](client, tmp_path, settings)
         nccl.device = "cpu"
@@ -281,7 +281,7 @@ def test_nccl_and_ipc_publishers_follow_vllms_weight_transfer_routes(fake_vllm_e
             assert info["shapes"][0] == list(served[info["names"][0]].shape) and info["dtype_names"][0] == "float32"
         nccl.close()
 
-        one = ServerClient([servers[0].url], timeout_s=10, retries=0, backoff_s=0, concurrency=4)
+        one = ServerClient([servers[0].url], RequestPolicy(timeout_s=10, retries=0, backoff_s=0, concurrency=4))
         ipc = PUBLISHERS["ipc"](one, tmp_path, settings)
         ipc.device = "cpu"
         ipc.start(model)

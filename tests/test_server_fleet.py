@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from rlx.errors import RolloutServerError, UserError
-from rlx.rollout.server_client import ServerClient
+from rlx.rollout.server_client import RequestPolicy, ServerClient
 from rlx.rollout.server_process import check_server_settings
 from tests.fake_vllm import FakeVLLM, completion_ids
 from tests.test_server_unit import build, rollout_cfg
@@ -141,7 +141,7 @@ def test_a_fixed_group_publisher_cannot_lose_a_member(fakes):
     """tolerates_loss=False (nccl, ipc: the servers' workers form one group): a loss ends the run, and lost
     servers are never brought back."""
     a, b = fakes(), fakes()
-    client = ServerClient([a.url, b.url], timeout_s=2, retries=0, backoff_s=0, concurrency=4, tolerates_loss=False)
+    client = ServerClient([a.url, b.url], RequestPolicy(timeout_s=2, concurrency=4), tolerates_loss=False)
     b.close()
     with pytest.raises(RolloutServerError, match="cannot go on without it"):
         client.everywhere("/reset_prefix_cache", {}, what="resetting")
@@ -165,11 +165,12 @@ def fake_python(tmp_path):
     return str(script)
 
 
-def test_child_servers_start_side_by_side_and_a_killed_one_is_failed_over(tiny, tmp_path):
+def test_child_servers_start_side_by_side_a_killed_one_is_failed_over_and_restarted(tiny, tmp_path):
     """num_servers=2 children ({index} in launch_prefix and env becomes 0, 1); kill -9 of one: its exit is
-    noticed at once, the rows come from the other, the run goes on."""
+    noticed at once, the rows come from the other, the run goes on; the next update starts it again and the
+    one after brings it back; with no restart left it stays out."""
     model, tok = tiny
-    gen = build([], model, tok, tmp_path, python=fake_python(tmp_path), num_servers=2,
+    gen = build([], model, tok, tmp_path, python=fake_python(tmp_path), num_servers=2, restarts=1,
                 launch_prefix=["env", "RLX_FAKE_INDEX={index}"], env={"RLX_CORE": "{index}"}, startup_timeout_s=60)
     try:
         assert len(gen.client.urls) == 2 and len(gen.processes) == 2
@@ -181,7 +182,17 @@ def test_child_servers_start_side_by_side_and_a_killed_one_is_failed_over(tiny, 
         gen.processes[1].guard.wait(timeout=10)
         assert generate(gen).ids == EXPECTED
         assert gen.client.urls == [gen.processes[0].url]
-        gen.sync_weights(model, version=1)
-        assert gen.step_metrics()["rollout/policy_version"] == 1
+        gen.sync_weights(model, version=1)  # the lost child is started again (restarts=1) ...
+        assert gen.restarts_left == [1, 0] and gen.processes[1].exit_note() is None
+        gen.processes[1].wait_ready(30)
+        gen.sync_weights(model, version=2)  # ... and rejoins, caught up, at the next update
+        assert gen.client.urls == [p.url for p in gen.processes]
+        assert gen.step_metrics()["rollout/servers_live"] == 2
+        assert generate(gen).ids == EXPECTED
+        os.killpg(gen.processes[1].guard.pid, signal.SIGKILL)  # no restart left: it stays out
+        gen.processes[1].guard.wait(timeout=10)
+        assert generate(gen).ids == EXPECTED
+        gen.sync_weights(model, version=3)
+        assert gen.processes[1].exit_note() is not None and gen.client.urls == [gen.processes[0].url]
     finally:
         gen.close()

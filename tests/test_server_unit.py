@@ -171,9 +171,9 @@ def test_a_connection_broken_mid_answer_is_a_failure_like_any_other():
 def test_a_failing_batch_stops_asking():
     """After the first failed row, rows not yet sent are cancelled: at most the one already picked up by the
     (single) worker runs besides it, not the whole batch; the first error is the one raised."""
-    from rlx.rollout.server_client import ServerClient
+    from rlx.rollout.server_client import RequestPolicy, ServerClient
 
-    client = ServerClient(["http://127.0.0.1:9"], timeout_s=1, retries=0, backoff_s=0, concurrency=1)
+    client = ServerClient(["http://127.0.0.1:9"], RequestPolicy(timeout_s=1, retries=0, backoff_s=0, concurrency=1))
     called = []
 
     def row(i):

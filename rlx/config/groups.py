@@ -242,6 +242,7 @@ class ServerSettings:
     retry_backoff_s: float = num(0)
     max_concurrency: int = num(1)
     num_servers: int = num(1)
+    restarts: int = num(0)
     per_server_concurrency: int = num(1)
     min_servers: int = num(1)
     publisher: Publisher = field()

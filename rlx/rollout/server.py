@@ -34,6 +34,7 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -51,7 +52,7 @@ from rlx.rollout.publishers import (  # noqa: F401  (ADAPTER_NAME, WEIGHTS_FILE,
     served_state_dict,
     write_weights,
 )
-from rlx.rollout.server_client import BadAnswer, ServerClient, parse_completion
+from rlx.rollout.server_client import BadAnswer, RequestPolicy, ServerClient, parse_completion
 from rlx.rollout.server_process import (
     EngineArgs,
     ServerProcess,
@@ -77,16 +78,30 @@ def write_served_checkpoint(model, tokenizer, folder: Path) -> None:
     write_weights(served_state_dict(model), folder)
 
 
-class ServerGenerator:
-    """The generator protocol on vLLM server(s); `process` is the child server (None: user-started URLs)."""
+@dataclass(frozen=True)
+class ServedModel:
+    """What requests need of the served model: its name at /v1/models, the tokenizer, the ids that end a
+    completion, the vocabulary size (answers are checked against it)."""
 
-    def __init__(self, client: ServerClient, model_name: str, tokenizer, stop_ids: list[int], vocab_size: int,
-                 sampling: dict, work_dir: Path, *, publisher: WeightPublisher,
-                 processes: list[ServerProcess] = (), remove_work_dir: bool = False):
-        self.client, self.model_name, self.tokenizer, self.stop_ids = client, model_name, tokenizer, stop_ids
-        self.vocab_size, self.sampling, self.work_dir = vocab_size, sampling, Path(work_dir)
+    name: str
+    tokenizer: object
+    stop_ids: list[int]
+    vocab_size: int
+
+
+class ServerGenerator:
+    """The generator protocol on vLLM server(s); `processes` are the child servers (none: user-started URLs), in
+    the client's member order. A child that died is started again after an update, at most `restarts` times
+    each, and rejoins once it answers and is caught up."""
+
+    def __init__(self, client: ServerClient, served: ServedModel, sampling: dict, *, publisher: WeightPublisher,
+                 processes: list[ServerProcess] = (), remove_work_dir: bool = False, restarts: int = 0):
+        self.client, self.model_name, self.tokenizer = client, served.name, served.tokenizer
+        self.stop_ids, self.vocab_size, self.sampling = served.stop_ids, served.vocab_size, sampling
+        self.work_dir = Path(publisher.work_dir)
         self.publisher, self.adapter = publisher, publisher.adapter
         self.processes, self.remove_work_dir = list(processes), remove_work_dir
+        self.restarts_left = [int(restarts)] * len(self.processes)
         self._failovers_seen = 0
         self.version: int | None = None  # the weight version every server holds (None before the first publish)
         self._timings: dict[str, float] = {}
@@ -151,6 +166,7 @@ class ServerGenerator:
         timings = self.publisher.publish(model, version)
         moved = time.perf_counter()
         self._stamp(version)
+        self._restart_lost_children()
         self.client.rejoin(lambda url: self._catch_up(url, version))
         done = time.perf_counter()
         timings["perf/weight_load_s"] = timings.get("perf/weight_load_s", 0.0) + done - moved  # the stamp included
@@ -174,6 +190,18 @@ class ServerGenerator:
         self.client.call(url, "/reset_prefix_cache", {}, what="resetting the prefix cache", parse=reset_done)
         self.client.call(url, "/update_weight_version", {"new_version": str(version)}, what="stamping the version")
         self.client.call(url, "/weight_info", None, what="reading the weight version", parse=holds_version)
+
+    def _restart_lost_children(self) -> None:
+        """Start again each child server that was lost because its process ended (restarts left); it serves
+        the served checkpoint and rejoins at a later publish, once it answers /health and is caught up."""
+        for index, (process, member) in enumerate(zip(self.processes, self.client.members)):
+            if member.live or process.exit_note() is None or self.restarts_left[index] <= 0 \
+                    or not self.publisher.survives_loss:
+                continue
+            self.restarts_left[index] -= 1
+            log.warning("rollout server %s ended; starting it again (%d restart(s) left)", member.url,
+                        self.restarts_left[index])
+            process.launch()
 
     def _catch_up(self, url: str, version: int) -> None:
         """A lost server that answers again: the last published weights, then the stamp."""
@@ -233,11 +261,7 @@ def build_server_generator(rollout_cfg, model, tokenizer, seed: int) -> ServerGe
         urls, processes = normalize_urls(server.urls, bool(server.allow_remote)), []
     else:
         urls, processes = _start_children(rollout_cfg, model, served, work_dir, seed, kind, temporary=remove)
-    client = ServerClient(urls, timeout_s=float(server.request_timeout_s), retries=int(server.max_retries),
-                          backoff_s=float(server.retry_backoff_s), concurrency=int(server.max_concurrency),
-                          per_server=int(getattr(server, "per_server_concurrency", 32)),
-                          min_servers=int(getattr(server, "min_servers", 1)),
-                          exit_notes=[p.exit_note for p in processes] if processes else None,
+    client = ServerClient(urls, RequestPolicy.of(server), exit_notes=[p.exit_note for p in processes] or None,
                           tolerates_loss=kind.survives_loss)
     try:
         names = client.each(lambda url: client.call(url, "/v1/models", None, what="listing the served model",
@@ -251,9 +275,10 @@ def build_server_generator(rollout_cfg, model, tokenizer, seed: int) -> ServerGe
     sampling = {"temperature": float(rollout_cfg.temperature), "top_p": float(rollout_cfg.top_p),
                 "top_k": int(rollout_cfg.top_k)}
     publisher = kind(client, work_dir, server)
-    generator = ServerGenerator(client, names[0], tokenizer, eos_ids(model, tokenizer),
-                                int(model.get_output_embeddings().weight.shape[0]), sampling, work_dir,
-                                publisher=publisher, processes=processes, remove_work_dir=remove)
+    served_model = ServedModel(names[0], tokenizer, eos_ids(model, tokenizer),
+                               int(model.get_output_embeddings().weight.shape[0]))
+    generator = ServerGenerator(client, served_model, sampling, publisher=publisher, processes=processes,
+                                remove_work_dir=remove, restarts=int(getattr(server, "restarts", 0)))
     try:
         publisher.start(model)
     except BaseException:

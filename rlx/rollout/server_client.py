@@ -143,6 +143,27 @@ def parse_completion(answer, *, max_new_tokens: int, vocab_size: int, stop_ids: 
     return ids, [float(v) for v in values], bool(ids) and ids[-1] in stops
 
 
+@dataclass(frozen=True)
+class RequestPolicy:
+    """How the client talks to the fleet (rollout.server): a request's timeout, its further attempts and the
+    first wait between them, requests in flight over the fleet and on one server, servers the run needs."""
+
+    timeout_s: float
+    retries: int = 0
+    backoff_s: float = 0.0
+    concurrency: int = 64
+    per_server: int | None = None  # None: up to `concurrency` on one server
+    min_servers: int = 1
+
+    @classmethod
+    def of(cls, server) -> RequestPolicy:
+        """From rollout.server (a DictConfig or ServerSettings; keys added later default for older runs)."""
+        return cls(timeout_s=float(server.request_timeout_s), retries=int(server.max_retries),
+                   backoff_s=float(server.retry_backoff_s), concurrency=int(server.max_concurrency),
+                   per_server=int(getattr(server, "per_server_concurrency", 32)),
+                   min_servers=int(getattr(server, "min_servers", 1)))
+
+
 @dataclass(eq=False)
 class Member:
     """One inference server of the fleet: its address, whether rlx sends it work, the rows assigned to it and
@@ -173,16 +194,15 @@ class ServerClient:
     version (`catch_up(url)`) before it gets work again. `tolerates_loss=False` (a publisher whose servers
     form one fixed group, e.g. NCCL): losing any server ends the run."""
 
-    def __init__(self, urls: list[str], *, timeout_s: float, retries: int, backoff_s: float, concurrency: int,
-                 per_server: int | None = None, min_servers: int = 1, dead: Callable[[], str | None] = lambda: None,
+    def __init__(self, urls: list[str], policy: RequestPolicy, *,
                  exit_notes: list[Callable[[], str | None]] | None = None, tolerates_loss: bool = True):
-        self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
-        self.min_servers, self.tolerates_loss = max(1, int(min_servers)), tolerates_loss
-        notes = exit_notes if exit_notes is not None else [dead] * len(urls)
-        limit = int(per_server or concurrency)
+        self.timeout_s, self.retries, self.backoff_s = policy.timeout_s, policy.retries, policy.backoff_s
+        self.min_servers, self.tolerates_loss = max(1, policy.min_servers), tolerates_loss
+        notes = exit_notes if exit_notes is not None else [lambda: None] * len(urls)
+        limit = int(policy.per_server or policy.concurrency)
         self.members = [Member(str(url), i, threading.BoundedSemaphore(limit), note)
                         for i, (url, note) in enumerate(zip(urls, notes))]
-        self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="rlx-rollout-http")
+        self.pool = ThreadPoolExecutor(max_workers=policy.concurrency, thread_name_prefix="rlx-rollout-http")
         self._lock = threading.Lock()
         self.failed_attempts = 0  # attempts that failed and were retried (a metric: rollout/server_retries)
         self.failovers = 0  # requests sent to another server after theirs was lost (rollout/server_failovers)
