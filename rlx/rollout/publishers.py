@@ -4,7 +4,8 @@
 LoRA policy with rollout.server.lora_push=adapter pushes its adapter, anything else the file). Each is a
 `WeightPublisher`: `start(model)` once after the server is up, `publish(model, version)` after every update
 (the weights only: the server generator then resets the prefix cache and stamps the version, server.py),
-`close()`. Class attributes tell the builder what the child server needs: `server_args` (vLLM flags),
+`close()`; in a fleet, `survives_loss` says whether the run goes on without a lost server and `catch_up(url,
+version)` brings one that answers again to the last publish (file, lora). Class attributes tell the builder what the child server needs: `server_args` (vLLM flags),
 `server_env`, whether requests name the LoRA adapter (`adapter`) and whether the served checkpoint is the base.
 
   file  the full weights (LoRA merged, untied head) as one safetensors file, renamed into place, then

@@ -201,7 +201,7 @@ class ServerGenerator:
             self.restarts_left[index] -= 1
             log.warning("rollout server %s ended; starting it again (%d restart(s) left)", member.url,
                         self.restarts_left[index])
-            process.launch()
+            process.launch()  # from the thread that publishes (main, or the pipeline's producer): it lives for the run
 
     def _catch_up(self, url: str, version: int) -> None:
         """A lost server that answers again: the last published weights, then the stamp."""
@@ -339,5 +339,6 @@ def _start_children(rollout_cfg, model, served: Path, work_dir: Path, seed: int,
             for process in processes:
                 process.stop()
             raise
-    log.info("rollout server(s): %d up in %.1f s", count, time.perf_counter() - began)
+    log.info("rollout server: up in %.1f s (%d child server%s)", time.perf_counter() - began, count,
+             "" if count == 1 else "s")
     return urls, processes
