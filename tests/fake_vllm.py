@@ -6,7 +6,8 @@ rollout.server.python names in the fleet tests).
 A completion is a function of the request's seed: [3 + seed % 40, 4 + seed % 40, stop] with log-probs -0.25
 each (greedy: [7, stop]), so any server of a fleet draws the same tokens.
 mode: ok | garbage (completions answer nonsense) | hang (completions never answer in time) | fail_first (the
-first `failures` completion requests get HTTP 500). slow_s: each completion waits that long (load to route by).
+first `failures` completion requests get HTTP 500) | variant (batch-variant kernels: a completion answered while
+another is in flight draws its first token one higher). slow_s: each completion waits that long (load to route by).
 """
 
 from __future__ import annotations
@@ -95,8 +96,10 @@ def _handler(fake: FakeVLLM):
             with fake.lock:
                 fake.in_flight += 1
                 fake.most_in_flight = max(fake.most_in_flight, fake.in_flight)
+                crowded = fake.in_flight > 1
             try:
                 time.sleep(fake.slow_s)
+                crowded = crowded or fake.in_flight > 1
                 if fake.mode == "hang":
                     time.sleep(fake.hang_s)
                 if fake.mode == "garbage":
@@ -106,7 +109,10 @@ def _handler(fake: FakeVLLM):
                 if body.get("prompt_logprobs") is not None:
                     positions = [None] + [{str(t): {"logprob": -0.5}} for t in body["prompt"][1:]]
                     return self._send(200, {"choices": [{"prompt_logprobs": positions, "token_ids": [7]}]})
-                ids = (completion_ids(body["seed"]) + body["stop_token_ids"][:1])[: body["max_tokens"]]
+                ids = completion_ids(body["seed"])
+                if fake.mode == "variant" and crowded:
+                    ids = [ids[0] + 1, *ids[1:]]
+                ids = (ids + body["stop_token_ids"][:1])[: body["max_tokens"]]
                 return self._send(200, {"choices": [{"token_ids": ids,
                                                      "logprobs": {"token_logprobs": [-0.25] * len(ids)}}]})
             finally:

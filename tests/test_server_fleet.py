@@ -196,3 +196,35 @@ def test_child_servers_start_side_by_side_a_killed_one_is_failed_over_and_restar
         assert gen.processes[1].exit_note() is not None and gen.client.urls == [gen.processes[0].url]
     finally:
         gen.close()
+
+
+def test_strict_mode_probes_every_server_and_refuses_batch_variant_kernels(fakes, tiny, tmp_path):
+    """rollout.server.strict=true: each server draws 8 seeded rows batched and alone at start; a batch-variant
+    server is refused in one line naming it; an invariant fleet is probed every batch (counted, none differ)."""
+    model, tok = tiny
+    a, b = fakes(slow_s=0.02), fakes(slow_s=0.02, mode="variant")
+    with pytest.raises(UserError, match=rf"strict=true: the rollout server {b.url} drew \d of 8 seeded rows "
+                                        r"differently alone than batched .*VLLM_BATCH_INVARIANT=1"):
+        build([a.url, b.url], model, tok, tmp_path / "refused", strict=True)
+    c = fakes(slow_s=0.02)
+    gen = build([a.url, c.url], model, tok, tmp_path / "strict", strict=True, invariance_probe_every=10)
+    for _ in range(2):
+        assert generate(gen).ids == EXPECTED
+        metrics = gen.step_metrics()
+        assert metrics["rollout/invariance_probed"] == 1 and metrics["rollout/invariance_differ"] == 0
+    gen.close()
+
+
+def test_the_probe_measures_batch_variance_and_the_run_goes_on(fakes, tiny, tmp_path):
+    """Not strict: every `invariance_probe_every`-th batch, its last row is drawn again alone; a variant
+    server's row differs and is counted (rollout/invariance_differ), a warning says why, nothing stops."""
+    model, tok = tiny
+    fake = fakes(slow_s=0.02, mode="variant")
+    gen = build([fake.url], model, tok, tmp_path, invariance_probe_rows=1, invariance_probe_every=2)
+    generate(gen)
+    assert gen.step_metrics()["rollout/invariance_differ"] == 1
+    generate(gen)  # the second batch is not probed
+    assert "rollout/invariance_probed" not in gen.step_metrics()
+    generate(gen)
+    assert gen.step_metrics()["rollout/invariance_probed"] == 1
+    gen.close()

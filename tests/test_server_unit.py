@@ -238,7 +238,8 @@ def tiny():
 def build(urls, model, tok, tmp_path, **server):
     from rlx.rollout.backends import build_generator as build_engine
 
-    settings = dict(urls=urls, work_dir=str(tmp_path / "work"), request_timeout_s=5, max_retries=2, retry_backoff_s=0.0)
+    settings = dict(urls=urls, work_dir=str(tmp_path / "work"), request_timeout_s=5, max_retries=2, retry_backoff_s=0.0,
+                    invariance_probe_rows=0)  # the probe's extra request: tests/test_server_fleet.py
     settings.update(server)
     return build_engine(rollout_cfg(**settings), model, tok, 0)
 

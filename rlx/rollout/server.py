@@ -89,19 +89,50 @@ class ServedModel:
     vocab_size: int
 
 
+@dataclass(frozen=True)
+class FleetOptions:
+    """rollout.server knobs the generator acts on: child restarts, strict reproducibility and the probe of
+    batch invariance (a batch's last `probe_rows` rows drawn again alone every `probe_every` batches)."""
+
+    restarts: int = 0
+    strict: bool = False
+    probe_rows: int = 0
+    probe_every: int = 1
+
+    @property
+    def rows_probed(self) -> int:
+        """Rows a probed batch draws again (strict: at least one)."""
+        return max(self.probe_rows, 1) if self.strict else self.probe_rows
+
+    @classmethod
+    def of(cls, server) -> FleetOptions:
+        return cls(restarts=int(getattr(server, "restarts", 0)), strict=bool(getattr(server, "strict", False)),
+                   probe_rows=int(getattr(server, "invariance_probe_rows", 0)),
+                   probe_every=int(getattr(server, "invariance_probe_every", 1)))
+
+
+def same_draw(first: tuple, second: tuple) -> bool:
+    """Whether two answers for the same seeded request drew the same token ids with bit-equal log-probs."""
+    return first[0] == second[0] and first[1] == second[1]
+
+
 class ServerGenerator:
     """The generator protocol on vLLM server(s); `processes` are the child servers (none: user-started URLs), in
-    the client's member order. A child that died is started again after an update, at most `restarts` times
-    each, and rejoins once it answers and is caught up."""
+    the client's member order. A child that died is started again after an update, at most `options.restarts`
+    times each, and rejoins once it answers and is caught up."""
 
     def __init__(self, client: ServerClient, served: ServedModel, sampling: dict, *, publisher: WeightPublisher,
-                 processes: list[ServerProcess] = (), remove_work_dir: bool = False, restarts: int = 0):
+                 processes: list[ServerProcess] = (), remove_work_dir: bool = False,
+                 options: FleetOptions = FleetOptions()):
         self.client, self.model_name, self.tokenizer = client, served.name, served.tokenizer
         self.stop_ids, self.vocab_size, self.sampling = served.stop_ids, served.vocab_size, sampling
         self.work_dir = Path(publisher.work_dir)
         self.publisher, self.adapter = publisher, publisher.adapter
         self.processes, self.remove_work_dir = list(processes), remove_work_dir
-        self.restarts_left = [int(restarts)] * len(self.processes)
+        self.options = options
+        self.restarts_left = [options.restarts] * len(self.processes)
+        self._batches = 0  # sampled batches, for the probe's cadence
+        self._probed = self._differ = 0  # probe counts since the last step_metrics
         self._failovers_seen = 0
         self.version: int | None = None  # the weight version every server holds (None before the first publish)
         self._timings: dict[str, float] = {}
@@ -121,22 +152,75 @@ class ServerGenerator:
         rows = len(prompts) * group
         if len(seeds) != rows:
             raise ValueError(f"{len(seeds)} seeds for {rows} completions")
-        knobs, assigned = self.sampling, {}  # a prompt's G rows on one server (its prefix cache)
+        assigned = {}  # a prompt's G rows on one server (its prefix cache)
+        parse = self._parser(max_new_tokens)
 
-        def one(row: int):
-            body = {"model": self.request_model, "prompt": [int(t) for t in prompts[row // group]],
-                    "max_tokens": max_new_tokens, "min_tokens": min_new_tokens, "n": 1,
-                    "temperature": 0.0 if greedy else float(knobs["temperature"]), "top_p": float(knobs["top_p"]),
-                    "top_k": int(knobs["top_k"]) if int(knobs["top_k"]) > 0 else -1, "min_p": 0.0,
-                    "repetition_penalty": 1.0, "seed": None if greedy else int(seeds[row]),
-                    "stop_token_ids": self.stop_ids, "logprobs": 0, "return_token_ids": True}
-            parse = lambda answer: parse_completion(answer, max_new_tokens=max_new_tokens,  # noqa: E731
-                                                    vocab_size=self.vocab_size, stop_ids=self.stop_ids)
-            return self.client.routed(row // group, assigned, "/v1/completions", body, what="a completion request",
+        def one(row: int, routes: dict = assigned):
+            body = self._body(prompts[row // group], None if greedy else seeds[row], max_new_tokens, min_new_tokens)
+            return self.client.routed(row // group, routes, "/v1/completions", body, what="a completion request",
                                       parse=parse)
 
         answers = self.client.map(one, list(range(rows)))
+        self._batches += 1
+        if not greedy and rows > 1 and self.options.rows_probed and \
+                (self.options.strict or (self._batches - 1) % self.options.probe_every == 0):
+            self._probe(one, answers, assigned, group)
         return Generation([a[0] for a in answers], [a[1] for a in answers], [a[2] for a in answers])
+
+    def _body(self, prompt: list[int], seed: int | None, max_new_tokens: int, min_new_tokens: int = 0) -> dict:
+        """One row's /v1/completions request (seed None: greedy), sampling knobs from self.sampling."""
+        knobs = self.sampling
+        return {"model": self.request_model, "prompt": [int(t) for t in prompt], "max_tokens": max_new_tokens,
+                "min_tokens": min_new_tokens, "n": 1,
+                "temperature": 0.0 if seed is None else float(knobs["temperature"]), "top_p": float(knobs["top_p"]),
+                "top_k": int(knobs["top_k"]) if int(knobs["top_k"]) > 0 else -1, "min_p": 0.0,
+                "repetition_penalty": 1.0, "seed": None if seed is None else int(seed),
+                "stop_token_ids": self.stop_ids, "logprobs": 0, "return_token_ids": True}
+
+    def _parser(self, max_new_tokens: int):
+        return lambda answer: parse_completion(answer, max_new_tokens=max_new_tokens, vocab_size=self.vocab_size,
+                                               stop_ids=self.stop_ids)
+
+    def check_invariance(self, rows: int = 8, new_tokens: int = 16) -> None:
+        """rollout.server.strict: on every live server, `rows` seeded rows (fixed token prompts) drawn all at once
+        and then one at a time must agree bit for bit; UserError naming the server and the fix otherwise."""
+        from rlx.config import UserError
+
+        prompts = [[(7 * i + 3 * j + 11) % self.vocab_size for j in range(6 + i % 3)] for i in range(rows)]
+        bodies = [self._body(p, 1000 + i, new_tokens) for i, p in enumerate(prompts)]
+        parse = self._parser(new_tokens)
+        for url in self.client.urls:
+            ask = lambda body, url=url: self.client.call(url, "/v1/completions", body,  # noqa: E731
+                                                         what="a batch-invariance probe", parse=parse)
+            together = self.client.map(ask, bodies)
+            alone = [ask(body) for body in bodies]
+            differ = sum(not same_draw(a, b) for a, b in zip(together, alone))
+            if differ:
+                raise UserError(f"rollout.server.strict=true: the rollout server {url} drew {differ} of {rows} seeded "
+                                f"rows differently alone than batched (batch-variant kernels); start it with "
+                                f"VLLM_BATCH_INVARIANT=1 (GPU) or set rollout.server.strict=false")
+        log.info("rollout.server.strict: %d server(s) draw seeded rows batch-invariantly (%d rows probed each)",
+                 len(self.client.urls), rows)
+
+    def _probe(self, one, answers: list, assigned: dict, group: int) -> None:
+        """The batch's last probe_rows rows drawn again, one at a time, on the server that drew them (the batch
+        is over: nothing else of rlx's is in flight there in a synchronous run). A row whose tokens or log-probs
+        changed shows batch-variant kernels: counted (rollout/invariance_differ); in strict mode the run stops."""
+        for row in range(len(answers))[-self.options.rows_probed:]:
+            member = assigned.get(row // group)
+            if member is None or not member.live:
+                continue
+            again = one(row, {row // group: member})
+            self._probed += 1
+            if not same_draw(again, answers[row]):
+                self._differ += 1
+                note = (f"the rollout server {member.url} drew a seeded row differently alone than in its batch "
+                        f"(batch-variant kernels)")
+                if self.options.strict:
+                    raise RolloutServerError(f"{note}: rollout.server.strict=true cannot hold; start the server(s) "
+                                             f"with VLLM_BATCH_INVARIANT=1 (GPU) or set rollout.server.strict=false",
+                                             resumable=False)
+                log.warning("%s; rollout/invariance_differ counts such rows", note)
 
     def score(self, prompts: list[list[int]], completions: list[list[int]]) -> list[torch.Tensor]:
         """log p(completion_t | prompt, completion_<t) under the served weights (temperature 1), one (C_i,) tensor
@@ -222,7 +306,12 @@ class ServerGenerator:
         self._retries_seen = self.client.failed_attempts
         failovers = self.client.failovers - self._failovers_seen
         self._failovers_seen = self.client.failovers
-        metrics = dict(self._timings, **{"rollout/server_retries": float(retries),
+        if self._probed:
+            metrics_probe = {"rollout/invariance_probed": float(self._probed), "rollout/invariance_differ": float(self._differ)}
+            self._probed = self._differ = 0
+        else:
+            metrics_probe = {}
+        metrics = dict(self._timings, **metrics_probe, **{"rollout/server_retries": float(retries),
                                          "rollout/server_failovers": float(failovers),
                                          "rollout/servers_live": float(len(self.client.urls))})
         if self.version is not None:
@@ -278,7 +367,7 @@ def build_server_generator(rollout_cfg, model, tokenizer, seed: int) -> ServerGe
     served_model = ServedModel(names[0], tokenizer, eos_ids(model, tokenizer),
                                int(model.get_output_embeddings().weight.shape[0]))
     generator = ServerGenerator(client, served_model, sampling, publisher=publisher, processes=processes,
-                                remove_work_dir=remove, restarts=int(getattr(server, "restarts", 0)))
+                                remove_work_dir=remove, options=FleetOptions.of(server))
     try:
         publisher.start(model)
     except BaseException:
@@ -288,6 +377,12 @@ def build_server_generator(rollout_cfg, model, tokenizer, seed: int) -> ServerGe
         generator._stamp(0)  # the children started from these very weights
     else:
         generator.publish(model, 0)
+    if generator.options.strict:
+        try:
+            generator.check_invariance()
+        except BaseException:
+            generator.close()
+            raise
     log.info("rollout server(s): %s, model %s%s, weights version 0", ", ".join(client.urls), names[0],
              f" + LoRA adapter {ADAPTER_NAME}" if adapter else "")
     return generator
