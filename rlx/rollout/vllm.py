@@ -274,8 +274,8 @@ class VLLMEngine:
 
     @torch.no_grad()
     def generate_ids(self, prompts: list[list[int]], *, max_new_tokens: int, seeds: list[int],
-                     greedy: bool = False, samples_per_prompt: int = 1, min_new_tokens: int = 0, prefixes=None,
-                     stop_when=None) -> Generation:
+                     greedy: bool = False, samples_per_prompt: int = 1, min_new_tokens: int = 0,
+                     continuation=None) -> Generation:
         """The generator protocol (rollout/generator.py) for multi-turn rollouts: each prompt's token ids go
         in as they are (prompt_token_ids, never re-encoded); out come the sampled ids (ending in the stop
         token when one ended the row), the sampler's log-probs of the temperature-scaled distribution (as
@@ -284,7 +284,7 @@ class VLLMEngine:
         prefix cache encodes the shared prompt once)."""
         from vllm import SamplingParams
 
-        refuse_continuation("vllm", prefixes, stop_when)
+        refuse_continuation("vllm", continuation)
         prompts = [p for p in prompts for _ in range(samples_per_prompt)]
         if len(seeds) != len(prompts):
             raise ValueError(f"{len(seeds)} seeds for {len(prompts)} completions")
