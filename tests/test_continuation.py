@@ -1,5 +1,6 @@
-"""Continuing a row from its token prefix (Generator.generate_ids(prefixes=...), rlx/rollout/hf.py) and stopping
-generation early (stop_when): what partial rollouts and hints build on."""
+"""Continuing a row from its token prefix (Generator.generate_ids(continuation=Continuation(prefixes=...)),
+rlx/rollout/hf.py) and stopping generation early (Continuation(stop_when=...)): what partial rollouts and hints
+build on."""
 
 import threading
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from rlx.errors import UserError
-from rlx.rollout.generator import HFGenerator, refuse_continuation
+from rlx.rollout.generator import Continuation, HFGenerator, refuse_continuation
 from tests.loop_fixtures import PROMPTS, one_thread, tiny_policy  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -37,7 +38,7 @@ def test_a_continued_row_draws_what_the_uninterrupted_row_drew(tiny, knobs):
         cuts = [(i * 3 + shift) % len(r) for i, r in enumerate(full.ids)]
         prefixes = [r[:c] for r, c in zip(full.ids, cuts)]
         more = generator.generate_ids(prompts, max_new_tokens=20, seeds=seeds, samples_per_prompt=4,
-                                      min_new_tokens=min_new, prefixes=prefixes)
+                                      min_new_tokens=min_new, continuation=Continuation(prefixes))
         for row, (prefix, new, whole) in enumerate(zip(prefixes, more.ids, full.ids)):
             assert prefix + new == whole, (row, prefix, new, whole)
             torch.testing.assert_close(torch.tensor(more.logprobs[row]), torch.tensor(full.logprobs[row][len(prefix):]),
@@ -60,7 +61,8 @@ def test_stop_when_returns_the_rows_as_far_as_they_got(tiny):
         asked.append(finished.clone())
         return int(finished.sum()) >= 2
 
-    part = generator.generate_ids(prompts, max_new_tokens=20, seeds=seeds, samples_per_prompt=4, stop_when=two_finished)
+    part = generator.generate_ids(prompts, max_new_tokens=20, seeds=seeds, samples_per_prompt=4,
+                                  continuation=Continuation(stop_when=two_finished))
     assert asked[-1].shape == (8,) and int(asked[-1].sum()) >= 2
     finished = [s or len(r) == 20 for s, r in zip(part.stopped, part.ids)]
     assert sum(finished) >= 2 and not all(finished)
@@ -68,7 +70,7 @@ def test_stop_when_returns_the_rows_as_far_as_they_got(tiny):
         assert whole[: len(got)] == got and (got == whole) == done
     prefixes = part.ids
     rest = generator.generate_ids(prompts, max_new_tokens=20, seeds=seeds, samples_per_prompt=4,
-                                  prefixes=[p if not d else p[:-1] for p, d in zip(prefixes, finished)])
+                                  continuation=Continuation([p if not d else p[:-1] for p, d in zip(prefixes, finished)]))
     for prefix, new, whole, done in zip(prefixes, rest.ids, full.ids, finished):
         assert (prefix if not done else prefix[:-1]) + new == whole
 
@@ -85,7 +87,8 @@ def test_an_interrupt_ends_generation_at_the_next_token(tiny):
 
 def test_other_backends_refuse_in_one_line():
     with pytest.raises(UserError, match="rollout=server cannot continue a row from its token prefix.*use rollout=hf"):
-        refuse_continuation("server", [[1]], None)
+        refuse_continuation("server", Continuation(prefixes=[[1]]))
     with pytest.raises(UserError, match="rollout=vllm cannot"):
-        refuse_continuation("vllm", None, lambda finished: False)
-    refuse_continuation("vllm", None, None)
+        refuse_continuation("vllm", Continuation(stop_when=lambda finished: False))
+    refuse_continuation("vllm", None)
+    refuse_continuation("vllm", Continuation())

@@ -7,7 +7,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlx.algorithms.logprobs import chunked_linear_logprobs, token_entropy, token_logprobs
-from rlx.models.forward import completion_logprobs
+from rlx.models.forward import LogprobSettings, completion_logprobs
 
 
 def _tiny_llama(vocab_size: int) -> LlamaForCausalLM:
@@ -57,9 +57,9 @@ def test_completion_logprobs_chunked_equals_plain_forward():
     model = _tiny_llama(50)
     batch = _batch(50)
     mask = batch[3].bool()
-    plain, plain_entropy = completion_logprobs(model, *batch, with_entropy=True, chunked=False)
+    plain, plain_entropy = completion_logprobs(model, *batch, with_entropy=True, settings=LogprobSettings(chunked=False))
     plain_grads = torch.autograd.grad(plain[mask].sum(), list(model.parameters()))
-    chunked, chunked_entropy = completion_logprobs(model, *batch, with_entropy=True, chunked=True)
+    chunked, chunked_entropy = completion_logprobs(model, *batch, with_entropy=True, settings=LogprobSettings(chunked=True))
     chunked_grads = torch.autograd.grad(chunked[mask].sum(), list(model.parameters()))
     assert torch.allclose(chunked[mask], plain[mask], atol=1e-5)
     assert torch.allclose(chunked_entropy[mask], plain_entropy[mask], atol=1e-5)
@@ -78,7 +78,7 @@ def _saved_bytes(model, batch, chunked: bool) -> int:
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logp, _ = completion_logprobs(model, *batch, chunked=chunked)
+        logp, _ = completion_logprobs(model, *batch, settings=LogprobSettings(chunked=chunked))
     logp.sum().backward()
     return total
 
@@ -140,7 +140,7 @@ def test_shared_prompt_pass_equals_plain_forward():
     first, group = prompt_groups(batch[0], batch[1])
     assert first.tolist() == [0, 3] and group.tolist() == [0, 0, 0, 1, 1]
     mask = batch[3].bool()
-    plain, _ = completion_logprobs(model, *batch, chunked=False)
+    plain, _ = completion_logprobs(model, *batch, settings=LogprobSettings(chunked=False))
     plain_grads = torch.autograd.grad(plain[mask].sum(), list(model.parameters()))
     shared, _ = completion_logprobs(model, *batch)
     shared_grads = torch.autograd.grad(shared[mask].sum(), list(model.parameters()))

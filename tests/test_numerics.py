@@ -14,7 +14,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlx.algorithms.logprobs import chunked_linear_logprobs, token_entropy, token_logprobs
-from rlx.models.forward import completion_logprobs
+from rlx.models.forward import LogprobSettings, completion_logprobs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,7 +77,7 @@ def test_completion_logprobs_score_the_tempered_distribution(chunked):
     model = _tiny_llama()
     prompt_ids, prompt_mask, completion_ids, completion_mask = _batch()
     logp, entropy = completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                        with_entropy=True, chunked=chunked, temperature=0.6)
+                                        with_entropy=True, temperature=0.6, settings=LogprobSettings(chunked=chunked))
     ids, attention = torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1)
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=attention, position_ids=(attention.cumsum(1) - 1).clamp(min=0)).logits
@@ -104,7 +104,8 @@ def test_entropy_bonus_never_builds_full_logits():
             return tensor
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            logp, entropy = completion_logprobs(model, *batch, with_entropy=True, entropy_grad=entropy_grad)
+            logp, entropy = completion_logprobs(model, *batch, with_entropy=True,
+                                                settings=LogprobSettings(entropy_grad=entropy_grad))
         (logp.sum() + entropy.sum()).backward()
         return total
 

@@ -5,7 +5,7 @@ the padded forward's (issue 19)."""
 import pytest
 import torch
 
-from rlx.models.forward import completion_logprobs
+from rlx.models.forward import LogprobSettings, completion_logprobs
 from rlx.models.loading import load_causal_lm
 from tests.test_trim_padding import _batch
 
@@ -32,8 +32,8 @@ def test_packed_forward_equals_the_padded_one(arch, request):
     for pack in (False, True):
         model.zero_grad()
         shapes.clear()
-        logp, entropy = completion_logprobs(model, *batch, with_entropy=True, entropy_grad=True, temperature=0.7,
-                                            trim=False, pack=pack)
+        logp, entropy = completion_logprobs(model, *batch, with_entropy=True, temperature=0.7,
+                                            settings=LogprobSettings(entropy_grad=True, trim=False, pack=pack))
         ((logp * mask).sum() + (entropy * mask).sum()).backward()
         grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
         results[pack] = (logp.detach(), entropy.detach(), grads, list(shapes))

@@ -42,7 +42,8 @@ class Scripted:
     def __init__(self, lengths):
         self.lengths, self.version, self.calls = lengths, 0, []
 
-    def generate_ids(self, prompts, *, max_new_tokens, seeds, prefixes, stop_when, min_new_tokens=0, **_):
+    def generate_ids(self, prompts, *, max_new_tokens, seeds, continuation, min_new_tokens=0, **_):
+        prefixes, stop_when = continuation.prefixes, continuation.stop_when
         self.calls.append([list(p) for p in prefixes])
         targets = [min(self.lengths[p[0]] + s % 2, max_new_tokens) for p, s in zip(prompts, seeds)]
         new = [[] for _ in prompts]

@@ -133,11 +133,11 @@ def test_an_agent_scale_reaches_the_agent_credit_rules_too(registered):
     same advantages under a scale added at run time. Episodes [1] and [0] of one task, one anchored step each
     (the same anchor): episode level (R - 0.5) / 0.5 = [1, -1]; the step level the same, weighted 1 -> [2, -2]."""
     registered(gigpo.SCALES, "half", lambda std, eps: 0.5)
-    from rlx.algorithms.agent_credit import hgpo_advantages
+    from rlx.algorithms.agent_credit import HGPOSettings, hgpo_advantages
 
     args = torch.tensor([0, 0]), torch.tensor([0, 1]), torch.tensor([1.0, 0.0]), torch.tensor([3, 3])
     via_gigpo, _ = gigpo.gigpo_advantages(*args, scale="half")
-    via_hgpo, _ = hgpo_advantages(*args, hgpo_depth=0, scale="half")
+    via_hgpo, _ = hgpo_advantages(*args, settings=HGPOSettings(hgpo_depth=0, scale="half"))
     assert via_gigpo.tolist() == [2.0, -2.0] and via_hgpo.tolist() == [2.0, -2.0]
 
 

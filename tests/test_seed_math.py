@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from rlx.algorithms.advantages import group_advantages, outcome_advantages
-from rlx.algorithms.agent_credit import gated_returns, gra_advantages, hgpo_advantages, loo_advantages
+from rlx.algorithms.agent_credit import (
+    HGPOSettings,
+    gated_returns,
+    gra_advantages,
+    hgpo_advantages,
+    loo_advantages,
+)
 from rlx.algorithms.entropy_band import entropy_band_penalty, epo_phase_weight
 from rlx.algorithms.gigpo import CREDIT, gigpo_advantages
 from rlx.algorithms.grouping import fixed_groups, group_rank, group_standardize
@@ -410,7 +416,7 @@ def _hgpo_episodes():
 
 def test_hgpo_depth_zero_is_gigpo():
     episodes = _hgpo_episodes()
-    hgpo, _ = hgpo_advantages(**episodes, hgpo_depth=0, gamma=0.9, scale="group")
+    hgpo, _ = hgpo_advantages(**episodes, settings=HGPOSettings(hgpo_depth=0, gamma=0.9, scale="group"))
     gigpo, _ = gigpo_advantages(**episodes, gamma=0.9, scale="group")
     assert close(hgpo, gigpo, 1e-6)
 
@@ -426,7 +432,8 @@ def test_hgpo_history_levels_by_hand():
     e0t1: (1 x 1/3 + 2 x 0.5 + 3 x 0.5) / 6 = 0.472222 -> 0.805556;  e1t1: level 0 only -> 1/3 + 1/3 = 0.666667;
     e2t1: (-2/3 - 1 - 1.5) / 6 = -0.527778 -> -1.194444.  GiGPO would give e0t1 0.666667, e2t1 -1.333333.
     Deepest usable level over the 5 steps with one: (2 + 2 + 2 + 0 + 2) / 5 = 1.6."""
-    advantages, metrics = hgpo_advantages(**_hgpo_episodes(), hgpo_depth=2, hgpo_alpha=1.0, gamma=1.0, scale="none")
+    advantages, metrics = hgpo_advantages(**_hgpo_episodes(),
+                                          settings=HGPOSettings(hgpo_depth=2, hgpo_alpha=1.0, gamma=1.0, scale="none"))
     assert close(advantages, [0.833333, 0.805556, 1 / 3, 0.666667, -1.166667, -1.194444])
     assert close(metrics["env/hgpo_depth_used"], 1.6)
 

@@ -11,7 +11,7 @@ from rlx.algorithms.entropy_band import EntropyHistory
 from rlx.algorithms.grouping import fixed_groups
 from rlx.algorithms.shaping import LaserDTargets
 from rlx.data.difficulty import DifficultySampler, sampling_weights
-from rlx.rollout.replay import ReplayBuffer, ReplayEntry, fill_buffer, replay_plan
+from rlx.rollout.replay import ReplayBuffer, ReplayEntry, fill_buffer, replay_plan, sample_entries
 
 T = torch.tensor
 
@@ -116,8 +116,9 @@ def test_replay_plan_fills_collapsed_groups_from_the_buffer():
 def test_only_informative_groups_are_buffered_and_the_buffer_resumes_exactly():
     buffer = ReplayBuffer(per_prompt=1)
     correct = T([True, False, True, True])  # group x mixed (stored), group y all correct (not stored)
-    stored = fill_buffer(buffer, correct, T([0, 0, 1, 1]), ["x", "y"], [[1], [2], [3], [4]], T([1.0, 0.0, 1.0, 1.0]), 7,
-                         logprobs=[[-0.5], [-1.0], [-0.1], [-0.2]])
+    entries = sample_entries([[1], [2], [3], [4]], T([1.0, 0.0, 1.0, 1.0]), correct, 7,
+                             logprobs=[[-0.5], [-1.0], [-0.1], [-0.2]])
+    stored = fill_buffer(buffer, correct, T([0, 0, 1, 1]), ["x", "y"], entries)
     assert stored == 2 and set(buffer.entries) == {"x"}
     assert buffer.newest("x", True, 7).completion_ids == [1] and buffer.newest("x", False, 7).logprobs == [-1.0]
     restored = ReplayBuffer()

@@ -45,7 +45,7 @@ def test_task_eval_asks_the_generator_for_greedy_rows_of_the_eval_budget():
     metrics, records = evaluate(generator, tok, ROWS, REWARDS, _settings(max_new_tokens=11), step=4)
     (call,) = generator.calls
     assert call["greedy"] is True and call["max_new_tokens"] == 11 and call["samples_per_prompt"] == 1
-    assert call.get("min_new_tokens", 0) == 0 and call.get("prefixes") is None and call.get("stop_when") is None
+    assert call.get("min_new_tokens", 0) == 0 and call.get("continuation") is None
     assert len(call["prompts"]) == len(ROWS) and len(call["seeds"]) == len(ROWS)
     assert all(isinstance(p, list) and p and isinstance(p[0], int) for p in call["prompts"])
     assert [r["completion"] for r in records] == ["<answer>3</answer>"] * len(ROWS)

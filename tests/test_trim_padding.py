@@ -4,7 +4,7 @@ log-probs, entropies and gradients of the real tokens equal the untrimmed forwar
 import pytest
 import torch
 
-from rlx.models.forward import completion_logprobs, trim_padding
+from rlx.models.forward import LogprobSettings, completion_logprobs, trim_padding
 from rlx.models.loading import load_causal_lm
 
 
@@ -48,8 +48,8 @@ def test_trimmed_forward_equals_the_padded_one(arch, chunked, request):
     results = {}
     for trim in (False, True):
         model.zero_grad()
-        logp, entropy = completion_logprobs(model, *batch, with_entropy=True, entropy_grad=True, chunked=chunked,
-                                            temperature=0.7, trim=trim)
+        logp, entropy = completion_logprobs(model, *batch, with_entropy=True, temperature=0.7,
+                                            settings=LogprobSettings(entropy_grad=True, chunked=chunked, trim=trim))
         ((logp * mask).sum() + (entropy * mask).sum()).backward()
         grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
         results[trim] = (logp.detach(), entropy.detach(), grads)

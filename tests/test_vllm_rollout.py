@@ -187,7 +187,7 @@ def test_engine_syncs_a_lora_policy(engine):
 
 @needs_vllm
 def test_engine_sampling_logprobs_seeds_and_temperature(engine):
-    from rlx.models.forward import completion_logprobs
+    from rlx.models.forward import LogprobSettings, completion_logprobs
     from rlx.rollout.sampling import sample_seed
 
     eng, model, tok = engine
@@ -203,7 +203,7 @@ def test_engine_sampling_logprobs_seeds_and_temperature(engine):
     # the engine's log-probs are the temperature-scaled distribution's: log softmax(z / T)
     with torch.no_grad():
         raw, _ = completion_logprobs(model, first.prompt_ids, first.prompt_mask, first.completion_ids,
-                                     first.completion_mask, chunked=False)
+                                     first.completion_mask, settings=LogprobSettings(chunked=False))
         logits = model(torch.cat([first.prompt_ids, first.completion_ids], 1),
                        attention_mask=torch.cat([first.prompt_mask, first.completion_mask], 1)).logits
     width = first.prompt_ids.shape[1]

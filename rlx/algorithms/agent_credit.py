@@ -7,6 +7,8 @@ step_anchor (S,) (-1: no anchor). Every rule returns a per-step advantage (S,) a
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 import torch
 
 from rlx.algorithms.gigpo import CREDIT, SCALES, CreditNeeds, discounted_returns
@@ -92,20 +94,47 @@ def history_keys(episode_group: torch.Tensor, step_episode: torch.Tensor, step_a
     return keys
 
 
+@dataclass(frozen=True)
+class HGPOSettings:
+    """The knobs of credit=hgpo, named as the algorithm's keys (conf/algorithm/agent_grpo.yaml holds the run's
+    values; these defaults are only for direct calls): hgpo_depth K, hgpo_alpha, gamma, step_weight w, scale, eps."""
+
+    hgpo_depth: int = 2
+    hgpo_alpha: float = 1.0
+    gamma: float = 0.95
+    step_weight: float = 1.0
+    scale: str = "group"
+    eps: float = 1e-6
+
+    @classmethod
+    def from_knobs(cls, knobs: dict) -> HGPOSettings:
+        """The settings among the credit knobs the loop passes every rule (the others are other rules')."""
+        return cls(**{f.name: knobs[f.name] for f in fields(cls) if f.name in knobs})
+
+
 @CREDIT.register("hgpo", needs=CreditNeeds(inputs=("step_action",)))
-def hgpo_advantages(episode_group, step_episode, step_rewards, step_anchor, *, step_action=None, hgpo_depth: int = 2,
-                    hgpo_alpha: float = 1.0, gamma: float = 0.95, step_weight: float = 1.0, scale: str = "group",
-                    eps: float = 1e-6, **_) -> tuple[torch.Tensor, dict]:
+def hgpo_credit(episode_group, step_episode, step_rewards, step_anchor, *, step_action=None,
+                **knobs) -> tuple[torch.Tensor, dict]:
+    """The registry entry of credit=hgpo: the loop's knobs by keyword -> HGPOSettings -> hgpo_advantages."""
+    return hgpo_advantages(episode_group, step_episode, step_rewards, step_anchor, step_action,
+                           HGPOSettings.from_knobs(knobs))
+
+
+def hgpo_advantages(episode_group, step_episode, step_rewards, step_anchor, step_action=None,
+                    settings: HGPOSettings = HGPOSettings()) -> tuple[torch.Tensor, dict]:
     """HGPO-style credit (He et al. 2026, "Hierarchy-of-Groups Policy Optimization for Long-Horizon
     Agentic Tasks", arXiv 2602.22817): GiGPO's step-level term computed over nested, history-consistent
     groups G_0 (same anchor, GiGPO) >= G_1 >= ... >= G_K (same anchor and last K steps of history):
         A^S_k(i,t) = the grouped advantage of the discounted step return within G_k(i,t)
         A(i,t)     = A^E(i) + w * sum_k omega_k(i,t) A^S_k(i,t)
         omega_k    = (k + 1)^alpha / sum_{k' usable} (k' + 1)^alpha   over the levels whose group has >= 2 steps
-    A^E is the episode-level GRPO advantage, w = step_weight, alpha = hgpo_alpha (0: equal weights).
+    A^E is the episode-level GRPO advantage, w = step_weight, alpha = hgpo_alpha, K = hgpo_depth (settings:
+    HGPOSettings; alpha 0: equal weights).
     The nesting follows the paper; the weight rule is rlx's (the paper's adaptive weights favour the
     deeper, more consistent levels too, its exact rule was not checked). With hgpo_depth = 0 this is
     GiGPO. Metric env/hgpo_depth_used: mean over anchored steps of the deepest usable level."""
+    hgpo_depth, hgpo_alpha, gamma = settings.hgpo_depth, settings.hgpo_alpha, settings.gamma
+    step_weight, scale, eps = settings.step_weight, settings.scale, settings.eps
     returns = _episode_returns(step_rewards, step_episode, episode_group.numel()).double()
     episode_adv = _grouped(returns, episode_group, scale, eps)[step_episode]  # (S,)
     step_returns = discounted_returns(step_rewards.double(), step_episode, gamma)  # (S,)

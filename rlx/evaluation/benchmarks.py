@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from dataclasses import dataclass
 
 from rlx.data.readers import read_hub, read_records
 from rlx.errors import UserError
@@ -54,28 +55,39 @@ def _read_records(path: str, how_to_get: str) -> list[dict]:
     return [row for _, row in read_records(path, how_to_get, kind="benchmark file")]
 
 
-def qa_problems(name: str, question_column: str, answer_column: str, prompt_template: str, path: str | None = None,
-                hub_id: str | None = None, subset: str | None = None, split: str = "test",
-                answer_regex: str | None = None, size: int | None = None) -> list[dict]:
-    """Question/answer rows from a local file (jsonl, json, parquet, jsonl.gz) when `path` is set,
-    else from the hub dataset `hub_id` (cached copies work offline).  answer_regex: its first group
-    is the reference answer (GSM8K keeps it after '####')."""
+@dataclass(frozen=True)
+class QASource:
+    """Where qa_problems reads its rows: a local file (jsonl, json, parquet, jsonl.gz) when `path` is set, else
+    the `split` of the hub dataset `hub_id` (`subset`: its configuration; cached copies work offline)."""
+
+    path: str | None = None
+    hub_id: str | None = None
+    subset: str | None = None
+    split: str = "test"
+
+
+def qa_problems(name: str, question_column: str, answer_column: str, prompt_template: str,
+                answer_regex: str | None = None, size: int | None = None, **source) -> list[dict]:
+    """Question/answer rows of the benchmark `name`; source: the load keys path, hub_id, subset, split (QASource:
+    a local file when `path` is set, else the hub dataset `hub_id`).  answer_regex: its first group is the
+    reference answer (GSM8K keeps it after '####'); size: the first N rows (None: all)."""
+    where = QASource(**source)
     how_to_get = (
-        f"download the {split} split of {hub_id} (columns {question_column}, {answer_column}) as jsonl and set "
-        f"benchmark.{name}.load.path=FILE, or unset path to load it from the hub"
+        f"download the {where.split} split of {where.hub_id} (columns {question_column}, {answer_column}) as jsonl "
+        f"and set benchmark.{name}.load.path=FILE, or unset path to load it from the hub"
     )
-    if path:
-        records = _read_records(path, how_to_get)
-        source = path
+    if where.path:
+        records = _read_records(where.path, how_to_get)
+        origin = where.path
     else:
-        records = list(read_hub(hub_id, subset, split, f"save the {split} split as jsonl with columns "
-                                f"{question_column}, {answer_column} and set benchmark.{name}.load.path=FILE"))
-        source = hub_id
+        records = list(read_hub(where.hub_id, where.subset, where.split, f"save the {where.split} split as jsonl with "
+                                f"columns {question_column}, {answer_column} and set benchmark.{name}.load.path=FILE"))
+        origin = where.hub_id
     problems = []
     for index, record in enumerate(records[:size] if size else records):
         missing = [c for c in (question_column, answer_column) if c not in record]
         if missing:
-            raise UserError(f"{source} row {index} has no column '{missing[0]}' (columns: {', '.join(record)})")
+            raise UserError(f"{origin} row {index} has no column '{missing[0]}' (columns: {', '.join(record)})")
         answer = str(record[answer_column])
         if answer_regex:
             match = re.search(answer_regex, answer, flags=re.MULTILINE)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rlx.models.forward import completion_logprobs
+from rlx.models.forward import LogprobSettings, completion_logprobs
 from rlx.rewards import RewardComponent
 from rlx.rollout.prompts import format_prompts  # noqa: F401  (re-exported: loops and users import it from here)
 from rlx.rollout.types import Rollout
@@ -106,8 +106,8 @@ def batched_logprobs(model, rollout: Rollout, micro: int, with_entropy: bool = F
         sl = slice(lo, lo + micro)
         logp, entropy = completion_logprobs(
             model, rollout.prompt_ids[sl], rollout.prompt_mask[sl], rollout.completion_ids[sl], rollout.completion_mask[sl],
-            with_entropy=with_entropy, pack=pack,
-            temperature=rollout.temperatures[sl] if rollout.scheduled else temperature,
+            with_entropy=with_entropy, temperature=rollout.temperatures[sl] if rollout.scheduled else temperature,
+            settings=LogprobSettings(pack=pack),
         )
         logps.append(logp.cpu())
         if with_entropy:

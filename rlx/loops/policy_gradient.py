@@ -57,7 +57,7 @@ from rlx.loops.common import (
 )
 from rlx.loops.credit import CREDIT_RULES
 from rlx.loops.micro_batches import plan_micro_batches
-from rlx.models.forward import completion_logprobs
+from rlx.models.forward import LogprobSettings, completion_logprobs
 from rlx.rollout.types import HintedContext
 from rlx.runtime.checkpoint import GeneratorState
 from rlx.runtime.optim import optimizer_step
@@ -290,8 +290,8 @@ def optimise(parts: Parts, rows: UpdateRows, kl_coef: float, shuffle: torch.Gene
                 logp, entropy = completion_logprobs(
                     model, rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx],
                     rollout.completion_mask[idx], with_entropy=True,
-                    entropy_grad=u.entropy_coef > 0 or u.entropy_band is not None, pack=u.pack,
                     temperature=rollout.temperatures[idx] if rollout.scheduled else u.temperature,
+                    settings=LogprobSettings(entropy_grad=u.entropy_coef > 0 or u.entropy_band is not None, pack=u.pack),
                 )
                 device_mask = loss_mask[idx].to(logp.device)
                 old = old_logp[idx].to(logp.device) if old_logp is not None else logp.detach()

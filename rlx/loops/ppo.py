@@ -48,7 +48,7 @@ from rlx.loops.common import (
 )
 from rlx.loops.credit import advantage_metrics
 from rlx.loops.micro_batches import plan_micro_batches
-from rlx.models.forward import completion_logprobs
+from rlx.models.forward import LogprobSettings, completion_logprobs
 from rlx.runtime.checkpoint import GeneratorState
 from rlx.runtime.optim import optimizer_step
 from rlx.runtime.parallel import (
@@ -246,8 +246,8 @@ def ppo_update(parts: Parts, settings, rows: PPORows, kl_coef: float, shuffle: t
                 micro_mask = mask[idx]
                 logp, entropy = completion_logprobs(
                     model, rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx],
-                    rollout.completion_mask[idx], with_entropy=True, entropy_grad=algo.entropy_coef > 0,
-                    temperature=roll.temperature, pack=pack,
+                    rollout.completion_mask[idx], with_entropy=True, temperature=roll.temperature,
+                    settings=LogprobSettings(entropy_grad=algo.entropy_coef > 0, pack=pack),
                 )
                 device_mask = policy_mask[idx].to(logp.device)
                 token_loss, clip_stats = clipped_surrogate(

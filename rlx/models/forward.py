@@ -7,12 +7,30 @@ the largest tensor of a training step. Padding positions after each completion's
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import torch
 
 from rlx.algorithms.logprobs import chunked_linear_logprobs, token_entropy, token_logprobs
 from rlx.runtime.parallel import is_sharded
 
 LOGIT_CHUNK_ELEMENTS = 2**22  # logits materialised at once (chunk_tokens x V floats, 16 MB in float32)
+
+
+@dataclass(frozen=True)
+class LogprobSettings:
+    """How completion_logprobs computes its outputs: whether the entropy carries gradients, and the
+    chunking, trimming and packing knobs.
+
+    entropy_grad: the entropy carries gradients (an entropy bonus); chunked: the output head runs chunk by
+    chunk when it is a plain linear map (never the full (N, C, V) logits); trim: columns that are padding in
+    every row are not computed (trim_padding); pack: the rows' real tokens run as one packed sequence
+    without padding (_packed_hidden)."""
+
+    entropy_grad: bool = False
+    chunked: bool = True
+    trim: bool = True
+    pack: bool = False
 
 
 def position_ids_from_mask(attention: torch.Tensor) -> torch.Tensor:
@@ -167,11 +185,8 @@ def completion_logprobs(
     completion_ids: torch.Tensor,
     completion_mask: torch.Tensor,
     with_entropy: bool = False,
-    entropy_grad: bool = False,
-    chunked: bool = True,
     temperature: float | torch.Tensor = 1.0,
-    trim: bool = True,
-    pack: bool = False,
+    settings: LogprobSettings = LogprobSettings(),
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi_T(completion_t | prompt, completion_<t) for every completion position, where
     pi_T = softmax(logits / T) is the distribution the sampler drew from at temperature T (the log-probs
@@ -181,23 +196,24 @@ def completion_logprobs(
 
     prompt_*: (N, P) left-padded; completion_*: (N, C). Position ids follow the attention mask, as in
     generation, so the numbers match the sampler's. Returns logp (N, C) and entropy (N, C) or None;
-    positions where completion_mask is 0 hold 0 when chunked (they carry no loss). The entropy carries
-    gradients only with entropy_grad=True (an entropy bonus); both paths compute it chunk by chunk when
-    the output head is a plain linear map (never the full (N, C, V) logits). trim: columns that are padding
-    in every row are not computed (trim_padding); the outputs keep the input's width C. pack: the rows' real
-    tokens run as one packed sequence without padding (_packed_hidden; every prompt needs >= 1 token), when
-    the head is a plain linear map and the model is not wrapped (DDP) or sharded; otherwise the padded path."""
+    positions where completion_mask is 0 hold 0 when chunked (they carry no loss). settings (LogprobSettings):
+    the entropy carries gradients only with settings.entropy_grad=True (an entropy bonus); both paths compute it
+    chunk by chunk when settings.chunked and the output head is a plain linear map (never the full (N, C, V)
+    logits). settings.trim: columns that are padding in every row are not computed (trim_padding); the outputs
+    keep the input's width C. settings.pack: the rows' real tokens run as one packed sequence without padding
+    (_packed_hidden; every prompt needs >= 1 token), when the head is a plain linear map and the model is not
+    wrapped (DDP) or sharded; otherwise the padded path."""
     per_token = isinstance(temperature, torch.Tensor)  # (N, C): a temperature per completion token (EAD)
     if (temperature <= 0).any() if per_token else temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     full_width = completion_ids.shape[1]
-    if trim:
+    if settings.trim:
         prompt_ids, prompt_mask, completion_ids, completion_mask = trim_padding(
             prompt_ids, prompt_mask, completion_ids, completion_mask)
         if per_token:
             temperature = temperature[:, : completion_ids.shape[1]]
         logp, entropy = completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                            with_entropy, entropy_grad, chunked, temperature, trim=False, pack=pack)
+                                            with_entropy, temperature, replace(settings, trim=False))
         return _pad_columns(logp, full_width), _pad_columns(entropy, full_width)
     device = next(model.parameters()).device
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1).to(device)  # (N, P+C)
@@ -205,15 +221,15 @@ def completion_logprobs(
     position_ids = position_ids_from_mask(attention)  # (N, P+C)
     prompt_len = prompt_ids.shape[1]
     targets = completion_ids.to(device)  # (N, C)
-    head = _output_head(model) if chunked else None
+    head = _output_head(model) if settings.chunked else None
     if per_token and head is not None and head.bias is not None:
         head = None  # z / tau_t = (h / tau_t) W^T only without a bias: take the plain path
     if head is None:
         return _full_logits_logprobs(model, (input_ids, attention, position_ids), prompt_len, targets, temperature,
-                                     with_entropy, entropy_grad)
+                                     with_entropy, settings.entropy_grad)
     keep = completion_mask.to(device).bool()  # (N, C)
     hidden = _completion_hidden(model, (prompt_ids, prompt_mask, completion_ids, completion_mask),
-                                (input_ids, attention, position_ids), pack, device)
+                                (input_ids, attention, position_ids), settings.pack, device)
     if hidden.dim() == 3:
         hidden = hidden[keep]  # (M, H)
     if per_token:  # softmax(h W^T / tau_t) = softmax((h / tau_t) W^T): the head then runs at temperature 1
@@ -224,7 +240,7 @@ def completion_logprobs(
         hidden, head.weight, targets[keep], bias=head.bias, chunk_tokens=chunk_tokens, with_entropy=with_entropy,
         temperature=temperature,
     )  # (M,) over the M real completion tokens
-    if flat_entropy is not None and not (entropy_grad and torch.is_grad_enabled()):
+    if flat_entropy is not None and not (settings.entropy_grad and torch.is_grad_enabled()):
         flat_entropy = flat_entropy.detach()
     logp = torch.zeros(keep.shape, dtype=flat_logp.dtype, device=device).masked_scatter(keep, flat_logp)  # (N, C)
     entropy = None

@@ -13,6 +13,7 @@ members' scores per completion: mean, worst-case (min), or uncertainty-weighted 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -116,20 +117,47 @@ def forward_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
     return model.score(pooled).squeeze(-1)  # (b,)
 
 
-def model_reward(prompts, completions, *, path, aggregate: str = "mean", uncertainty_coef: float = 1.0,
-                 batch_size: int = 64, dtype: str = "float32", cpu: bool = True, prompt_texts=None, **row) -> list[float]:
-    """Reward-model score of each completion; `path` is one checkpoint or a list (an ensemble). prompt_texts:
-    the policy's model inputs (rlx.rewards.compute_rewards passes them); without them, `prompts`."""
+@dataclass(frozen=True)
+class RewardModelSettings:
+    """The keys of a model reward component (reward.components.model; conf/reward/model.yaml holds the run's
+    values, these defaults are only for direct calls): path (one checkpoint, or a list: an ensemble), aggregate
+    (AGGREGATIONS), uncertainty_coef, batch_size (sequences per forward pass), dtype, cpu."""
+
+    path: str | list | None = None
+    aggregate: str = "mean"
+    uncertainty_coef: float = 1.0
+    batch_size: int = 64
+    dtype: str = "float32"
+    cpu: bool = True
+
+    @classmethod
+    def from_config(cls, keys: dict) -> RewardModelSettings:
+        """The settings among a call's keywords (the component's config keys; the rest are dataset columns)."""
+        return cls(**{f.name: keys[f.name] for f in fields(cls) if f.name in keys})
+
+
+def model_reward(prompts, completions, *, prompt_texts=None, **config_and_row) -> list[float]:
+    """Reward-model score of each completion. config_and_row: the component's config keys (RewardModelSettings:
+    `path` is one checkpoint or a list, an ensemble) and the dataset's columns (unused). prompt_texts: the
+    policy's model inputs (rlx.rewards.compute_rewards passes them); without them, `prompts`."""
+    return reward_model_scores(prompts, completions, RewardModelSettings.from_config(config_and_row), prompt_texts)
+
+
+def reward_model_scores(prompts, completions, settings: RewardModelSettings, prompt_texts=None) -> list[float]:
+    """model_reward with its settings built: each member of settings.path scores every completion, the members'
+    scores aggregated per completion (aggregate_ensemble)."""
     if prompt_texts is not None and not any(isinstance(q, list) for q in prompts):
         prompts = prompt_texts  # string prompts: score what the policy saw (a conversational list is rendered below)
+    path = settings.path
     paths = [path] if isinstance(path, str) else list(path or [])
     if not paths:
         raise UserError("reward=model needs reward.components.model.path (a checkpoint, an rlx run directory, or a list)")
-    device = "cpu" if cpu or not torch.cuda.is_available() else "cuda"
+    device = "cpu" if settings.cpu or not torch.cuda.is_available() else "cuda"
     members = []
     for p in paths:
-        model, tokenizer = _load(str(p), dtype, device)
+        model, tokenizer = _load(str(p), settings.dtype, device)
         texts = [tokenizer.apply_chat_template(q, tokenize=False, add_generation_prompt=True) if isinstance(q, list) else q
                  for q in prompts]  # a conversational dataset's message lists, rendered by the reward model's template
-        members.append(sequence_scores(model, tokenizer, texts, [completion_text(c) for c in completions], batch_size))
-    return aggregate_ensemble(torch.stack(members), aggregate, uncertainty_coef).tolist()  # (K, N) -> (N,)
+        members.append(sequence_scores(model, tokenizer, texts, [completion_text(c) for c in completions],
+                                       settings.batch_size))
+    return aggregate_ensemble(torch.stack(members), settings.aggregate, settings.uncertainty_coef).tolist()  # (K, N) -> (N,)

@@ -14,6 +14,7 @@ same prompts and seeds (tests/test_sampling.py checks it token for token).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -23,6 +24,19 @@ from rlx.errors import UserError
 from rlx.models.forward import position_ids_from_mask
 from rlx.rollout.hf import Decoding, eos_ids, generate_tokens
 from rlx.rollout.types import Generation, Rollout
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """A generate_ids request that goes on from where rows stopped, or stops early (partial rollouts).
+
+    prefixes (one per row, optional): the row's completion so far; the generator continues it, drawing completion
+    token t from (the row's seed, position t) as an uninterrupted row would (max_new_tokens and min_new_tokens count
+    the prefix), and returns the NEW tokens only. stop_when(finished (rows,) bool): called after each token step,
+    True ends generation with the unfinished rows as far as they got."""
+
+    prefixes: list[list[int]] | None = None
+    stop_when: Callable[[torch.Tensor], bool] | None = None
 
 
 class Generator(Protocol):
@@ -36,14 +50,12 @@ class Generator(Protocol):
 
     def generate_ids(self, prompts: list[list[int]], *, max_new_tokens: int, seeds: list[int],
                      greedy: bool = False, samples_per_prompt: int = 1, min_new_tokens: int = 0,
-                     prefixes: list[list[int]] | None = None, stop_when=None) -> Generation:
+                     continuation: Continuation | None = None) -> Generation:
         """len(prompts) * samples_per_prompt rows, the samples of a prompt adjacent; seeds one per row.
 
-        prefixes (one per row, optional): the row's completion so far; the generator continues it, drawing
-        completion token t from (the row's seed, position t) as an uninterrupted row would (max_new_tokens and
-        min_new_tokens count the prefix), and returns the NEW tokens only. stop_when(finished (rows,) bool): called
-        after each token step, True ends generation with the unfinished rows as far as they got. Backends that
-        cannot do either refuse them with one line (rollout=hf can; partial rollouts and hints use them)."""
+        continuation (optional, Continuation): continue each row from its prefix (the NEW tokens come back) and/or
+        stop generation early. Backends that cannot do either refuse them with one line (rollout=hf can; partial
+        rollouts use them)."""
         ...
 
     def publish(self, model, version: int) -> None:
@@ -116,11 +128,11 @@ class HFGenerator:
     @torch.no_grad()
     def generate_ids(self, prompts: list[list[int]], *, max_new_tokens: int, seeds: list[int],
                      greedy: bool = False, samples_per_prompt: int = 1, min_new_tokens: int = 0,
-                     prefixes: list[list[int]] | None = None, stop_when=None,
-                     schedule: list[float] | None = None) -> Generation:
-        """prefixes: continue each row from its token prefix (partial rollouts); stop_when: end generation early;
+                     continuation: Continuation | None = None, schedule: list[float] | None = None) -> Generation:
+        """continuation: continue each row from its token prefix (partial rollouts) and/or end generation early;
         schedule: a sampling temperature per completion position (EAD), the decoder's log-probs taken at it."""
         starts = None
+        prefixes, stop_when = (continuation.prefixes, continuation.stop_when) if continuation else (None, None)
         if prefixes is not None:  # each row is its own prompt: prompt + the completion so far (rollout/hf.py)
             if len(prefixes) != len(prompts) * samples_per_prompt:
                 raise ValueError(f"{len(prefixes)} prefixes for {len(prompts) * samples_per_prompt} rows")
@@ -170,9 +182,9 @@ def _or_interrupted(event, stop_when):
     return lambda finished: event.is_set() or (stop_when is not None and bool(stop_when(finished)))
 
 
-def refuse_continuation(backend: str, prefixes, stop_when) -> None:
+def refuse_continuation(backend: str, continuation: Continuation | None) -> None:
     """One line for a backend that cannot continue rows from a prefix nor stop generation early."""
-    if prefixes is not None or stop_when is not None:
+    if continuation is not None and (continuation.prefixes is not None or continuation.stop_when is not None):
         raise UserError(f"rollout={backend} cannot continue a row from its token prefix with rlx's seeded draws nor stop "
                         f"generation early (partial rollouts, hints); use rollout=hf")
 

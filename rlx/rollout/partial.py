@@ -6,7 +6,7 @@ Each step:
   1. the pool is filled up to ceil(prompts_per_step x partial_oversample) groups with fresh prompts (in the stream's
      order), each of G rows with its own seed, sample_seed(seed, step it was drawn at, its index among that step's
      fresh rows): with oversample 1 (and nothing carried) exactly the synchronous producer's prompts and seeds;
-  2. every unfinished row of the pool is continued from its tokens (Generator.generate_ids(prefixes=...): token t of
+  2. every unfinished row of the pool is continued from its tokens (Generator.generate_ids(continuation=...): token t of
      a row is drawn from (its seed, position t), as an uninterrupted row would draw it) until prompts_per_step groups
      have finished (every row stopped or reached max_new_tokens), then generation stops;
   3. the finished groups with the smallest draw index are trained, in draw order (not in finishing order, which
@@ -40,6 +40,7 @@ from rlx.algorithms.shaping import correct_from_accuracy
 from rlx.data.tasks import PromptStream
 from rlx.errors import UserError
 from rlx.rewards import RewardComponent
+from rlx.rollout.generator import Continuation
 from rlx.rollout.pipeline import staleness_metrics
 from rlx.rollout.prompts import format_prompts
 from rlx.rollout.sampling import sample_seed
@@ -135,8 +136,8 @@ class PartialProducer:
         out: Generation = self.generator.generate_ids(
             [self.pool[g]["prompt_ids"] for g, _ in rows], max_new_tokens=self.max_new_tokens,
             seeds=[self.pool[g]["seeds"][r] for g, r in rows], min_new_tokens=self.min_new_tokens,
-            prefixes=[self.pool[g]["ids"][r] for g, r in rows],
-            stop_when=finishing_rule(self.pool, rows, self.prompts_per_step))
+            continuation=Continuation(prefixes=[self.pool[g]["ids"][r] for g, r in rows],
+                                      stop_when=finishing_rule(self.pool, rows, self.prompts_per_step)))
         version = getattr(self.generator, "version", 0) or 0
         drawn = 0
         for (g, r), new, logprobs, stopped in zip(rows, out.ids, out.logprobs or [None] * len(rows), out.stopped):

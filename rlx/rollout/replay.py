@@ -103,20 +103,26 @@ def replay_plan(correct: torch.Tensor, groups: torch.Tensor, keys: list, buffer:
     return sorted(plan, key=lambda item: item[0])
 
 
-def fill_buffer(buffer: ReplayBuffer, correct: torch.Tensor, groups: torch.Tensor, keys: list, completions: list[list[int]],
-                rewards: torch.Tensor, step: int, logprobs: list[list[float]] | None = None,
-                truncated: list[bool] | None = None) -> int:
-    """Store the samples of every informative group (some correct, some wrong). keys as in replay_plan;
-    truncated: whether each sample hit the generation budget. Returns how many samples were stored."""
+def sample_entries(completions: list[list[int]], rewards: torch.Tensor, correct: torch.Tensor, step: int,
+                   logprobs: list[list[float]] | None = None, truncated: list[bool] | None = None) -> list[ReplayEntry]:
+    """One ReplayEntry per sample of a scored round, drawn at `step`; truncated: whether each sample hit the
+    generation budget (None: none did); logprobs: the sampler's, when the round has them."""
+    return [ReplayEntry(list(completions[row]), float(rewards[row]), bool(correct[row]), step,
+                        list(logprobs[row]) if logprobs is not None else None,
+                        bool(truncated[row]) if truncated is not None else False)
+            for row in range(len(completions))]
+
+
+def fill_buffer(buffer: ReplayBuffer, correct: torch.Tensor, groups: torch.Tensor, keys: list,
+                entries: list[ReplayEntry]) -> int:
+    """Store the samples (entries: one per sample, sample_entries) of every informative group (some correct, some
+    wrong). keys as in replay_plan. Returns how many samples were stored."""
     index, appearance, hits, sizes, _ = _group_summary(correct, groups)
     informative = (hits > 0) & (hits < sizes)
     stored = 0
     for row in range(groups.numel()):
         dense = int(index[row])
         if informative[dense]:
-            entry = ReplayEntry(list(completions[row]), float(rewards[row]), bool(correct[row]), step,
-                                list(logprobs[row]) if logprobs is not None else None,
-                                bool(truncated[row]) if truncated is not None else False)
-            buffer.add(keys[int(appearance[dense])], entry)
+            buffer.add(keys[int(appearance[dense])], entries[row])
             stored += 1
     return stored

@@ -144,10 +144,10 @@ class ServerGenerator:
         return ADAPTER_NAME if self.adapter else self.model_name
 
     def generate_ids(self, prompts: list[list[int]], *, max_new_tokens: int, seeds: list[int], greedy: bool = False,
-                     samples_per_prompt: int = 1, min_new_tokens: int = 0, prefixes=None, stop_when=None) -> Generation:
+                     samples_per_prompt: int = 1, min_new_tokens: int = 0, continuation=None) -> Generation:
         """len(prompts) * G rows, the G samples of a prompt adjacent, one request per row seeded with its seed
         (greedy: temperature 0, no seed); knobs from self.sampling (rollout's, or what rlx eval sets)."""
-        refuse_continuation("server", prefixes, stop_when)
+        refuse_continuation("server", continuation)
         group = samples_per_prompt
         rows = len(prompts) * group
         if len(seeds) != rows:

@@ -12,6 +12,7 @@ corrects the gradient for it, as the EAD paper does. Torch only.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -32,23 +33,46 @@ def ead_decay(step: int, decay_d0: float, decay_per_step: float = 5.0, decay_max
     return min(decay_d0 + decay_per_step * step, decay_max)
 
 
+@dataclass(frozen=True)
+class EADSettings:
+    """The knobs of the ead schedule, named as rollout.temperature_schedule's keys (conf/rollout/*.yaml holds the
+    run's values; these defaults, the paper's constants and rlx's d_0, are only for direct calls)."""
+
+    tau_max: float = 1.2
+    tau_min: float = 0.1
+    warmup_tokens: int = 0
+    decay_d0: float = 20.0
+    decay_per_step: float = 5.0
+    decay_max: float = 40000.0
+
+    @classmethod
+    def from_knobs(cls, knobs: dict) -> EADSettings:
+        """The settings among the schedule knobs (the others are other schedules')."""
+        return cls(**{f.name: knobs[f.name] for f in fields(cls) if f.name in knobs})
+
+
 @TEMPERATURE_SCHEDULES.register("ead")
-def ead_temperature(positions: torch.Tensor, step: int, base: float, *, tau_max: float = 1.2, tau_min: float = 0.1,
-                    warmup_tokens: int = 0, decay_d0: float = 20.0, decay_per_step: float = 5.0,
-                    decay_max: float = 40000.0, **_) -> torch.Tensor:
+def ead_schedule(positions: torch.Tensor, step: int, base: float, **knobs) -> torch.Tensor:
+    """The registry entry of mode=ead: the schedule's knobs by keyword -> EADSettings -> ead_temperature."""
+    return ead_temperature(positions, step, base, EADSettings.from_knobs(knobs))
+
+
+def ead_temperature(positions: torch.Tensor, step: int, base: float,
+                    settings: EADSettings = EADSettings()) -> torch.Tensor:
     """Exploratory Annealed Decoding (Yang et al. 2025, "Let it Calm: Exploratory Annealed Decoding for
     Verifiable Reinforcement Learning", arXiv 2510.05251):
         tau_t = max(1 + tau_max - exp(t / d_s), tau_min)   for t >= c,
         tau_t = base                                         for t < c  (template tokens; the paper: 1)
     hot at the start (tau_0 = tau_max), cooling to tau_min after about d_s * ln(1 + tau_max - tau_min)
-    tokens. c = warmup_tokens, d_s = ead_decay(step, ...). The paper illustrates c = 10, tau_max = 1.2,
-    tau_min = 0.1; its d_0 suits thousand-token answers, rlx's default 20 suits the tiny model's ~10.
-    rlx departs: t counts from the first completion token (the paper does not say whether the schedule
-    restarts after the c template tokens). Returns (T,) float64."""
-    decay = ead_decay(step, decay_d0, decay_per_step, decay_max)
-    hot = 1.0 + tau_max - torch.exp(positions.double() / decay)
-    schedule = torch.clamp(hot, min=tau_min)
-    return torch.where(positions < warmup_tokens, torch.full_like(schedule, float(base)), schedule)
+    tokens. c = warmup_tokens, d_s = ead_decay(step, ...) (settings: EADSettings). The paper illustrates
+    c = 10, tau_max = 1.2, tau_min = 0.1; its d_0 suits thousand-token answers, rlx's default 20 suits the tiny
+    model's ~10. rlx departs: t counts from the first completion token (the paper does not say whether the
+    schedule restarts after the c template tokens). Returns (T,) float64."""
+    s = settings
+    decay = ead_decay(step, s.decay_d0, s.decay_per_step, s.decay_max)
+    hot = 1.0 + s.tau_max - torch.exp(positions.double() / decay)
+    schedule = torch.clamp(hot, min=s.tau_min)
+    return torch.where(positions < s.warmup_tokens, torch.full_like(schedule, float(base)), schedule)
 
 
 def temperature_schedule(mode: str, length: int, step: int, base: float, knobs: dict | None = None) -> torch.Tensor:

@@ -41,7 +41,7 @@ import torch
 
 from rlx.errors import UserError
 from rlx.rollout.generator import refuse_continuation
-from rlx.rollout.hf import completion_mask_from_ids, eos_ids
+from rlx.rollout.hf import Decoding, completion_mask_from_ids, eos_ids
 from rlx.rollout.types import Generation, Rollout
 
 log = logging.getLogger("rlx")
@@ -223,14 +223,15 @@ class VLLMEngine:
             self.llm.sleep(level=self.sleep_level)
             self.asleep = True
 
-    def generate(self, prompts: list[str], *, samples_per_prompt: int, max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, top_k: int = 0, greedy: bool = False, seeds: list[int] | None = None,
-                 min_new_tokens: int = 0, **_unused) -> Rollout:
-        """Same contract as rollout.hf.generate (G adjacent completions per prompt), plus the sampler's
-        log-probs of the completion tokens (Rollout.logprobs, (N, C), 0 on padding)."""
+    def generate(self, prompts: list[str], *, seeds: list[int] | None = None, **decoding) -> Rollout:
+        """Same contract as rollout.hf.generate (G adjacent completions per prompt; decoding: the fields of
+        rollout.hf.Decoding by keyword, of which samples_per_prompt, max_new_tokens, temperature, top_p, top_k,
+        greedy and min_new_tokens apply here), plus the sampler's log-probs of the completion tokens
+        (Rollout.logprobs, (N, C), 0 on padding)."""
         from vllm import SamplingParams
 
-        group = samples_per_prompt
+        d = Decoding(**decoding)
+        group, greedy = d.samples_per_prompt, d.greedy
         tok = self.tokenizer
         enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         unique_ids, unique_mask = enc["input_ids"], enc["attention_mask"]  # (B, P) left-padded
@@ -245,8 +246,8 @@ class VLLMEngine:
             ids = unique_ids[row // group][unique_mask[row // group].bool()].tolist()
             requests.append({"prompt_token_ids": ids})
             params.append(SamplingParams(
-                n=1, max_tokens=max_new_tokens, min_tokens=min_new_tokens, seed=int(seeds[row]) if per_request else None,
-                temperature=0.0 if greedy else temperature, top_p=top_p, top_k=top_k if top_k > 0 else -1,
+                n=1, max_tokens=d.max_new_tokens, min_tokens=d.min_new_tokens, seed=int(seeds[row]) if per_request else None,
+                temperature=0.0 if greedy else d.temperature, top_p=d.top_p, top_k=d.top_k if d.top_k > 0 else -1,
                 stop_token_ids=self.stop_ids, detokenize=False, logprobs=0,
             ))
         devices = [] if self.on_cpu else [torch.cuda.current_device()]
@@ -273,8 +274,8 @@ class VLLMEngine:
 
     @torch.no_grad()
     def generate_ids(self, prompts: list[list[int]], *, max_new_tokens: int, seeds: list[int],
-                     greedy: bool = False, samples_per_prompt: int = 1, min_new_tokens: int = 0, prefixes=None,
-                     stop_when=None) -> Generation:
+                     greedy: bool = False, samples_per_prompt: int = 1, min_new_tokens: int = 0,
+                     continuation=None) -> Generation:
         """The generator protocol (rollout/generator.py) for multi-turn rollouts: each prompt's token ids go
         in as they are (prompt_token_ids, never re-encoded); out come the sampled ids (ending in the stop
         token when one ended the row), the sampler's log-probs of the temperature-scaled distribution (as
@@ -283,7 +284,7 @@ class VLLMEngine:
         prefix cache encodes the shared prompt once)."""
         from vllm import SamplingParams
 
-        refuse_continuation("vllm", prefixes, stop_when)
+        refuse_continuation("vllm", continuation)
         prompts = [p for p in prompts for _ in range(samples_per_prompt)]
         if len(seeds) != len(prompts):
             raise ValueError(f"{len(seeds)} seeds for {len(prompts)} completions")

@@ -14,7 +14,7 @@ from dataclasses import replace
 import torch
 
 from rlx.algorithms.grouping import dense_ids, group_all
-from rlx.rollout.replay import TRIGGERS, ReplayBuffer, fill_buffer, replay_plan
+from rlx.rollout.replay import TRIGGERS, ReplayBuffer, fill_buffer, replay_plan, sample_entries
 from rlx.rollout.stages.base import STAGES, Round, Stage, StageContext, StageSettings, ratio
 from rlx.rollout.types import Generation, Rollout
 
@@ -36,8 +36,9 @@ class Replay(Stage):
                     if rollout.logprobs is not None else None)
         wanted = TRIGGERS[self.trigger](group_all(part.correct, part.groups), group_all(~part.correct, part.groups))
         self.collapsed += float(torch.unique(part.groups[wanted >= 0]).numel())  # groups the trigger asks a sample for
-        fill_buffer(self.buffer, part.correct, part.groups, keys, completions, part.rewards, ctx.step, logprobs,
-                    truncated=rollout.truncated.tolist())
+        entries = sample_entries(completions, part.rewards, part.correct, ctx.step, logprobs,
+                                 truncated=rollout.truncated.tolist())
+        fill_buffer(self.buffer, part.correct, part.groups, keys, entries)
         self.filled += float(len(plan))
         if plan:
             put_back(part, plan, ctx.tokenizer.pad_token_id, ctx.tokenizer)
