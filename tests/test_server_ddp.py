@@ -1,4 +1,4 @@
-"""rollout=server and pipeline mode under a multi-process trainer (hardware=ddp, 2 gloo processes on the CPU): rank 0
+"""rollout=server and pipeline mode (rollout=server or hf) under a multi-process trainer (hardware=ddp, 2 gloo processes on the CPU): rank 0
 alone samples the global batch (HTTP to the server, rewards on rank 0), broadcasts it, and every rank trains its
 shard (rlx/rollout/rank_zero.py). The 2-process run must take the steps the 1-process run takes on the same config.
 
@@ -52,7 +52,8 @@ def compare(tmp_path, extra):
                 "algorithm.scale=batch", "eval.every=2", "eval.size=4",
                 "+reward.components.token._target_=tests.test_server_ddp.token_reward",
                 "+reward.components.token.weight=1.0", *extra]
-        args = [*args, f"rollout.server.urls=[{fake.url}]", f"rollout.server.work_dir={tmp_path / 'server'}"]
+        if "rollout=server" in extra:
+            args = [*args, f"rollout.server.urls=[{fake.url}]", f"rollout.server.work_dir={tmp_path / 'server'}"]
         common = [*args, *SENSITIVE, *(q for q in QUIET if not q.startswith(("eval.every", "eval.size")))]
         for name, more in (("one", []), ("many", DDP)):
             result = run_rlx(["train", *common, f"name={name}", *more], tmp_path)
@@ -85,6 +86,14 @@ def test_server_rollouts_on_two_processes_match_one(tmp_path):
 def test_server_pipeline_on_two_processes_matches_one(tmp_path):
     rows, _ = compare(tmp_path, ["rollout=server", "rollout.max_staleness=1", "rollout.correction=tis"])
     assert rows[1]["rollout/staleness_max"] == 1.0  # batch 2 came from the starting weights: the pipeline ran ahead
+
+
+@pytest.mark.slow  # ~80 s on 2 shared cores
+def test_hf_pipeline_on_two_processes_matches_one(tmp_path):
+    """rollout=hf in pipeline mode: rank 0's copy of the policy samples the whole batch in the producer thread (a
+    module's own forward, no collective) with the seeds one process uses, so the rows are the same."""
+    rows, _ = compare(tmp_path, ["rollout.max_staleness=1", "rollout.correction=tis"])
+    assert rows[1]["rollout/staleness_max"] == 1.0
 
 
 def test_what_still_runs_on_one_process_is_one_line():
