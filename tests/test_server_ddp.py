@@ -103,8 +103,10 @@ def test_what_still_runs_on_one_process_is_one_line():
            "rollout.server.urls=[http://127.0.0.1:9]"]
     check_run(check_overrides(ddp))  # allowed: rank 0 drives the server
     check_run(check_overrides([*ddp[:3], "rollout.max_staleness=1", "rollout.correction=tis"]))  # the hf pipeline too
-    with pytest.raises(UserError, match=r"^rollout=server with 2 processes publishes rank 0's parameters .* shards"):
-        check_run(check_overrides(["hardware=fsdp", *ddp[1:]]))
+    # (rollout=server under FSDP is also refused by rlx/config/rules.py, after this rule)
+    with pytest.raises(UserError, match=r"^rollout.max_staleness=1 with 2 processes publishes rank 0's parameters .* "
+                                        r"hardware.distributed=fsdp they are shards"):
+        check_run(check_overrides(["hardware=fsdp", *ddp[1:3], "rollout.max_staleness=1", "rollout.correction=tis"]))
     with pytest.raises(UserError, match=r"^rollout.max_staleness=1 with 2 processes samples on rank 0 .*single-turn"):
         check_run(check_overrides(["algorithm=gigpo", "env=grid", *ddp[:3], "rollout.max_staleness=1",
                                    "rollout.correction=tis"]))
