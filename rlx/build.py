@@ -38,6 +38,7 @@ from rlx.rollout.episodes import EpisodeProducer, EpisodeSettings
 from rlx.rollout.generator import policy_generator
 from rlx.rollout.partial import PartialProducer
 from rlx.rollout.pipeline import pipelined, rollout_copy
+from rlx.rollout.rank_zero import FollowerGenerator, RankZeroProducer, rank_zero_eval
 from rlx.rollout.single_turn import SingleTurnProducer, SingleTurnSettings
 from rlx.rollout.stages import StagePipeline, StageSettings, build_stages
 from rlx.runtime.checkpoint import Checkpointer
@@ -148,10 +149,18 @@ def build_parts(cfg: DictConfig, components: Components) -> Parts:
     # what the generator samples with: the policy itself, or in pipeline mode copies of the policy and the tokenizer
     # (the producer thread's own: a fast tokenizer's padding settings are not thread-safe)
     rollout_model, rollout_parts = parts.model, parts
-    if needs.generator:  # on the unprepared policy: Accelerate's prepare keeps the same module object
+    # several processes with a server or a pipeline: rank 0 alone samples the global batch, without collectives, and
+    # broadcasts it (rlx/rollout/rank_zero.py); the other ranks build no generator and no rollout copy
+    follower = needs.producer is not None and rank_zero_samples(s, acc) and acc.process_index != 0
+    if rank_zero_samples(s, acc):
+        rollout_parts = replace(parts, accelerator=None)
+    if needs.generator and follower:
+        parts.generator = FollowerGenerator()
+        log.info("built: no generator on this rank (rank 0 samples every row and broadcasts them)")
+    elif needs.generator:  # on the unprepared policy: Accelerate's prepare keeps the same module object
         if needs.producer is not None and s.rollout.max_staleness:
             rollout_model = rollout_copy(parts.model)
-            rollout_parts = replace(parts, tokenizer=copy.deepcopy(parts.tokenizer))
+            rollout_parts = replace(rollout_parts, tokenizer=copy.deepcopy(parts.tokenizer))
         parts.generator = build_generator(s.rollout, rollout_model, rollout_parts.tokenizer, s.seed)
         log.info("built: generator rollout=%s (%s)%s", s.rollout.backend, type(parts.generator).__name__,
                  " on a copy of the policy (pipeline mode)" if rollout_model is not parts.model else "")
@@ -175,17 +184,31 @@ def build_parts(cfg: DictConfig, components: Components) -> Parts:
         rollout_parts.generator = parts.generator
         parts.producer = PRODUCERS[needs.producer](s, rollout_parts)
         log.info("built: producer %s", needs.producer)
-        if s.rollout.max_staleness:  # the producer samples ahead in a thread (rlx/rollout/pipeline.py)
+        if s.rollout.max_staleness and not follower:  # the producer samples ahead in a thread (rlx/rollout/pipeline.py)
             policy = acc.unwrap_model(parts.model)
             parts.producer, parts.generator = pipelined(s.rollout, parts.producer, parts.generator, rollout_model, policy,
                                                         policy_generator(policy, parts.tokenizer, s.rollout), s.steps)
             log.info("built: pipeline, batches sampled up to %d update(s) behind the trainer", s.rollout.max_staleness)
+        if rank_zero_samples(s, acc):
+            parts.producer = RankZeroProducer(parts.producer, acc, ["pipeline"] if s.rollout.max_staleness else None)
+            log.info("built: rank 0 samples the global batch and broadcasts it; each rank trains its shard")
     parts.checkpointer = Checkpointer.from_config(s, acc, parts.run_dir, lora=lora)  # a LoRA adapter in each checkpoint
     parts.metrics_log = MetricsLog(parts.run_dir, s.steps, s.log.progress, enabled=acc.is_main_process, tracker=acc)
-    if needs.evaluator is not None:
+    if needs.evaluator is not None and rank_zero_samples(s, acc) and needs.evaluator == "task":
+        # rank 0 evaluates every held-out row through its generator (the others have none) and broadcasts the metrics
+        run_eval = task_eval(s, parts, alone=True) if not follower else None
+        parts.run_eval = rank_zero_eval(acc, run_eval, len(parts.eval_rows[: s.eval.size]))
+        log.info("built: evaluator %s on rank 0", needs.evaluator)
+    elif needs.evaluator is not None:
         parts.run_eval = EVALUATORS[needs.evaluator](s, parts)
         log.info("built: evaluator %s", needs.evaluator)
     return parts
+
+
+def rank_zero_samples(s, acc) -> bool:
+    """True when rank 0 alone samples and broadcasts each step's batch: several processes with rollout=server or
+    pipeline mode (rlx/rollout/rank_zero.py; the config rules allow it for the single-turn families under DDP)."""
+    return acc.num_processes > 1 and (s.rollout.backend == "server" or bool(s.rollout.max_staleness))
 
 
 def environment_factory(env):
@@ -249,12 +272,13 @@ def episode_producer(s, parts: Parts) -> EpisodeProducer:
                            acc=parts.accelerator, play_fn=play_fn, extra_metrics=extra_metrics)
 
 
-def task_eval(s, parts: Parts):
-    """Held-out task rows decoded through the generator of rollout.backend (eval_generator), greedily."""
+def task_eval(s, parts: Parts, *, alone: bool = False):
+    """Held-out task rows decoded through the generator of rollout.backend (eval_generator), greedily; `alone`: this
+    process evaluates every row, without collectives (rank 0 when it alone samples)."""
     generator = eval_generator(s.rollout.backend, parts.generator, parts.accelerator.unwrap_model(parts.model),
                                parts.tokenizer, s.eval.batch_size)
-    return task_evaluator(parts.accelerator, generator, parts.tokenizer, parts.eval_rows[: s.eval.size], parts.rewards,
-                          task_eval_settings(s))
+    return task_evaluator(None if alone else parts.accelerator, generator, parts.tokenizer, parts.eval_rows[: s.eval.size],
+                          parts.rewards, task_eval_settings(s))
 
 
 def episode_eval(s, parts: Parts):

@@ -16,8 +16,33 @@ SINGLE_TURN_FAMILIES = ("policy_gradient", "ppo")
 
 def check_async_settings(cfg: DictConfig, processes: int) -> None:
     """The off-policy correction's knobs, then what asynchronous and partial rollouts need (a family with a producer,
-    a correction, one process, what the rollout backend gives): one line naming the first problem and its fix."""
-    refuse_first([*correction_problems(cfg.rollout), *stale_problems(cfg, processes)])
+    a correction, what the rollout backend gives), then what several processes allow when rank 0 alone samples
+    (rollout=server, pipeline mode): one line naming the first problem and its fix."""
+    refuse_first([*correction_problems(cfg.rollout), *stale_problems(cfg, processes), *rank_zero_problems(cfg, processes)])
+
+
+# the Accelerate strategies whose every rank holds the policy's full parameters (rank 0 publishes its own)
+FULL_PARAMETER_STRATEGIES = ("no", "ddp")
+
+
+def rank_zero_problems(cfg: DictConfig, processes: int) -> list[str]:
+    """Several processes with rollout=server or pipeline mode: rank 0 alone samples the global batch and broadcasts
+    it, each rank trains its shard (rlx/rollout/rank_zero.py). What that needs: single-turn rows (the shard of a
+    batch of episodes is not built), and every rank holding the full parameters (rank 0 publishes its own)."""
+    roll = cfg.rollout
+    what = ("rollout=server" if roll.backend == "server" else f"rollout.max_staleness={roll.max_staleness}")
+    if processes <= 1 or not (roll.backend == "server" or roll.max_staleness) or roll.partial:
+        return []
+    strategy = str(cfg.hardware.get("distributed", "no"))
+    return broken([
+        (cfg.algorithm.family not in SINGLE_TURN_FAMILIES,
+         f"{what} with {processes} processes samples on rank 0 and shards its single-turn rows over the ranks, not "
+         f"the rows of algorithm={cfg.algorithm.name} (family {cfg.algorithm.family}); set hardware.num_processes=1"),
+        (strategy not in FULL_PARAMETER_STRATEGIES,
+         f"{what} with {processes} processes publishes rank 0's parameters after each update, and under "
+         f"hardware.distributed={strategy} they are shards (a gather into a full copy on rank 0 is not built); use "
+         f"hardware=ddp or hardware.num_processes=1"),
+    ])
 
 
 def correction_problems(roll) -> list[str]:
@@ -57,8 +82,9 @@ def stale_problems(cfg: DictConfig, processes: int) -> list[str]:
          f"leave it at its default"),
         (roll.correction == "none" and roll.get("tis_cap") is None,
          f"{what} trains on rows sampled by older weights: set an off-policy correction, e.g. rollout.correction=tis"),
-        (processes > 1, f"{what} runs on one process for now (the producer's collectives would interleave with the "
-                        f"update's); set hardware.num_processes=1"),
+        # the partial producer carries unfinished rows of rank 0's batch across steps: its shard is not built
+        (partial and processes > 1, f"{what} runs on one process for now (its carried groups are not sharded over "
+                                    f"processes); set hardware.num_processes=1"),
         (staleness and not gives.background_thread,
          f"{what} samples in a background thread, which the colocated engine (rollout={roll.backend}) cannot share "
          f"with the trainer; use rollout=server (vLLM in its own process) or rollout=hf"),

@@ -291,13 +291,11 @@ LORA_PUSH = ("adapter", "merged")
 
 def check_server_settings(rollout_cfg, processes: int = 1) -> None:
     """One-line errors (UserError) for rollout=server settings, before any model is loaded: a remote bind or
-    URL without allow_remote, a malformed URL, several trainer processes, a server Python that is not there."""
+    URL without allow_remote, a malformed URL, a server Python that is not there. Several trainer processes are
+    the config rules' (rlx/config/async_rules.py rank_zero_problems: rank 0 alone drives the servers)."""
     from rlx.config import UserError
 
     server = rollout_cfg.server
-    if processes > 1:
-        raise UserError(f"rollout=server drives the server(s) from one trainer process, got {processes} processes; set "
-                        f"hardware.num_processes=1 (spread generation over several servers with rollout.server.urls)")
     if server.urls:
         normalize_urls(server.urls, bool(server.allow_remote))
     else:
