@@ -36,7 +36,7 @@ from rlx.rewards.overlong import with_overlong_penalty
 from rlx.rollout.backends import build_generator, eval_generator
 from rlx.rollout.episodes import EpisodeProducer, EpisodeSettings
 from rlx.rollout.generator import policy_generator
-from rlx.rollout.partial import PartialProducer
+from rlx.rollout.partial import PartialProducer, Rounds
 from rlx.rollout.pipeline import pipelined, rollout_copy
 from rlx.rollout.rank_zero import FollowerGenerator, RankZeroProducer, rank_zero_eval
 from rlx.rollout.single_turn import SingleTurnProducer, SingleTurnSettings
@@ -227,8 +227,10 @@ def single_turn_producer(s, parts: Parts) -> SingleTurnProducer | PartialProduce
     stages, stream = seed_stages(s, parts, rewards, group_size)
     if roll.partial:  # partial rollouts: groups carried across steps (rlx/rollout/partial.py); the stages run on the
         # groups each step finishes (the temperature schedule and prompt sampling are refused: rlx/config/async_rules.py)
+        journal = parts.run_dir / "rounds.jsonl" if roll.segment_tokens and parts.accelerator.is_main_process else None
         return PartialProducer(parts.generator, parts.tokenizer, stream, rewards, single_turn_settings(s, group_size),
-                               oversample=roll.partial_oversample, stages=stages)
+                               oversample=roll.partial_oversample, stages=stages,
+                               rounds=Rounds(int(roll.segment_tokens), journal))
     return SingleTurnProducer(parts.generator, parts.tokenizer, stream, rewards, single_turn_settings(s, group_size),
                               acc=parts.accelerator, stages=stages)
 

@@ -70,6 +70,9 @@ def stale_problems(cfg: DictConfig, processes: int) -> list[str]:
     """The rows of rollout.max_staleness and rollout.partial: nothing when both are off."""
     roll, family = cfg.rollout, cfg.algorithm.family
     staleness, partial = int(roll.max_staleness), bool(roll.partial)
+    if not partial and roll.get("segment_tokens"):
+        return ["rollout.segment_tokens cuts partial rollouts into token-budget rounds; set rollout.partial=true (and "
+                "rollout.correction) or rollout.segment_tokens=0"]
     if not (staleness or partial):
         return []
     what = f"rollout.max_staleness={staleness}" if staleness else "rollout.partial=true"
@@ -88,9 +91,10 @@ def stale_problems(cfg: DictConfig, processes: int) -> list[str]:
         (staleness and not gives.background_thread,
          f"{what} samples in a background thread, which the colocated engine (rollout={roll.backend}) cannot share "
          f"with the trainer; use rollout=server (vLLM in its own process) or rollout=hf"),
-        (partial and not gives.seeded_continuation,
-         "rollout.partial=true continues unfinished rows from their tokens with rlx's seeded sampler, which only "
-         "rollout=hf has; use rollout=hf"),
+        (partial and not gives.seeded_continuation and not (roll.get("segment_tokens") and gives.segmented_continuation),
+         f"rollout.partial=true continues unfinished rows from their tokens, which rollout={roll.backend} does "
+         f"only in rounds of rollout.segment_tokens (a server cannot stop early) or not at all; set "
+         f"rollout.segment_tokens (e.g. 16) with rollout=server, or use rollout=hf"),
         (partial and cfg.algorithm.get("dynamic_sampling"),
          "rollout.partial=true and algorithm.dynamic_sampling both decide which groups a step trains; set "
          "algorithm.dynamic_sampling=false"),

@@ -206,6 +206,7 @@ class Rollout:
     correction_low: float = num(0)
     partial: bool = field()
     partial_oversample: float = num(1)
+    segment_tokens: int = num(0)
     temperature_schedule: TemperatureSchedule = field()
 
 
@@ -280,15 +281,17 @@ class RolloutGives:
 
     per_token_temperature: bool = False  # its decoder takes a temperature per position (temperature_schedule=ead)
     seeded_continuation: bool = False  # continues unfinished rows from their tokens with rlx's sampler (rollout.partial)
+    segmented_continuation: bool = False  # continues rows from their tokens in rounds of rollout.segment_tokens
     background_thread: bool = False  # samples in a thread beside the trainer (rollout.max_staleness)
     unfiltered_logprobs: bool = False  # records the unfiltered log-probs under top-p/top-k (the off-policy correction)
     sharded_weights: bool = False  # reads the policy's weights when FSDP or DeepSpeed shard them
 
 
 # rollout.backend -> what it gives: hf is the policy sampling itself; vllm an in-process engine; server its own process
-ROLLOUT_GIVES = {"hf": RolloutGives(per_token_temperature=True, seeded_continuation=True, background_thread=True,
+ROLLOUT_GIVES = {"hf": RolloutGives(per_token_temperature=True, seeded_continuation=True, segmented_continuation=True,
+                                    background_thread=True,
                                     unfiltered_logprobs=True, sharded_weights=True),
-                 "vllm": RolloutGives(), "server": RolloutGives(background_thread=True)}
+                 "vllm": RolloutGives(), "server": RolloutGives(background_thread=True, segmented_continuation=True)}
 
 
 @dataclass

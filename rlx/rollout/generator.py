@@ -33,10 +33,13 @@ class Continuation:
     prefixes (one per row, optional): the row's completion so far; the generator continues it, drawing completion
     token t from (the row's seed, position t) as an uninterrupted row would (max_new_tokens and min_new_tokens count
     the prefix), and returns the NEW tokens only. stop_when(finished (rows,) bool): called after each token step,
-    True ends generation with the unfinished rows as far as they got."""
+    True ends generation with the unfinished rows as far as they got. segment: every row advances at most this
+    many tokens (a round of rollout.segment_tokens); a backend that cannot stop early (a server) can still do
+    rounds: it asks each row for min(segment, what is left of its budget)."""
 
     prefixes: list[list[int]] | None = None
     stop_when: Callable[[torch.Tensor], bool] | None = None
+    segment: int | None = None
 
 
 class Generator(Protocol):
@@ -144,7 +147,7 @@ class HFGenerator:
         decoding = Decoding(samples_per_prompt=samples_per_prompt, max_new_tokens=max_new_tokens,
                             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, greedy=greedy,
                             batch_size=self.batch_size, min_new_tokens=min_new_tokens, sampler=self.sampler,
-                            onednn=self.onednn, schedule=schedule,
+                            onednn=self.onednn, schedule=schedule, segment=continuation.segment if continuation else None,
                             logprobs=self.with_logprobs == "sampler" or (schedule is not None and bool(self.with_logprobs)))
         out = generate_tokens(self.model, self.tokenizer, ids, mask, decoding, seeds=seeds, start_positions=starts,
                               stop_when=stop_when)

@@ -114,6 +114,7 @@ class Decoding:
     onednn: bool = False
     logprobs: bool = False
     schedule: list[float] | None = None
+    segment: int | None = None  # at most this many token steps per row (a round of rollout.segment_tokens)
 
 
 @torch.no_grad()
@@ -336,6 +337,8 @@ def _decode(model, prompt_ids, prompt_mask, seeds, run: _DecodeRun, *, starts=No
         steps = int(budget.max()) if num_rows else 0
     else:
         steps = max_new_tokens
+    if d.segment:  # a round: every row advances at most `segment` tokens; rows cut here are not finished
+        steps = min(steps, int(d.segment))
     if steps == 0:
         return out[:, :0], (logp[:, :0] if logp is not None else None), counts, False
     logits, cache, fast, attention, next_position = _prefill(model, prompt_ids, prompt_mask, d)

@@ -31,7 +31,10 @@ sampler stay refused (rlx/config/async_rules.py says why).
 from __future__ import annotations
 
 import copy
+import json
 import math
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -76,16 +79,41 @@ def finishing_rule(pool: list[dict], rows: list[tuple[int, int]], target: int):
     return enough
 
 
+@dataclass
+class Rounds:
+    """Token-budget rounds of partial rollouts (rollout.segment_tokens): every unfinished row advances at most
+    `segment_tokens` tokens per round (0: off, one call per step); `journal`: the run's rounds.jsonl, one line
+    per round (step, round, version, rows advanced, tokens, groups completed, and, as information only, rows
+    answered per server so far), written by the main process (None: not written)."""
+
+    segment_tokens: int = 0
+    journal: Path | None = None
+    _cut_from: int | None = None  # a resumed run drops the lines of steps it redoes, once
+
+    def record(self, line: dict) -> None:
+        if self.journal is None:
+            return
+        if self._cut_from is None:
+            self._cut_from = int(line["step"])
+            if self.journal.is_file():  # a resumed run: the steps after its checkpoint are done again
+                kept = [x for x in self.journal.read_text().splitlines() if json.loads(x)["step"] < self._cut_from]
+                self.journal.write_text("".join(f"{x}\n" for x in kept))
+        with open(self.journal, "a") as out:
+            out.write(json.dumps(line) + "\n")
+
+
 class PartialProducer:
     """Single-turn rows with partial rollouts (see the module docstring); the interface of SingleTurnProducer."""
 
     kind = "single_turn"
 
     def __init__(self, generator, tokenizer, stream: PromptStream, rewards: list[RewardComponent],
-                 settings: SingleTurnSettings, *, oversample: float, stages: StagePipeline | None = None):
+                 settings: SingleTurnSettings, *, oversample: float, stages: StagePipeline | None = None,
+                 rounds: Rounds | None = None):
         """`settings`: as the single-turn producer's (its dynamic sampling unused); `oversample`: the groups kept in
         flight, a multiple of prompts_per_step (rollout.partial_oversample); `stages`: the seed stages run on the
-        groups each step finishes (None or inactive: none)."""
+        groups each step finishes (None or inactive: none); `rounds`: token-budget rounds (rollout.segment_tokens)."""
+        self.rounds, self.last_rounds = rounds if rounds is not None else Rounds(), 0
         self.generator, self.tokenizer, self.stream, self.rewards = generator, tokenizer, stream, rewards
         s = settings
         self.settings = s
@@ -129,19 +157,65 @@ class PartialProducer:
         return fresh
 
     def _generate(self, step: int) -> int:
-        """Continue the pool's unfinished rows until prompts_per_step groups have finished. Returns tokens drawn."""
+        """Continue the pool's unfinished rows until prompts_per_step groups have finished. Returns tokens drawn.
+        With rounds (rollout.segment_tokens = S): every unfinished row advances at most S tokens per round at the
+        round's version, round after round, until prompts_per_step groups have finished; each round is a line of
+        rounds.jsonl. Without: one call that stops at the token step where enough groups finished."""
+        if self.rounds.segment_tokens:
+            return self._rounds(step)
         if sum(groups_done(self.pool)) >= self.prompts_per_step:
             return 0
-        rows = [(g, r) for g, group in enumerate(self.pool) for r in range(self.group_size) if not group["finished"][r]]
+        rows = self._unfinished()
+        return self._advance(rows, Continuation(prefixes=[self.pool[g]["ids"][r] for g, r in rows],
+                                                stop_when=finishing_rule(self.pool, rows, self.prompts_per_step)), step)
+
+    def _unfinished(self) -> list[tuple[int, int]]:
+        return [(g, r) for g, group in enumerate(self.pool) for r in range(self.group_size) if not group["finished"][r]]
+
+    def _rounds(self, step: int) -> int:
+        drawn, number = 0, 0
+        while sum(groups_done(self.pool)) < self.prompts_per_step:
+            rows = self._unfinished()
+            segment = self.rounds.segment_tokens
+            tokens = self._advance(rows, Continuation(prefixes=[self.pool[g]["ids"][r] for g, r in rows],
+                                                      segment=segment), step)
+            drawn += tokens
+            self.rounds.record({"step": step, "round": number, "version": self._version(),
+                                "rows_advanced": len(rows), "tokens": tokens,
+                                "groups_completed": sum(groups_done(self.pool)), "served": self._served()})
+            number += 1
+        self.last_rounds = number
+        return drawn
+
+    def _round_metrics(self, groups: list[dict]) -> dict[str, float]:
+        """rollout/rounds (rounds this step, with rollout.segment_tokens) and rollout/row_version_span_max: the most
+        versions one trained row's tokens span (newest - oldest sampler version, from the per-token versions)."""
+        spans = [max(v) - min(v) for g in groups for v in g.get("token_versions", []) if v]
+        metrics = {"rollout/row_version_span_max": float(max(spans, default=0))}
+        if self.rounds.segment_tokens:
+            metrics["rollout/rounds"] = float(self.last_rounds)
+        return metrics
+
+    def _version(self) -> int:
+        return int(getattr(self.generator, "version", 0) or 0)
+
+    def _served(self) -> dict:
+        """Information only: rows answered per server so far (a fleet), which server served what and when."""
+        client = getattr(self.generator, "client", None)
+        return {m.url: m.answered for m in getattr(client, "members", [])}
+
+    def _advance(self, rows: list[tuple[int, int]], continuation: Continuation, step: int) -> int:
+        """Continue `rows` (pool group, row) as `continuation` says; their new tokens, log-probs and per-token
+        versions go into the pool. Returns the tokens drawn."""
         out: Generation = self.generator.generate_ids(
             [self.pool[g]["prompt_ids"] for g, _ in rows], max_new_tokens=self.max_new_tokens,
             seeds=[self.pool[g]["seeds"][r] for g, r in rows], min_new_tokens=self.min_new_tokens,
-            continuation=Continuation(prefixes=[self.pool[g]["ids"][r] for g, r in rows],
-                                      stop_when=finishing_rule(self.pool, rows, self.prompts_per_step)))
-        version = getattr(self.generator, "version", 0) or 0
+            continuation=continuation)
+        version = self._version()
         drawn = 0
         for (g, r), new, logprobs, stopped in zip(rows, out.ids, out.logprobs or [None] * len(rows), out.stopped):
             group = self.pool[g]
+            group.setdefault("token_versions", [[] for _ in group["ids"]])[r] += [version] * len(new)
             if new and group["versions"][r] is None:
                 group["versions"][r] = version
             if group["first_step"] is None and new:
@@ -196,6 +270,7 @@ class PartialProducer:
         carried = [g["first_step"] is not None and g["first_step"] < step for g in groups]
         metrics.update({"rollout/partial_carried_frac": sum(carried) / max(len(groups), 1),
                         "rollout/partial_pool_groups": len(self.pool), **staleness_metrics(part.rollout.versions, step),
+                        **self._round_metrics(groups),
                         **stage_metrics})
         context = HintedContext(part.behaviour) if part.behaviour is not None else SameContext()
         n = part.rewards.numel()

@@ -52,6 +52,7 @@ from rlx.rollout.publishers import (  # noqa: F401  (ADAPTER_NAME, WEIGHTS_FILE,
     served_state_dict,
     write_weights,
 )
+from rlx.rollout.sampling import sample_seed
 from rlx.rollout.server_client import BadAnswer, RequestPolicy, ServerClient, parse_completion
 from rlx.rollout.server_process import (
     EngineArgs,
@@ -111,6 +112,11 @@ class FleetOptions:
                    probe_every=int(getattr(server, "invariance_probe_every", 1)))
 
 
+def continuation_seed(seed: int, prefix_length: int) -> int:
+    """The seed of a continued row's request: a function of the row's seed and how far it got (32-bit)."""
+    return sample_seed(int(seed), int(prefix_length), 0x5E6)
+
+
 def same_draw(first: tuple, second: tuple) -> bool:
     """Whether two answers for the same seeded request drew the same token ids with bit-equal log-probs."""
     return first[0] == second[0] and first[1] == second[1]
@@ -146,19 +152,34 @@ class ServerGenerator:
     def generate_ids(self, prompts: list[list[int]], *, max_new_tokens: int, seeds: list[int], greedy: bool = False,
                      samples_per_prompt: int = 1, min_new_tokens: int = 0, continuation=None) -> Generation:
         """len(prompts) * G rows, the G samples of a prompt adjacent, one request per row seeded with its seed
-        (greedy: temperature 0, no seed); knobs from self.sampling (rollout's, or what rlx eval sets)."""
-        refuse_continuation("server", continuation)
+        (greedy: temperature 0, no seed); knobs from self.sampling (rollout's, or what rlx eval sets).
+
+        continuation with prefixes (rounds of rollout.segment_tokens): a row's request is its prompt and its
+        tokens so far, for at most min(segment, max_new_tokens - prefix) new tokens, seeded by
+        continuation_seed(row seed, prefix length) (a row with no prefix keeps its seed). The server's draws
+        are not rlx's counter-based ones, so a continued row differs from an uncut one, the same way every run.
+        A server cannot stop generation early (stop_when): refused."""
+        if continuation is not None and continuation.stop_when is not None:
+            refuse_continuation("server", continuation)
+        prefixes = continuation.prefixes if continuation is not None else None
+        segment = continuation.segment if continuation is not None else None
         group = samples_per_prompt
         rows = len(prompts) * group
-        if len(seeds) != rows:
-            raise ValueError(f"{len(seeds)} seeds for {rows} completions")
+        if len(seeds) != rows or (prefixes is not None and len(prefixes) != rows):
+            raise ValueError(f"{len(seeds)} seeds / {len(prefixes or [])} prefixes for {rows} completions")
         assigned = {}  # a prompt's G rows on one server (its prefix cache)
-        parse = self._parser(max_new_tokens)
 
         def one(row: int, routes: dict = assigned):
-            body = self._body(prompts[row // group], None if greedy else seeds[row], max_new_tokens, min_new_tokens)
+            prefix = list(prefixes[row]) if prefixes is not None else []
+            budget = max_new_tokens - len(prefix)
+            if segment:
+                budget = min(budget, int(segment))
+            if budget <= 0:
+                return [], [], False
+            seed = None if greedy else (int(seeds[row]) if not prefix else continuation_seed(seeds[row], len(prefix)))
+            body = self._body([*prompts[row // group], *prefix], seed, budget, max(0, min_new_tokens - len(prefix)))
             return self.client.routed(row // group, routes, "/v1/completions", body, what="a completion request",
-                                      parse=parse)
+                                      parse=self._parser(budget))
 
         answers = self.client.map(one, list(range(rows)))
         self._batches += 1

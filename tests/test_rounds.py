@@ -1,0 +1,128 @@
+"""Token-budget rounds of partial rollouts (rollout.segment_tokens, rlx/rollout/partial.py Rounds): every unfinished
+row advances at most S tokens per round at the round's version, rounds repeat until prompts_per_step groups
+finished, a step trains the first finished groups in draw order, each round is a line of rounds.jsonl, rows carry
+per-token versions. On a scripted generator, on the tiny model with rollout=hf (reproducible, resume exact), and
+on rollout=server through tests/fake_vllm.py (continuation by token prefix, seeded from the row's seed and the
+prefix length)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlx.rollout.partial import Rounds
+from rlx.rollout.server import continuation_seed
+from rlx.rollout.types import Generation
+from tests.fake_vllm import FakeVLLM
+from tests.test_partial import EOS, Scripted, trained
+from tests.test_partial import producer as partial_producer
+from tests.test_seed_wiring import Stopped, stop_after, train
+
+ROUNDS = ["rollout.partial=true", "rollout.correction=tis", "rollout.partial_oversample=2", "rollout.segment_tokens=3"]
+
+
+class Segmented(Scripted):
+    """Scripted rows (tests/test_partial.py) that advance at most `continuation.segment` tokens per call."""
+
+    def generate_ids(self, prompts, *, max_new_tokens, seeds, continuation, min_new_tokens=0, **_):
+        prefixes, segment = continuation.prefixes, continuation.segment
+        assert continuation.stop_when is None and segment
+        self.calls.append([list(p) for p in prefixes])
+        new = []
+        for prompt, seed, prefix in zip(prompts, seeds, prefixes):
+            target = min(self.lengths[prompt[0]] + seed % 2, max_new_tokens)
+            row = []
+            for t in range(len(prefix), min(target, len(prefix) + segment)):
+                row.append(EOS if t + 1 == target and target < max_new_tokens else t + 1)
+            new.append(row)
+        return Generation(new, [[-0.1 * (self.version + 1)] * len(n) for n in new],
+                          [bool(n) and n[-1] == EOS for n in new])
+
+
+def test_rounds_advance_rows_s_tokens_at_a_time_and_journal_each_round(tmp_path):
+    """S = 3, lengths 2..9: each call advances a row at most 3 tokens; rounds go on until 2 groups finished; the
+    trained groups are the first finished in draw order; rounds.jsonl has a line per round; a row carried into the
+    next step at a newer version has tokens of two versions (rollout/row_version_span_max)."""
+    made, _ = partial_producer([8, 2, 9, 3, 8, 8], prompts_per_step=2, oversample=2.0)
+    generator = Segmented([8, 2, 9, 3, 8, 8])
+    made.generator, made.rounds = generator, Rounds(3, tmp_path / "rounds.jsonl")
+    batch = made.produce(1)
+    for call in generator.calls[1:]:
+        assert all(len(p) % 3 == 0 for p in call)  # every prefix a whole number of rounds
+    assert [p for p, _ in trained(batch)][::2] == ["p1", "p3"]  # the short groups, in draw order
+    lines = [json.loads(x) for x in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    assert len(lines) == batch.metrics["rollout/rounds"] == len(generator.calls) == 2
+    assert [x["round"] for x in lines] == [0, 1] and lines[-1]["groups_completed"] >= 2
+    assert all(x["tokens"] <= 3 * x["rows_advanced"] and x["version"] == 0 and x["step"] == 1 for x in lines)
+    assert batch.metrics["rollout/row_version_span_max"] == 0
+    generator.version = 1
+    batch = made.produce(2)  # p0 and p2 began at version 0 and go on at version 1
+    assert batch.metrics["rollout/row_version_span_max"] == 1
+    lines = [json.loads(x) for x in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines].count(2) == batch.metrics["rollout/rounds"]
+
+
+def test_rounds_on_the_tiny_model_are_reproducible_and_resume_exactly(tmp_path, monkeypatch):
+    """rollout=hf, S = 3: two runs log the same values and write the same rounds.jsonl; a run stopped after its
+    step-2 checkpoint and resumed logs what the straight run logs, and its journal drops the redone steps."""
+    strip = lambda row: {k: v for k, v in row.items() if k != "time" and not k.startswith("perf/")}  # noqa: E731
+    overrides = [*ROUNDS, "checkpoint.every=2"]
+    first = train(tmp_path, *overrides, steps=4, run_dir=tmp_path / "a")
+    second = train(tmp_path, *overrides, steps=4, run_dir=tmp_path / "b")
+    assert [strip(r) for r in first] == [strip(r) for r in second]
+    assert all(r["rollout/rounds"] >= 1 for r in first[:1]), first  # (a step whose groups finished before has none)
+    assert any(r["rollout/row_version_span_max"] > 0 for r in first), first
+    journal = (tmp_path / "a" / "rounds.jsonl").read_text()
+    assert journal == (tmp_path / "b" / "rounds.jsonl").read_text()
+    assert len(journal.splitlines()) == sum(r["rollout/rounds"] for r in first)
+    lines = [json.loads(x) for x in journal.splitlines()]
+    assert all(x["tokens"] <= 3 * x["rows_advanced"] for x in lines) and max(x["round"] for x in lines) >= 1
+    with monkeypatch.context() as patch:
+        stop_after(patch, 2)
+        with pytest.raises(Stopped):
+            train(tmp_path, *overrides, steps=4, run_dir=tmp_path / "cut")
+    resumed = train(tmp_path, *overrides, f"resume={tmp_path / 'cut'}", steps=4, run_dir=tmp_path / "cut")
+    assert [strip(r) for r in resumed] == [strip(r) for r in first]
+    assert (tmp_path / "cut" / "rounds.jsonl").read_text() == journal
+
+
+def test_server_rounds_continue_rows_by_prefix_with_derived_seeds(tmp_path):
+    """rollout=server, S = 2 (fake server: a row would take 3 tokens, so every row is cut): the runs are the same
+    twice; every request asks for at most 2 tokens; a continued row's request is its first request's prompt and
+    the tokens so far, seeded by continuation_seed(its first seed, prefix length)."""
+    fake = FakeVLLM()
+    try:
+        server = ["rollout=server", f"rollout.server.urls=[{fake.url}]", f"rollout.server.work_dir={tmp_path / 'w'}",
+                  "rollout.max_new_tokens=6", "rollout.server.invariance_probe_rows=0", "rollout.segment_tokens=2"]
+        first = train(tmp_path, *ROUNDS, *server, steps=2, run_dir=tmp_path / "a")
+        sent = list(fake.completions())
+        second = train(tmp_path, *ROUNDS, *server, steps=2, run_dir=tmp_path / "b")
+    finally:
+        fake.close()
+    strip = lambda row: {k: v for k, v in row.items() if k != "time" and not k.startswith(("perf/", "rollout/serv"))}  # noqa: E731
+    assert [strip(r) for r in first] == [strip(r) for r in second]
+    assert first[0]["rollout/rounds"] == 3 and all(body["max_tokens"] <= 2 for body in sent)
+    starts = [b for b in sent if b["max_tokens"] == 2 and not any(
+        len(o["prompt"]) < len(b["prompt"]) and b["prompt"][:len(o["prompt"])] == o["prompt"] for o in sent)]
+    continued = [b for b in sent if b not in starts]
+    assert starts and continued
+    for body in continued:
+        origin = [o for o in starts if body["prompt"][:len(o["prompt"])] == o["prompt"]]
+        length = len(body["prompt"]) - len(origin[0]["prompt"])
+        assert body["seed"] in {continuation_seed(o["seed"], length) for o in origin}, body
+
+
+def test_continuation_seed_depends_on_the_row_and_how_far_it_got():
+    assert continuation_seed(5, 3) != continuation_seed(5, 4) != continuation_seed(6, 3)
+    assert continuation_seed(5, 3) == continuation_seed(5, 3) and 0 <= continuation_seed(5, 3) < 2**32
+
+
+def test_partial_on_a_server_needs_rounds_and_rounds_need_partial():
+    from tests.test_partial_stages import refusal
+
+    server = ["rollout=server", "rollout.partial=true", "rollout.correction=tis",
+              "rollout.server.urls=[http://127.0.0.1:9]"]
+    assert "set rollout.segment_tokens (e.g. 16) with rollout=server" in refusal(*server)
+    assert refusal(*server, "rollout.segment_tokens=4") is None
+    assert "set rollout.partial=true" in refusal("rollout.segment_tokens=4")
