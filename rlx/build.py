@@ -146,24 +146,8 @@ def build_parts(cfg: DictConfig, components: Components) -> Parts:
         value_lr = value.value_learning_rate(algo.value_lr, algo.value_lr_ratio, s.optim.lr)
         parts.value_optimizer, parts.value_scheduler = build_optimizer(parts.value_model, total_updates,
                                                                        **{**optim, "lr": value_lr})
-    # what the generator samples with: the policy itself, or in pipeline mode copies of the policy and the tokenizer
-    # (the producer thread's own: a fast tokenizer's padding settings are not thread-safe)
-    rollout_model, rollout_parts = parts.model, parts
-    # several processes with a server or a pipeline: rank 0 alone samples the global batch, without collectives, and
-    # broadcasts it (rlx/rollout/rank_zero.py); the other ranks build no generator and no rollout copy
     follower = needs.producer is not None and rank_zero_samples(s, acc) and acc.process_index != 0
-    if rank_zero_samples(s, acc):
-        rollout_parts = replace(parts, accelerator=None)
-    if needs.generator and follower:
-        parts.generator = FollowerGenerator()
-        log.info("built: no generator on this rank (rank 0 samples every row and broadcasts them)")
-    elif needs.generator:  # on the unprepared policy: Accelerate's prepare keeps the same module object
-        if needs.producer is not None and s.rollout.max_staleness:
-            rollout_model = rollout_copy(parts.model)
-            rollout_parts = replace(rollout_parts, tokenizer=copy.deepcopy(parts.tokenizer))
-        parts.generator = build_generator(s.rollout, rollout_model, rollout_parts.tokenizer, s.seed)
-        log.info("built: generator rollout=%s (%s)%s", s.rollout.backend, type(parts.generator).__name__,
-                 " on a copy of the policy (pipeline mode)" if rollout_model is not parts.model else "")
+    rollout_model, rollout_parts = build_sampler(s, parts, needs, follower)
     prepared = [parts.model, parts.optimizer] + ([parts.scheduler] if needs.prepare_scheduler else [])
     if needs.value_model:
         prepared += [parts.value_model, parts.value_optimizer]
@@ -181,17 +165,7 @@ def build_parts(cfg: DictConfig, components: Components) -> Parts:
         log.info("built: frozen reference (%s)", "the base with the adapter off" if lora.is_peft(acc.unwrap_model(parts.model))
                  else "a copy of the starting policy")
     if needs.producer is not None:
-        rollout_parts.generator = parts.generator
-        parts.producer = PRODUCERS[needs.producer](s, rollout_parts)
-        log.info("built: producer %s", needs.producer)
-        if s.rollout.max_staleness and not follower:  # the producer samples ahead in a thread (rlx/rollout/pipeline.py)
-            policy = acc.unwrap_model(parts.model)
-            parts.producer, parts.generator = pipelined(s.rollout, parts.producer, parts.generator, rollout_model, policy,
-                                                        policy_generator(policy, parts.tokenizer, s.rollout), s.steps)
-            log.info("built: pipeline, batches sampled up to %d update(s) behind the trainer", s.rollout.max_staleness)
-        if rank_zero_samples(s, acc):
-            parts.producer = RankZeroProducer(parts.producer, acc, ["pipeline"] if s.rollout.max_staleness else None)
-            log.info("built: rank 0 samples the global batch and broadcasts it; each rank trains its shard")
+        build_producer(s, parts, needs.producer, (rollout_model, rollout_parts), follower)
     parts.checkpointer = Checkpointer.from_config(s, acc, parts.run_dir, lora=lora)  # a LoRA adapter in each checkpoint
     parts.metrics_log = MetricsLog(parts.run_dir, s.steps, s.log.progress, enabled=acc.is_main_process, tracker=acc)
     if needs.evaluator is not None and rank_zero_samples(s, acc) and needs.evaluator == "task":
@@ -203,6 +177,48 @@ def build_parts(cfg: DictConfig, components: Components) -> Parts:
         parts.run_eval = EVALUATORS[needs.evaluator](s, parts)
         log.info("built: evaluator %s", needs.evaluator)
     return parts
+
+
+def build_sampler(s, parts: Parts, needs: FamilyNeeds, follower: bool) -> tuple:
+    """The generator (parts.generator) and what it samples with: (the rollout model, the parts the producer is
+    built from). The policy itself, or in pipeline mode copies of the policy and the tokenizer (the producer
+    thread's own: a fast tokenizer's padding settings are not thread-safe). With several processes and a server
+    or a pipeline, rank 0 alone samples the global batch, without collectives, and broadcasts it
+    (rlx/rollout/rank_zero.py): the producer's parts carry no accelerator, and the other ranks (`follower`) build
+    no generator and no rollout copy."""
+    acc = parts.accelerator
+    rollout_model, rollout_parts = parts.model, parts
+    if rank_zero_samples(s, acc):
+        rollout_parts = replace(parts, accelerator=None)
+    if needs.generator and follower:
+        parts.generator = FollowerGenerator()
+        log.info("built: no generator on this rank (rank 0 samples every row and broadcasts them)")
+    elif needs.generator:  # on the unprepared policy: Accelerate's prepare keeps the same module object
+        if needs.producer is not None and s.rollout.max_staleness:
+            rollout_model = rollout_copy(parts.model)
+            rollout_parts = replace(rollout_parts, tokenizer=copy.deepcopy(parts.tokenizer))
+        parts.generator = build_generator(s.rollout, rollout_model, rollout_parts.tokenizer, s.seed)
+        log.info("built: generator rollout=%s (%s)%s", s.rollout.backend, type(parts.generator).__name__,
+                 " on a copy of the policy (pipeline mode)" if rollout_model is not parts.model else "")
+    return rollout_model, rollout_parts
+
+
+def build_producer(s, parts: Parts, kind: str, sampler: tuple, follower: bool) -> None:
+    """parts.producer of `kind` (PRODUCERS) on the sampler's parts, then wrapped: pipeline mode samples ahead in
+    a thread (rlx/rollout/pipeline.py; parts.generator becomes the pipeline's), rank 0 broadcasts the batch."""
+    acc = parts.accelerator
+    rollout_model, rollout_parts = sampler
+    rollout_parts.generator = parts.generator
+    parts.producer = PRODUCERS[kind](s, rollout_parts)
+    log.info("built: producer %s", kind)
+    if s.rollout.max_staleness and not follower:
+        policy = acc.unwrap_model(parts.model)
+        parts.producer, parts.generator = pipelined(s.rollout, parts.producer, parts.generator, rollout_model, policy,
+                                                    policy_generator(policy, parts.tokenizer, s.rollout), s.steps)
+        log.info("built: pipeline, batches sampled up to %d update(s) behind the trainer", s.rollout.max_staleness)
+    if rank_zero_samples(s, acc):
+        parts.producer = RankZeroProducer(parts.producer, acc, ["pipeline"] if s.rollout.max_staleness else None)
+        log.info("built: rank 0 samples the global batch and broadcasts it; each rank trains its shard")
 
 
 def rank_zero_samples(s, acc) -> bool:
