@@ -37,3 +37,19 @@ def only_run_dir(tmp_path, kind="train"):
 @pytest.fixture
 def rlx_cli():
     return run_rlx
+
+
+@pytest.fixture
+def fakes():
+    """make(**kwargs) -> a FakeVLLM (tests/fake_vllm.py) on a port the OS picks, closed after the test."""
+    from tests.fake_vllm import FakeVLLM
+
+    made = []
+
+    def make(**kwargs):
+        made.append(FakeVLLM(**kwargs))
+        return made[-1]
+
+    yield make
+    for fake in made:
+        fake.close()

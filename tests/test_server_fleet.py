@@ -13,26 +13,13 @@ import pytest
 from rlx.errors import RolloutServerError, UserError
 from rlx.rollout.server_client import RequestPolicy, ServerClient
 from rlx.rollout.server_process import check_server_settings
-from tests.fake_vllm import FakeVLLM, completion_ids
+from tests.fake_vllm import completion_ids
 from tests.test_server_unit import build, rollout_cfg
 
 PROMPTS = [[1, 40, 41], [1, 42], [1, 43, 44, 45], [1, 46], [1, 47, 48], [1, 49]]
 G = 2
 SEEDS = list(range(100, 100 + len(PROMPTS) * G))
 EXPECTED = [completion_ids(s) + [2] for s in SEEDS]  # what any server draws for these seeds (stop id 2)
-
-
-@pytest.fixture
-def fakes():
-    made = []
-
-    def make(**kwargs):
-        made.append(FakeVLLM(**kwargs))
-        return made[-1]
-
-    yield make
-    for fake in made:
-        fake.close()
 
 
 @pytest.fixture(scope="module")

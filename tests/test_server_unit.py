@@ -31,7 +31,6 @@ from rlx.rollout.server_process import (
     server_command,
     server_env,
 )
-from tests.fake_vllm import FakeVLLM
 
 
 def rollout_cfg(**server):
@@ -212,19 +211,6 @@ def test_answer_checks():
 # ------------------------------------------------------------------------------------------------
 # the generator against a fake of vLLM's endpoints
 # ------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def fakes():
-    made = []
-
-    def make(**kwargs):
-        made.append(FakeVLLM(**kwargs))
-        return made[-1]
-
-    yield make
-    for fake in made:
-        fake.close()
 
 
 @pytest.fixture(scope="module")
