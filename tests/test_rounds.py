@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from rlx.rollout.partial import Rounds
 from rlx.rollout.server import continuation_seed
@@ -126,3 +127,33 @@ def test_partial_on_a_server_needs_rounds_and_rounds_need_partial():
     assert "set rollout.segment_tokens (e.g. 16) with rollout=server" in refusal(*server)
     assert refusal(*server, "rollout.segment_tokens=4") is None
     assert "set rollout.partial=true" in refusal("rollout.segment_tokens=4")
+
+
+def test_a_carried_row_carries_each_tokens_version_in_the_record():
+    """Rollout.token_versions: a row begun at version 0 and finished at version 1 holds 0 on its first tokens and 1
+    on the rest, -1 after its end; Rollout.versions keeps the row's oldest; select and cat keep them aligned; a
+    record pickled without the field (an older pipeline checkpoint) gets each row's version on its tokens."""
+    import pickle
+
+    from rlx.rollout.types import Rollout
+
+    made, _ = partial_producer([8, 2, 9, 3, 8, 8], prompts_per_step=2, oversample=2.0)
+    generator = Segmented([8, 2, 9, 3, 8, 8])
+    made.generator, made.rounds = generator, Rounds(3)
+    made.produce(1)
+    generator.version = 1
+    rollout = made.produce(2).rollout
+    spans = [sorted(set(v[m.bool()].tolist())) for v, m in zip(rollout.token_versions, rollout.loss_mask)]
+    assert [0, 1] in spans and all(s in ([0], [1], [0, 1]) for s in spans)
+    row = spans.index([0, 1])
+    tokens = rollout.token_versions[row]
+    assert tokens[: 3].tolist() == [0, 0, 0] and int(rollout.versions[row]) == 0
+    assert (tokens[rollout.loss_mask[row] == 0] == -1).all()
+    both = Rollout.cat([rollout.select(torch.tensor([row])), rollout], pad_id=EOS)
+    assert torch.equal(both.token_versions[0, : tokens.shape[0]], tokens)
+    state = dict(rollout.__dict__)
+    del state["token_versions"]
+    old = Rollout.__new__(Rollout)
+    old.__setstate__(state)
+    assert torch.equal(old.token_versions, torch.where(rollout.loss_mask.bool(), rollout.versions.unsqueeze(1), -1))
+    assert pickle.loads(pickle.dumps(rollout)).token_versions.equal(rollout.token_versions)

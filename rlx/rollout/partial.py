@@ -13,8 +13,8 @@ Each step:
      would favour short answers); finished groups beyond prompts_per_step wait for the next step, unfinished rows
      keep their tokens, log-probs and versions.
 A row can span versions: each token's sampler log-prob is the one its sampler gave (Rollout.logprobs), so the
-token-level correction weighs each token by its own behaviour policy; Rollout.versions holds the row's OLDEST
-version (its first token's), which the staleness metrics use. Rows that waited are off-policy even with
+token-level correction weighs each token by its own behaviour policy; Rollout.token_versions holds each token's
+version and Rollout.versions the row's OLDEST (its first token's), which the staleness metrics use. Rows that waited are off-policy even with
 rollout.max_staleness=0: the config rules require rollout.correction.
 The pool (tokens, log-probs, versions, seeds, draw indices) is training state: in checkpoints, so a resumed run
 continues the same rows. Partial rollouts need a generator that continues rows and stops early (rollout=hf).
@@ -252,7 +252,8 @@ class PartialProducer:
         for row, c in enumerate(ids):
             padded[row, : len(c)] = torch.tensor(c, dtype=torch.long)
         texts = self.tokenizer.batch_decode(padded, skip_special_tokens=True)
-        versions = [v if v is not None else 0 for g in groups for v in g["versions"]]  # a row's oldest sampler
+        versions = [tokens or [v if v is not None else 0]  # each token's sampler (a row's oldest: Rollout.versions)
+                    for g in groups for v, tokens in zip(g["versions"], g.get("token_versions", [[]] * group))]
         rollout = Rollout.from_ids([g["prompt_ids"] for g in groups], out, group, self.tokenizer.pad_token_id, texts,
                                    versions)
         sample_rows = [g["row"] for g in groups for _ in range(group)]

@@ -47,7 +47,8 @@ class Rollout:
     sampler's log-prob of each sampled token (0 elsewhere), or None when the generator was not asked for them;
     loss_mask (N, C) 1 on the tokens the model sampled only; step_index (N, C) long: the turn each sampled token
     belongs to (-1 elsewhere); versions (N,) long: the policy version (number of updates published to the
-    generator) that sampled each row; temperatures: (N, C) the temperature each token was sampled at when it
+    generator) that sampled each row, its oldest where the row spans several (partial rollouts); token_versions
+    (N, C) long: the version that sampled each token (-1 where the model sampled none); temperatures: (N, C) the temperature each token was sampled at when it
     varies within a generation (rollout.temperature_schedule, EAD), which the trainer's log-probs then use too,
     or an empty (N, 0) when every token was sampled at rollout.temperature (`scheduled` tells them apart)."""
 
@@ -61,19 +62,29 @@ class Rollout:
     loss_mask: torch.Tensor
     step_index: torch.Tensor
     versions: torch.Tensor
+    token_versions: torch.Tensor
     temperatures: torch.Tensor
 
     @classmethod
     def single_turn(cls, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
                     completion_mask: torch.Tensor, truncated: torch.Tensor, texts: list[str],
-                    logprobs: torch.Tensor | None, version: int | list[int] = 0) -> Rollout:
+                    logprobs: torch.Tensor | None, version: int | list[int] | list[list[int]] = 0) -> Rollout:
         """Single-turn rows: every token after the prompt was sampled (loss_mask = completion_mask, step_index 0 on
-        it), by policy version `version` (one for every row, or one per row), at the constant temperature."""
+        it) at the constant temperature, by policy version `version`: one for every row, one per row, or one list
+        per row with each sampled token's (a row continued across versions, rollout.partial)."""
         rows = completion_ids.shape[0]
-        versions = (torch.full((rows,), version, dtype=torch.long) if isinstance(version, int)
-                    else torch.tensor(version, dtype=torch.long))  # (N,)
+        versions, token_versions = version_tensors(version, completion_mask)
         return cls(prompt_ids, prompt_mask, completion_ids, completion_mask, truncated, texts, logprobs,
-                   completion_mask, torch.where(completion_mask.bool(), 0, -1), versions, constant_temperature(rows))
+                   completion_mask, torch.where(completion_mask.bool(), 0, -1), versions, token_versions,
+                   constant_temperature(rows))
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickling (pipeline checkpoints hold queued batches): a record saved before token_versions existed
+        gets each row's version on its sampled tokens."""
+        if "token_versions" not in state:
+            state["token_versions"] = torch.where(state["loss_mask"].bool(), state["versions"].unsqueeze(1), -1)
+        for key, value in state.items():
+            object.__setattr__(self, key, value)
 
     @property
     def scheduled(self) -> bool:
@@ -89,11 +100,11 @@ class Rollout:
 
     @classmethod
     def from_ids(cls, prompt_ids: list[list[int]], out: Generation, group: int, pad_id: int, texts: list[str],
-                 version: int | list[int] = 0) -> Rollout:
+                 version: int | list[int] | list[list[int]] = 0) -> Rollout:
         """Single-turn rows from token-id prompts and the generator's reply: G = group adjacent samples per prompt,
         prompts left-padded (N, P), completions right-padded (N, C) to the longest one, mask 1 up to and including
         the stop token, truncated where no stop token ended the row, the sampler's log-probs when returned, the
-        policy version that sampled them (one for every row, or one per row)."""
+        policy version that sampled them (as single_turn's `version`)."""
         rows = len(prompt_ids) * group
         width_p = max((len(p) for p in prompt_ids), default=0)
         width_c = max((len(c) for c in out.ids), default=0)
@@ -145,8 +156,9 @@ class Rollout:
         truncated = torch.tensor([e.truncated for e in episodes], dtype=torch.bool)
         texts = [" | ".join(e.actions) for e in episodes]
         version_tensor = torch.tensor(versions if versions is not None else [0] * n, dtype=torch.long)
+        token_versions = torch.where(loss_mask.bool(), version_tensor.unsqueeze(1), -1)  # (n, c)
         return cls(prompt_ids, prompt_mask, completion_ids, completion_mask, truncated, texts, logprobs, loss_mask,
-                   step_index, version_tensor, constant_temperature(n))
+                   step_index, version_tensor, token_versions, constant_temperature(n))
 
     def select(self, index: torch.Tensor) -> Rollout:
         """The rows `index` (1-D long tensor), in that order."""
@@ -154,7 +166,7 @@ class Rollout:
         return Rollout(take(self.prompt_ids), take(self.prompt_mask), take(self.completion_ids),
                        take(self.completion_mask), take(self.truncated), [self.texts[i] for i in index.tolist()],
                        take(self.logprobs), take(self.loss_mask), take(self.step_index), take(self.versions),
-                       take(self.temperatures))
+                       take(self.token_versions), take(self.temperatures))
 
     @staticmethod
     def cat(parts: list[Rollout], pad_id: int) -> Rollout:
@@ -186,8 +198,27 @@ class Rollout:
             torch.cat([pad(r.loss_mask, c_width, 0, False) for r in parts]),  # (N, C)
             torch.cat([pad(r.step_index, c_width, -1, False) for r in parts]),  # (N, C)
             torch.cat([r.versions for r in parts]),
+            torch.cat([pad(r.token_versions, c_width, -1, False) for r in parts]),  # (N, C)
             temperatures,
         )
+
+
+def version_tensors(version: int | list[int] | list[list[int]], mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(versions (N,), token_versions (N, C)) of rows whose sampled tokens are `mask` (N, C): `version` is one
+    for every row, one per row, or one list per row of each sampled token's version (a row's version is then its
+    oldest token's; a list shorter than the row's tokens is the newest tokens', its first value repeated before)."""
+    rows = mask.shape[0]
+    if isinstance(version, int) or (version and not isinstance(version[0], list)) or not version:
+        versions = (torch.full((rows,), version, dtype=torch.long) if isinstance(version, int)
+                    else torch.tensor(list(version) or [0] * rows, dtype=torch.long))  # (N,)
+        return versions, torch.where(mask.bool(), versions.unsqueeze(1), -1)
+    tokens = torch.full(mask.shape, -1, dtype=torch.long)  # (N, C)
+    for row, values in enumerate(version):
+        count = int(mask[row].sum())
+        values = ([values[0]] * (count - len(values)) + list(values)[-count:]) if values and count else []
+        tokens[row, :count] = torch.tensor(values, dtype=torch.long) if count else tokens[row, :0]
+    versions = torch.tensor([min(v) if v else 0 for v in version], dtype=torch.long)  # (N,)
+    return versions, tokens
 
 
 def constant_temperature(rows: int) -> torch.Tensor:
