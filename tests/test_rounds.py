@@ -157,3 +157,17 @@ def test_a_carried_row_carries_each_tokens_version_in_the_record():
     old.__setstate__(state)
     assert torch.equal(old.token_versions, torch.where(rollout.loss_mask.bool(), rollout.versions.unsqueeze(1), -1))
     assert pickle.loads(pickle.dumps(rollout)).token_versions.equal(rollout.token_versions)
+
+
+def test_a_round_that_advances_no_row_stops_with_one_line():
+    """A generator that answers no tokens for unfinished rows would loop forever: one resumable error instead."""
+    from rlx.errors import RolloutServerError
+
+    class Silent(Segmented):
+        def generate_ids(self, prompts, **kwargs):
+            return Generation([[] for _ in prompts], [[] for _ in prompts], [False] * len(prompts))
+
+    made, _ = partial_producer([8, 2, 9, 3], prompts_per_step=2, oversample=1.0)
+    made.generator, made.rounds = Silent([8, 2, 9, 3]), Rounds(3)
+    with pytest.raises(RolloutServerError, match="advanced none of 4 unfinished rows"):
+        made.produce(1)

@@ -41,7 +41,7 @@ import torch
 from rlx.algorithms.grouping import fixed_groups
 from rlx.algorithms.shaping import correct_from_accuracy
 from rlx.data.tasks import PromptStream
-from rlx.errors import UserError
+from rlx.errors import RolloutServerError, UserError
 from rlx.rewards import RewardComponent
 from rlx.rollout.generator import Continuation
 from rlx.rollout.pipeline import staleness_metrics
@@ -179,6 +179,9 @@ class PartialProducer:
             segment = self.rounds.segment_tokens
             tokens = self._advance(rows, Continuation(prefixes=[self.pool[g]["ids"][r] for g, r in rows],
                                                       segment=segment), step)
+            if tokens == 0:  # every row was unfinished and none moved: another round would not either
+                raise RolloutServerError(f"a round of rollout.segment_tokens={segment} advanced none of {len(rows)} "
+                                         f"unfinished rows (the generator answered no tokens)")
             drawn += tokens
             self.rounds.record({"step": step, "round": number, "version": self._version(),
                                 "rows_advanced": len(rows), "tokens": tokens,
