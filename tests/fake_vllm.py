@@ -100,26 +100,31 @@ def _handler(fake: FakeVLLM):
             try:
                 time.sleep(fake.slow_s)
                 crowded = crowded or fake.in_flight > 1
-                if fake.mode == "hang":
-                    time.sleep(fake.hang_s)
-                if fake.mode == "garbage":
-                    return self._send(200, {"choices": [{"token_ids": [9999], "logprobs": {"token_logprobs": [-1.0]}}]})
-                if fake.mode == "fail_first" and completions <= fake.failures:
-                    return self._send(500, "engine hiccup")
-                if body.get("prompt_logprobs") is not None:
-                    positions = [None] + [{str(t): {"logprob": -0.5}} for t in body["prompt"][1:]]
-                    return self._send(200, {"choices": [{"prompt_logprobs": positions, "token_ids": [7]}]})
-                ids = completion_ids(body["seed"])
-                if fake.mode == "variant" and crowded:
-                    ids = [ids[0] + 1, *ids[1:]]
-                ids = (ids + body["stop_token_ids"][:1])[: body["max_tokens"]]
-                return self._send(200, {"choices": [{"token_ids": ids,
-                                                     "logprobs": {"token_logprobs": [-0.25] * len(ids)}}]})
+                code, payload = _answer(fake, body, completions, crowded)
             finally:
-                with fake.lock:
+                with fake.lock:  # before the answer goes out: the client may send its next request at once
                     fake.in_flight -= 1
+            return self._send(code, payload)
 
     return Handler
+
+
+def _answer(fake: FakeVLLM, body: dict, completions: int, crowded: bool) -> tuple[int, object]:
+    """(HTTP code, payload) of a completion request, as the fake's mode says."""
+    if fake.mode == "hang":
+        time.sleep(fake.hang_s)
+    if fake.mode == "garbage":
+        return 200, {"choices": [{"token_ids": [9999], "logprobs": {"token_logprobs": [-1.0]}}]}
+    if fake.mode == "fail_first" and completions <= fake.failures:
+        return 500, "engine hiccup"
+    if body.get("prompt_logprobs") is not None:
+        positions = [None] + [{str(t): {"logprob": -0.5}} for t in body["prompt"][1:]]
+        return 200, {"choices": [{"prompt_logprobs": positions, "token_ids": [7]}]}
+    ids = completion_ids(body["seed"])
+    if fake.mode == "variant" and crowded:
+        ids = [ids[0] + 1, *ids[1:]]
+    ids = (ids + body["stop_token_ids"][:1])[: body["max_tokens"]]
+    return 200, {"choices": [{"token_ids": ids, "logprobs": {"token_logprobs": [-0.25] * len(ids)}}]}
 
 
 def main(argv: list[str]) -> None:

@@ -22,6 +22,7 @@ from rlx.algorithms.preference import PREFERENCE_LOSSES
 from rlx.algorithms.shaping import SHAPERS
 from rlx.algorithms.transforms import TRANSFORMS
 from rlx.config.fields import choices, fraction, num, positive, registry_names
+from rlx.config.gives import ROLLOUT_GIVES, RolloutGives  # noqa: F401  (their old home)
 from rlx.registry import published
 
 CUSTOM = "custom"  # env.name that loads env.target (rlx.envs.registry.CUSTOM; a test keeps them equal)
@@ -272,26 +273,6 @@ class ServerRollout(Rollout):
 
 # rollout.backend -> its schema (rlx.rollout.backends.ROLLOUT_BACKENDS)
 ROLLOUTS = {"hf": Rollout, "vllm": VLLMRollout, "server": ServerRollout}
-
-
-@dataclass(frozen=True)
-class RolloutGives:
-    """What a rollout backend gives, read by the rules instead of its name (rlx/config/seed_rules.py, async_rules.py,
-    rules.py): the options that need one of these stop on a backend that lacks it."""
-
-    per_token_temperature: bool = False  # its decoder takes a temperature per position (temperature_schedule=ead)
-    seeded_continuation: bool = False  # continues unfinished rows from their tokens with rlx's sampler (rollout.partial)
-    segmented_continuation: bool = False  # continues rows from their tokens in rounds of rollout.segment_tokens
-    background_thread: bool = False  # samples in a thread beside the trainer (rollout.max_staleness)
-    unfiltered_logprobs: bool = False  # records the unfiltered log-probs under top-p/top-k (the off-policy correction)
-    sharded_weights: bool = False  # reads the policy's weights when FSDP or DeepSpeed shard them
-
-
-# rollout.backend -> what it gives: hf is the policy sampling itself; vllm an in-process engine; server its own process
-ROLLOUT_GIVES = {"hf": RolloutGives(per_token_temperature=True, seeded_continuation=True, segmented_continuation=True,
-                                    background_thread=True,
-                                    unfiltered_logprobs=True, sharded_weights=True),
-                 "vllm": RolloutGives(), "server": RolloutGives(background_thread=True, segmented_continuation=True)}
 
 
 @dataclass

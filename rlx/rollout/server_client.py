@@ -182,9 +182,10 @@ class Member:
 class ServerClient:
     """Requests to a fleet of one or more servers, with the retry policy above.
 
-    Routing (`routed`): a request goes to the live server with the least load (rows assigned and not answered),
-    every request of one key (a prompt's group) to the same server, so its prefix cache encodes the prompt once;
-    at most `per_server` requests are in flight on one server, `concurrency` over the fleet. Failover: a server
+    Routing (`routed`): a request goes to the live server with the least load (rows assigned and not answered;
+    on a tie, the one with fewer of the call's groups), every request of one key (a prompt's group) to the same
+    server, so its prefix cache encodes the prompt once; at most `per_server` requests are in flight on one
+    server, `concurrency` over the fleet. Failover: a server
     that cannot be reached (refused or dropped connection, timeout; with another server live) or that keeps
     failing after the retries is dropped from the fleet and its requests go to another server; they carry
     their own seeds, so the tokens do not depend on which server drew them (where the kernels are
@@ -266,7 +267,11 @@ class ServerClient:
                 live = [m for m in self.members if m.live]
                 if not live:
                     raise RolloutServerError(self._quorum_note())
-                member = assigned[key] = min(live, key=lambda m: (m.load, m.index))
+                groups = {m.index: 0 for m in live}  # equal loads: the server with fewer of this call's groups
+                for chosen in assigned.values():
+                    if chosen.index in groups:
+                        groups[chosen.index] += 1
+                member = assigned[key] = min(live, key=lambda m: (m.load, groups[m.index], m.index))
             member.load += 1
             return member
 
