@@ -34,7 +34,7 @@ class FakeVLLM:
     def start(self, port=0):
         """Serve (again) on `port` (0: one the OS picks); a restarted fake has no weight version."""
         self.version = None
-        self.http = ThreadingHTTPServer((self.host, port), _handler(self))
+        self.http = _Server((self.host, port), _handler(self))
         self.port = self.http.server_address[1]
         self.url = f"http://{self.host}:{self.port}"
         self.thread = threading.Thread(target=self.http.serve_forever, daemon=True)
@@ -52,6 +52,11 @@ class FakeVLLM:
             self.http.shutdown()
             self.http.server_close()
             self.http = None
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 256  # the listen backlog (the standard library's 5 reset rlx's 32 concurrent requests;
+    daemon_threads = True     # vLLM's server keeps 2048)
 
 
 def _handler(fake: FakeVLLM):

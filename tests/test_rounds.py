@@ -171,3 +171,33 @@ def test_a_round_that_advances_no_row_stops_with_one_line():
     made.generator, made.rounds = Silent([8, 2, 9, 3]), Rounds(3)
     with pytest.raises(RolloutServerError, match="advanced none of 4 unfinished rows"):
         made.produce(1)
+
+
+def test_strict_server_rounds_resume_bitwise(tmp_path, monkeypatch):
+    """rollout.server.strict=true with rounds (S = 2) through a batch-invariant fake server: a run stopped after its
+    step-2 checkpoint and resumed logs the values, writes the rounds journal (but for its information-only
+    `served` field) and ends with the weights, bit for bit, of the straight run; every batch drawn was probed."""
+    from safetensors.torch import load_file
+
+    fake = FakeVLLM()
+    server = ["rollout=server", f"rollout.server.urls=[{fake.url}]", f"rollout.server.work_dir={tmp_path / 'w'}",
+              "rollout.max_new_tokens=6", "rollout.server.strict=true", "rollout.segment_tokens=2",
+              "checkpoint.every=2", "save.final=true"]
+    strip = lambda row: {k: v for k, v in row.items() if k != "time" and not k.startswith(("perf/", "rollout/serv"))}  # noqa: E731
+    journal = lambda run: [{k: v for k, v in json.loads(x).items() if k != "served"}  # noqa: E731
+                           for x in (run / "rounds.jsonl").read_text().splitlines()]
+    try:
+        straight = train(tmp_path, *ROUNDS, *server, steps=4, run_dir=tmp_path / "a")
+        with monkeypatch.context() as patch:
+            stop_after(patch, 2)
+            with pytest.raises(Stopped):
+                train(tmp_path, *ROUNDS, *server, steps=4, run_dir=tmp_path / "cut")
+        resumed = train(tmp_path, *ROUNDS, *server, f"resume={tmp_path / 'cut'}", steps=4, run_dir=tmp_path / "cut")
+    finally:
+        fake.close()
+    assert [strip(r) for r in resumed] == [strip(r) for r in straight]
+    drawn = [r for r in straight if r["rollout/rounds"]]  # (a step whose groups all finished earlier draws nothing)
+    assert drawn and all(r["rollout/invariance_probed"] > 0 and r["rollout/invariance_differ"] == 0 for r in drawn)
+    assert journal(tmp_path / "cut") == journal(tmp_path / "a") and len(journal(tmp_path / "a")) >= 4
+    want, got = (load_file(tmp_path / run / "final" / "model.safetensors") for run in ("a", "cut"))
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
