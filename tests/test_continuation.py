@@ -92,3 +92,6 @@ def test_other_backends_refuse_in_one_line():
         refuse_continuation("vllm", Continuation(stop_when=lambda finished: False))
     refuse_continuation("vllm", None)
     refuse_continuation("vllm", Continuation())
+    refuse_continuation("server", Continuation(prefixes=[[1]]), continues_prefixes=True)  # rounds
+    with pytest.raises(UserError, match="rollout=server cannot stop generation early .* set rollout.segment_tokens"):
+        refuse_continuation("server", Continuation(stop_when=lambda finished: False), continues_prefixes=True)

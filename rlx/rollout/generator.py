@@ -185,9 +185,16 @@ def _or_interrupted(event, stop_when):
     return lambda finished: event.is_set() or (stop_when is not None and bool(stop_when(finished)))
 
 
-def refuse_continuation(backend: str, continuation: Continuation | None) -> None:
-    """One line for a backend that cannot continue rows from a prefix nor stop generation early."""
-    if continuation is not None and (continuation.prefixes is not None or continuation.stop_when is not None):
+def refuse_continuation(backend: str, continuation: Continuation | None, continues_prefixes: bool = False) -> None:
+    """One line for a backend that cannot continue rows from a prefix (unless `continues_prefixes`: rollout=server
+    continues them in rounds) nor stop generation early."""
+    if continuation is None:
+        return
+    if continuation.stop_when is not None and continues_prefixes:
+        raise UserError(f"rollout={backend} cannot stop generation early once enough groups finished (partial "
+                        f"rollouts without rounds); it continues rows in token-budget rounds: set "
+                        f"rollout.segment_tokens, or use rollout=hf")
+    if continuation.prefixes is not None and not continues_prefixes or continuation.stop_when is not None:
         raise UserError(f"rollout={backend} cannot continue a row from its token prefix with rlx's seeded draws nor stop "
                         f"generation early (partial rollouts, hints); use rollout=hf")
 

@@ -160,7 +160,7 @@ class ServerGenerator:
         are not rlx's counter-based ones, so a continued row differs from an uncut one, the same way every run.
         A server cannot stop generation early (stop_when): refused."""
         if continuation is not None and continuation.stop_when is not None:
-            refuse_continuation("server", continuation)
+            refuse_continuation("server", continuation, continues_prefixes=True)
         prefixes = continuation.prefixes if continuation is not None else None
         segment = continuation.segment if continuation is not None else None
         group = samples_per_prompt
