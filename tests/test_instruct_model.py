@@ -21,6 +21,12 @@ from rlx.tasks import final_number, get_verifier, stated_answer
     ("The final answer is 1 + 7 = 8.", None, "8"),                        # an expression: its result, the last number
     ("The answer is 12. Check: 12 - 3 = 9", "12", "12"),
     ("no digits here", None, None),
+    ("What is 0 + 9 =", None, None),                                      # an echoed question: no answer
+    ("0 + 9 = ?", None, None),
+    ("So we add 9 + 0", None, None),                                      # an operand, not a result
+    ("Let's compute 8 -3", None, None),                                   # a binary minus before the last number
+    ("It is -3", None, "-3"),                                             # a negative number is an answer
+    ("9 + 0 = 9", None, "9"),                                             # the expression's result
 ])
 def test_stated_and_final_answers(text, stated, final):
     assert stated_answer(text) == stated
@@ -29,11 +35,11 @@ def test_stated_and_final_answers(text, stated, final):
 
 def test_final_number_verifier_matches_numbers():
     verifier = get_verifier("final_number")
-    completions = ["The answer is 10.", "The answer is 1,000.", "2 + 8 = 11", "The answer is ten."]
-    problems = [{"answer": "10"}, {"answer": "1000"}, {"answer": "10"}, {"answer": "10"}]
+    completions = ["The answer is 10.", "The answer is 1,000.", "2 + 8 = 11", "The answer is ten.", "10 + 0 ="]
+    problems = [{"answer": "10"}, {"answer": "1000"}, {"answer": "10"}, {"answer": "10"}, {"answer": "10"}]
     extracted, scores = verifier.score(completions, problems)
-    assert extracted == ["10", "1,000", "11", None]
-    assert scores == [1.0, 1.0, 0.0, 0.0]
+    assert extracted == ["10", "1,000", "11", None, None]
+    assert scores == [1.0, 1.0, 0.0, 0.0, 0.0]  # an echoed "10 + 0 =" ends in the sum but answers nothing
 
 
 def test_format_bonus_is_for_a_stated_answer_and_separate_from_correctness():

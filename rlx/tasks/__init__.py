@@ -105,13 +105,28 @@ def stated_answer(completion: str) -> str | None:
     return stated[-1] if stated else None
 
 
+# An operand of an expression left without its result: "... 0 + 9 =" or "... 9 + 0" (a question echoed back)
+_OPERAND_BEFORE_RE = re.compile(r"\d\s*[-+*/\u00d7\u00f7]\s*$")
+_OPERAND_AFTER_RE = re.compile(r"\s*[-+*/\u00d7\u00f7=]\s*(?:-?\d|\?|$)")
+
+
 def final_number(completion: str, problem: dict) -> str | None:
-    """The stated answer (`stated_answer`), else the last number in the text: an instruct model's final answer."""
+    """The stated answer (`stated_answer`), else the last number in the text: an instruct model's final answer.
+    A last number that is an operand of an unfinished expression ("What is 9 + 0 =", "so 4 + 5") is no answer
+    (None): an echoed question would otherwise score whenever its last operand equals the sum (x + 0, 0 + x)."""
     stated = stated_answer(completion)
     if stated is not None:
         return stated
-    numbers = _NUMBER_RE.findall(completion)
-    return numbers[-1] if numbers else None
+    numbers = list(_NUMBER_RE.finditer(completion))
+    if not numbers:
+        return None
+    last = numbers[-1]
+    before = completion[:last.start()]
+    if last.group().startswith("-") and re.search(r"\d\s*$", before):
+        before += "-"  # "8 -3": a binary minus, not a negative number
+    if _OPERAND_BEFORE_RE.search(before) or _OPERAND_AFTER_RE.match(completion, last.end()):
+        return None
+    return last.group()
 
 
 def code_completion(completion: str, problem: dict, stop: tuple[str, ...] = ()) -> str | None:
