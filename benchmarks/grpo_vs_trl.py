@@ -232,7 +232,8 @@ def rlx_worker(setting: str, steps: int, prompts_file: Path, warmup: int, thread
     rows = [r for r in rows if "perf/step_time_s" in r][warmup:]  # drop the warm-up steps
     return {"step_times": [r["perf/step_time_s"] for r in rows],
             "tokens": [r["completions/mean_length"] * prompts * group for r in rows],
-            "generation_times": [r["perf/generation_time_s"] for r in rows]}
+            "generation_times": [r["perf/generation_time_s"] for r in rows],
+            "optimizer_times": [r.get("perf/optimizer_time_s", 0.0) for r in rows]}
 
 
 def trl_worker(setting: str, steps: int, prompts_file: Path, warmup: int, threads: int = 1, device: str = "cpu",

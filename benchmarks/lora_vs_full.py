@@ -1,0 +1,97 @@
+"""LoRA against the full fine-tune in rlx: how much of the step LoRA saves, beside what it can save.
+
+    python benchmarks/lora_vs_full.py --settings "smollm2 4x8 natural<=64" --rounds 2 --threads 2
+
+The same rlx worker as benchmarks/grpo_vs_trl.py (its real CLI in a child process, the same model files, prompts,
+group size, natural completion lengths and one optimizer step per batch), run alternately with and without
+`model.lora.enabled=true` (rank 16, alpha 32, every linear layer). Per run: the median step, generation, update
+(one forward and backward of every sequence, with scoring) and optimizer time over the timed steps, tokens/s and
+the peak resident memory.
+
+What LoRA can save (the bound printed beside the measurement): generation is the same model in both (the adapters
+add 2 r (d_in + d_out) FLOPs per token and layer, a few percent); the update's forward (2N FLOPs per token) and the
+backward's input gradients (2N) stay, and only the frozen weights' gradients (2N) go, so the update can shrink to
+2/3 at most, without activation checkpointing; the optimizer's step over the frozen weights goes entirely. The
+bound: generation_full + 2/3 (update_full) + 0 x optimizer_full.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import CACHE, load_summary, machine_summary, median, run_child, table, write_prompts  # noqa: E402
+from benchmarks.grpo_vs_trl import RESULTS, SETTINGS, matmul_gflops, model_dir  # noqa: E402
+
+UPDATE_KEPT = 2 / 3  # forward 2N + input gradients 2N of the full update's 6N FLOPs per token
+
+
+def lora_bound(full: dict) -> float:
+    """The quickest step LoRA allows, from the full fine-tune's medians: generation unchanged, the update at 2/3
+    (no weight gradients of the frozen layers), no optimizer step over them."""
+    return full["generation_s"] + UPDATE_KEPT * full["update_s"]
+
+
+def summarise(runs: list[dict]) -> dict:
+    """Medians over runs of each run's medians; update = step - generation - optimizer."""
+    def phase(key):
+        return median([median(run[key]) for run in runs])
+
+    step, generation, optimizer = phase("step_times"), phase("generation_times"), phase("optimizer_times")
+    return {"step_s": step, "generation_s": generation, "optimizer_s": optimizer,
+            "update_s": step - generation - optimizer,
+            "tokens_per_s": median([median(run["tokens"]) / median(run["step_times"]) for run in runs]),
+            "peak_mib": median([run["peak_mib"] for run in runs])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--settings", default="smollm2 4x8 natural<=64", help="a setting of benchmarks/grpo_vs_trl.py")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating full / LoRA runs")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per run (after one warm-up step)")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=1800)
+    args = parser.parse_args()
+    prompts_file = CACHE / "prompts.jsonl"
+    write_prompts(prompts_file)
+    rate = matmul_gflops(args.threads)
+    print(f"fp32 matmul rate with {args.threads} thread(s): {rate:.1f} GFLOP/s", flush=True)
+    setting = args.settings
+    model_dir(SETTINGS[setting][0])  # build outside the timed children
+    runs = {"full": [], "lora": []}
+    for round_index in range(args.rounds):
+        order = ("full", "lora") if round_index % 2 == 0 else ("lora", "full")
+        for variant in order:
+            flags = ["--lora"] if variant == "lora" else []
+            out, rss = run_child([str(Path(__file__).parent / "grpo_vs_trl.py"), "--worker", "rlx", "--setting", setting,
+                                  "--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads),
+                                  *flags], args.timeout)
+            run = {**out, "peak_mib": rss}
+            runs[variant].append(run)
+            print(f"[{setting}] round {round_index + 1} {variant}: step {median(run['step_times']):.2f}s  generation "
+                  f"{median(run['generation_times']):.2f}s  optimizer {median(run['optimizer_times']):.2f}s  "
+                  f"peak RSS MiB {rss:.0f}  ({load_summary()})", flush=True)
+    full, lora = summarise(runs["full"]), summarise(runs["lora"])
+    bound = lora_bound(full)
+    rows = [[variant, f"{s['step_s']:.2f}", f"{s['generation_s']:.2f}", f"{s['update_s']:.2f}", f"{s['optimizer_s']:.2f}",
+             f"{s['tokens_per_s']:.0f}", f"{s['peak_mib']:.0f}"] for variant, s in (("full", full), ("lora", lora))]
+    print(table(rows, ["variant", "step s", "generation s", "update s", "optimizer s", "tok/s", "peak RSS MiB"]))
+    print(f"LoRA / full step: {lora['step_s'] / full['step_s']:.2f}; the bound (generation + 2/3 update, no optimizer): "
+          f"{bound:.2f}s = {bound / full['step_s']:.2f} of the full step; LoRA's update / full update: "
+          f"{lora['update_s'] / full['update_s']:.2f} (bound {UPDATE_KEPT:.2f})")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    name = "lora_vs_full_" + setting.replace(" ", "_").replace("<=", "_max") + ".json"
+    (RESULTS / name).write_text(json.dumps({
+        "setting": setting, "full": full, "lora": lora, "lora_bound_s": bound, "runs": runs, "matmul_gflops": rate,
+        "threads": args.threads, "rounds": args.rounds, "steps": args.steps, "load": load_summary(),
+        "date": time.strftime("%Y-%m-%d"), "machine": machine_summary(),
+        "command": "python benchmarks/lora_vs_full.py " + " ".join(sys.argv[1:])}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
