@@ -3,6 +3,7 @@
 
     rlx sweep seed_ablation recipes=A,B,...   (two shells side by side, each a subset; conf/sweep/seed_ablation.yaml)
     python benchmarks/seed_ablation.py SWEEP_DIR [SWEEP_DIR ...] [--out benchmarks/results/seed_ablation.json]
+    python benchmarks/seed_ablation.py --rows smollm2 SWEEP_DIR ...   (the real model's rows: rlx sweep smollm2_seed_ablation)
 
 Per row: the final held-out score of each seed (eval/accuracy greedy on 200 questions, or eval/success of 100
 sampled episodes), its IQM with a stratified bootstrap 95% interval, the probability of improvement
@@ -56,6 +57,23 @@ ROWS = [
 ]
 
 
+# the same options on a real model, SmolLM2-135M-Instruct (docs/real-model-laptop.md; rlx sweep smollm2_seed_ablation):
+# chain_sum with 3 terms, groups of 4, 12 steps, 3 seeds
+SMOLLM2_ROWS = [
+    ("replay into all-wrong groups", "smollm2_replay_chain_sum3", "smollm2_grpo_chain_sum3", "eval/accuracy",
+     "replay/filled_frac", "share of all-wrong groups given a buffered correct sample"),
+    ("NGRPO", "smollm2_ngrpo_chain_sum3", "smollm2_grpo_chain_sum3", "eval/accuracy",
+     "train/ngrpo_dead_groups_revived", "share of all-wrong groups that carry a gradient"),
+    ("hints, prefix (continuation)", "smollm2_hints_chain_sum3", "smollm2_grpo_chain_sum3", "eval/accuracy",
+     "hints/rescued_frac", "share of all-fail groups rescued by a hinted re-sample"),
+    ("noisy verifier (30% FN, 10% FP), uncorrected", "smollm2_noisy_chain_sum3", "smollm2_grpo_chain_sum3",
+     "eval/accuracy", "noise/flipped_frac", "share of verdicts flipped"),
+    ("noisy verifier + backward correction", "smollm2_noisy_backward_chain_sum3", "smollm2_noisy_chain_sum3",
+     "eval/accuracy", "shaping/noise_backward_delta_abs", "mean |reward change| of the correction"),
+]
+ROW_SETS = {"tiny": (ROWS, "seed_ablation"), "smollm2": (SMOLLM2_ROWS, "smollm2_seed_ablation")}
+
+
 def recipe_of(run) -> str | None:
     for item in run.overrides:
         if item.startswith("recipes="):
@@ -93,9 +111,24 @@ def samples_per_step(runs) -> float | None:
     return statistics.fmean(means) if means else None
 
 
+def evaluated_to_the_end(run, metric: str) -> bool:
+    """A run counts when it did not fail, or when it failed only after its last step's evaluation was logged (a
+    final checkpoint that could not be written, say): its final score is then the one a clean run would report."""
+    if not run.failed:
+        return True
+    from omegaconf import OmegaConf
+
+    steps, _ = run.curve(metric)
+    last = OmegaConf.load(run.path / "config.yaml").steps
+    if steps and steps[-1] >= last:
+        print(f"note: {run.path} failed after its step-{last} evaluation ({run.failed[:80]}); its {metric} is kept")
+        return True
+    return False
+
+
 def finals(runs, metric: str) -> list[float]:
-    return [v for v in (r.final_value(metric) for r in sorted(runs, key=lambda r: r.seed or 0) if not r.failed)
-            if v is not None]
+    return [v for v in (r.final_value(metric) for r in sorted(runs, key=lambda r: r.seed or 0)
+                        if evaluated_to_the_end(r, metric)) if v is not None]
 
 
 def table(rows: list[dict]) -> str:
@@ -119,14 +152,19 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dirs", nargs="+", type=Path)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/seed_ablation.json"))
+    parser.add_argument("--rows", choices=sorted(ROW_SETS), default="tiny",
+                        help="tiny: the 0.9M model's table; smollm2: the real model's (rlx sweep smollm2_seed_ablation)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default: benchmarks/results/<sweep>.json (seed_ablation or smollm2_seed_ablation)")
     parser.add_argument("--resamples", type=int, default=2000)
     args = parser.parse_args()
+    row_set, sweep = ROW_SETS[args.rows]
+    out = args.out or Path(f"benchmarks/results/{sweep}.json")
     by_recipe: dict[str, list] = {}
     for run in find_runs(args.dirs):
         by_recipe.setdefault(recipe_of(run), []).append(run)
     rows = []
-    for label, option, baseline, metric, mech, meaning in ROWS:
+    for label, option, baseline, metric, mech, meaning in row_set:
         if option not in by_recipe or baseline not in by_recipe:
             print(f"skipped {label}: no runs of {option if option not in by_recipe else baseline}")
             continue
@@ -134,26 +172,31 @@ def main() -> None:
         for side, recipe in (("option", option), ("baseline", baseline)):
             runs = by_recipe[recipe]
             values = finals(runs, metric)
+            if not values:
+                break
             iqm, low, high = stratified_bootstrap_ci(values, "iqm", n_resamples=args.resamples)
             _, start = runs[0].curve(metric)
             sides[side] = {"recipe": recipe, "seeds": len(values), "finals": values, "iqm": iqm, "ci": [low, high],
                            "mean": statistics.fmean(values), "start": start[0] if start else None,
                            "mechanism": mechanism(runs, mech), "samples_per_step": samples_per_step(runs),
                            "failed": sum(bool(r.failed) for r in runs)}
+        if len(sides) < 2:
+            print(f"skipped {label}: no finished runs of {option if 'option' not in sides else baseline}")
+            continue
         p, p_low, p_high = probability_of_improvement_ci(sides["option"]["finals"], sides["baseline"]["finals"],
                                                          n_resamples=args.resamples)
         rows.append({"label": label, "metric": metric, "mechanism": mech, "mechanism_meaning": meaning,
                      "p_improvement": p, "p_ci": [p_low, p_high], **sides})
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     record = {"date": datetime.date.today().isoformat(), "commit": commit,
-              "command": "rlx sweep seed_ablation (two subsets side by side, one thread per run); "
-                         "python benchmarks/seed_ablation.py SWEEP_DIRS",
+              "command": f"rlx sweep {sweep} (two subsets side by side, one thread per run); "
+                         f"python benchmarks/seed_ablation.py --rows {args.rows} SWEEP_DIRS",
               "machine": "2 shared CPU cores, torch CPU, one thread per run", "bootstrap_resamples": args.resamples,
               "rows": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1) + "\n")
     markdown = table(rows)
-    args.out.with_suffix(".md").write_text(markdown)
+    out.with_suffix(".md").write_text(markdown)
     print(markdown)
 
 
