@@ -115,7 +115,7 @@ def test_optuna_sweep_names_its_best_trial_and_retest_uses_fresh_seeds(tmp_path)
 def test_unknown_sweep_is_one_line(tmp_path):
     result = run_rlx(["sweep", "optuan"], tmp_path, timeout=120)
     assert result.returncode == 2
-    assert result.stderr.strip() == "error: unknown sweep 'optuan' (did you mean 'optuna'?); valid choices: grid, optuna, seed_ablation, smollm2_mc_grpo"
+    assert result.stderr.strip() == "error: unknown sweep 'optuan' (did you mean 'optuna'?); valid choices: grid, optuna, seed_ablation, smollm2_mc_grpo, smollm2_seed_ablation"
 
 
 @pytest.mark.parametrize("name", group_options("sweep"))
