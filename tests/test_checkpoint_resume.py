@@ -288,3 +288,19 @@ def test_a_grpo_run_saved_with_the_old_critic_knobs_resumes(tmp_path):
     resumed = run_rlx(["train", f"resume={run}", "steps=3"], tmp_path, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl") if "train/loss" in r] == [1, 2, 3]
+
+
+def test_at_end_false_skips_only_the_last_steps_checkpoint(tmp_path):
+    """checkpoint.at_end=false (sweeps that need scores, not resumable state): the periodic checkpoints are
+    written as before, the one at the last step is not; at_end=true (the default) writes it."""
+    for at_end, want in ((True, [2, 3]), (False, [2])):
+        acc, model, optimizer, scheduler = _tiny_setup(0)
+        stream = PromptStream(["a", "bb"], 0)
+        run = tmp_path / str(at_end)
+        ckpt = Checkpointer(acc, run, every=2, keep=5, total_steps=3, resume=False, at_end=at_end)
+        ckpt.restore(scheduler=scheduler, data=stream)
+        for step in range(1, 4):
+            _train_step(model, optimizer, scheduler, stream)
+            ckpt.step_done(step)
+        ckpt.close()
+        assert [s for s, _ in list_checkpoints(run)] == want

@@ -125,6 +125,7 @@ class Save:
 class Checkpoint:
     every: int = num(0)
     keep: int = num(1)
+    at_end: bool = field()
 
 
 # ------------------------------------------------------------------------------------------------

@@ -166,11 +166,14 @@ def _only_trainable_weights(models, weights, output_dir) -> None:
 
 
 class Checkpointer:
-    def __init__(self, accelerator, run_dir: Path, every: int, keep: int, total_steps: int, resume: bool, lora=None):
-        """lora: rlx.models.lora (its is_peft and save_adapter), handed in by the builder because runtime/ sits below
+    def __init__(self, accelerator, run_dir: Path, every: int, keep: int, total_steps: int, resume: bool, lora=None,
+                 at_end: bool = True):
+        """at_end: also save at the last step (False: a finished run keeps final/ and the periodic checkpoints only).
+        lora: rlx.models.lora (its is_peft and save_adapter), handed in by the builder because runtime/ sits below
         models/ (tests/test_layers.py): a LoRA policy's adapter is written beside the Accelerate state."""
         self.acc, self.run_dir, self.lora = accelerator, Path(run_dir), lora
         self.every, self.keep, self.total_steps, self.resume = every, max(1, keep), total_steps, resume
+        self.at_end = at_end
         self.folder = checkpoint_dir(self.run_dir)
         logging.getLogger("accelerate").setLevel(logging.WARNING)  # a line per saved file otherwise
         logging.getLogger("accelerate.utils.other").setLevel(logging.ERROR)  # "removed shared tensor": tied weights
@@ -183,7 +186,7 @@ class Checkpointer:
     @classmethod
     def from_config(cls, cfg, accelerator, run_dir: Path, lora=None) -> Checkpointer:
         return cls(accelerator, run_dir, cfg.checkpoint.every, cfg.checkpoint.keep, cfg.steps, cfg.resume is not None,
-                   lora)
+                   lora, at_end=cfg.checkpoint.at_end)
 
     def _on_signal(self, signum, frame) -> None:
         # a second Ctrl-C gives up on the checkpoint; a repeat within a second is the same Ctrl-C
@@ -274,7 +277,7 @@ class Checkpointer:
         """End of a step: save when due; after a stop request, save and raise TrainingInterrupted."""
         set_current_step(step + 1)
         stop = self._stop_everywhere()
-        due = step == self.total_steps or (self.every and step % self.every == 0)
+        due = (step == self.total_steps and self.at_end) or (self.every and step % self.every == 0)
         path = self.save(step) if (due or stop) else None
         if step == self.total_steps:
             self.close()
