@@ -26,3 +26,48 @@ def test_summary_takes_medians_and_leaves_the_optimizer_out_of_the_update():
 def test_bound_keeps_generation_and_two_thirds_of_the_update():
     full = {"generation_s": 4.0, "update_s": 6.0, "optimizer_s": 0.3}
     assert lora_bound(full) == pytest.approx(4.0 + 4.0)  # no optimizer over frozen weights, weight gradients gone
+
+
+def test_framework_ratio_times_the_plain_model_then_the_same_model_with_adapters(tmp_path, monkeypatch):
+    """transformers' own forward + backward, plain then with LoRA: both timed on the same tokens, the ratio theirs;
+    the adapters really wrap the model for the second timing (peft's LoRA layers run in its forward)."""
+    import torch
+    from peft.tuners.lora.layer import Linear
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from benchmarks import lora_vs_full
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
+                     ).save_pretrained(tmp_path)
+    calls = {"lora": 0}
+    original = Linear.forward
+
+    def counting(self, *args, **kwargs):
+        calls["lora"] += 1
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Linear, "forward", counting)
+    out = lora_vs_full.framework_ratio(tmp_path, threads=1, rows=4, prompt_tokens=6, completion_tokens=5, repeats=2)
+    assert out["full_s"] > 0 and out["lora_s"] > 0 and out["ratio"] == pytest.approx(out["lora_s"] / out["full_s"])
+    assert (out["rows"], out["prompt_tokens"], out["completion_tokens"]) == (4, 6, 5)
+    assert calls["lora"] == 3 * 2 * 7  # warm-up + 2 timed passes x 2 layers x 7 adapted linears
+
+
+def test_lora_memory_worker_trains_what_it_is_given(tmp_path):
+    """benchmarks/lora_memory.py's worker, plain and with LoRA: per step a time and the peak RSS so far (never
+    falling)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from benchmarks.lora_memory import worker
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
+                     ).save_pretrained(tmp_path)
+    for lora in (False, True):
+        out = worker(str(tmp_path), lora, threads=1, rows=4, prompt_tokens=6, completion_tokens=5, steps=3)
+        assert len(out["step_times"]) == 3 and all(t > 0 for t in out["step_times"])
+        assert out["peak_mib_by_step"] == sorted(out["peak_mib_by_step"]) and out["peak_mib_by_step"][0] > 0
