@@ -304,3 +304,21 @@ def test_at_end_false_skips_only_the_last_steps_checkpoint(tmp_path):
             ckpt.step_done(step)
         ckpt.close()
         assert [s for s, _ in list_checkpoints(run)] == want
+
+
+def test_resume_of_a_run_finished_without_its_last_checkpoint_neither_retrains_nor_extends(tmp_path):
+    """checkpoint.at_end=false: the finished run has result.json and final/ but no checkpoint of its last step.
+    Resuming it trains nothing (not from step 0 over its files); asking for more steps stops with one line."""
+    run = tmp_path / "outputs" / "train" / "2026-01-01_00-00-00.000000_grpo"
+    (run / "final").mkdir(parents=True)
+    (run / "final" / "rlx_complete.json").write_text("{}")
+    (run / "config.yaml").write_text("name: grpo\nsteps: 2\ncheckpoint:\n  at_end: false\n")
+    (run / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(["steps=2", "checkpoint.at_end=false"])))
+    (run / "result.json").write_text(json.dumps({"metrics": {"eval/accuracy": 0.5}}))
+    result = run_rlx(["train", f"resume={run}"], tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "already finished" in result.stdout + result.stderr
+    assert not (run / "metrics.jsonl").exists() and not (run / "checkpoints").exists()
+    longer = run_rlx(["train", f"resume={run}", "steps=4"], tmp_path, timeout=300)
+    assert longer.returncode == 2 and "checkpoint.at_end=false" in longer.stderr and "Traceback" not in longer.stderr
+    assert not (run / "metrics.jsonl").exists()

@@ -125,6 +125,16 @@ def _finished_run(cfg: DictConfig, run_dir: Path) -> bool | None:
     if cfg.resume is None:  # the cli pointed the run directory at the run being resumed
         return False
     found = latest_checkpoint(run_dir)
+    recorded = OmegaConf.load(run_dir / "config.yaml")
+    if (not OmegaConf.select(recorded, "checkpoint.at_end", default=True) and (run_dir / "result.json").is_file()
+            and (found is None or found[0] < recorded.steps)):  # it finished without a checkpoint at its last step
+        if cfg.steps == recorded.steps and (not cfg.save.final or final_is_complete(run_dir, cfg.model.lora.save_merged)):
+            log.info("run %s already finished (step %d of steps=%d, checkpoint.at_end=false): nothing to train",
+                     run_dir, recorded.steps, cfg.steps)
+            return None
+        raise UserError(f"run {run_dir} finished with checkpoint.at_end=false, so no state of its last step is left to "
+                        f"continue or rebuild from: start a new run (model.path={run_dir / 'final'} starts from its "
+                        f"weights)")
     if found is None or found[0] < cfg.steps:
         return False
     if not cfg.save.final or final_is_complete(run_dir, cfg.model.lora.save_merged):
