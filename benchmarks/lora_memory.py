@@ -23,7 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import CACHE, load_summary, machine_summary, median, run_child, table  # noqa: E402
-from benchmarks.grpo_vs_trl import LORA, RESULTS, model_dir  # noqa: E402
+from benchmarks.grpo_vs_trl import RESULTS, model_dir  # noqa: E402
+from benchmarks.lora_vs_full import completion_loss, training_model  # noqa: E402
 
 FIXED_THRESHOLD = 128 * 1024  # glibc's initial mmap threshold, fixed (bytes)
 
@@ -33,24 +34,13 @@ def worker(model_path: str, lora: bool, threads: int, rows: int, prompt_tokens: 
     """`steps` training steps of the model (loss: mean log-probability of the completion positions, the head on
     those only); per step its time and the process's peak RSS so far (MiB)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    from rlx.models.lora import apply_lora
-
-    torch.set_num_threads(threads)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    if lora:
-        model = apply_lora(model, LORA["r"], LORA["alpha"], 0.0, "all-linear")
-    model.train()
+    model, ids = training_model(model_path, threads, rows, prompt_tokens, completion_tokens, lora)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
-    ids = torch.randint(0, model.config.vocab_size, (rows, prompt_tokens + completion_tokens),
-                        generator=torch.Generator().manual_seed(0))
     times, peaks = [], []
     for _ in range(steps):
         start = time.perf_counter()
-        logits = model(input_ids=ids, use_cache=False, logits_to_keep=completion_tokens + 1).logits[:, :-1]
-        loss = -logits.log_softmax(-1).gather(-1, ids[:, -completion_tokens:].unsqueeze(-1)).mean()
-        loss.backward()
+        completion_loss(model, ids, completion_tokens).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - start)

@@ -41,12 +41,10 @@ def lora_bound(full: dict) -> float:
     return full["generation_s"] + UPDATE_KEPT * full["update_s"]
 
 
-def framework_ratio(model_path, threads: int, rows: int, prompt_tokens: int, completion_tokens: int,
-                    repeats: int = 2, seed: int = 0) -> dict:
-    """transformers' own forward + backward of the model at `model_path` on `rows` random sequences of
-    prompt_tokens + completion_tokens, the loss a mean log-probability over the completion positions (the output head
-    on those only, as rlx's update), timed plain and then with LoRA adapters (rank and alpha as the rlx runs, every
-    linear layer): the quickest of `repeats` after a warm-up. Returns full_s, lora_s and their ratio."""
+def training_model(model_path, threads: int, rows: int, prompt_tokens: int, completion_tokens: int, lora: bool,
+                   seed: int = 0):
+    """The model at `model_path` in float32 and train mode (with LoRA adapters, rank and alpha as the rlx runs, every
+    linear layer, when `lora`) and `rows` random sequences of prompt_tokens + completion_tokens."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -54,26 +52,37 @@ def framework_ratio(model_path, threads: int, rows: int, prompt_tokens: int, com
 
     torch.set_num_threads(threads)
     model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
+    if lora:
+        model = apply_lora(model, LORA["r"], LORA["alpha"], 0.0, "all-linear")
     model.train()
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, model.config.vocab_size, (rows, prompt_tokens + completion_tokens), generator=generator)
+    ids = torch.randint(0, model.config.vocab_size, (rows, prompt_tokens + completion_tokens),
+                        generator=torch.Generator().manual_seed(seed))
+    return model, ids
 
-    def timed() -> float:
+
+def completion_loss(model, ids, completion_tokens: int):
+    """Minus the mean log-probability of the last completion_tokens of each row, the output head on those only
+    (as rlx's update)."""
+    logits = model(input_ids=ids, use_cache=False, logits_to_keep=completion_tokens + 1).logits[:, :-1]
+    return -logits.log_softmax(-1).gather(-1, ids[:, -completion_tokens:].unsqueeze(-1)).mean()
+
+
+def framework_ratio(model_path, threads: int, rows: int, prompt_tokens: int, completion_tokens: int,
+                    repeats: int = 2, seed: int = 0) -> dict:
+    """transformers' own forward + backward (`completion_loss`) of the model at `model_path`, timed plain and then
+    with LoRA adapters on the same tokens: the quickest of `repeats` after a warm-up. Returns full_s, lora_s and
+    their ratio."""
+    def timed(lora: bool) -> float:
+        model, ids = training_model(model_path, threads, rows, prompt_tokens, completion_tokens, lora, seed)
         times = []
         for _ in range(repeats + 1):  # the first is a warm-up
             start = time.perf_counter()
-            logits = model(input_ids=ids, use_cache=False, logits_to_keep=completion_tokens + 1).logits[:, :-1]
-            targets = ids[:, -completion_tokens:]
-            loss = -logits.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).mean()
-            loss.backward()
+            completion_loss(model, ids, completion_tokens).backward()
             model.zero_grad(set_to_none=True)
             times.append(time.perf_counter() - start)
         return min(times[1:])
 
-    full = timed()
-    model = apply_lora(model, LORA["r"], LORA["alpha"], 0.0, "all-linear")
-    model.train()
-    lora = timed()
+    full, lora = timed(False), timed(True)
     return {"full_s": full, "lora_s": lora, "ratio": lora / full, "rows": rows, "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens, "threads": threads}
 
