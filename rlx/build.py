@@ -13,11 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
-from omegaconf import DictConfig
 
 from rlx.algorithms.advantages import group_count
 from rlx.algorithms.preference import REFERENCE_FREE
-from rlx.config.settings import settings as settings_of
+from rlx.config.schema import TrainConfig
 from rlx.data.difficulty import DifficultySampler
 from rlx.data.tasks import PromptStream
 from rlx.envs import env_factory
@@ -115,10 +114,10 @@ NEEDS = {
 assert set(NEEDS) == set(LOOPS)
 
 
-def build_parts(cfg: DictConfig, components: Components) -> Parts:
+def build_parts(s: TrainConfig, components: Components) -> Parts:
     """The one builder: from the loaded model, tokenizer, data and rewards (rlx.loops.common.Components),
-    every part the family's loop starts from (rlx.loops.common.Parts), as declared in NEEDS, and the typed
-    settings the loop reads (rlx/config/settings.py). One log line per part built.
+    every part the family's loop starts from (rlx.loops.common.Parts), as declared in NEEDS, from the run's typed
+    settings `s` (rlx/config/settings.py), which the loop then reads. One log line per part built.
 
     Order (the RNG draws and Accelerate's bookkeeping depend on it): the critic (its fresh head draws
     from the global RNG), the preference pairs, the optimizers and schedules, the reference (a copy taken from
@@ -126,7 +125,6 @@ def build_parts(cfg: DictConfig, components: Components) -> Parts:
     one accelerate.prepare of policy, optimizer[, schedule][, critic, critic optimizer] (DeepSpeed and
     FSDP prepare a model with its optimizer; the checkpointer saves the adapter of the first model), the
     reference placed like the prepared policy, the producer, the checkpointer, the metrics log and the evaluator."""
-    s = settings_of(cfg)
     family = s.algorithm.family
     needs, algo, acc = NEEDS[family], s.algorithm, components.accelerator
     parts = Parts(s, acc, components.model, components.tokenizer, components.train_rows, components.eval_rows,
@@ -310,10 +308,10 @@ PRODUCERS = {"single_turn": single_turn_producer, "episodes": episode_producer}
 EVALUATORS = {"task": task_eval, "episodes": episode_eval}
 
 
-def deepspeed_plugin(cfg: DictConfig, accumulation: int):
+def deepspeed_plugin(s: TrainConfig, accumulation: int):
     """Accelerate's DeepSpeedPlugin with rlx's own config (rlx.runtime.parallel.deepspeed_config), or None."""
-    hw = cfg.hardware
-    if hw.get("distributed") != "deepspeed":
+    hw = s.hardware
+    if hw.distributed != "deepspeed":
         return None
     from accelerate.utils import DeepSpeedPlugin
 
@@ -322,15 +320,15 @@ def deepspeed_plugin(cfg: DictConfig, accumulation: int):
 
     ds = hw.deepspeed
     zero = ZeroSettings(ds.zero_stage, ds.offload_optimizer_device, ds.offload_param_device,
-                        ds.get("param_persistence_threshold"))
-    config = deepspeed_config(zero, cfg.micro_batch_size, accumulation, launch.world_size(hw), cfg.optim.max_grad_norm,
+                        ds.param_persistence_threshold)
+    config = deepspeed_config(zero, s.micro_batch_size, accumulation, launch.world_size(hw), s.optim.max_grad_norm,
                               hw.mixed_precision)
     return DeepSpeedPlugin(hf_ds_config=config, zero3_init_flag=bool(ds.zero3_init_flag and ds.zero_stage == 3))
 
 
-def process_group_kwargs(cfg: DictConfig) -> list:
+def process_group_kwargs(s: TrainConfig) -> list:
     """DeepSpeed without a GPU: Accelerate finds no backend for hardware.cpu=false, so name gloo."""
-    if cfg.hardware.get("distributed") != "deepspeed" or torch.cuda.is_available():
+    if s.hardware.distributed != "deepspeed" or torch.cuda.is_available():
         return []
     from accelerate.utils import InitProcessGroupKwargs
 
@@ -340,12 +338,12 @@ def process_group_kwargs(cfg: DictConfig) -> list:
 def describe_data_source(data_cfg) -> str:
     """How error messages name the data: the file or hub id a row came from."""
     for key in ("train_path", "id", "task"):
-        if data_cfg.get(key):
-            return f"data.{key}={data_cfg.get(key)}"
-    return f"data.source={data_cfg.get('source')}"
+        if getattr(data_cfg, key, None):
+            return f"data.{key}={getattr(data_cfg, key)}"
+    return f"data.source={getattr(data_cfg, 'source', None)}"
 
 
-def build_model_and_tokenizer(cfg: DictConfig, train_rows: list[dict]):
+def build_model_and_tokenizer(cfg: TrainConfig, train_rows: list[dict]):
     from rlx.models.loading import load_causal_lm, load_tokenizer
     from rlx.rollout.prompts import format_prompts
 

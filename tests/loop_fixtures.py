@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from rlx.config.overrides import check_overrides
+from rlx.config.settings import settings as typed_settings
 from rlx.loops.common import Components
 from rlx.rewards import RewardComponent
 from rlx.rollout.types import Generation
@@ -52,7 +53,7 @@ def run_loop(loop, cfg, parts: Components) -> dict:
     """Build every part from the config (rlx.build.build_parts) and run `loop` on them, as `rlx train` does."""
     from rlx.build import build_parts
 
-    built = build_parts(cfg, parts)
+    built = build_parts(typed_settings(cfg), parts)
     return loop(built.settings, built)
 
 

@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 
 from rlx.config.overrides import check_overrides
 from rlx.config.rules import check_batch
+from rlx.config.settings import checked_settings
 from rlx.data.tasks import PromptStream
 from rlx.errors import UserError
 from rlx.runtime.checkpoint import Checkpointer, GeneratorState, list_checkpoints, truncate_metrics
@@ -102,14 +103,14 @@ def _cfg(*overrides):
 )
 def test_batch_arithmetic_names_the_numbers_to_change(overrides, processes, needle):
     with pytest.raises(UserError) as info:
-        check_batch(_cfg(*overrides), processes)
+        check_batch(checked_settings(_cfg(*overrides)), processes)
     assert needle in str(info.value)
 
 
 def test_batch_arithmetic_accepts_even_splits():
-    check_batch(_cfg("prompts_per_step=4", "rollout.samples_per_prompt=4", "hardware.gradient_accumulation_steps=2",
-                     "micro_batch_size=4"), 2)  # 2 prompts x 4 samples = 8 per process = 2 x 4
-    check_batch(_cfg("algorithm=sft", "algorithm.batch_size=8"), 4)
+    check_batch(checked_settings(_cfg("prompts_per_step=4", "rollout.samples_per_prompt=4", "hardware.gradient_accumulation_steps=2",
+                     "micro_batch_size=4")), 2)  # 2 prompts x 4 samples = 8 per process = 2 x 4
+    check_batch(checked_settings(_cfg("algorithm=sft", "algorithm.batch_size=8")), 4)
 
 
 def _fake_run(tmp_path, overrides, step):
@@ -266,7 +267,7 @@ def test_resume_of_a_run_saved_with_another_familys_knob_leaves_it_out(tmp_path,
     monkeypatch.setenv("RLX_OUTPUTS", str(tmp_path / "outputs"))
     args = resolve_resume([f"resume={run}"])
     assert args[:3] == ["algorithm=grpo", "algorithm.clip_high=0.28", "steps=2"]
-    check_settings(check_overrides(args[:3]))  # what the resumed run composes passes grpo's schema
+    check_settings(checked_settings(check_overrides(args[:3])))  # what the resumed run composes passes grpo's schema
     ppo = _fake_run(tmp_path / "ppo", ["algorithm=ppo", "algorithm.vf_coef=0.1"], 2)
     (ppo / "config.yaml").write_text("algorithm: {name: ppo, family: ppo}\n")
     assert resolve_resume([f"resume={ppo}"])[:2] == ["algorithm=ppo", "algorithm.vf_coef=0.1"]  # its own knob stays

@@ -21,6 +21,7 @@ from rlx.config.schema import (
     drop_train_tuning,
     schema_fields,
 )
+from rlx.config.settings import checked_settings
 from rlx.errors import UserError
 from tests.conftest import run_rlx
 
@@ -42,7 +43,7 @@ BAD = [
 @pytest.mark.parametrize("override,needle", BAD)
 def test_a_bad_knob_is_named_with_its_valid_range(override, needle):
     with pytest.raises(UserError) as info:
-        check_settings(check_overrides([override]))
+        check_settings(checked_settings(check_overrides([override])))
     assert needle in str(info.value) and override.split("=")[0] in str(info.value)
 
 
@@ -160,7 +161,7 @@ FAMILY_KNOBS = [  # a knob the chosen option's family (backend) does not have: w
 @pytest.mark.parametrize("overrides,start", TYPED + FAMILY_KNOBS, ids=[" ".join(o) for o, _ in TYPED + FAMILY_KNOBS])
 def test_a_bad_value_or_another_familys_knob_is_one_line(overrides, start):
     with pytest.raises(UserError) as info:
-        check_settings(check_overrides(overrides))
+        check_settings(checked_settings(check_overrides(overrides)))
     assert str(info.value).startswith(start) and "\n" not in str(info.value)
 
 

@@ -13,6 +13,7 @@ from rlx.algorithms.offpolicy import importance_correction, needs_proximal_logpr
 from rlx.config.async_rules import check_async_settings
 from rlx.config.overrides import check_overrides
 from rlx.config.rules import check_settings
+from rlx.config.settings import checked_settings
 from rlx.errors import UserError
 from rlx.loops import policy_gradient, ppo
 from rlx.rollout.types import Generation
@@ -280,9 +281,9 @@ ASYNC_BAD = [
 @pytest.mark.parametrize("overrides,needle", ASYNC_BAD)
 def test_async_settings_are_refused_in_one_line(overrides, needle):
     cfg = check_overrides(overrides)
-    check_settings(cfg)
+    check_settings(checked_settings(cfg))
     with pytest.raises(UserError) as info:
-        check_async_settings(cfg, 1)
+        check_async_settings(checked_settings(cfg), 1)
     message = f"error: {info.value}"
     assert needle in message and "\n" not in message
 
@@ -291,9 +292,9 @@ def test_pipeline_mode_runs_on_several_processes_and_partial_rollouts_on_one():
     """Pipeline mode on several (DDP) processes: rank 0 samples and broadcasts (tests/test_server_ddp.py); partial
     rollouts carry groups that are not sharded over processes, so they stay on one."""
     cfg = check_overrides(["rollout.max_staleness=1", "rollout.correction=tis"])
-    check_async_settings(cfg, 1)
-    check_async_settings(cfg, 2)
+    check_async_settings(checked_settings(cfg), 1)
+    check_async_settings(checked_settings(cfg), 2)
     partial = check_overrides(["rollout.partial=true", "rollout.correction=tis"])
-    check_async_settings(partial, 1)
+    check_async_settings(checked_settings(partial), 1)
     with pytest.raises(UserError, match="hardware.num_processes=1"):
-        check_async_settings(partial, 2)
+        check_async_settings(checked_settings(partial), 2)

@@ -21,6 +21,7 @@ import torch
 
 import rlx.build as build
 from rlx.build import build_parts
+from rlx.config.settings import settings as typed_settings
 from rlx.loops import policy_gradient, ppo, preference, reward_model, sft
 from rlx.models import value as value_models
 from rlx.rollout.types import Generation
@@ -122,7 +123,7 @@ def _pairs_world(tmp_path, algorithm, *overrides, scorer=False):
     cfg = pair_config(path, algorithm, "algorithm.batch_size=3", "micro_batch_size=2", *overrides)
     policy, tokenizer = tiny_policy()
     model = tiny_scorer(tokenizer) if scorer else policy
-    return cfg, build_parts(cfg, components(tmp_path, model, tokenizer)), model, tokenizer
+    return cfg, build_parts(typed_settings(cfg), components(tmp_path, model, tokenizer)), model, tokenizer
 
 
 def _pair_logps(model, tokenizer):

@@ -8,6 +8,7 @@ from rlx.config.groups import ROLLOUT_GIVES
 from rlx.config.needs import broken, refuse_first
 from rlx.config.overrides import check_overrides
 from rlx.config.rules import check_settings
+from rlx.config.settings import checked_settings
 from rlx.envs import plays_through_gateway
 from rlx.envs.registry import EnvNeeds, env_needs
 from rlx.errors import UserError
@@ -28,9 +29,9 @@ def test_a_plugin_shapers_declared_needs_are_checked_like_a_built_ins(plugin_sha
                                                        rates_below_one=("assumed_fp_rate", "assumed_fn_rate"))
     rates = ["algorithm.shaping.assumed_fp_rate=0.6", "algorithm.shaping.assumed_fn_rate=0.5"]
     with pytest.raises(UserError, match=r"assumed_fp_rate \+ assumed_fn_rate = 1.1 must be below 1 for tmp_needy"):
-        check_settings(check_overrides([f"algorithm.shapers=[{plugin_shaper}]", *rates]))
+        check_settings(checked_settings(check_overrides([f"algorithm.shapers=[{plugin_shaper}]", *rates])))
     with pytest.raises(UserError, match=r"algorithm.shapers=\[tmp_needy\] needs algorithm.shaping.target_candidates"):
-        check_settings(check_overrides([f"algorithm.shapers=[{plugin_shaper}]", "algorithm.shaping.target_candidates=[]"]))
+        check_settings(checked_settings(check_overrides([f"algorithm.shapers=[{plugin_shaper}]", "algorithm.shaping.target_candidates=[]"])))
 
 
 def test_the_built_in_shapers_declare_what_the_rules_and_the_stages_read():

@@ -21,6 +21,7 @@ from rlx.algorithms.advantages import OUTCOME_ESTIMATORS, EstimatorNeeds, group_
 from rlx.algorithms.grouping import adjacent_group_size, fixed_groups
 from rlx.config.overrides import check_overrides
 from rlx.config.rules import check_settings
+from rlx.config.settings import checked_settings
 from rlx.errors import UserError
 
 IDS = torch.tensor([7, 2, 7, 2, 7, 9, 2, 2])
@@ -109,7 +110,7 @@ def test_declared_needs_are_read_by_generic_code(plugin):
            needs={"extra_samples": 1, "group_baseline": True, "odd_group": True, "scales": ("none",)})
     assert OUTCOME_ESTIMATORS.needs("tmp_pivot") == EstimatorNeeds(1, True, True, ("none",))
     assert group_count(4, "tmp_pivot") == 5 and group_count(4, "grpo") == 4 and group_count(4, None) == 4
-    check_settings(check_overrides(["algorithm.advantage=tmp_pivot", "algorithm.scale=none"]))  # 4 + 1: odd
+    check_settings(checked_settings(check_overrides(["algorithm.advantage=tmp_pivot", "algorithm.scale=none"])))  # 4 + 1: odd
     for overrides, needle in [
         (["rollout.samples_per_prompt=3", "algorithm.scale=none"], "needs an odd group so that its middle is one sample: "
                                                                    "rollout.samples_per_prompt=3 + 1 extra = 4"),
@@ -117,15 +118,15 @@ def test_declared_needs_are_read_by_generic_code(plugin):
         (["algorithm.scale=none", "rollout.samples_per_prompt=1"], "compares samples of a prompt: rollout.samples_per_prompt=1 must be at least 2"),
     ]:
         with pytest.raises(UserError, match="^" + re.escape("algorithm.advantage=tmp_pivot " + needle)):
-            check_settings(check_overrides(["algorithm.advantage=tmp_pivot", *overrides]))
+            check_settings(checked_settings(check_overrides(["algorithm.advantage=tmp_pivot", *overrides])))
 
 
 def test_a_plugin_estimator_combines_with_hints_unless_it_needs_equal_groups(plugin):
     plugin("tmp_keyed", lambda rewards, group_ids, **_: rewards * 0)
     plugin("tmp_reshaping", lambda rewards, group_ids, **_: rewards * 0, needs=EstimatorNeeds(equal_groups=True))
-    check_settings(check_overrides(["algorithm.advantage=tmp_keyed", "algorithm.hints.enabled=true"]))
-    check_settings(check_overrides(["algorithm.advantage=median", "algorithm.hints.enabled=true"]))  # median is keyed now
+    check_settings(checked_settings(check_overrides(["algorithm.advantage=tmp_keyed", "algorithm.hints.enabled=true"])))
+    check_settings(checked_settings(check_overrides(["algorithm.advantage=median", "algorithm.hints.enabled=true"])))  # median is keyed now
     with pytest.raises(UserError, match="^algorithm.advantage=tmp_reshaping takes equal groups of adjacent samples"):
-        check_settings(check_overrides(["algorithm.advantage=tmp_reshaping", "algorithm.hints.enabled=true"]))
+        check_settings(checked_settings(check_overrides(["algorithm.advantage=tmp_reshaping", "algorithm.hints.enabled=true"])))
     with pytest.raises(UserError, match="^algorithm.advantage=tmp_keyed has no group baseline"):
-        check_settings(check_overrides(["algorithm=dapo", "algorithm.advantage=tmp_keyed"]))
+        check_settings(checked_settings(check_overrides(["algorithm=dapo", "algorithm.advantage=tmp_keyed"])))

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 
 from rlx.config.overrides import check_overrides
 from rlx.config.paths import ASSETS_DIR
+from rlx.config.settings import checked_settings
 from rlx.runtime.launch import launcher_command, needs_launch
 from rlx.runtime.parallel import fsdp_plugin, full_state_dict
 from tests.conftest import REPO, run_rlx
@@ -78,9 +79,9 @@ def test_what_fsdp_does_not_run_stops_with_the_fix(tmp_path):
     from rlx.errors import UserError
 
     with pytest.raises(UserError, match="without fp32 master copies"):  # FSDP2 keeps masters only under mixed precision
-        check_sharded_settings(check_overrides([*FSDP_CPU, "model.dtype=bfloat16"]))
-    check_sharded_settings(check_overrides(["hardware=fsdp", "hardware.cpu=true", "hardware.mixed_precision=bf16",
-                                            "model.dtype=bfloat16"]))
+        check_sharded_settings(checked_settings(check_overrides([*FSDP_CPU, "model.dtype=bfloat16"])))
+    check_sharded_settings(checked_settings(check_overrides(["hardware=fsdp", "hardware.cpu=true", "hardware.mixed_precision=bf16",
+                                            "model.dtype=bfloat16"])))
 
 
 # ---------------------------------------------------------------- slow: processes on the CPU

@@ -6,6 +6,8 @@ import torch
 
 import rlx.build as build
 from rlx.build import build_parts
+from rlx.config.settings import checked_settings
+from rlx.config.settings import settings as typed_settings
 from rlx.loops import micro_batches, policy_gradient, ppo
 from rlx.loops.micro_batches import plan_micro_batches, split_to_count, token_budget_split
 from tests.loop_fixtures import (
@@ -83,7 +85,7 @@ def _run(loop, tmp_path, monkeypatch, *overrides, accumulation=1):
         patch.setattr(module, "plan_micro_batches", recording_plan)
         cfg = loop_config(*RL, *overrides)
         train = policy_gradient.train_policy_gradient if loop == "pg" else ppo.train_ppo
-        parts = build_parts(cfg, components(tmp_path, model, tokenizer, rows(PROMPTS[:2]), scored_by(REWARDS)))
+        parts = build_parts(typed_settings(cfg), components(tmp_path, model, tokenizer, rows(PROMPTS[:2]), scored_by(REWARDS)))
         parts.accelerator.gradient_accumulation_steps = accumulation  # what train.py derives from micro_batch_size
         train(parts.settings, parts)
     return grads, sizes
@@ -118,6 +120,6 @@ def test_token_budget_is_refused_under_deepspeed():
     from rlx.config.rules import check_batch
     from rlx.errors import UserError
 
-    check_batch(check_overrides(["micro_batch_tokens=512"]), 1)
+    check_batch(checked_settings(check_overrides(["micro_batch_tokens=512"])), 1)
     with pytest.raises(UserError, match="micro_batch_tokens"):
-        check_batch(check_overrides(["hardware=deepspeed_zero2", "micro_batch_tokens=512"]), 1)
+        check_batch(checked_settings(check_overrides(["hardware=deepspeed_zero2", "micro_batch_tokens=512"])), 1)

@@ -14,6 +14,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlx.algorithms.logprobs import chunked_linear_logprobs, token_entropy, token_logprobs
+from rlx.config.settings import checked_settings
 from rlx.models.forward import LogprobSettings, completion_logprobs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -288,7 +289,7 @@ def test_zero_temperature_is_refused_for_training():
     from rlx.errors import UserError
 
     with pytest.raises(UserError, match="rollout.temperature"):
-        check_settings(check_overrides(["rollout.temperature=0"]))
+        check_settings(checked_settings(check_overrides(["rollout.temperature=0"])))
 
 
 def test_gpu_smoke_without_cuda_fails_with_one_line():

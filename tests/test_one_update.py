@@ -13,6 +13,7 @@ import torch
 import rlx.build as build
 from rlx.config.overrides import check_overrides
 from rlx.config.rules import check_settings
+from rlx.config.settings import checked_settings
 from rlx.errors import UserError
 from rlx.loops import policy_gradient
 from rlx.runtime.rundir import read_metrics
@@ -117,5 +118,5 @@ def test_an_environment_without_an_agent_algorithm_is_refused():
     GRPO on the default task and ignore the environment)."""
     cfg = check_overrides(["env=custom", "env.target=tests.test_direction.JudgedAction"])
     with pytest.raises(UserError, match=r"env=custom trains on episodes .*algorithm=agent_grpo"):
-        check_settings(cfg)
-    check_settings(check_overrides(["algorithm=agent_grpo", "env=custom", "env.target=tests.test_direction.JudgedAction"]))
+        check_settings(checked_settings(cfg))
+    check_settings(checked_settings(check_overrides(["algorithm=agent_grpo", "env=custom", "env.target=tests.test_direction.JudgedAction"])))

@@ -11,6 +11,7 @@ import pytest
 from rlx.config.async_rules import check_async_settings
 from rlx.config.overrides import check_overrides
 from rlx.config.rules import check_settings
+from rlx.config.settings import checked_settings
 from rlx.errors import UserError
 from rlx.rollout.stages import Stage, StagePipeline
 from tests.loop_fixtures import QUIET
@@ -34,9 +35,9 @@ COMPOSING = {
 
 def refusal(*overrides: str) -> str | None:
     cfg = check_overrides([*QUIET, *overrides])
-    check_settings(cfg)
+    check_settings(checked_settings(cfg))
     try:
-        check_async_settings(cfg, 1)
+        check_async_settings(checked_settings(cfg), 1)
     except UserError as exc:
         return str(exc)
     return None

@@ -7,6 +7,7 @@ import yaml
 from rlx.config.overrides import check_overrides
 from rlx.config.paths import CONF_DIR
 from rlx.config.rules import check_settings
+from rlx.config.settings import checked_settings
 from rlx.errors import UserError
 from rlx.runtime.rundir import read_metrics
 from tests.conftest import run_rlx
@@ -94,7 +95,7 @@ CONFLICTS = [
 @pytest.mark.parametrize("overrides,needle", CONFLICTS, ids=[" ".join(o) for o, _ in CONFLICTS])
 def test_conflicting_settings_are_user_errors(overrides, needle):
     with pytest.raises(UserError, match=None) as info:
-        check_settings(check_overrides(overrides))
+        check_settings(checked_settings(check_overrides(overrides)))
     assert needle in str(info.value)
     assert "\n" not in str(info.value)
 
@@ -111,7 +112,7 @@ def test_every_preset_names_its_source_and_passes_the_checks():
     for preset in PRESETS:
         text = (CONF_DIR / "algorithm" / f"{preset}.yaml").read_text()
         assert text.startswith("#") and any(ch.isdigit() for ch in text.splitlines()[0] + text.splitlines()[1]), preset
-        check_settings(check_overrides([f"algorithm={preset}"]))
+        check_settings(checked_settings(check_overrides([f"algorithm={preset}"])))
 
 
 @pytest.mark.long

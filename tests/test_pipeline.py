@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rlx.algorithms.grouping import fixed_groups
+from rlx.config.settings import settings as typed_settings
 from rlx.rollout.pipeline import PipelineGenerator, PipelineProducer, rollout_copy
 from rlx.rollout.types import Batch, PromptRows, Rollout, no_verdicts
 from rlx.runtime.rundir import read_metrics
@@ -264,7 +265,7 @@ def _run(tmp_path, *overrides):
     train_rows, _ = load_rows(cfg.data, cfg.seed)
     parts = components(tmp_path, model, tokenizer, train_rows)
     parts.rewards = build_rewards(cfg.reward)
-    built = build_parts(cfg, parts)
+    built = build_parts(typed_settings(cfg), parts)
     try:
         train_policy_gradient(built.settings, built)
     finally:
@@ -296,12 +297,12 @@ def test_the_default_run_builds_the_synchronous_path(tmp_path):
 
     model, tokenizer = tiny_policy()
     threads = set(threading.enumerate())  # a thread another test left may end meanwhile: count only new ones
-    parts = build_parts(loop_config("steps=2"), components(tmp_path, model, tokenizer, rows()))
+    parts = build_parts(typed_settings(loop_config("steps=2")), components(tmp_path, model, tokenizer, rows()))
     assert type(parts.producer) is SingleTurnProducer and type(parts.generator) is HFGenerator
     assert parts.generator.model is parts.accelerator.unwrap_model(parts.model)
     assert not set(threading.enumerate()) - threads
     parts.checkpointer.close()
-    piped = build_parts(loop_config("steps=2", "rollout.max_staleness=1", "rollout.correction=tis"),
+    piped = build_parts(typed_settings(loop_config("steps=2", "rollout.max_staleness=1", "rollout.correction=tis")),
                         components(tmp_path, model, tokenizer, rows()))
     assert isinstance(piped.producer, PipelineProducer) and isinstance(piped.generator, PipelineGenerator)
     assert piped.producer.rollout_model is not model and piped.producer.generator.model is piped.producer.rollout_model

@@ -7,6 +7,7 @@ import re
 import pytest
 import torch
 
+from rlx.config.settings import checked_settings
 from rlx.rewards.model import aggregate_ensemble
 from rlx.runtime.rundir import read_metrics
 from tests.conftest import only_run_dir, run_rlx
@@ -102,7 +103,7 @@ def test_settings_mistakes_are_user_errors(overrides, needle):
     from rlx.errors import UserError
 
     with pytest.raises(UserError) as err:
-        check_settings(check_overrides(overrides))
+        check_settings(checked_settings(check_overrides(overrides)))
     assert needle in str(err.value)
 
 

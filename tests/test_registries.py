@@ -9,6 +9,7 @@ from rlx.algorithms import advantages, gigpo, kl, losses, preference
 from rlx.config.overrides import check_overrides
 from rlx.config.paths import group_options
 from rlx.config.rules import check_settings
+from rlx.config.settings import checked_settings
 from rlx.errors import UserError
 from rlx.registry import Registry, RegistryView, UnknownName
 
@@ -201,7 +202,7 @@ def test_a_name_is_checked_against_the_live_registry(kind, overrides, refused):
     finally:
         registry.unregister("tmp")
     with pytest.raises(UserError) as info:
-        check_settings(check_overrides(overrides))
+        check_settings(checked_settings(check_overrides(overrides)))
     assert str(info.value) == refused
 
 

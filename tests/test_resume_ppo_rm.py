@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlx.config.rules import check_batch, check_settings
+from rlx.config.settings import checked_settings
 from rlx.errors import UserError
 from rlx.loops.common import ReferenceReset
 from rlx.runtime.checkpoint import Checkpointer, list_checkpoints
@@ -123,20 +124,20 @@ def test_reference_reset_is_checkpointed_and_restored(tmp_path):
 
 
 def test_ppo_and_reward_model_pass_the_multi_process_batch_check():
-    check_batch(_cfg("algorithm=ppo", "prompts_per_step=4", "algorithm.mini_batches=2"), 2)
-    check_batch(_cfg("algorithm=reward_model", "algorithm.batch_size=8"), 4)
+    check_batch(checked_settings(_cfg("algorithm=ppo", "prompts_per_step=4", "algorithm.mini_batches=2")), 2)
+    check_batch(checked_settings(_cfg("algorithm=reward_model", "algorithm.batch_size=8")), 4)
     # ppo splits prompts x samples over processes and mini-batches like the policy-gradient family
     with pytest.raises(UserError, match="make prompts_per_step a multiple of 2"):
-        check_batch(_cfg("algorithm=ppo", "prompts_per_step=3"), 2)
+        check_batch(checked_settings(_cfg("algorithm=ppo", "prompts_per_step=3")), 2)
     with pytest.raises(UserError, match="algorithm.mini_batches=4 does not divide"):
-        check_batch(_cfg("algorithm=ppo", "prompts_per_step=4", "rollout.samples_per_prompt=3",
-                         "algorithm.mini_batches=4"), 2)
+        check_batch(checked_settings(_cfg("algorithm=ppo", "prompts_per_step=4", "rollout.samples_per_prompt=3",
+                         "algorithm.mini_batches=4")), 2)
     with pytest.raises(UserError, match="dynamic_sampling runs on one process"):
-        check_batch(_cfg("algorithm=ppo", "prompts_per_step=4", "algorithm.dynamic_sampling=true"), 2)
+        check_batch(checked_settings(_cfg("algorithm=ppo", "prompts_per_step=4", "algorithm.dynamic_sampling=true")), 2)
 
 
 def test_reference_reset_under_lora_is_a_user_error():
     # the policy-gradient reference under LoRA is the adapter-disabled policy: there is no copy to reset
     with pytest.raises(UserError, match="ref_reset_every=0 or model.lora.enabled=false"):
-        check_settings(_cfg("model.lora.enabled=true", "algorithm.kl_coef=0.05", "algorithm.ref_reset_every=2"))
-    check_settings(_cfg("algorithm.kl_coef=0.05", "algorithm.ref_reset_every=2"))  # a full copy resets
+        check_settings(checked_settings(_cfg("model.lora.enabled=true", "algorithm.kl_coef=0.05", "algorithm.ref_reset_every=2")))
+    check_settings(checked_settings(_cfg("algorithm.kl_coef=0.05", "algorithm.ref_reset_every=2")))  # a full copy resets

@@ -9,6 +9,7 @@ from rlx.config.overrides import check_overrides
 from rlx.config.rules import check_batch, check_settings
 from rlx.config.schema import check_config
 from rlx.config.seed_rules import NOT_WIRED
+from rlx.config.settings import checked_settings
 from rlx.errors import UserError
 from tests.conftest import run_rlx
 
@@ -22,7 +23,7 @@ def test_seed_presets_compose_and_pass_the_schema_and_the_rules(preset):
     overrides = [f"algorithm={preset}", *(["env=grid"] if preset in AGENT_SEED_PRESETS else [])]
     cfg = check_overrides(overrides)
     check_config(cfg)
-    check_settings(cfg)
+    check_settings(checked_settings(cfg))
 
 
 def test_every_option_is_wired():
@@ -33,9 +34,9 @@ def test_the_guard_still_refuses_a_knob_listed_as_not_wired(monkeypatch):
     """A future option listed in NOT_WIRED (here the replay knob, as if it were new) is refused with one line."""
     monkeypatch.setitem(NOT_WIRED, "policy_gradient", {"replay.enabled": False})
     with pytest.raises(UserError, match="algorithm.replay.enabled=True is not wired") as info:
-        check_settings(check_overrides(["algorithm.replay.enabled=true"]))
+        check_settings(checked_settings(check_overrides(["algorithm.replay.enabled=true"])))
     assert "\n" not in str(info.value)
-    check_settings(check_overrides([]))  # the default value passes
+    check_settings(checked_settings(check_overrides([])))  # the default value passes
 
 
 def test_ngrpo_preset_sets_the_authors_recipe():
@@ -49,7 +50,7 @@ def test_defaults_leave_the_default_run_unchanged():
     """Every seed knob is at its off value in the default config and in every existing preset."""
     for overrides in ([], ["algorithm=dapo"], ["algorithm=gigpo", "env=grid"], ["algorithm=agent_grpo", "env=grid",
                                                                                   "algorithm.credit=loo"]):
-        check_settings(check_overrides(overrides))  # no refusal
+        check_settings(checked_settings(check_overrides(overrides)))  # no refusal
     algo = check_overrides([]).algorithm
     assert list(algo.shapers) == [] and list(algo.transforms) == [] and algo.dynamic_sampling_drop == "tied"
     assert not algo.replay.enabled and not algo.hints.enabled and algo.prompt_sampling.mode == "uniform"
@@ -77,7 +78,7 @@ BAD = [
 @pytest.mark.parametrize("overrides,needle", BAD)
 def test_bad_seed_settings_stop_with_one_line(overrides, needle):
     with pytest.raises(UserError) as info:
-        check_settings(check_overrides(overrides))
+        check_settings(checked_settings(check_overrides(overrides)))
     assert needle in str(info.value) and "\n" not in str(info.value)
 
 
@@ -92,14 +93,14 @@ WIRED_ELSEWHERE = [
 @pytest.mark.parametrize("overrides,needle", WIRED_ELSEWHERE)
 def test_options_outside_their_loop_stop_with_one_line(overrides, needle):
     with pytest.raises(UserError) as info:
-        check_settings(check_overrides(overrides))
+        check_settings(checked_settings(check_overrides(overrides)))
     assert needle in str(info.value) and "\n" not in str(info.value)
 
 
 def test_ppo_runs_the_producer_stages():
     """Shapers, noise, prompt sampling and replay act in the single-turn producer, which PPO shares."""
-    check_settings(check_overrides(["algorithm=ppo", "algorithm.shapers=[laser]", "algorithm.replay.enabled=true",
-                                    "algorithm.verifier_noise.fn_rate=0.1", "algorithm.prompt_sampling.mode=hard"]))
+    check_settings(checked_settings(check_overrides(["algorithm=ppo", "algorithm.shapers=[laser]", "algorithm.replay.enabled=true",
+                                    "algorithm.verifier_noise.fn_rate=0.1", "algorithm.prompt_sampling.mode=hard"])))
 
 
 @pytest.mark.parametrize("knob", ["algorithm.shapers=[laser]", "algorithm.hints.enabled=true",
@@ -107,10 +108,10 @@ def test_ppo_runs_the_producer_stages():
 def test_producer_stages_run_on_one_process(knob):
     cfg = check_overrides([knob])
     with pytest.raises(UserError, match="single-process producer") as info:
-        check_batch(cfg, 2)
+        check_batch(checked_settings(cfg), 2)
     assert "\n" not in str(info.value)
-    check_batch(cfg, 1)
-    check_batch(check_overrides([]), 2)  # nothing set: two processes are fine
+    check_batch(checked_settings(cfg), 1)
+    check_batch(checked_settings(check_overrides([])), 2)  # nothing set: two processes are fine
 
 
 def test_the_not_wired_guard_reads_real_knobs():

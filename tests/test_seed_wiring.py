@@ -17,6 +17,7 @@ from rlx.algorithms.grouping import fixed_groups
 from rlx.algorithms.keyed_advantages import keyed_group_advantages, keyed_rloo_advantages
 from rlx.config.overrides import check_overrides
 from rlx.config.rules import check_settings
+from rlx.config.settings import checked_settings
 from rlx.envs.gated import ProgressCorridor
 from rlx.loops.credit import episode_outcomes
 from rlx.models.forward import completion_logprobs
@@ -159,7 +160,7 @@ def _producer(*overrides, reward=lambda prompts, completions, **row: [0.0] * len
     from rlx.rollout.generator import policy_generator
 
     cfg = check_overrides([*QUIET, "prompts_per_step=3", "rollout.samples_per_prompt=2", *overrides])
-    check_settings(cfg)
+    check_settings(checked_settings(cfg))
     s = settings_of(cfg)
     model, tokenizer = tiny_policy()
     rows = [{"prompt": f"What is {a} + {b}?\nGive the final answer as <answer>...</answer>.", "answer": str(a + b)}

@@ -17,6 +17,7 @@ from rlx.algorithms.losses import entropy_threshold, top_entropy_mask
 from rlx.config.overrides import check_overrides
 from rlx.config.paths import ASSETS_DIR
 from rlx.config.rules import check_batch
+from rlx.config.settings import checked_settings
 from rlx.evaluation.tasks import eval_shard
 from rlx.runtime.parallel import ZeroSettings, deepspeed_config, micro_batches_per_step
 from tests.conftest import run_rlx
@@ -57,10 +58,10 @@ def test_median_batch_check_counts_the_pivot():
     # advantage=median samples G + 1 = 3 completions per prompt: 2 prompts x 3 = 6 split into 3 mini-batches
     cfg = check_overrides(["algorithm.advantage=median", "prompts_per_step=2", "rollout.samples_per_prompt=2",
                            "algorithm.mini_batches=3", "micro_batch_size=2"])
-    assert check_batch(cfg, 1) == 2  # samples per optimizer step on the process
+    assert check_batch(checked_settings(cfg), 1) == 2  # samples per optimizer step on the process
     cfg = check_overrides(["algorithm.advantage=median", "prompts_per_step=4", "rollout.samples_per_prompt=2",
                            "algorithm.mini_batches=1"])
-    assert check_batch(cfg, 2) == 6  # 2 prompts x (2 + 1) on each of 2 processes
+    assert check_batch(checked_settings(cfg), 2) == 6  # 2 prompts x (2 + 1) on each of 2 processes
 
 
 def test_forking_threshold_of_the_global_batch():

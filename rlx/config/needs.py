@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from omegaconf import DictConfig
-
 from rlx.algorithms.advantages import ESTIMATORS, SCALES, EstimatorNeeds
 from rlx.algorithms.gigpo import CREDIT
 from rlx.algorithms.shaping import SHAPERS
@@ -41,8 +39,8 @@ def estimator_problems(name: str, needs: EstimatorNeeds, algo, samples: int) -> 
         (needs.odd_group and group % 2 == 0, f"needs an odd group so that its middle is one sample: "
                                              f"rollout.samples_per_prompt={samples}{extra} (make samples_per_prompt "
                                              f"{'even' if needs.extra_samples % 2 else 'odd'})"),
-        (algo.get("scale") is not None and algo.scale not in scales,
-         f"is defined for algorithm.scale={' | '.join(scales)}: set algorithm.scale={scales[0]} (got {algo.get('scale')})"),
+        (getattr(algo, "scale", None) is not None and algo.scale not in scales,
+         f"is defined for algorithm.scale={' | '.join(scales)}: set algorithm.scale={scales[0]} (got {algo.scale})"),
         (needs.equal_groups and algo.hints.enabled, "takes equal groups of adjacent samples, and "
                                                     "algorithm.hints.enabled=true adds the hinted re-samples to their group "
                                                     "(sizes differ): turn hints off or pick an estimator over group ids"),
@@ -58,8 +56,8 @@ def transform_problems(names, algo, samples: int) -> list[str]:
     problems = []
     for name in names:
         knob = TRANSFORMS.needs(name).group_at_least
-        if knob and algo.shaping[knob] > samples:
-            problems.append(f"algorithm.transforms=[{name}] with algorithm.shaping.{knob}={algo.shaping[knob]} needs at "
+        if knob and getattr(algo.shaping, knob) > samples:
+            problems.append(f"algorithm.transforms=[{name}] with algorithm.shaping.{knob}={getattr(algo.shaping, knob)} needs at "
                             f"least that many samples per prompt: rollout.samples_per_prompt={samples}")
     return problems
 
@@ -74,7 +72,7 @@ def shaper_rate_problems(names, shaping) -> list[str]:
     problems = []
     for name in names:
         rates = SHAPERS.needs(name).rates_below_one
-        total = sum(shaping[rate] for rate in rates)
+        total = sum(getattr(shaping, rate) for rate in rates)
         if rates and total >= 1:
             problems.append(f"algorithm.shaping.{' + '.join(rates)} = {total:g} must be below 1 for {name}")
     return problems
@@ -90,22 +88,22 @@ def shaper_affine_problems(names) -> list[str]:
 def shaper_knob_problems(names, shaping) -> list[str]:
     """The shapers `names` whose declared algorithm.shaping knobs are unset (empty)."""
     return [f"algorithm.shapers=[{name}] needs algorithm.shaping.{knob} ({what})"
-            for name in names for knob, what in SHAPERS.needs(name).knobs if not shaping[knob]]
+            for name in names for knob, what in SHAPERS.needs(name).knobs if not getattr(shaping, knob)]
 
 
-def check_entry_needs(cfg: DictConfig) -> None:
+def check_entry_needs(cfg) -> None:
     """The policy-gradient and PPO families: the chosen estimator's and transforms' needs against the settings."""
     algo, samples = cfg.algorithm, cfg.rollout.samples_per_prompt
     problems = estimator_problems(algo.advantage, ESTIMATORS.needs(algo.advantage), algo, samples)
-    problems += transform_problems(algo.get("transforms") or [], algo, samples)
+    problems += transform_problems(getattr(algo, "transforms", None) or [], algo, samples)
     if problems:
         raise UserError(problems[0])
 
 
-def check_credit_needs(cfg: DictConfig) -> None:
+def check_credit_needs(cfg) -> None:
     """The agent family: the knobs the chosen credit rule declared it needs are set."""
     algo = cfg.algorithm
-    unset = [knob for knob in CREDIT.needs(algo.credit).knobs if algo.get(knob) is None]
+    unset = [knob for knob in CREDIT.needs(algo.credit).knobs if getattr(algo, knob, None) is None]
     if unset:
         raise UserError(f"algorithm.credit={algo.credit} needs algorithm.{unset[0]}: set algorithm.{unset[0]}=VALUE "
                         f"(docs/algorithms/credit.md)")

@@ -1,27 +1,28 @@
 """Cross-field rules of `rlx train` configs, in one place: combinations of knobs that make no sense
 stop the run before any work with one line naming the settings and the fix (rlx.config.UserError).
 Each knob's own type, range or choices is declared once in rlx/config/schema.py (the typed schema of
-its group, checked first by check_config); the rules here compare knobs. `check_run` (rlx/cli/training.py) is the
-front door that calls them in order; which rules a family adds is the FAMILY_CHECKS registry."""
+its group, checked first by check_config); the rules here compare knobs of the typed settings that
+`rlx.config.settings.checked_settings` makes of the checked config (a TrainConfig, attributes only, no `cfg`).
+`check_run` (rlx/cli/training.py) is the front door that calls them in order; which rules a family adds is the
+FAMILY_CHECKS registry."""
 
 from __future__ import annotations
 
 import torch
-from omegaconf import DictConfig
 
 from rlx.algorithms.advantages import group_count
-from rlx.config.groups import ROLLOUT_GIVES
+from rlx.config.groups import ROLLOUT_GIVES, Hardware
 from rlx.config.needs import broken, check_credit_needs, check_entry_needs, refuse_first
-from rlx.config.schema import check_config
+from rlx.config.schema import TrainConfig
 from rlx.config.seed_rules import check_agent_seed_settings, check_seed_settings, single_process_problems
 from rlx.errors import UserError
 
 
-def check_settings(cfg: DictConfig) -> None:
-    """Combinations that make no sense stop the run before any work, naming the settings."""
-    check_config(cfg)  # every knob's type, range and family first (unknown family included): the rules below compare them
+def check_settings(cfg: TrainConfig) -> None:
+    """Combinations that make no sense stop the run before any work, naming the settings (`cfg`: the typed
+    settings of a config whose knobs check_config passed, rlx.config.settings.checked_settings)."""
     family = cfg.algorithm.family
-    if cfg.get("env") is not None and family not in EPISODE_FAMILIES:
+    if cfg.env is not None and family not in EPISODE_FAMILIES:
         raise UserError(f"env={cfg.env.name} trains on episodes of the environment, which algorithm={cfg.algorithm.name} "
                         f"(family {family}) does not play: pick an agent algorithm (algorithm=agent_grpo | gigpo | "
                         f"mt_grpo) or leave env out")
@@ -33,7 +34,7 @@ def check_settings(cfg: DictConfig) -> None:
                             f"(an rlx reward-model run directory, a save_pretrained folder or a hub id; a list is an ensemble)")
 
 
-def check_rollout_batch(cfg: DictConfig) -> None:
+def check_rollout_batch(cfg: TrainConfig) -> None:
     """The rollout batch of the policy-gradient and PPO families: sizes and its split into mini-batches."""
     algo = cfg.algorithm
     batch = cfg.prompts_per_step * group_count(cfg.rollout.samples_per_prompt, algo.advantage)
@@ -44,9 +45,9 @@ def check_rollout_batch(cfg: DictConfig) -> None:
         )
 
 
-def check_agent_sft_settings(cfg: DictConfig) -> None:
+def check_agent_sft_settings(cfg: TrainConfig) -> None:
     """Imitation in an environment: the environment must exist and build."""
-    if cfg.get("env") is None:
+    if cfg.env is None:
         raise UserError("algorithm=agent_sft imitates demonstrations in an environment: add env=grid (or corridor, ...)")
     from rlx.envs import env_factory, plays_through_gateway
 
@@ -56,15 +57,15 @@ def check_agent_sft_settings(cfg: DictConfig) -> None:
     from rlx.errors import EnvError
 
     try:
-        env_factory(cfg.env.name, cfg.env.get("target"), cfg.env.get("kwargs"))
+        env_factory(cfg.env.name, cfg.env.target, cfg.env.kwargs)
     except EnvError as exc:
         raise UserError(str(exc)) from None
 
 
-def check_preference_settings(cfg: DictConfig) -> None:
+def check_preference_settings(cfg: TrainConfig) -> None:
     """Preference data present, and the loss settings valid for the chosen loss_type."""
     algo = cfg.algorithm
-    if cfg.data.get("pairs") is None:
+    if cfg.data.pairs is None:
         raise UserError(f"algorithm={algo.name} trains on preference pairs; add data=prefs (the embedded chain_sum pairs) "
                         f"or data=prefs_file data.pairs.path=FILE or data=prefs_hub data.pairs.id=ORG/NAME")
     if algo.family == "preference":
@@ -80,9 +81,9 @@ def check_preference_settings(cfg: DictConfig) -> None:
             raise UserError(f"algorithm settings: {exc}") from None
 
 
-def check_agent_settings(cfg: DictConfig) -> None:
+def check_agent_settings(cfg: TrainConfig) -> None:
     """Episodes (the policy-gradient loop with a credit rule, rlx/loops/credit.py) need an environment."""
-    algo, env = cfg.algorithm, cfg.get("env")
+    algo, env = cfg.algorithm, cfg.env
     if env is None:
         raise UserError(f"algorithm={algo.name} plays an environment: add env=grid (or guess_number, corridor, tool_use, "
                         f"custom env.target=my_module.MyEnv)")
@@ -95,7 +96,7 @@ def check_agent_settings(cfg: DictConfig) -> None:
         load_harness(env.target)
         HarnessSettings.from_env(env, greedy=False)  # task files and the chat template are read here
     try:  # builds one environment: a wrong name, target or kwargs stops here, before any model is loaded
-        env_factory(env.name, env.get("target"), env.get("kwargs"))
+        env_factory(env.name, env.target, env.kwargs)
     except EnvError as exc:
         raise UserError(str(exc)) from None
     refuse_first(broken([
@@ -116,7 +117,7 @@ def clip_row(algo) -> tuple[bool, str]:
                                             f"{algo.clip_low}; clip-higher needs clip_high >= clip_low")
 
 
-def check_policy_gradient_settings(cfg: DictConfig) -> None:
+def check_policy_gradient_settings(cfg: TrainConfig) -> None:
     """Conflicting knobs of the policy-gradient and PPO families (see conf/algorithm/grpo.yaml)."""
     algo, family = cfg.algorithm, cfg.algorithm.family
     refuse_first(broken([
@@ -142,13 +143,13 @@ def check_policy_gradient_settings(cfg: DictConfig) -> None:
     ]))
 
 
-def check_sharded_settings(cfg: DictConfig) -> None:
+def check_sharded_settings(cfg: TrainConfig) -> None:
     """What the sharded engines do not run (yet), stopped before any work."""
     hw, family = cfg.hardware, cfg.algorithm.family
-    engine = {"fsdp": "FSDP", "deepspeed": "DeepSpeed"}.get(hw.get("distributed"))
-    fsdp, deepspeed = hw.get("distributed") == "fsdp", hw.get("distributed") == "deepspeed"
+    engine = {"fsdp": "FSDP", "deepspeed": "DeepSpeed"}.get(hw.distributed)
+    fsdp, deepspeed = hw.distributed == "fsdp", hw.distributed == "deepspeed"
     zero3 = deepspeed and hw.deepspeed.zero_stage == 3
-    lora = cfg.model.get("lora")
+    lora = cfg.model.lora
     why = "Accelerate's FSDP2 prepares one" if engine == "FSDP" else "which rlx does not prepare under DeepSpeed"
     refuse_first(broken([  # what neither sharded engine runs, then what FSDP does not, then what ZeRO-3 does not
         (engine is not None and family in ("agent", "agent_sft"),
@@ -166,31 +167,31 @@ def check_sharded_settings(cfg: DictConfig) -> None:
         (fsdp and cfg.model.lora.enabled and cfg.model.lora.save_merged,
          "model.lora.save_merged=true merges a copy of the policy, not done between FSDP shards; set "
          "model.lora.save_merged=false (final/ holds the adapter) or use hardware=ddp"),
-        (zero3 and cfg.algorithm.get("ref_reset_every"),
+        (zero3 and getattr(cfg.algorithm, "ref_reset_every", 0),
          "algorithm.ref_reset_every copies the policy into the reference, not done between ZeRO-3 shards; set "
          "algorithm.ref_reset_every=0 or hardware=deepspeed_zero2"),
-        (zero3 and hw.deepspeed.zero3_init_flag and cfg.algorithm.get("kl_coef", 0) > 0
+        (zero3 and hw.deepspeed.zero3_init_flag and getattr(cfg.algorithm, "kl_coef", 0) > 0
          and not (lora is not None and lora.enabled),
          "hardware.deepspeed.zero3_init_flag=true loads the policy already partitioned, so the KL reference cannot be "
          "copied from it; set hardware.deepspeed.zero3_init_flag=false or use model.lora.enabled=true"),
     ]))
 
 
-def check_batch(cfg, processes: int) -> int:
+def check_batch(cfg: TrainConfig, processes: int) -> int:
     """The global batch must split evenly over processes, micro-batches and accumulation steps.
     Returns the per-process batch of one optimizer step. An estimator's declared extra samples count (median: each
     prompt has G + 1 samples, the pivot too, so the rollout batch is prompts_per_step x (G + 1))."""
     hw, algo = cfg.hardware, cfg.algorithm
     episodes_or_groups = algo.family in ("policy_gradient", "ppo", "agent", "agent_sft")  # agent*: tasks x episodes
-    prompts, batch = cfg.prompts_per_step, algo.get("batch_size", cfg.prompts_per_step)
-    local = prompts // processes * group_count(cfg.rollout.samples_per_prompt, algo.get("advantage")) if (
+    prompts, batch = cfg.prompts_per_step, getattr(algo, "batch_size", cfg.prompts_per_step)
+    local = prompts // processes * group_count(cfg.rollout.samples_per_prompt, getattr(algo, "advantage", None)) if (
         episodes_or_groups) else 0  # samples each process holds
-    mini_batches = algo.get("mini_batches", 1)
+    mini_batches = getattr(algo, "mini_batches", 1)
     if episodes_or_groups:
         local_step, what = local // mini_batches, "prompts_per_step/processes x samples per prompt / algorithm.mini_batches"
     else:
         local_step, what = batch // processes, "algorithm.batch_size / processes"
-    accumulation = hw.get("gradient_accumulation_steps")
+    accumulation = hw.gradient_accumulation_steps
     refuse_first([*single_process_problems(cfg, processes), *broken([
         (episodes_or_groups and prompts % processes,
          f"prompts_per_step={prompts} does not split over {processes} processes (hardware.num_processes x "
@@ -200,7 +201,7 @@ def check_batch(cfg, processes: int) -> int:
          f"algorithm.mini_batches={mini_batches} does not divide; change prompts_per_step or mini_batches"),
         (not episodes_or_groups and batch % processes,
          f"algorithm.batch_size={batch} does not split over {processes} processes; make it a multiple of {processes}"),
-        (cfg.get("micro_batch_tokens") is not None and hw.get("distributed") == "deepspeed",
+        (cfg.micro_batch_tokens is not None and hw.distributed == "deepspeed",
          "micro_batch_tokens varies the micro-batch count per step, which DeepSpeed's engine fixes; set "
          "micro_batch_tokens=null (use micro_batch_size) or another hardware strategy"),
         (accumulation is not None and local_step != accumulation * cfg.micro_batch_size,
@@ -211,36 +212,36 @@ def check_batch(cfg, processes: int) -> int:
     return local_step
 
 
-def check_strategy(hardware) -> None:
+def check_strategy(hardware: Hardware) -> None:
     """Sharded engines that could not start inside the workers: stop first with the fix. FSDP runs on
     GPUs, and on the CPU with hardware.cpu=true (gloo; rlx forces Accelerate's FSDP2 path there)."""
     import importlib.util
 
     import torch
 
-    strategy = hardware.get("distributed", "no")
+    strategy = hardware.distributed
     refuse_first(broken([
-        (strategy == "fsdp" and not hardware.get("cpu") and not torch.cuda.is_available(),
+        (strategy == "fsdp" and not hardware.cpu and not torch.cuda.is_available(),
          "hardware=fsdp without a GPU needs hardware.cpu=true (FSDP2 then runs on CPU processes with gloo); add "
          "hardware.cpu=true hardware.mixed_precision=no"),
         (strategy == "deepspeed" and importlib.util.find_spec("deepspeed") is None,
          "hardware=deepspeed_zero2/3 needs DeepSpeed: pip install 'rlx[deepspeed]'"),
-        (strategy == "deepspeed" and hardware.get("cpu"),
+        (strategy == "deepspeed" and hardware.cpu,
          "hardware.distributed=deepspeed ignores hardware.cpu=true (Accelerate then drops DeepSpeed); set "
          "hardware.cpu=false: without a GPU DeepSpeed runs on the CPU with gloo"),
     ]))
 
 
-def check_device(hardware) -> None:
+def check_device(hardware: Hardware) -> None:
     """A GPU option (hardware.cpu false) on a machine where torch sees no GPU: stop with the alternative
     instead of failing later (bf16 autocast on the CPU) or quietly running on the CPU. DeepSpeed is the
     exception: it needs hardware.cpu=false and runs on the CPU through its own CPU accelerator (gloo)."""
     import torch
 
-    if hardware.get("distributed") == "deepspeed":  # runs on the CPU too (DS_ACCELERATOR=cpu, gloo)
+    if hardware.distributed == "deepspeed":  # runs on the CPU too (DS_ACCELERATOR=cpu, gloo)
         return
-    if not hardware.get("cpu", True) and not torch.cuda.is_available():
-        raise UserError(f"hardware={hardware.get('name', 'gpu')} needs a GPU and torch sees none "
+    if not hardware.cpu and not torch.cuda.is_available():
+        raise UserError(f"hardware={hardware.name} needs a GPU and torch sees none "
                         f"(torch {torch.__version__}, cuda available: False); use hardware=cpu, or hardware.cpu=true "
                         f"to keep the other settings on the CPU")
 

@@ -9,8 +9,6 @@ loop refuses the others (`PPO_REFUSED`), and the producer-level ones run on one 
 
 from __future__ import annotations
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
-
 from rlx.algorithms.advantages import ESTIMATORS
 from rlx.config.groups import ROLLOUT_GIVES
 from rlx.config.needs import (
@@ -20,6 +18,7 @@ from rlx.config.needs import (
     shaper_knob_problems,
     shaper_rate_problems,
 )
+from rlx.config.schema import TrainConfig
 
 # knob -> its default (off); a different value is refused until the loop applies it. Empty: everything is wired.
 NOT_WIRED: dict = {"policy_gradient": {}, "agent": {}, "rollout": {}}
@@ -34,12 +33,12 @@ PRODUCER_KNOBS = {"dynamic_sampling_drop": "tied", "shapers": [], "transforms": 
                   "hints.enabled": False, "stages": []}
 
 
-def check_seed_settings(cfg: DictConfig) -> None:
+def check_seed_settings(cfg: TrainConfig) -> None:
     """The policy-gradient family's seed-idea knobs: values that contradict each other, what the chosen shapers and
     rollout backend declare they need, what the PPO loop does not apply, then the not-wired guard."""
     algo, roll = cfg.algorithm, cfg.rollout
     shaping, noise, hints = algo.shaping, algo.verifier_noise, algo.hints
-    standardized = algo.advantage in ESTIMATORS and ESTIMATORS.needs(algo.advantage).standardised(algo.get("scale"))
+    standardized = algo.advantage in ESTIMATORS and ESTIMATORS.needs(algo.advantage).standardised(algo.scale)
     cancelled = standardized and list(cfg.reward.components) == [cfg.reward.accuracy]
     ead = roll.temperature_schedule.mode != "constant"
     ppo_refused = [knob for knob, default in PPO_REFUSED.items() if knob_value(algo, knob) != default]
@@ -66,17 +65,17 @@ def check_seed_settings(cfg: DictConfig) -> None:
     ])
 
 
-def single_process_problems(cfg: DictConfig, processes: int) -> list[str]:
+def single_process_problems(cfg: TrainConfig, processes: int) -> list[str]:
     """What runs on one process only, set in a run on `processes` processes: dynamic sampling, then the producer's
     group stages (PRODUCER_KNOBS) and the temperature schedule of the policy-gradient and PPO families."""
     if processes <= 1:
         return []
-    dynamic = broken([(cfg.algorithm.get("dynamic_sampling"), "algorithm.dynamic_sampling runs on one process for now; "
+    dynamic = broken([(getattr(cfg.algorithm, "dynamic_sampling", False), "algorithm.dynamic_sampling runs on one process for now; "
                                                               "set algorithm.dynamic_sampling=false or "
                                                               "hardware.num_processes=1")])
-    if cfg.algorithm.get("family") not in ("policy_gradient", "ppo"):
+    if cfg.algorithm.family not in ("policy_gradient", "ppo"):
         return dynamic
-    schedule = cfg.rollout.get("temperature_schedule")
+    schedule = cfg.rollout.temperature_schedule
     return [
         *dynamic,
         *(f"algorithm.{knob}={value} runs in the single-process producer for now; set it back to {default} or "
@@ -87,7 +86,7 @@ def single_process_problems(cfg: DictConfig, processes: int) -> list[str]:
     ]
 
 
-def check_agent_seed_settings(cfg: DictConfig) -> None:
+def check_agent_seed_settings(cfg: TrainConfig) -> None:
     """The agent family's seed-idea knobs."""
     smoothing = cfg.algorithm.entropy_smoothing
     refuse_first([
@@ -97,9 +96,12 @@ def check_agent_seed_settings(cfg: DictConfig) -> None:
     ])
 
 
-def knob_value(node, dotted: str):
-    value = OmegaConf.select(node, dotted)
-    return list(value) if isinstance(value, ListConfig) else value
+def knob_value(node, dotted: str, default=None):
+    """The knob at `dotted` (e.g. "hints.enabled") under a settings section, `default` where a section on the way
+    does not have it."""
+    for part in dotted.split("."):
+        node = getattr(node, part, default)
+    return node
 
 
 def producer_knobs_set(algo) -> list[tuple]:
@@ -108,12 +110,12 @@ def producer_knobs_set(algo) -> list[tuple]:
             if knob_value(algo, knob) != default]
 
 
-def not_wired_problems(cfg: DictConfig, family: str) -> list[str]:
+def not_wired_problems(cfg: TrainConfig, family: str) -> list[str]:
     """The NOT_WIRED knobs of `family` (and of rollout) set to a value the loop would ignore."""
     problems = []
     for group, knobs in (("algorithm", NOT_WIRED[family]), ("rollout", NOT_WIRED["rollout"])):
         for knob, default in knobs.items():
-            value = knob_value(cfg[group], knob)
+            value = knob_value(getattr(cfg, group), knob)
             refused = (value in [d.rstrip("!") for d in default]) if isinstance(default, tuple) else (
                 value == default.rstrip("!") if isinstance(default, str) and default.endswith("!") else value != default)
             if refused:

@@ -1,6 +1,9 @@
 """The composed config as the schema's dataclasses, instantiated: what the builder and the loops receive.
 
-`settings(cfg)` turns the checked DictConfig of `rlx train` into a `TrainConfig` (rlx/config/schema.py) whose
+`checked_settings(cfg)` is the door every command goes through: the composed config's knobs checked against the
+schema (check_config: types, ranges, names, keys of the chosen option), then the typed settings made of it; the
+cross-field rules (rlx/config/rules.py) and everything after them read only those. `settings(cfg)` turns the
+checked DictConfig of `rlx train` into a `TrainConfig` (rlx/config/schema.py) whose
 sections are the group dataclasses (the algorithm section the family's own: PolicyGradient, Agent, PPO, ...; the
 rollout section the backend's), interpolations resolved. Loops then read typed attributes (`settings.algorithm.
 clip_low`), never a `cfg`; a knob a schema does not declare is not there to read. Values keep their YAML form
@@ -15,7 +18,14 @@ import typing
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlx.config.schema import DISPATCH, SCHEMAS, schema_fields
+from rlx.config.schema import DISPATCH, SCHEMAS, check_config, schema_fields
+
+
+def checked_settings(cfg: DictConfig, config_name: str = "train"):
+    """The composed config's knobs checked (one line and exit 2 on the first bad one, plugins imported first), then
+    its typed settings: what the rules, the builder and the loops read."""
+    check_config(cfg, config_name)
+    return settings(cfg, config_name)
 
 
 def settings(cfg: DictConfig, config_name: str = "train"):

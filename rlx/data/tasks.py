@@ -199,7 +199,7 @@ def _file_source(d, seed: int):
 
 @DATA_SOURCES.register("hub")
 def _hub_source(d, seed: int):
-    return hub_rows(d.id, d.subset, d.train_split, d.eval_split, d.eval_size, dict(d.columns), d.seed, d.get("answer_regex"))
+    return hub_rows(d.id, d.subset, d.train_split, d.eval_split, d.eval_size, dict(d.columns), d.seed, getattr(d, "answer_regex", None))
 
 
 def load_rows(data_cfg, seed: int) -> tuple[list[dict], list[dict]]:
@@ -210,7 +210,7 @@ def load_rows(data_cfg, seed: int) -> tuple[list[dict], list[dict]]:
     train, evals = DATA_SOURCES[source](data_cfg, seed)
     template = data_cfg.prompt_template
     if source in ("file", "hub"):
-        say_template(template, train, data_cfg.get("train_path") or data_cfg.get("id"))
+        say_template(template, train, getattr(data_cfg, "train_path", None) or getattr(data_cfg, "id", None))
     return _format_rows(train, template), _format_rows(evals, template)
 
 

@@ -55,7 +55,7 @@ def prepare_policy(model, model_cfg, hardware_cfg):
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
-    lora = model_cfg.get("lora")
+    lora = getattr(model_cfg, "lora", None)
     if lora is not None and lora.enabled:
         if checkpointing:
             model.enable_input_require_grads()  # frozen embeddings would otherwise cut the gradient path

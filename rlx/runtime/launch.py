@@ -59,7 +59,7 @@ def check_not_externally_launched() -> None:
 def needs_launch(hardware) -> bool:
     """True in the parent of a multi-process run (the workers have RLX_RUN_DIR set). FSDP is launched even
     with one process: FSDP2 shards over a process group, which only the launcher's workers have."""
-    return (world_size(hardware) > 1 or hardware.get("distributed") == "fsdp") and not is_worker()
+    return (world_size(hardware) > 1 or getattr(hardware, "distributed", None) == "fsdp") and not is_worker()
 
 
 def _cuda_available() -> bool:
@@ -82,10 +82,10 @@ def launcher_command(hardware, worker_args: list[str]) -> list[str]:
            "--machine_rank", str(hardware.machine_rank), "--main_process_port", str(port),
            "--mixed_precision", str(hardware.mixed_precision), "--dynamo_backend", "no"]
     if hardware.num_machines > 1:
-        if not hardware.get("main_process_ip"):
+        if not getattr(hardware, "main_process_ip", None):
             raise UserError("hardware.main_process_ip is required with several machines: the address of machine 0")
         cmd += ["--main_process_ip", str(hardware.main_process_ip)]
-    strategy = hardware.get("distributed", "ddp")
+    strategy = getattr(hardware, "distributed", None) or "ddp"
     if strategy == "fsdp":
         fsdp = hardware.fsdp
         # the workers build the same plugin from the config (rlx.runtime.parallel.fsdp_plugin); the flags tell the launcher
@@ -103,7 +103,7 @@ def launcher_command(hardware, worker_args: list[str]) -> list[str]:
         cmd += ["--multi_gpu"]  # torch elastic launcher: N processes; gloo when no GPU is visible
     else:
         raise UserError(f"unknown hardware.distributed '{strategy}'; valid choices: no, ddp, fsdp, deepspeed")
-    cmd += [str(a) for a in hardware.get("launcher_args") or []]
+    cmd += [str(a) for a in getattr(hardware, "launcher_args", None) or []]
     return cmd + ["-m", "rlx", *worker_args]
 
 
@@ -123,7 +123,7 @@ def launch_workers(hardware, run_dir: Path, overrides: list[str]) -> int:
     cmd = launcher_command(hardware, worker_args)
     errors = Path(tempfile.mkdtemp(prefix="rlx-worker-errors-"))
     env = dict(os.environ, **{WORKER_ENV: str(run_dir), ERRORS_ENV: str(errors)})
-    if hardware.get("distributed") == "deepspeed" and not _cuda_available():
+    if getattr(hardware, "distributed", None) == "deepspeed" and not _cuda_available():
         env.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU accelerator (gloo) when no GPU is visible
     if hardware.num_threads:
         env["OMP_NUM_THREADS"] = str(hardware.num_threads)

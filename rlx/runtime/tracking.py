@@ -7,6 +7,7 @@ commit of the code, the command line and the process layout (config.yaml holds t
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -27,7 +28,7 @@ PACKAGES = ("torch", "transformers", "accelerate", "peft", "datasets", "hydra-co
 
 
 def tracker_names(logger_cfg) -> list[str]:
-    names = [str(t) for t in (logger_cfg.get("trackers") or [])]
+    names = [str(t) for t in (getattr(logger_cfg, "trackers", None) or [])]
     for name in names:
         if name not in TRACKER_PACKAGES:
             raise UserError(f"unknown tracker '{name}' in logger.trackers; valid choices: {', '.join(TRACKER_PACKAGES)}")
@@ -40,21 +41,22 @@ def tracker_names(logger_cfg) -> list[str]:
 
 def tracker_environment(logger_cfg, run_dir: Path) -> None:
     """Point each tracker at the run directory and set offline modes (environment variables they read)."""
-    names = logger_cfg.get("trackers") or []
+    names = getattr(logger_cfg, "trackers", None) or []
     if "wandb" in names:
         os.environ.setdefault("WANDB_DIR", str(run_dir))
-        if logger_cfg.get("mode"):
+        if getattr(logger_cfg, "mode", None):
             os.environ["WANDB_MODE"] = str(logger_cfg.mode)  # offline: files under <run>/wandb, `wandb sync` later
     if "mlflow" in names:
         # a sqlite store in the run folder: mlflow >= 3 refuses its file store by default
-        uri = logger_cfg.get("tracking_uri") or f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
+        uri = getattr(logger_cfg, "tracking_uri", None) or f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
         os.environ.setdefault("MLFLOW_TRACKING_URI", uri)
-    if "trackio" in names and logger_cfg.get("dir"):
+    if "trackio" in names and getattr(logger_cfg, "dir", None):
         os.environ.setdefault("TRACKIO_DIR", str(logger_cfg.dir))
 
 
 def flat_config(cfg) -> dict:
-    """The resolved config as {"a/b": scalar} (trackers store flat hyper-parameters)."""
+    """The run's settings (a TrainConfig, or a resolved DictConfig) as {"a/b": scalar} (trackers store flat
+    hyper-parameters)."""
     out = {}
 
     def walk(node, prefix):
@@ -64,14 +66,14 @@ def flat_config(cfg) -> dict:
         else:
             out[prefix[:-1]] = node if isinstance(node, (int, float, str, bool)) else str(node)
 
-    walk(OmegaConf.to_container(cfg, resolve=True), "")
+    walk(dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else OmegaConf.to_container(cfg, resolve=True), "")
     return out
 
 
 def start_trackers(accelerator, cfg, run_dir: Path) -> None:
     if not accelerator.log_with:
         return
-    project = cfg.logger.get("project") or "rlx"
+    project = getattr(cfg.logger, "project", None) or "rlx"
     run_name = Path(run_dir).name
     init_kwargs = {"wandb": {"name": run_name, "dir": str(run_dir)}, "mlflow": {"run_name": run_name},
                    "trackio": {"name": run_name}}
