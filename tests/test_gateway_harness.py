@@ -340,3 +340,36 @@ def test_every_environment_name_has_a_schema_and_harness_knobs_are_named_as_such
         check_config(check_overrides(["env=harness", "env.max_wait_ms=-1"]))
     with pytest.raises(UserError, match="unknown env.tool_parser 'qwen'"):
         check_config(check_overrides(["env=harness", "env.tool_parser=qwen"]))
+
+
+def test_gateway_command_serves_the_typed_settings_and_stops_on_sigterm(tmp_path):
+    """`rlx gateway`: the composed config becomes typed settings (rlx.config.settings.checked_settings), the policy of
+    model.path is served at a port the OS picks with env.max_new_tokens and rollout.temperature from them, a chat
+    call through the real client answers, SIGTERM stops it (exit 0) and --record writes the session; a bad knob
+    stops it before anything loads, one line, exit 2."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    bad = subprocess.run([sys.executable, "-m", "rlx", "gateway", "model.path=builtin:tiny_agent", "rollout.temperature=-1"],
+                         capture_output=True, text=True, timeout=120, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    assert bad.returncode == 2 and "rollout.temperature=-1 is not valid" in bad.stderr, bad.stderr[-500:]
+    record = tmp_path / "sessions.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "rlx", "gateway", "model.path=builtin:tiny_agent", "env.max_new_tokens=5",
+                             "rollout.temperature=0.5", "hardware.num_threads=1", "--record", str(record)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    try:
+        lines = [proc.stdout.readline() for _ in range(3)]
+        assert "temperature 0.5" in lines[0] and "at most 5 tokens a call" in lines[0], lines
+        session_url = re.search(r"record a session: (\S+)/sessions/NAME/v1", lines[1]).group(1) + "/sessions/s1/v1"
+        api_key = re.search(r"api_key:\s+(\S+)", lines[2]).group(1)
+        assert isinstance(_chat(session_url, api_key).content, str)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-800:]
+    rows = [json.loads(line) for line in record.read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["calls"] == 1 and 1 <= len(rows[0]["rows"][0]["ids"]) <= 5

@@ -28,7 +28,8 @@ log = logging.getLogger("rlx")
 
 
 def build(cfg: DictConfig) -> dict:
-    from rlx.config.schema import check_config, drop_train_tuning
+    from rlx.config.schema import drop_train_tuning
+    from rlx.config.settings import checked_settings
     from rlx.data.preferences import pairs_from_samples
     from rlx.data.tasks import PromptStream, load_rows
     from rlx.loops.common import seed_everything
@@ -38,25 +39,25 @@ def build(cfg: DictConfig) -> dict:
     from rlx.rollout.prompts import format_prompts
 
     drop_train_tuning(cfg, "data_prefs")  # a model preset's tuning for `rlx train` alone (steps, eval)
-    check_config(cfg, "data_prefs")  # every knob's type and range (rlx/config/schema.py), before the model loads
-    if cfg.hardware.num_threads:
-        torch.set_num_threads(cfg.hardware.num_threads)
-    seed_everything(cfg.seed)
-    train_rows, _ = load_rows(cfg.data, cfg.seed)
-    rows = PromptStream(train_rows, cfg.seed).take(min(cfg.prompts, len(train_rows)))
-    tokenizer = load_tokenizer(cfg.model.path, cfg.model.revision, cfg.model.trust_remote_code)
-    model = load_causal_lm(cfg.model.path, cfg.model.dtype, cfg.model.revision, cfg.model.trust_remote_code)
-    if not cfg.hardware.cpu and torch.cuda.is_available():
+    s = checked_settings(cfg, "data_prefs")  # every knob's type and range (rlx/config/schema.py), then typed settings
+    if s.hardware.num_threads:
+        torch.set_num_threads(s.hardware.num_threads)
+    seed_everything(s.seed)
+    train_rows, _ = load_rows(s.data, s.seed)
+    rows = PromptStream(train_rows, s.seed).take(min(s.prompts, len(train_rows)))
+    tokenizer = load_tokenizer(s.model.path, s.model.revision, s.model.trust_remote_code)
+    model = load_causal_lm(s.model.path, s.model.dtype, s.model.revision, s.model.trust_remote_code)
+    if not s.hardware.cpu and torch.cuda.is_available():
         model = model.cuda()
-    rewards = build_rewards(cfg.reward)
-    prompts = format_prompts(tokenizer, rows, cfg.model.chat_template, cfg.data.system_prompt)
-    roll = cfg.rollout
-    group = cfg.samples_per_prompt
+    rewards = build_rewards(s.reward)
+    prompts = format_prompts(tokenizer, rows, s.model.chat_template, s.data.system_prompt)
+    roll = s.rollout
+    group = s.samples_per_prompt
     # drawn once, so sampling chunk by chunk (for the bar) draws what one call would (rollout/sampling.py)
     seeds = torch.randint(0, 2**31 - 1, (len(prompts) * group,)).tolist()
     per_chunk = max(1, roll.batch_size // group)
     texts, finished = [], []
-    with PhaseProgress("sampling completions", len(prompts), cfg.progress) as bar:
+    with PhaseProgress("sampling completions", len(prompts), s.progress) as bar:
         for first in range(0, len(prompts), per_chunk):
             chunk = prompts[first:first + per_chunk]
             sampled = generate(model, tokenizer, chunk, samples_per_prompt=group, max_new_tokens=roll.max_new_tokens,
@@ -67,11 +68,11 @@ def build(cfg: DictConfig) -> dict:
             bar.advance(len(chunk))
     sample_rows = [row for row in rows for _ in range(group)]
     sample_prompts = [p for p in prompts for _ in range(group)]
-    _, per_component, _ = compute_rewards(rewards, sample_prompts, texts, sample_rows, cfg.reward.on_error,
-                                          system_prompt=cfg.data.system_prompt)
-    scores = torch.nan_to_num(per_component[cfg.reward.accuracy], nan=0.0).tolist()
-    pairs = pairs_from_samples(rows, texts, scores, group, cfg.pairs_per_prompt, cfg.seed, finished)
-    out = Path(cfg.out).expanduser()
+    _, per_component, _ = compute_rewards(rewards, sample_prompts, texts, sample_rows, s.reward.on_error,
+                                          system_prompt=s.data.system_prompt)
+    scores = torch.nan_to_num(per_component[s.reward.accuracy], nan=0.0).tolist()
+    pairs = pairs_from_samples(rows, texts, scores, group, s.pairs_per_prompt, s.seed, finished)
+    out = Path(s.out).expanduser()
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w") as handle:
         for pair in pairs:

@@ -46,19 +46,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"expected key=value settings, got {' '.join(bad)}")
     import rlx.cli.registries  # noqa: F401  every registry publishes its names before the config is checked
     from rlx.config.overrides import check_overrides
-    from rlx.config.schema import check_config
+    from rlx.config.settings import checked_settings
     from rlx.errors import UserError, fail
 
     cfg = check_overrides(["env=harness", *args.overrides])
     try:
-        check_config(cfg)
-        return _serve(cfg, args)
+        return _serve(checked_settings(cfg), args)
     except UserError as exc:
         fail(str(exc))
     return 2
 
 
-def _serve(cfg, args) -> int:
+def _serve(s, args) -> int:
+    """Serve the policy of the typed settings `s` (an `rlx train` TrainConfig with env=harness) until SIGTERM."""
     import torch
 
     from rlx.gateway.harness import HarnessSettings
@@ -67,18 +67,18 @@ def _serve(cfg, args) -> int:
     from rlx.rollout.generator import policy_generator
     from rlx.rollout.hf import eos_ids
 
-    if cfg.hardware.get("num_threads"):
-        torch.set_num_threads(int(cfg.hardware.num_threads))
-    path = cfg.model.path
-    tokenizer = load_tokenizer(path, cfg.model.get("revision"), cfg.model.trust_remote_code)
-    model = load_causal_lm(path, cfg.model.dtype, cfg.model.get("revision"), cfg.model.trust_remote_code).eval()
-    settings = HarnessSettings.from_env(cfg.env, greedy=False).gateway
+    if s.hardware.num_threads:
+        torch.set_num_threads(int(s.hardware.num_threads))
+    path = s.model.path
+    tokenizer = load_tokenizer(path, s.model.revision, s.model.trust_remote_code)
+    model = load_causal_lm(path, s.model.dtype, s.model.revision, s.model.trust_remote_code).eval()
+    settings = HarnessSettings.from_env(s.env, greedy=False).gateway
     settings.auto_sessions, settings.model_name = True, str(path)
-    generator = policy_generator(model, tokenizer, cfg.rollout, logprobs="sampler")
-    host = args.host or str(cfg.env.host)
+    generator = policy_generator(model, tokenizer, s.rollout, logprobs="sampler")
+    host = args.host or str(s.env.host)
     try:
         gateway = Gateway(generator, tokenizer, settings, stop_ids=eos_ids(model, tokenizer), host=host, port=args.port,
-                          allow_remote=args.allow_remote or bool(cfg.env.allow_remote), token=args.token)
+                          allow_remote=args.allow_remote or bool(s.env.allow_remote), token=args.token)
         gateway.start()
     except GatewayError as exc:
         from rlx.errors import UserError

@@ -16,6 +16,7 @@ the plot: rlx/evaluation/summary.py; the command line front (`@hydra.main`): rlx
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -27,6 +28,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from rlx.config.schema import EvalConfig
 from rlx.envs.registry import plays_through_gateway
 from rlx.errors import UserError
 from rlx.evaluation.agents import per_task_values
@@ -259,17 +261,25 @@ def run_environment(generator, tokenizer, env_cfg, factory, tasks: int, run: Eva
 # --------------------------------------------------------------------------------------------
 
 
-def check_settings(cfg: DictConfig) -> None:
-    from rlx.config.schema import check_config
+def check_settings(cfg: DictConfig) -> EvalConfig:
+    """The settled eval config's knobs checked and made typed settings (rlx.config.settings.checked_settings: types,
+    ranges and choices of every knob, one line naming it), then the rules that compare them. Returns the settings."""
+    from rlx.config.settings import checked_settings
 
-    check_config(cfg, "eval")  # types, ranges and choices of every knob (rlx/config/schema.py), one line naming it
+    s = checked_settings(cfg, "eval")
+    check_eval_settings(s)
+    return s
+
+
+def check_eval_settings(cfg: EvalConfig) -> None:
+    """What makes no sense in `rlx eval`'s typed settings: one line naming the knobs and the fix (UserError)."""
     sampling = cfg.sampling
     if sampling.n < 0 or (sampling.n == 0 and not sampling.greedy):
         raise UserError(f"sampling.n={sampling.n} with sampling.greedy={sampling.greedy} generates nothing; "
                         "set sampling.n >= 1 or sampling.greedy=true")
     if sampling.batch_size < 1:
         raise UserError(f"sampling.batch_size={sampling.batch_size} must be at least 1")
-    if not cfg.benchmark and not cfg.get("env"):
+    if not cfg.benchmark and cfg.env is None:
         raise UserError("no benchmark selected; e.g. benchmark=chain_sum or benchmark=[chain_sum,gsm8k], or env=grid")
     if any(int(k) < 1 for k in cfg.metrics.ks):
         raise UserError(f"metrics.ks={list(cfg.metrics.ks)} must all be >= 1")
@@ -298,16 +308,16 @@ def _saved_config(out_dir: Path, cfg: DictConfig) -> DictConfig:
     return old
 
 
-def _environment(cfg: DictConfig):
+def _environment(s: EvalConfig):
     """(results folder name, environment factory, number of tasks) when env= is set, else None."""
-    env_cfg = cfg.get("env")
-    if not env_cfg:
+    env_cfg = s.env
+    if env_cfg is None:
         return None
     from rlx.envs import env_factory
     from rlx.errors import EnvError
 
     try:
-        factory = env_factory(env_cfg.name, env_cfg.get("target"), env_cfg.get("kwargs"))
+        factory = env_factory(env_cfg.name, env_cfg.target, env_cfg.kwargs)
     except EnvError as exc:
         raise UserError(str(exc)) from None
     label = str(env_cfg.target).rpartition(".")[2] if env_cfg.name == "custom" else env_cfg.name
@@ -317,7 +327,7 @@ def _environment(cfg: DictConfig):
         load_harness(env_cfg.target)
         HarnessSettings.from_env(env_cfg, greedy=False)
         label = "harness_" + str(env_cfg.target).rpartition(".")[0].rpartition(".")[2]
-    return f"env_{label}", factory, int(cfg.limit or env_cfg.eval_episodes)
+    return f"env_{label}", factory, int(s.limit or env_cfg.eval_episodes)
 
 
 def _run_environment(run: str):
@@ -344,7 +354,7 @@ def _hf_generator(model, tokenizer, sampling, logprobs: bool = True):
                        top_k=int(sampling.top_k), batch_size=int(sampling.batch_size), logprobs=logprobs)
 
 
-def _eval_pass(cfg: DictConfig, out_dir: Path, name: str, role: str) -> EvalPass:
+def _eval_pass(cfg: EvalConfig, out_dir: Path, name: str, role: str) -> EvalPass:
     """The EvalPass of `role`'s model ("model" or "compare") over the benchmark or environment `name`."""
     return EvalPass(out_dir / name / f"{role}.jsonl", cfg.sampling, chat_template=bool(cfg.model.chat_template),
                     seed=int(cfg.seed), label=f"{name} {role}", progress=cfg.progress)
@@ -377,7 +387,7 @@ def _settled_config(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> Dic
     return cfg
 
 
-def _write_summary(summary: dict, labels: dict, cfg: DictConfig, out_dir: Path) -> None:
+def _write_summary(summary: dict, labels: dict, cfg: EvalConfig, out_dir: Path) -> None:
     """summary.json, the table and notes (printed, and in summary.txt), the pass@k plot (cfg.plot), the headline."""
     from rich.console import Console
 
@@ -397,36 +407,53 @@ def _write_summary(summary: dict, labels: dict, cfg: DictConfig, out_dir: Path) 
 
 
 def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
-    """Evaluate according to cfg, writing everything into out_dir. Returns summary.json's content."""
+    """Evaluate according to the composed config `cfg`, writing everything into out_dir: the config settled (a
+    resume's own, the run's sampling, benchmark files), recorded as config.yaml and made typed settings
+    (check_settings); the evaluation reads only those. Returns summary.json's content."""
     from rlx.runtime.rundir import write_run_files
 
     cfg = _settled_config(cfg, out_dir, overrides)
-    check_settings(cfg)
-    if cfg.get("env") and any(o.lstrip("+~").startswith("benchmark") for o in overrides):
+    s = check_settings(cfg)
+    benchmark_given = any(o.lstrip("+~").startswith("benchmark") for o in overrides)
+    if s.env is not None and benchmark_given:
         raise UserError("env= evaluates an environment instead of benchmarks; evaluate benchmark= in a separate run")
-    if cfg.hardware.num_threads:
-        torch.set_num_threads(cfg.hardware.num_threads)
+    if s.hardware.num_threads:
+        torch.set_num_threads(s.hardware.num_threads)
     from rlx.config.rules import check_device
 
-    check_device(cfg.hardware)  # hardware=gpu never falls back to the CPU silently
-    device = torch.device("cpu" if cfg.hardware.cpu else "cuda")
-    if not cfg.resume:
+    check_device(s.hardware)  # hardware=gpu never falls back to the CPU silently
+    if not s.resume:
         write_run_files(out_dir, cfg, overrides)
-    if cfg.run and not cfg.get("env") and not any(o.lstrip("+~").startswith("benchmark") for o in overrides):
-        cfg.env = _run_environment(cfg.run)  # an agent run: its own environment, unless benchmark= is given
-        if not cfg.env:  # a task run: the held-out rows of its own data, scored like its eval/accuracy
-            from rlx.evaluation.run_task import run_task_benchmark
+    if s.run and s.env is None and not benchmark_given:
+        s = _with_run_subject(s)
+    return _evaluate_settings(s, out_dir)
 
-            own = run_task_benchmark(cfg.run)
-            if own is not None:
-                cfg.benchmark = {own[0]: own[1]}
-    environment = _environment(cfg)  # (name, factory, tasks) with env=, else None
-    benchmarks = [] if environment else [Benchmark(name, OmegaConf.to_container(spec, resolve=True))
-                                         for name, spec in cfg.benchmark.items()]
-    problems = {b.name: b.load(cfg.limit) for b in benchmarks}
-    subjects = {"model": resolve_run(cfg.run, cfg.checkpoint) if cfg.run else (cfg.model.path, cfg.model.path)}
-    if cfg.compare:
-        subjects["compare"] = resolve_compare(str(cfg.compare), cfg.run, cfg.checkpoint)
+
+def _with_run_subject(s: EvalConfig) -> EvalConfig:
+    """run=RUN without benchmark=: an agent run's own environment (its config.yaml's env), else a task run's
+    held-out rows of its own data, scored like its eval/accuracy (rlx/evaluation/run_task.py)."""
+    from rlx.config.groups import Env
+    from rlx.config.settings import build
+
+    env = _run_environment(s.run)
+    if env:
+        return dataclasses.replace(s, env=build(Env, OmegaConf.to_container(env, resolve=True)))
+    from rlx.evaluation.run_task import run_task_benchmark
+
+    own = run_task_benchmark(s.run)
+    return dataclasses.replace(s, benchmark={own[0]: own[1]}) if own is not None else s
+
+
+def _evaluate_settings(s: EvalConfig, out_dir: Path) -> dict:
+    """The evaluation of the typed settings `s`: each subject (the model, and compare=) on every benchmark or on
+    the environment's held-out episodes, the results files written as it goes, then summary.json."""
+    device = torch.device("cpu" if s.hardware.cpu else "cuda")
+    environment = _environment(s)  # (name, factory, tasks) with env=, else None
+    benchmarks = [] if environment else [Benchmark(name, spec) for name, spec in s.benchmark.items()]
+    problems = {b.name: b.load(s.limit) for b in benchmarks}
+    subjects = {"model": resolve_run(s.run, s.checkpoint) if s.run else (s.model.path, s.model.path)}
+    if s.compare:
+        subjects["compare"] = resolve_compare(str(s.compare), s.run, s.checkpoint)
     labels = {role: label for role, (_, label) in subjects.items()}
     if len(set(labels.values())) < len(labels):
         labels["compare"] += " (compare)"
@@ -435,39 +462,39 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
     if environment:
         records[environment[0]] = {}
     for role, (path, _) in subjects.items():
-        model, tokenizer = load_model(path, cfg.model, device)
+        model, tokenizer = load_model(path, s.model, device)
         log.info("%s: %s (%.2fM parameters) on %s", role, path, sum(p.numel() for p in model.parameters()) / 1e6, device)
         # rollout=hf: the model generates itself with `sampling`'s knobs (below); vllm / server: an engine or server
-        engine = None if cfg.rollout.backend == "hf" else build_generator(cfg.rollout, model, tokenizer, int(cfg.seed))
+        engine = None if s.rollout.backend == "hf" else build_generator(s.rollout, model, tokenizer, int(s.seed))
         if engine is not None:  # generate_ids samples with these knobs
-            engine.sampling = {"temperature": float(cfg.sampling.temperature), "top_p": float(cfg.sampling.top_p),
-                               "top_k": int(cfg.sampling.top_k)}
+            engine.sampling = {"temperature": float(s.sampling.temperature), "top_p": float(s.sampling.top_p),
+                               "top_k": int(s.sampling.top_k)}
         if environment:
             name, factory, tasks = environment
-            if not plays_through_gateway(cfg.env.name):  # an episode that cannot play a turn: stop before playing, one line
+            if not plays_through_gateway(s.env.name):  # an episode that cannot play a turn: stop before playing, one line
                 from rlx.rollout.budgets import check_episode_budget
                 from rlx.rollout.env import EVAL_SEED_BASE
                 from rlx.rollout.prompt_limits import model_context
 
-                check_episode_budget(cfg.env, factory, tokenizer, model_context(model), path,
-                                     [EVAL_SEED_BASE + task for task in range(tasks)], bool(cfg.model.chat_template))
+                check_episode_budget(s.env, factory, tokenizer, model_context(model), path,
+                                     [EVAL_SEED_BASE + task for task in range(tasks)], bool(s.model.chat_template))
             records[name][role] = run_environment(
-                engine or _hf_generator(model, tokenizer, cfg.sampling), tokenizer, cfg.env, factory, tasks,
-                _eval_pass(cfg, out_dir, name, role),
+                engine or _hf_generator(model, tokenizer, s.sampling), tokenizer, s.env, factory, tasks,
+                _eval_pass(s, out_dir, name, role),
                 stop_ids=engine.stop_ids if engine is not None else eos_ids(model, tokenizer))
         for bench in benchmarks:
             records[bench.name][role] = run_benchmark(model, tokenizer, bench, problems[bench.name],
-                                                      _eval_pass(cfg, out_dir, bench.name, role), engine=engine)
+                                                      _eval_pass(s, out_dir, bench.name, role), engine=engine)
         if engine is not None:
             engine.close()
         del model, engine
     summary = {
         "models": {role: {"path": path, "label": label} for role, (path, label) in subjects.items()},
-        "sampling": OmegaConf.to_container(cfg.sampling),
-        "benchmarks": {name: summarize(by_role, cfg.metrics, per_task_values if environment else per_problem_values)
+        "sampling": dataclasses.asdict(s.sampling),
+        "benchmarks": {name: summarize(by_role, s.metrics, per_task_values if environment else per_problem_values)
                        for name, by_role in records.items()},
     }
-    _write_summary(summary, labels, cfg, out_dir)
+    _write_summary(summary, labels, s, out_dir)
     return summary
 
 
