@@ -386,3 +386,16 @@ def test_docs_build_strict(tmp_path):
     assert 'id="default_run"' in (site / "results.html").read_text() and (site / "results" / "growth_0.5b.png").is_file()
     assert "group_advantages" in (site / "api.html").read_text()  # mkdocstrings rendered the docstrings
     assert __version__ in (site / "changelog.html").read_text()
+
+
+def test_no_merge_conflict_markers_are_left_in_the_sources():
+    """A merge that kept both sides' lines and git's markers (once found in docs/algorithms/seed-ideas.md)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    marker = re.compile(r"^(<{7} |={7}$|>{7} )", re.MULTILINE)
+    found = [str(path.relative_to(root)) for folder in ("rlx", "docs", "conf", "tests", "benchmarks", "scripts", "examples")
+             for path in (root / folder).rglob("*") if path.suffix in (".py", ".md", ".yaml", ".yml", ".toml", ".txt")
+             and marker.search(path.read_text(errors="replace"))]
+    found += [name for name in ("README.md", "CHANGELOG.md", "Makefile") if marker.search((root / name).read_text())]
+    assert not found, found
