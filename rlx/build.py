@@ -16,6 +16,7 @@ import torch
 
 from rlx.algorithms.advantages import group_count
 from rlx.algorithms.preference import REFERENCE_FREE
+from rlx.config.async_rules import rank_zero_reason
 from rlx.config.schema import TrainConfig
 from rlx.data.difficulty import DifficultySampler
 from rlx.data.tasks import PromptStream
@@ -216,13 +217,15 @@ def build_producer(s, parts: Parts, kind: str, sampler: tuple, follower: bool) -
         log.info("built: pipeline, batches sampled up to %d update(s) behind the trainer", s.rollout.max_staleness)
     if rank_zero_samples(s, acc):
         parts.producer = RankZeroProducer(parts.producer, acc, ["pipeline"] if s.rollout.max_staleness else None)
-        log.info("built: rank 0 samples the global batch and broadcasts it; each rank trains its shard")
+        log.info("built: rank 0 samples the global batch and broadcasts it (%s); each rank trains its shard",
+                 rank_zero_reason(s, acc.num_processes))
 
 
 def rank_zero_samples(s, acc) -> bool:
-    """True when rank 0 alone samples and broadcasts each step's batch: several processes with rollout=server or
-    pipeline mode (rlx/rollout/rank_zero.py; the config rules allow it for the single-turn families under DDP)."""
-    return acc.num_processes > 1 and (s.rollout.backend == "server" or bool(s.rollout.max_staleness))
+    """True when rank 0 alone samples and broadcasts each step's batch (rlx/rollout/rank_zero.py): several processes
+    with rollout=server, pipeline mode, partial rollouts, or the producer's group stages (rank_zero_reason in
+    rlx/config/async_rules.py; the config rules allow it for the single-turn families under DDP)."""
+    return rank_zero_reason(s, acc.num_processes) is not None
 
 
 def environment_factory(env):
@@ -241,7 +244,9 @@ def single_turn_producer(s, parts: Parts) -> SingleTurnProducer | PartialProduce
     stages, stream = seed_stages(s, parts, rewards, group_size)
     if roll.partial:  # partial rollouts: groups carried across steps (rlx/rollout/partial.py); the stages run on the
         # groups each step finishes (the temperature schedule and prompt sampling are refused: rlx/config/async_rules.py)
-        journal = parts.run_dir / "rounds.jsonl" if roll.segment_tokens and parts.accelerator.is_main_process else None
+        # rank 0 alone produces where it samples for every rank (no accelerator here), so only it writes the journal
+        main = parts.accelerator is None or parts.accelerator.is_main_process
+        journal = parts.run_dir / "rounds.jsonl" if roll.segment_tokens and main else None
         return PartialProducer(parts.generator, parts.tokenizer, stream, rewards, single_turn_settings(s, group_size),
                                oversample=roll.partial_oversample, stages=stages,
                                rounds=Rounds(int(roll.segment_tokens), journal))

@@ -288,13 +288,12 @@ def test_async_settings_are_refused_in_one_line(overrides, needle):
     assert needle in message and "\n" not in message
 
 
-def test_pipeline_mode_runs_on_several_processes_and_partial_rollouts_on_one():
-    """Pipeline mode on several (DDP) processes: rank 0 samples and broadcasts (tests/test_server_ddp.py); partial
-    rollouts carry groups that are not sharded over processes, so they stay on one."""
+def test_pipeline_mode_and_partial_rollouts_run_on_several_processes():
+    """Pipeline mode and partial rollouts on several (DDP) processes: rank 0 samples (and holds the pool of carried
+    groups) and broadcasts each step's batch (tests/test_server_ddp.py, tests/test_stages_ddp.py)."""
     cfg = check_overrides(["rollout.max_staleness=1", "rollout.correction=tis"])
     check_async_settings(checked_settings(cfg), 1)
     check_async_settings(checked_settings(cfg), 2)
     partial = check_overrides(["rollout.partial=true", "rollout.correction=tis"])
     check_async_settings(checked_settings(partial), 1)
-    with pytest.raises(UserError, match="hardware.num_processes=1"):
-        check_async_settings(checked_settings(partial), 2)
+    check_async_settings(checked_settings(partial), 2)

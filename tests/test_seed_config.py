@@ -6,7 +6,7 @@ import pytest
 
 from rlx.config import seed_rules
 from rlx.config.overrides import check_overrides
-from rlx.config.rules import check_batch, check_settings
+from rlx.config.rules import check_settings
 from rlx.config.schema import check_config
 from rlx.config.seed_rules import NOT_WIRED
 from rlx.config.settings import checked_settings
@@ -103,15 +103,33 @@ def test_ppo_runs_the_producer_stages():
                                     "algorithm.verifier_noise.fn_rate=0.1", "algorithm.prompt_sampling.mode=hard"])))
 
 
-@pytest.mark.parametrize("knob", ["algorithm.shapers=[laser]", "algorithm.hints.enabled=true",
-                                  "algorithm.prompt_sampling.mode=hard", "rollout.temperature_schedule.mode=ead"])
-def test_producer_stages_run_on_one_process(knob):
-    cfg = check_overrides([knob])
-    with pytest.raises(UserError, match="single-process producer") as info:
-        check_batch(checked_settings(cfg), 2)
-    assert "\n" not in str(info.value)
-    check_batch(checked_settings(cfg), 1)
-    check_batch(checked_settings(check_overrides([])), 2)  # nothing set: two processes are fine
+@pytest.mark.parametrize("knob", ["algorithm.shapers=[laser]", "algorithm.prompt_sampling.mode=hard",
+                                  "algorithm.replay.enabled=true", "algorithm.dynamic_sampling=true",
+                                  "rollout.temperature_schedule.mode=ead"])
+def test_producer_stages_on_several_processes_sample_on_rank_zero(knob):
+    """The producer's stages on 2 DDP processes: rank 0 samples the step through them and broadcasts it (the knob is
+    named as the reason); under FSDP rank 0 holds a shard of the policy, refused in one line."""
+    from rlx.cli.training import check_run
+    from rlx.config.async_rules import rank_zero_reason
+
+    ddp = ["hardware=ddp", "hardware.cpu=true", "hardware.num_processes=2"]
+    s = check_run(check_overrides([knob, *ddp]))
+    assert rank_zero_reason(s, 2) == knob and rank_zero_reason(s, 1) is None
+    assert rank_zero_reason(check_run(check_overrides(ddp)), 2) is None  # nothing set: every rank samples its shard
+    with pytest.raises(UserError, match=r"with 2 processes samples with rank 0's parameters") as info:
+        check_run(check_overrides([knob, "hardware=fsdp", "hardware.cpu=true", "hardware.num_processes=2",
+                                   "hardware.mixed_precision=no"]))
+    assert "\n" not in str(info.value) and knob in str(info.value)
+
+
+def test_hints_stay_on_one_process():
+    """Hints grow a group by their re-samples, so a step's rows do not split evenly over processes."""
+    from rlx.cli.training import check_run
+
+    with pytest.raises(UserError, match="hints.enabled=true adds hinted re-samples .* split evenly over 2 processes"):
+        check_run(check_overrides(["algorithm.hints.enabled=true", "hardware=ddp", "hardware.cpu=true",
+                                   "hardware.num_processes=2"]))
+    check_run(check_overrides(["algorithm.hints.enabled=true"]))
 
 
 def test_the_not_wired_guard_reads_real_knobs():

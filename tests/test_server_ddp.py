@@ -104,11 +104,12 @@ def test_what_still_runs_on_one_process_is_one_line():
     check_run(check_overrides(ddp))  # allowed: rank 0 drives the server
     check_run(check_overrides([*ddp[:3], "rollout.max_staleness=1", "rollout.correction=tis"]))  # the hf pipeline too
     # (rollout=server under FSDP is also refused by rlx/config/rules.py, after this rule)
-    with pytest.raises(UserError, match=r"^rollout.max_staleness=1 with 2 processes publishes rank 0's parameters .* "
+    with pytest.raises(UserError, match=r"^rollout.max_staleness=1 with 2 processes samples with rank 0's parameters .* "
                                         r"hardware.distributed=fsdp they are shards"):
         check_run(check_overrides(["hardware=fsdp", *ddp[1:3], "rollout.max_staleness=1", "rollout.correction=tis"]))
     with pytest.raises(UserError, match=r"^rollout.max_staleness=1 with 2 processes samples on rank 0 .*single-turn"):
         check_run(check_overrides(["algorithm=gigpo", "env=grid", *ddp[:3], "rollout.max_staleness=1",
                                    "rollout.correction=tis"]))
-    with pytest.raises(UserError, match=r"^rollout.partial=true runs on one process for now"):
-        check_run(check_overrides([*ddp[:3], "rollout.partial=true", "rollout.correction=tis"]))
+    check_run(check_overrides([*ddp[:3], "rollout.partial=true", "rollout.correction=tis"]))  # rank 0 holds the pool
+    with pytest.raises(UserError, match=r"^rollout.partial=true with 2 processes samples with rank 0's parameters"):
+        check_run(check_overrides(["hardware=fsdp", *ddp[1:3], "rollout.partial=true", "rollout.correction=tis"]))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from rlx.config.groups import ROLLOUT_GIVES
 from rlx.config.needs import broken, refuse_first
 from rlx.config.schema import TrainConfig
-from rlx.config.seed_rules import knob_value
+from rlx.config.seed_rules import knob_value, producer_knobs_set
 
 # the families whose rows come from a producer the pipeline can wrap (single-turn or episodes)
 PRODUCER_FAMILIES = ("policy_gradient", "ppo", "agent")
@@ -25,13 +25,43 @@ def check_async_settings(cfg: TrainConfig, processes: int) -> None:
 FULL_PARAMETER_STRATEGIES = ("no", "ddp")
 
 
+def rank_zero_reason(cfg: TrainConfig, processes: int) -> str | None:
+    """The knob that makes rank 0 alone sample each step's global batch in a run on `processes` processes
+    (rlx/rollout/rank_zero.py: rank 0 samples without collectives, broadcasts the batch, each rank trains its
+    shard), or None when every rank samples its own shard (or there is one process). rollout=server: one fleet,
+    driven over HTTP; pipeline mode: a producer thread cannot join collectives; partial rollouts: one pool of
+    carried groups; and, in the single-turn families, the producer's group stages, dynamic sampling and the
+    temperature schedule, which read a step's whole set of groups (and keep per-prompt state) as one process does."""
+    roll, algo = cfg.rollout, cfg.algorithm
+    if processes <= 1:
+        return None
+    if roll.backend == "server":
+        return "rollout=server"
+    if roll.max_staleness:
+        return f"rollout.max_staleness={roll.max_staleness}"
+    if roll.partial:
+        return "rollout.partial=true"
+    if algo.family not in SINGLE_TURN_FAMILIES:
+        return None
+    stages = producer_knobs_set(algo)
+    if stages:
+        knob, _, value = stages[0]
+        shown = f"[{','.join(str(v) for v in value)}]" if isinstance(value, list) else str(value).lower() if isinstance(
+            value, bool) else value
+        return f"algorithm.{knob}={shown}"
+    if algo.dynamic_sampling:
+        return "algorithm.dynamic_sampling=true"
+    if roll.temperature_schedule.mode != "constant":
+        return f"rollout.temperature_schedule.mode={roll.temperature_schedule.mode}"
+    return None
+
+
 def rank_zero_problems(cfg: TrainConfig, processes: int) -> list[str]:
-    """Several processes with rollout=server or pipeline mode: rank 0 alone samples the global batch and broadcasts
-    it, each rank trains its shard (rlx/rollout/rank_zero.py). What that needs: single-turn rows (the shard of a
-    batch of episodes is not built), and every rank holding the full parameters (rank 0 publishes its own)."""
-    roll = cfg.rollout
-    what = ("rollout=server" if roll.backend == "server" else f"rollout.max_staleness={roll.max_staleness}")
-    if processes <= 1 or not (roll.backend == "server" or roll.max_staleness) or roll.partial:
+    """Several processes where rank 0 alone samples the global batch and broadcasts it (rank_zero_reason). What that
+    needs: single-turn rows (the shard of a batch of episodes is not built), every rank holding the full parameters
+    (rank 0 samples with, and publishes, its own), and a row count that splits evenly over the processes."""
+    what = rank_zero_reason(cfg, processes)
+    if what is None:
         return []
     strategy = str(cfg.hardware.distributed)
     return broken([
@@ -39,9 +69,12 @@ def rank_zero_problems(cfg: TrainConfig, processes: int) -> list[str]:
          f"{what} with {processes} processes samples on rank 0 and shards its single-turn rows over the ranks, not "
          f"the rows of algorithm={cfg.algorithm.name} (family {cfg.algorithm.family}); set hardware.num_processes=1"),
         (strategy not in FULL_PARAMETER_STRATEGIES,
-         f"{what} with {processes} processes publishes rank 0's parameters after each update, and under "
-         f"hardware.distributed={strategy} they are shards (a gather into a full copy on rank 0 is not built); use "
-         f"hardware=ddp or hardware.num_processes=1"),
+         f"{what} with {processes} processes samples with rank 0's parameters (and publishes them after each "
+         f"update), and under hardware.distributed={strategy} they are shards (a gather into a full copy on rank 0 "
+         f"is not built); use hardware=ddp or hardware.num_processes=1"),
+        (knob_value(cfg.algorithm, "hints.enabled", False),
+         f"algorithm.hints.enabled=true adds hinted re-samples to their groups, so a step's row count varies and does "
+         f"not split evenly over {processes} processes; set hardware.num_processes=1 or algorithm.hints.enabled=false"),
     ])
 
 
@@ -85,9 +118,6 @@ def stale_problems(cfg: TrainConfig, processes: int) -> list[str]:
          f"leave it at its default"),
         (roll.correction == "none" and getattr(roll, "tis_cap", None) is None,
          f"{what} trains on rows sampled by older weights: set an off-policy correction, e.g. rollout.correction=tis"),
-        # the partial producer carries unfinished rows of rank 0's batch across steps: its shard is not built
-        (partial and processes > 1, f"{what} runs on one process for now (its carried groups are not sharded over "
-                                    f"processes); set hardware.num_processes=1"),
         (staleness and not gives.background_thread,
          f"{what} samples in a background thread, which the colocated engine (rollout={roll.backend}) cannot share "
          f"with the trainer; use rollout=server (vLLM in its own process) or rollout=hf"),

@@ -14,7 +14,7 @@ from rlx.algorithms.advantages import group_count
 from rlx.config.groups import ROLLOUT_GIVES, Hardware
 from rlx.config.needs import broken, check_credit_needs, check_entry_needs, refuse_first
 from rlx.config.schema import TrainConfig
-from rlx.config.seed_rules import check_agent_seed_settings, check_seed_settings, single_process_problems
+from rlx.config.seed_rules import check_agent_seed_settings, check_seed_settings
 from rlx.errors import UserError
 
 
@@ -192,7 +192,7 @@ def check_batch(cfg: TrainConfig, processes: int) -> int:
     else:
         local_step, what = batch // processes, "algorithm.batch_size / processes"
     accumulation = hw.gradient_accumulation_steps
-    refuse_first([*single_process_problems(cfg, processes), *broken([
+    refuse_first(broken([
         (episodes_or_groups and prompts % processes,
          f"prompts_per_step={prompts} does not split over {processes} processes (hardware.num_processes x "
          f"num_machines); make prompts_per_step a multiple of {processes}"),
@@ -208,7 +208,7 @@ def check_batch(cfg: TrainConfig, processes: int) -> int:
          f"hardware.gradient_accumulation_steps={accumulation} x micro_batch_size={cfg.micro_batch_size} must equal "
          f"the per-process batch of one optimizer step ({what} = {local_step}); change one of them, or set "
          f"hardware.gradient_accumulation_steps=null to derive it"),
-    ])])
+    ]))
     return local_step
 
 

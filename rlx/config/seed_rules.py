@@ -4,7 +4,8 @@ added to rlx.config.rules.FAMILY_CHECKS. Each stops the run with one line naming
 Every option is wired into training (docs/algorithms/seed-ideas.md, "Where each hook lives"): `NOT_WIRED` is
 empty. It stays as the guard for an option added later, whose knob would otherwise be silently ignored: list it
 here (knob -> its off value) until the loop applies it. A few options are wired into one loop only; the PPO
-loop refuses the others (`PPO_REFUSED`), and the producer-level ones run on one process (`single_process_problems`).
+loop refuses the others (`PPO_REFUSED`). With several processes, the producer-level ones make rank 0 sample the whole
+step (rlx/config/async_rules.py rank_zero_reason).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ NOT_WIRED: dict = {"policy_gradient": {}, "agent": {}, "rollout": {}}
 # update (transforms; hints' plain-context ratio; per-token temperatures); the producer's stages work under PPO too
 PPO_REFUSED = {"transforms": [], "hints.enabled": False}
 
-# knobs acting in the single-turn producer's group stages (rlx/rollout/stages/): one process only
+# knobs acting in the single-turn producer's group stages (rlx/rollout/stages/): with several processes, rank 0 samples
+# the step's global batch with them and broadcasts it (rlx/rollout/rank_zero.py)
 PRODUCER_KNOBS = {"dynamic_sampling_drop": "tied", "shapers": [], "transforms": [], "verifier_noise.fn_rate": 0.0,
                   "verifier_noise.fp_rate": 0.0, "prompt_sampling.mode": "uniform", "replay.enabled": False,
                   "hints.enabled": False, "stages": []}
@@ -63,27 +65,6 @@ def check_seed_settings(cfg: TrainConfig) -> None:
         ]),
         *not_wired_problems(cfg, "policy_gradient"),
     ])
-
-
-def single_process_problems(cfg: TrainConfig, processes: int) -> list[str]:
-    """What runs on one process only, set in a run on `processes` processes: dynamic sampling, then the producer's
-    group stages (PRODUCER_KNOBS) and the temperature schedule of the policy-gradient and PPO families."""
-    if processes <= 1:
-        return []
-    dynamic = broken([(getattr(cfg.algorithm, "dynamic_sampling", False), "algorithm.dynamic_sampling runs on one process for now; "
-                                                              "set algorithm.dynamic_sampling=false or "
-                                                              "hardware.num_processes=1")])
-    if cfg.algorithm.family not in ("policy_gradient", "ppo"):
-        return dynamic
-    schedule = cfg.rollout.temperature_schedule
-    return [
-        *dynamic,
-        *(f"algorithm.{knob}={value} runs in the single-process producer for now; set it back to {default} or "
-          f"hardware.num_processes=1" for knob, default, value in producer_knobs_set(cfg.algorithm)),
-        *broken([(schedule is not None and schedule.mode != "constant",
-                  "rollout.temperature_schedule.mode runs in the single-process producer for now; set it to constant "
-                  "or hardware.num_processes=1")]),
-    ]
 
 
 def check_agent_seed_settings(cfg: TrainConfig) -> None:

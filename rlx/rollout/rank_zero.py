@@ -1,10 +1,15 @@
 """Rank 0 samples, every rank trains: the producer of a multi-process run whose rows come from a vLLM server
-(rollout=server) or from a pipeline's background thread (rollout.max_staleness > 0).
+(rollout=server), from a pipeline's background thread (rollout.max_staleness > 0), from partial rollouts' pool of
+carried groups (rollout.partial), or through the producer's group stages, dynamic sampling or the temperature
+schedule, which read a step's whole set of groups (rlx/config/async_rules.py rank_zero_reason names the knob).
 
 Why rank 0 alone. The server is one fleet the trainer drives over HTTP, and the pipeline's producer thread samples
 while the trainer thread trains: a producer that gathered rewards across processes (the sharded single-turn path,
 rlx/rollout/single_turn.py) would run its collectives on the producer thread while the update runs the update's
-on the trainer thread, in an order no two ranks agree on. So the producer runs on rank 0 only, built without an
+on the trainer thread, in an order no two ranks agree on. The stages, dynamic sampling and partial rollouts keep
+state per prompt (a replay buffer, pass rates, carried groups) and decide over a step's groups together: run on
+rank 0 over the global batch, they decide exactly what one process decides, and the other ranks wait for the
+broadcast instead of sampling their shard (generation is then rank 0's alone; the update stays data-parallel). So the producer runs on rank 0 only, built without an
 accelerator (no collective inside it: HTTP to the server, rewards scored on rank 0, the step's metrics over the
 whole batch), and the trainer thread of every rank takes part in one collective per step, `produce`: rank 0's
 Batch (the full global batch) is broadcast (torch.distributed.broadcast_object_list over the run's process group)

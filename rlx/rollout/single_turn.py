@@ -65,8 +65,9 @@ def sample_batch(generator: Generator, tokenizer, stream: PromptStream, rewards:
     HFGenerator on the policy, or the vLLM engine; its temperature / top-p / top-k are rollout's), the one-turn
     case of the multi-turn rollouts: prompts are tokenized once and the Rollout is built from the sampled ids.
     With several processes (acc), every process draws the same prompts, generates and scores its own shard, and
-    the rewards are gathered (dynamic sampling and the seed stages are single-process; the config rules refuse
-    the combination). `stages` (rlx/rollout/stages/): the seed ideas' group stages, run on each round
+    the rewards are gathered; with dynamic sampling, the seed stages or the temperature schedule, rank 0 alone
+    calls this without `acc` for the global batch and broadcasts it (rlx/rollout/rank_zero.py), so they see every
+    group of the step as one process does. `stages` (rlx/rollout/stages/): the seed ideas' group stages, run on each round
     after scoring (verifier noise, replay, hints, group reward shaping); groups are keyed by id (Batch.groups),
     so a group may grow (hinted re-samples)."""
     stages = stages if stages is not None and stages.active else None
