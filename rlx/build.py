@@ -38,7 +38,7 @@ from rlx.rollout.episodes import EpisodeProducer, EpisodeSettings
 from rlx.rollout.generator import policy_generator
 from rlx.rollout.partial import PartialProducer, Rounds
 from rlx.rollout.pipeline import pipelined, rollout_copy
-from rlx.rollout.rank_zero import FollowerGenerator, RankZeroProducer, rank_zero_eval
+from rlx.rollout.rank_zero import FollowerGenerator, GatheredPublish, RankZeroProducer, rank_zero_eval
 from rlx.rollout.single_turn import SingleTurnProducer, SingleTurnSettings
 from rlx.rollout.stages import StagePipeline, StageSettings, build_stages
 from rlx.runtime.checkpoint import Checkpointer
@@ -199,6 +199,10 @@ def build_sampler(s, parts: Parts, needs: FamilyNeeds, follower: bool) -> tuple:
         parts.generator = build_generator(s.rollout, rollout_model, rollout_parts.tokenizer, s.seed)
         log.info("built: generator rollout=%s (%s)%s", s.rollout.backend, type(parts.generator).__name__,
                  " on a copy of the policy (pipeline mode)" if rollout_model is not parts.model else "")
+    if needs.generator and rank_zero_samples(s, acc) and s.hardware.distributed == "fsdp":  # before FSDP shards it
+        shadow = copy.deepcopy(parts.model).eval().requires_grad_(False).cpu() if acc.process_index == 0 else None
+        parts.generator = GatheredPublish(parts.generator, acc, shadow)
+        log.info("built: publishing gathers the full weights from the FSDP shards into rank 0's CPU copy of the policy")
     return rollout_model, rollout_parts
 
 

@@ -10,6 +10,7 @@ sampled token ids (`token_reward`), so groups have a signal and the update moves
 import json
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from rlx.config.overrides import check_overrides
@@ -33,6 +34,7 @@ WEIGHT_REL_TOL = 1e-3
 
 
 DDP = ["hardware=ddp", "hardware.cpu=true", "hardware.mixed_precision=no", "hardware.num_processes=2"]
+FSDP = ["hardware=fsdp", "hardware.cpu=true", "hardware.mixed_precision=no", "hardware.num_processes=2"]
 
 
 def token_reward(prompts, completions, completion_ids=None, **row):
@@ -45,7 +47,7 @@ def run_metrics(tmp_path, name):
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def compare(tmp_path, extra):
+def compare(tmp_path, extra, many=DDP):
     fake = FakeVLLM()
     try:
         args = ["steps=2", "prompts_per_step=4", "rollout.samples_per_prompt=2", "rollout.max_new_tokens=8",
@@ -55,7 +57,7 @@ def compare(tmp_path, extra):
         if "rollout=server" in extra:
             args = [*args, f"rollout.server.urls=[{fake.url}]", f"rollout.server.work_dir={tmp_path / 'server'}"]
         common = [*args, *SENSITIVE, *(q for q in QUIET if not q.startswith(("eval.every", "eval.size")))]
-        for name, more in (("one", []), ("many", DDP)):
+        for name, more in (("one", []), ("many", many)):
             result = run_rlx(["train", *common, f"name={name}", *more], tmp_path)
             assert result.returncode == 0, result.stderr[-3000:]
     finally:
@@ -113,3 +115,18 @@ def test_what_still_runs_on_one_process_is_one_line():
     check_run(check_overrides([*ddp[:3], "rollout.partial=true", "rollout.correction=tis"]))  # rank 0 holds the pool
     with pytest.raises(UserError, match=r"^rollout.partial=true with 2 processes samples with rank 0's parameters"):
         check_run(check_overrides(["hardware=fsdp", *ddp[1:3], "rollout.partial=true", "rollout.correction=tis"]))
+
+
+@pytest.mark.slow  # ~90 s on 2 shared cores
+def test_server_rollouts_under_fsdp_on_two_processes_match_one(tmp_path):
+    """hardware=fsdp: each publish gathers the full weights from the two ranks' shards into rank 0's CPU copy of the
+    policy (rlx/rollout/rank_zero.py GatheredPublish), which rank 0 publishes. The rows follow the request seeds
+    (the fake server), so the served file is compared too: after the last step it holds the final weights."""
+    compare(tmp_path, ["rollout=server"], many=FSDP)
+    (run,) = (tmp_path / "outputs" / "train").glob("*_many")
+    assert "gathers the full weights from the FSDP shards" in (run / "train.log").read_text()
+    served = load_file(tmp_path / "server" / "model" / "model.safetensors")
+    final = final_weights(tmp_path, "many")
+    common = [k for k in final if k in served]
+    assert len(common) >= len(final) - 1, (sorted(final)[:3], sorted(served)[:3])  # a tied head may be apart
+    assert all(torch.equal(final[k], served[k]) for k in common)

@@ -63,15 +63,19 @@ def rank_zero_problems(cfg: TrainConfig, processes: int) -> list[str]:
     what = rank_zero_reason(cfg, processes)
     if what is None:
         return []
-    strategy = str(cfg.hardware.distributed)
+    strategy, roll = str(cfg.hardware.distributed), cfg.rollout
+    # rank 0 publishes to servers a full copy gathered from FSDP's shards; the pipeline's producer thread publishes
+    # from its own copy of the policy, which shards cannot give, and hf sampling runs rank 0's own (sharded) forward
+    gathered = strategy == "fsdp" and roll.backend == "server" and not roll.max_staleness
     return broken([
         (cfg.algorithm.family not in SINGLE_TURN_FAMILIES,
          f"{what} with {processes} processes samples on rank 0 and shards its single-turn rows over the ranks, not "
          f"the rows of algorithm={cfg.algorithm.name} (family {cfg.algorithm.family}); set hardware.num_processes=1"),
-        (strategy not in FULL_PARAMETER_STRATEGIES,
+        (strategy not in FULL_PARAMETER_STRATEGIES and not gathered,
          f"{what} with {processes} processes samples with rank 0's parameters (and publishes them after each "
-         f"update), and under hardware.distributed={strategy} they are shards (a gather into a full copy on rank 0 "
-         f"is not built); use hardware=ddp or hardware.num_processes=1"),
+         f"update), and under hardware.distributed={strategy} they are shards (rank 0 gathers a full copy only to "
+         f"publish to servers: rollout=server with hardware=fsdp, without pipeline mode); use hardware=ddp or "
+         f"hardware.num_processes=1"),
         (knob_value(cfg.algorithm, "hints.enabled", False),
          f"algorithm.hints.enabled=true adds hinted re-samples to their groups, so a step's row count varies and does "
          f"not split evenly over {processes} processes; set hardware.num_processes=1 or algorithm.hints.enabled=false"),

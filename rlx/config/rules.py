@@ -157,9 +157,11 @@ def check_sharded_settings(cfg: TrainConfig) -> None:
          f"collective forward passes do not allow yet; use hardware=ddp"),
         (engine is not None and family == "ppo", f"algorithm=ppo trains two models (policy and critic), {why}; use "
                                                  f"hardware=ddp or a critic-free algorithm (grpo, rloo, ...)"),
-        (engine is not None and not ROLLOUT_GIVES[cfg.rollout.backend].sharded_weights,
+        (engine is not None and not ROLLOUT_GIVES[cfg.rollout.backend].sharded_weights
+         and not (fsdp and ROLLOUT_GIVES[cfg.rollout.backend].gathered_weights),
          f"rollout={cfg.rollout.backend} reads the full policy weights after each update, not run under {engine} yet; "
-         f"use rollout=hf or hardware=ddp"),
+         f"use rollout=hf or hardware=ddp" + (" (rollout=server runs under hardware=fsdp)"
+                                              if ROLLOUT_GIVES[cfg.rollout.backend].gathered_weights else "")),
         (fsdp and cfg.model.dtype in ("bfloat16", "float16") and hw.mixed_precision == "no",
          f"hardware=fsdp with model.dtype={cfg.model.dtype} and hardware.mixed_precision=no would step "
          f"{cfg.model.dtype} weights without fp32 master copies; set hardware.mixed_precision=bf16 (FSDP2 then trains "

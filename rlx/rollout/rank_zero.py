@@ -18,8 +18,11 @@ sharded path), with the rewards, groups and verdicts over the global batch, as t
 
 Weights. The server generator (and its child server) exists on rank 0 only; the other ranks hold a
 `FollowerGenerator` whose publish does nothing: under DDP every rank holds the full parameters, so rank 0 publishes
-its own after each update. Sharded strategies (FSDP2, DeepSpeed) are refused by the config rules
-(rlx/config/async_rules.py: rank 0's parameters would be shards). Evaluation: rank 0 evaluates every held-out row
+its own after each update. Under FSDP2 with rollout=server (`GatheredPublish`), every publish gathers the full
+weights from the shards (a collective of every rank, parameter by parameter into rank 0's CPU memory), rank 0
+loads them into its full CPU copy of the policy and publishes that. Rank 0 sampling with its own weights (the
+policy generating, rollout=hf) under a sharded strategy, and DeepSpeed, are refused by the config rules
+(rlx/config/async_rules.py). Evaluation: rank 0 evaluates every held-out row
 through the run's generator and broadcasts the metrics (`rank_zero_eval`).
 """
 
@@ -118,6 +121,34 @@ class FollowerGenerator:
 
     def close(self) -> None:
         pass
+
+
+class GatheredPublish:
+    """The generator of every rank of an FSDP2 run whose rank 0 drives the servers: `publish` gathers the policy's
+    full weights from the shards on every rank (runtime.parallel.full_state_dict, a collective), rank 0 loads them
+    into `shadow`, its full CPU copy of the policy taken before FSDP sharded it, and publishes the copy through
+    `inner` (the server generator); on the other ranks `shadow` is None and `inner` a FollowerGenerator. Everything
+    else is `inner`'s."""
+
+    def __init__(self, inner, acc, shadow):
+        self.inner, self.acc, self.shadow = inner, acc, shadow
+
+    def publish(self, model, version: int) -> None:
+        from rlx.runtime.parallel import full_state_dict
+
+        state = full_state_dict(self.acc, model)  # every rank takes part; rank 0 gets the full tensors
+        if self.shadow is not None:
+            missing, unexpected = self.shadow.load_state_dict(state, strict=False)
+            tied = {name for name in missing if name.endswith(("lm_head.weight", "embed_out.weight"))}
+            if unexpected or set(missing) - tied:  # a tied head appears once in the gathered dict
+                raise RuntimeError(f"the gathered weights do not fit rank 0's copy of the policy: missing "
+                                   f"{sorted(set(missing) - tied)[:3]}, unexpected {sorted(unexpected)[:3]}")
+            self.inner.publish(self.shadow, version)
+        else:
+            self.inner.publish(model, version)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
 
 
 def rank_zero_eval(acc, run_eval, rows: int):
