@@ -39,7 +39,6 @@ from pathlib import Path
 import torch
 
 from rlx.algorithms.grouping import fixed_groups
-from rlx.algorithms.shaping import correct_from_accuracy
 from rlx.data.tasks import PromptStream
 from rlx.errors import RolloutServerError, UserError
 from rlx.rewards import RewardComponent
@@ -47,9 +46,17 @@ from rlx.rollout.generator import Continuation
 from rlx.rollout.pipeline import staleness_metrics
 from rlx.rollout.prompts import format_prompts
 from rlx.rollout.sampling import sample_seed
-from rlx.rollout.single_turn import SingleTurnSettings, round_metrics, round_scorer, stage_context
-from rlx.rollout.stages import Round, StagePipeline
-from rlx.rollout.types import Batch, Generation, HintedContext, PromptRows, Rollout, SameContext
+from rlx.rollout.single_turn import (
+    SingleTurnSettings,
+    round_batch,
+    round_metrics,
+    round_scorer,
+    scored_round,
+    single_turn_records,
+    stage_context,
+)
+from rlx.rollout.stages import StagePipeline
+from rlx.rollout.types import Batch, Generation, Rollout
 
 
 def new_group(index: int, row: dict, prompt: str, prompt_ids: list[int], seeds: list[int]) -> dict:
@@ -259,12 +266,10 @@ class PartialProducer:
                     for g in groups for v, tokens in zip(g["versions"], g.get("token_versions", [[]] * group))]
         rollout = Rollout.from_ids([g["prompt_ids"] for g in groups], out, group, self.tokenizer.pad_token_id, texts,
                                    versions)
-        sample_rows = [g["row"] for g in groups for _ in range(group)]
-        sample_prompts = [g["prompt"] for g in groups for _ in range(group)]
         score = round_scorer(self.rewards, self.settings, step)
-        total, per_component, errors = score(sample_prompts, rollout, sample_rows)  # (N,)
-        part = Round(rollout, total, per_component, sample_rows, sample_prompts, fixed_groups(total.numel(), group),
-                     correct_from_accuracy(per_component[self.accuracy_key]), errors=errors)  # the verifier's verdict
+        part = scored_round(score, rollout, [g["row"] for g in groups for _ in range(group)],
+                            [g["prompt"] for g in groups for _ in range(group)], fixed_groups(len(ids), group),
+                            self.accuracy_key)
         stage_metrics = {}
         if self.stages is not None:  # the seed stages on the finished groups, as the single-turn producer's one round
             part = self.stages.after_scoring(part, stage_context(self.generator, self.tokenizer, score, self.settings,
@@ -276,16 +281,8 @@ class PartialProducer:
                         "rollout/partial_pool_groups": len(self.pool), **staleness_metrics(part.rollout.versions, step),
                         **self._round_metrics(groups),
                         **stage_metrics})
-        context = HintedContext(part.behaviour) if part.behaviour is not None else SameContext()
-        n = part.rewards.numel()
-        return Batch(part.rollout, part.rewards, group, part.groups, part.correct, PromptRows(part.rows, part.prompts),
-                     context, slice(0, n), metrics, prompts_drawn=drawn)
+        return round_batch(part, group, metrics, prompts_drawn=drawn)
 
     def records(self, batch: Batch, samples: list[dict], count: int) -> list[dict]:
-        """The samples file rows of the first `count` samples."""
-        source = batch.source
-        return [
-            {"prompt": source.prompts[i], "completion": batch.rollout.texts[i], "reward": batch.rewards[i].item(),
-             **samples[i], "answer": source.rows[i].get("answer"), "version": int(batch.rollout.versions[i])}
-            for i in range(min(count, len(source.prompts)))
-        ]
+        """The samples file rows of the first `count` samples, with each row's oldest policy version."""
+        return single_turn_records(batch, samples, count, version=True)

@@ -2,6 +2,13 @@
 score them with the reward components, and (DAPO's dynamic sampling) keep drawing until enough groups have
 informative (non-tied) rewards. It hands the policy-gradient and PPO loops a `Batch` around one `Rollout`
 (rlx/rollout/types.py); the episode producer (rollout/episodes.py) is its multi-turn counterpart.
+
+The core every single-turn mode shares (the synchronous producer here, partial rollouts in rlx/rollout/partial.py,
+both wrapped alike by pipeline mode and by rank-0 sampling): rows sampled through the Generator protocol
+(fresh, or continued from their tokens: `Continuation`), `scored_round` (the reward components on a round's rows,
+the verdict read from the accuracy component), the seed stages of one `StagePipeline` (`stage_context`),
+`round_metrics`, `round_batch` (the step's Batch, its sampling context from the stages' behaviour rows) and
+`single_turn_records` (the samples files).
 """
 
 from __future__ import annotations
@@ -93,9 +100,8 @@ def sample_batch(generator: Generator, tokenizer, stream: PromptStream, rewards:
         rewards_all, correct, groups_all = drawn.rewards, drawn.correct, drawn.groups
         local = slice(0, rewards_all.numel())
         drawn_metrics["sampling/dropped_groups"] = dropped_groups
-    context = HintedContext(drawn.behaviour) if drawn.behaviour is not None else SameContext()
-    return Batch(drawn.rollout, rewards_all, group_size, groups_all, correct, PromptRows(drawn.rows, drawn.prompts),
-                 context, local, drawn_metrics, prompts_drawn=drawn_groups, rounds=len(parts), filled_groups=filled)
+    return round_batch(drawn, group_size, drawn_metrics, scored=(rewards_all, groups_all, correct), local=local,
+                       prompts_drawn=drawn_groups, rounds=len(parts), filled_groups=filled)
 
 
 def draw_rounds(generator: Generator, tokenizer, stream: PromptStream, rewards: list[RewardComponent],
@@ -121,12 +127,9 @@ def draw_rounds(generator: Generator, tokenizer, stream: PromptStream, rewards: 
         first = drawn_samples + mine.start * group_size  # global index of this shard's first sample
         rollout = sample_rollout(generator, tokenizer, prompts, draw,
                                  [sample_seed(s.seed, step, first + i) for i in range(len(prompts) * group_size)])
-        sample_rows = [row for row in rows for _ in range(group_size)]
-        sample_prompts = [p for p in prompts for _ in range(group_size)]
-        total, per_component, round_errors = score(sample_prompts, rollout, sample_rows)
         groups = drawn_groups + torch.arange(len(rows)).repeat_interleave(group_size)  # (n,) ids unique over the step
-        part = Round(rollout, total, per_component, sample_rows, sample_prompts, groups,
-                     correct_from_accuracy(per_component[s.accuracy_key]), errors=round_errors)
+        part = scored_round(score, rollout, [row for row in rows for _ in range(group_size)],
+                            [p for p in prompts for _ in range(group_size)], groups, s.accuracy_key)
         if stages is not None:
             part = stages.after_scoring(part, context, first)
         parts.append(part)
@@ -140,6 +143,39 @@ def draw_rounds(generator: Generator, tokenizer, stream: PromptStream, rewards: 
         if kept_groups >= wanted or rounds >= s.max_rounds:
             break
     return parts, drawn_groups
+
+
+def scored_round(score, rollout: Rollout, rows: list[dict], prompts: list[str], groups: torch.Tensor,
+                 accuracy_key: str) -> Round:
+    """A generation round's rows scored (`score`: round_scorer's), the verdict training sees read from the
+    accuracy component (before the stages: verifier noise, replay and hints change it there)."""
+    total, per_component, errors = score(prompts, rollout, rows)  # (n,)
+    return Round(rollout, total, per_component, rows, prompts, groups, correct_from_accuracy(per_component[accuracy_key]),
+                 errors=errors)
+
+
+def round_batch(drawn: Round, group_size: int, metrics: dict, *, scored: tuple | None = None, local: slice | None = None,
+                **counts) -> Batch:
+    """The step's Batch of the round `drawn` (after its stages): rows trained in the context they were sampled in
+    (HintedContext when a stage re-sampled some from another prompt), `scored` = (rewards, groups, correct) over
+    the global batch where they differ from the round's (several processes), this process's rows `local`, and
+    the counts (prompts_drawn, rounds, filled_groups)."""
+    rewards, groups, correct = scored if scored is not None else (drawn.rewards, drawn.groups, drawn.correct)
+    context = HintedContext(drawn.behaviour) if drawn.behaviour is not None else SameContext()
+    return Batch(drawn.rollout, rewards, group_size, groups, correct, PromptRows(drawn.rows, drawn.prompts), context,
+                 local if local is not None else slice(0, rewards.numel()), metrics, **counts)
+
+
+def single_turn_records(batch: Batch, samples: list[dict], count: int, *, version: bool = False) -> list[dict]:
+    """The samples file rows of this process's first `count` samples (the main process's are the first): prompt,
+    completion, reward, the loop's per-sample figures, the answer, and (`version`) the row's oldest policy version."""
+    source = batch.source
+    return [
+        {"prompt": source.prompts[i], "completion": batch.rollout.texts[i], "reward": batch.rewards[i].item(),
+         **samples[i], "answer": source.rows[i].get("answer"),
+         **({"version": int(batch.rollout.versions[i])} if version else {})}
+        for i in range(min(count, len(source.prompts)))
+    ]
 
 
 def round_scorer(rewards: list[RewardComponent], settings: SingleTurnSettings, step: int):
@@ -257,10 +293,4 @@ class SingleTurnProducer:
                             acc=self.acc, stages=self.stages)
 
     def records(self, batch: Batch, samples: list[dict], count: int) -> list[dict]:
-        """The samples file rows of this process's first `count` samples (the main process's are the first)."""
-        source = batch.source
-        return [
-            {"prompt": source.prompts[i], "completion": batch.rollout.texts[i], "reward": batch.rewards[i].item(),
-             **samples[i], "answer": source.rows[i].get("answer")}
-            for i in range(min(count, len(source.prompts)))
-        ]
+        return single_turn_records(batch, samples, count)
