@@ -1,4 +1,5 @@
-"""What `rlx eval run=<run>` evaluates when no benchmark is named: the task the run trained on.
+"""What `rlx eval run=<run>` evaluates when no benchmark is named: the task the run trained on (or, for an agent run,
+the environment it played: `run_environment`, `with_run_subject`).
 
 A run's config.yaml holds its data settings, so the benchmark is rebuilt from them: the held-out rows of its
 data (reasoning-gym: the same held-out split `rlx train` evaluates, named after the data, so the default run
@@ -219,3 +220,36 @@ def load_benchmark_files(paths: list[str]) -> dict[str, dict]:
                 raise UserError(f"benchmark '{name}' is defined twice ({path})")
             benchmarks[str(name)] = {**BENCHMARK_DEFAULTS, **spec}
     return benchmarks
+
+
+def run_environment(run: str):
+    """The `env` config a training run played (its config.yaml), or None (not an agent run). The run's plugins
+    are imported first: an environment one of them registered is then found by its name."""
+    saved = Path(run).expanduser() / "config.yaml"
+    if not saved.is_file():
+        return None
+    config = OmegaConf.load(saved)
+    env = config.get("env")
+    if env:
+        from rlx.config.plugins import import_plugins
+
+        import_plugins(config.get("plugins"))
+        log.info("run=%s trained on env=%s: evaluating held-out episodes of it (benchmark=... evaluates benchmarks)",
+                 run, env.name)
+    return env or None
+
+
+def with_run_subject(s):
+    """run=RUN without benchmark=: an agent run's own environment (its config.yaml's env), else a task run's
+    held-out rows of its own data, scored like its eval/accuracy (run_task_benchmark). `s`: rlx eval's typed settings
+    (an EvalConfig), returned with its env or benchmark replaced."""
+    import dataclasses
+
+    from rlx.config.groups import Env
+    from rlx.config.settings import build
+
+    env = run_environment(s.run)
+    if env:
+        return dataclasses.replace(s, env=build(Env, OmegaConf.to_container(env, resolve=True)))
+    own = run_task_benchmark(s.run)
+    return dataclasses.replace(s, benchmark={own[0]: own[1]}) if own is not None else s

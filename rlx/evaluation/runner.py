@@ -34,6 +34,7 @@ from rlx.errors import UserError
 from rlx.evaluation.agents import per_task_values
 from rlx.evaluation.benchmarks import Benchmark
 from rlx.evaluation.progress import EvalProgress
+from rlx.evaluation.run_task import with_run_subject
 from rlx.evaluation.summary import per_problem_values, plot_pass_at_k, render_table, summarize, support_lines
 from rlx.rollout.backends import build_generator
 from rlx.rollout.hf import eos_ids
@@ -330,23 +331,6 @@ def _environment(s: EvalConfig):
     return f"env_{label}", factory, int(s.limit or env_cfg.eval_episodes)
 
 
-def _run_environment(run: str):
-    """The `env` config a training run played (its config.yaml), or None (not an agent run). The run's plugins
-    are imported first: an environment one of them registered is then found by its name."""
-    saved = Path(run).expanduser() / "config.yaml"
-    if not saved.is_file():
-        return None
-    config = OmegaConf.load(saved)
-    env = config.get("env")
-    if env:
-        from rlx.config.plugins import import_plugins
-
-        import_plugins(config.get("plugins"))
-        log.info("run=%s trained on env=%s: evaluating held-out episodes of it (benchmark=... evaluates benchmarks)",
-                 run, env.name)
-    return env or None
-
-
 def _hf_generator(model, tokenizer, sampling, logprobs: bool = True):
     from rlx.rollout.generator import HFGenerator
 
@@ -425,23 +409,8 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
     if not s.resume:
         write_run_files(out_dir, cfg, overrides)
     if s.run and s.env is None and not benchmark_given:
-        s = _with_run_subject(s)
+        s = with_run_subject(s)
     return _evaluate_settings(s, out_dir)
-
-
-def _with_run_subject(s: EvalConfig) -> EvalConfig:
-    """run=RUN without benchmark=: an agent run's own environment (its config.yaml's env), else a task run's
-    held-out rows of its own data, scored like its eval/accuracy (rlx/evaluation/run_task.py)."""
-    from rlx.config.groups import Env
-    from rlx.config.settings import build
-
-    env = _run_environment(s.run)
-    if env:
-        return dataclasses.replace(s, env=build(Env, OmegaConf.to_container(env, resolve=True)))
-    from rlx.evaluation.run_task import run_task_benchmark
-
-    own = run_task_benchmark(s.run)
-    return dataclasses.replace(s, benchmark={own[0]: own[1]}) if own is not None else s
 
 
 def _evaluate_settings(s: EvalConfig, out_dir: Path) -> dict:
