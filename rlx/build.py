@@ -16,7 +16,7 @@ import torch
 
 from rlx.algorithms.advantages import group_count
 from rlx.algorithms.preference import REFERENCE_FREE
-from rlx.config.async_rules import rank_zero_reason
+from rlx.config.async_rules import gathers_to_publish, rank_zero_reason
 from rlx.config.schema import TrainConfig
 from rlx.data.difficulty import DifficultySampler
 from rlx.data.tasks import PromptStream
@@ -159,6 +159,8 @@ def build_parts(s: TrainConfig, components: Components) -> Parts:
     if needs.value_model:
         parts.value_model, parts.value_optimizer = prepared[-2], prepared[-1]
         parts.checkpointed["value_scheduler"] = parts.value_scheduler
+    if isinstance(parts.generator, GatheredPublish):
+        parts.generator.prepared = parts.model  # the gather reads the prepared model (DeepSpeed's engine)
     parts.reference = lora.place_reference(reference, acc)
     if reference is not None:
         log.info("built: frozen reference (%s)", "the base with the adapter off" if lora.is_peft(acc.unwrap_model(parts.model))
@@ -199,10 +201,10 @@ def build_sampler(s, parts: Parts, needs: FamilyNeeds, follower: bool) -> tuple:
         parts.generator = build_generator(s.rollout, rollout_model, rollout_parts.tokenizer, s.seed)
         log.info("built: generator rollout=%s (%s)%s", s.rollout.backend, type(parts.generator).__name__,
                  " on a copy of the policy (pipeline mode)" if rollout_model is not parts.model else "")
-    if needs.generator and rank_zero_samples(s, acc) and s.hardware.distributed == "fsdp":  # before FSDP shards it
+    if needs.generator and gathers_to_publish(s):  # the copy is taken before FSDP / ZeRO-3 shard the policy
         shadow = copy.deepcopy(parts.model).eval().requires_grad_(False).cpu() if acc.process_index == 0 else None
         parts.generator = GatheredPublish(parts.generator, acc, shadow)
-        log.info("built: publishing gathers the full weights from the FSDP shards into rank 0's CPU copy of the policy")
+        log.info("built: publishing gathers the full weights from the shards into rank 0's CPU copy of the policy")
     return rollout_model, rollout_parts
 
 

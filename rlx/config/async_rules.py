@@ -21,8 +21,25 @@ def check_async_settings(cfg: TrainConfig, processes: int) -> None:
     refuse_first([*correction_problems(cfg.rollout), *stale_problems(cfg, processes), *rank_zero_problems(cfg, processes)])
 
 
-# the Accelerate strategies whose every rank holds the policy's full parameters (rank 0 publishes its own)
-FULL_PARAMETER_STRATEGIES = ("no", "ddp")
+def holds_full_parameters(hardware) -> bool:
+    """Whether every rank holds the policy's full parameters (rank 0 can sample with and publish its own): one
+    process, DDP, and DeepSpeed ZeRO-1/2 (which shard the optimizer state and gradients only); not FSDP or ZeRO-3."""
+    if hardware.distributed == "fsdp":
+        return False
+    return not (hardware.distributed == "deepspeed" and hardware.deepspeed.zero_stage == 3)
+
+
+def strategy_name(hardware) -> str:
+    """The hardware strategy as a user names it in a message (hardware.distributed, ZeRO's stage)."""
+    if hardware.distributed == "deepspeed":
+        return f"hardware=deepspeed_zero{hardware.deepspeed.zero_stage}"
+    return f"hardware.distributed={hardware.distributed}"
+
+
+def gathers_to_publish(cfg) -> bool:
+    """rollout=server where the policy's parameters are shards (FSDP2, ZeRO-3): each publish gathers the full weights
+    into rank 0's CPU copy of the policy (rlx/rollout/rank_zero.py GatheredPublish), which rank 0 publishes."""
+    return cfg.rollout.backend == "server" and not holds_full_parameters(cfg.hardware)
 
 
 def rank_zero_reason(cfg: TrainConfig, processes: int) -> str | None:
@@ -63,19 +80,16 @@ def rank_zero_problems(cfg: TrainConfig, processes: int) -> list[str]:
     what = rank_zero_reason(cfg, processes)
     if what is None:
         return []
-    strategy, roll = str(cfg.hardware.distributed), cfg.rollout
-    # rank 0 publishes to servers a full copy gathered from FSDP's shards; the pipeline's producer thread publishes
-    # from its own copy of the policy, which shards cannot give, and hf sampling runs rank 0's own (sharded) forward
-    gathered = strategy == "fsdp" and roll.backend == "server" and not roll.max_staleness
+    # rank 0 publishes to servers a full copy gathered from the shards (FSDP2, ZeRO-3); the pipeline's producer
+    # thread publishes from its own copy of the policy, which shards cannot give (check_sharded_settings refuses it)
     return broken([
         (cfg.algorithm.family not in SINGLE_TURN_FAMILIES,
          f"{what} with {processes} processes samples on rank 0 and shards its single-turn rows over the ranks, not "
          f"the rows of algorithm={cfg.algorithm.name} (family {cfg.algorithm.family}); set hardware.num_processes=1"),
-        (strategy not in FULL_PARAMETER_STRATEGIES and not gathered,
-         f"{what} with {processes} processes samples with rank 0's parameters (and publishes them after each "
-         f"update), and under hardware.distributed={strategy} they are shards (rank 0 gathers a full copy only to "
-         f"publish to servers: rollout=server with hardware=fsdp, without pipeline mode); use hardware=ddp or "
-         f"hardware.num_processes=1"),
+        (not holds_full_parameters(cfg.hardware) and cfg.rollout.backend != "server",
+         f"{what} with {processes} processes samples with rank 0's parameters, and under "
+         f"{strategy_name(cfg.hardware)} they are shards (rank 0 gathers a full copy only to publish to servers: "
+         f"rollout=server); use hardware=ddp or hardware.num_processes=1"),
         (knob_value(cfg.algorithm, "hints.enabled", False),
          f"algorithm.hints.enabled=true adds hinted re-samples to their groups, so a step's row count varies and does "
          f"not split evenly over {processes} processes; set hardware.num_processes=1 or algorithm.hints.enabled=false"),

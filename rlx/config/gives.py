@@ -16,7 +16,7 @@ class RolloutGives:
     background_thread: bool = False  # samples in a thread beside the trainer (rollout.max_staleness)
     unfiltered_logprobs: bool = False  # records the unfiltered log-probs under top-p/top-k (the off-policy correction)
     sharded_weights: bool = False  # reads the policy's weights when FSDP or DeepSpeed shard them
-    gathered_weights: bool = False  # takes a full copy gathered from FSDP's shards (rank 0 publishes it to servers)
+    gathered_weights: bool = False  # takes a full copy gathered from FSDP / ZeRO-3 shards (rank 0 publishes it)
 
 
 # rollout.backend -> what it gives: hf is the policy sampling itself; vllm an in-process engine; server its own process
