@@ -178,6 +178,16 @@ def test_a_ppo_knob_given_to_grpo_is_one_line_naming_ppo(capsys):
     check_overrides(["algorithm=ppo", "algorithm.vf_coef=0.1", "algorithm.gamma=0.9"])
 
 
+def test_a_knob_under_another_familys_section_names_the_section(capsys):
+    """`algorithm.replay.enabled=true` with an agent algorithm: the section (algorithm.replay) is the
+    policy-gradient family's, and the one line says so instead of "unknown key"."""
+    with pytest.raises(SystemExit) as info:
+        check_overrides(["algorithm=gigpo", "env=grid", "algorithm.replay.enabled=true"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == ("error: algorithm.replay is a policy_gradient / ppo knob; use algorithm=grpo or "
+                                       "ppo (or leave algorithm.replay out)\n")
+
+
 def test_the_registries_and_the_schema_name_the_same_choices():
     from rlx.build import LOOPS
     from rlx.config import groups as schema  # the fixed sets of names (rlx/config/groups.py)

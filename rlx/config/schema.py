@@ -409,12 +409,14 @@ def unknown_key_message(name: str, node, schema: type, config_name: str = "train
 
 
 def family_knob_message(name: str) -> str | None:
-    """For `algorithm.KEY` / `rollout.KEY` missing from the chosen option: the line naming who has it."""
+    """For `algorithm.KEY` / `rollout.KEY` (or a knob under it, `algorithm.replay.enabled`) missing from the chosen
+    option: the line naming who has KEY."""
     group, _, key = name.partition(".")
+    key = key.partition(".")[0]
     base = {"algorithm": Algorithm, "rollout": Rollout, "env": Env}.get(group)
-    if base is None or "." in key or not owners(base, key):
+    if base is None or not key or not owners(base, key):
         return None
-    return unknown_key_message(name, None, base)
+    return unknown_key_message(f"{group}.{key}", None, base)
 
 
 def _nearest(word: str, choices_: list[str]) -> str:
