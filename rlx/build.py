@@ -38,6 +38,7 @@ from rlx.rollout.episodes import EpisodeProducer, EpisodeSettings
 from rlx.rollout.generator import policy_generator
 from rlx.rollout.partial import PartialProducer, Rounds
 from rlx.rollout.pipeline import pipelined, rollout_copy
+from rlx.rollout.producers import AUTO, PRODUCERS
 from rlx.rollout.rank_zero import FollowerGenerator, GatheredPublish, RankZeroProducer, rank_zero_eval
 from rlx.rollout.single_turn import SingleTurnProducer, SingleTurnSettings
 from rlx.rollout.stages import StagePipeline, StageSettings, build_stages
@@ -209,13 +210,18 @@ def build_sampler(s, parts: Parts, needs: FamilyNeeds, follower: bool) -> tuple:
 
 
 def build_producer(s, parts: Parts, kind: str, sampler: tuple, follower: bool) -> None:
-    """parts.producer of `kind` (PRODUCERS) on the sampler's parts, then wrapped: pipeline mode samples ahead in
+    """parts.producer of `kind` (BUILT_IN_PRODUCERS, or rollout.producer's) on the sampler's parts, then wrapped: pipeline mode samples ahead in
     a thread (rlx/rollout/pipeline.py; parts.generator becomes the pipeline's), rank 0 broadcasts the batch."""
     acc = parts.accelerator
     rollout_model, rollout_parts = sampler
     rollout_parts.generator = parts.generator
-    parts.producer = PRODUCERS[kind](s, rollout_parts)
-    log.info("built: producer %s", kind)
+    own = s.rollout.producer != AUTO
+    parts.producer = (PRODUCERS[s.rollout.producer] if own else BUILT_IN_PRODUCERS[kind])(s, rollout_parts)
+    if getattr(parts.producer, "kind", None) != kind:  # the loop's credit reads the rows of its own kind
+        raise UserError(f"rollout.producer={s.rollout.producer} hands rows of kind "
+                        f"'{getattr(parts.producer, 'kind', None)}', and algorithm={s.algorithm.name} trains '{kind}' "
+                        f"rows; set the producer's kind to '{kind}' or pick another algorithm")
+    log.info("built: producer %s", s.rollout.producer if own else kind)
     if s.rollout.max_staleness and not follower:
         policy = acc.unwrap_model(parts.model)
         parts.producer, parts.generator = pipelined(s.rollout, parts.producer, parts.generator, rollout_model, policy,
@@ -314,8 +320,9 @@ def episode_eval(s, parts: Parts):
                              use_chat_template=s.model.chat_template, play_fn=play_fn, extra_metrics=extra_metrics)
 
 
-# the rows a loop trains on, and its held-out evaluation: FamilyNeeds.producer / .evaluator -> fn(settings, parts)
-PRODUCERS = {"single_turn": single_turn_producer, "episodes": episode_producer}
+# the rows a loop trains on (rollout.producer=auto), and its held-out evaluation: FamilyNeeds.producer / .evaluator ->
+# fn(settings, parts); a user's producer comes from rlx.rollout.producers.PRODUCERS (rollout.producer=NAME)
+BUILT_IN_PRODUCERS = {"single_turn": single_turn_producer, "episodes": episode_producer}
 EVALUATORS = {"task": task_eval, "episodes": episode_eval}
 
 

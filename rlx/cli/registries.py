@@ -36,6 +36,7 @@ from rlx.data.tasks import DATA_SOURCES
 from rlx.envs.registry import ENVIRONMENTS
 from rlx.gateway.tools import TOOL_PARSERS  # noqa: F401  (env.tool_parser's names: published, not a plugin kind)
 from rlx.registry import Registry, UnknownName
+from rlx.rollout.producers import PRODUCERS
 from rlx.rollout.publishers import PUBLISHERS
 from rlx.rollout.replay import TRIGGERS
 from rlx.rollout.stages import STAGES
@@ -84,6 +85,10 @@ KINDS = {
     "weight_publisher": Kind(PUBLISHERS, "rollout.server.publisher",
                              "a rlx.rollout.publishers.WeightPublisher subclass: (client, work_dir, settings); "
                              "start(model), publish(model, version) -> timings dict, close()"),
+    "producer": Kind(PRODUCERS, "rollout.producer",
+                     "fn(settings: TrainConfig, parts: Parts) -> a producer: kind ('single_turn' | 'episodes'), "
+                     "loss_width, produce(step) -> Batch, checkpointed() -> {name: state_dict-able}, "
+                     "records(batch, samples, count) -> list[dict]"),
     "stage": Kind(STAGES, "algorithm.stages",
                   "fn(settings: StageSettings) -> Stage | None (a Stage subclass): after_scoring(round, ctx, first_index) "
                   "-> round; after_step(rounds, stream, step) -> metrics dict; optional schedule, checkpointed"),

@@ -47,8 +47,9 @@ def rank_zero_reason(cfg: TrainConfig, processes: int) -> str | None:
     (rlx/rollout/rank_zero.py: rank 0 samples without collectives, broadcasts the batch, each rank trains its
     shard), or None when every rank samples its own shard (or there is one process). rollout=server: one fleet,
     driven over HTTP; pipeline mode: a producer thread cannot join collectives; partial rollouts: one pool of
-    carried groups; and, in the single-turn families, the producer's group stages, dynamic sampling and the
-    temperature schedule, which read a step's whole set of groups (and keep per-prompt state) as one process does."""
+    carried groups; a producer of the user's own (rollout.producer), which need not know about processes; and, in
+    the single-turn families, the producer's group stages, dynamic sampling and the temperature schedule, which read
+    a step's whole set of groups (and keep per-prompt state) as one process does."""
     roll, algo = cfg.rollout, cfg.algorithm
     if processes <= 1:
         return None
@@ -58,6 +59,8 @@ def rank_zero_reason(cfg: TrainConfig, processes: int) -> str | None:
         return f"rollout.max_staleness={roll.max_staleness}"
     if roll.partial:
         return "rollout.partial=true"
+    if roll.producer != "auto":  # a user's producer samples the global batch; it need not know about processes
+        return f"rollout.producer={roll.producer}"
     if algo.family not in SINGLE_TURN_FAMILIES:
         return None
     stages = producer_knobs_set(algo)
@@ -124,6 +127,9 @@ def stale_problems(cfg: TrainConfig, processes: int) -> list[str]:
     if not partial and roll.segment_tokens:
         return ["rollout.segment_tokens cuts partial rollouts into token-budget rounds; set rollout.partial=true (and "
                 "rollout.correction) or rollout.segment_tokens=0"]
+    if partial and roll.producer != "auto":
+        return [f"rollout.partial=true is rlx's partial-rollout producer, which rollout.producer={roll.producer} "
+                f"replaces; set one of them"]
     if not (staleness or partial):
         return []
     what = f"rollout.max_staleness={staleness}" if staleness else "rollout.partial=true"

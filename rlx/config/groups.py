@@ -51,6 +51,7 @@ DropStrategy = registry_names("DropStrategy", lambda: DROP_STRATEGIES)
 PromptSamplingMode = registry_names("PromptSamplingMode", lambda: published("prompt_sampling"))
 ReplayTrigger = registry_names("ReplayTrigger", lambda: published("replay_trigger"))
 TemperatureMode = registry_names("TemperatureMode", lambda: published("temperature_schedule"))
+ProducerName = registry_names("ProducerName", lambda: ["auto", *published("producer")])  # rollout.producer
 StageName = registry_names("StageName", lambda: published("stage"))  # algorithm.stages: a user's own producer stages
 Correction = registry_names("Correction", lambda: CORRECTIONS)  # rlx.algorithms.offpolicy.CORRECTIONS
 CorrectionLevel = registry_names("CorrectionLevel", lambda: CORRECTION_LEVELS)
@@ -209,6 +210,7 @@ class Rollout:
     partial: bool = field()
     partial_oversample: float = num(1)
     segment_tokens: int = num(0)
+    producer: ProducerName = field()
     temperature_schedule: TemperatureSchedule = field()
 
 

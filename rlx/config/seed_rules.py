@@ -63,8 +63,22 @@ def check_seed_settings(cfg: TrainConfig) -> None:
             (algo.family == "ppo" and ead, "rollout.temperature_schedule.mode=ead: the PPO loop scores at "
                                            "rollout.temperature; use algorithm=grpo (or another policy-gradient preset)"),
         ]),
+        *own_producer_problems(cfg),
         *not_wired_problems(cfg, "policy_gradient"),
     ])
+
+
+def own_producer_problems(cfg: TrainConfig) -> list[str]:
+    """The producer-level knobs (stages, dynamic sampling, the temperature schedule) act inside rlx's single-turn
+    producer; a producer of the user's own (rollout.producer) replaces it, so they would be ignored."""
+    roll, algo = cfg.rollout, cfg.algorithm
+    if roll.producer == "auto":
+        return []
+    knobs = [f"algorithm.{knob}" for knob, _, _ in producer_knobs_set(algo)]
+    knobs += ["algorithm.dynamic_sampling"] * bool(algo.dynamic_sampling)
+    knobs += ["rollout.temperature_schedule.mode"] * (roll.temperature_schedule.mode != "constant")
+    return [f"{knobs[0]} acts in rlx's single-turn producer, which rollout.producer={roll.producer} replaces (it would "
+            f"be ignored); leave it at its default, or rollout.producer=auto"] if knobs else []
 
 
 def check_agent_seed_settings(cfg: TrainConfig) -> None:
