@@ -170,10 +170,12 @@ def build_parts(s: TrainConfig, components: Components) -> Parts:
         build_producer(s, parts, needs.producer, (rollout_model, rollout_parts), follower)
     parts.checkpointer = Checkpointer.from_config(s, acc, parts.run_dir, lora=lora)  # a LoRA adapter in each checkpoint
     parts.metrics_log = MetricsLog(parts.run_dir, s.steps, s.log.progress, enabled=acc.is_main_process, tracker=acc)
-    if needs.evaluator is not None and rank_zero_samples(s, acc) and needs.evaluator == "task":
-        # rank 0 evaluates every held-out row through its generator (the others have none) and broadcasts the metrics
-        run_eval = task_eval(s, parts, alone=True) if not follower else None
-        parts.run_eval = rank_zero_eval(acc, run_eval, len(parts.eval_rows[: s.eval.size]))
+    if needs.evaluator is not None and rank_zero_samples(s, acc):
+        # rank 0 evaluates every held-out row (episode) through its generator (the others have none) and broadcasts
+        # the metrics; the task evaluation draws a seed per row from the torch RNG, which the other ranks draw too
+        run_eval = EVALUATORS[needs.evaluator](s, parts, alone=True) if not follower else None
+        rows = len(parts.eval_rows[: s.eval.size]) if needs.evaluator == "task" else 0
+        parts.run_eval = rank_zero_eval(acc, run_eval, rows)
         log.info("built: evaluator %s on rank 0", needs.evaluator)
     elif needs.evaluator is not None:
         parts.run_eval = EVALUATORS[needs.evaluator](s, parts)
@@ -314,9 +316,11 @@ def task_eval(s, parts: Parts, *, alone: bool = False):
                           parts.rewards, task_eval_settings(s))
 
 
-def episode_eval(s, parts: Parts):
+def episode_eval(s, parts: Parts, *, alone: bool = False):
+    """Held-out episodes of the env; `alone`: this process plays every one, without collectives (rank 0 when it
+    alone samples)."""
     play_fn, extra_metrics = player_for(s.env)
-    return episode_evaluator(parts.accelerator, parts.generator, parts.tokenizer, environment_factory(s.env), s.env,
+    return episode_evaluator(None if alone else parts.accelerator, parts.generator, parts.tokenizer, environment_factory(s.env), s.env,
                              use_chat_template=s.model.chat_template, play_fn=play_fn, extra_metrics=extra_metrics)
 
 

@@ -105,13 +105,13 @@ def test_what_still_runs_on_one_process_is_one_line():
            "rollout.server.urls=[http://127.0.0.1:9]"]
     check_run(check_overrides(ddp))  # allowed: rank 0 drives the server
     check_run(check_overrides([*ddp[:3], "rollout.max_staleness=1", "rollout.correction=tis"]))  # the hf pipeline too
-    # (rollout=server under FSDP is also refused by rlx/config/rules.py, after this rule)
     with pytest.raises(UserError, match=r"^rollout.max_staleness=1 with 2 processes samples with rank 0's parameters, and under "
                                         r"hardware.distributed=fsdp they are shards"):
         check_run(check_overrides(["hardware=fsdp", *ddp[1:3], "rollout.max_staleness=1", "rollout.correction=tis"]))
-    with pytest.raises(UserError, match=r"^rollout.max_staleness=1 with 2 processes samples on rank 0 .*single-turn"):
-        check_run(check_overrides(["algorithm=gigpo", "env=grid", *ddp[:3], "rollout.max_staleness=1",
-                                   "rollout.correction=tis"]))
+    # episodes too: rank 0 plays the global batch, each rank trains whole tasks (tests/test_stages_ddp.py)
+    check_run(check_overrides(["algorithm=gigpo", "env=grid", *ddp[:3], "rollout.max_staleness=1", "rollout.correction=tis"]))
+    with pytest.raises(UserError, match=r"^rollout=server with 2 processes samples on rank 0 .* trains from no producer"):
+        check_run(check_overrides(["algorithm=agent_sft", "env=grid", *ddp]))
     check_run(check_overrides([*ddp[:3], "rollout.partial=true", "rollout.correction=tis"]))  # rank 0 holds the pool
     with pytest.raises(UserError, match=r"^rollout.partial=true with 2 processes samples with rank 0's parameters"):
         check_run(check_overrides(["hardware=fsdp", *ddp[1:3], "rollout.partial=true", "rollout.correction=tis"]))

@@ -35,13 +35,14 @@ def _run_dir(tmp_path, name):
     return run
 
 
-def compare(tmp_path, extra):
+SINGLE_TURN = ["rollout.max_new_tokens=8", "algorithm.scale=batch", "eval.size=4",
+               "+reward.components.token._target_=tests.test_stages_ddp.token_reward", "+reward.components.token.weight=1.0"]
+
+
+def compare(tmp_path, extra, base=SINGLE_TURN):
     """Train `extra` on one process and on 2 DDP processes; assert what was sampled and decided is equal, the loss
     and weights equal within float32 reduction order. Returns both runs' metrics rows."""
-    args = ["steps=3", "prompts_per_step=4", "rollout.samples_per_prompt=4", "rollout.max_new_tokens=8",
-            "algorithm.scale=batch", "eval.every=3", "eval.size=4",
-            "+reward.components.token._target_=tests.test_stages_ddp.token_reward",
-            "+reward.components.token.weight=1.0", *extra]
+    args = ["steps=3", "prompts_per_step=4", "rollout.samples_per_prompt=4", "eval.every=3", *base, *extra]
     common = [*args, *SENSITIVE, *(q for q in QUIET if not q.startswith(("eval.every", "eval.size")))]
     for name, more in (("one", []), ("many", DDP)):
         result = run_rlx(["train", *common, f"name={name}", *more], tmp_path)
@@ -56,9 +57,8 @@ def compare(tmp_path, extra):
         for key in sorted(sampled):
             assert a[key] == b[key], (a["step"], key, a[key], b[key])
         assert abs(a["train/loss"] - b["train/loss"]) <= LOSS_TOL, (a["step"], a["train/loss"], b["train/loss"])
-    assert any(r["reward/total_std"] > 0 for r in rows["one"])  # the groups had a signal
     one, many = final_weights(tmp_path, "one"), final_weights(tmp_path, "many")
-    start = load_file(ASSETS_DIR / "tiny" / "model.safetensors")
+    start = load_file(ASSETS_DIR / ("tiny_agent" if "model.path=builtin:tiny_agent" in args else "tiny") / "model.safetensors")
     moved = max((one[k] - start[k]).abs().max().item() for k in one if k in start)
     gap = max((one[k] - many[k]).abs().max().item() for k in one)
     assert moved > 1e-5, f"training did not move the weights ({moved:.2e}); the comparison would prove nothing"
@@ -73,6 +73,7 @@ def test_seed_stages_and_dynamic_sampling_on_two_processes_match_one(tmp_path):
     rows, _ = compare(tmp_path, ["algorithm.verifier_noise.fp_rate=0.3", "algorithm.replay.enabled=true",
                                  "algorithm.prompt_sampling.mode=hard", "algorithm.dynamic_sampling=true",
                                  "algorithm.max_sample_batches=2"])
+    assert any(r["reward/total_std"] > 0 for r in rows)  # the groups had a signal
     assert any(key.startswith(("noise/", "verifier_noise/")) for key in rows[0]), sorted(rows[0])
 
 
@@ -81,6 +82,7 @@ def test_partial_rollouts_in_rounds_on_two_processes_match_one(tmp_path):
     """Partial rollouts in token-budget rounds: rank 0 holds the pool of carried groups; rounds.jsonl (written by
     rank 0) records the same rounds as one process's."""
     rows, _ = compare(tmp_path, ["rollout.partial=true", "rollout.correction=tis", "rollout.segment_tokens=4"])
+    assert any(r["reward/total_std"] > 0 for r in rows)  # the groups had a signal
     assert any(r["rollout/partial_carried_frac"] > 0 for r in rows)  # groups were carried across steps
 
     def rounds(name):
@@ -88,3 +90,13 @@ def test_partial_rollouts_in_rounds_on_two_processes_match_one(tmp_path):
                 for line in (_run_dir(tmp_path, name) / "rounds.jsonl").read_text().splitlines()]
 
     assert rounds("one") == rounds("many") and len(rounds("one")) > 3
+
+
+@pytest.mark.slow  # ~90 s on 2 shared cores
+def test_episodes_in_pipeline_mode_on_two_processes_match_one(tmp_path):
+    """The agent family in pipeline mode: rank 0 plays the global batch of episodes (and the held-out ones) and
+    broadcasts it; each rank trains whole tasks (rlx/rollout/rank_zero.py shard_episodes)."""
+    rows, _ = compare(tmp_path, ["rollout.max_staleness=1", "rollout.correction=tis"],
+                      base=["algorithm=agent_grpo", "env=grid", "model.path=builtin:tiny_agent", "data.source=none",
+                            "env.eval_episodes=4"])
+    assert all("env/return" in r for r in rows) and "eval/success" in rows[-1]

@@ -78,17 +78,19 @@ def rank_zero_reason(cfg: TrainConfig, processes: int) -> str | None:
 
 def rank_zero_problems(cfg: TrainConfig, processes: int) -> list[str]:
     """Several processes where rank 0 alone samples the global batch and broadcasts it (rank_zero_reason). What that
-    needs: single-turn rows (the shard of a batch of episodes is not built), every rank holding the full parameters
-    (rank 0 samples with, and publishes, its own), and a row count that splits evenly over the processes."""
+    needs: a family trained from a producer (single-turn rows or episodes, sharded by whole tasks), every rank
+    holding the full parameters (rank 0 samples with, and publishes, its own), and a row count that splits evenly
+    over the processes."""
     what = rank_zero_reason(cfg, processes)
     if what is None:
         return []
     # rank 0 publishes to servers a full copy gathered from the shards (FSDP2, ZeRO-3); the pipeline's producer
     # thread publishes from its own copy of the policy, which shards cannot give (check_sharded_settings refuses it)
     return broken([
-        (cfg.algorithm.family not in SINGLE_TURN_FAMILIES,
-         f"{what} with {processes} processes samples on rank 0 and shards its single-turn rows over the ranks, not "
-         f"the rows of algorithm={cfg.algorithm.name} (family {cfg.algorithm.family}); set hardware.num_processes=1"),
+        (cfg.algorithm.family not in PRODUCER_FAMILIES,
+         f"{what} with {processes} processes samples on rank 0 and shards its rows (single-turn samples or episodes) "
+         f"over the ranks, and algorithm={cfg.algorithm.name} (family {cfg.algorithm.family}) trains from no producer; "
+         f"set hardware.num_processes=1"),
         (not holds_full_parameters(cfg.hardware) and cfg.rollout.backend != "server",
          f"{what} with {processes} processes samples with rank 0's parameters, and under "
          f"{strategy_name(cfg.hardware)} they are shards (rank 0 gathers a full copy only to publish to servers: "

@@ -2,7 +2,8 @@
 turn by turn through the generator (rlx/rollout/env.py), handed to the policy-gradient loop as a `Batch` around
 one `Rollout` (the multi-turn counterpart of rollout/single_turn.py). With several processes each plays its
 contiguous shard of the tasks (all G episodes of a task on one process; an episode depends only on its seeds),
-and the episodes are gathered so the credit rule sees the global batch.
+and the episodes are gathered so the credit rule sees the global batch. Built without an accelerator (acc None:
+rank 0 alone plays the global batch for every rank, rlx/rollout/rank_zero.py), it plays every task, no collective.
 """
 
 from __future__ import annotations
@@ -88,13 +89,13 @@ class EpisodeProducer:
 
     def produce(self, step: int) -> Batch:
         group = self.group_size
-        tasks = shard(self.prompts_per_step, self.acc)
+        tasks = shard(self.prompts_per_step, self.acc) if self.acc is not None else slice(0, self.prompts_per_step)
         mine = range(tasks.start * group, tasks.stop * group)  # this process's global episode indices
         env_seeds = [train_env_seed(self.seed, step, i // group) for i in mine]
         sample_seeds = [sample_seed(self.seed, step, i) for i in mine]
         episodes = self.play(self.generator, self.tokenizer, self.factory, self.limits, env_seeds, sample_seeds,
                              TurnDecoding(greedy=False, use_chat_template=self.use_chat_template))
-        all_episodes = gather_object(episodes)  # every process's episodes, in global order
+        all_episodes = gather_object(episodes) if self.acc is not None else episodes  # global order
         version = getattr(self.generator, "version", 0) or 0
         rows, row_episode = training_rows(episodes)  # a harness session's fork rows join the batch
         rollout = Rollout.from_episodes(rows, self.tokenizer.pad_token_id, [version] * len(rows))
@@ -108,7 +109,7 @@ class EpisodeProducer:
             "completions/tokens_per_episode": sum(sum(e.loss_mask) for e in all_episodes) / n,
             **(self.extra_metrics(all_episodes, "env") if self.extra_metrics is not None else {}),
         }
-        if self.acc.is_main_process:
+        if self.acc is None or self.acc.is_main_process:
             self.budget_watch.observe(step, all_episodes)
         return Batch(rollout, returns, group, fixed_groups(returns.numel(), group), no_verdicts(),
                      EpisodeRows(all_episodes, row_episode), SameContext(), slice(mine.start, mine.stop), metrics)

@@ -32,7 +32,7 @@ from dataclasses import replace
 
 import torch
 
-from rlx.rollout.types import Batch, HintedContext, PromptRows
+from rlx.rollout.types import Batch, EpisodeRows, HintedContext, PromptRows
 
 
 def broadcast_object(obj, acc):
@@ -47,6 +47,8 @@ def broadcast_object(obj, acc):
 def shard_batch(batch: Batch, acc) -> Batch:
     """This rank's contiguous shard of a global Batch (rows r*n .. (r+1)*n of N = n x processes): the rollout,
     the rows' sources and sampling context; rewards, groups and verdicts stay global."""
+    if isinstance(batch.source, EpisodeRows):
+        return shard_episodes(batch, acc)
     total, processes = batch.rewards.numel(), acc.num_processes
     if total % processes or len(batch.rollout) != total:
         raise RuntimeError(f"rank 0's batch of {total} rows ({len(batch.rollout)} in its rollout) does not split "
@@ -62,6 +64,23 @@ def shard_batch(batch: Batch, acc) -> Batch:
         context = HintedContext(context.rollout.select(index))
     return replace(batch, rollout=batch.rollout.select(index), local=local, context=context,
                    source=PromptRows(source.rows[local], source.prompts[local]))
+
+
+def shard_episodes(batch: Batch, acc) -> Batch:
+    """This rank's shard of a global batch of episodes: episodes r*n .. (r+1)*n (whole tasks: n is a multiple of the
+    group size, as prompts_per_step splits over the processes), their rows in the order the sharded episode producer
+    gives them (the episodes, then each one's fork rows), row_episode counted from the shard's first episode."""
+    source, processes = batch.source, acc.num_processes
+    episodes = len(source.episodes)
+    if episodes % processes or batch.rewards.numel() != episodes:
+        raise RuntimeError(f"rank 0's batch of {episodes} episodes does not split over {processes} processes")
+    per = episodes // processes
+    local = slice(acc.process_index * per, (acc.process_index + 1) * per)
+    owner = source.row_episode  # (R,) the episode of each global row: the episodes first, then their forks
+    mine = (owner >= local.start) & (owner < local.stop)
+    index = torch.cat([torch.arange(local.start, local.stop), torch.nonzero(mine).flatten()[per:]])
+    return replace(batch, rollout=batch.rollout.select(index), local=local,
+                   source=EpisodeRows(source.episodes, owner[index] - local.start))
 
 
 class _NotSaved:
@@ -163,7 +182,8 @@ def rank_zero_eval(acc, run_eval, rows: int):
             metrics = run_eval(step)
         else:
             metrics = None
-            torch.randint(0, 2**31 - 1, (rows,))
+            if rows:
+                torch.randint(0, 2**31 - 1, (rows,))
         return broadcast_object(metrics, acc)
 
     return evaluate

@@ -34,14 +34,16 @@ def episode_evaluator(acc, generator, tokenizer, factory, limits, *, use_chat_te
                       extra_metrics=None):
     """run_eval(step) -> eval/* metrics: `limits.eval_episodes` held-out episodes (environment seeds from
     EVAL_SEED_BASE), greedy when `limits.eval_greedy`, split over processes and gathered; played by `generator`
-    (the policy itself, or the engine holding the weights published after the last update)."""
+    (the policy itself, or the engine holding the weights published after the last update). acc None: this process
+    plays every episode, no collective (rank 0 when it alone samples, rlx/rollout/rank_zero.py)."""
     eval_seeds = [EVAL_SEED_BASE + k for k in range(limits.eval_episodes)]
 
     def run_eval(step: int) -> dict:
-        mine = list(range(acc.process_index, len(eval_seeds), acc.num_processes))  # this process's episodes
+        mine = (list(range(acc.process_index, len(eval_seeds), acc.num_processes)) if acc is not None
+                else list(range(len(eval_seeds))))  # this process's episodes
         episodes = play_fn(generator, tokenizer, factory, limits, [eval_seeds[k] for k in mine], mine,
                            TurnDecoding(greedy=limits.eval_greedy, use_chat_template=use_chat_template))
-        episodes = gather_object(episodes)
+        episodes = gather_object(episodes) if acc is not None else episodes
         return {**episode_metrics(episodes, "eval"), **(extra_metrics(episodes, "eval") if extra_metrics else {})}
 
     return run_eval
