@@ -64,8 +64,8 @@ def check_run(cfg: DictConfig) -> TrainConfig:
 @dataclass(frozen=True)
 class Command:
     """One `rlx train` in this process: `settings`, what everything from the rules on reads, and what the run
-    directory records: `composed`, the composed config (config.yaml, the trackers' hyper-parameters), and
-    `overrides`, the command line's (overrides.yaml; the worker processes compose their settings from them)."""
+    directory records: `composed`, the composed config (config.yaml, and what a resume changed in resumes.jsonl),
+    and `overrides`, the command line's (overrides.yaml; the worker processes compose their settings from them)."""
 
     settings: TrainConfig
     composed: DictConfig
