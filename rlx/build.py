@@ -216,7 +216,8 @@ def build_producer(s, parts: Parts, kind: str, sampler: tuple, follower: bool) -
     a thread (rlx/rollout/pipeline.py; parts.generator becomes the pipeline's), rank 0 broadcasts the batch."""
     acc = parts.accelerator
     rollout_model, rollout_parts = sampler
-    rollout_parts.generator = parts.generator
+    # the producer samples through the generator itself; the gather around it (GatheredPublish) is the trainer's publish
+    rollout_parts.generator = parts.generator.inner if isinstance(parts.generator, GatheredPublish) else parts.generator
     own = s.rollout.producer != AUTO
     parts.producer = (PRODUCERS[s.rollout.producer] if own else BUILT_IN_PRODUCERS[kind])(s, rollout_parts)
     if getattr(parts.producer, "kind", None) != kind:  # the loop's credit reads the rows of its own kind
@@ -226,8 +227,14 @@ def build_producer(s, parts: Parts, kind: str, sampler: tuple, follower: bool) -
     log.info("built: producer %s", s.rollout.producer if own else kind)
     if s.rollout.max_staleness and not follower:
         policy = acc.unwrap_model(parts.model)
-        parts.producer, parts.generator = pipelined(s.rollout, parts.producer, parts.generator, rollout_model, policy,
-                                                    policy_generator(policy, parts.tokenizer, s.rollout), s.steps)
+        gathered = parts.generator if isinstance(parts.generator, GatheredPublish) else None
+        # sharded weights: the pipeline's producer thread samples with its own copy and never joins the gather, which
+        # stays outermost on the trainer thread; evaluation samples rank 0's gathered copy of the current policy
+        current = policy_generator(gathered.shadow if gathered else policy, parts.tokenizer, s.rollout)
+        parts.producer, parts.generator = pipelined(s.rollout, parts.producer, gathered.inner if gathered else
+                                                    parts.generator, rollout_model, policy, current, s.steps)
+        if gathered is not None:
+            gathered.inner, parts.generator = parts.generator, gathered
         log.info("built: pipeline, batches sampled up to %d update(s) behind the trainer", s.rollout.max_staleness)
     if rank_zero_samples(s, acc):
         parts.producer = RankZeroProducer(parts.producer, acc, ["pipeline"] if s.rollout.max_staleness else None)
@@ -309,9 +316,11 @@ def episode_producer(s, parts: Parts) -> EpisodeProducer:
 
 def task_eval(s, parts: Parts, *, alone: bool = False):
     """Held-out task rows decoded through the generator of rollout.backend (eval_generator), greedily; `alone`: this
-    process evaluates every row, without collectives (rank 0 when it alone samples)."""
-    generator = eval_generator(s.rollout.backend, parts.generator, parts.accelerator.unwrap_model(parts.model),
-                               parts.tokenizer, s.eval.batch_size)
+    process evaluates every row, without collectives (rank 0 when it alone samples; with sharded weights it decodes
+    its gathered copy of the current policy, whose forward is no collective)."""
+    gathered = isinstance(parts.generator, GatheredPublish) and parts.generator.shadow is not None and alone
+    policy = parts.generator.shadow if gathered else parts.accelerator.unwrap_model(parts.model)
+    generator = eval_generator(s.rollout.backend, parts.generator, policy, parts.tokenizer, s.eval.batch_size)
     return task_evaluator(None if alone else parts.accelerator, generator, parts.tokenizer, parts.eval_rows[: s.eval.size],
                           parts.rewards, task_eval_settings(s))
 

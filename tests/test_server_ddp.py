@@ -105,9 +105,11 @@ def test_what_still_runs_on_one_process_is_one_line():
            "rollout.server.urls=[http://127.0.0.1:9]"]
     check_run(check_overrides(ddp))  # allowed: rank 0 drives the server
     check_run(check_overrides([*ddp[:3], "rollout.max_staleness=1", "rollout.correction=tis"]))  # the hf pipeline too
-    with pytest.raises(UserError, match=r"^rollout.max_staleness=1 with 2 processes samples with rank 0's parameters, and under "
-                                        r"hardware.distributed=fsdp they are shards"):
-        check_run(check_overrides(["hardware=fsdp", *ddp[1:3], "rollout.max_staleness=1", "rollout.correction=tis"]))
+    # under FSDP: pipeline mode samples with its own copy (gathered weights); rank 0's own shards cannot sample
+    check_run(check_overrides(["hardware=fsdp", *ddp[1:3], "rollout.max_staleness=1", "rollout.correction=tis"]))
+    with pytest.raises(UserError, match=r"^algorithm.replay.enabled=true with 2 processes samples with rank 0's "
+                                        r"parameters, and under hardware.distributed=fsdp they are shards"):
+        check_run(check_overrides(["hardware=fsdp", *ddp[1:3], "algorithm.replay.enabled=true"]))
     # episodes too: rank 0 plays the global batch, each rank trains whole tasks (tests/test_stages_ddp.py)
     check_run(check_overrides(["algorithm=gigpo", "env=grid", *ddp[:3], "rollout.max_staleness=1", "rollout.correction=tis"]))
     with pytest.raises(UserError, match=r"^rollout=server with 2 processes samples on rank 0 .* trains from no producer"):
@@ -133,9 +135,8 @@ def test_server_rollouts_under_fsdp_on_two_processes_match_one(tmp_path):
 
 
 def test_which_strategies_publish_gathered_weights():
-    """rollout=server publishes a full copy gathered from FSDP2 or ZeRO-3 shards (on one process too: FSDP always
-    shards); ZeRO-1/2 hold full parameters, so rank 0 publishes its own; pipeline mode under a sharded strategy, and
-    rank 0 sampling with its own sharded weights (the hf pipeline), are refused in one line."""
+    """rollout=server and pipeline mode publish a full copy gathered from FSDP2 or ZeRO-3 shards (on one process
+    too: FSDP always shards); ZeRO-1/2 hold full parameters, so rank 0 publishes its own."""
     from rlx.cli.training import check_run
     from rlx.config.async_rules import gathers_to_publish, holds_full_parameters
 
@@ -151,9 +152,8 @@ def test_which_strategies_publish_gathered_weights():
 
             s = checked_settings(check_overrides([*server, *hardware]))
         assert gathers_to_publish(s) is gathered and holds_full_parameters(s.hardware) is not gathered, hardware
-    with pytest.raises(UserError, match=r"^rollout.max_staleness=1 with rollout=server publishes from the producer "
-                                        r"thread's own copy .* hardware.distributed=fsdp's shards"):
-        check_run(check_overrides([*server, *fsdp, "rollout.max_staleness=1", "rollout.correction=tis"]))
+    s = check_run(check_overrides([*server, *fsdp, "rollout.max_staleness=1", "rollout.correction=tis"]))
+    assert gathers_to_publish(s)  # the pipeline's copy is given the gathered weights too
 
 
 @pytest.mark.slow  # ~2.5 min on 2 shared cores (DeepSpeed's start-up)
@@ -168,3 +168,11 @@ def test_server_rollouts_under_zero3_on_two_processes_match_one(tmp_path):
     final = final_weights(tmp_path, "many")
     common = [k for k in final if k in served]
     assert len(common) >= len(final) - 1 and all(torch.equal(final[k], served[k]) for k in common)
+
+
+@pytest.mark.slow  # ~60 s on 2 shared cores
+def test_hf_pipeline_under_fsdp_on_two_processes_matches_one(tmp_path):
+    """Pipeline mode under FSDP2: each publish gathers the full weights into rank 0's copy, which the producer
+    thread's own copy of the policy loads between batches; the evaluation samples rank 0's gathered copy."""
+    rows, _ = compare(tmp_path, ["rollout.max_staleness=1", "rollout.correction=tis"], many=FSDP)
+    assert rows[1]["rollout/staleness_max"] == 1.0

@@ -37,9 +37,11 @@ def strategy_name(hardware) -> str:
 
 
 def gathers_to_publish(cfg) -> bool:
-    """rollout=server where the policy's parameters are shards (FSDP2, ZeRO-3): each publish gathers the full weights
-    into rank 0's CPU copy of the policy (rlx/rollout/rank_zero.py GatheredPublish), which rank 0 publishes."""
-    return cfg.rollout.backend == "server" and not holds_full_parameters(cfg.hardware)
+    """rollout=server or pipeline mode where the policy's parameters are shards (FSDP2, ZeRO-3): each publish gathers
+    the full weights into rank 0's CPU copy of the policy (rlx/rollout/rank_zero.py GatheredPublish), which rank 0
+    publishes to the servers or hands to the pipeline's own copy of the policy."""
+    return (cfg.rollout.backend == "server" or bool(cfg.rollout.max_staleness)) and not holds_full_parameters(
+        cfg.hardware)
 
 
 def rank_zero_reason(cfg: TrainConfig, processes: int) -> str | None:
@@ -84,17 +86,17 @@ def rank_zero_problems(cfg: TrainConfig, processes: int) -> list[str]:
     what = rank_zero_reason(cfg, processes)
     if what is None:
         return []
-    # rank 0 publishes to servers a full copy gathered from the shards (FSDP2, ZeRO-3); the pipeline's producer
-    # thread publishes from its own copy of the policy, which shards cannot give (check_sharded_settings refuses it)
+    # under FSDP2 / ZeRO-3 rank 0 samples through servers or the pipeline's own full copy of the policy, each given
+    # the weights gathered from the shards (gathers_to_publish); its own sharded policy cannot sample alone
     return broken([
         (cfg.algorithm.family not in PRODUCER_FAMILIES,
          f"{what} with {processes} processes samples on rank 0 and shards its rows (single-turn samples or episodes) "
          f"over the ranks, and algorithm={cfg.algorithm.name} (family {cfg.algorithm.family}) trains from no producer; "
          f"set hardware.num_processes=1"),
-        (not holds_full_parameters(cfg.hardware) and cfg.rollout.backend != "server",
+        (not holds_full_parameters(cfg.hardware) and not gathers_to_publish(cfg),
          f"{what} with {processes} processes samples with rank 0's parameters, and under "
-         f"{strategy_name(cfg.hardware)} they are shards (rank 0 gathers a full copy only to publish to servers: "
-         f"rollout=server); use hardware=ddp or hardware.num_processes=1"),
+         f"{strategy_name(cfg.hardware)} they are shards (rank 0 gathers a full copy only for servers or pipeline "
+         f"mode: rollout=server or rollout.max_staleness); use hardware=ddp or hardware.num_processes=1"),
         (knob_value(cfg.algorithm, "hints.enabled", False),
          f"algorithm.hints.enabled=true adds hinted re-samples to their groups, so a step's row count varies and does "
          f"not split evenly over {processes} processes; set hardware.num_processes=1 or algorithm.hints.enabled=false"),

@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 
 from rlx.algorithms.advantages import group_count
-from rlx.config.async_rules import holds_full_parameters, strategy_name
 from rlx.config.groups import ROLLOUT_GIVES, Hardware
 from rlx.config.needs import broken, check_credit_needs, check_entry_needs, refuse_first
 from rlx.config.schema import TrainConfig
@@ -162,10 +161,6 @@ def check_sharded_settings(cfg: TrainConfig) -> None:
          and not ROLLOUT_GIVES[cfg.rollout.backend].gathered_weights,
          f"rollout={cfg.rollout.backend} reads the full policy weights after each update, not run under {engine} yet; "
          f"use rollout=hf, rollout=server or hardware=ddp"),
-        (not holds_full_parameters(hw) and cfg.rollout.backend == "server" and cfg.rollout.max_staleness,
-         f"rollout.max_staleness={cfg.rollout.max_staleness} with rollout=server publishes from the producer thread's "
-         f"own copy of the policy, which {strategy_name(hw)}'s shards cannot give; use hardware=ddp (or "
-         f"deepspeed_zero2) or rollout.max_staleness=0"),
         (fsdp and cfg.model.dtype in ("bfloat16", "float16") and hw.mixed_precision == "no",
          f"hardware=fsdp with model.dtype={cfg.model.dtype} and hardware.mixed_precision=no would step "
          f"{cfg.model.dtype} weights without fp32 master copies; set hardware.mixed_precision=bf16 (FSDP2 then trains "
