@@ -68,14 +68,19 @@ def rank_zero_reason(cfg: TrainConfig, processes: int) -> str | None:
     stages = producer_knobs_set(algo)
     if stages:
         knob, _, value = stages[0]
-        shown = f"[{','.join(str(v) for v in value)}]" if isinstance(value, list) else str(value).lower() if isinstance(
-            value, bool) else value
-        return f"algorithm.{knob}={shown}"
+        return f"algorithm.{knob}={as_written(value)}"
     if algo.dynamic_sampling:
         return "algorithm.dynamic_sampling=true"
     if roll.temperature_schedule.mode != "constant":
         return f"rollout.temperature_schedule.mode={roll.temperature_schedule.mode}"
     return None
+
+
+def as_written(value) -> str:
+    """A knob's value as a command line writes it: [a,b] for a list, true/false for a bool."""
+    if isinstance(value, list):
+        return f"[{','.join(str(v) for v in value)}]"
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def rank_zero_problems(cfg: TrainConfig, processes: int) -> list[str]:
