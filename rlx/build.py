@@ -36,6 +36,7 @@ from rlx.rewards.overlong import with_overlong_penalty
 from rlx.rollout.backends import build_generator, eval_generator
 from rlx.rollout.episodes import EpisodeProducer, EpisodeSettings
 from rlx.rollout.generator import policy_generator
+from rlx.rollout.overlap import StepOverlap
 from rlx.rollout.partial import PartialProducer, Rounds
 from rlx.rollout.pipeline import pipelined, rollout_copy
 from rlx.rollout.producers import AUTO, PRODUCERS
@@ -231,8 +232,13 @@ def build_producer(s, parts: Parts, kind: str, sampler: tuple, follower: bool) -
         # sharded weights: the pipeline's producer thread samples with its own copy and never joins the gather, which
         # stays outermost on the trainer thread; evaluation samples rank 0's gathered copy of the current policy
         current = policy_generator(gathered.shadow if gathered else policy, parts.tokenizer, s.rollout)
-        parts.producer, parts.generator = pipelined(s.rollout, parts.producer, gathered.inner if gathered else
-                                                    parts.generator, rollout_model, policy, current, s.steps)
+        inner, sampler_generator = parts.producer, gathered.inner if gathered else parts.generator
+        parts.producer, parts.generator = pipelined(s.rollout, inner, sampler_generator, rollout_model, policy, current,
+                                                    s.steps)
+        if getattr(getattr(s.rollout, "server", None), "overlap_steps", False):  # rounds of two steps at once
+            inner.overlap = StepOverlap(sampler_generator, parts.producer.weights_ahead,
+                                        s.rollout.server.per_server_concurrency)
+            log.info("built: rounds overlap across steps on servers of two weight versions (rollout.server.overlap_steps)")
         if gathered is not None:
             gathered.inner, parts.generator = parts.generator, gathered
         log.info("built: pipeline, batches sampled up to %d update(s) behind the trainer", s.rollout.max_staleness)

@@ -8,6 +8,10 @@ each (greedy: [7, stop]), so any server of a fleet draws the same tokens.
 mode: ok | garbage (completions answer nonsense) | hang (completions never answer in time) | fail_first (the
 first `failures` completion requests get HTTP 500) | variant (batch-variant kernels: a completion answered while
 another is in flight draws its first token one higher). slow_s: each completion waits that long (load to route by).
+versioned: the draw depends on the weight version the fake was stamped with (its seed moved by 7919 per version),
+so a row drawn by a server of the wrong version differs. tail (> 0): a completion's length before the stop is
+1 + (seed // 3) % tail tokens (a long tail of lengths for rounds); per_token_s: each token it answers adds that
+long (decoding time).
 """
 
 from __future__ import annotations
@@ -19,13 +23,19 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
-def completion_ids(seed: int | None) -> list[int]:
-    return [7] if seed is None else [3 + seed % 40, 4 + seed % 40]
+def completion_ids(seed: int | None, tail: int = 0) -> list[int]:
+    if seed is None:
+        return [7]
+    if tail:
+        return [3 + (seed + k) % 40 for k in range(1 + (seed // 3) % tail)]
+    return [3 + seed % 40, 4 + seed % 40]
 
 
 class FakeVLLM:
-    def __init__(self, mode="ok", failures=0, hang_s=5.0, slow_s=0.0, port=0, host="127.0.0.1"):
+    def __init__(self, mode="ok", failures=0, hang_s=5.0, slow_s=0.0, port=0, host="127.0.0.1", versioned=False,
+                 tail=0, per_token_s=0.0):
         self.mode, self.failures, self.hang_s, self.slow_s = mode, failures, hang_s, slow_s
+        self.versioned, self.tail, self.per_token_s = versioned, tail, per_token_s
         self.requests, self.version, self.lock = [], None, threading.Lock()
         self.in_flight = self.most_in_flight = 0
         self.host, self.http = host, None
@@ -125,10 +135,14 @@ def _answer(fake: FakeVLLM, body: dict, completions: int, crowded: bool) -> tupl
     if body.get("prompt_logprobs") is not None:
         positions = [None] + [{str(t): {"logprob": -0.5}} for t in body["prompt"][1:]]
         return 200, {"choices": [{"prompt_logprobs": positions, "token_ids": [7]}]}
-    ids = completion_ids(body["seed"])
+    seed = body["seed"]
+    if fake.versioned and seed is not None:
+        seed += 7919 * int(fake.version or 0)
+    ids = completion_ids(seed, fake.tail)
     if fake.mode == "variant" and crowded:
         ids = [ids[0] + 1, *ids[1:]]
     ids = (ids + body["stop_token_ids"][:1])[: body["max_tokens"]]
+    time.sleep(fake.per_token_s * len(ids))
     return 200, {"choices": [{"token_ids": ids, "logprobs": {"token_logprobs": [-0.25] * len(ids)}}]}
 
 

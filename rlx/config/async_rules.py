@@ -18,7 +18,8 @@ def check_async_settings(cfg: TrainConfig, processes: int) -> None:
     """The off-policy correction's knobs, then what asynchronous and partial rollouts need (a family with a producer,
     a correction, what the rollout backend gives), then what several processes allow when rank 0 alone samples
     (rollout=server, pipeline mode): one line naming the first problem and its fix."""
-    refuse_first([*correction_problems(cfg.rollout), *stale_problems(cfg, processes), *rank_zero_problems(cfg, processes)])
+    refuse_first([*correction_problems(cfg.rollout), *stale_problems(cfg, processes), *overlap_problems(cfg),
+                  *rank_zero_problems(cfg, processes)])
 
 
 def holds_full_parameters(hardware) -> bool:
@@ -105,6 +106,29 @@ def rank_zero_problems(cfg: TrainConfig, processes: int) -> list[str]:
         (knob_value(cfg.algorithm, "hints.enabled", False),
          f"algorithm.hints.enabled=true adds hinted re-samples to their groups, so a step's row count varies and does "
          f"not split evenly over {processes} processes; set hardware.num_processes=1 or algorithm.hints.enabled=false"),
+    ])
+
+
+def overlap_problems(cfg: TrainConfig) -> list[str]:
+    """The rows of rollout.server.overlap_steps (rlx/rollout/overlap.py): nothing when it is off."""
+    roll = cfg.rollout
+    server = getattr(roll, "server", None)
+    if server is None or not getattr(server, "overlap_steps", False):
+        return []
+    lora = cfg.model.lora.enabled and server.lora_push == "adapter"
+    stages = producer_knobs_set(cfg.algorithm)
+    return broken([
+        (not (roll.partial and roll.segment_tokens and roll.max_staleness),
+         "rollout.server.overlap_steps=true overlaps the token-budget rounds of consecutive steps sampled ahead of the "
+         "trainer; set rollout.partial=true rollout.segment_tokens=16 rollout.max_staleness=1 (and "
+         "rollout.correction=tis), or rollout.server.overlap_steps=false"),
+        (server.publisher not in ("auto", "file") or (server.publisher == "auto" and lora),
+         "rollout.server.overlap_steps=true keeps servers of two weight versions, which needs the file publisher "
+         "(it keeps the version before loadable); set rollout.server.publisher=file (LoRA: lora_push=merged)"),
+        (bool(stages), f"rollout.server.overlap_steps=true draws the next step's prompts while this step's seed stages "
+                       f"still run, and a stage may act on the prompt stream (algorithm."
+                       f"{stages[0][0] if stages else ''}={as_written(stages[0][2]) if stages else ''}); leave one of "
+                       f"them off"),
     ])
 
 

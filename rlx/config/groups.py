@@ -250,6 +250,7 @@ class ServerSettings:
     restarts: int = num(0)
     per_server_concurrency: int = num(1)
     min_servers: int = num(1)
+    overlap_steps: bool = field()
     strict: bool = field()
     invariance_probe_rows: int = num(0)
     invariance_probe_every: int = num(1)

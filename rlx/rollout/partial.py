@@ -43,9 +43,19 @@ from rlx.data.tasks import PromptStream
 from rlx.errors import RolloutServerError, UserError
 from rlx.rewards import RewardComponent
 from rlx.rollout.generator import Continuation
+from rlx.rollout.overlap import (
+    StepOverlap,
+    fresh_copy,
+    groups_completed,
+    round_tokens,
+    rounds_done,
+    settle,
+    start_marks,
+)
 from rlx.rollout.pipeline import staleness_metrics
 from rlx.rollout.prompts import format_prompts
 from rlx.rollout.sampling import sample_seed
+from rlx.rollout.server_client import NoServerAtVersion
 from rlx.rollout.single_turn import (
     SingleTurnSettings,
     round_batch,
@@ -84,6 +94,33 @@ def finishing_rule(pool: list[dict], rows: list[tuple[int, int]], target: int):
         return already + int(((missing > 0) & (done_now == missing)).sum()) >= target
 
     return enough
+
+
+def advance_rows(generator, pool: list[dict], rows: list[tuple[int, int]], continuation: Continuation, step: int,
+                 max_new_tokens: int, min_new_tokens: int) -> int:
+    """Continue `rows` ((group position, row) of `pool`) on `generator` as `continuation` says; their new tokens,
+    log-probs and per-token versions (the generator's version) go into the groups, and each row's round record
+    (marks) gets its new length. Returns the tokens drawn."""
+    out: Generation = generator.generate_ids(
+        [pool[g]["prompt_ids"] for g, _ in rows], max_new_tokens=max_new_tokens,
+        seeds=[pool[g]["seeds"][r] for g, r in rows], min_new_tokens=min_new_tokens, continuation=continuation)
+    version = int(getattr(generator, "version", 0) or 0)
+    drawn = 0
+    for (g, r), new, logprobs, stopped in zip(rows, out.ids, out.logprobs or [None] * len(rows), out.stopped):
+        group = pool[g]
+        group.setdefault("token_versions", [[] for _ in group["ids"]])[r] += [version] * len(new)
+        if new and group["versions"][r] is None:
+            group["versions"][r] = version
+        if group["first_step"] is None and new:
+            group["first_step"] = step
+        group["ids"][r] += list(new)
+        group["logprobs"][r] += list(logprobs) if logprobs is not None else [0.0] * len(new)
+        group["stopped"][r] = bool(stopped)
+        group["finished"][r] = bool(stopped) or len(group["ids"][r]) >= max_new_tokens
+        if "marks" in group:
+            group["marks"][r].append(len(group["ids"][r]))
+        drawn += len(new)
+    return drawn
 
 
 @dataclass
@@ -132,6 +169,9 @@ class PartialProducer:
         self.on_error, self.accuracy_key, self.total_steps = s.on_error, s.accuracy_key, s.total_steps
         self.pool: list[dict] = []  # groups in flight, in draw order
         self.next_index = 0  # draw index of the next fresh group
+        self.ahead: list[dict] = []  # the next step's fresh groups, drawn early (rollout.server.overlap_steps)
+        self.overlap: StepOverlap | None = None  # set by the pipeline with rollout.server.overlap_steps
+        self.dropped = 0  # tokens drawn ahead past the step's last round and cut back (this step)
         self.unscheduled(1)
 
     @property
@@ -143,25 +183,39 @@ class PartialProducer:
         return {"data": self.stream, "partial": self, **(self.stages.checkpointed() if self.stages is not None else {})}
 
     def state_dict(self) -> dict:
-        return {"pool": copy.deepcopy(self.pool), "next_index": self.next_index}
+        """The pool, the next draw index, and the groups drawn ahead for the next step (as drawn: what a lane drew
+        for them is not kept, the resumed run draws it again)."""
+        return {"pool": copy.deepcopy(self.pool), "next_index": self.next_index,
+                "ahead": [fresh_copy(g) for g in self.ahead]}
 
     def load_state_dict(self, state: dict) -> None:
         self.pool, self.next_index = copy.deepcopy(state["pool"]), int(state["next_index"])
+        self.ahead = copy.deepcopy(state.get("ahead", []))
 
     def _refill(self, step: int) -> int:
-        """Fresh groups up to `in_flight`; returns how many were drawn."""
+        """Fresh groups up to `in_flight` (those drawn ahead for this step first); returns how many were drawn."""
         fresh = self.in_flight - len(self.pool)
         if fresh <= 0:
             return 0
-        rows = self.stream.take(fresh)
+        ahead, self.ahead = self.ahead[:fresh], self.ahead[fresh:]
+        if self.ahead:
+            raise RuntimeError(f"{len(self.ahead)} groups were drawn ahead beyond the {fresh} step {step} takes")
+        self.pool += ahead + self._draw(step, fresh - len(ahead))
+        return fresh
+
+    def _draw(self, step: int, count: int) -> list[dict]:
+        """`count` fresh groups from the stream, in its order, each row seeded sample_seed(seed, step, index)."""
+        if count <= 0:
+            return []
+        rows = self.stream.take(count)
         prompts = format_prompts(self.tokenizer, rows, self.use_chat_template, self.system_prompt)
         ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
-        group = self.group_size
+        group, drawn = self.group_size, []
         for i, (row, prompt, prompt_ids) in enumerate(zip(rows, prompts, ids)):
             seeds = [sample_seed(self.seed, step, i * group + j) for j in range(group)]
-            self.pool.append(new_group(self.next_index, row, prompt, prompt_ids, seeds))
+            drawn.append(new_group(self.next_index, row, prompt, prompt_ids, seeds))
             self.next_index += 1
-        return fresh
+        return drawn
 
     def _generate(self, step: int) -> int:
         """Continue the pool's unfinished rows until prompts_per_step groups have finished. Returns tokens drawn.
@@ -180,22 +234,56 @@ class PartialProducer:
         return [(g, r) for g, group in enumerate(self.pool) for r in range(self.group_size) if not group["finished"][r]]
 
     def _rounds(self, step: int) -> int:
-        drawn, number = 0, 0
-        while sum(groups_done(self.pool)) < self.prompts_per_step:
-            rows = self._unfinished()
-            segment = self.rounds.segment_tokens
-            tokens = self._advance(rows, Continuation(prefixes=[self.pool[g]["ids"][r] for g, r in rows],
-                                                      segment=segment), step)
+        """Round r advances every row unfinished at its start by at most S tokens, except rows a lane drew ahead
+        (rollout.server.overlap_steps), whose segment of round r is already recorded; rounds end after the first in
+        which prompts_per_step groups have finished (counted round by round), and rows drawn past it are cut back."""
+        drawn, number, segment = 0, 0, self.rounds.segment_tokens
+        for group in self.pool:
+            start_marks(group, step)
+        while groups_completed(self.pool, number - 1) < self.prompts_per_step:
+            unfinished = [(g, r) for g, group in enumerate(self.pool) for r in range(self.group_size)
+                          if not group["finished"][r] or rounds_done(group, r) > number]
+            due = [(g, r) for g, r in unfinished if rounds_done(self.pool[g], r) == number]
+            if self.overlap is not None:
+                self.overlap.lend(self._ahead_for(step), step, len(due), self._segment)
+            if due:
+                self._draw_round(due, segment, step)
+            tokens, ahead = round_tokens(self.pool, number)
             if tokens == 0:  # every row was unfinished and none moved: another round would not either
-                raise RolloutServerError(f"a round of rollout.segment_tokens={segment} advanced none of {len(rows)} "
-                                         f"unfinished rows (the generator answered no tokens)")
+                raise RolloutServerError(f"a round of rollout.segment_tokens={segment} advanced none of "
+                                         f"{len(unfinished)} unfinished rows (the generator answered no tokens)")
             drawn += tokens
-            self.rounds.record({"step": step, "round": number, "version": self._version(),
-                                "rows_advanced": len(rows), "tokens": tokens,
-                                "groups_completed": sum(groups_done(self.pool)), "served": self._served()})
+            line = {"step": step, "round": number, "version": self._version(), "rows_advanced": len(unfinished),
+                    "tokens": tokens, "groups_completed": groups_completed(self.pool, number),
+                    "served": self._served()}
+            if self.overlap is not None:
+                line["drawn_ahead"] = ahead - len(due)  # information only: rows whose segment a lane drew earlier
+            self.rounds.record(line)
             number += 1
+        self.dropped = settle(self.pool, number - 1)
         self.last_rounds = number
         return drawn
+
+    def _draw_round(self, due: list[tuple[int, int]], segment: int, step: int) -> None:
+        """One round for the rows `due`; with overlap, when the servers of this step's version were all lost to
+        the next step's lane, they are moved back and the round is drawn again (seeded: the same rows)."""
+        marks = [len(self.pool[g]["marks"][r]) for g, r in due]
+        try:
+            self._advance(due, Continuation(prefixes=[self.pool[g]["ids"][r] for g, r in due], segment=segment), step)
+        except NoServerAtVersion:
+            if self.overlap is None or any(len(self.pool[g]["marks"][r]) != m for (g, r), m in zip(due, marks)):
+                raise
+            self.overlap.reclaim()
+            self._advance(due, Continuation(prefixes=[self.pool[g]["ids"][r] for g, r in due], segment=segment), step)
+
+    def _ahead_for(self, step: int) -> list[dict] | None:
+        """The fresh groups of step+1, drawn now from the stream (in its order, with step+1's seeds) for a lane to
+        advance while this step finishes; None past the last step."""
+        if step + 1 > self.total_steps:
+            return None
+        if not self.ahead:
+            self.ahead = self._draw(step + 1, self.prompts_per_step)
+        return self.ahead
 
     def _round_metrics(self, groups: list[dict]) -> dict[str, float]:
         """rollout/rounds (rounds this step, with rollout.segment_tokens) and rollout/row_version_span_max: the most
@@ -204,6 +292,8 @@ class PartialProducer:
         metrics = {"rollout/row_version_span_max": float(max(spans, default=0))}
         if self.rounds.segment_tokens:
             metrics["rollout/rounds"] = float(self.last_rounds)
+        if self.overlap is not None:
+            metrics.update({"rollout/overlap_tokens_dropped": float(self.dropped), **self.overlap.step_metrics()})
         return metrics
 
     def _version(self) -> int:
@@ -217,25 +307,14 @@ class PartialProducer:
     def _advance(self, rows: list[tuple[int, int]], continuation: Continuation, step: int) -> int:
         """Continue `rows` (pool group, row) as `continuation` says; their new tokens, log-probs and per-token
         versions go into the pool. Returns the tokens drawn."""
-        out: Generation = self.generator.generate_ids(
-            [self.pool[g]["prompt_ids"] for g, _ in rows], max_new_tokens=self.max_new_tokens,
-            seeds=[self.pool[g]["seeds"][r] for g, r in rows], min_new_tokens=self.min_new_tokens,
-            continuation=continuation)
-        version = self._version()
-        drawn = 0
-        for (g, r), new, logprobs, stopped in zip(rows, out.ids, out.logprobs or [None] * len(rows), out.stopped):
-            group = self.pool[g]
-            group.setdefault("token_versions", [[] for _ in group["ids"]])[r] += [version] * len(new)
-            if new and group["versions"][r] is None:
-                group["versions"][r] = version
-            if group["first_step"] is None and new:
-                group["first_step"] = step
-            group["ids"][r] += list(new)
-            group["logprobs"][r] += list(logprobs) if logprobs is not None else [0.0] * len(new)
-            group["stopped"][r] = bool(stopped)
-            group["finished"][r] = bool(stopped) or len(group["ids"][r]) >= self.max_new_tokens
-            drawn += len(new)
-        return drawn
+        return advance_rows(self.generator, self.pool, rows, continuation, step, self.max_new_tokens,
+                            self.min_new_tokens)
+
+    def _segment(self, generator, groups: list[dict], rows: list[tuple[int, int]], step: int) -> int:
+        """One round of rollout.segment_tokens for `rows` of `groups` on `generator` (a lane drawing ahead)."""
+        return advance_rows(generator, groups, rows, Continuation(prefixes=[groups[g]["ids"][r] for g, r in rows],
+                                                                  segment=self.rounds.segment_tokens),
+                            step, self.max_new_tokens, self.min_new_tokens)
 
     def unscheduled(self, step: int) -> None:
         """A stage's per-position temperature schedule cannot hold for a row begun at an earlier step: refused."""
@@ -247,7 +326,11 @@ class PartialProducer:
     def produce(self, step: int) -> Batch:
         self.unscheduled(step)
         drawn = self._refill(step)
-        self._generate(step)
+        try:
+            self._generate(step)
+        finally:
+            if self.overlap is not None:
+                self.overlap.finish()  # the lane of step+1 stops after its round in flight; its rows wait in ahead
         done = [i for i, finished in enumerate(groups_done(self.pool)) if finished][: self.prompts_per_step]
         chosen = [self.pool[i] for i in done]  # the finished groups first drawn, in draw order
         self.pool = [g for i, g in enumerate(self.pool) if i not in set(done)]

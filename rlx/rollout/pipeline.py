@@ -209,9 +209,26 @@ class PipelineProducer:
                 del self._snapshots[old]
         if snapshot is not None:
             load_snapshot(self.rollout_model, snapshot)
-            self.generator.publish(self.rollout_model, version)
             self._loaded = version
+        if snapshot is not None or getattr(self.generator, "version", version) != version:
+            # (the copy may hold them already: loaded early for rounds drawn ahead, rollout.server.overlap_steps)
+            self.generator.publish(self.rollout_model, version)
         return True
+
+    def weights_ahead(self, step: int):
+        """(version, the rollout copy holding it) of the weights batch `step` samples with, loaded into the copy now
+        if the trainer has published them; None if not yet (never waits). For rounds drawn ahead
+        (rollout.server.overlap_steps), called by the producer while it samples batch step-1, whose weights the
+        servers already hold."""
+        version = max(0, step - 1 - self.k)
+        with self._cond:
+            if self._loaded != version and version not in self._snapshots:
+                return None
+            snapshot = self._snapshots.pop(version, None) if self._loaded != version else None
+        if snapshot is not None:
+            load_snapshot(self.rollout_model, snapshot)
+            self._loaded = version
+        return version, self.rollout_model
 
     def close(self) -> None:
         """Stop the producer thread (whatever it is doing) and give the trainer thread its cores back."""

@@ -93,6 +93,7 @@ class WeightPublisher:
     server_env: dict[str, str] = {}  # extra environment of a child server
     needs_cuda = False
     survives_loss = False  # the run can go on without a lost server, and catch_up() brings one back
+    holds_two_versions = False  # store(model, version) / load(url, version): servers may hold different versions
 
 
     def __init__(self, client, work_dir: Path, settings):
@@ -110,6 +111,9 @@ class WeightPublisher:
         (only where survives_loss)."""
         raise NotImplementedError
 
+    def started_with(self, version: int) -> None:
+        """The child servers started from the served checkpoint's weights, which are `version`."""
+
     def close(self) -> None:
         """Release what start() opened (the generator calls it before the server stops)."""
 
@@ -117,21 +121,55 @@ class WeightPublisher:
 @PUBLISHERS.register("file")
 class FilePublisher(WeightPublisher):
     """The full weights through the filesystem: safetensors in work_dir/model, then reload_weights everywhere.
-    The file holds the last publish's weights, so a server that returns reloads it (catch_up)."""
+    The file holds the last publish's weights, so a server that returns reloads it (catch_up). The version before
+    stays readable (a hard link in work_dir/versions/), so a server can be moved back to it: with
+    rollout.server.overlap_steps some servers hold the next step's version while others finish this step's rows."""
 
     survives_loss = True
+    holds_two_versions = True  # store() keeps the version before the newest loadable (load(url, older))
+
+    def __init__(self, client, work_dir: Path, settings):
+        super().__init__(client, work_dir, settings)
+        self.stored: list[int] = []  # the versions load() can put on a server, oldest first (at most two)
 
     def publish(self, model, version: int) -> dict[str, float]:
         began = time.perf_counter()
-        write_weights(served_state_dict(model), self.work_dir / "model")
+        self.store(model, version)
         written = time.perf_counter()
-        self.client.each(lambda url: self.catch_up(url, version))
+        self.client.each(lambda url: self.load(url, version))
         return {"perf/weight_write_s": written - began, "perf/weight_load_s": time.perf_counter() - written}
 
-    def catch_up(self, url: str, version: int) -> None:
+    def store(self, model, version: int) -> None:
+        """Write the weights of `version` (the newest) to work_dir/model; the version before it stays loadable."""
+        if self.stored and self.stored[-1] == version:
+            return
+        current = self.work_dir / "model" / WEIGHTS_FILE
+        kept = self.work_dir / "versions"
+        if self.stored and current.is_file():  # the file in place becomes the one version kept (a link, no copy)
+            shutil.rmtree(kept, ignore_errors=True)
+            folder = kept / f"v{self.stored[-1]:06d}"
+            folder.mkdir(parents=True)
+            os.link(current, folder / WEIGHTS_FILE)
+        write_weights(served_state_dict(model), self.work_dir / "model")
+        self.stored = [*self.stored[-1:], version]
+
+    def started_with(self, version: int) -> None:
+        self.stored = [version]
+
+    def path(self, version: int) -> Path:
+        """The folder load() reads `version` from (the newest: the served checkpoint; the one before: its link)."""
+        if self.stored and version == self.stored[0] and version != self.stored[-1]:
+            return self.work_dir / "versions" / f"v{version:06d}"
+        return self.work_dir / "model"
+
+    def load(self, url: str, version: int) -> None:
+        """Put the stored weights of `version` on the server at `url` (reload_weights)."""
         self.client.call(url, "/collective_rpc", {"method": "reload_weights",
-                                                  "kwargs": {"weights_path": str(self.work_dir / "model")}},
+                                                  "kwargs": {"weights_path": str(self.path(version))}},
                          what=f"reloading the weights of version {version}")
+
+    def catch_up(self, url: str, version: int) -> None:
+        self.load(url, version)
 
 
 @PUBLISHERS.register("lora")

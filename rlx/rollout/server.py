@@ -150,9 +150,11 @@ class ServerGenerator:
         return ADAPTER_NAME if self.adapter else self.model_name
 
     def generate_ids(self, prompts: list[list[int]], *, max_new_tokens: int, seeds: list[int], greedy: bool = False,
-                     samples_per_prompt: int = 1, min_new_tokens: int = 0, continuation=None) -> Generation:
+                     samples_per_prompt: int = 1, min_new_tokens: int = 0, continuation=None,
+                     version: int | None = None) -> Generation:
         """len(prompts) * G rows, the G samples of a prompt adjacent, one request per row seeded with its seed
-        (greedy: temperature 0, no seed); knobs from self.sampling (rollout's, or what rlx eval sets).
+        (greedy: temperature 0, no seed); knobs from self.sampling (rollout's, or what rlx eval sets). Every row goes
+        to a server that holds `version` (None: the version last published, self.version).
 
         continuation with prefixes (rounds of rollout.segment_tokens): a row's request is its prompt and its
         tokens so far, for at most min(segment, max_new_tokens - prefix) new tokens, seeded by
@@ -179,7 +181,9 @@ class ServerGenerator:
             seed = None if greedy else (int(seeds[row]) if not prefix else continuation_seed(seeds[row], len(prefix)))
             body = self._body([*prompts[row // group], *prefix], seed, budget, max(0, min_new_tokens - len(prefix)))
             return self.client.routed(row // group, routes, "/v1/completions", body, what="a completion request",
-                                      parse=self._parser(budget))
+                                      parse=self._parser(budget), version=held)
+
+        held = self.version if version is None else version
 
         answers = self.client.map(one, list(range(rows)))
         self._batches += 1
@@ -265,18 +269,44 @@ class ServerGenerator:
     @torch.no_grad()
     def publish(self, model, version: int) -> None:
         """Put the policy's current weights (or its adapter) on every live server through the run's publisher
-        (rlx.rollout.publishers), then stamp them with `version`; then bring back lost servers that answer
-        again (the publisher's catch_up, then the stamp), before they get work."""
+        (rlx.rollout.publishers), then stamp them with `version` (a publisher that holds two versions skips the
+        servers that already hold it); then bring back lost servers that answer again (the publisher's catch_up,
+        then the stamp), before they get work."""
         began = time.perf_counter()
-        timings = self.publisher.publish(model, version)
-        moved = time.perf_counter()
-        self._stamp(version)
+        if self.publisher.holds_two_versions:
+            timings = self.move(model, version, [m for m in self.client.members if m.live and m.version != version])
+            moved = time.perf_counter()
+            self.version = version
+        else:
+            timings = self.publisher.publish(model, version)
+            moved = time.perf_counter()
+            self._stamp(version)
         self._restart_lost_children()
         self.client.rejoin(lambda url: self._catch_up(url, version))
         done = time.perf_counter()
         timings["perf/weight_load_s"] = timings.get("perf/weight_load_s", 0.0) + done - moved  # the stamp included
         self._timings = {"perf/weight_sync_s": done - began, **timings}
         log.debug("published weights of version %d in %.2f s", version, done - began)
+
+    def move(self, model, version: int, members: list) -> dict[str, float]:
+        """Store `model` as weight `version` (when it is the newest; an older one kept by the publisher is
+        reloaded as it is) and put it on `members` (client Members), each stamped; {perf/weight_write_s,
+        perf/weight_load_s}. A member that fails is lost, as in publish."""
+        began = time.perf_counter()
+        if model is not None:
+            self.publisher.store(model, version)
+        written = time.perf_counter()
+        self.client.each(lambda url: self._catch_up(url, version), only=members)
+        return {"perf/weight_write_s": written - began, "perf/weight_load_s": time.perf_counter() - written}
+
+    def reclaim(self) -> None:
+        """Every live server back to the current version (self.version), which the publisher keeps: after the last
+        server of the current version was lost while the others held the next step's."""
+        behind = [m for m in self.client.members if m.live and m.version != self.version]
+        if behind:
+            self.move(None, self.version, behind)
+            log.warning("rollout.server.overlap_steps: %d server(s) moved back to weight version %d (the servers that "
+                        "held it were lost)", len(behind), self.version)
 
     def _stamp(self, version: int) -> None:
         """Drop KV blocks cached for the old weights, then record and check the version on every live server."""
@@ -295,6 +325,7 @@ class ServerGenerator:
         self.client.call(url, "/reset_prefix_cache", {}, what="resetting the prefix cache", parse=reset_done)
         self.client.call(url, "/update_weight_version", {"new_version": str(version)}, what="stamping the version")
         self.client.call(url, "/weight_info", None, what="reading the weight version", parse=holds_version)
+        self.client.member(url).version = version
 
     def _restart_lost_children(self) -> None:
         """Start again each child server that was lost because its process ended (restarts left); it serves
@@ -396,6 +427,7 @@ def build_server_generator(rollout_cfg, model, tokenizer, seed: int) -> ServerGe
         raise
     if processes and not adapter:
         generator._stamp(0)  # the children started from these very weights
+        publisher.started_with(0)
     else:
         generator.publish(model, 0)
     if generator.options.strict:

@@ -41,6 +41,11 @@ class ServerFault(OSError):
     """HTTP 5xx: the server is up and failed this request (retried on the same server first)."""
 
 
+class NoServerAtVersion(RolloutServerError):
+    """No live server holds the weight version a request must be drawn with (rollout.server.overlap_steps: the
+    other servers already moved on to the next step's version)."""
+
+
 class RequestRefused(RolloutServerError):
     """A server refused the request itself (HTTP 4xx): no other server would take it either."""
 
@@ -167,7 +172,8 @@ class RequestPolicy:
 @dataclass(eq=False)
 class Member:
     """One inference server of the fleet: its address, whether rlx sends it work, the rows assigned to it and
-    not answered yet (its load), and how its child process ended (None while it runs, or for a user's URL)."""
+    not answered yet (its load), how its child process ended (None while it runs, or for a user's URL), and the
+    weight version it holds (None before its first stamp, or while it is being moved to another version)."""
 
     url: str
     index: int
@@ -177,6 +183,7 @@ class Member:
     load: int = 0
     answered: int = 0
     lost_because: str = ""
+    version: int | None = None
 
 
 class ServerClient:
@@ -217,6 +224,17 @@ class ServerClient:
     def member(self, url: str) -> Member:
         return next(m for m in self.members if m.url == url)
 
+    def reserve(self, holding: int | None, count: int) -> list[Member]:
+        """Up to `count` live servers that hold version `holding` and have no request in flight, the last ones
+        first, taken out of routing (their version None) until they are stamped with another; the rest keep it."""
+        with self._lock:
+            idle = [m for m in self.members if m.live and m.version == holding and m.load == 0]
+            keep = len([m for m in self.members if m.live and m.version == holding]) - 1  # never the last one
+            taken = sorted(idle, key=lambda m: -m.index)[: max(0, min(count, keep))]
+            for member in taken:
+                member.version = None
+            return taken
+
     def call(self, url: str, path: str, body: dict | None, *, what: str, parse: Callable = lambda a: a,
              timeout_s: float | None = None, text_ok: bool = False,
              give_up: Callable[[BaseException], bool] = lambda exc: False):
@@ -233,11 +251,13 @@ class ServerClient:
         return with_retries(attempt, retries=self.retries, backoff_s=self.backoff_s, what=f"{what} at {url}",
                             dead=note, give_up=give_up)
 
-    def routed(self, key, assigned: dict, path: str, body: dict | None, *, what: str, parse: Callable = lambda a: a):
+    def routed(self, key, assigned: dict, path: str, body: dict | None, *, what: str, parse: Callable = lambda a: a,
+               version: int | None = None):
         """call() on the server `assigned[key]` (chosen by load when the key is new or its server was lost);
-        on the loss of that server, the same request on another one."""
+        on the loss of that server, the same request on another one. `version` (not None): only servers that hold
+        that weight version take it (NoServerAtVersion when no live one does)."""
         while True:
-            member = self._assign(key, assigned)
+            member = self._assign(key, assigned, version)
             try:
                 with member.slots:
                     answer = self.call(member.url, path, body, what=what, parse=parse,
@@ -260,13 +280,17 @@ class ServerClient:
         the member was lost meanwhile, or it cannot be reached and another server is live."""
         return not member.live or (unreachable(exc) and any(m.live and m is not member for m in self.members))
 
-    def _assign(self, key, assigned: dict) -> Member:
+    def _assign(self, key, assigned: dict, version: int | None = None) -> Member:
         with self._lock:
             member = assigned.get(key)
-            if member is None or not member.live:
+            if member is None or not member.live or (version is not None and member.version != version):
                 live = [m for m in self.members if m.live]
                 if not live:
                     raise RolloutServerError(self._quorum_note())
+                if version is not None:
+                    live = [m for m in live if m.version == version]
+                    if not live:
+                        raise NoServerAtVersion(f"no live rollout server holds weight version {version}")
                 groups = {m.index: 0 for m in live}  # equal loads: the server with fewer of this call's groups
                 for chosen in assigned.values():
                     if chosen.index in groups:
@@ -316,10 +340,10 @@ class ServerClient:
             raise error
         return results
 
-    def each(self, fn: Callable[[str], object]) -> list:
-        """[fn(url) for every live server], concurrently; a server whose call fails is lost (lose()), and the
-        answers of the others are returned."""
-        live = [m for m in self.members if m.live]
+    def each(self, fn: Callable[[str], object], only: list[Member] | None = None) -> list:
+        """[fn(url) for every live server (of `only`, when given)], concurrently; a server whose call fails is lost
+        (lose()), and the answers of the others are returned."""
+        live = [m for m in (self.members if only is None else only) if m.live]
         futures = [(m, self.pool.submit(fn, m.url)) for m in live]
         answers = []
         for member, future in futures:
