@@ -175,27 +175,43 @@ def test_overlap_needs_rounds_in_pipeline_mode_and_the_file_publisher():
                                   or "")
 
 
-def test_a_pipeline_run_with_overlap_ends_with_the_same_weights(fakes, tmp_path):
+def test_a_pipeline_run_with_overlap_ends_with_the_same_weights_and_resumes_exactly(fakes, tmp_path, monkeypatch):
     """`rlx train` in pipeline mode (max_staleness 1) with rounds on two version-sensitive fake servers: with
     rollout.server.overlap_steps the metrics (but timings and server counts), the journal's rounds and the final
-    weights equal the run without, bit for bit."""
+    weights equal the run without, bit for bit; so does a run with overlap stopped after its step-2 checkpoint
+    (the groups drawn ahead for step 4 saved as drawn) and resumed."""
     from safetensors.torch import load_file
 
-    from tests.test_seed_wiring import train
+    from rlx.models.loading import load_causal_lm
+    from tests.test_seed_wiring import Stopped, stop_after, train
 
     fleet = [fakes(versioned=True, tail=5, slow_s=0.02) for _ in range(2)]
+    # the overlong penalty: rewards that differ within a group by the rows' lengths (the weights move)
     base = ["rollout=server", f"rollout.server.urls=[{fleet[0].url},{fleet[1].url}]", "rollout.partial=true",
             "rollout.correction=tis", "rollout.partial_oversample=2", "rollout.segment_tokens=2",
-            "rollout.max_new_tokens=6", "rollout.max_staleness=1", "rollout.server.invariance_probe_rows=0",
-            "save.final=true"]
+            "rollout.max_new_tokens=12", "rollout.max_staleness=1", "rollout.server.invariance_probe_rows=0",
+            "algorithm.overlong_buffer=10", "save.final=true", "checkpoint.every=2"]
     strip = lambda row: {k: v for k, v in row.items() if k != "time" and not k.startswith(  # noqa: E731
         ("perf/", "rollout/serv", "rollout/overlap", "rollout/policy_version"))}
-    plain = train(tmp_path, *base, f"rollout.server.work_dir={tmp_path / 'wa'}", steps=4, run_dir=tmp_path / "a")
+    plain = train(tmp_path, *base, f"rollout.server.work_dir={tmp_path / 'wa'}", steps=5, run_dir=tmp_path / "a")
     over = train(tmp_path, *base, f"rollout.server.work_dir={tmp_path / 'wb'}", "rollout.server.overlap_steps=true",
-                 steps=4, run_dir=tmp_path / "b")
+                 steps=5, run_dir=tmp_path / "b")
     assert [strip(r) for r in over] == [strip(r) for r in plain]
     assert logical(tmp_path / "b" / "rounds.jsonl") == logical(tmp_path / "a" / "rounds.jsonl")
     ahead = [json.loads(x)["drawn_ahead"] for x in (tmp_path / "b" / "rounds.jsonl").read_text().splitlines()]
     assert sum(ahead) + sum(r["rollout/overlap_tokens_dropped"] for r in over) > 0  # rounds were drawn ahead
-    want, got = (load_file(tmp_path / run / "final" / "model.safetensors") for run in ("a", "b"))
-    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    overlap = ["rollout.server.overlap_steps=true", f"rollout.server.work_dir={tmp_path / 'wc'}"]
+    with monkeypatch.context() as patch:
+        stop_after(patch, 2)
+        with pytest.raises(Stopped):
+            train(tmp_path, *base, *overlap, steps=5, run_dir=tmp_path / "cut")
+    resumed = train(tmp_path, *base, *overlap, f"resume={tmp_path / 'cut'}", steps=5, run_dir=tmp_path / "cut")
+    assert [strip(r) for r in resumed] == [strip(r) for r in plain]
+    assert logical(tmp_path / "cut" / "rounds.jsonl") == logical(tmp_path / "a" / "rounds.jsonl")
+    want = load_file(tmp_path / "a" / "final" / "model.safetensors")
+    start = load_causal_lm("builtin:tiny").state_dict()
+    assert any(not torch.equal(want[k], start[k]) for k in want if k in start)  # the weights moved
+    assert any(r["rollout/rounds"] > 0 for r in plain[3:])  # a step after the cut drew rounds
+    for run in ("b", "cut"):
+        got = load_file(tmp_path / run / "final" / "model.safetensors")
+        assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want), run

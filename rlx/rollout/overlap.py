@@ -149,6 +149,7 @@ class StepOverlap:
         self.generator, self.weights, self.per_server = generator, weights, max(1, int(per_server))
         self.lane: AheadLane | None = None
         self.lent = 0  # servers moved to the next step's version during this step (a metric)
+        self.joining: list[threading.Thread] = []  # moves of servers that join a running lane
 
     def lend(self, groups: list[dict] | None, step: int, rows_due: int, advance: Callable) -> None:
         """At a round of step `step` with `rows_due` rows to draw: start (or widen) the lane of step+1's fresh
@@ -176,7 +177,9 @@ class StepOverlap:
             members = self.generator.client.reserve(current, spare)  # more servers join the lane's version
             if members:
                 self.lent += len(members)
-                threading.Thread(target=self._join, args=(members, self.lane.version), daemon=True).start()
+                joining = threading.Thread(target=self._join, args=(members, self.lane.version), daemon=True)
+                joining.start()
+                self.joining.append(joining)
 
     def _join(self, members: list, version: int) -> None:
         try:
@@ -188,6 +191,9 @@ class StepOverlap:
         """End the lane (after its round in flight); the lane, with what it drew (None: no lane ran). A lane that
         failed has its work dropped (logged once)."""
         lane, self.lane = self.lane, None
+        for joining in self.joining:
+            joining.join()
+        self.joining = []
         if lane is None:
             return None
         lane.stop()
