@@ -53,6 +53,8 @@ RUNS = {
     # the producer modes: pipeline (one batch ahead), partial rollouts, and a harness program through the gateway
     "pipeline": ["rollout.max_staleness=1", "rollout.correction=tis", "steps=6", "eval.every=3"],
     "partial": ["rollout.partial=true", "rollout.correction=tis", "steps=6", "eval.every=3"],
+    "partial_rounds_pipeline": ["rollout.partial=true", "rollout.correction=tis", "rollout.segment_tokens=4",
+                                "rollout.max_staleness=1", "steps=6", "eval.every=3"],
     "harness": ["algorithm=agent_grpo", "env=harness", "env.target=examples.corridor_harness.run", "model.path=builtin:tiny_agent",
                 "data.source=none", "env.eval_episodes=8", "steps=3", "eval.every=3"],
 }
