@@ -108,3 +108,29 @@ def test_bound_by_hand():
     costs 2 t0 for 4 tokens (0.5 a token); update 0.25 a token: 80 x 0.75 / 2 GPUs = 30."""
     setup = sim.Setup(lengths=(10, 30), prompts=2, group=2, capacity=4, saturation=4.0, token_cost=0.25)
     assert sim.bound_time(setup, 2) == pytest.approx(30.0)
+
+
+def test_step_rounds_by_hand():
+    """Groups of 2 rows, lengths drawn in order: g0 (3, 9), g1 (2, 2), g2 (9, 9); 1 group a step, 2 in flight,
+    rounds of 4 tokens. Step 1 (g0, g1): round 0 finishes g1 (2 + 2 tokens) and moves g0 to (done, 5 left): g1
+    trained. Step 2 draws g2: round 0 advances g0's row 1 by 4 and g2 by 4 + 4; round 1: g0 done (1 token) ->
+    trained (12 tokens)."""
+    lengths = {0: [3, 9], 1: [2, 2], 2: [9, 9]}
+    steps = sim.step_rounds(lambda i: lengths[i], prompts=1, oversample=2.0, budget=4, batches=2)
+    assert [s["fresh"] for s in steps] == [[0, 1], [2]]
+    assert steps[0]["rounds"] == [{(0, 0): 3, (0, 1): 4, (1, 0): 2, (1, 1): 2}] and steps[0]["tokens"] == 4
+    assert steps[1]["rounds"] == [{(0, 1): 4, (2, 0): 4, (2, 1): 4}, {(0, 1): 1, (2, 0): 4, (2, 1): 4}]
+    assert steps[1]["tokens"] == 12
+
+
+def test_overlap_in_the_model_needs_an_engine_to_spare():
+    """rounds_pipeline_time: with one generating engine nothing can move ahead, so overlap changes nothing; with 12,
+    a lane runs (the time changes) and, where rounds cost a row's latency more than their rows, it neither gains
+    nor loses much: fewer rows per round do not make the round shorter, and the engines the lane takes make the
+    current step's slightly slower (within 1% here)."""
+    setup = sim.calibrate(sim.Setup(lengths=(3, 7, 20, 40), prompts=8, group=2, batches=8, warmup=2,
+                                    round_tokens=8, per_server=4))
+    steps = sim.step_rounds(sim.draws(setup), setup.prompts, setup.oversample, setup.round_tokens, setup.batches)
+    assert sim.rounds_pipeline_time(setup, steps, 1, 50, 2, True) == sim.rounds_pipeline_time(setup, steps, 1, 50, 2, False)
+    over, plain = (sim.rounds_pipeline_time(setup, steps, 12, 50, 2, o) for o in (True, False))
+    assert over != plain and abs(over / plain - 1) < 0.01

@@ -22,6 +22,7 @@ concurrency), never the last one, and only idle ones; they stay at v(s+1) (the n
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import threading
@@ -106,17 +107,20 @@ class VersionView:
 
 
 class AheadLane:
-    """A thread that advances `groups` (step `step`'s fresh groups) round after round at weight `version`, on the
-    servers the generator `view` routes to, recording each round (marks); `advance(view, groups, rows, step)`
-    draws one round for `rows` ((group, row) pairs) and appends their marks. `prepare()` runs first in the thread
-    (moving servers to the version). stop() ends it after the round in flight."""
+    """A thread that advances `groups` (step `step`'s fresh groups) segment by segment at weight `version`, on the
+    servers the generator `view` routes to, recording each row's rounds (marks); `advance(view, groups, rows,
+    step)` draws one segment for `rows` ((group, row) pairs) and appends their marks. Each call takes at most
+    `capacity()` rows (what the lane's servers take at once), those with the fewest rounds first. A call draws
+    into a copy of the groups, which replaces them only if the lane was not stopped meanwhile: stop() waits for
+    `prepare()` (run first in the thread: moving servers to the version), never for a call in flight, whose
+    answer is dropped (the step draws those segments itself)."""
 
     def __init__(self, groups: list[dict], view, version: int, step: int, advance: Callable,
-                 prepare: Callable[[], None] = lambda: None):
+                 prepare: Callable[[], None] = lambda: None, capacity: Callable[[], int] = lambda: 1 << 30):
         self.groups, self.view, self.version, self.step = groups, view, version, step
-        self.advance, self.prepare = advance, prepare
+        self.advance, self.prepare, self.capacity = advance, prepare, capacity
         self.rounds, self.error = 0, None
-        self._stop = threading.Event()
+        self._stop, self._prepared, self._lock = threading.Event(), threading.Event(), threading.Lock()
         for group in groups:
             start_marks(group, step)
         self.thread = threading.Thread(target=self._run, name="rlx-rollout-ahead", daemon=True)
@@ -124,20 +128,34 @@ class AheadLane:
 
     def _run(self) -> None:
         try:
-            self.prepare()
+            try:
+                self.prepare()
+            finally:
+                self._prepared.set()
             while not self._stop.is_set():
-                rows = [(g, r) for g, group in enumerate(self.groups) for r in range(len(group["ids"]))
-                        if not group["finished"][r]]
+                rows = sorted(((g, r) for g, group in enumerate(self.groups) for r in range(len(group["ids"]))
+                               if not group["finished"][r]), key=lambda x: (rounds_done(self.groups[x[0]], x[1]), x))
                 if not rows:
                     return
-                self.advance(self.view, self.groups, rows, self.step)
-                self.rounds += 1
-        except RolloutServerError as exc:  # speculative: dropped by the owner, which draws the rows itself
-            self.error = exc
+                work = copy.deepcopy(self.groups)
+                self.advance(self.view, work, rows[: max(1, self.capacity())], self.step)
+                with self._lock:
+                    if self._stop.is_set():
+                        return
+                    for group, drawn in zip(self.groups, work):
+                        group.clear()
+                        group.update(drawn)
+                    self.rounds += 1
+        except Exception as exc:  # noqa: BLE001 - a server's failure: the work is dropped and the step draws the rows
+            with self._lock:  # itself; anything else is raised by finish(); after stop() nothing matters any more
+                if not self._stop.is_set():
+                    self.error = exc
 
     def stop(self) -> None:
-        self._stop.set()
-        self.thread.join()
+        """No call of the lane changes its groups after this returns."""
+        self._prepared.wait()
+        with self._lock:
+            self._stop.set()
 
 
 class StepOverlap:
@@ -164,15 +182,18 @@ class StepOverlap:
             if ready is None:
                 return
             version, model = ready
+            capacity = lambda: self.per_server * sum(m.live and m.version == version  # noqa: E731
+                                                     for m in self.generator.client.members)
             if version == current:  # the same weights: every server serves both steps' rounds
-                self.lane = AheadLane(groups, VersionView(self.generator, version), version, step + 1, advance)
+                self.lane = AheadLane(groups, VersionView(self.generator, version), version, step + 1, advance,
+                                      capacity=capacity)
                 return
             members = self.generator.client.reserve(current, spare) if spare >= 1 else []
             if not members:
                 return
             self.lent += len(members)
             self.lane = AheadLane(groups, VersionView(self.generator, version), version, step + 1, advance,
-                                  prepare=lambda: self.generator.move(model, version, members))
+                                  prepare=lambda: self.generator.move(model, version, members), capacity=capacity)
         elif self.lane.version != current and spare >= 1 and self.lane.thread.is_alive():
             members = self.generator.client.reserve(current, spare)  # more servers join the lane's version
             if members:
@@ -197,6 +218,8 @@ class StepOverlap:
         if lane is None:
             return None
         lane.stop()
+        if lane.error is not None and not isinstance(lane.error, RolloutServerError):
+            raise lane.error
         if lane.error is not None:
             log.warning("rollout.server.overlap_steps: the rounds drawn ahead for step %d were dropped (%s); the step "
                         "draws them itself", lane.step, lane.error)
