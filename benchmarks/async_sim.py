@@ -81,6 +81,8 @@ class Setup:
     oversample: float = 2.0           # partial rollouts and streaming: groups in flight <= oversample P
     round_tokens: int = 32            # S: streaming's token budget per row and round
     round_overhead: float = 2.0       # streaming: decode steps' worth of cost per round (request, prefill)
+    per_server: int = 32              # overlap: rows an engine is counted to take at once when a step lends engines
+                                      # (rlx's rollout.server.per_server_concurrency default)
     write: float = 0.0                # push: writing the weights (share of a synchronous 8-GPU step)
     reload: float = 0.0               # push: an engine loading them (share of a synchronous 8-GPU step)
     switch: float = 0.05              # colocated sync: switching the GPUs between training and generation (share)
@@ -248,6 +250,101 @@ def streaming_rounds(draw_group, prompts: int, group: int, engines: int, capacit
     return rounds
 
 
+# ------------------------------------------------------- rlx's rounds in pipeline mode, with and without overlap
+
+
+def step_rounds(draw_group, prompts: int, oversample: float, budget: int, batches: int) -> list[dict]:
+    """The logical rounds of rlx's partial rollouts in rounds (rollout.segment_tokens), which depend on token counts
+    only: per step, {"fresh": draw indices drawn at the step, "rounds": [{(draw, row): advance}], "tokens": trained
+    tokens}. A step's rounds go on until `prompts` groups are complete; the first complete ones in draw order are
+    trained, the rest (and every unfinished row, with its progress) wait in the pool."""
+    pool: dict[int, Group] = {}
+    nxt, steps = 0, []
+    for _ in range(batches):
+        fresh = []
+        while len(pool) < max(prompts, math.ceil(oversample * prompts)):
+            lengths = draw_group(nxt)
+            pool[nxt] = Group(nxt, list(lengths), sum(lengths))
+            fresh.append(nxt)
+            nxt += 1
+        rounds = []
+        while sum(not any(g.left) for g in pool.values()) < prompts:
+            advances = {}
+            for g in pool.values():
+                for r, left in enumerate(g.left):
+                    if left > 0:
+                        advances[(g.draw, r)] = min(budget, left)
+                        g.left[r] = left - advances[(g.draw, r)]
+            rounds.append(advances)
+        trained = sorted(d for d, g in pool.items() if not any(g.left))[:prompts]
+        steps.append({"fresh": fresh, "rounds": rounds, "tokens": sum(pool[d].total for d in trained)})
+        for d in trained:
+            del pool[d]
+    return steps
+
+
+def lane_round(advances: dict, engines: int, capacity: int, saturation: float, overhead: float) -> float:
+    """One barrier round of `advances` ({(draw, row): tokens}) on `engines` engines, a group on one engine (draw
+    index mod engines): the slowest engine's time plus the round's overhead (0 with nothing to draw)."""
+    if not advances:
+        return 0.0
+    per: dict[int, list[int]] = {}
+    for (draw, _), a in advances.items():
+        per.setdefault(draw % engines, []).append(a)
+    return max(max(engine_run(rows, capacity, saturation)[0]) for rows in per.values()) + overhead
+
+
+def rounds_pipeline_time(setup: Setup, steps: list[dict], engines: int, trainers: int, staleness: int,
+                         overlap: bool) -> float:
+    """Mean step of rlx's pipeline with partial rollouts in rounds (`step_rounds`), batch b sampled with version
+    max(0, b-1-k) pushed before it (write after its update, then the engines' reload). With overlap
+    (rollout.server.overlap_steps): at each round of step b, the engines beyond ceil(rows due / per_server) (never
+    the last) move to step b+1's version once it is written (their reload beside the round) and draw segments of
+    step b+1's fresh rows there, at most per_server rows an engine at once, the rows with the fewest rounds first,
+    until step b's rounds end (a call still in flight then is dropped, not waited for); step b+1 then draws only
+    the segments the lane has finished. Left out: the lane's segments past step b+1's last round (the
+    implementation may draw and drop them), and a lane while both steps sample with the same weights (the
+    implementation shares every server then)."""
+    write, reload, overhead = setup.write * setup.unit, setup.reload * setup.unit, setup.round_overhead
+    cap, sat, per = setup.capacity, setup.saturation, setup.per_server
+    n = len(steps)
+    updated, producer, held, ahead = [0.0] * (n + 1), 0.0, 0, {}
+    for b in range(1, n + 1):
+        step, need = steps[b - 1], max(0, b - 1 - staleness)
+        t = max(producer, updated[need] + write if need else 0.0)
+        if need > held:
+            t, held = t + reload, need
+        lane_engines, lane_t, lane_version, progress = 0, 0.0, max(0, b - staleness), {}
+        plan: dict[tuple[int, int], list[int]] = {}  # step b+1's fresh rows: their advance in each of its rounds
+        if overlap and b < n:
+            fresh = set(steps[b]["fresh"])
+            for advances in steps[b]["rounds"]:
+                for key, a in advances.items():
+                    if key[0] in fresh:
+                        plan.setdefault(key, []).append(a)
+        for r, advances in enumerate(step["rounds"]):
+            due = {k: a for k, a in advances.items() if ahead.get(k, 0) <= r}
+            if plan and lane_version != need and (not lane_version or updated[lane_version] + write <= t):
+                spare = engines - lane_engines - max(1, math.ceil(len(due) / per))
+                if spare > 0:
+                    lane_t = max(lane_t, t) + reload  # the moved engines reload (beside this round)
+                    lane_engines += spare
+            t += lane_round(due, engines - lane_engines, cap, sat, overhead)
+            while lane_engines and lane_t < t:  # the lane's calls meanwhile
+                left = sorted((progress.get(k, 0), k) for k, a in plan.items() if progress.get(k, 0) < len(a))
+                if not left:
+                    break
+                wave = {k: plan[k][done] for done, k in left[: lane_engines * per]}
+                lane_t += lane_round(wave, lane_engines, cap, sat, overhead)
+                if lane_t <= t or r + 1 < len(step["rounds"]):  # a call past the step's end is dropped
+                    for k in wave:
+                        progress[k] = progress.get(k, 0) + 1
+        producer = t
+        ahead = progress
+        updated[b] = max(producer, updated[b - 1]) + update_time(setup, step["tokens"], trainers)
+    return (updated[n] - updated[setup.warmup]) / (n - setup.warmup)
+
+
 # ------------------------------------------------------------------------------------------ the schedules
 
 
@@ -357,12 +454,16 @@ def compare(setup: Setup, gpus: int, stalenesses=(1, 2, 4)) -> list[dict]:
     streamed = {e: streaming_rounds(draws(setup), setup.prompts, setup.group, e, setup.capacity, setup.saturation,
                                     setup.round_tokens, setup.oversample, setup.round_overhead, setup.batches)
                 for e in splits(gpus)}
+    stepped = step_rounds(draws(setup), setup.prompts, setup.oversample, setup.round_tokens, setup.batches)
     rows = []
     for k in stalenesses:
         best = {}
         for name, runs in (("pipeline", False), ("pipeline_partial", True)):
             best[name] = min((pipeline_time(setup, produced[(e, runs)], gpus - e, k), e) for e in splits(gpus))
         best["streaming"] = min((streaming_time(setup, streamed[e], gpus - e, k), e) for e in splits(gpus))
+        split = best["pipeline_partial"][1]  # rounds: at the split best for one call per step (the model is slow)
+        for name, overlap in (("pipeline_rounds", False), ("pipeline_rounds_overlap", True)):
+            best[name] = (rounds_pipeline_time(setup, stepped, split, gpus - split, k, overlap), split)
         row = {"gpus": gpus, "staleness": k, "sync_step": sync / setup.unit,
                "sync_partial": sync / sync_partial, "bound": sync / bound_time(setup, gpus)}
         for name, (time, e) in best.items():
@@ -424,12 +525,13 @@ def main(argv=None) -> dict:
                   "peers' NCCL push of a 0.5B model (0.15-0.6 s) against a 5 s H100 0.5B step (gpu_smoke_h100)")
     print("assumptions: " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in inputs.items()))
     table = [row for n in map(int, args.gpus.split(",")) for row in compare(setup, n)]
-    header = ["GPUs", "k", "sync + partial", "pipeline (gen GPUs)", "pipeline + partial", "streaming (gen GPUs)",
-              "bound"]
+    header = ["GPUs", "k", "sync + partial", "pipeline (gen GPUs)", "pipeline + partial", "pipeline + rounds",
+              "pipeline + rounds + overlap", "streaming (gen GPUs)", "bound"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in table:
         lines.append(f"| {r['gpus']} | {r['staleness']} | {r['sync_partial']:.2f}x | {r['pipeline']:.2f}x "
-                     f"({r['pipeline_generating_gpus']}) | {r['pipeline_partial']:.2f}x | {r['streaming']:.2f}x "
+                     f"({r['pipeline_generating_gpus']}) | {r['pipeline_partial']:.2f}x | {r['pipeline_rounds']:.2f}x "
+                     f"| {r['pipeline_rounds_overlap']:.2f}x | {r['streaming']:.2f}x "
                      f"({r['streaming_generating_gpus']}) | {r['bound']:.2f}x |")
     print("\n".join(lines))
     print("\npublished by peers (their hardware, models, tasks): " + "; ".join(f"{a}: {b}" for a, b in PEERS))
