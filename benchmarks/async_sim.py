@@ -36,6 +36,11 @@ The schedules (what rlx does, or would do):
     engine has done its part (a barrier) and costs `round_overhead` decode steps more (the continuation request
     and its prefill). The write of new weights runs beside generation; an engine reloads when the round's
     version is newer than the one it holds, which stops it for the reload time.
+  - pipeline k + rounds (built: rollout.segment_tokens in pipeline mode on a fleet): partial rollouts whose step
+    advances every unfinished row at most S tokens per round (a barrier, plus the round's overhead) at the step's
+    version until P groups are complete; batch b waits for its version's push as in the pipeline.
+  - the same + overlap (built: rollout.server.overlap_steps): engines a step no longer needs (beyond ceil(rows
+    due / per_server)) move to the next step's version and draw its fresh rows' segments meanwhile.
   The speed-up of a schedule is the synchronous loop's mean step time over the schedule's, at the same GPU count.
 
 What it leaves out: prefill, network limits beyond the push's constant, imbalance beyond what the lengths and

@@ -18,6 +18,8 @@ step s+1 draws them in its own rounds, as without overlap.
 
 How many servers the lane gets: at each round of step s, the servers of v(s) beyond ceil(rows due / per-server
 concurrency), never the last one, and only idle ones; they stay at v(s+1) (the next step's publish skips them).
+The lane draws at most what its servers take at once (per-server concurrency each), the rows with the fewest
+rounds first; when step s ends, a call of the lane still in flight is not waited for: its answer is dropped.
 """
 
 from __future__ import annotations
