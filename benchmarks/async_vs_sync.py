@@ -15,6 +15,8 @@ natural lengths, each run its own child process, the first step untimed), at rlx
                 on core 0 (hardware.num_threads=1): one core each
     partial     rollout.partial=true rollout.correction=tis (natural-length settings: 2x groups in flight)
     k1-partial  both
+    k1-rounds   k1-partial in token-budget rounds of 16 (rollout.segment_tokens=16: every unfinished row advances
+                at most 16 tokens per round; what rollout=server runs, here on rollout=hf)
     trl         TRL's GRPOTrainer, synchronous (benchmarks/grpo_vs_trl.py's worker), THREADS threads
 
 Per mode: median step time, completion tokens/s, peak RSS, and the phase profile from the run's metrics:
@@ -56,6 +58,8 @@ MODES = {
                   "rollout.producer_threads=1", "hardware.num_threads=1"],
     "partial": ["rollout.partial=true", "rollout.correction=tis"],
     "k1-partial": ["rollout.max_staleness=1", "rollout.correction=tis", "rollout.partial=true"],
+    "k1-rounds": ["rollout.max_staleness=1", "rollout.correction=tis", "rollout.partial=true",
+                  "rollout.segment_tokens=16"],
 }
 FORCED_MODES = ["sync", "sync-1t", "k1", "k1-pinned", "trl"]
 NATURAL_MODES = ["sync", "partial", "k1", "k1-partial", "trl"]

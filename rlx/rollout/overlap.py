@@ -195,7 +195,7 @@ class StepOverlap:
                 return
             self.lent += len(members)
             self.lane = AheadLane(groups, VersionView(self.generator, version), version, step + 1, advance,
-                                  prepare=lambda: self.generator.move(model, version, members), capacity=capacity)
+                                  prepare=lambda: self.generator.move_ahead(model, version, members), capacity=capacity)
         elif self.lane.version != current and spare >= 1 and self.lane.thread.is_alive():
             members = self.generator.client.reserve(current, spare)  # more servers join the lane's version
             if members:

@@ -141,8 +141,6 @@ class FilePublisher(WeightPublisher):
 
     def store(self, model, version: int) -> None:
         """Write the weights of `version` (the newest) to work_dir/model; the version before it stays loadable."""
-        if self.stored and self.stored[-1] == version:
-            return
         current = self.work_dir / "model" / WEIGHTS_FILE
         kept = self.work_dir / "versions"
         if self.stored and current.is_file():  # the file in place becomes the one version kept (a link, no copy)

@@ -141,6 +141,7 @@ class ServerGenerator:
         self._probed = self._differ = 0  # probe counts since the last step_metrics
         self._failovers_seen = 0
         self.version: int | None = None  # the weight version every server holds (None before the first publish)
+        self._ahead: int | None = None  # the version servers were moved to ahead of the fleet (overlap_steps)
         self._timings: dict[str, float] = {}
         self._retries_seen = 0
 
@@ -269,12 +270,14 @@ class ServerGenerator:
     @torch.no_grad()
     def publish(self, model, version: int) -> None:
         """Put the policy's current weights (or its adapter) on every live server through the run's publisher
-        (rlx.rollout.publishers), then stamp them with `version` (a publisher that holds two versions skips the
-        servers that already hold it); then bring back lost servers that answer again (the publisher's catch_up,
-        then the stamp), before they get work."""
+        (rlx.rollout.publishers), then stamp them with `version`; then bring back lost servers that answer again
+        (the publisher's catch_up, then the stamp), before they get work. Servers a lane moved to this version
+        ahead of the fleet (move_ahead, from the same copy of the policy) are not reloaded, nor the file rewritten."""
         began = time.perf_counter()
         if self.publisher.holds_two_versions:
-            timings = self.move(model, version, [m for m in self.client.members if m.live and m.version != version])
+            ahead, self._ahead = version == self._ahead, None
+            timings = self.move(None if ahead else model, version,
+                                [m for m in self.client.members if m.live and not (ahead and m.version == version)])
             moved = time.perf_counter()
             self.version = version
         else:
@@ -288,10 +291,15 @@ class ServerGenerator:
         self._timings = {"perf/weight_sync_s": done - began, **timings}
         log.debug("published weights of version %d in %.2f s", version, done - began)
 
+    def move_ahead(self, model, version: int, members: list) -> None:
+        """overlap_steps: `members` to the next step's weights before the fleet (its publish skips them)."""
+        self.move(model, version, members)
+        self._ahead = version
+
     def move(self, model, version: int, members: list) -> dict[str, float]:
-        """Store `model` as weight `version` (when it is the newest; an older one kept by the publisher is
-        reloaded as it is) and put it on `members` (client Members), each stamped; {perf/weight_write_s,
-        perf/weight_load_s}. A member that fails is lost, as in publish."""
+        """Store `model` as weight `version` (None: the publisher already holds it, newest or the one before) and
+        put it on `members` (client Members), each stamped; {perf/weight_write_s, perf/weight_load_s}. A member
+        that fails is lost, as in publish."""
         began = time.perf_counter()
         if model is not None:
             self.publisher.store(model, version)
