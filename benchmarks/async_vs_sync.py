@@ -17,6 +17,7 @@ natural lengths, each run its own child process, the first step untimed), at rlx
     k1-partial  both
     k1-rounds   k1-partial in token-budget rounds of 16 (rollout.segment_tokens=16: every unfinished row advances
                 at most 16 tokens per round; what rollout=server runs, here on rollout=hf)
+    k1-rounds-1x  k1-rounds with no more groups in flight than a step trains (rollout.partial_oversample=1)
     trl         TRL's GRPOTrainer, synchronous (benchmarks/grpo_vs_trl.py's worker), THREADS threads
 
 Per mode: median step time, completion tokens/s, peak RSS, and the phase profile from the run's metrics:
@@ -60,6 +61,8 @@ MODES = {
     "k1-partial": ["rollout.max_staleness=1", "rollout.correction=tis", "rollout.partial=true"],
     "k1-rounds": ["rollout.max_staleness=1", "rollout.correction=tis", "rollout.partial=true",
                   "rollout.segment_tokens=16"],
+    "k1-rounds-1x": ["rollout.max_staleness=1", "rollout.correction=tis", "rollout.partial=true",
+                     "rollout.segment_tokens=16", "rollout.partial_oversample=1"],
 }
 FORCED_MODES = ["sync", "sync-1t", "k1", "k1-pinned", "trl"]
 NATURAL_MODES = ["sync", "partial", "k1", "k1-partial", "trl"]
