@@ -247,7 +247,7 @@ class PartialProducer:
             if self.overlap is not None:
                 self.overlap.lend(self._ahead_for(step), step, len(due), self._segment)
             if due:
-                self._draw_round(due, segment, step)
+                self._draw_round(due, step)
             tokens, ahead = round_tokens(self.pool, number)
             if tokens == 0:  # every row was unfinished and none moved: another round would not either
                 raise RolloutServerError(f"a round of rollout.segment_tokens={segment} advanced none of "
@@ -264,17 +264,16 @@ class PartialProducer:
         self.last_rounds = number
         return drawn
 
-    def _draw_round(self, due: list[tuple[int, int]], segment: int, step: int) -> None:
+    def _draw_round(self, due: list[tuple[int, int]], step: int) -> None:
         """One round for the rows `due`; with overlap, when the servers of this step's version were all lost to
         the next step's lane, they are moved back and the round is drawn again (seeded: the same rows)."""
-        marks = [len(self.pool[g]["marks"][r]) for g, r in due]
         try:
-            self._advance(due, Continuation(prefixes=[self.pool[g]["ids"][r] for g, r in due], segment=segment), step)
-        except NoServerAtVersion:
-            if self.overlap is None or any(len(self.pool[g]["marks"][r]) != m for (g, r), m in zip(due, marks)):
+            self._segment(self.generator, self.pool, due, step)
+        except NoServerAtVersion:  # raised before any row of the round was applied
+            if self.overlap is None:
                 raise
             self.overlap.reclaim()
-            self._advance(due, Continuation(prefixes=[self.pool[g]["ids"][r] for g, r in due], segment=segment), step)
+            self._segment(self.generator, self.pool, due, step)
 
     def _ahead_for(self, step: int) -> list[dict] | None:
         """The fresh groups of step+1, drawn now from the stream (in its order, with step+1's seeds) for a lane to
@@ -311,7 +310,7 @@ class PartialProducer:
                             self.min_new_tokens)
 
     def _segment(self, generator, groups: list[dict], rows: list[tuple[int, int]], step: int) -> int:
-        """One round of rollout.segment_tokens for `rows` of `groups` on `generator` (a lane drawing ahead)."""
+        """One round of rollout.segment_tokens for `rows` of `groups` on `generator` (this step's, or a lane's)."""
         return advance_rows(generator, groups, rows, Continuation(prefixes=[groups[g]["ids"][r] for g, r in rows],
                                                                   segment=self.rounds.segment_tokens),
                             step, self.max_new_tokens, self.min_new_tokens)
@@ -330,7 +329,7 @@ class PartialProducer:
             self._generate(step)
         finally:
             if self.overlap is not None:
-                self.overlap.finish()  # the lane of step+1 stops after its round in flight; its rows wait in ahead
+                self.overlap.finish()  # the lane of step+1 stops (a call in flight is dropped); its rows wait in ahead
         done = [i for i, finished in enumerate(groups_done(self.pool)) if finished][: self.prompts_per_step]
         chosen = [self.pool[i] for i in done]  # the finished groups first drawn, in draw order
         self.pool = [g for i, g in enumerate(self.pool) if i not in set(done)]
