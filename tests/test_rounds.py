@@ -64,6 +64,67 @@ def test_rounds_advance_rows_s_tokens_at_a_time_and_journal_each_round(tmp_path)
     assert [x["step"] for x in lines].count(2) == batch.metrics["rollout/rounds"]
 
 
+def test_round_marks_and_round_end_stops_by_hand():
+    """A row from 5 to 42 tokens in rounds of 16 was 21 after round 0, 37 after round 1, 42 after round 2; a row
+    that drew nothing has no round; the stop rule is asked at token steps 16, 32 and 48 only (and says stop at 32)."""
+    from rlx.rollout.partial import at_round_ends, round_marks
+
+    assert round_marks(5, 42, 16) == [5, 21, 37, 42]
+    assert round_marks(5, 37, 16) == [5, 21, 37] and round_marks(5, 5, 16) == [5]
+    asked = []
+    stop = at_round_ends(lambda finished: asked.append(int(finished.sum())) or len(asked) == 2, 16)
+    answers = [stop(torch.tensor([t > 20, False])) for t in range(1, 49)]
+    assert asked == [0, 1, 1] and [t + 1 for t, stop in enumerate(answers) if stop] == [32]
+
+
+class OneCall(Segmented):
+    """Segmented rows that also run a step's rounds in one call (Scripted: one token per step, stop_when after each),
+    as rollout=hf does; `one_call` False: round by round."""
+
+    def __init__(self, lengths, one_call):
+        super().__init__(lengths)
+        self.one_call = one_call
+
+    def rounds_in_one_call(self, rows):
+        return self.one_call
+
+    def generate_ids(self, prompts, *, continuation, **kwargs):
+        if continuation.segment:
+            return super().generate_ids(prompts, continuation=continuation, **kwargs)
+        return Scripted.generate_ids(self, prompts, continuation=continuation, **kwargs)
+
+
+def test_rounds_in_one_call_equal_rounds_drawn_one_by_one(tmp_path):
+    """S = 3, four steps, versions moving: a step's rounds drawn in one call stopped at a round's end give the batches,
+    pool, journal and metrics of rounds drawn round by round, with one call per step instead of one per round."""
+    runs = {}
+    for one_call in (True, False):
+        lengths = [8, 7, 9, 3, 8, 8, 1, 7, 5, 9, 2, 4]
+        made, _ = partial_producer(lengths, prompts_per_step=2, oversample=2.0)
+        made.generator = generator = OneCall(lengths, one_call)
+        made.rounds = Rounds(3, tmp_path / f"{one_call}.jsonl")
+        batches = []
+        for step in range(1, 5):
+            generator.version = step - 1
+            batch = made.produce(step)
+            batches.append((trained(batch), batch.rollout.token_versions.tolist(), batch.metrics))
+        runs[one_call] = (batches, made.state_dict()["pool"], (tmp_path / f"{one_call}.jsonl").read_text(),
+                          len(generator.calls))
+    assert runs[True][:3] == runs[False][:3]
+    assert runs[True][3] <= 4 < runs[False][3]
+    assert max(json.loads(x)["round"] for x in runs[True][2].splitlines()) >= 2
+
+
+def test_rounds_of_one_token_on_the_tiny_model_are_partial_rollouts(tmp_path):
+    """rollout=hf: rounds of 1 token stop where partial rollouts without rounds stop (after the token step in which
+    enough groups finished), drawn in one call: the same rows, so the same metrics but for rollout/rounds."""
+    strip = lambda row: {k: v for k, v in row.items() if k not in ("time", "rollout/rounds") and not k.startswith("perf/")}  # noqa: E731
+    rounds = train(tmp_path, *ROUNDS[:-1], "rollout.segment_tokens=1", steps=3, run_dir=tmp_path / "a")
+    plain = train(tmp_path, *ROUNDS[:-1], steps=3, run_dir=tmp_path / "b")
+    assert [strip(r) for r in rounds] == [strip(r) for r in plain]
+    assert all(r["rollout/rounds"] > 1 for r in rounds[:1])
+
+
 def test_rounds_on_the_tiny_model_are_reproducible_and_resume_exactly(tmp_path, monkeypatch):
     """rollout=hf, S = 3: two runs log the same values and write the same rounds.jsonl; a run stopped after its
     step-2 checkpoint and resumed logs what the straight run logs, and its journal drops the redone steps."""

@@ -115,6 +115,11 @@ class HFGenerator:
         self.version = 0
         self.interrupt = None  # a threading.Event: once set, generation stops at the next token (a pipeline closing)
 
+    def rounds_in_one_call(self, rows: int) -> bool:
+        """Whether `rows` continued rows decode as one batch (batch_size), advancing one token per step together, so
+        that token-budget rounds at one version can run as one call stopped at a round's end (partial.py)."""
+        return rows <= self.batch_size
+
     def publish(self, model, version: int) -> None:
         """The policy generates itself: the update already changed its weights; only the version moves."""
         self.version = version

@@ -96,6 +96,19 @@ def finishing_rule(pool: list[dict], rows: list[tuple[int, int]], target: int):
     return enough
 
 
+def at_round_ends(rule, segment: int):
+    """stop_when that asks `rule` only at the end of a round of `segment` tokens (after token step S, 2S, ...: a
+    generate call's rows advance one token per step, together)."""
+    steps = iter(range(1, 1 << 62))
+    return lambda finished: next(steps) % segment == 0 and bool(rule(finished))
+
+
+def round_marks(start: int, end: int, segment: int) -> list[int]:
+    """The round record of a row that went from `start` to `end` tokens in rounds of `segment` tokens: its length
+    at the step's start and after each round that advanced it, [start, start + S, ..., end]."""
+    return [start] + [min(start + k * segment, end) for k in range(1, -(-(end - start) // segment) + 1)]
+
+
 def advance_rows(generator, pool: list[dict], rows: list[tuple[int, int]], continuation: Continuation, step: int,
                  max_new_tokens: int, min_new_tokens: int) -> int:
     """Continue `rows` ((group position, row) of `pool`) on `generator` as `continuation` says; their new tokens,
@@ -236,10 +249,16 @@ class PartialProducer:
     def _rounds(self, step: int) -> int:
         """Round r advances every row unfinished at its start by at most S tokens, except rows a lane drew ahead
         (rollout.server.overlap_steps), whose segment of round r is already recorded; rounds end after the first in
-        which prompts_per_step groups have finished (counted round by round), and rows drawn past it are cut back."""
-        drawn, number, segment = 0, 0, self.rounds.segment_tokens
+        which prompts_per_step groups have finished (counted round by round), and rows drawn past it are cut back.
+        A generator that decodes the rows as one batch (rollout=hf) draws all of a step's rounds in one call that
+        stops at the end of that round: every round is at the step's version, so the rows are the same (without the
+        prompt and prefix encoded again each round), and the journal's lines are made from the rows' lengths."""
         for group in self.pool:
             start_marks(group, step)
+        rows = self._unfinished()
+        if self.overlap is None and getattr(self.generator, "rounds_in_one_call", lambda _: False)(len(rows)):
+            return self._rounds_in_one_call(rows, step)
+        drawn, number, segment = 0, 0, self.rounds.segment_tokens
         while groups_completed(self.pool, number - 1) < self.prompts_per_step:
             unfinished = [(g, r) for g, group in enumerate(self.pool) for r in range(self.group_size)
                           if not group["finished"][r] or rounds_done(group, r) > number]
@@ -253,16 +272,40 @@ class PartialProducer:
                 raise RolloutServerError(f"a round of rollout.segment_tokens={segment} advanced none of "
                                          f"{len(unfinished)} unfinished rows (the generator answered no tokens)")
             drawn += tokens
-            line = {"step": step, "round": number, "version": self._version(), "rows_advanced": len(unfinished),
-                    "tokens": tokens, "groups_completed": groups_completed(self.pool, number),
-                    "served": self._served()}
-            if self.overlap is not None:
-                line["drawn_ahead"] = ahead - len(due)  # information only: rows whose segment a lane drew earlier
-            self.rounds.record(line)
+            self._journal(step, number, len(unfinished), tokens, ahead - len(due))
             number += 1
         self.dropped = settle(self.pool, number - 1)
         self.last_rounds = number
         return drawn
+
+    def _rounds_in_one_call(self, rows: list[tuple[int, int]], step: int) -> int:
+        """All of the step's rounds for the unfinished `rows` in one generate call that stops after the round in
+        which prompts_per_step groups have finished; each row's round record is split from its new tokens."""
+        number = 0
+        if sum(groups_done(self.pool)) < self.prompts_per_step:
+            segment = self.rounds.segment_tokens
+            starts = [len(self.pool[g]["ids"][r]) for g, r in rows]
+            drawn = self._advance(rows, Continuation(prefixes=[self.pool[g]["ids"][r] for g, r in rows],
+                                                     stop_when=at_round_ends(finishing_rule(
+                                                         self.pool, rows, self.prompts_per_step), segment)), step)
+            for (g, r), start in zip(rows, starts):
+                self.pool[g]["marks"][r] = round_marks(start, len(self.pool[g]["ids"][r]), segment)
+            number = max(rounds_done(self.pool[g], r) for g, r in rows)
+            for n in range(number):
+                tokens, advanced = round_tokens(self.pool, n)
+                self._journal(step, n, advanced, tokens)
+        else:
+            drawn = 0
+        self.dropped, self.last_rounds = 0, number
+        return drawn
+
+    def _journal(self, step: int, number: int, advanced: int, tokens: int, drawn_ahead: int = 0) -> None:
+        """The rounds.jsonl line of round `number`: `advanced` rows unfinished at its start, `tokens` drawn."""
+        line = {"step": step, "round": number, "version": self._version(), "rows_advanced": advanced,
+                "tokens": tokens, "groups_completed": groups_completed(self.pool, number), "served": self._served()}
+        if self.overlap is not None:
+            line["drawn_ahead"] = drawn_ahead  # information only: rows whose segment a lane drew earlier
+        self.rounds.record(line)
 
     def _draw_round(self, due: list[tuple[int, int]], step: int) -> None:
         """One round for the rows `due`; with overlap, when the servers of this step's version were all lost to
