@@ -95,3 +95,29 @@ def test_other_backends_refuse_in_one_line():
     refuse_continuation("server", Continuation(prefixes=[[1]]), continues_prefixes=True)  # rounds
     with pytest.raises(UserError, match="rollout=server cannot stop generation early .* set rollout.segment_tokens"):
         refuse_continuation("server", Continuation(stop_when=lambda finished: False), continues_prefixes=True)
+
+
+def test_rows_that_share_a_prompt_and_prefix_encode_it_once(tiny):
+    """Four rows of a fresh group (empty prefixes) and two rows with one prefix: the prefill encodes 2 sequences, not
+    6, and the rows drawn are those of the group sampled as samples_per_prompt (its prompt encoded once) and of the
+    continued row alone."""
+    from rlx.rollout.generator import shared_prefixes
+
+    model, tokenizer, prompts = tiny
+    assert shared_prefixes([[1, 2], [1, 2], [3], [1, 2]]) == ([[1, 2], [3]], [0, 0, 1, 0])
+    generator = HFGenerator(model, tokenizer, logprobs="sampler", batch_size=8)
+    group = generator.generate_ids(prompts[:1], max_new_tokens=12, seeds=[1, 2, 3, 4], samples_per_prompt=4)
+    alone = generator.generate_ids([prompts[1]], max_new_tokens=12, seeds=[5],
+                                   continuation=Continuation(prefixes=[group.ids[0][:3]]))
+    widths = []
+    hook = model.register_forward_pre_hook(lambda _, args, kwargs: widths.append(kwargs["input_ids"].shape),
+                                           with_kwargs=True)
+    try:
+        mixed = generator.generate_ids([prompts[0]] * 4 + [prompts[1]] * 2, max_new_tokens=12, seeds=[1, 2, 3, 4, 5, 5],
+                                       continuation=Continuation(prefixes=[[]] * 4 + [group.ids[0][:3]] * 2))
+    finally:
+        hook.remove()
+    assert widths[0][0] == 2  # the prefill: one row per distinct prompt + prefix
+    assert mixed.ids[:4] == group.ids and mixed.ids[4] == mixed.ids[5] == alone.ids[0]
+    # the batch around them differs (padding for the longer rows): log-probs equal up to float rounding
+    assert torch.allclose(torch.tensor(mixed.logprobs[:4]), torch.tensor(group.logprobs), atol=1e-5)

@@ -125,6 +125,18 @@ def test_rounds_of_one_token_on_the_tiny_model_are_partial_rollouts(tmp_path):
     assert all(r["rollout/rounds"] > 1 for r in rounds[:1])
 
 
+def test_rounds_with_no_extra_groups_draw_the_synchronous_rows(tmp_path):
+    """rollout=hf, S = 3, rollout.partial_oversample=1: every group in flight is trained, so a step's rounds run until
+    every row finished; drawn in one call, with each fresh group's prompt encoded once and its cache copied to its
+    rows (as the synchronous producer does), they are the synchronous run's rows: every metric they share is equal."""
+    rounds = train(tmp_path, *ROUNDS[:2], "rollout.partial_oversample=1", "rollout.segment_tokens=3", steps=3,
+                   run_dir=tmp_path / "a")
+    plain = train(tmp_path, *ROUNDS[1:2], steps=3, run_dir=tmp_path / "b")
+    shared = [k for k in plain[0] if k != "time" and not k.startswith("perf/")]
+    assert len(shared) > 20 and all(r["rollout/rounds"] >= 2 for r in rounds)
+    assert [{k: r[k] for k in shared} for r in rounds] == [{k: r[k] for k in shared} for r in plain]
+
+
 def test_rounds_on_the_tiny_model_are_reproducible_and_resume_exactly(tmp_path, monkeypatch):
     """rollout=hf, S = 3: two runs log the same values and write the same rounds.jsonl; a run stopped after its
     step-2 checkpoint and resumed logs what the straight run logs, and its journal drops the redone steps."""

@@ -89,6 +89,13 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
     return ids, mask
 
 
+def shared_prefixes(rows: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """(the distinct token-id lists of `rows` in order of first appearance, the index of each row's among them)."""
+    index: dict[tuple[int, ...], int] = {}
+    source = [index.setdefault(tuple(r), len(index)) for r in rows]
+    return [list(r) for r in index], source
+
+
 @dataclass(frozen=True)
 class DecodeStep:
     """Which decoder HFGenerator runs: the seeded draw's version (rollout.sampler, rollout/sampling.py SAMPLERS) and
@@ -139,13 +146,15 @@ class HFGenerator:
                      continuation: Continuation | None = None, schedule: list[float] | None = None) -> Generation:
         """continuation: continue each row from its token prefix (partial rollouts) and/or end generation early;
         schedule: a sampling temperature per completion position (EAD), the decoder's log-probs taken at it."""
-        starts = None
+        starts = source = None
         prefixes, stop_when = (continuation.prefixes, continuation.stop_when) if continuation else (None, None)
         if prefixes is not None:  # each row is its own prompt: prompt + the completion so far (rollout/hf.py)
             if len(prefixes) != len(prompts) * samples_per_prompt:
                 raise ValueError(f"{len(prefixes)} prefixes for {len(prompts) * samples_per_prompt} rows")
             prompts = [list(prompts[i // samples_per_prompt]) + list(p) for i, p in enumerate(prefixes)]
             starts, samples_per_prompt = [len(p) for p in prefixes], 1
+            if len(prompts) <= self.batch_size:  # rows with one prompt + prefix (a fresh group) encode it once
+                prompts, source = shared_prefixes(prompts)
         if self.interrupt is not None:
             stop_when = _or_interrupted(self.interrupt, stop_when)
         ids, mask = left_pad(prompts, self.tokenizer.pad_token_id)
@@ -155,7 +164,7 @@ class HFGenerator:
                             onednn=self.onednn, schedule=schedule, segment=continuation.segment if continuation else None,
                             logprobs=self.with_logprobs == "sampler" or (schedule is not None and bool(self.with_logprobs)))
         out = generate_tokens(self.model, self.tokenizer, ids, mask, decoding, seeds=seeds, start_positions=starts,
-                              stop_when=stop_when)
+                              stop_when=stop_when, source=source)
         lengths = out.completion_mask.sum(dim=1).tolist()
         ids = [out.completion_ids[i, :n].tolist() for i, n in enumerate(lengths)]
         logprobs = None

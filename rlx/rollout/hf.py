@@ -157,7 +157,7 @@ class _DecodeRun:
 @torch.no_grad()
 def generate_tokens(model, tokenizer, unique_ids: torch.Tensor, unique_mask: torch.Tensor, decoding: Decoding, *,
                     seeds: list[int] | None = None, start_positions: list[int] | None = None,
-                    stop_when=None) -> Rollout:
+                    stop_when=None, source: list[int] | None = None) -> Rollout:
     """`generate` on prompts given as left-padded token ids (B, P) and their mask (B, P); the tokenizer only
     names the pad and stop tokens and decodes the texts.
 
@@ -173,7 +173,11 @@ def generate_tokens(model, tokenizer, unique_ids: torch.Tensor, unique_mask: tor
     decoding.schedule: a temperature per completion position (rollout.temperature_schedule,
     rlx/rollout/temperature.py; at least max_new_tokens values): token t is drawn at schedule[t] instead of
     `temperature`, and its recorded log-prob is log softmax(z / schedule[t]). Not with continuation (the config
-    refuses partial rollouts with a schedule: a continued row's positions differ per row)."""
+    refuses partial rollouts with a schedule: a continued row's positions differ per row).
+
+    source (optional, with samples_per_prompt 1): row i continues unique_ids[source[i]], so rows that share a prompt
+    and prefix (a fresh group's G rows) have it encoded once and its KV cache copied to each, as a group's prompt is;
+    all rows then decode as one batch (at most decoding.batch_size)."""
     d = decoding
     if d.schedule is not None and len(d.schedule) < d.max_new_tokens:
         raise ValueError(f"a temperature schedule of {len(d.schedule)} positions for {d.max_new_tokens} new tokens")
@@ -184,7 +188,9 @@ def generate_tokens(model, tokenizer, unique_ids: torch.Tensor, unique_mask: tor
     was_training = model.training
     model.eval()
     group = d.samples_per_prompt
-    num_rows = unique_ids.shape[0] * group
+    num_rows = unique_ids.shape[0] * group if source is None else len(source)
+    if source is not None and (group != 1 or num_rows > d.batch_size):
+        raise ValueError(f"source: samples_per_prompt 1 and at most batch_size ({d.batch_size}) rows, got {num_rows}")
     if seeds is None:
         seeds = torch.randint(0, 2**31 - 1, (num_rows,)).tolist()
     if len(seeds) != num_rows:
@@ -198,32 +204,34 @@ def generate_tokens(model, tokenizer, unique_ids: torch.Tensor, unique_mask: tor
         starts = torch.tensor(start_positions, dtype=torch.int64)  # (N,)
     seed_tensor = torch.tensor(seeds, dtype=torch.int64)  # (N,)
     counts = torch.zeros(num_rows, dtype=torch.long) if (starts is not None or stop_when is not None) else None  # (N,)
+    rows_of = torch.tensor(source, dtype=torch.long) if source is not None else None  # (N,)
     completion_ids, sampled_logp, width = _decode_chunks(model, unique_ids, unique_mask, seed_tensor, run, counts,
-                                                         starts=starts, stop_when=stop_when)
+                                                         starts=starts, stop_when=stop_when, source=rows_of)
     completion_ids, completion_mask, truncated, sampled_logp = _trim(completion_ids, sampled_logp, width, counts, run)
     texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
     if was_training:
         model.train()
-    prompt_ids = unique_ids.repeat_interleave(group, dim=0)  # (N, P)
-    prompt_mask = unique_mask.repeat_interleave(group, dim=0)  # (N, P)
+    expand = rows_of if rows_of is not None else torch.arange(unique_ids.shape[0]).repeat_interleave(group)  # (N,)
+    prompt_ids, prompt_mask = unique_ids[expand], unique_mask[expand]  # (N, P) each
     return Rollout.single_turn(prompt_ids, prompt_mask, completion_ids, completion_mask, truncated, texts, sampled_logp)
 
 
 def _decode_chunks(model, unique_ids: torch.Tensor, unique_mask: torch.Tensor, seeds: torch.Tensor, run: _DecodeRun,
-                   counts: torch.Tensor | None, *, starts: torch.Tensor | None, stop_when):
+                   counts: torch.Tensor | None, *, starts: torch.Tensor | None, stop_when, source=None):
     """Decode the prompts `run.decoding.batch_size` rows at a time. Returns the completion ids (N, C_max), the
     sampled log-probs (N, C_max) or None, and the widest chunk's width; `counts` (N,), when given, receives
-    each row's count of emitted tokens. stop_when ends the decoding (the later chunks' rows stay empty)."""
+    each row's count of emitted tokens. stop_when ends the decoding (the later chunks' rows stay empty). source (N,):
+    row i continues unique prompt source[i] (one chunk, see generate_tokens)."""
     d = run.decoding
     device = next(model.parameters()).device
     group, num_rows = d.samples_per_prompt, seeds.shape[0]
     completion_ids = torch.full((num_rows, d.max_new_tokens), run.pad_id, dtype=torch.long)  # (N, C_max)
     sampled_logp = torch.zeros((num_rows, d.max_new_tokens)) if d.logprobs else None  # (N, C_max)
     width = 0
-    prompts_per_chunk = max(1, d.batch_size // group)
+    prompts_per_chunk = max(1, d.batch_size // group if source is None else unique_ids.shape[0])
     for first in range(0, unique_ids.shape[0], prompts_per_chunk):
         last = min(unique_ids.shape[0], first + prompts_per_chunk)
-        rows = slice(first * group, last * group)
+        rows = slice(first * group, last * group) if source is None else slice(0, num_rows)
         chunk_stop = None
         if stop_when is not None:  # the caller sees every row: those of earlier chunks finished, later ones not yet
             def chunk_stop(done, rows=rows):
@@ -234,6 +242,7 @@ def _decode_chunks(model, unique_ids: torch.Tensor, unique_mask: torch.Tensor, s
         chunk, chunk_logp, chunk_counts, interrupted = _decode(
             model, unique_ids[first:last].to(device), unique_mask[first:last].to(device), seeds[rows], run,
             starts=starts[rows] if starts is not None else None, stop_when=chunk_stop,
+            source=source.to(device) if source is not None else None,
         )  # (n, c) each
         if counts is not None:
             counts[rows] = chunk_counts.cpu()
@@ -273,19 +282,22 @@ def _all_stopped(stopped: torch.Tensor) -> bool:
     return flag.item() == 0.0
 
 
-def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, d: Decoding):
-    """Encode the b prompts once for their whole group. Returns the first token's logits (n, V), the cache
-    (repeated per sample), rlx's own decode step for Llama-family models (rollout/fast_decode.py) or None, the
-    attention mask (n, P) and each row's next position (n,)."""
+def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, d: Decoding, source=None):
+    """Encode the b prompts once for their whole group (or, `source` (n,), for the rows that continue each). Returns
+    the first token's logits (n, V), the cache (repeated per sample), rlx's own decode step for Llama-family models
+    (rollout/fast_decode.py) or None, the attention mask (n, P) and each row's next position (n,)."""
     group = d.samples_per_prompt
     positions = position_ids_from_mask(prompt_mask)  # (b, P), as in the training forward (models/forward.py)
     cache = generation_cache(model, d.max_new_tokens)
     step = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, past_key_values=cache,
                  use_cache=True, logits_to_keep=1)  # the prompt is encoded once for its whole group
-    logits = step.logits[:, -1].repeat_interleave(group, dim=0)  # (n, V)
     cache = step.past_key_values
     fast = (decode_step_for(model, onednn=d.onednn or d.sampler in ONEDNN_DECODE)
             if all(isinstance(layer, PreallocatedLayer) for layer in cache.layers) else None)
+    if source is not None:  # each row from its unique prompt + prefix (a copy, as repeat_interleave makes)
+        cache.batch_select_indices(source)
+        return step.logits[source, -1], cache, fast, prompt_mask[source], positions[source, -1] + 1
+    logits = step.logits[:, -1].repeat_interleave(group, dim=0)  # (n, V)
     if group > 1:
         cache.batch_repeat_interleave(group)
     attention = prompt_mask.repeat_interleave(group, dim=0)  # (n, P + t)
@@ -314,7 +326,7 @@ def _next_logits(model, fast, token: torch.Tensor, next_position: torch.Tensor, 
 
 
 def _decode(model, prompt_ids, prompt_mask, seeds, run: _DecodeRun, *, starts=None,
-            stop_when=None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, bool]:
+            stop_when=None, source=None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, bool]:
     """Token-by-token decoding of `group` (run.decoding.samples_per_prompt) samples for each of b prompts.
     Returns (b*group, c) token ids, with logprobs (b*group, c) log softmax(z / T) of each sampled token (see
     generate), else None, the count of tokens each row emitted (b*group,), and whether stop_when ended the
@@ -325,7 +337,7 @@ def _decode(model, prompt_ids, prompt_mask, seeds, run: _DecodeRun, *, starts=No
     d = run.decoding
     max_new_tokens, temperature, schedule = d.max_new_tokens, d.temperature, d.schedule
     device = prompt_ids.device
-    num_rows = prompt_ids.shape[0] * d.samples_per_prompt
+    num_rows = prompt_ids.shape[0] * d.samples_per_prompt if source is None else source.shape[0]
     out = torch.full((num_rows, max_new_tokens), run.pad_id, dtype=torch.long, device=device)  # (n, C_max)
     logp = torch.zeros((num_rows, max_new_tokens), device=device) if d.logprobs else None  # (n, C_max)
     counts = torch.zeros(num_rows, dtype=torch.long, device=device)  # (n,) tokens emitted
@@ -341,7 +353,7 @@ def _decode(model, prompt_ids, prompt_mask, seeds, run: _DecodeRun, *, starts=No
         steps = min(steps, int(d.segment))
     if steps == 0:
         return out[:, :0], (logp[:, :0] if logp is not None else None), counts, False
-    logits, cache, fast, attention, next_position = _prefill(model, prompt_ids, prompt_mask, d)
+    logits, cache, fast, attention, next_position = _prefill(model, prompt_ids, prompt_mask, d, source)
     stopped = torch.zeros(num_rows, dtype=torch.bool, device=device)  # lockstep: rows that emitted a stop token
     alive = torch.arange(num_rows, device=device)  # rows of `out` still generating
     stop = torch.tensor(run.stop_ids, dtype=torch.long, device=device)  # (S,)
