@@ -2,7 +2,9 @@
 and streaming (token-budget rounds), each against the synchronous loop at the same GPU count.
 
     python benchmarks/async_sim.py                  # inputs from benchmarks/results/ (see measured_inputs)
-    python benchmarks/async_sim.py --push nccl      # the push at the peers' NCCL figure instead of rlx's file push
+    python benchmarks/async_sim.py --push nccl      # the push at the peers' NCCL figure instead of rlx's file push,
+                                                    # the engines paused while it runs (rlx's nccl publisher)
+    python benchmarks/async_sim.py --push nccl-overlapped   # the same push received beside decoding (not built)
     python benchmarks/async_sim.py --round-tokens 16 --capacity 128 --json /tmp/x.json
 
 The model. A batch is P groups of G rows (P = 512, G = 16: the batch is held fixed as GPUs grow). Each row's
@@ -63,8 +65,12 @@ RESULTS = Path(__file__).resolve().parent / "results"
 LENGTHS_FILE = RESULTS / "natural_lengths_smollm2_135m.json"
 PUSH_FILE = RESULTS / "server_rollout_0.5b_shm.json"   # rlx's server push at the 0.5B shape, work_dir on /dev/shm
 STEP_FILE = RESULTS / "async_vs_sync_0.5b_2x4x64.json"  # the synchronous 0.5B step measured on the same CPU
-# the peers' NCCL push of a 0.5B model (0.15-0.6 s) against an H100 0.5B step (gpu_smoke_h100: 4.3-6.8 s)
-NCCL_PUSH = (0.4 / 5.0, 0.0)
+# the peers' NCCL push of a 0.5B model (0.15-0.6 s) against an H100 0.5B step (gpu_smoke_h100: 4.3-6.8 s), as
+# (write, reload). nccl: the engines take part in the broadcast and generate nothing while it runs (rlx's nccl
+# publisher pauses them, as the peers' do), so all of it is the engines' reload. nccl-overlapped: received beside
+# decoding (weights double-buffered on the engine, not built in rlx), so all of it is a write the engines do not
+# wait for. The pipeline pays write + reload on its generation path either way.
+NCCL_PUSHES = {"nccl": (0.0, 0.4 / 5.0), "nccl-overlapped": (0.4 / 5.0, 0.0)}
 # published figures of peers (their hardware, models, tasks): asynchronous against their synchronous runs
 PEERS = [
     ("AReaL (Fu et al. 2025), fully asynchronous vs synchronous", "2.57x (2.77x in its later release)"),
@@ -504,8 +510,9 @@ def measured_inputs() -> dict:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", default="gsm_symbolic", help="which measured length set (gsm_symbolic | chain_sum)")
-    parser.add_argument("--push", default="rlx", choices=["rlx", "nccl"], help="rlx: its file push, measured; "
-                        "nccl: the peers' figure")
+    parser.add_argument("--push", default="rlx", choices=["rlx", *NCCL_PUSHES], help="rlx: its file push, measured; "
+                        "nccl: the peers' figure, engines paused while it runs; nccl-overlapped: the same received "
+                        "beside decoding")
     parser.add_argument("--gpus", default="8,64,512")
     parser.add_argument("--gen-share", type=float, default=0.75)
     parser.add_argument("--capacity", type=int, default=256)
@@ -518,7 +525,7 @@ def main(argv=None) -> dict:
     measured = measured_inputs()
     if "lengths" not in measured:
         raise SystemExit(f"no natural lengths: run benchmarks/natural_lengths.py (writes {LENGTHS_FILE})")
-    write, reload = (measured["write"], measured["reload"]) if args.push == "rlx" else NCCL_PUSH
+    write, reload = (measured["write"], measured["reload"]) if args.push == "rlx" else NCCL_PUSHES[args.push]
     setup = calibrate(Setup(lengths=tuple(measured["lengths"][args.lengths]), gen_share=args.gen_share,
                             capacity=args.capacity, saturation=args.saturation, round_tokens=args.round_tokens,
                             write=write, reload=reload, switch=args.switch, batches=args.batches))
@@ -527,7 +534,8 @@ def main(argv=None) -> dict:
                   lengths_max=max(setup.lengths), push=args.push,
                   lengths_source=measured["lengths_source"],
                   push_source=measured.get("push_source", "") if args.push == "rlx" else
-                  "peers' NCCL push of a 0.5B model (0.15-0.6 s) against a 5 s H100 0.5B step (gpu_smoke_h100)")
+                  "peers' NCCL push of a 0.5B model (0.15-0.6 s) against a 5 s H100 0.5B step (gpu_smoke_h100)" +
+                  (", engines paused for it" if args.push == "nccl" else ", received beside decoding"))
     print("assumptions: " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in inputs.items()))
     table = [row for n in map(int, args.gpus.split(",")) for row in compare(setup, n)]
     header = ["GPUs", "k", "sync + partial", "pipeline (gen GPUs)", "pipeline + partial", "pipeline + rounds",
