@@ -30,7 +30,8 @@ The schedules (what rlx does, or would do):
     pushes them (write + the engines' reload) before it starts. The trainer updates on batch b once it is sampled
     and update b-1 is done.
   - pipeline k + partial: the same producer, each batch made by the partial rule above.
-  - streaming k (token-budget rounds, not built in rlx: the design in generation-service.md): every unfinished row
+  - streaming k (token-budget rounds, the design in generation-service.md; rlx's rounds in pipeline mode below are
+    this schedule but for admission): every unfinished row
     advances at most S tokens per round, all at the round's version max(0, m - k), where m is the number of
     batches formed before the round; after each round the first P complete groups in draw order form a batch
     (repeatedly). New groups enter in draw order at the start of a round, each on the engine with the fewest
@@ -40,7 +41,9 @@ The schedules (what rlx does, or would do):
     version is newer than the one it holds, which stops it for the reload time.
   - pipeline k + rounds (built: rollout.segment_tokens in pipeline mode on a fleet): partial rollouts whose step
     advances every unfinished row at most S tokens per round (a barrier, plus the round's overhead) at the step's
-    version until P groups are complete; batch b waits for its version's push as in the pipeline.
+    version until P groups are complete; batch b waits for its version's push as in the pipeline. A round sends
+    each group's rows to the engine with the fewest rows of the round so far (rlx routes by load). Unlike
+    streaming, oversample P groups are always in flight: rows beyond the engines' capacity wait in the round.
   - the same + overlap (built: rollout.server.overlap_steps): engines a step no longer needs (beyond ceil(rows
     due / per_server)) move to the next step's version and draw its fresh rows' segments meanwhile.
   The speed-up of a schedule is the synchronous loop's mean step time over the schedule's, at the same GPU count.
@@ -295,14 +298,22 @@ def step_rounds(draw_group, prompts: int, oversample: float, budget: int, batche
 
 
 def lane_round(advances: dict, engines: int, capacity: int, saturation: float, overhead: float) -> float:
-    """One barrier round of `advances` ({(draw, row): tokens}) on `engines` engines, a group on one engine (draw
-    index mod engines): the slowest engine's time plus the round's overhead (0 with nothing to draw)."""
+    """One barrier round of `advances` ({(draw, row): tokens}) on `engines` engines: the slowest engine's time plus
+    the round's overhead (0 with nothing to draw). A group's rows go to one engine; groups in draw order each to the
+    engine with the fewest rows of the round so far (lowest index on a tie), as rlx's fleet sends a group's
+    requests to the least-loaded server (ServerClient.routed)."""
     if not advances:
         return 0.0
-    per: dict[int, list[int]] = {}
-    for (draw, _), a in advances.items():
-        per.setdefault(draw % engines, []).append(a)
-    return max(max(engine_run(rows, capacity, saturation)[0]) for rows in per.values()) + overhead
+    groups: dict[int, list[int]] = {}
+    for (draw, _), a in sorted(advances.items()):
+        groups.setdefault(draw, []).append(a)
+    per: list[list[int]] = [[] for _ in range(engines)]
+    loads = [(0, e) for e in range(engines)]  # (rows so far, engine): a heap
+    for draw in sorted(groups):
+        rows, e = heapq.heappop(loads)
+        per[e].extend(groups[draw])
+        heapq.heappush(loads, (rows + len(groups[draw]), e))
+    return max(max(engine_run(rows, capacity, saturation)[0]) for rows in per if rows) + overhead
 
 
 def rounds_pipeline_time(setup: Setup, steps: list[dict], engines: int, trainers: int, staleness: int,
@@ -472,9 +483,10 @@ def compare(setup: Setup, gpus: int, stalenesses=(1, 2, 4)) -> list[dict]:
         for name, runs in (("pipeline", False), ("pipeline_partial", True)):
             best[name] = min((pipeline_time(setup, produced[(e, runs)], gpus - e, k), e) for e in splits(gpus))
         best["streaming"] = min((streaming_time(setup, streamed[e], gpus - e, k), e) for e in splits(gpus))
-        split = best["pipeline_partial"][1]  # rounds: at the split best for one call per step (the model is slow)
-        for name, overlap in (("pipeline_rounds", False), ("pipeline_rounds_overlap", True)):
-            best[name] = (rounds_pipeline_time(setup, stepped, split, gpus - split, k, overlap), split)
+        best["pipeline_rounds"] = min((rounds_pipeline_time(setup, stepped, e, gpus - e, k, False), e)
+                                      for e in splits(gpus))
+        split = best["pipeline_rounds"][1]  # overlap: at the split best without it (the lane's model is slow)
+        best["pipeline_rounds_overlap"] = (rounds_pipeline_time(setup, stepped, split, gpus - split, k, True), split)
         row = {"gpus": gpus, "staleness": k, "sync_step": sync / setup.unit,
                "sync_partial": sync / sync_partial, "bound": sync / bound_time(setup, gpus)}
         for name, (time, e) in best.items():

@@ -123,6 +123,15 @@ def test_step_rounds_by_hand():
     assert steps[1]["tokens"] == 12
 
 
+def test_a_round_places_each_group_on_the_least_loaded_engine_by_hand():
+    """lane_round, 2 engines, saturation 2, overhead 1: g0 (rows advancing 4, 4) goes to engine 0, g1 (2) to engine
+    1, g2 (3) to engine 1 (1 row there against 2). Engine 0: 4 steps of 2 rows (2 t0 each) = 8; engine 1: 2 steps of
+    2 rows + 1 of 1 row (1.5) = 5.5. The round: 8 + 1 = 9 (by draw index mod engines, g2 would join g0: 10.5)."""
+    advances = {(0, 0): 4, (0, 1): 4, (1, 0): 2, (2, 0): 3}
+    assert sim.lane_round(advances, 2, 8, 2.0, 1.0) == pytest.approx(9.0)
+    assert sim.lane_round({}, 2, 8, 2.0, 1.0) == 0.0
+
+
 def test_overlap_in_the_model_needs_an_engine_to_spare():
     """rounds_pipeline_time: with one generating engine nothing can move ahead, so overlap changes nothing; with 12,
     a lane runs (the time changes) and, where rounds cost a row's latency more than their rows, it neither gains
