@@ -22,7 +22,7 @@ import torch
 
 from rlx.errors import UserError
 from rlx.models.forward import position_ids_from_mask
-from rlx.rollout.hf import Decoding, eos_ids, generate_tokens
+from rlx.rollout.hf import Continued, Decoding, eos_ids, generate_tokens
 from rlx.rollout.types import Generation, Rollout
 
 
@@ -163,8 +163,9 @@ class HFGenerator:
                             batch_size=self.batch_size, min_new_tokens=min_new_tokens, sampler=self.sampler,
                             onednn=self.onednn, schedule=schedule, segment=continuation.segment if continuation else None,
                             logprobs=self.with_logprobs == "sampler" or (schedule is not None and bool(self.with_logprobs)))
-        out = generate_tokens(self.model, self.tokenizer, ids, mask, decoding, seeds=seeds, start_positions=starts,
-                              stop_when=stop_when, source=source)
+        continued = Continued(starts, source) if starts is not None else None
+        out = generate_tokens(self.model, self.tokenizer, ids, mask, decoding, seeds=seeds, continued=continued,
+                              stop_when=stop_when)
         lengths = out.completion_mask.sum(dim=1).tolist()
         ids = [out.completion_ids[i, :n].tolist() for i, n in enumerate(lengths)]
         logprobs = None

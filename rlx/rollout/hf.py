@@ -144,6 +144,17 @@ def generate(model, tokenizer, prompts: list[str], *, seeds: list[int] | None = 
 
 
 @dataclass(frozen=True)
+class Continued:
+    """Rows that go on from their completion so far (partial rollouts; samples_per_prompt 1): `positions`, row i's
+    first completion position (its prefix's length, the prefix already at the end of its prompt); `source`
+    (optional), row i continues unique prompt source[i], so rows that share a prompt and prefix have it encoded
+    once (None: row i continues prompt i)."""
+
+    positions: list[int]
+    source: list[int] | None = None
+
+
+@dataclass(frozen=True)
 class _DecodeRun:
     """The rules one generate_tokens call decodes every chunk by: its Decoding, the stop and pad tokens, and
     whether rows decode in lockstep (a sharded model: no row leaves the batch early)."""
@@ -156,13 +167,12 @@ class _DecodeRun:
 
 @torch.no_grad()
 def generate_tokens(model, tokenizer, unique_ids: torch.Tensor, unique_mask: torch.Tensor, decoding: Decoding, *,
-                    seeds: list[int] | None = None, start_positions: list[int] | None = None,
-                    stop_when=None, source: list[int] | None = None) -> Rollout:
+                    seeds: list[int] | None = None, continued: Continued | None = None, stop_when=None) -> Rollout:
     """`generate` on prompts given as left-padded token ids (B, P) and their mask (B, P); the tokenizer only
     names the pad and stop tokens and decodes the texts.
 
-    Continuation (start_positions, one per row, samples_per_prompt 1): row i's "prompt" ends with the first
-    start_positions[i] tokens of its completion, already sampled; the decoder draws token t of the completion
+    Continuation (`continued`, Continued, samples_per_prompt 1): row i's "prompt" ends with the first
+    continued.positions[i] tokens of its completion, already sampled; the decoder draws token t of the completion
     (t >= start) from (seeds[i], position t), forbids the stop tokens while t < min_new_tokens and stops the row
     at max_new_tokens completion tokens in all: the new tokens are those an uninterrupted row would have drawn
     next (the logits of the prefix come from a prefill instead of decode steps, equal up to float rounding).
@@ -175,10 +185,12 @@ def generate_tokens(model, tokenizer, unique_ids: torch.Tensor, unique_mask: tor
     `temperature`, and its recorded log-prob is log softmax(z / schedule[t]). Not with continuation (the config
     refuses partial rollouts with a schedule: a continued row's positions differ per row).
 
-    source (optional, with samples_per_prompt 1): row i continues unique_ids[source[i]], so rows that share a prompt
-    and prefix (a fresh group's G rows) have it encoded once and its KV cache copied to each, as a group's prompt is;
-    all rows then decode as one batch (at most decoding.batch_size)."""
+    continued.source: row i continues unique_ids[source[i]], so rows that share a prompt and prefix (a fresh group's G
+    rows) have it encoded once and its KV cache copied to each, as a group's prompt is; all rows then decode as one
+    batch (at most decoding.batch_size)."""
     d = decoding
+    start_positions = continued.positions if continued is not None else None
+    source = continued.source if continued is not None else None
     if d.schedule is not None and len(d.schedule) < d.max_new_tokens:
         raise ValueError(f"a temperature schedule of {len(d.schedule)} positions for {d.max_new_tokens} new tokens")
     if d.schedule is not None and start_positions is not None:
@@ -203,10 +215,9 @@ def generate_tokens(model, tokenizer, unique_ids: torch.Tensor, unique_mask: tor
             raise ValueError("start_positions: one per row (samples_per_prompt=1), each in [0, max_new_tokens)")
         starts = torch.tensor(start_positions, dtype=torch.int64)  # (N,)
     seed_tensor = torch.tensor(seeds, dtype=torch.int64)  # (N,)
-    counts = torch.zeros(num_rows, dtype=torch.long) if (starts is not None or stop_when is not None) else None  # (N,)
     rows_of = torch.tensor(source, dtype=torch.long) if source is not None else None  # (N,)
-    completion_ids, sampled_logp, width = _decode_chunks(model, unique_ids, unique_mask, seed_tensor, run, counts,
-                                                         starts=starts, stop_when=stop_when, source=rows_of)
+    completion_ids, sampled_logp, width, counts = _decode_chunks(model, unique_ids, unique_mask, seed_tensor, run,
+                                                                 starts=starts, stop_when=stop_when, source=rows_of)
     completion_ids, completion_mask, truncated, sampled_logp = _trim(completion_ids, sampled_logp, width, counts, run)
     texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
     if was_training:
@@ -217,14 +228,15 @@ def generate_tokens(model, tokenizer, unique_ids: torch.Tensor, unique_mask: tor
 
 
 def _decode_chunks(model, unique_ids: torch.Tensor, unique_mask: torch.Tensor, seeds: torch.Tensor, run: _DecodeRun,
-                   counts: torch.Tensor | None, *, starts: torch.Tensor | None, stop_when, source=None):
+                   *, starts: torch.Tensor | None, stop_when, source=None):
     """Decode the prompts `run.decoding.batch_size` rows at a time. Returns the completion ids (N, C_max), the
-    sampled log-probs (N, C_max) or None, and the widest chunk's width; `counts` (N,), when given, receives
-    each row's count of emitted tokens. stop_when ends the decoding (the later chunks' rows stay empty). source (N,):
-    row i continues unique prompt source[i] (one chunk, see generate_tokens)."""
+    sampled log-probs (N, C_max) or None, the widest chunk's width, and each row's count of emitted tokens (N,)
+    for continued rows or with stop_when (else None). stop_when ends the decoding (the later chunks' rows stay
+    empty). source (N,): row i continues unique prompt source[i] (one chunk, see generate_tokens)."""
     d = run.decoding
     device = next(model.parameters()).device
     group, num_rows = d.samples_per_prompt, seeds.shape[0]
+    counts = torch.zeros(num_rows, dtype=torch.long) if (starts is not None or stop_when is not None) else None  # (N,)
     completion_ids = torch.full((num_rows, d.max_new_tokens), run.pad_id, dtype=torch.long)  # (N, C_max)
     sampled_logp = torch.zeros((num_rows, d.max_new_tokens)) if d.logprobs else None  # (N, C_max)
     width = 0
@@ -252,7 +264,7 @@ def _decode_chunks(model, unique_ids: torch.Tensor, unique_mask: torch.Tensor, s
         width = max(width, chunk.shape[1])
         if interrupted:  # stop_when ended generation: the later chunks' rows come back empty
             break
-    return completion_ids, sampled_logp, width
+    return completion_ids, sampled_logp, width, counts
 
 
 def _trim(completion_ids: torch.Tensor, sampled_logp: torch.Tensor | None, width: int, counts: torch.Tensor | None,

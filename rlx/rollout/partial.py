@@ -281,22 +281,20 @@ class PartialProducer:
     def _rounds_in_one_call(self, rows: list[tuple[int, int]], step: int) -> int:
         """All of the step's rounds for the unfinished `rows` in one generate call that stops after the round in
         which prompts_per_step groups have finished; each row's round record is split from its new tokens."""
-        number = 0
-        if sum(groups_done(self.pool)) < self.prompts_per_step:
-            segment = self.rounds.segment_tokens
-            starts = [len(self.pool[g]["ids"][r]) for g, r in rows]
-            drawn = self._advance(rows, Continuation(prefixes=[self.pool[g]["ids"][r] for g, r in rows],
-                                                     stop_when=at_round_ends(finishing_rule(
-                                                         self.pool, rows, self.prompts_per_step), segment)), step)
-            for (g, r), start in zip(rows, starts):
-                self.pool[g]["marks"][r] = round_marks(start, len(self.pool[g]["ids"][r]), segment)
-            number = max(rounds_done(self.pool[g], r) for g, r in rows)
-            for n in range(number):
-                tokens, advanced = round_tokens(self.pool, n)
-                self._journal(step, n, advanced, tokens)
-        else:
-            drawn = 0
-        self.dropped, self.last_rounds = 0, number
+        self.dropped = self.last_rounds = 0
+        if sum(groups_done(self.pool)) >= self.prompts_per_step:
+            return 0
+        segment = self.rounds.segment_tokens
+        starts = [len(self.pool[g]["ids"][r]) for g, r in rows]
+        drawn = self._advance(rows, Continuation(prefixes=[self.pool[g]["ids"][r] for g, r in rows],
+                                                 stop_when=at_round_ends(finishing_rule(
+                                                     self.pool, rows, self.prompts_per_step), segment)), step)
+        for (g, r), start in zip(rows, starts):
+            self.pool[g]["marks"][r] = round_marks(start, len(self.pool[g]["ids"][r]), segment)
+        self.last_rounds = max(rounds_done(self.pool[g], r) for g, r in rows)
+        for n in range(self.last_rounds):
+            tokens, advanced = round_tokens(self.pool, n)
+            self._journal(step, n, advanced, tokens)
         return drawn
 
     def _journal(self, step: int, number: int, advanced: int, tokens: int, drawn_ahead: int = 0) -> None:
