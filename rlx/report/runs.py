@@ -6,7 +6,8 @@ are equal once `seed=` (and hydra/sweep selections) are removed.
 
 An evaluation directory (`rlx eval`'s summary.json) counts as a run too: its final values are the summary's
 metrics, `<benchmark>/<metric>` and, with compare=, the paired difference `<benchmark>/<metric>/diff`, plus over a
-suite's benchmarks the mean of their headline metrics (`suite/headline`, `suite/headline/diff`). An evaluation of a
+suite's benchmarks the macro mean of their headline metrics (`suite/headline`, `suite/headline/diff`: the summary's
+`suite`, rlx/evaluation/runner.py: suite_summary). An evaluation of a
 training run (run=...) takes that run's overrides and seed, so `rlx report outputs/eval/...` groups the evaluations
 of one training configuration's seeds together, whatever their run directories are called.
 """
@@ -120,23 +121,18 @@ def is_eval_dir(path: Path) -> bool:
 
 def eval_finals(summary: dict) -> dict[str, float]:
     """The final values of an evaluation (module docstring) from its summary.json content."""
-    final, headlines, diffs = {}, [], []
+    final = {}
     for bench, result in summary.get("benchmarks", {}).items():
         for metric, entry in result.get("model", {}).items():
             final[f"{bench}/{metric}"] = float(entry["value"])
         for metric, entry in result.get("diff", {}).items():
             if isinstance(entry, dict):
                 final[f"{bench}/{metric}/diff"] = float(entry["value"])
-        headline = result.get("headline") or next(
-            (m for m in ("greedy/accuracy", "pass@1", "greedy/success", "success") if m in result.get("model", {})), None)
-        if headline in result.get("model", {}):
-            headlines.append(float(result["model"][headline]["value"]))
-            if isinstance(result.get("diff", {}).get(headline), dict):
-                diffs.append(float(result["diff"][headline]["value"]))
-    if len(headlines) > 1:
-        final["suite/headline"] = sum(headlines) / len(headlines)
-        if len(diffs) == len(headlines):
-            final["suite/headline/diff"] = sum(diffs) / len(diffs)
+    suite = summary.get("suite") or {}
+    if suite.get("model"):  # rlx/evaluation/runner.py: suite_summary
+        final["suite/headline"] = float(suite["model"]["value"])
+        if suite.get("diff"):
+            final["suite/headline/diff"] = float(suite["diff"]["value"])
     return final
 
 
