@@ -51,6 +51,7 @@ from rlx.config.groups import (
     Hardware,
     Log,
     Logger,
+    Mixture,
     Model,
     Optim,
     Progress,
@@ -90,6 +91,7 @@ class TrainConfig:
     save: Save = field()
     checkpoint: Checkpoint = field()
     resume: str | None = field()
+    mixture: Mixture = field()
     model: Model = field()
     algorithm: Algorithm = field()
     reward: Reward = field()
