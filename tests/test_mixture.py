@@ -106,3 +106,38 @@ def test_an_unknown_objective_in_the_weights_exits_2_with_one_line(tmp_path):
     lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and "mixture.weights names 'leg_countin', which is not a task of this run" in lines[0]
     assert "Traceback" not in result.stderr
+
+
+def test_each_row_gets_its_objectives_weight_from_the_steps_mean_rewards():
+    import torch
+
+    from rlx.loops.policy_gradient import objective_weights
+
+    rows = [{"task": "a"}, {"task": "b"}, {"task": "a"}, {"task": "b"}]
+    batch = SimpleNamespace(source=SimpleNamespace(rows=rows), rewards=torch.tensor([1.0, 0.0, 0.5, 1.0]),
+                            local=slice(None))
+    mixer = build_mixer(_settings(rule="fixed", weights={"a": 3}), rows)
+    weights, metrics = objective_weights(mixer, batch, SimpleNamespace(num_processes=1), "task")
+    assert weights.tolist() == [1.5, 0.5, 1.5, 0.5]  # a: 3 -> 1.5, b: 1 -> 0.5 (rescaled to sum to 2)
+    assert metrics["mixture/signal/a/reward"] == 0.75 and metrics["mixture/signal/b/reward"] == 0.5
+
+
+def test_the_weights_scale_the_loss_and_equal_weights_change_nothing(tmp_path):
+    """One step of three runs from one seed: no mixture; recap, whose first step has no signal yet (weights exactly
+    1); fixed weights 3:1. The first two train identically, the third does not."""
+    import json
+
+    sweep = tmp_path / "sweep"
+    result = run_rlx(["train", "-m", "mixture.rule=none,recap,fixed", "mixture.weights={chain_sum: 3}",
+                      "data=reasoning_gym", "data.task=[chain_sum,leg_counting]", "data.train_size=64",
+                      "data.eval_size=4", "steps=1", "prompts_per_step=8", "rollout.samples_per_prompt=4",
+                      "eval.every=0", "eval.at_start=false", "save.final=false", "save.plot=false",
+                      "log.samples_every=0", "log.progress=false", "checkpoint.at_end=false", "hardware.num_threads=1",
+                      f"hydra.sweep.dir={sweep}"], tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    none, recap, fixed = [json.loads((sweep / str(i) / "metrics.jsonl").read_text().splitlines()[-1])
+                          for i in range(3)]
+    assert "mixture/weight/chain_sum" not in none
+    assert recap["mixture/weight/chain_sum"] == 1.0 and fixed["mixture/weight/chain_sum"] == 1.5
+    assert recap["train/loss"] == none["train/loss"] and recap["train/grad_norm"] == none["train/grad_norm"]
+    assert none["train/grad_norm"] > 0 and fixed["train/grad_norm"] != none["train/grad_norm"]
