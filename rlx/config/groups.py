@@ -16,7 +16,6 @@ from rlx.algorithms.gigpo import CREDIT
 from rlx.algorithms.gigpo import SCALES as AGENT_SCALES
 from rlx.algorithms.kl import KL_ESTIMATORS, KL_PLACEMENTS
 from rlx.algorithms.losses import LOSS_AGGREGATIONS, RATIO_LEVELS
-from rlx.algorithms.mixture import MIXING_RULES
 from rlx.algorithms.ngrpo import DROP_STRATEGIES
 from rlx.algorithms.offpolicy import CORRECTION_LEVELS, CORRECTIONS
 from rlx.algorithms.preference import PREFERENCE_LOSSES
@@ -56,7 +55,6 @@ ProducerName = registry_names("ProducerName", lambda: ["auto", *published("produ
 StageName = registry_names("StageName", lambda: published("stage"))  # algorithm.stages: a user's own producer stages
 Correction = registry_names("Correction", lambda: CORRECTIONS)  # rlx.algorithms.offpolicy.CORRECTIONS
 CorrectionLevel = registry_names("CorrectionLevel", lambda: CORRECTION_LEVELS)
-MixingRule = registry_names("MixingRule", lambda: ("none", *MIXING_RULES))  # mixture.rule (rlx/algorithms/mixture.py)
 # fixed sets
 Schedule = choices("Schedule", ("constant", "cosine", "linear"))  # rlx.loops.common.SCHEDULES (a test keeps them equal)
 DType = choices("DType", ("float32", "bfloat16", "float16", "auto"))  # rlx.models.loading.DTYPES
@@ -129,18 +127,6 @@ class Checkpoint:
     every: int = num(0)
     keep: int = num(1)
     at_end: bool = field()
-
-
-@dataclass
-class Mixture:
-    """mixture: per-objective loss weights of a run on several objectives (rlx/algorithms/mixture.py)."""
-
-    rule: MixingRule = field()
-    key: str = field()
-    weights: dict | None = field()
-    window: int = num(2)
-    temperature: float = positive()
-    floor: float = fraction()
 
 
 # ------------------------------------------------------------------------------------------------

@@ -38,7 +38,8 @@ from typing import Literal
 from omegaconf import DictConfig, ListConfig
 
 from rlx.config.families import ALGORITHMS, Algorithm
-from rlx.config.fields import names_of, num
+from rlx.algorithms.mixture import MIXING_RULES
+from rlx.config.fields import fraction, names_of, num, positive, registry_names
 from rlx.config.groups import (
     ENVS,
     ROLLOUTS,
@@ -51,7 +52,6 @@ from rlx.config.groups import (
     Hardware,
     Log,
     Logger,
-    Mixture,
     Model,
     Optim,
     Progress,
@@ -71,6 +71,21 @@ class Expected:
     metric: str = field()
     value: float = field()
     tolerance: float = num(0)
+
+
+MixingRule = registry_names("MixingRule", lambda: ("none", *MIXING_RULES))  # mixture.rule
+
+
+@dataclass
+class Mixture:
+    """mixture: per-objective loss weights of a run on several objectives (rlx/algorithms/mixture.py)."""
+
+    rule: MixingRule = field()
+    key: str = field()
+    weights: dict | None = field()
+    window: int = num(2)
+    temperature: float = positive()
+    floor: float = fraction()
 
 
 @dataclass
