@@ -69,7 +69,7 @@ class Expected:
     """expected: a recipe's reproduced figure, read by `make reproduce` (scripts/reproduce.py)."""
 
     metric: str = field()
-    value: float = field()
+    value: float | None = field()  # null: not yet measured (`rlx recipes reproduce` reports "not yet expected")
     tolerance: float = num(0)
 
 
