@@ -37,8 +37,8 @@ from typing import Literal
 
 from omegaconf import DictConfig, ListConfig
 
-from rlx.config.families import ALGORITHMS, Algorithm
 from rlx.algorithms.mixture import MIXING_RULES
+from rlx.config.families import ALGORITHMS, Algorithm
 from rlx.config.fields import fraction, names_of, num, positive, registry_names
 from rlx.config.groups import (
     ENVS,
