@@ -106,6 +106,8 @@ def test_an_unknown_objective_in_the_weights_exits_2_with_one_line(tmp_path):
     lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and "mixture.weights names 'leg_countin', which is not a task of this run" in lines[0]
     assert "Traceback" not in result.stderr
+    moved = run_rlx(["train", "mixture.rule=recap", "mixture.weights={chain_sum: 2}"], tmp_path, timeout=300)
+    assert moved.returncode == 2 and "mixture.weights is read by mixture.rule=fixed only" in moved.stderr
 
 
 def test_each_row_gets_its_objectives_weight_from_the_steps_mean_rewards():
@@ -127,17 +129,23 @@ def test_the_weights_scale_the_loss_and_equal_weights_change_nothing(tmp_path):
     1); fixed weights 3:1. The first two train identically, the third does not."""
     import json
 
+    common = ["data=reasoning_gym", "data.task=[chain_sum,leg_counting]", "data.train_size=64", "data.eval_size=4",
+              "steps=1", "prompts_per_step=8", "rollout.samples_per_prompt=4", "eval.every=0", "eval.at_start=false",
+              "save.final=false", "save.plot=false", "log.samples_every=0", "log.progress=false",
+              "checkpoint.at_end=false", "hardware.num_threads=1"]
     sweep = tmp_path / "sweep"
-    result = run_rlx(["train", "-m", "mixture.rule=none,recap,fixed", "mixture.weights={chain_sum: 3}",
-                      "data=reasoning_gym", "data.task=[chain_sum,leg_counting]", "data.train_size=64",
-                      "data.eval_size=4", "steps=1", "prompts_per_step=8", "rollout.samples_per_prompt=4",
-                      "eval.every=0", "eval.at_start=false", "save.final=false", "save.plot=false",
-                      "log.samples_every=0", "log.progress=false", "checkpoint.at_end=false", "hardware.num_threads=1",
-                      f"hydra.sweep.dir={sweep}"], tmp_path, timeout=600)
+    result = run_rlx(["train", "-m", "mixture.rule=none,recap,fixed", *common, f"hydra.sweep.dir={sweep}"],
+                     tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    none, recap, fixed = [json.loads((sweep / str(i) / "metrics.jsonl").read_text().splitlines()[-1])
-                          for i in range(3)]
+    fixed_sweep = tmp_path / "fixed"
+    result = run_rlx(["train", "-m", "mixture.rule=fixed", "mixture.weights={chain_sum: 3}", *common,
+                      f"hydra.sweep.dir={fixed_sweep}"], tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    none, recap, equal, fixed = [json.loads((folder / "metrics.jsonl").read_text().splitlines()[-1])
+                                 for folder in (sweep / "0", sweep / "1", sweep / "2", fixed_sweep / "0")]
     assert "mixture/weight/chain_sum" not in none
-    assert recap["mixture/weight/chain_sum"] == 1.0 and fixed["mixture/weight/chain_sum"] == 1.5
-    assert recap["train/loss"] == none["train/loss"] and recap["train/grad_norm"] == none["train/grad_norm"]
+    assert recap["mixture/weight/chain_sum"] == equal["mixture/weight/chain_sum"] == 1.0
+    assert fixed["mixture/weight/chain_sum"] == 1.5 and fixed["mixture/weight/leg_counting"] == 0.5
+    for same in (recap, equal):
+        assert same["train/loss"] == none["train/loss"] and same["train/grad_norm"] == none["train/grad_norm"]
     assert none["train/grad_norm"] > 0 and fixed["train/grad_norm"] != none["train/grad_norm"]

@@ -45,6 +45,9 @@ def check_mixture(cfg: TrainConfig) -> None:
         raise UserError(f"mixture.rule={mixture.rule} weights the policy-gradient loss of each objective, and "
                         f"algorithm={cfg.algorithm.name} is of family {cfg.algorithm.family}; pick a GRPO-family "
                         f"algorithm or set mixture.rule=none")
+    if mixture.weights is not None and mixture.rule != "fixed":
+        raise UserError(f"mixture.weights is read by mixture.rule=fixed only, and mixture.rule={mixture.rule} moves its "
+                        f"own weights; set mixture.weights=null or mixture.rule=fixed")
     if cfg.data.source == "reasoning_gym" and mixture.key == "task":
         tasks = [cfg.data.task] if isinstance(cfg.data.task, str) else [str(t) for t in cfg.data.task]
         stray = sorted(set(mixture.weights or {}) - set(tasks))
