@@ -51,6 +51,7 @@ REGISTRIES = [
     ("rlx.tasks", "VERIFIERS", "verifier", "data-and-rewards.md"),
     ("rlx.envs", "ENVIRONMENTS", "env", "agents/index.md"),
     ("rlx.rollout.publishers", "PUBLISHERS", "publisher", "scaling/publishers.md"),
+    ("rlx.algorithms.mixture", "MIXING_RULES", "mixture", "algorithms/mixture.md"),
 ]
 HEADING = re.compile(r"^#{1,6} (?P<text>.*?)\s*\{#(?P<anchor>[^}\s]+)\}\s*$", re.MULTILINE)
 PLACEHOLDER = re.compile(r"<[^<>\s]*>")
