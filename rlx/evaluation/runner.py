@@ -418,7 +418,7 @@ def _evaluate_settings(s: EvalConfig, out_dir: Path) -> dict:
     the environment's held-out episodes, the results files written as it goes, then summary.json."""
     device = torch.device("cpu" if s.hardware.cpu else "cuda")
     environment = _environment(s)  # (name, factory, tasks) with env=, else None
-    benchmarks = [] if environment else [Benchmark(name, spec) for name, spec in s.benchmark.items()]
+    benchmarks = [] if environment else [Benchmark(name, spec, s.model.answer.reader) for name, spec in s.benchmark.items()]
     problems = {b.name: b.load(s.limit) for b in benchmarks}
     subjects = {"model": resolve_run(s.run, s.checkpoint) if s.run else (s.model.path, s.model.path)}
     if s.compare:
@@ -463,6 +463,8 @@ def _evaluate_settings(s: EvalConfig, out_dir: Path) -> dict:
         "benchmarks": {name: summarize(by_role, s.metrics, per_task_values if environment else per_problem_values)
                        for name, by_role in records.items()},
     }
+    for bench in benchmarks:  # which reader found each benchmark's answers (the table's `read by`)
+        summary["benchmarks"][bench.name]["reader"] = bench.reader
     _write_summary(summary, labels, s, out_dir)
     return summary
 
