@@ -75,7 +75,7 @@ def test_training_reward_equals_eval_score(tmp_path, name, preset):
     problems = bench.load()
     train_cfg = check_overrides([*model, *train_overrides(tmp_path)])
     if preset != "tiny" and name != "humaneval":  # the preset's reader, not the task's own, on both sides
-        assert bench.reader == eval_cfg.model.answer.reader == "stated"
+        assert bench.reader == eval_cfg.model.answer.reader == train_cfg.reward.components.task.reader == "final_number"
     components = build_rewards(train_cfg.reward)
     accuracy = train_cfg.reward.accuracy
     completions, rows, prompts = [], [], []
