@@ -102,3 +102,28 @@ def test_the_answer_prompts_are_the_schemas_choices():
 
     assert [p.value for p in AnswerPrompt] == list(ANSWER_PROMPTS)
     assert check_overrides(["model.answer.prompt=bare"]).data.prompt_template == "{question}"
+
+
+def test_the_eval_table_says_which_reader_scored_each_benchmark():
+    from rich.console import Console
+
+    from rlx.evaluation.summary import render_table
+
+    entry = {"greedy/accuracy": {"value": 0.5, "low": 0.25, "high": 0.75}}
+    summary = {"benchmarks": {"chain_sum": {"model": entry, "reader": "final_number"},
+                              "humaneval": {"model": entry, "reader": "code"}}}
+    console = Console(record=True, width=160)
+    console.print(render_table(summary, {"model": "m"}, 0.95))
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip()
+            for line in console.export_text().splitlines() if line.count("│") > 3}
+    assert rows == {"chain_sum": "final_number", "humaneval": "code"}
+
+
+def test_a_benchmark_reads_as_its_own_reader_else_the_models_else_its_verifiers():
+    from rlx.evaluation.benchmarks import Benchmark
+
+    spec = {"load": {}, "verifier": "numeric", "max_new_tokens": 8}
+    assert Benchmark("b", spec).reader == "tag_or_last_number"
+    assert Benchmark("b", spec, "stated").reader == "stated"
+    assert Benchmark("b", {**spec, "reader": "boxed"}, "stated").reader == "boxed"
+    assert Benchmark("b", {**spec, "verifier": "unit_tests"}, "stated").reader == "code"
