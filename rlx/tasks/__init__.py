@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 import threading
 from dataclasses import dataclass
 
