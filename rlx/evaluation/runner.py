@@ -418,7 +418,8 @@ def _evaluate_settings(s: EvalConfig, out_dir: Path) -> dict:
     the environment's held-out episodes, the results files written as it goes, then summary.json."""
     device = torch.device("cpu" if s.hardware.cpu else "cuda")
     environment = _environment(s)  # (name, factory, tasks) with env=, else None
-    benchmarks = [] if environment else [Benchmark(name, spec, s.model.answer.reader) for name, spec in s.benchmark.items()]
+    reader = s.model.answer.reader if s.model.answer else None  # an evaluation resumed from before model.answer: none
+    benchmarks = [] if environment else [Benchmark(name, spec, reader) for name, spec in s.benchmark.items()]
     problems = {b.name: b.load(s.limit) for b in benchmarks}
     subjects = {"model": resolve_run(s.run, s.checkpoint) if s.run else (s.model.path, s.model.path)}
     if s.compare:
