@@ -418,7 +418,8 @@ def _evaluate_settings(s: EvalConfig, out_dir: Path) -> dict:
     the environment's held-out episodes, the results files written as it goes, then summary.json."""
     device = torch.device("cpu" if s.hardware.cpu else "cuda")
     environment = _environment(s)  # (name, factory, tasks) with env=, else None
-    benchmarks = [] if environment else [make_benchmark(name, spec) for name, spec in s.benchmark.items()]
+    reader = s.model.answer.reader if s.model.answer else None  # an evaluation resumed from before model.answer: none
+    benchmarks = [] if environment else [make_benchmark(name, spec, reader) for name, spec in s.benchmark.items()]
     problems = {b.name: b.load(s.limit, s.subset, int(s.subset_seed)) for b in benchmarks}
     subjects = {"model": resolve_run(s.run, s.checkpoint) if s.run else (s.model.path, s.model.path)}
     if s.compare:
@@ -463,8 +464,9 @@ def _evaluate_settings(s: EvalConfig, out_dir: Path) -> dict:
         "benchmarks": {name: summarize(by_role, s.metrics, per_task_values) for name, by_role in records.items()
                        if environment},
     }
-    for bench in benchmarks:
+    for bench in benchmarks:  # reader: which reader found each benchmark's answers (the table's `read by`)
         summary["benchmarks"][bench.name] = {"kind": bench.kind, **({"headline": bench.metric} if bench.metric else {}),
+                                             "reader": bench.reader,
                                              **summarize(records[bench.name], s.metrics, bench.values)}
     if len(benchmarks) > 1:
         summary["suite"] = suite_summary(s.suite or "all", benchmarks, records, s.metrics)
