@@ -1,0 +1,506 @@
+"""What `rlx view` reads from run directories, as plain dicts and lists the page draws.
+
+Only what runs already write is read: metrics.jsonl, samples/step_*.jsonl, config.yaml, overrides.yaml,
+env.json, failure.json (`rlx train`), summary.json and <benchmark>/{model,compare}.jsonl (`rlx eval`).
+Every reader tolerates what a live or damaged run leaves: a last line still being written is read on the
+next poll, a damaged line is left out with a note, bytes that are not UTF-8 are replaced with a note.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlx.report.runs import config_key, run_name
+
+TRAIN_MARKERS = ("metrics.jsonl", "failure.json")
+EVAL_MARKER = "summary.json"
+
+
+@dataclass
+class ViewRun:
+    """One run directory: `kind` "train" (metrics.jsonl) or "eval" (summary.json)."""
+
+    id: str
+    path: Path
+    kind: str
+    name: str
+    overrides: list[str]
+    seed: int | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def config_group(self) -> tuple[str, ...]:
+        """Seeds of one configuration share this key (report's grouping: overrides without seed and name)."""
+        return config_key(self.overrides)
+
+
+def _is_run(path: Path) -> str | None:
+    if (path / EVAL_MARKER).is_file():
+        return "eval"
+    if any((path / name).is_file() for name in TRAIN_MARKERS):
+        return "train"
+    return None
+
+
+def _natural(path: Path) -> list:
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in path.parts]
+
+
+def discover(paths: list[Path]) -> tuple[list[ViewRun], list[str]]:
+    """Every training and evaluation run under the given run or sweep directories, in path order, each once,
+    and a note for each given directory that holds no run (the page says so; the others are still shown)."""
+    found: dict[Path, str] = {}
+    notes = []
+    for path in map(Path, paths):
+        kind = _is_run(path)
+        if kind:
+            found.setdefault(path.resolve(), kind)
+            continue
+        inside = sorted({p.parent for name in (*TRAIN_MARKERS, EVAL_MARKER) for p in path.rglob(name)}, key=_natural)
+        inside = [p for p in inside if _is_run(p)]
+        if not inside:
+            notes.append(f"{path} is not a run: no metrics.jsonl (rlx train) or summary.json (rlx eval) in it or "
+                         f"below it; pass a run, eval or sweep directory")
+        for run_dir in inside:
+            found.setdefault(run_dir.resolve(), _is_run(run_dir))
+    runs = [_load(index, run_dir, kind) for index, (run_dir, kind) in enumerate(found.items())]
+    return runs, notes
+
+
+def _load(index: int, run_dir: Path, kind: str) -> ViewRun:
+    notes = []
+    overrides = []
+    if (run_dir / "overrides.yaml").is_file():
+        loaded, note = _yaml(run_dir / "overrides.yaml")
+        overrides = [str(o) for o in loaded] if isinstance(loaded, list) else []
+        notes += [note] if note else []
+    seed = None
+    for item in overrides:
+        if item.split("=", 1)[0].lstrip("+") == "seed":
+            seed = int(item.split("=", 1)[1]) if item.split("=", 1)[1].lstrip("-").isdigit() else None
+    if (run_dir / "failure.json").is_file():
+        failure, note = _json_file(run_dir / "failure.json")
+        notes.append(f"the run failed: {failure.get('error', 'see failure.json')}" if isinstance(failure, dict) else note)
+    return ViewRun(f"r{index}", run_dir, kind, run_name(run_dir), overrides, seed, notes)
+
+
+def _text(path: Path) -> tuple[str, str]:
+    """The file's text and a note when bytes that are not UTF-8 were replaced (or '')."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8"), ""
+    except UnicodeDecodeError as exc:
+        return data.decode("utf-8", errors="replace"), (f"{path.name}: bytes that are not UTF-8 (first at byte "
+                                                        f"{exc.start}) are shown as \ufffd")
+
+
+def _yaml(path: Path):
+    import yaml
+
+    try:
+        text, note = _text(path)
+        return yaml.safe_load(text), note
+    except Exception as exc:  # a damaged file is a note, the page keeps working
+        return None, f"{path.name} is damaged ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+
+
+def _json_file(path: Path):
+    try:
+        text, note = _text(path)
+        return json.loads(text), note
+    except Exception as exc:
+        return None, f"{path.name} is damaged ({exc})"
+
+
+# ---------------------------------------------------------------------------------------------------- metrics
+def _finite_or_none(value):
+    """A metric value for the page: numbers stay, NaN/inf and non-numbers become None (the curve has a gap)."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return value if math.isfinite(value) else None
+    return None
+
+
+class MetricsTail:
+    """metrics.jsonl read incrementally: each update() reads only the bytes appended since the last one, and
+    keeps a last line without its newline (a row being written) for the next update.
+
+    Columns: step, time, and one list per metric aligned with the rows (None where a row lacks the metric or
+    its value is not finite). nonfinite counts NaN/inf values per metric (left out of the curves); notes name
+    damaged lines (left out)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.offset = 0
+        self.line = 0
+        self.step: list[int] = []
+        self.time: list[float | None] = []
+        self.columns: dict[str, list] = {}
+        self.nonfinite: dict[str, int] = {}
+        self.first_nonfinite: dict[str, int] = {}
+        self.notes: list[str] = []
+        self.pending = False  # a last line without its newline is waiting
+
+    @property
+    def rows(self) -> int:
+        return len(self.step)
+
+    def update(self) -> int:
+        """Read what was appended; returns the number of new rows."""
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return 0
+        if size < self.offset:  # the file was replaced (a run restarted in place): read it again
+            self.__init__(self.path)
+        if size == self.offset:
+            return 0
+        with self.path.open("rb") as handle:
+            handle.seek(self.offset)
+            data = handle.read(size - self.offset)
+        end = data.rfind(b"\n")
+        self.pending = end != len(data) - 1
+        if end < 0:
+            return 0
+        self.offset += end + 1
+        before = self.rows
+        for raw in data[: end + 1].split(b"\n")[:-1]:
+            self.line += 1
+            self._add(raw)
+        return self.rows - before
+
+    def _add(self, raw: bytes) -> None:
+        if not raw.strip():
+            return
+        try:
+            row = json.loads(raw.decode("utf-8", errors="replace"))
+        except json.JSONDecodeError as exc:
+            self.notes.append(f"metrics.jsonl line {self.line} is not JSON ({exc.msg}); left out")
+            return
+        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+            self.notes.append(f"metrics.jsonl line {self.line} is not a row with a step; left out")
+            return
+        index = self.rows
+        self.step.append(row["step"])
+        self.time.append(_finite_or_none(row.get("time")))
+        for name, value in row.items():
+            if name in ("step", "time"):
+                continue
+            column = self.columns.get(name)
+            if column is None:
+                column = self.columns[name] = [None] * index
+            shown = _finite_or_none(value)
+            if shown is None and isinstance(value, float):
+                self.nonfinite[name] = self.nonfinite.get(name, 0) + 1
+                self.first_nonfinite.setdefault(name, row["step"])
+            column.append(shown)
+        for column in self.columns.values():
+            if len(column) < index + 1:
+                column.append(None)
+
+    def since(self, start: int) -> dict:
+        """The rows from `start` on, column by column (what the page appends to its curves)."""
+        return {"start": start, "rows": self.rows, "step": self.step[start:], "time": self.time[start:],
+                "metrics": {name: column[start:] for name, column in self.columns.items()},
+                "pending": self.pending, "notes": list(self.notes)}
+
+    def curve(self, name: str) -> tuple[list[int], list[float]]:
+        """(steps, values) of the finite values of one metric."""
+        column = self.columns.get(name, [])
+        points = [(s, v) for s, v in zip(self.step, column) if v is not None]
+        return [s for s, _ in points], [v for _, v in points]
+
+
+# (group title, docs anchor, name patterns): a metric joins the first group with a matching pattern; groups are
+# shown in this order. The same grouping is documented in docs/view.md#curves.
+METRIC_GROUPS = (
+    ("Accuracy", "accuracy", ("reward/accuracy", "eval/accuracy", "eval/task", "*success*", "eval/*accuracy*")),
+    ("Reward and its components", "reward", ("reward/*", "eval/reward", "env/return", "env/*reward*")),
+    ("Lengths", "lengths", ("completions/*", "*length*", "*truncated*", "env/turns*", "*budget*")),
+    ("KL", "kl", ("*kl*",)),
+    ("Entropy", "entropy", ("*entropy*",)),
+    ("Clip fractions", "clip-fractions", ("*clip_frac*",)),
+    ("Gradient norm", "gradient-norm", ("*grad_norm*",)),
+    ("Staleness", "staleness", ("rollout/*",)),
+    ("Throughput", "throughput", ("perf/*",)),
+    ("Loss, advantages and the rest", "other", ("*",)),
+)
+
+
+def metric_group(name: str) -> str:
+    """The title of the group a metric is drawn in (METRIC_GROUPS: first matching pattern wins)."""
+    for title, _, patterns in METRIC_GROUPS:
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
+            return title
+    return METRIC_GROUPS[-1][0]
+
+
+def group_metrics(names) -> list[dict]:
+    """[{title, anchor, metrics}] in METRIC_GROUPS order, metrics sorted by name, empty groups left out."""
+    members: dict[str, list[str]] = {}
+    for name in names:
+        members.setdefault(metric_group(name), []).append(name)
+    return [{"title": title, "anchor": anchor, "metrics": sorted(members[title])}
+            for title, anchor, _ in METRIC_GROUPS if title in members]
+
+
+def seed_bands(tails: list[MetricsTail], metrics) -> dict:
+    """Mean over seeds with its Student-t band, metric by metric, on the steps every seed logged: the report's
+    statistic (rlx.report.stats.align_curves and mean_and_band), not a second implementation.
+    Returns {metric: {step, mean, low, high}}; a metric some seed lacks is left out."""
+    from rlx.report.stats import align_curves, mean_and_band
+
+    out = {}
+    for name in metrics:
+        curves = [tail.curve(name) for tail in tails]
+        if any(not steps for steps, _ in curves):
+            continue
+        try:
+            steps, matrix = align_curves(curves)  # (S,), (seeds, S)
+        except ValueError:
+            continue
+        mean, low, high = mean_and_band(matrix)
+        out[name] = {"step": steps.tolist(), "mean": mean.tolist(), "low": low.tolist(), "high": high.tolist()}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- samples
+SAMPLES_DIR = "samples"
+
+
+def sample_steps(run_dir: Path) -> list[int]:
+    """The steps with a samples file, ascending."""
+    folder = Path(run_dir) / SAMPLES_DIR
+    if not folder.is_dir():
+        return []
+    steps = []
+    for entry in os.scandir(folder):
+        name = entry.name
+        if name.startswith("step_") and name.endswith(".jsonl") and name[5:-6].isdigit():
+            steps.append(int(name[5:-6]))
+    return sorted(steps)
+
+
+def read_samples(path: Path) -> tuple[list[dict], list[str]]:
+    """The records of one samples file and notes (bytes that are not UTF-8, lines that are not JSON)."""
+    text, note = _text(Path(path))
+    notes = [note] if note else []
+    records = []
+    lines = text.split("\n")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            last = number >= len(lines) - 1
+            notes.append(f"{Path(path).name} line {number} " + ("is being written; shown on the next refresh" if last
+                                                                else f"is not JSON ({exc.msg}); left out"))
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records, notes
+
+
+def _verdict(record: dict) -> bool | None:
+    """Whether a completion was right: the samples file's `correct`, an episode's `success`, else unknown."""
+    for key in ("correct", "success"):
+        if isinstance(record.get(key), bool):
+            return record[key]
+    return None
+
+
+def _completion(record: dict) -> dict:
+    """One completion (or episode) as the page shows it."""
+    components = record.get("components") if isinstance(record.get("components"), dict) else {}
+    if "actions" in record:  # an agent episode: its turns with per-turn reward and credit
+        observations, actions = record.get("observations") or [], record.get("actions") or []
+        rewards = record.get("rewards") or []
+        credit = record.get("turn_advantages") or record.get("turn_credit") or []
+        turns = [{"observation": observations[i] if i < len(observations) else "", "action": action,
+                  "reward": rewards[i] if i < len(rewards) else None, "credit": credit[i] if i < len(credit) else None}
+                 for i, action in enumerate(actions)]
+        text = "\n".join(str(a) for a in actions)
+        reward = sum(r for r in rewards if isinstance(r, (int, float)))
+    else:
+        turns, text, reward = None, str(record.get("completion", "")), record.get("reward")
+    return {"text": text, "reward": _finite_or_none(reward), "advantage": _finite_or_none(record.get("advantage")),
+            "length": record.get("length", len(text)), "length_unit": "tokens" if "length" in record else "characters",
+            "truncated": bool(record.get("truncated")), "correct": _verdict(record), "error": record.get("error"),
+            "components": {k: _finite_or_none(v) for k, v in components.items()}, "turns": turns}
+
+
+def _prompt_of(record: dict) -> str:
+    if "prompt" in record:
+        return str(record["prompt"])
+    observations = record.get("observations") or [""]
+    return str(observations[0])
+
+
+def prompt_groups(records: list[dict]) -> list[dict]:
+    """The completions of a samples file grouped by prompt: the file's `group` ids when present, else runs of
+    equal prompts (G adjacent rows share a prompt). Each group: prompt, answer, completions, and `kind`:
+    "right" (all correct), "wrong" (none), "mixed", or "unknown" (no verdicts); tied (all rewards equal);
+    truncated (any completion cut by the budget)."""
+    groups: list[dict] = []
+    for record in records:
+        key = record.get("group", _prompt_of(record))
+        if not groups or groups[-1]["key"] != key:
+            groups.append({"key": key, "prompt": _prompt_of(record), "answer": record.get("answer"), "completions": []})
+        groups[-1]["completions"].append(_completion(record))
+    for group in groups:
+        group["key"] = str(group["key"])
+        completions = group["completions"]
+        verdicts = [c["correct"] for c in completions]
+        if any(v is None for v in verdicts):
+            group["kind"] = "unknown"
+        else:
+            group["kind"] = "right" if all(verdicts) else "wrong" if not any(verdicts) else "mixed"
+        rewards = [c["reward"] for c in completions]
+        group["tied"] = len(completions) > 1 and len(set(rewards)) == 1
+        group["truncated"] = any(c["truncated"] for c in completions)
+    return groups
+
+
+FILTERS = ("all", "wrong", "right", "mixed", "truncated", "tied")
+
+
+def filter_groups(groups: list[dict], kind: str = "all", query: str = "") -> list[dict]:
+    """The groups of one kind (FILTERS) whose prompt, answer or a completion contains `query` (any case)."""
+    if kind not in FILTERS:
+        raise ValueError(f"unknown filter '{kind}'; one of {', '.join(FILTERS)}")
+    query = query.lower()
+    kept = []
+    for group in groups:
+        if kind in ("wrong", "right", "mixed") and group["kind"] != kind:
+            continue
+        if kind in ("truncated", "tied") and not group[kind]:
+            continue
+        if query and not any(query in str(text).lower() for text in
+                             (group["prompt"], group["answer"], *(c["text"] for c in group["completions"]))):
+            continue
+        kept.append(group)
+    return kept
+
+
+class SamplesCache:
+    """Parsed samples files, re-read only when a file's size or time changes (a live run rewrites none, but
+    a file may be caught half-written)."""
+
+    def __init__(self):
+        self._files: dict[Path, tuple[tuple, list[dict], list[str]]] = {}
+
+    def groups(self, run_dir: Path, step: int) -> tuple[list[dict], list[str]]:
+        path = Path(run_dir) / SAMPLES_DIR / f"step_{step:06d}.jsonl"
+        stat = path.stat()
+        stamp = (stat.st_size, stat.st_mtime_ns)
+        cached = self._files.get(path)
+        if cached is None or cached[0] != stamp:
+            records, notes = read_samples(path)
+            cached = self._files[path] = (stamp, prompt_groups(records), notes)
+        return cached[1], cached[2]
+
+    def follow(self, run_dir: Path, prompt: str) -> list[dict]:
+        """One prompt across the steps: [{step, group}] for every samples file that holds it."""
+        out = []
+        for step in sample_steps(run_dir):
+            groups, _ = self.groups(run_dir, step)
+            out += [{"step": step, "group": g} for g in groups if g["prompt"] == prompt]
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------- config
+def flatten(node, prefix: str = "") -> dict:
+    """{'a.b': 1} from {'a': {'b': 1}}; lists stay values."""
+    if isinstance(node, dict):
+        out = {}
+        for key, value in node.items():
+            out.update(flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: node} if prefix else {}
+
+
+def run_config(run: ViewRun) -> dict:
+    """The run's resolved config, overrides, command line (env.json) and notes about damaged files."""
+    config, note = _yaml(run.path / "config.yaml") if (run.path / "config.yaml").is_file() else ({}, "")
+    env, env_note = _json_file(run.path / "env.json") if (run.path / "env.json").is_file() else ({}, "")
+    command = env.get("command") if isinstance(env, dict) else None
+    return {"config": config if isinstance(config, dict) else {}, "overrides": run.overrides,
+            "command": " ".join(["rlx", *command[1:]]) if isinstance(command, list) and command else "",
+            "env": env if isinstance(env, dict) else {}, "notes": [n for n in (note, env_note) if n]}
+
+
+def config_diff(a: dict, b: dict) -> list[dict]:
+    """The settings that differ between two configs: [{key, a, b}] sorted by key (a missing key is None)."""
+    flat_a, flat_b = flatten(a), flatten(b)
+    return [{"key": key, "a": flat_a.get(key), "b": flat_b.get(key)} for key in sorted(set(flat_a) | set(flat_b))
+            if flat_a.get(key) != flat_b.get(key)]
+
+
+def samples_per_step(config: dict) -> int | None:
+    """Completions sampled per step (prompts_per_step x rollout.samples_per_prompt): the x axis in samples."""
+    prompts = config.get("prompts_per_step")
+    per_prompt = (config.get("rollout") or {}).get("samples_per_prompt") if isinstance(config.get("rollout"), dict) else None
+    if isinstance(prompts, int) and isinstance(per_prompt, int):
+        return prompts * per_prompt
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------- eval
+def eval_view(run_dir: Path) -> dict:
+    """An `rlx eval` directory: summary.json (per-benchmark values with intervals, paired differences, support
+    changes) and, per benchmark with compare=, the problems where the two models disagree, side by side."""
+    summary, note = _json_file(Path(run_dir) / EVAL_MARKER)
+    notes = [note] if note else []
+    if not isinstance(summary, dict):
+        return {"summary": {}, "disagree": {}, "notes": notes}
+    disagree = {}
+    for bench in (summary.get("benchmarks") or {}):
+        model_file, compare_file = Path(run_dir) / bench / "model.jsonl", Path(run_dir) / bench / "compare.jsonl"
+        if not (model_file.is_file() and compare_file.is_file()):
+            continue
+        model_records, n1 = read_samples(model_file)
+        compare_records, n2 = read_samples(compare_file)
+        notes += n1 + n2
+        disagree[bench] = disagreements(model_records, compare_records)
+    return {"summary": summary, "disagree": disagree, "notes": notes}
+
+
+def _solved(record: dict) -> float | None:
+    """A problem's score for the disagreement list: the greedy score, else the fraction of samples scored 1."""
+    greedy = record.get("greedy")
+    if isinstance(greedy, dict) and isinstance(greedy.get("score"), (int, float)):
+        return float(greedy["score"])
+    scores = record.get("scores")
+    if isinstance(scores, list) and scores:
+        return sum(s >= 1.0 for s in scores) / len(scores)
+    return None
+
+
+def disagreements(model_records: list[dict], compare_records: list[dict]) -> list[dict]:
+    """Problems (matched by id) where the model and the compare= model score differently: greedy score, or
+    without greedy decoding the fraction of samples solved. [{id, prompt, answer, model, compare}]."""
+    other = {r.get("id"): r for r in compare_records}
+    out = []
+    for record in model_records:
+        twin = other.get(record.get("id"))
+        if twin is None:
+            continue
+        a, b = _solved(record), _solved(twin)
+        if a is None or b is None or a == b:
+            continue
+
+        def side(r, score):
+            greedy = r.get("greedy") if isinstance(r.get("greedy"), dict) else {}
+            return {"score": score, "completion": greedy.get("completion") or ((r.get("samples") or [""])[0]),
+                    "extracted": greedy.get("extracted")}
+
+        out.append({"id": record.get("id"), "prompt": record.get("prompt"), "answer": record.get("answer"),
+                    "model": side(record, a), "compare": side(twin, b)})
+    return out
