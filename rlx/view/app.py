@@ -164,15 +164,41 @@ def create_app(library: Library):
         except FileNotFoundError as exc:
             raise HTTPException(404, f"{exc.filename} is gone") from None
 
-    app.get("/api/runs")(lambda: library.runs_payload())
-    app.get("/api/metrics/{run_id}")(lambda run_id, since=0: answer(library.metrics_payload, run_id, since))
-    app.get("/api/bands/{group_id}")(lambda group_id: answer(library.bands_payload, group_id))
-    app.get("/api/samples/{run_id}")(lambda run_id: answer(library.steps_payload, run_id))
-    app.get("/api/samples/{run_id}/{step}")(lambda run_id, step: answer(library.samples_payload, run_id, int(step)))
-    app.get("/api/follow/{run_id}")(lambda run_id, prompt: answer(library.follow_payload, run_id, prompt))
-    app.get("/api/config/{run_id}")(lambda run_id: answer(library.config_payload, run_id))
-    app.get("/api/diff/{a}/{b}")(lambda a, b: answer(library.diff_payload, a, b))
-    app.get("/api/eval/{run_id}")(lambda run_id: answer(library.eval_payload, run_id))
+    # typed parameters: fastapi converts and checks them (a step that is not a number is a 422)
+    app.get("/api/runs")(library.runs_payload)
+
+    @app.get("/api/metrics/{run_id}")
+    def metrics(run_id: str, since: int = 0):
+        return answer(library.metrics_payload, run_id, since)
+
+    @app.get("/api/bands/{group_id}")
+    def bands(group_id: str):
+        return answer(library.bands_payload, group_id)
+
+    @app.get("/api/samples/{run_id}")
+    def steps(run_id: str):
+        return answer(library.steps_payload, run_id)
+
+    @app.get("/api/samples/{run_id}/{step}")
+    def samples(run_id: str, step: int):
+        return answer(library.samples_payload, run_id, step)
+
+    @app.get("/api/follow/{run_id}")
+    def follow(run_id: str, prompt: str):
+        return answer(library.follow_payload, run_id, prompt)
+
+    @app.get("/api/config/{run_id}")
+    def config(run_id: str):
+        return answer(library.config_payload, run_id)
+
+    @app.get("/api/diff/{a}/{b}")
+    def diff(a: str, b: str):
+        return answer(library.diff_payload, a, b)
+
+    @app.get("/api/eval/{run_id}")
+    def evaluation(run_id: str):
+        return answer(library.eval_payload, run_id)
+
     app.get("/")(lambda: FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"}))
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app
