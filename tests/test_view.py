@@ -19,8 +19,8 @@ from rlx.view.app import Library, create_app, export, free_socket
 from rlx.view.data import (
     MetricsTail,
     config_diff,
-    discover,
     disagreements,
+    discover,
     filter_groups,
     group_metrics,
     metric_group,
