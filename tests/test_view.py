@@ -268,6 +268,10 @@ def test_library_answers_the_routes_the_page_asks(two_seeds):
     assert [g["prompt"] for g in library.samples_payload("r0", 2)["groups"]] == ["p1", "p2", "p3"]
     followed = library.follow_payload("r0", "p1")["steps"]
     assert [(f["step"], f["group"]["kind"]) for f in followed] == [(2, "right"), (3, "right")]
+    (two_seeds / "0" / "env.json").write_text(json.dumps({"command": ["rlx-train", "seed=0", "optim.lr=1e-5"]}))
+    config = library.config_payload("r0")
+    assert config["command"] == "rlx train seed=0 optim.lr=1e-5" and "prompts_per_step: 2" in config["text"]
+    assert config["overrides"] == ["seed=0", "optim.lr=1e-5"]
     with pytest.raises(KeyError):
         library.run("r9")
 

@@ -431,8 +431,11 @@ def run_config(run: ViewRun) -> dict:
     config, note = _yaml(run.path / "config.yaml") if (run.path / "config.yaml").is_file() else ({}, "")
     env, env_note = _json_file(run.path / "env.json") if (run.path / "env.json").is_file() else ({}, "")
     command = env.get("command") if isinstance(env, dict) else None
-    return {"config": config if isinstance(config, dict) else {}, "overrides": run.overrides,
-            "command": " ".join(["rlx", *command[1:]]) if isinstance(command, list) and command else "",
+    if isinstance(command, list) and command:  # env.json names the Hydra app: rlx-train, rlx-eval
+        command = [str(command[0]).replace("rlx-", "rlx ", 1), *map(str, command[1:])]
+    text = _text(run.path / "config.yaml")[0] if (run.path / "config.yaml").is_file() else ""
+    return {"config": config if isinstance(config, dict) else {}, "overrides": run.overrides, "text": text,
+            "command": " ".join(command) if isinstance(command, list) else "",
             "env": env if isinstance(env, dict) else {}, "notes": [n for n in (note, env_note) if n]}
 
 

@@ -375,7 +375,7 @@ async function showConfig() {
       el("table", {class: "config-diff"}, el("tr", {}, el("th", {}, "setting"), el("th", {}, runId), el("th", {}, other)),
         ...diff.diff.map((d) => el("tr", {}, el("td", {}, d.key), el("td", {class: "diff-a"}, JSON.stringify(d.a)), el("td", {class: "diff-b"}, JSON.stringify(d.b))))));
   }
-  root.append(el("h3", {}, "config"), el("pre", {class: "config"}, JSON.stringify(payload.config, null, 2)));
+  root.append(el("h3", {}, "config.yaml"), el("pre", {class: "config"}, payload.text || JSON.stringify(payload.config, null, 2)));
 }
 
 // ------------------------------------------------------------------------------------------------ wiring
