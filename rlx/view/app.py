@@ -43,7 +43,7 @@ class Library:
         self.docs_url = docs_url.rstrip("/")
         self.tails: dict[Path, MetricsTail] = {}
         self.samples = SamplesCache()
-        self.configs: dict[Path, dict] = {}
+        self.configs: dict[Path, tuple] = {}
         self.runs: dict[str, ViewRun] = {}
         self.notes: list[str] = []
         self.refresh()
@@ -73,9 +73,12 @@ class Library:
         return tail
 
     def config(self, run: ViewRun) -> dict:
-        if run.path not in self.configs:
-            self.configs[run.path] = run_config(run)
-        return self.configs[run.path]
+        """run_config, read again when config.yaml or env.json changes (a run that is starting writes them)."""
+        stamp = tuple(path.stat().st_mtime_ns if path.is_file() else None
+                      for path in (run.path / "config.yaml", run.path / "env.json"))
+        if self.configs.get(run.path, (None,))[0] != stamp:
+            self.configs[run.path] = (stamp, run_config(run))
+        return self.configs[run.path][1]
 
     def seed_groups(self) -> list[dict]:
         """Training runs sharing a configuration (2 or more seeds): drawn as a mean with a band."""
