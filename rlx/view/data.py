@@ -131,25 +131,42 @@ class MetricsTail:
     """metrics.jsonl read incrementally: each update() reads only the bytes appended since the last one, and
     keeps a last line without its newline (a row being written) for the next update.
 
-    Columns: step, time, and one list per metric aligned with the rows (None where a row lacks the metric or
-    its value is not finite). nonfinite counts NaN/inf values per metric (left out of the curves); notes name
-    damaged lines (left out)."""
+    Rows are kept as parsed (NaN/inf replaced by None while parsing: json's parse_constant hook, so a
+    finite row costs nothing extra); `columns` are built on demand, one list per metric aligned with the
+    rows (None where a row lacks the metric or its value was not finite). nonfinite counts NaN/inf values per
+    metric (left out of the curves); notes name damaged lines (left out)."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self.offset = 0
         self.line = 0
-        self.step: list[int] = []
-        self.time: list[float | None] = []
-        self.columns: dict[str, list] = {}
+        self.parsed: list[dict] = []
+        self.names: dict[str, None] = {}  # metric names in order of first appearance
         self.nonfinite: dict[str, int] = {}
         self.first_nonfinite: dict[str, int] = {}
         self.notes: list[str] = []
         self.pending = False  # a last line without its newline is waiting
+        self._columns: tuple[int, dict] = (-1, {})
+        self._constants = 0  # NaN / Infinity / -Infinity seen by the parser
+        self._decoder = json.JSONDecoder(parse_constant=self._constant)
 
     @property
     def rows(self) -> int:
-        return len(self.step)
+        return len(self.parsed)
+
+    @property
+    def step(self) -> list[int]:
+        return [row["step"] for row in self.parsed]
+
+    @property
+    def time(self) -> list[float | None]:
+        return [_finite_or_none(row.get("time")) for row in self.parsed]
+
+    @property
+    def columns(self) -> dict[str, list]:
+        if self._columns[0] != self.rows:
+            self._columns = (self.rows, {name: [row.get(name) for row in self.parsed] for name in self.names})
+        return self._columns[1]
 
     def update(self) -> int:
         """Read what was appended; returns the number of new rows."""
@@ -170,50 +187,65 @@ class MetricsTail:
             return 0
         self.offset += end + 1
         before = self.rows
-        for raw in data[: end + 1].split(b"\n")[:-1]:
-            self.line += 1
-            self._add(raw)
+        lines = data[:end].split(b"\n")
+        self._add_lines(lines)
+        self.line += len(lines)
         return self.rows - before
 
-    def _add(self, raw: bytes) -> None:
-        if not raw.strip():
-            return
+    def _constant(self, text: str):
+        self._constants += 1
+        return None
+
+    def _add_lines(self, lines: list[bytes]) -> None:
+        """Parse the lines as one JSON array (one call into json's C parser); a damaged line sends the chunk
+        through line by line, so the notes name it."""
+        seen = self._constants
+        body = b",".join(line for line in lines if line.strip())
         try:
-            row = json.loads(raw.decode("utf-8", errors="replace"))
+            rows = self._decoder.decode("[" + body.decode("utf-8", errors="replace") + "]")
+        except json.JSONDecodeError:
+            rows = None
+        if rows is None or not all(type(row) is dict and type(row.get("step")) is int for row in rows):
+            self._constants = seen
+            rows = [row for number, line in enumerate(lines, self.line + 1) if (row := self._row(line, number))]
+        if self._constants != seen:  # non-finite values: counted, and gaps in their curves
+            for row in rows:
+                for name, value in row.items():
+                    if value is None:
+                        self.nonfinite[name] = self.nonfinite.get(name, 0) + 1
+                        self.first_nonfinite.setdefault(name, row["step"])
+        if b"true" in body or b"false" in body or b': "' in body:  # a value that is not a number: a gap
+            rows = [{k: v if k == "step" else _finite_or_none(v) for k, v in row.items()} for row in rows]
+        for row in rows:
+            self.names.update(dict.fromkeys(row))
+        self.names.pop("step", None)
+        self.names.pop("time", None)
+        self.parsed.extend(rows)
+
+    def _row(self, line: bytes, number: int) -> dict | None:
+        if not line.strip():
+            return None
+        try:
+            row = self._decoder.decode(line.decode("utf-8", errors="replace"))
         except json.JSONDecodeError as exc:
-            self.notes.append(f"metrics.jsonl line {self.line} is not JSON ({exc.msg}); left out")
-            return
+            self.notes.append(f"metrics.jsonl line {number} is not JSON ({exc.msg}); left out")
+            return None
         if not isinstance(row, dict) or not isinstance(row.get("step"), int):
-            self.notes.append(f"metrics.jsonl line {self.line} is not a row with a step; left out")
-            return
-        index = self.rows
-        self.step.append(row["step"])
-        self.time.append(_finite_or_none(row.get("time")))
-        for name, value in row.items():
-            if name in ("step", "time"):
-                continue
-            column = self.columns.get(name)
-            if column is None:
-                column = self.columns[name] = [None] * index
-            shown = _finite_or_none(value)
-            if shown is None and isinstance(value, float):
-                self.nonfinite[name] = self.nonfinite.get(name, 0) + 1
-                self.first_nonfinite.setdefault(name, row["step"])
-            column.append(shown)
-        for column in self.columns.values():
-            if len(column) < index + 1:
-                column.append(None)
+            self.notes.append(f"metrics.jsonl line {number} is not a row with a step; left out")
+            return None
+        return row
 
     def since(self, start: int) -> dict:
         """The rows from `start` on, column by column (what the page appends to its curves)."""
-        return {"start": start, "rows": self.rows, "step": self.step[start:], "time": self.time[start:],
-                "metrics": {name: column[start:] for name, column in self.columns.items()},
+        rows = self.parsed[start:]
+        return {"start": start, "rows": self.rows, "step": [r["step"] for r in rows],
+                "time": [r.get("time") for r in rows],
+                "metrics": {name: [r.get(name) for r in rows] for name in self.names},
                 "pending": self.pending, "notes": list(self.notes)}
 
     def curve(self, name: str) -> tuple[list[int], list[float]]:
         """(steps, values) of the finite values of one metric."""
-        column = self.columns.get(name, [])
-        points = [(s, v) for s, v in zip(self.step, column) if v is not None]
+        points = [(row["step"], row[name]) for row in self.parsed if row.get(name) is not None]
         return [s for s, _ in points], [v for _, v in points]
 
 

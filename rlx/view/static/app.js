@@ -414,7 +414,9 @@ async function start() {
   $("step-prev").addEventListener("click", () => move(-1)); $("step-next").addEventListener("click", () => move(1));
   $("config-run").addEventListener("change", showConfig); $("config-other").addEventListener("change", showConfig);
   try {
-    await loadRuns(); await loadBands(); await refreshMetrics(); drawCurves();
+    const mark = (name) => { state.timings[name] = Math.round(performance.now()); };
+    state.timings = {};
+    await loadRuns(); await loadBands(); mark("runs"); await refreshMetrics(); mark("metrics"); drawCurves(); mark("curves");
     if (!state.runs.some((r) => r.kind === "train") && state.runs.some((r) => r.kind === "eval")) showTab("eval");
     $("status").textContent = state.exported ? "exported page (does not update)" : "live: updates every 2 s";
   } catch (error) { note($("notes"), `could not load the runs: ${error.message}`); }
