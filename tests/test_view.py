@@ -150,7 +150,7 @@ def test_samples_without_group_ids_or_verdicts_group_by_prompt_and_agents_show_t
     groups = prompt_groups(old)
     assert [(g["prompt"], len(g["completions"]), g["kind"]) for g in groups] == [("a", 2, "unknown"), ("b", 1, "unknown")]
     episode = {"observations": ["start", "wall"], "actions": ["left", "up"], "rewards": [0.0, 1.0], "success": True,
-               "truncated": False, "error": None, "turn_advantages": [0.2, 0.8]}
+               "truncated": False, "error": None, "advantages": [0.2, 0.8]}
     (group,) = prompt_groups([episode])
     (played,) = group["completions"]
     assert group["prompt"] == "start" and group["kind"] == "right" and played["reward"] == 1.0
@@ -330,3 +330,24 @@ def test_the_server_binds_127_0_0_1_on_a_port_from_the_os_and_serves_page_and_ro
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+# ------------------------------------------------------------------------------------------------ the run directory
+def test_a_samples_file_holds_each_completions_group_verdict_length_and_components(tmp_path, rlx_cli):
+    """What the sample browser shows, written by rlx train (rlx/rollout/single_turn.py: single_turn_records)."""
+    result = rlx_cli(["train", "steps=1", "prompts_per_step=3", "rollout.samples_per_prompt=4", "log.samples_every=1",
+                      "eval.size=4", "rollout.max_new_tokens=12", "save.final=false", "save.plot=false",
+                      "checkpoint.at_end=false", "hardware.num_threads=1"], tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = (tmp_path / "outputs" / "train").iterdir()
+    records = [json.loads(line) for line in (run_dir / "samples" / "step_000001.jsonl").read_text().splitlines()]
+    assert len(records) == 12
+    assert [r["group"] for r in records] == [0] * 4 + [1] * 4 + [2] * 4  # G adjacent rows, one prompt
+    assert all(len({r["prompt"] for r in records if r["group"] == g}) == 1 for g in (0, 1, 2))
+    for r in records:
+        assert set(r["components"]) == {"task", "format"}
+        # reward/total = 1.0 x task + 0.1 x format (conf/reward/exact_match.yaml weights, as config.yaml says)
+        assert r["reward"] == pytest.approx(r["components"]["task"] + 0.1 * r["components"]["format"], abs=1e-6)
+        assert r["correct"] == (r["components"]["task"] == 1.0)  # the accuracy component (reward.accuracy: task)
+        assert 1 <= r["length"] <= 12 and isinstance(r["truncated"], bool)
+        assert not r["truncated"] or r["length"] == 12  # cut at the budget: every token of it used
