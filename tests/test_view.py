@@ -149,11 +149,16 @@ def test_samples_without_group_ids_or_verdicts_group_by_prompt_and_agents_show_t
            {"prompt": "b", "completion": "3", "reward": 0.0}]
     groups = prompt_groups(old)
     assert [(g["prompt"], len(g["completions"]), g["kind"]) for g in groups] == [("a", 2, "unknown"), ("b", 1, "unknown")]
-    episode = {"observations": ["start", "wall"], "actions": ["left", "up"], "rewards": [0.0, 1.0], "success": True,
+    same_start = [{"observations": ["map"], "actions": ["x"], "rewards": [float(i % 2)], "success": float(i % 2)}
+                  for i in range(4)]  # two groups of 2 episodes on one fixed layout
+    assert [len(g["completions"]) for g in prompt_groups(same_start, group_size=2)] == [2, 2]
+    assert [len(g["completions"]) for g in prompt_groups(same_start)] == [4]
+    episode = {"observations": ["start", "wall"], "actions": ["left", "up"], "rewards": [0.0, 1.0], "success": 1.0,
                "truncated": False, "error": None, "advantages": [0.2, 0.8]}
     (group,) = prompt_groups([episode])
     (played,) = group["completions"]
     assert group["prompt"] == "start" and group["kind"] == "right" and played["reward"] == 1.0
+    assert (played["length"], played["length_unit"]) == (2, "turns")
     assert played["turns"] == [{"observation": "start", "action": "left", "reward": 0.0, "credit": 0.2},
                                {"observation": "wall", "action": "up", "reward": 1.0, "credit": 0.8}]
 
@@ -255,11 +260,12 @@ def two_seeds(tmp_path):
 
 
 def test_library_answers_the_routes_the_page_asks(two_seeds):
+    write_run(two_seeds / "other", [{"step": 1, "reward/total": 0.0}], overrides=["seed=0", "optim.lr=3e-5"])
     library = Library([two_seeds])
     runs = library.runs_payload()
-    assert [r["name"] for r in runs["runs"]] == ["sweep/0", "sweep/1"]
-    assert runs["runs"][0]["samples_per_step"] == 4 and runs["groups"] == [
-        {"id": "g0", "label": "optim.lr=1e-5", "runs": ["r0", "r1"]}]
+    assert [r["name"] for r in runs["runs"]] == ["sweep/0", "sweep/1", "other"]
+    assert runs["runs"][0]["samples_per_step"] == 4 and runs["groups"] == [  # a single seed has no band
+        {"id": "g0", "label": "optim.lr=1e-5: mean of 2 seeds", "runs": ["r0", "r1"]}]
     metrics = library.metrics_payload("r1", 1)
     assert metrics["step"] == [2, 3] and metrics["metrics"]["reward/total"] == pytest.approx([1.2, 1.3])
     assert [g["title"] for g in metrics["groups"]] == ["Reward and its components", "Entropy"]
@@ -351,3 +357,12 @@ def test_a_samples_file_holds_each_completions_group_verdict_length_and_componen
         assert r["correct"] == (r["components"]["task"] == 1.0)  # the accuracy component (reward.accuracy: task)
         assert 1 <= r["length"] <= 12 and isinstance(r["truncated"], bool)
         assert not r["truncated"] or r["length"] == 12  # cut at the budget: every token of it used
+
+
+def test_every_health_flag_links_to_a_section_of_docs_view_md():
+    from tests.conftest import REPO
+
+    headings = {line[4:].strip().lower().replace(",", "").replace(" ", "-")
+                for line in (REPO / "docs" / "view.md").read_text().splitlines() if line.startswith("### ")}
+    assert {anchor for anchor, _ in health.FLAGS.values()} <= headings
+    assert len(health.FLAGS) == 7

@@ -15,6 +15,7 @@ import socket
 from pathlib import Path
 
 from rlx.errors import UserError
+from rlx.report.runs import short_override
 from rlx.view.data import (
     MetricsTail,
     SamplesCache,
@@ -92,8 +93,14 @@ class Library:
             if run.kind == "train":
                 by_key.setdefault(run.config_group, []).append(run)
         groups = [runs for runs in by_key.values() if len(runs) > 1]
-        return [{"id": f"g{i}", "label": " ".join(runs[0].config_group) or "defaults",
-                 "runs": [r.id for r in runs]} for i, runs in enumerate(groups)]
+        keys = list(by_key)
+        common = set(keys[0]).intersection(*keys[1:]) if keys else set()
+        out = []
+        for i, runs in enumerate(groups):  # labelled by what sets the group apart, as rlx report labels them
+            differing = [min(o, short_override(o), key=len) for o in runs[0].config_group if o not in common]
+            out.append({"id": f"g{i}", "label": f"{' '.join(differing) + ': ' if differing else ''}mean of {len(runs)} seeds",
+                        "runs": [r.id for r in runs]})
+        return out
 
     # ------------------------------------------------------------------------------------------- routes
     def runs_payload(self) -> dict:
@@ -143,12 +150,20 @@ class Library:
     def steps_payload(self, run_id: str) -> dict:
         return {"steps": sample_steps(self.run(run_id).path)}
 
+    def group_size(self, run: ViewRun) -> int | None:
+        """Completions per prompt (rollout.samples_per_prompt): splits samples files that carry no group ids."""
+        rollout = self.config(run)["config"].get("rollout")
+        size = rollout.get("samples_per_prompt") if isinstance(rollout, dict) else None
+        return size if isinstance(size, int) and size > 0 else None
+
     def samples_payload(self, run_id: str, step: int) -> dict:
-        groups, notes = self.samples.groups(self.run(run_id).path, step)
+        run = self.run(run_id)
+        groups, notes = self.samples.groups(run.path, step, self.group_size(run))
         return {"step": step, "groups": groups, "notes": notes}
 
     def follow_payload(self, run_id: str, prompt: str) -> dict:
-        return {"prompt": prompt, "steps": self.samples.follow(self.run(run_id).path, prompt)}
+        run = self.run(run_id)
+        return {"prompt": prompt, "steps": self.samples.follow(run.path, prompt, self.group_size(run))}
 
     def config_payload(self, run_id: str) -> dict:
         return self.config(self.run(run_id))

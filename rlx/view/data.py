@@ -341,10 +341,14 @@ def read_samples(path: Path) -> tuple[list[dict], list[str]]:
 
 
 def _verdict(record: dict) -> bool | None:
-    """Whether a completion was right: the samples file's `correct`, an episode's `success`, else unknown."""
+    """Whether a completion was right: the samples file's `correct`, an episode's `success` (1.0 counts as
+    solved, as rlx eval's correct_threshold does by default), else unknown."""
     for key in ("correct", "success"):
-        if isinstance(record.get(key), bool):
-            return record[key]
+        value = record.get(key)
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            return value >= 1.0
     return None
 
 
@@ -360,10 +364,12 @@ def _completion(record: dict) -> dict:
                  for i, action in enumerate(actions)]
         text = "\n".join(str(a) for a in actions)
         reward = sum(r for r in rewards if isinstance(r, (int, float)))
+        length, unit = len(actions), "turns"
     else:
         turns, text, reward = None, str(record.get("completion", "")), record.get("reward")
+        length, unit = (record["length"], "tokens") if "length" in record else (len(text), "characters")
     return {"text": text, "reward": _finite_or_none(reward), "advantage": _finite_or_none(record.get("advantage")),
-            "length": record.get("length", len(text)), "length_unit": "tokens" if "length" in record else "characters",
+            "length": length, "length_unit": unit,
             "truncated": bool(record.get("truncated")), "correct": _verdict(record), "error": record.get("error"),
             "components": {k: _finite_or_none(v) for k, v in components.items()}, "turns": turns}
 
@@ -375,15 +381,17 @@ def _prompt_of(record: dict) -> str:
     return str(observations[0])
 
 
-def prompt_groups(records: list[dict]) -> list[dict]:
+def prompt_groups(records: list[dict], group_size: int | None = None) -> list[dict]:
     """The completions of a samples file grouped by prompt: the file's `group` ids when present, else runs of
-    equal prompts (G adjacent rows share a prompt). Each group: prompt, answer, completions, and `kind`:
+    equal prompts (G adjacent rows share a prompt), at most `group_size` each when given (two groups in a row
+    may share a prompt: an environment's fixed layout). Each group: prompt, answer, completions, and `kind`:
     "right" (all correct), "wrong" (none), "mixed", or "unknown" (no verdicts); tied (all rewards equal);
     truncated (any completion cut by the budget)."""
     groups: list[dict] = []
     for record in records:
         key = record.get("group", _prompt_of(record))
-        if not groups or groups[-1]["key"] != key:
+        full = "group" not in record and group_size and groups and len(groups[-1]["completions"]) >= group_size
+        if not groups or groups[-1]["key"] != key or full:
             groups.append({"key": key, "prompt": _prompt_of(record), "answer": record.get("answer"), "completions": []})
         groups[-1]["completions"].append(_completion(record))
     for group in groups:
@@ -428,21 +436,21 @@ class SamplesCache:
     def __init__(self):
         self._files: dict[Path, tuple[tuple, list[dict], list[str]]] = {}
 
-    def groups(self, run_dir: Path, step: int) -> tuple[list[dict], list[str]]:
+    def groups(self, run_dir: Path, step: int, group_size: int | None = None) -> tuple[list[dict], list[str]]:
         path = Path(run_dir) / SAMPLES_DIR / f"step_{step:06d}.jsonl"
         stat = path.stat()
-        stamp = (stat.st_size, stat.st_mtime_ns)
+        stamp = (stat.st_size, stat.st_mtime_ns, group_size)
         cached = self._files.get(path)
         if cached is None or cached[0] != stamp:
             records, notes = read_samples(path)
-            cached = self._files[path] = (stamp, prompt_groups(records), notes)
+            cached = self._files[path] = (stamp, prompt_groups(records, group_size), notes)
         return cached[1], cached[2]
 
-    def follow(self, run_dir: Path, prompt: str) -> list[dict]:
+    def follow(self, run_dir: Path, prompt: str, group_size: int | None = None) -> list[dict]:
         """One prompt across the steps: [{step, group}] for every samples file that holds it."""
         out = []
         for step in sample_steps(run_dir):
-            groups, _ = self.groups(run_dir, step)
+            groups, _ = self.groups(run_dir, step, group_size)
             out += [{"step": step, "group": g} for g in groups if g["prompt"] == prompt]
         return out
 

@@ -4,6 +4,7 @@
 
 const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
 const POLL_MS = 2000;
+const WHOLE_STEPS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1e3, 2e3, 2.5e3, 5e3, 1e4, 2e4, 2.5e4, 5e4, 1e5, 2e5, 5e5, 1e6, 2e6, 5e6, 1e7];
 const state = {
   runs: [], groups: [], selected: new Set(), data: {}, metricGroups: {}, flags: {}, charts: {},
   docsUrl: "", exported: typeof window.RLX_EXPORT !== "undefined", steps: {}, samples: null, follow: null,
@@ -126,7 +127,7 @@ function seriesFor(metric) {
       if (!band || !group.runs.every((id) => state.selected.has(id))) continue;
       group.runs.forEach((id) => inBand.add(id));
       const color = runColor(group.runs[0]);
-      out.push({label: `${group.label} (mean of ${group.runs.length})`, x: band.step, y: smooth(band.mean, weight), color, width: 2});
+      out.push({label: group.label, x: band.step, y: smooth(band.mean, weight), color, width: 2});
       out.push({label: "band low", x: band.step, y: smooth(band.low, weight), color, width: 0.5, band: "low"});
       out.push({label: "band high", x: band.step, y: smooth(band.high, weight), color, width: 0.5, band: "high"});
     }
@@ -161,14 +162,18 @@ function drawChart(container, metric) {
   const opts = {
     width: 380, height: 210, legend: {show: true, live: true},
     scales: {x: {time: false}, y: {distr: log ? 3 : 1}},
-    axes: [{label: {step: "step", samples: "samples", time: "seconds"}[$("x-axis").value]}, {}],
+    axes: [{label: {step: "step", samples: "samples", time: "seconds"}[$("x-axis").value],
+      ...($("x-axis").value === "time" ? {} : {incrs: WHOLE_STEPS})}, {}],
     series: [{label: "x"}, ...series.map((s) => ({label: s.label, stroke: s.color, width: s.width, spanGaps: true,
       points: {show: data[0].length < 30}}))],
     bands,
   };
   const box = el("div", {class: "chart", "data-metric": metric}, el("h3", {}, metric));
   container.append(box);
-  state.charts[metric] = {plot: new uPlot(opts, data, box), series: series.map((s) => s.label)};
+  const plot = new uPlot(opts, data, box);
+  const rows = plot.root.querySelectorAll(".u-legend .u-series");
+  series.forEach((s, i) => { if (s.band && rows[i + 1]) rows[i + 1].style.display = "none"; }); // the band's edges
+  state.charts[metric] = {plot, series: series.map((s) => s.label)};
 }
 
 function drawCurves() {
@@ -235,7 +240,7 @@ function completionTable(group) {
   const rows = group.completions.map((c, i) => el("tr", {class: c.correct === true ? "correct" : c.correct === false ? "incorrect" : ""},
     el("td", {}, String(i)), el("td", {class: "num"}, fmt(c.reward)),
     ...components.map((k) => el("td", {class: "num"}, fmt(c.components[k]))),
-    el("td", {class: "num"}, fmt(c.advantage)), el("td", {class: "num"}, `${c.length}${c.truncated ? " cut" : ""}`),
+    el("td", {class: "num"}, fmt(c.advantage)), el("td", {class: "num"}, `${c.length}${c.length_unit === "tokens" ? "" : " " + c.length_unit}${c.truncated ? " cut" : ""}`),
     el("td", {}, c.correct === null ? "?" : c.correct ? "yes" : "no"),
     el("td", {}, c.turns ? turnsTable(c) : el("pre", {}, c.text), c.error ? el("div", {class: "note"}, c.error) : "")));
   return el("table", {class: "completions"}, head, ...rows);
@@ -356,7 +361,7 @@ function showHealth() {
     if (!flags.length) root.append(el("div", {class: "ok"}, "no health flag raised"));
     flags.forEach((f) => root.append(el("div", {class: "flag", "data-flag": f.name}, el("strong", {}, f.name),
       f.step !== null ? ` (step ${f.step})` : "", ": ", f.reason, " ",
-      el("a", {href: `${state.docsUrl}/view/#${f.anchor}`, target: "_blank"}, "what to do"))));
+      el("a", {href: `${state.docsUrl}/view.html#${f.anchor}`, target: "_blank"}, "what to do"))));
   }
 }
 
