@@ -221,9 +221,9 @@ def test_each_health_flag_on_hand_made_metrics(tmp_path, name, rows, config, wor
 
 def test_health_flags_stay_quiet_just_below_their_thresholds(tmp_path):
     rows = [{"step": s, "train/entropy": e, "train/kl_ref": k, "train/frac_zero_std_groups": z}
-            for s, (e, k, z) in enumerate(zip([1.0, 0.5, 0.11, 0.2, 0.2, 0.2, 0.2], [0.001] * 6 + [0.009],
+            for s, (e, k, z) in enumerate(zip([1.0, 0.5, 0.11, 0.2, 0.2, 0.2, 0.2], [0.0001] * 6 + [0.009],
                                               [1.0, 1.0, 1.0, 1.0, 0.9, 1.0, 1.0]))]
-    # entropy at 0.2 > 0.1 x 1.0; the KL jump stays under KL_SPIKE_MIN; the tied streak breaks at step 4
+    # entropy at 0.2 > 0.1 x 1.0; the KL jump (90x its median) stays under KL_SPIKE_MIN; the tied streak breaks at step 4
     assert raised(tmp_path, rows) == {}
 
 
@@ -284,11 +284,12 @@ def test_library_answers_the_routes_the_page_asks(two_seeds):
 
 def test_a_run_still_being_written_grows_on_the_next_request(two_seeds):
     library = Library([two_seeds])
-    assert library.metrics_payload("r0")["rows"] == 3
+    assert json.loads(library.metrics_json("r0", 0))["step"] == [1, 2, 3]  # kept encoded until the run grows
     with (two_seeds / "0" / "metrics.jsonl").open("a") as handle:
         handle.write('{"step": 4, "reward/total": 0.4}\n{"step": 5, "rew')
     grown = library.metrics_payload("r0", 3)
     assert grown["step"] == [4] and grown["rows"] == 4 and grown["pending"]
+    assert json.loads(library.metrics_json("r0", 0))["step"] == [1, 2, 3, 4]
     (two_seeds / "2").mkdir()  # a new trial of the sweep appears
     write_run(two_seeds / "2" / "inner", [{"step": 1}])
     assert [r["name"] for r in library.runs_payload()["runs"]] == ["sweep/0", "sweep/1", "inner"]
