@@ -200,6 +200,16 @@ def test_export_opens_from_disk(trained, browser, tmp_path):
     expected = [(r["step"], r["reward/total"]) for r in rows_of(run_dir) if "reward/total" in r]
     assert flat(drawn_points(page, "reward/total", "done")) == pytest.approx(flat(expected))
     assert "exported page" in page.inner_text("#status")
+    # x in samples drawn (prompts_per_step 4 x samples_per_prompt 4 per step), then smoothing (debiased EMA)
+    page.select_option("#x-axis", "samples")
+    assert [x for x, _ in drawn_points(page, "reward/total", "done")] == [16 * step for step, _ in expected]
+    page.select_option("#x-axis", "step")
+    page.locator("#smoothing").fill("0.5")
+    smoothed, last = [], 0.0
+    for count, (_, value) in enumerate(expected, 1):
+        last = 0.5 * last + 0.5 * value
+        smoothed.append(last / (1 - 0.5 ** count))
+    assert [y for _, y in drawn_points(page, "reward/total", "done")] == pytest.approx(smoothed)
     page.click("#tabs button[data-tab=samples]")
     page.wait_for_selector(".prompt-group")
     page.locator(".prompt-group button.follow").first.click()  # computed in the page from the exported samples
