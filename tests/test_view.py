@@ -16,18 +16,9 @@ import yaml
 from rlx.report.stats import t_critical_value
 from rlx.view import health
 from rlx.view.app import Library, create_app, export, free_socket
-from rlx.view.data import (
-    MetricsTail,
-    config_diff,
-    disagreements,
-    discover,
-    filter_groups,
-    group_metrics,
-    metric_group,
-    prompt_groups,
-    read_samples,
-    seed_bands,
-)
+from rlx.view.data import MetricsTail, config_diff, discover, group_metrics, metric_group, seed_bands
+from rlx.view.evals import disagreements
+from rlx.view.samples import filter_groups, prompt_groups, read_samples
 
 
 def write_run(path, rows, overrides=(), config=None, samples=None):

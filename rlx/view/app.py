@@ -18,18 +18,17 @@ from rlx.errors import UserError
 from rlx.report.runs import short_override
 from rlx.view.data import (
     MetricsTail,
-    SamplesCache,
     ViewRun,
     config_diff,
     discover,
-    eval_view,
     group_metrics,
     run_config,
-    sample_steps,
     samples_per_step,
     seed_bands,
 )
+from rlx.view.evals import eval_view
 from rlx.view.health import health_flags
+from rlx.view.samples import SamplesCache, sample_steps
 
 STATIC = Path(__file__).parent / "static"
 DOCS_URL = "http://127.0.0.1:8000"  # where `make docs-serve` serves the docs; --docs-url points elsewhere

@@ -1,4 +1,5 @@
-"""What `rlx view` reads from run directories, as plain dicts and lists the page draws.
+"""What `rlx view` reads from run directories, as plain dicts and lists the page draws: the runs, their metrics,
+their configs (samples.py: the samples files; evals.py: rlx eval directories).
 
 Only what runs already write is read: metrics.jsonl, samples/step_*.jsonl, config.yaml, overrides.yaml,
 env.json, failure.json (`rlx train`), summary.json and <benchmark>/{model,compare}.jsonl (`rlx eval`).
@@ -11,9 +12,10 @@ from __future__ import annotations
 import fnmatch
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import yaml
 
 from rlx.report.runs import config_key, run_name
 
@@ -84,12 +86,12 @@ def _load(index: int, run_dir: Path, kind: str) -> ViewRun:
         if item.split("=", 1)[0].lstrip("+") == "seed":
             seed = int(item.split("=", 1)[1]) if item.split("=", 1)[1].lstrip("-").isdigit() else None
     if (run_dir / "failure.json").is_file():
-        failure, note = _json_file(run_dir / "failure.json")
+        failure, note = read_json(run_dir / "failure.json")
         notes.append(f"the run failed: {failure.get('error', 'see failure.json')}" if isinstance(failure, dict) else note)
     return ViewRun(f"r{index}", run_dir, kind, run_name(run_dir), overrides, seed, notes)
 
 
-def _text(path: Path) -> tuple[str, str]:
+def read_text(path: Path) -> tuple[str, str]:
     """The file's text and a note when bytes that are not UTF-8 were replaced (or '')."""
     data = path.read_bytes()
     try:
@@ -100,25 +102,23 @@ def _text(path: Path) -> tuple[str, str]:
 
 
 def _yaml(path: Path):
-    import yaml
-
     try:
-        text, note = _text(path)
+        text, note = read_text(path)
         return yaml.safe_load(text), note
     except Exception as exc:  # a damaged file is a note, the page keeps working
         return None, f"{path.name} is damaged ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
 
 
-def _json_file(path: Path):
+def read_json(path: Path):
     try:
-        text, note = _text(path)
+        text, note = read_text(path)
         return json.loads(text), note
     except Exception as exc:
         return None, f"{path.name} is damaged ({exc})"
 
 
 # ---------------------------------------------------------------------------------------------------- metrics
-def _finite_or_none(value):
+def finite_or_none(value):
     """A metric value for the page: numbers stay, NaN/inf and non-numbers become None (the curve has a gap)."""
     if isinstance(value, bool):
         return float(value)
@@ -160,7 +160,7 @@ class MetricsTail:
 
     @property
     def time(self) -> list[float | None]:
-        return [_finite_or_none(row.get("time")) for row in self.parsed]
+        return [finite_or_none(row.get("time")) for row in self.parsed]
 
     @property
     def columns(self) -> dict[str, list]:
@@ -215,7 +215,7 @@ class MetricsTail:
                         self.nonfinite[name] = self.nonfinite.get(name, 0) + 1
                         self.first_nonfinite.setdefault(name, row["step"])
         if b"true" in body or b"false" in body or b': "' in body:  # a value that is not a number: a gap
-            rows = [{k: v if k == "step" else _finite_or_none(v) for k, v in row.items()} for row in rows]
+            rows = [{k: v if k == "step" else finite_or_none(v) for k, v in row.items()} for row in rows]
         for row in rows:
             self.names.update(dict.fromkeys(row))
         self.names.pop("step", None)
@@ -302,159 +302,6 @@ def seed_bands(tails: list[MetricsTail], metrics) -> dict:
     return out
 
 
-# ---------------------------------------------------------------------------------------------------- samples
-SAMPLES_DIR = "samples"
-
-
-def sample_steps(run_dir: Path) -> list[int]:
-    """The steps with a samples file, ascending."""
-    folder = Path(run_dir) / SAMPLES_DIR
-    if not folder.is_dir():
-        return []
-    steps = []
-    for entry in os.scandir(folder):
-        name = entry.name
-        if name.startswith("step_") and name.endswith(".jsonl") and name[5:-6].isdigit():
-            steps.append(int(name[5:-6]))
-    return sorted(steps)
-
-
-def read_samples(path: Path) -> tuple[list[dict], list[str]]:
-    """The records of one samples file and notes (bytes that are not UTF-8, lines that are not JSON)."""
-    text, note = _text(Path(path))
-    notes = [note] if note else []
-    records = []
-    lines = text.split("\n")
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            last = number >= len(lines) - 1
-            notes.append(f"{Path(path).name} line {number} " + ("is being written; shown on the next refresh" if last
-                                                                else f"is not JSON ({exc.msg}); left out"))
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records, notes
-
-
-def _verdict(record: dict) -> bool | None:
-    """Whether a completion was right: the samples file's `correct`, an episode's `success` (1.0 counts as
-    solved, as rlx eval's correct_threshold does by default), else unknown."""
-    for key in ("correct", "success"):
-        value = record.get(key)
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, (int, float)) and math.isfinite(value):
-            return value >= 1.0
-    return None
-
-
-def _completion(record: dict) -> dict:
-    """One completion (or episode) as the page shows it."""
-    components = record.get("components") if isinstance(record.get("components"), dict) else {}
-    if "actions" in record:  # an agent episode: its turns with per-turn reward and credit
-        observations, actions = record.get("observations") or [], record.get("actions") or []
-        rewards = record.get("rewards") or []
-        credit = record.get("advantages") if isinstance(record.get("advantages"), list) else []  # per turn (loops/credit.py)
-        turns = [{"observation": observations[i] if i < len(observations) else "", "action": action,
-                  "reward": rewards[i] if i < len(rewards) else None, "credit": credit[i] if i < len(credit) else None}
-                 for i, action in enumerate(actions)]
-        text = "\n".join(str(a) for a in actions)
-        reward = sum(r for r in rewards if isinstance(r, (int, float)))
-        length, unit = len(actions), "turns"
-    else:
-        turns, text, reward = None, str(record.get("completion", "")), record.get("reward")
-        length, unit = (record["length"], "tokens") if "length" in record else (len(text), "characters")
-    return {"text": text, "reward": _finite_or_none(reward), "advantage": _finite_or_none(record.get("advantage")),
-            "length": length, "length_unit": unit,
-            "truncated": bool(record.get("truncated")), "correct": _verdict(record), "error": record.get("error"),
-            "components": {k: _finite_or_none(v) for k, v in components.items()}, "turns": turns}
-
-
-def _prompt_of(record: dict) -> str:
-    if "prompt" in record:
-        return str(record["prompt"])
-    observations = record.get("observations") or [""]
-    return str(observations[0])
-
-
-def prompt_groups(records: list[dict], group_size: int | None = None) -> list[dict]:
-    """The completions of a samples file grouped by prompt: the file's `group` ids when present, else runs of
-    equal prompts (G adjacent rows share a prompt), at most `group_size` each when given (two groups in a row
-    may share a prompt: an environment's fixed layout). Each group: prompt, answer, completions, and `kind`:
-    "right" (all correct), "wrong" (none), "mixed", or "unknown" (no verdicts); tied (all rewards equal);
-    truncated (any completion cut by the budget)."""
-    groups: list[dict] = []
-    for record in records:
-        key = record.get("group", _prompt_of(record))
-        full = "group" not in record and group_size and groups and len(groups[-1]["completions"]) >= group_size
-        if not groups or groups[-1]["key"] != key or full:
-            groups.append({"key": key, "prompt": _prompt_of(record), "answer": record.get("answer"), "completions": []})
-        groups[-1]["completions"].append(_completion(record))
-    for group in groups:
-        group["key"] = str(group["key"])
-        completions = group["completions"]
-        verdicts = [c["correct"] for c in completions]
-        if any(v is None for v in verdicts):
-            group["kind"] = "unknown"
-        else:
-            group["kind"] = "right" if all(verdicts) else "wrong" if not any(verdicts) else "mixed"
-        rewards = [c["reward"] for c in completions]
-        group["tied"] = len(completions) > 1 and len(set(rewards)) == 1
-        group["truncated"] = any(c["truncated"] for c in completions)
-    return groups
-
-
-FILTERS = ("all", "wrong", "right", "mixed", "truncated", "tied")
-
-
-def filter_groups(groups: list[dict], kind: str = "all", query: str = "") -> list[dict]:
-    """The groups of one kind (FILTERS) whose prompt, answer or a completion contains `query` (any case)."""
-    if kind not in FILTERS:
-        raise ValueError(f"unknown filter '{kind}'; one of {', '.join(FILTERS)}")
-    query = query.lower()
-    kept = []
-    for group in groups:
-        if kind in ("wrong", "right", "mixed") and group["kind"] != kind:
-            continue
-        if kind in ("truncated", "tied") and not group[kind]:
-            continue
-        if query and not any(query in str(text).lower() for text in
-                             (group["prompt"], group["answer"], *(c["text"] for c in group["completions"]))):
-            continue
-        kept.append(group)
-    return kept
-
-
-class SamplesCache:
-    """Parsed samples files, re-read only when a file's size or time changes (a live run rewrites none, but
-    a file may be caught half-written)."""
-
-    def __init__(self):
-        self._files: dict[Path, tuple[tuple, list[dict], list[str]]] = {}
-
-    def groups(self, run_dir: Path, step: int, group_size: int | None = None) -> tuple[list[dict], list[str]]:
-        path = Path(run_dir) / SAMPLES_DIR / f"step_{step:06d}.jsonl"
-        stat = path.stat()
-        stamp = (stat.st_size, stat.st_mtime_ns, group_size)
-        cached = self._files.get(path)
-        if cached is None or cached[0] != stamp:
-            records, notes = read_samples(path)
-            cached = self._files[path] = (stamp, prompt_groups(records, group_size), notes)
-        return cached[1], cached[2]
-
-    def follow(self, run_dir: Path, prompt: str, group_size: int | None = None) -> list[dict]:
-        """One prompt across the steps: [{step, group}] for every samples file that holds it."""
-        out = []
-        for step in sample_steps(run_dir):
-            groups, _ = self.groups(run_dir, step, group_size)
-            out += [{"step": step, "group": g} for g in groups if g["prompt"] == prompt]
-        return out
-
-
 # ---------------------------------------------------------------------------------------------------- config
 def flatten(node, prefix: str = "") -> dict:
     """{'a.b': 1} from {'a': {'b': 1}}; lists stay values."""
@@ -469,11 +316,11 @@ def flatten(node, prefix: str = "") -> dict:
 def run_config(run: ViewRun) -> dict:
     """The run's resolved config, overrides, command line (env.json) and notes about damaged files."""
     config, note = _yaml(run.path / "config.yaml") if (run.path / "config.yaml").is_file() else ({}, "")
-    env, env_note = _json_file(run.path / "env.json") if (run.path / "env.json").is_file() else ({}, "")
+    env, env_note = read_json(run.path / "env.json") if (run.path / "env.json").is_file() else ({}, "")
     command = env.get("command") if isinstance(env, dict) else None
     if isinstance(command, list) and command:  # env.json names the Hydra app: rlx-train, rlx-eval
         command = [str(command[0]).replace("rlx-", "rlx ", 1), *map(str, command[1:])]
-    text = _text(run.path / "config.yaml")[0] if (run.path / "config.yaml").is_file() else ""
+    text = read_text(run.path / "config.yaml")[0] if (run.path / "config.yaml").is_file() else ""
     return {"config": config if isinstance(config, dict) else {}, "overrides": run.overrides, "text": text,
             "command": " ".join(command) if isinstance(command, list) else "",
             "env": env if isinstance(env, dict) else {}, "notes": [n for n in (note, env_note) if n]}
@@ -493,57 +340,3 @@ def samples_per_step(config: dict) -> int | None:
     if isinstance(prompts, int) and isinstance(per_prompt, int):
         return prompts * per_prompt
     return None
-
-
-# ---------------------------------------------------------------------------------------------------- eval
-def eval_view(run_dir: Path) -> dict:
-    """An `rlx eval` directory: summary.json (per-benchmark values with intervals, paired differences, support
-    changes) and, per benchmark with compare=, the problems where the two models disagree, side by side."""
-    summary, note = _json_file(Path(run_dir) / EVAL_MARKER)
-    notes = [note] if note else []
-    if not isinstance(summary, dict):
-        return {"summary": {}, "disagree": {}, "notes": notes}
-    disagree = {}
-    for bench in (summary.get("benchmarks") or {}):
-        model_file, compare_file = Path(run_dir) / bench / "model.jsonl", Path(run_dir) / bench / "compare.jsonl"
-        if not (model_file.is_file() and compare_file.is_file()):
-            continue
-        model_records, n1 = read_samples(model_file)
-        compare_records, n2 = read_samples(compare_file)
-        notes += n1 + n2
-        disagree[bench] = disagreements(model_records, compare_records)
-    return {"summary": summary, "disagree": disagree, "notes": notes}
-
-
-def _solved(record: dict) -> float | None:
-    """A problem's score for the disagreement list: the greedy score, else the fraction of samples scored 1."""
-    greedy = record.get("greedy")
-    if isinstance(greedy, dict) and isinstance(greedy.get("score"), (int, float)):
-        return float(greedy["score"])
-    scores = record.get("scores")
-    if isinstance(scores, list) and scores:
-        return sum(s >= 1.0 for s in scores) / len(scores)
-    return None
-
-
-def disagreements(model_records: list[dict], compare_records: list[dict]) -> list[dict]:
-    """Problems (matched by id) where the model and the compare= model score differently: greedy score, or
-    without greedy decoding the fraction of samples solved. [{id, prompt, answer, model, compare}]."""
-    other = {r.get("id"): r for r in compare_records}
-    out = []
-    for record in model_records:
-        twin = other.get(record.get("id"))
-        if twin is None:
-            continue
-        a, b = _solved(record), _solved(twin)
-        if a is None or b is None or a == b:
-            continue
-
-        def side(r, score):
-            greedy = r.get("greedy") if isinstance(r.get("greedy"), dict) else {}
-            return {"score": score, "completion": greedy.get("completion") or ((r.get("samples") or [""])[0]),
-                    "extracted": greedy.get("extracted")}
-
-        out.append({"id": record.get("id"), "prompt": record.get("prompt"), "answer": record.get("answer"),
-                    "model": side(record, a), "compare": side(twin, b)})
-    return out
