@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from rlx.report.runs import config_key, run_name
+from rlx.runtime.rundir import flatten_settings
 
 TRAIN_MARKERS = ("metrics.jsonl", "failure.json")
 EVAL_MARKER = "summary.json"
@@ -283,36 +284,21 @@ def group_metrics(names) -> list[dict]:
 
 
 def seed_bands(tails: list[MetricsTail], metrics) -> dict:
-    """Mean over seeds with its Student-t band, metric by metric, on the steps every seed logged: the report's
-    statistic (rlx.report.stats.align_curves and mean_and_band), not a second implementation.
+    """Mean over seeds with its Student-t band, metric by metric, on the steps every seed logged: rlx report's
+    band (rlx.report.stats.seed_band), not a second implementation.
     Returns {metric: {step, mean, low, high}}; a metric some seed lacks is left out."""
-    from rlx.report.stats import align_curves, mean_and_band
+    from rlx.report.stats import seed_band
 
     out = {}
     for name in metrics:
-        curves = [tail.curve(name) for tail in tails]
-        if any(not steps for steps, _ in curves):
-            continue
-        try:
-            steps, matrix = align_curves(curves)  # (S,), (seeds, S)
-        except ValueError:
-            continue
-        mean, low, high = mean_and_band(matrix)
-        out[name] = {"step": steps.tolist(), "mean": mean.tolist(), "low": low.tolist(), "high": high.tolist()}
+        band = seed_band([tail.curve(name) for tail in tails])
+        if band is not None:
+            steps, mean, low, high, _ = band
+            out[name] = {"step": steps.tolist(), "mean": mean.tolist(), "low": low.tolist(), "high": high.tolist()}
     return out
 
 
 # ---------------------------------------------------------------------------------------------------- config
-def flatten(node, prefix: str = "") -> dict:
-    """{'a.b': 1} from {'a': {'b': 1}}; lists stay values."""
-    if isinstance(node, dict):
-        out = {}
-        for key, value in node.items():
-            out.update(flatten(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: node} if prefix else {}
-
-
 def run_config(run: ViewRun) -> dict:
     """The run's resolved config, overrides, command line (env.json) and notes about damaged files."""
     config, note = _yaml(run.path / "config.yaml") if (run.path / "config.yaml").is_file() else ({}, "")
@@ -328,7 +314,7 @@ def run_config(run: ViewRun) -> dict:
 
 def config_diff(a: dict, b: dict) -> list[dict]:
     """The settings that differ between two configs: [{key, a, b}] sorted by key (a missing key is None)."""
-    flat_a, flat_b = flatten(a), flatten(b)
+    flat_a, flat_b = flatten_settings(a), flatten_settings(b)
     return [{"key": key, "a": flat_a.get(key), "b": flat_b.get(key)} for key in sorted(set(flat_a) | set(flat_b))
             if flat_a.get(key) != flat_b.get(key)]
 
