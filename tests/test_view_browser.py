@@ -5,6 +5,7 @@ export opens from disk, and damaged input is named on the page. Screenshots go t
 when set, else to the test's tmp folder. ~1 min on 2 cores."""
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -56,7 +57,7 @@ def drawn_points(page, metric: str, label: str) -> list[tuple[float, float]]:
     """The (x, y) points uPlot holds for the line `label` of the chart of `metric` (what it draws)."""
     return [tuple(p) for p in page.evaluate(
         """([metric, label]) => { const c = window.rlxView.charts[metric]; if (!c) return [];
-            const i = c.series.indexOf(label) + 1; const d = c.plot.data;
+            const i = c.series.indexOf(label) + 1; const d = c.plot.data; if (i === 0) return [];
             return d[0].map((x, j) => [x, d[i][j]]).filter((p) => p[1] !== null); }""", [metric, label])]
 
 
@@ -71,6 +72,12 @@ def trained(tmp_path_factory):
                                            '{"step": 3, "rew')
     (damaged / "samples" / "step_000001.jsonl").write_bytes(b'{"prompt": "caf\xe9", "completion": "x", "reward": 1.0}\n')
     (root / "not_a_run").mkdir()
+    for seed, values in enumerate([(0.1, 0.2, 0.3, 0.4), (0.3, 0.2, 0.5, 0.6)]):  # two seeds of one configuration
+        folder = root / "seeds" / str(seed)
+        folder.mkdir(parents=True)
+        (folder / "overrides.yaml").write_text(f"- seed={seed}\n- optim.lr=0.001\n")
+        (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward/total": v}) + "\n"
+                                                      for s, v in enumerate(values, 1)))
     return root
 
 
@@ -91,7 +98,8 @@ def served(trained):
 
     sock = free_socket(0)
     server = uvicorn.Server(uvicorn.Config(create_app(Library([trained / "outputs", trained / "damaged",
-                                                               trained / "not_a_run"])), log_level="error"))
+                                                               trained / "not_a_run", trained / "seeds"])),
+                                           log_level="error"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.time() + 10
@@ -120,6 +128,19 @@ def test_curves_samples_follow_live_run_and_damaged_input(trained, served, brows
     assert flat(drawn_points(page, "reward/total", "done")) == pytest.approx(flat(expected))
     eval_points = [(r["step"], r["eval/accuracy"]) for r in rows_of(run_dir) if "eval/accuracy" in r]
     assert flat(drawn_points(page, "eval/accuracy", "done")) == pytest.approx(flat(eval_points))
+    # two seeds: drawn as their mean with the t band of the mean (t(0.975, 1) = 12.706, n = 2)
+    label = page.evaluate("window.rlxView.groups[0].label")
+    assert label == "mean of 2 seeds" or label.endswith(": mean of 2 seeds")
+    assert flat(drawn_points(page, "reward/total", label)) == pytest.approx([1, 0.2, 2, 0.2, 3, 0.4, 4, 0.5])
+    half = [12.706 * abs(a - b) / math.sqrt(2) / math.sqrt(2) for a, b in [(0.1, 0.3), (0.2, 0.2), (0.3, 0.5), (0.4, 0.6)]]
+    high = [y for _, y in drawn_points(page, "reward/total", "band high")]
+    assert high == pytest.approx([m + h for m, h in zip([0.2, 0.2, 0.4, 0.5], half)], rel=1e-4)
+    page.uncheck("#bands")  # each seed on its own
+    assert flat(drawn_points(page, "reward/total", "seeds/1")) == pytest.approx([1, 0.3, 2, 0.2, 3, 0.5, 4, 0.6])
+    page.check("#log-scale")
+    assert page.evaluate("window.rlxView.charts['reward/total'].plot.scales.y.distr") == 3
+    page.uncheck("#log-scale")
+    page.check("#bands")
     page.screenshot(path=str(shots(tmp_path) / "view-curves.png"))
     # damaged input is named where it applies and the rest keeps working
     assert "not_a_run is not a run" in page.inner_text("#notes")
