@@ -192,14 +192,15 @@ def test_curves_samples_follow_live_run_and_damaged_input(trained, served, brows
                              f"hydra.run.dir={trained / 'outputs' / 'live'}"], cwd=trained, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        page.wait_for_function("(() => { const r = window.rlxView.runs.find((r) => r.name === 'live');"
-                               " return r && window.rlxView.data[r.id] && window.rlxView.data[r.id].step.length >= 2; })()",
-                               timeout=60000)
+        def live_points_at_least(count: int) -> None:
+            page.wait_for_function(f"(() => {{ const c = window.rlxView.charts['reward/total'];"
+                                   f" const i = c ? c.series.indexOf('live') : -1;"
+                                   f" return i >= 0 && c.plot.data[i + 1].filter((v) => v !== null).length >= {count}; }})()",
+                                   timeout=60000)
+
+        live_points_at_least(2)  # the run appeared under outputs/ and its first rows are drawn
         first = len(drawn_points(page, "reward/total", "live"))
-        page.wait_for_function(f"(() => {{ const c = window.rlxView.charts['reward/total'];"
-                               f" const i = c.series.indexOf('live') + 1;"
-                               f" return c.plot.data[i].filter((v) => v !== null).length >= {first + 3}; }})()",
-                               timeout=60000)
+        live_points_at_least(first + 3)  # and more while it trains
         assert live.poll() is None or live.returncode == 0
         grown = drawn_points(page, "reward/total", "live")
         assert len(grown) >= first + 3
