@@ -33,7 +33,7 @@ test: $(STAMP) ## Run the test suite (offline, CPU; 2 workers of one thread each
 
 test-slow: $(STAMP) ## The long checks CI runs (marked slow, ~15 min): real model, DDP/ZeRO-2/FSDP2 equality, kill-and-resume, wheel
 	$(PY) -m pip install -q -e '.[deepspeed]'
-	$(PY) -m pytest -q -m slow $(ARGS)
+	$(PY) -m pytest -q -m slow --ignore=tests/test_view_browser.py $(ARGS)
 
 test-long: $(STAMP) ## The longest checks, not in CI (marked long, ~1.5 h): every family x strategy, real shapes, docs commands
 	$(PY) -m pip install -q -e '.[deepspeed]'
