@@ -58,7 +58,7 @@ def test_split_pair_keeps_the_merges_of_the_whole_string(tiny):
 
 def test_tree_of_two_choices_by_hand():
     # context [10, 11, 12]; choice 0 = [20, 21]; choice 1 = [30]
-    tree = build_tree([10, 11, 12], [(0, [20, 21]), (1, [30])], question=5)
+    tree = build_tree([(0, [10, 11, 12], [20, 21]), (1, [10, 11, 12], [30])], question=5)
     assert tree.tokens == [10, 11, 12, 20]  # a choice's last token is predicted, never fed
     assert tree.parent == [-1, 0, 1, 2]
     assert tree.positions == [0, 1, 2, 3]
@@ -70,8 +70,17 @@ def test_tree_of_two_choices_by_hand():
     assert mask[3].tolist() == [True, True, True, True, False, False]
 
 
+def test_choices_with_different_contexts_share_their_common_prefix():
+    # Winogrande: contexts [1, 2, 3, 7] and [1, 2, 3, 8], the same continuation [5, 6]
+    tree = build_tree([(0, [1, 2, 3, 7], [5, 6]), (1, [1, 2, 3, 8], [5, 6])], question=0)
+    assert tree.tokens == [1, 2, 3, 7, 5, 8, 5]  # 1, 2, 3 fed once
+    assert tree.parent == [-1, 0, 1, 2, 3, 2, 5]
+    assert tree.positions == [0, 1, 2, 3, 4, 3, 4]
+    assert tree.targets == [(3, 5, 0), (4, 6, 0), (5, 5, 1), (6, 6, 1)]
+
+
 def test_packing_puts_trees_side_by_side_without_crossing():
-    trees = [build_tree([1] * n, [(0, [2])], q) for q, n in enumerate([5, 3, 2, 4])]
+    trees = [build_tree([(0, [1] * n, [2])], q) for q, n in enumerate([5, 3, 2, 4])]
     rows = pack_rows(trees, row_tokens=7)
     assert sorted(sorted(len(t.tokens) for t in row) for row in rows) == [[2, 5], [3, 4]]  # first fit, decreasing
 
@@ -97,7 +106,7 @@ QUESTIONS = [
 ]
 
 
-@pytest.mark.parametrize("token_budget, row_tokens", [(64, 16), (4096, 512)])
+@pytest.mark.parametrize("token_budget, row_tokens", [(64, 0), (4096, 512)])
 def test_sums_equal_a_plain_forward_per_choice(tiny, token_budget, row_tokens):
     model, tokenizer = tiny
     got = choice_loglikelihoods(model, tokenizer, QUESTIONS, token_budget=token_budget, row_tokens=row_tokens)

@@ -59,9 +59,9 @@ def _end_of_text(tokenizer) -> int:
 
 @dataclass(frozen=True)
 class _Tree:
-    """One packed row: a context and the choices scored after it. tokens: context ids then each choice's ids but its
-    last; parent[i]: the position token i attends back from (-1 for the first context token); positions: position
-    ids; targets: (position predicting the token, token id, choice index) for every continuation token."""
+    """One question as a token trie: tokens fed to the model, parent[i] the node token i follows (-1 for a root),
+    positions (depth in the trie), and targets: (node whose hidden state predicts the token, token id, choice index)
+    for every continuation token."""
 
     tokens: list[int]
     parent: list[int]
@@ -70,22 +70,29 @@ class _Tree:
     question: int
 
 
-def build_tree(context_ids: list[int], choices: list[tuple[int, list[int]]], question: int) -> _Tree:
-    """The packed row of one context (see the module docstring). choices: (choice index, continuation ids)."""
-    tokens = list(context_ids)
-    parent = list(range(-1, len(context_ids) - 1))
-    positions = list(range(len(context_ids)))
+def build_tree(sequences: list[tuple[int, list[int], list[int]]], question: int) -> _Tree:
+    """The trie of a question's (choice index, context ids, continuation ids): every choice's context + continuation
+    but its last token inserted as a path, so prefixes two choices share are fed once (the whole context when the
+    contexts are equal; the few-shot examples and the sentence's start in Winogrande, whose contexts differ)."""
+    tokens: list[int] = []
+    parent: list[int] = []
+    positions: list[int] = []
+    child: dict[tuple[int, int], int] = {}
     targets = []
-    for choice, ids in choices:
-        before = len(context_ids) - 1  # the context's last token predicts the first continuation token
-        for t, token in enumerate(ids):
-            targets.append((before, token, choice))
-            if t == len(ids) - 1:
-                break
-            tokens.append(token)
-            parent.append(before)
-            positions.append(len(context_ids) + t)
-            before = len(tokens) - 1
+    for choice, context_ids, continuation_ids in sequences:
+        sequence = list(context_ids) + list(continuation_ids)
+        node = -1
+        path = []  # path[i]: the node of sequence[i]
+        for depth, token in enumerate(sequence[:-1]):
+            key = (node, token)
+            if key not in child:
+                child[key] = len(tokens)
+                tokens.append(token)
+                parent.append(node)
+                positions.append(depth)
+            node = child[key]
+            path.append(node)
+        targets += [(path[i - 1], sequence[i], choice) for i in range(len(context_ids), len(sequence))]
     return _Tree(tokens, parent, positions, targets, question)
 
 
@@ -101,14 +108,10 @@ def tree_mask(parent: list[int]) -> torch.Tensor:
 
 
 def _trees(tokenizer, questions: list[ChoiceQuestion]) -> list[_Tree]:
-    trees = []
-    for q, question in enumerate(questions):
-        by_context: dict[tuple[int, ...], list[tuple[int, list[int]]]] = {}
-        for choice, (context, continuation) in enumerate(zip(question.contexts, question.continuations)):
-            context_ids, continuation_ids = split_pair(tokenizer, context, continuation)
-            by_context.setdefault(tuple(context_ids), []).append((choice, continuation_ids))
-        trees += [build_tree(list(context), choices, q) for context, choices in by_context.items()]
-    return trees
+    """One trie per question (build_tree)."""
+    return [build_tree([(choice, *split_pair(tokenizer, context, continuation)) for choice, (context, continuation)
+                        in enumerate(zip(question.contexts, question.continuations))], q)
+            for q, question in enumerate(questions)]
 
 
 def pack_rows(trees: list[_Tree], row_tokens: int) -> list[list[_Tree]]:
@@ -182,10 +185,11 @@ def _run_batch(model, head, batch: list[list[_Tree]], device) -> torch.Tensor:
 
 
 @torch.no_grad()
-def choice_loglikelihoods(model, tokenizer, questions: list[ChoiceQuestion], token_budget: int = 8192,
-                          row_tokens: int = 512, progress=None) -> list[list[float]]:
+def choice_loglikelihoods(model, tokenizer, questions: list[ChoiceQuestion], token_budget: int = 2048,
+                          row_tokens: int = 0, progress=None) -> list[list[float]]:
     """Per question, per choice: the sum of log p(continuation tokens | context) (module docstring), in float32.
-    token_budget: rows x padded length of one forward pass; row_tokens: the length trees are packed to (pack_rows);
+    token_budget: rows x padded length of one forward pass; row_tokens: the length trees are packed to (pack_rows; 0:
+    the longest tree's, the fastest on a CPU: the attention of a longer row costs more than its padding saves);
     progress: called with the number of questions whose last tree has just been scored."""
     from rlx.models.forward import _output_head
 
