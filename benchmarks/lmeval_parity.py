@@ -73,6 +73,64 @@ metric_list:
   - metric: acc_norm
 """
 
+GSM8K_UTILS = '''
+
+def gsm8k_text(doc):
+    return doc["prompt"]
+
+
+def gsm8k_target(doc):
+    return doc["solution"]
+'''
+
+GSM8K_YAML = """task: rlxp_gsm8k
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+num_fewshot: 0
+doc_to_text: !function utils.gsm8k_text
+doc_to_target: !function utils.gsm8k_target
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+    ignore_case: true
+    ignore_punctuation: false
+    regexes_to_ignore: [",", "\\\\$", "(?s).*#### ", "\\\\.$"]
+generation_kwargs:
+  until: ["Question:", "</s>", "<|im_end|>"]
+  do_sample: false
+  temperature: 0.0
+  max_gen_toks: {max_gen_toks}
+filter_list:
+  - name: "strict-match"
+    filter:
+      - function: "regex"
+        regex_pattern: "#### (\\\\-?[0-9\\\\.\\\\,]+)"
+      - function: "take_first"
+  - name: "flexible-extract"
+    filter:
+      - function: "regex"
+        group_select: -1
+        regex_pattern: "(-?[$0-9.,]{{2,}})|(-?[0-9]+)"
+      - function: "take_first"
+"""
+
+
+def write_gsm8k_task(folder: Path, size: int, max_gen_toks: int) -> list[dict]:
+    """GSM8K's first `size` problems in rlx's 5-shot protocol (rlx.evaluation.protocols.gsm8k_problems) as an lm-eval
+    generate_until task: the prompt verbatim, lm-eval gsm8k's stops, filters and exact-match settings."""
+    from rlx.evaluation.protocols import gsm8k_problems
+
+    rows = gsm8k_problems(shots=5, size=size)
+    data = folder / "rlxp_gsm8k.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "rlxp_gsm8k.yaml").write_text(GSM8K_YAML.format(data=data, max_gen_toks=max_gen_toks))
+    return rows
+
 
 def lmeval_name(task: str) -> str:
     return "rlxp_" + task.replace(":", "_")
@@ -91,7 +149,7 @@ def write_choice_task(folder: Path, task: str, questions) -> list[dict]:
     data = folder / f"{name}.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     (folder / f"{name}.yaml").write_text(CHOICE_YAML.format(name=name, data=data))
-    (folder / "utils.py").write_text(UTILS)
+    (folder / "utils.py").write_text(UTILS + GSM8K_UTILS)
     return rows
 
 
@@ -202,11 +260,11 @@ def compare_gsm8k(rows: list[dict], theirs: list[dict], ours: list[str]) -> dict
         filtered = {name: by_filter[(i, key)] for name, key in (("strict", "strict-match"),
                                                                 ("flexible", "flexible-extract"))}
         for name, reader in (("strict", gsm8k_strict), ("flexible", gsm8k_flexible)):
-            ours_answer = reader(text)
+            ours_answer = reader(text) or "[invalid]"  # lm-eval's fallback where rlx's reader returns None
             theirs_answer = filtered[name]["filtered"]
             theirs_answer = theirs_answer[0] if isinstance(theirs_answer, list) else theirs_answer
             same[name] += ours_answer == theirs_answer
-            ours_em = gsm8k_exact_match(ours_answer, row["answer"])
+            ours_em = gsm8k_exact_match(ours_answer, row["solution"])
             same[f"{name}_em"] += ours_em == filtered[name]["exact_match"]
             em[name][0] += ours_em
             em[name][1] += filtered[name]["exact_match"]
@@ -257,9 +315,8 @@ def run(args) -> dict:
         rows[task] = write_choice_task(folder, task, choice_questions(name, variant)[:limit])
     side_tasks = [lmeval_name(t) for t in args.tasks]
     if args.gsm8k:
-        from rlx.evaluation.protocols import write_lmeval_gsm8k_task
-
-        gsm_rows = write_lmeval_gsm8k_task(folder, args.gsm8k)
+        gsm_rows = write_gsm8k_task(folder, args.gsm8k, args.max_gen_toks)
+        (folder / "utils.py").write_text(UTILS + GSM8K_UTILS)
         side_tasks.append("rlxp_gsm8k")
     run_child([str(SIDE_PYTHON), str(ROOT / "benchmarks" / "lmeval_side.py"), "--tasks-dir", str(folder),
                "--tasks", ",".join(side_tasks), "--model", model, "--batch-size", str(args.batch_size),
