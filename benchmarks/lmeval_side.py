@@ -4,7 +4,7 @@
 
 Loads lm-eval's HF backend once (`HFLM`, the class `lm_eval --model hf` builds, fp32, CPU) and runs
 `lm_eval.simple_evaluate` once per task of DIR (the task YAMLs lmeval_parity.py wrote) with log_samples, timing each
-call. Writes per task: the seconds, and per logged sample its doc id, the per-choice log-likelihoods (or, for a
+call (wall and CPU seconds of this process). Writes per task: the seconds, and per logged sample its doc id, the per-choice log-likelihoods (or, for a
 generative task, the raw generation and the filtered answers) and lm-eval's own per-sample metrics; then the process's
 peak resident memory (getrusage, this process alone).
 """
@@ -53,12 +53,12 @@ def main() -> None:
     manager = TaskManager(include_path=args.tasks_dir)
     out = {"load_s": time.perf_counter() - start, "tasks": {}}
     for task in args.tasks.split(","):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         result = simple_evaluate(model=lm, tasks=[task], task_manager=manager, log_samples=True,
                                  batch_size=args.batch_size, bootstrap_iters=0)
-        seconds = time.perf_counter() - start
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
         samples = result["samples"][task]
-        out["tasks"][task] = {"seconds": seconds, "results": result["results"][task],
+        out["tasks"][task] = {"seconds": seconds, "cpu_seconds": cpu, "results": result["results"][task],
                               "samples": [_sample_record(s) for s in samples]}
         print(f"lm-eval {task}: {len(samples)} samples in {seconds:.1f}s", flush=True)
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
