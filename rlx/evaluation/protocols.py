@@ -21,6 +21,13 @@ answer is read from that last sentence. rlx grades it with math-verify (lm-eval'
 `exact_match` (Minerva's string normalisation + sympy) is not reimplemented. Reference: the last \\boxed{} of the
 solution (the request file's `answer` field is mangled in 82 of MATH-500's problems).
 
+MBPP (lm-eval `mbpp`, Austin et al. 2021): "You are an expert Python programmer, and here is your task: {text} Your
+code should pass these tests:\n\n{3 asserts}\n[BEGIN]\n", after lm-eval's 3 fixed examples (MBPP's prompt split,
+each followed by its code and "\n[DONE]", joined by "\n\n"); stop "[DONE]"; the completion is the program, run in
+rlx's sandbox against the 3 asserts (pass@1, greedy). The asserts call the function by name, as lm-eval runs them,
+so the sandbox's plain-data check on `candidate` does not apply (a reference returning a Counter passes, as in
+lm-eval; an object whose == always holds would pass too, as in lm-eval). Problems: the 500 of OLMES's `codex_mbpp` (MBPP's test split).
+
 0-shot chat forms: the question alone as "Question: {question}\\nAnswer:" (GSM8K) or "Problem:\\n...\\n\\nSolution:"
 (MATH) as the user message, put through the model's chat template by `rlx eval` (benchmark chat_template: true), as
 lm-eval's `--apply_chat_template --num_fewshot 0` does.
@@ -34,11 +41,30 @@ from rlx.errors import UserError
 
 GSM8K_UNTIL = ("Question:", "</s>", "<|im_end|>")
 MINERVA_UNTIL = ("Problem:",)
+MBPP_UNTIL = ("[DONE]",)
 STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
 FLEXIBLE = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
 IGNORED = (",", r"\$", r"(?s).*#### ", r"\.$")  # lm-eval gsm8k's regexes_to_ignore, applied in this order
 MINERVA_FINAL = re.compile(r"Final Answer: The final answer is(.*?). I hope it is correct.")
 _SO_THE_ANSWER = re.compile(r"\s*So the answer is (.+?)\.?\s*$")
+
+MBPP_EXAMPLES = (  # MBPP's prompt split, task ids 2-4: the 3 fixed examples of lm-eval's mbpp (Austin et al. 2021)
+    ('Write a function to find the similar elements from the given two tuple lists.',
+     'def similar_elements(test_tup1, test_tup2):\r\n  res = tuple(set(test_tup1) & set(test_tup2))\r\n  return (res) ',
+     ('assert similar_elements((3, 4, 5, 6),(5, 7, 4, 10)) == (4, 5)',
+      'assert similar_elements((1, 2, 3, 4),(5, 4, 3, 7)) == (3, 4)',
+      'assert similar_elements((11, 12, 14, 13),(17, 15, 14, 13)) == (13, 14)')),
+    ('Write a python function to identify non-prime numbers.',
+     'import math\r\ndef is_not_prime(n):\r\n    result = False\r\n    for i in range(2,int(math.sqrt(n)) + 1):\r\n        if n % i == 0:\r\n            result = True\r\n    return result',
+     ('assert is_not_prime(2) == False',
+      'assert is_not_prime(10) == True',
+      'assert is_not_prime(35) == True')),
+    ('Write a function to find the largest integers from a given list of numbers using heap queue algorithm.',
+     'import heapq as hq\r\ndef heap_queue_largest(nums,n):\r\n  largest_nums = hq.nlargest(n, nums)\r\n  return largest_nums',
+     ('assert heap_queue_largest( [25, 35, 22, 85, 14, 65, 75, 22, 58],3)==[85, 75, 65] ',
+      'assert heap_queue_largest( [25, 35, 22, 85, 14, 65, 75, 22, 58],2)==[85, 75] ',
+      'assert heap_queue_largest( [25, 35, 22, 85, 14, 65, 75, 22, 58],5)==[85, 75, 65, 58, 35]')),
+)
 
 MINERVA_EXAMPLES = (  # Lewkowycz et al. 2022, appendix: the 4 fixed MATH examples of minerva_math
     ("Find the domain of the expression  $\\frac{\\sqrt{x-2}}{\\sqrt{5-x}}$.",
@@ -186,6 +212,51 @@ def _hub_gsm8k(hub_id: str, missing: UserError) -> list[dict]:
     except UserError:
         raise missing from None
     return [{"question": r["question"], "answer": r["answer"], "doc_id": i} for i, r in enumerate(rows)]
+
+
+def mbpp_prompt(text: str, tests: tuple[str, ...] | list[str]) -> str:
+    """lm-eval mbpp's question: the task, its first 3 asserts, "[BEGIN]"."""
+    asserts = "\n".join(tests[:3])
+    return (f"You are an expert Python programmer, and here is your task: {text} Your code should pass these tests:"
+            f"\n\n{asserts}\n[BEGIN]\n")
+
+
+def mbpp_entry_point(code: str, tests: list[str]) -> str:
+    """The function the asserts call: the first name defined by `def` in the reference code that a test calls."""
+    defined = re.findall(r"^def\s+(\w+)\s*\(", code, flags=re.M)
+    for name in defined:
+        if any(re.search(rf"\b{name}\s*\(", t) for t in tests):
+            return name
+    return defined[0] if defined else "solution"
+
+
+def mbpp_problems(shots: int = 3, size: int | None = None) -> list[dict]:
+    """MBPP test problems {id, prompt, test (a check(candidate) over the asserts), entry_point, answer} from OLMES's
+    codex_mbpp request file; shots: 0-3 of lm-eval's fixed examples."""
+    from rlx.evaluation import olmes
+
+    if not 0 <= shots <= len(MBPP_EXAMPLES):
+        raise UserError(f"mbpp has {len(MBPP_EXAMPLES)} examples; set shots to 0..3 (got {shots})")
+    header = "".join(f"{mbpp_prompt(t, tests)}{code}\n[DONE]\n\n" for t, code, tests in MBPP_EXAMPLES[:shots])
+    problems = []
+    docs = olmes.request_docs("codex_mbpp", "gold_bpb_0shot")
+    for doc in docs[:size] if size else docs:
+        tests = list(doc["test_list"])
+        entry = mbpp_entry_point(doc["code"], tests)
+        setup = doc.get("test_setup_code") or ""
+        if entry == "check":  # the harness's own check(candidate) would shadow it: keep the program's under a new name
+            setup += "\n_mbpp_check = check\n"
+            tests = [re.sub(r"\bcheck\s*\(", "_mbpp_check(", t) for t in tests]
+        body = "".join(f"    {t.strip()}\n" for t in tests)  # the asserts call the function by name
+        problems.append({"id": f"mbpp/{doc['task_id']}", "prompt": header + mbpp_prompt(doc["text"], doc["test_list"]),
+                         "test": f"{setup}\ndef check(candidate):\n{body}", "entry_point": entry,
+                         "answer": doc["code"]})
+    return problems
+
+
+def mbpp_program(completion: str, problem: dict | None = None) -> str:
+    """The program of an MBPP completion: the text before "[DONE]" (lm-eval mbpp scores the raw generation)."""
+    return cut_at(completion, MBPP_UNTIL)
 
 
 def minerva_prompt(problem: str, shots: int) -> str:
