@@ -54,7 +54,7 @@ def test_every_shipped_recipe_passes_the_schema(option):
 
 # the primary configs and the groups each composes (conf/<name>.yaml defaults lists)
 PRIMARY = {"train": ("model", "algorithm", "reward", "data", "rollout", "env", "hardware", "logger", "sweep"),
-           "eval": ("model", "benchmark", "env", "rollout", "hardware"),
+           "eval": ("model", "benchmark", "suite", "env", "rollout", "hardware"),
            "data_prefs": ("model", "data", "reward", "rollout", "hardware")}
 # options that need a partner to compose into a config a run would use
 PARTNERS = {("algorithm", "agent_grpo"): ["env=grid"], ("algorithm", "gigpo"): ["env=grid"],

@@ -479,10 +479,15 @@ class EvalMetrics:
     bootstrap_seed: int = num(0)
 
 
+BenchmarkKind = choices("BenchmarkKind", ("generate", "loglikelihood"))
+ChoiceMetric = choices("ChoiceMetric", ("acc", "acc_norm"))
+
+
 @dataclass
 class Benchmark:
     """benchmark.<name> (conf/benchmark/): `load` holds the loader's free-form keyword arguments."""
 
+    kind: BenchmarkKind | None = field()  # generate (null: the same) | loglikelihood (ChoiceBenchmark)
     load: dict = field()
     data: Data | None = field()  # chain_sum: the training data config whose held-out split is evaluated
     verifier: Verifier | None = field()
@@ -491,3 +496,16 @@ class Benchmark:
     max_new_tokens: int = num(1)
     chat_template: bool | None = field()
     system_prompt: str | None = field()
+
+
+@dataclass
+class ChoiceBenchmark:
+    """benchmark.<name> with kind: loglikelihood (rlx/evaluation/choices.py): multiple-choice questions scored by each
+    choice's log-likelihood; `load` names the loader and its keyword arguments."""
+
+    kind: BenchmarkKind = field()
+    load: dict = field()
+    metric: ChoiceMetric = field()  # the headline metric: acc | acc_norm
+
+
+BENCHMARKS = {"generate": Benchmark, "loglikelihood": ChoiceBenchmark}

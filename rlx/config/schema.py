@@ -40,6 +40,7 @@ from omegaconf import DictConfig, ListConfig
 from rlx.config.families import ALGORITHMS, Algorithm
 from rlx.config.fields import names_of, num
 from rlx.config.groups import (
+    BENCHMARKS,
     ENVS,
     ROLLOUTS,
     Benchmark,
@@ -113,6 +114,10 @@ class EvalConfig:
     resume: str | None = field()
     seed: int = num(0, 2**32 - 1)
     limit: int | None = num(1)
+    subset: int | None = num(1)
+    subset_seed: int = num(0, 2**32 - 1)
+    scoring_tokens: int = num(1)
+    suite: str | None = field()
     sampling: Sampling = field()
     metrics: EvalMetrics = field()
     progress: Progress = field()
@@ -148,8 +153,9 @@ class DataPrefsConfig:
 SCHEMAS = {"train": TrainConfig, "eval": EvalConfig, "data_prefs": DataPrefsConfig}
 COMMANDS = {"train": "rlx train", "eval": "rlx eval", "data_prefs": "rlx data prefs"}
 # a group whose schema depends on one of its keys: base schema -> (key, {value: schema})
-DISPATCH = {Algorithm: ("family", ALGORITHMS), Rollout: ("backend", ROLLOUTS), Env: ("name", ENVS)}
-_GROUP_OPTION = {Algorithm: "algorithm", Rollout: "rollout", Env: "env"}  # the `group=option` that selects a dispatched schema
+DISPATCH = {Algorithm: ("family", ALGORITHMS), Rollout: ("backend", ROLLOUTS), Env: ("name", ENVS),
+            Benchmark: ("kind", BENCHMARKS)}
+_GROUP_OPTION = {Algorithm: "algorithm", Rollout: "rollout", Env: "env", Benchmark: "benchmark.NAME.kind"}  # the `group=option` that selects a dispatched schema
 
 
 # ------------------------------------------------------------------------------------------------
@@ -228,6 +234,8 @@ def dispatched(schema: type, node: DictConfig, prefix: str) -> type:
         return schema
     key, table = DISPATCH[schema]
     value = node.get(key) if key in node else None
+    if value is None and schema in table.values():  # a benchmark without `kind` generates
+        return schema
     if value not in table:
         raise UserError(f"unknown {prefix}{key} '{_shown(value)}'{_nearest(str(value), list(table))}; "
                         f"valid choices: {', '.join(table)}")

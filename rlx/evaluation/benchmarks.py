@@ -135,6 +135,16 @@ from rlx.tasks import (  # noqa: E402,F401
     unit_tests,
 )
 
+def make_benchmark(name: str, spec: dict):
+    """The benchmark of a config section, by its `kind`: generate (Benchmark, the default) or loglikelihood
+    (rlx/evaluation/choices.py: ChoiceBenchmark)."""
+    if spec.get("kind") == "loglikelihood":
+        from rlx.evaluation.choices import ChoiceBenchmark
+
+        return ChoiceBenchmark(name, dict(spec["load"]), str(spec["metric"]))
+    return Benchmark(name, spec)
+
+
 # --------------------------------------------------------------------------------------------
 # From config to callables
 # --------------------------------------------------------------------------------------------
@@ -179,17 +189,39 @@ class Benchmark:
         self.chat_template = cfg.get("chat_template")  # None: follow the model's setting
         self.system_prompt = cfg.get("system_prompt")
 
-    def load(self, limit: int | None = None) -> list[dict]:
+    kind = "generate"
+    metric = None  # the headline: greedy/accuracy, else pass@1 (rlx/evaluation/explain.py)
+
+    def load(self, limit: int | None = None, subset: int | None = None, subset_seed: int = 0) -> list[dict]:
+        """The benchmark's problems: the first `limit`, then a seeded subset of `subset` (by the problems' `task`
+        column where there is one, rlx/evaluation/choices.py: stratified_indices)."""
+        from rlx.evaluation.choices import stratified_indices
+
         loader = _callable(self.cfg["load"], "load", self.name)
         problems = loader()
         if limit:
             problems = problems[:limit]
+        if subset:
+            problems = [problems[i] for i in stratified_indices([str(p.get("task", "")) for p in problems],
+                                                                int(subset), subset_seed)]
         ids = [p["id"] for p in problems]
         if len(set(ids)) != len(ids):
             raise UserError(f"benchmark '{self.name}' has duplicate problem ids; give each row a unique 'id'")
         if not problems:
             raise UserError(f"benchmark '{self.name}' has no problems")
         return problems
+
+    def evaluate(self, model, tokenizer, problems: list[dict], run, settings, engine=None) -> list[dict]:
+        """Generate and score `problems` (rlx/evaluation/runner.py: run_benchmark)."""
+        from rlx.evaluation.runner import run_benchmark
+
+        return run_benchmark(model, tokenizer, self, problems, run, engine=engine)
+
+    @staticmethod
+    def values(records: list[dict], ks: list[int], threshold: float):
+        from rlx.evaluation.summary import per_problem_values
+
+        return per_problem_values(records, ks, threshold)
 
     def score(self, completions: list[str], problems: list[dict]) -> tuple[list[str | None], list[float]]:
         """Extract an answer from each completion (problems[i] belongs to completions[i]) and verify it."""

@@ -29,7 +29,8 @@ def headline_line(summary: dict) -> str:
     accuracy, else pass@1; with env=: greedy success, else success), for the closing `done:` line."""
     parts = []
     for bench, result in summary.get("benchmarks", {}).items():
-        name = next((n for n in ("greedy/accuracy", "greedy/success", "pass@1", "success") if n in result["model"]), None)
+        name = next((n for n in (result.get("headline"), "greedy/accuracy", "greedy/success", "pass@1", "success")
+                     if n in result["model"]), None)
         if name is not None:
             parts.append(f"{bench} {name}={result['model'][name]['value']:.4f}")
     return "  ".join(parts)

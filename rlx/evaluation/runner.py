@@ -32,10 +32,10 @@ from rlx.config.schema import EvalConfig
 from rlx.envs.registry import plays_through_gateway
 from rlx.errors import UserError
 from rlx.evaluation.agents import per_task_values
-from rlx.evaluation.benchmarks import Benchmark
+from rlx.evaluation.benchmarks import Benchmark, make_benchmark
 from rlx.evaluation.progress import EvalProgress
 from rlx.evaluation.run_task import with_run_subject
-from rlx.evaluation.summary import per_problem_values, plot_pass_at_k, render_table, summarize, support_lines
+from rlx.evaluation.summary import plot_pass_at_k, render_table, summarize, support_lines
 from rlx.rollout.backends import build_generator
 from rlx.rollout.hf import eos_ids
 from rlx.runtime.rundir import append_text, atomic_write_text
@@ -418,8 +418,8 @@ def _evaluate_settings(s: EvalConfig, out_dir: Path) -> dict:
     the environment's held-out episodes, the results files written as it goes, then summary.json."""
     device = torch.device("cpu" if s.hardware.cpu else "cuda")
     environment = _environment(s)  # (name, factory, tasks) with env=, else None
-    benchmarks = [] if environment else [Benchmark(name, spec) for name, spec in s.benchmark.items()]
-    problems = {b.name: b.load(s.limit) for b in benchmarks}
+    benchmarks = [] if environment else [make_benchmark(name, spec) for name, spec in s.benchmark.items()]
+    problems = {b.name: b.load(s.limit, s.subset, int(s.subset_seed)) for b in benchmarks}
     subjects = {"model": resolve_run(s.run, s.checkpoint) if s.run else (s.model.path, s.model.path)}
     if s.compare:
         subjects["compare"] = resolve_compare(str(s.compare), s.run, s.checkpoint)
@@ -452,17 +452,22 @@ def _evaluate_settings(s: EvalConfig, out_dir: Path) -> dict:
                 _eval_pass(s, out_dir, name, role),
                 stop_ids=engine.stop_ids if engine is not None else eos_ids(model, tokenizer))
         for bench in benchmarks:
-            records[bench.name][role] = run_benchmark(model, tokenizer, bench, problems[bench.name],
-                                                      _eval_pass(s, out_dir, bench.name, role), engine=engine)
+            records[bench.name][role] = bench.evaluate(model, tokenizer, problems[bench.name],
+                                                       _eval_pass(s, out_dir, bench.name, role), s, engine)
         if engine is not None:
             engine.close()
         del model, engine
     summary = {
         "models": {role: {"path": path, "label": label} for role, (path, label) in subjects.items()},
         "sampling": dataclasses.asdict(s.sampling),
-        "benchmarks": {name: summarize(by_role, s.metrics, per_task_values if environment else per_problem_values)
-                       for name, by_role in records.items()},
+        "benchmarks": {name: summarize(by_role, s.metrics, per_task_values) for name, by_role in records.items()
+                       if environment},
     }
+    for bench in benchmarks:
+        summary["benchmarks"][bench.name] = {"kind": bench.kind, **({"headline": bench.metric} if bench.metric else {}),
+                                             **summarize(records[bench.name], s.metrics, bench.values)}
+    if s.suite:
+        summary["suite"] = s.suite
     _write_summary(summary, labels, s, out_dir)
     return summary
 
@@ -471,7 +476,7 @@ def headline(summary: dict) -> float | None:
     """The number a sweeper optimizes: greedy accuracy (else pass@1) of the first benchmark; with env=:
     greedy success (else success)."""
     for result in summary["benchmarks"].values():
-        for name in ("greedy/accuracy", "greedy/success", "pass@1", "success"):
+        for name in (result.get("headline"), "greedy/accuracy", "greedy/success", "pass@1", "success"):
             if name in result["model"]:
                 return result["model"][name]["value"]
     return None
