@@ -285,6 +285,8 @@ def main() -> None:
     parser.add_argument("--core", type=int, default=1, help="the core both processes are pinned to (-1: no pin)")
     parser.add_argument("--model", default=None, help="model folder (default: rlx fetch smollm2-135m-instruct)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "lmeval_parity.json"))
+    parser.add_argument("--reuse", default=None, help="a work folder of an earlier run: its lm-eval results are kept "
+                        "(same tasks and limits), only rlx's side runs again")
     parser.add_argument("--side", choices=["rlx"], help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -316,7 +318,8 @@ def run(args) -> dict:
         sys.exit(f"{SIDE_PYTHON} is missing; run `make lmeval-env` first")
     model = args.model or default_model()
     core = None if args.core < 0 else args.core
-    folder = Path(tempfile.mkdtemp(prefix="lmeval_parity_"))
+    folder = Path(args.reuse) if args.reuse else Path(tempfile.mkdtemp(prefix="lmeval_parity_"))
+    print(f"work folder: {folder}", flush=True)
     load = os.getloadavg()
     rows = {}
     for task in args.tasks:
@@ -328,9 +331,10 @@ def run(args) -> dict:
         gsm_rows = write_gsm8k_task(folder, args.gsm8k, args.max_gen_toks)
         (folder / "utils.py").write_text(UTILS + GSM8K_UTILS)
         side_tasks.append("rlxp_gsm8k")
-    run_child([str(SIDE_PYTHON), str(ROOT / "benchmarks" / "lmeval_side.py"), "--tasks-dir", str(folder),
-               "--tasks", ",".join(side_tasks), "--model", model, "--batch-size", str(args.batch_size),
-               "--out", str(folder / "lmeval.json")], core)
+    if not (args.reuse and (folder / "lmeval.json").exists()):
+        run_child([str(SIDE_PYTHON), str(ROOT / "benchmarks" / "lmeval_side.py"), "--tasks-dir", str(folder),
+                   "--tasks", ",".join(side_tasks), "--model", model, "--batch-size", str(args.batch_size),
+                   "--out", str(folder / "lmeval.json")], core)
     run_child([sys.executable, str(Path(__file__).resolve()), "--side", "rlx", "--folder", str(folder), "--tasks",
                *args.tasks, "--model", model, "--gsm8k", str(args.gsm8k), "--max-gen-toks", str(args.max_gen_toks),
                "--out", str(folder / "rlx.json")], core)
