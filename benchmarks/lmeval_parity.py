@@ -340,7 +340,7 @@ def run(args) -> dict:
                "--out", str(folder / "rlx.json")], core)
     theirs = json.loads((folder / "lmeval.json").read_text())
     ours = json.loads((folder / "rlx.json").read_text())
-    report = {"model": model, "lm_eval": "0.4.13 (HF backend, fp32, batch_size %d)" % args.batch_size,
+    report = {"model": model, "lm_eval": f"0.4.13 (HF backend, fp32, batch_size {args.batch_size})",
               "pinned_core": core, "peak_rss_mb": {"rlx": ours["peak_rss_mb"], "lm_eval": theirs["peak_rss_mb"]},
               "load_s": {"rlx": ours["load_s"], "lm_eval": theirs["load_s"]}, "load_average_at_start": load,
               "tasks": {}}

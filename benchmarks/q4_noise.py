@@ -62,7 +62,7 @@ def main() -> None:
         generator = torch.Generator().manual_seed(draw)
         model.load_state_dict(clean)
         with torch.no_grad():
-            for name, weight in model.named_parameters():
+            for weight in model.parameters():
                 if weight.dim() == 2:  # every matrix (the tied embedding too); norms stay
                     q4_1_noise_(weight.data, generator)
         for task, qs in questions.items():

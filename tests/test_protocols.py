@@ -9,8 +9,8 @@ tests/test_lmeval_parity.py checks the same readers against lm-eval's own filter
 import pytest
 
 from rlx.evaluation.protocols import (
-    gsm8k_examples,
     gsm8k_exact_match,
+    gsm8k_examples,
     gsm8k_flexible,
     gsm8k_prompt,
     gsm8k_strict,
