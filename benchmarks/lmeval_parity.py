@@ -276,7 +276,8 @@ def compare_gsm8k(rows: list[dict], theirs: list[dict], ours: list[str]) -> dict
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tasks", nargs="*", default=list(TASKS), help="task:variant of the OLMES request files")
+    parser.add_argument("--tasks", nargs="*", default=list(TASKS),
+                        help="task:variant of the OLMES request files, or mmlu:mc / mmlu:rc")
     parser.add_argument("--limit", type=int, default=200, help="first N questions of a 0-shot task")
     parser.add_argument("--limit-shots", type=int, default=50, help="first N questions of a 5-shot task")
     parser.add_argument("--gsm8k", type=int, default=50, help="GSM8K questions (0: none)")
@@ -296,6 +297,16 @@ def main() -> None:
     print(json.dumps(run(args), indent=1))
 
 
+def _questions(name: str, variant: str):
+    """A request file's questions; "mmlu:mc" / "mmlu:rc": MMLU's test split 0-shot, every 57th question so that
+    the first N span the subjects (rlx.evaluation.olmes.mmlu_questions)."""
+    from rlx.evaluation.olmes import choice_questions, mmlu_questions
+
+    if name == "mmlu":
+        return mmlu_questions("test", variant)[::57]
+    return choice_questions(name, variant)
+
+
 def _speed(entry: dict, n: int, ours: dict, theirs: dict) -> None:
     """Questions per wall second and per CPU second of the pinned one-thread process (the CPU figure is the one that
     holds on a shared machine: another process on the same core stretches wall time, not this process's CPU time)."""
@@ -312,8 +323,6 @@ def default_model() -> str:
 
 
 def run(args) -> dict:
-    from rlx.evaluation.olmes import choice_questions
-
     if not SIDE_PYTHON.exists():
         sys.exit(f"{SIDE_PYTHON} is missing; run `make lmeval-env` first")
     model = args.model or default_model()
@@ -325,7 +334,7 @@ def run(args) -> dict:
     for task in args.tasks:
         name, variant = task.split(":")
         limit = args.limit if variant.endswith("0shot") else args.limit_shots
-        rows[task] = write_choice_task(folder, task, choice_questions(name, variant)[:limit])
+        rows[task] = write_choice_task(folder, task, _questions(name, variant)[:limit])
     side_tasks = [lmeval_name(t) for t in args.tasks]
     if args.gsm8k:
         gsm_rows = write_gsm8k_task(folder, args.gsm8k, args.max_gen_toks)
