@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export NO_MKDOCS_2_WARNING ?= 1
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-slow test-long test-gpu test-vllm lmeval-env lmeval-parity bench-scale bench-growth bench-async lint tiny-model tiny-agent-model clean reproduce bench-algorithms bench readme-commands docs docs-serve
+.PHONY: help install train test test-slow test-long test-gpu test-vllm test-view lmeval-env lmeval-parity bench-scale bench-growth bench-async lint tiny-model tiny-agent-model clean reproduce bench-algorithms bench readme-commands docs docs-serve
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -46,7 +46,7 @@ test: $(STAMP) ## Run the test suite (offline, CPU; 2 workers of one thread each
 test-slow: $(STAMP) $(LMEVAL_STAMP) ## The long checks CI runs (marked slow, ~17 min): real model, DDP/ZeRO-2/FSDP2 equality, kill-and-resume, wheel, lm-eval parity
 	$(PY) -m pip install -q -e '.[deepspeed]'
 	$(VENV)/bin/rlx fetch benchmarks > /dev/null
-	$(PY) -m pytest -q -m slow $(ARGS)
+	$(PY) -m pytest -q -m slow --ignore=tests/test_view_browser.py $(ARGS)
 
 test-long: $(STAMP) ## The longest checks, not in CI (marked long, ~1.5 h): every family x strategy, real shapes, docs commands
 	$(PY) -m pip install -q -e '.[deepspeed]'
@@ -75,6 +75,13 @@ lmeval-env: $(LMEVAL_STAMP) ## Build .venv-lmeval (lm-eval 0.4.13, torch 2.13 CP
 
 lmeval-parity: $(STAMP) $(LMEVAL_STAMP) ## rlx's scorer and generative readers vs lm-eval's HF backend, real model (CPU, ~25 min): benchmarks/results/lmeval_parity.json
 	$(PY) benchmarks/lmeval_parity.py $(ARGS)
+
+# rlx view in a real browser: Chromium from the system's packages (apt-get, needs root; skipped when one is on
+# PATH already) and playwright's Python package, which drives it (no browser download)
+test-view: $(STAMP) ## rlx view in headless Chromium: installs chromium (apt) and rlx[view-test], runs tests/test_view_browser.py (~1 min)
+	command -v chromium >/dev/null || command -v chromium-browser >/dev/null || (apt-get update && apt-get install -y chromium)
+	$(PY) -m pip install -q -e '.[view-test]'
+	$(PY) -m pytest -q -m slow tests/test_view_browser.py $(ARGS)
 
 bench: $(STAMP) ## rlx vs TRL (GRPO and DPO) speed and memory, CPU (~1 h; ARGS="--rounds 1" is quicker)
 	$(PY) -m pip install -q -e '.[bench]'

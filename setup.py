@@ -19,5 +19,6 @@ else:
     setup(
         packages=code + conf + ["rlx.recipes"],
         package_dir={"rlx.conf": "conf", "rlx.recipes": "recipes"},
-        package_data={"": ["*.yaml", "*.json", "*.txt", "*.safetensors", "*.jsonl", "*.jinja", "*.model"]},
+        package_data={"": ["*.yaml", "*.json", "*.txt", "*.safetensors", "*.jsonl", "*.jinja", "*.model",
+                          "*.html", "*.js", "*.css", "LICENSE"]},  # rlx/view/static: the page and its vendored uPlot
     )

@@ -239,9 +239,10 @@ def register(kind: str, name: str, **options) -> Callable:
         @rlx.register("advantage", "my_mean")
         def my_mean(rewards, group_ids, **knobs): ...
 
-    kinds: advantage, scale, credit, loss_agg, kl_estimator, verifier, env, reward_shaper, advantage_transform,
-    ... (rlx/cli/registries.py KINDS: each kind's config key and contract; an unknown kind raises one line
-    listing them). verifier takes options: extract=fn(completion, problem) and needs=(columns).
+    kinds: advantage, scale, credit, loss_agg, kl_estimator, verifier, reader, env, reward_shaper,
+    advantage_transform, ... (rlx/cli/registries.py KINDS: each kind's config key and contract; an unknown kind raises
+    one line listing them). verifier takes options: extract=fn(completion, problem) or a reader's name,
+    needs=(columns) and own_reader=True (never read by model.answer.reader).
     A name that is taken (a built-in or another plugin's) is refused."""
     from rlx.cli.registries import register as register_in
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from rlx.algorithms.advantages import group_count
+from rlx.algorithms.mixture import build_mixer
 from rlx.algorithms.preference import REFERENCE_FREE
 from rlx.config.async_rules import gathers_to_publish, rank_zero_reason
 from rlx.config.schema import TrainConfig
@@ -169,6 +170,10 @@ def build_parts(s: TrainConfig, components: Components) -> Parts:
                  else "a copy of the starting policy")
     if needs.producer is not None:
         build_producer(s, parts, needs.producer, (rollout_model, rollout_parts), follower)
+    if family == "policy_gradient" and getattr(s, "mixture", None) is not None:
+        parts.mixer = build_mixer(s.mixture, parts.train_rows)
+        if parts.mixer is not None:
+            log.info("built: mixture %s over objectives %s", s.mixture.rule, ", ".join(parts.mixer.objectives))
     parts.checkpointer = Checkpointer.from_config(s, acc, parts.run_dir, lora=lora)  # a LoRA adapter in each checkpoint
     parts.metrics_log = MetricsLog(parts.run_dir, s.steps, s.log.progress, enabled=acc.is_main_process, tracker=acc)
     if needs.evaluator is not None and rank_zero_samples(s, acc):

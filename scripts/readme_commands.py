@@ -51,6 +51,7 @@ SKIPS = [
     (r"^(pip|make bench|python benchmarks)", "installs packages or benchmarks for an hour"),
     (r"^make (train|test|reproduce)", "make target (make test runs the suite; rlx commands cover the rest)"),
     (r"^pytest", "a test command (the suite is run separately)"),
+    (r"^rlx view(?!.*--export)", "serves a page until Ctrl-C (the --export form runs; tests/test_view_browser.py drives the server)"),
     (r"model\.path=/local/dir|my\.parquet|resume=/shared/", "a placeholder the user replaces with their own files"),
 ]
 if importlib.util.find_spec("deepspeed") is None:

@@ -323,3 +323,43 @@ def test_resume_of_a_run_finished_without_its_last_checkpoint_neither_retrains_n
     longer = run_rlx(["train", f"resume={run}", "steps=4"], tmp_path, timeout=300)
     assert longer.returncode == 2 and "checkpoint.at_end=false" in longer.stderr and "Traceback" not in longer.stderr
     assert not (run / "metrics.jsonl").exists()
+
+
+MIXTURE = ["data=reasoning_gym", "data.task=[chain_sum,leg_counting]", "data.train_size=64", "data.eval_size=8",
+           "mixture.rule=recap", "mixture.window=4", "steps=4", "prompts_per_step=4", "rollout.samples_per_prompt=4",
+           "eval.size=4", "eval.every=0", "eval.at_start=false", "checkpoint.every=2", "checkpoint.keep=2",
+           "save.final=false", "save.plot=false", "log.samples_every=0", "log.progress=false",
+           "hardware.num_threads=1"]
+
+
+def test_a_recap_mixture_run_logs_moving_weights_and_resumes_exactly(tmp_path):
+    """Two reasoning-gym objectives on the tiny model, weights moved online: every step logs each objective's weight
+    and signals under stable names, the weights move, and a run resumed from its step-2 checkpoint (the mixer's
+    windows restored with it) logs the same rows as the straight run, bit for bit."""
+    import shutil
+
+    (tmp_path / "straight").mkdir()
+    straight = run_rlx(["train", *MIXTURE], tmp_path / "straight", timeout=600)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    run = only_run_dir(tmp_path / "straight")
+    rows = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    names = {f"mixture/{kind}/{task}" for kind in ("weight", "signal") for task in ("chain_sum", "leg_counting")}
+    for row in rows:
+        logged = {k for k in row if k.startswith("mixture/")}
+        assert {f"mixture/weight/{t}" for t in ("chain_sum", "leg_counting")} <= logged
+        assert {f"mixture/signal/{t}/{s}" for t in ("chain_sum", "leg_counting")
+                for s in ("convergence", "instability")} <= logged
+        assert all(any(k.startswith(n) for n in names) for k in logged)
+        assert sum(row[f"mixture/weight/{t}"] for t in ("chain_sum", "leg_counting")) == pytest.approx(2.0)
+    weights = [row["mixture/weight/chain_sum"] for row in rows]
+    assert weights[0] == 1.0 and max(abs(w - 1.0) for w in weights) > 0.05, weights  # equal at first, then moved
+
+    resumed_run = tmp_path / "resumed" / run.name
+    shutil.copytree(run, resumed_run)
+    shutil.rmtree(resumed_run / "checkpoints" / "step_000004")  # as if killed during step 3 or 4
+    (resumed_run / "result.json").unlink()
+    resumed = run_rlx(["train", f"resume={resumed_run}"], tmp_path / "resumed", timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stderr + resumed.stdout
+    assert _comparable(read_metrics(resumed_run / "metrics.jsonl")) == _comparable(rows)

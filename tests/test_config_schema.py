@@ -268,7 +268,8 @@ def test_data_prefs_samples_with_a_model_presets_tuning():
     check_config(cfg, "data_prefs")  # the tuning's keys for rlx train alone (steps, eval) are gone
     assert "steps" in tuning and "steps" not in cfg and "eval" not in cfg
     assert cfg.rollout.temperature == tuning.rollout.temperature != 1.0
-    assert cfg.data.verifier == per_task.data.verifier and cfg.data.prompt_template == per_task.data.prompt_template
+    assert cfg.data.task_config.max_terms == per_task.data.task_config.max_terms  # the per-task tuning applies
+    assert cfg.data.prompt_template == "{question}" and cfg.reward.components.task.reader == "final_number"
     given = check_overrides(["model=smollm2-135m-instruct", "rollout.temperature=0.3"], config_name="data_prefs")
     assert given.rollout.temperature == 0.3  # the command line still wins
 
@@ -288,7 +289,8 @@ def test_eval_of_a_model_preset_asks_and_scores_as_its_training_does():
         assert merged == ["tuning/smollm2-135m-instruct/benchmark_chain_sum.yaml"]
         assert "steps" not in cfg and "reward" not in cfg
         spec = OmegaConf.to_container(cfg.benchmark.chain_sum, resolve=True)
-        assert spec["verifier"] == train.data.verifier == "final_number"  # what training scored, not the tag
+        assert spec["verifier"] == train.data.verifier  # what training scored, read where training read it
+        assert cfg.model.answer.reader == train.reward.components.task.reader == "final_number"  # not the tag
         assert spec["data"]["prompt_template"] == train.data.prompt_template
         assert spec["data"]["task_config"] == OmegaConf.to_container(train.data.task_config)
         assert spec["max_new_tokens"] == train.rollout.max_new_tokens

@@ -49,8 +49,10 @@ REGISTRIES = [
     ("rlx.algorithms.gigpo", "CREDIT", "credit", "algorithms/credit.md"),
     ("rlx.algorithms.preference", "PREFERENCE_LOSSES", "pref", "algorithms/preference.md"),
     ("rlx.tasks", "VERIFIERS", "verifier", "data-and-rewards.md"),
+    ("rlx.tasks", "READERS", "reader", "data-and-rewards.md"),
     ("rlx.envs", "ENVIRONMENTS", "env", "agents/index.md"),
     ("rlx.rollout.publishers", "PUBLISHERS", "publisher", "scaling/publishers.md"),
+    ("rlx.algorithms.mixture", "MIXING_RULES", "mixture", "algorithms/mixture.md"),
 ]
 HEADING = re.compile(r"^#{1,6} (?P<text>.*?)\s*\{#(?P<anchor>[^}\s]+)\}\s*$", re.MULTILINE)
 PLACEHOLDER = re.compile(r"<[^<>\s]*>")

@@ -23,6 +23,19 @@ def test_reasoning_gym_retry_attempt_feedback_retry():
     assert truncated and not terminated and info["is_action_valid"] is False
 
 
+def test_reasoning_gym_retry_reads_with_a_models_reader():
+    pytest.importorskip("reasoning_gym", reason="reasoning-gym not installed (optional extra)")
+    env = env_factory("custom", "rlx.envs.adapters.ReasoningGymRetry",
+                      {"task": "chain_sum", "task_config": {"min_terms": 2, "max_terms": 2, "min_digits": 1,
+                                                            "max_digits": 1}, "reader": "final_number"})()
+    env.reset(seed=3)
+    answer = env.entry["answer"]
+    _, reward, _, _, info = env.step("I am not sure")
+    assert reward == 0.0 and info["is_action_valid"] is False  # no answer stated
+    _, reward, terminated, _, info = env.step(f"2 + 8 equals 10. So the total is {answer}.")
+    assert terminated and reward == 0.5 and info["is_action_valid"]  # read where it is stated, second try
+
+
 def test_gymnasium_frozenlake_as_text():
     pytest.importorskip("gymnasium", reason="gymnasium not installed (optional extra: pip install gymnasium)")
     env = env_factory("custom", "rlx.envs.adapters.GymnasiumText",

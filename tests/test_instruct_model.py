@@ -1,5 +1,5 @@
 """A real instruct model gets a reward signal at its preset's defaults: the answer is read where an instruct model
-states it (rlx.tasks.final_number), the format bonus is logged apart from correctness, and a model preset's tuning
+states it (model.answer.reader: rlx.tasks.final_number), the format bonus is logged apart from correctness, and a model preset's tuning
 files (conf/tuning/) reach the other groups without touching the tiny model's defaults."""
 
 import pytest
@@ -53,7 +53,8 @@ def test_preset_tuning_reaches_the_other_groups():
     assert cfg.model.path == "package:smollm2-135m-instruct"
     assert cfg.optim.lr == cfg.model.lr == 1e-5
     assert cfg.rollout.temperature == 0.7 and cfg.rollout.max_new_tokens == 32
-    assert cfg.data.verifier == "final_number" and cfg.data.prompt_template == "{question}"
+    assert cfg.data.verifier == "reasoning_gym" and cfg.data.prompt_template == "{question}"  # the task's check
+    assert cfg.model.answer.reader == cfg.reward.components.task.reader == "final_number"  # read as it writes
     assert cfg.data.task_config.max_terms == 2
     assert cfg.reward.components.format._target_ == "rlx.rewards.rule.stated_answer_format"
     assert cfg.reward.accuracy == "task"  # correctness is the verifier's component alone
@@ -71,7 +72,7 @@ def test_tiny_defaults_are_untouched_and_overrides_win():
 
 def test_a_recipe_that_overrides_the_model_gets_its_tuning():
     cfg = check_overrides(["recipes=smollm2_grpo_chain_sum"])
-    assert cfg.model.path == "package:smollm2-135m-instruct" and cfg.data.verifier == "final_number"
+    assert cfg.model.path == "package:smollm2-135m-instruct" and cfg.reward.components.task.reader == "final_number"
 
 
 def test_every_tuning_file_names_a_model_preset_and_a_data_option():

@@ -34,7 +34,7 @@ LAZY_THIRD_PARTY = {
 # version, and the domain folders (STYLE.md, "Intended shape of rlx"); everything else lives in a folder.
 ROOT_MODULES = {"__init__", "__main__", "api", "build", "errors", "registry", "version"}
 DOMAIN_FOLDERS = {"algorithms", "cli", "config", "data", "envs", "evaluation", "gateway", "loops", "models", "report",
-                  "rewards", "rollout", "runtime", "sandbox", "tasks"}
+                  "rewards", "rollout", "runtime", "sandbox", "tasks", "view"}
 
 MAX_LINES = 500
 

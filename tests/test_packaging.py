@@ -105,6 +105,9 @@ def test_wheel_installs_and_runs_from_any_directory(tmp_path):
     assert trained.returncode == 0, trained.stderr[-3000:]
     (run_dir,) = (work / "outputs" / "train").iterdir()
     assert (run_dir / "final" / "model.safetensors").is_file() and (run_dir / "metrics.jsonl").is_file()
+    page = run("view", str(run_dir), "--export", str(work / "page"))  # the page's files ship in the wheel
+    assert page.returncode == 0, page.stderr[-2000:]
+    assert (work / "page" / "static" / "vendor" / "uplot" / "LICENSE").is_file() and (work / "page" / "data.js").is_file()
     recipe = run("train", "grpo_tiny", "--cfg", "job")
     assert recipe.returncode == 0 and "grpo" in recipe.stdout, recipe.stderr[-2000:]
 

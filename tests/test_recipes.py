@@ -1,8 +1,9 @@
 """Every recipe states its command, source, hardware and expected numbers, composes, and runs for 1 step.
 
-The 1-step runs are three multiruns (one process each, so ~20 recipes cost seconds each, not a
+The 1-step runs are four multiruns (one process each, so ~20 recipes cost seconds each, not a
 process start each): CPU-scale recipes as they are, GPU-scale policy-gradient recipes with the tiny
-model on chain_sum, GPU-scale preference recipes with the tiny model on data=prefs. Sizes are shrunk
+model on chain_sum (those mixing several reasoning-gym tasks on their own tasks), GPU-scale preference
+recipes with the tiny model on data=prefs. Sizes are shrunk
 to a few sequences; what is checked is that the recipe's algorithm settings compose and run.
 """
 
@@ -67,6 +68,7 @@ def one_step_runs(tmp_path_factory):
 
 def _one_step_runs(tmp, recipes: list[str]) -> dict:
     batches: dict[str, tuple[list[str], list[str]]] = {"cpu": ([], []), "pg": ([], ON_TINY + ["data=chain_sum", "reward=task"]),
+                                                       "mix": ([], ON_TINY + ["reward=task"]),
                                                        "pref": ([], ON_TINY + ["data=prefs"])}
     status = {}
     for name in recipes:
@@ -76,8 +78,11 @@ def _one_step_runs(tmp, recipes: list[str]) -> dict:
             continue
         if name in cpu_recipes() or cfg.model.path is None or str(cfg.model.path).startswith("builtin:"):
             batch = "cpu"
+        elif cfg.algorithm.family in ("policy_gradient", "ppo"):
+            # a mixture of reasoning-gym tasks (generated offline) keeps its own data: chain_sum's would replace them
+            batch = "mix" if cfg.data.source == "reasoning_gym" and not isinstance(cfg.data.task, str) else "pg"
         else:
-            batch = "pg" if cfg.algorithm.family in ("policy_gradient", "ppo") else "pref"
+            batch = "pref"
         batches[batch][0].append(name)
     for batch, (names, extra) in batches.items():
         if not names:

@@ -289,3 +289,16 @@ def test_align_curves_errors():
         align_curves([([0, 1], [1.0])])  # steps and values differ in length
     with pytest.raises(ValueError):
         align_curves([])
+
+
+def test_seed_band_aligns_the_seeds_and_says_none_when_they_share_no_step():
+    from rlx.report.stats import seed_band
+
+    steps, mean, low, high, seeds = seed_band([([1, 2, 3, 4], [1.0, 2.0, 3.0, 9.0]), ([1, 2, 3], [4.0, 5.0, 6.0])])
+    assert steps.tolist() == [1, 2, 3] and mean.tolist() == [2.5, 3.5, 4.5] and seeds == 2  # step 4: one seed only
+    half = 12.7062 * (3 / np.sqrt(2)) / np.sqrt(2)  # t(0.975, 1) x sample std / sqrt(n); std of (1, 4) = 3 / sqrt(2)
+    assert high.tolist() == pytest.approx([2.5 + half, 3.5 + half, 4.5 + half], rel=1e-4)
+    assert low.tolist() == pytest.approx([2.5 - half, 3.5 - half, 4.5 - half], rel=1e-4)
+    assert seed_band([([1], [1.0]), ([2], [2.0])]) is None
+    assert seed_band([([1], [1.0]), ([], [])]) is None
+    assert seed_band([]) is None

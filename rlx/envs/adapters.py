@@ -25,15 +25,22 @@ class ReasoningGymRetry:
     """One reasoning-gym question per episode (dataset seed = the episode seed); each turn is an
     attempt scored by the task's own verifier. A right answer ends the episode with its score; a wrong
     one is answered "wrong, try again" until max_attempts (then truncated). The reward of a retry is
-    discounted by `retry_discount` per earlier attempt, so a first-try answer is worth most."""
+    discounted by `retry_discount` per earlier attempt, so a first-try answer is worth most.
+    The answer is read by `answer_pattern`'s first group (the whole action when it does not match), or, with
+    `reader` (a name of rlx/tasks/readers.py, as model.answer.reader: env.kwargs.reader=final_number), where an
+    instruct model states it (an action it finds no answer in is invalid and scores 0)."""
 
     def __init__(self, task: str = "chain_sum", task_config: dict | None = None, max_attempts: int = 3,
-                 retry_discount: float = 0.5, answer_pattern: str = r"<answer>(.*?)</answer>"):
+                 retry_discount: float = 0.5, answer_pattern: str = r"<answer>(.*?)</answer>",
+                 reader: str | None = None):
         import reasoning_gym  # optional extra
+
+        from rlx.tasks import get_reader
 
         self._create = reasoning_gym.create_dataset
         self.task, self.task_config = task, dict(task_config or {})
         self.max_attempts, self.retry_discount, self.pattern = max_attempts, retry_discount, re.compile(answer_pattern, re.S)
+        self.reader = get_reader(reader) if reader is not None else None
 
     def reset(self, *, seed=None, options=None):
         self.dataset = self._create(self.task, size=1, seed=seed if seed is not None else 0, **self.task_config)
@@ -42,9 +49,13 @@ class ReasoningGymRetry:
 
     def step(self, action: str):
         self.attempts += 1
-        match = self.pattern.search(action)
-        answer = match.group(1).strip() if match else action.strip()
-        score = float(self.dataset.score_answer(answer, self.entry) or 0.0)
+        if self.reader is not None:
+            answer = self.reader(action, self.entry)
+            match = answer
+        else:
+            match = self.pattern.search(action)
+            answer = match.group(1).strip() if match else action.strip()
+        score = float(self.dataset.score_answer(answer, self.entry) or 0.0) if answer is not None else 0.0
         solved = score >= 1.0
         reward = score * self.retry_discount ** (self.attempts - 1) if solved else 0.0
         truncated = not solved and self.attempts >= self.max_attempts

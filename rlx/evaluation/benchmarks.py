@@ -135,14 +135,14 @@ from rlx.tasks import (  # noqa: E402,F401
     unit_tests,
 )
 
-def make_benchmark(name: str, spec: dict):
-    """The benchmark of a config section, by its `kind`: generate (Benchmark, the default) or loglikelihood
-    (rlx/evaluation/choices.py: ChoiceBenchmark)."""
+def make_benchmark(name: str, spec: dict, model_reader: str | None = None):
+    """The benchmark of a config section, by its `kind`: generate (Benchmark, the default; model_reader: where the
+    evaluated model states its answers) or loglikelihood (rlx/evaluation/choices.py: ChoiceBenchmark, no reader)."""
     if spec.get("kind") == "loglikelihood":
         from rlx.evaluation.choices import ChoiceBenchmark
 
         return ChoiceBenchmark(name, dict(spec["load"]), str(spec["metric"]))
-    return Benchmark(name, spec)
+    return Benchmark(name, spec, model_reader)
 
 
 # --------------------------------------------------------------------------------------------
@@ -168,19 +168,23 @@ def _callable(spec, what: str, name: str):
 class Benchmark:
     """A benchmark built from its config: problems, extractor, verifier and generation settings."""
 
-    def __init__(self, name: str, cfg: dict):
+    def __init__(self, name: str, cfg: dict, model_reader: str | None = None):
+        """model_reader: where the evaluated model states its answers (model.answer.reader), used unless the
+        benchmark names its own `reader`; neither: the verifier's own reader."""
         self.name = name
         self.cfg = cfg
-        if cfg.get("verifier") is not None:  # a registered verifier (rlx/tasks): the one training rewards use
-            from rlx.tasks import VERIFIERS
+        self.reader = None  # the name of the reader that scores it (the eval table says it)
+        if cfg.get("verifier") is not None:  # a registered verifier (rlx/tasks), read as the model writes: grader
+            from rlx.tasks import VERIFIERS, grader
 
             if cfg["verifier"] not in VERIFIERS:
                 raise UserError(f"benchmark '{name}': unknown verifier '{cfg['verifier']}'; valid choices: "
                                 f"{', '.join(VERIFIERS)}")
-            chosen = VERIFIERS[cfg["verifier"]]
-            self.extract, self.verify = chosen.extract, chosen.verify
+            chosen = grader(cfg["verifier"], cfg.get("reader") or model_reader)
+            self.extract, self.verify, self.reader = chosen.extract, chosen.verify, chosen.reader
         if cfg.get("extract") is not None:  # explicit functions (with arguments) override the verifier's
             self.extract = _callable(cfg["extract"], "extract", name)
+            self.reader = cfg["extract"]["_target_"].rpartition(".")[2] if "_target_" in cfg["extract"] else None
         if cfg.get("verify") is not None:
             self.verify = _callable(cfg["verify"], "verify", name)
         if not hasattr(self, "extract") or not hasattr(self, "verify"):

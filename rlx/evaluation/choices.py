@@ -63,6 +63,7 @@ class ChoiceBenchmark:
     load_spec: dict
     metric: str
     kind = "loglikelihood"
+    reader = "log-likelihood"  # the eval table's `read by`: no answer is read, each choice is scored
 
     def load(self, limit: int | None = None, subset: int | None = None, subset_seed: int = 0) -> list[ChoiceQuestion]:
         from rlx.evaluation.benchmarks import _callable

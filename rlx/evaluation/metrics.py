@@ -243,3 +243,37 @@ def solved_set_changes(model_correct, base_correct) -> dict[str, int]:
         raise ValueError(f"solved sets need the same problems: {model.size} vs {base.size}")
     return {"shrink": int((base & ~model).sum()), "expand": int((model & ~base).sum()),
             "both": int((model & base).sum()), "neither": int((~model & ~base).sum())}
+
+
+# --------------------------------------------------------------------------------------------
+# A suite: the macro mean over benchmarks, resampled benchmark by benchmark
+# --------------------------------------------------------------------------------------------
+
+
+def macro_mean_ci(
+    per_benchmark: Sequence[tuple[np.ndarray, np.ndarray | None]],
+    n_resamples: int = 1000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> tuple[BootstrapCI, BootstrapDiff | None]:
+    """The mean over B benchmarks of each benchmark's mean (every benchmark weighs the same, however many problems it
+    has), with a stratified percentile bootstrap: each resample redraws the problems of every benchmark within that
+    benchmark (the benchmarks themselves are fixed). per_benchmark: (a, b) per benchmark, a the model's (P_b,) values
+    and b the paired compare= model's (P_b,) values on the same problems, or None; the difference of the macro means
+    uses the same resampled problems for both (paired_bootstrap_diff, benchmark by benchmark).
+    Returns (the model's macro mean and interval, the paired difference or None when any b is None)."""
+    paired = all(b is not None for _, b in per_benchmark)
+    means_a, means_d = np.zeros(n_resamples), np.zeros(n_resamples)
+    for index, (a, b) in enumerate(per_benchmark):
+        a = np.asarray(a, dtype=np.float64).reshape(-1)
+        idx = _resample_indices(a.size, n_resamples, seed + index)  # (R, P_b)
+        means_a += a[idx].mean(axis=1) / len(per_benchmark)
+        if paired:
+            b = np.asarray(b, dtype=np.float64).reshape(-1)
+            means_d += (a[idx].mean(axis=1) - b[idx].mean(axis=1)) / len(per_benchmark)
+    point = float(np.mean([np.mean(a) for a, _ in per_benchmark]))
+    value = BootstrapCI(point, *_percentiles(means_a, confidence))
+    if not paired:
+        return value, None
+    diff = float(np.mean([np.mean(a) - np.mean(b) for a, b in per_benchmark]))
+    return value, BootstrapDiff(diff, *_percentiles(means_d, confidence), float(np.mean(means_d > 0)))

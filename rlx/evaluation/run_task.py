@@ -47,7 +47,8 @@ def run_task_benchmark(run: str) -> tuple[str, dict] | None:
         return None
     data = OmegaConf.to_container(config.data, resolve=True)
     spec = {"load": {"_target_": "rlx.evaluation.run_task.held_out_problems", "data": data, "seed": int(config.seed)},
-            "data": None, "verifier": None, "extract": None, "verify": None,
+            "data": None, "verifier": None, "reader": OmegaConf.select(config, "model.answer.reader", default=None),
+            "extract": None, "verify": None,
             "max_new_tokens": int(config.eval.max_new_tokens), "chat_template": bool(config.model.chat_template),
             "system_prompt": data.get("system_prompt")}
     component, target = _accuracy_component(config)
@@ -192,7 +193,7 @@ def benchmark_file_args(args: list[str]) -> list[str]:
     return out
 
 
-BENCHMARK_DEFAULTS = {"data": None, "verifier": None, "extract": None, "verify": None, "chat_template": None,
+BENCHMARK_DEFAULTS = {"data": None, "verifier": None, "reader": None, "extract": None, "verify": None, "chat_template": None,
                       "system_prompt": None}
 
 

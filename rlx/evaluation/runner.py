@@ -418,7 +418,8 @@ def _evaluate_settings(s: EvalConfig, out_dir: Path) -> dict:
     the environment's held-out episodes, the results files written as it goes, then summary.json."""
     device = torch.device("cpu" if s.hardware.cpu else "cuda")
     environment = _environment(s)  # (name, factory, tasks) with env=, else None
-    benchmarks = [] if environment else [make_benchmark(name, spec) for name, spec in s.benchmark.items()]
+    reader = s.model.answer.reader if s.model.answer else None  # an evaluation resumed from before model.answer: none
+    benchmarks = [] if environment else [make_benchmark(name, spec, reader) for name, spec in s.benchmark.items()]
     problems = {b.name: b.load(s.limit, s.subset, int(s.subset_seed)) for b in benchmarks}
     subjects = {"model": resolve_run(s.run, s.checkpoint) if s.run else (s.model.path, s.model.path)}
     if s.compare:
@@ -463,13 +464,46 @@ def _evaluate_settings(s: EvalConfig, out_dir: Path) -> dict:
         "benchmarks": {name: summarize(by_role, s.metrics, per_task_values) for name, by_role in records.items()
                        if environment},
     }
-    for bench in benchmarks:
+    for bench in benchmarks:  # reader: which reader found each benchmark's answers (the table's `read by`)
         summary["benchmarks"][bench.name] = {"kind": bench.kind, **({"headline": bench.metric} if bench.metric else {}),
+                                             "reader": bench.reader,
                                              **summarize(records[bench.name], s.metrics, bench.values)}
-    if s.suite:
-        summary["suite"] = s.suite
+    if len(benchmarks) > 1:
+        summary["suite"] = suite_summary(s.suite or "all", benchmarks, records, s.metrics)
     _write_summary(summary, labels, s, out_dir)
     return summary
+
+
+def suite_summary(name: str, benchmarks: list, records: dict, metrics_cfg) -> dict:
+    """The macro mean of the benchmarks' headline metrics (each benchmark weighs the same) with its stratified
+    bootstrap interval and, with compare=, the paired difference (rlx/evaluation/metrics.py: macro_mean_ci)."""
+    from rlx.evaluation.metrics import macro_mean_ci
+
+    ks, threshold = [int(k) for k in metrics_cfg.ks], float(metrics_cfg.correct_threshold)
+    pairs, used = [], []
+    for bench in benchmarks:
+        by_role = records[bench.name]
+        values = {role: bench.values(recs, ks, threshold) for role, recs in by_role.items()}
+        metric = bench.metric or next((m for m in ("greedy/accuracy", "pass@1") if m in values["model"]), None)
+        if metric is None:
+            continue
+        index = {r["id"]: i for i, r in enumerate(by_role["model"])}
+        if "compare" in by_role:
+            shared = [r["id"] for r in by_role["compare"] if r["id"] in index]
+            compare_index = {r["id"]: i for i, r in enumerate(by_role["compare"])}
+            pairs.append((values["model"][metric][[index[i] for i in shared]],
+                          values["compare"][metric][[compare_index[i] for i in shared]]))
+        else:
+            pairs.append((values["model"][metric], None))
+        used.append(f"{bench.name}:{metric}")
+    if not pairs:
+        return {"name": name, "benchmarks": []}
+    value, diff = macro_mean_ci(pairs, int(metrics_cfg.bootstrap_resamples), float(metrics_cfg.confidence),
+                                int(metrics_cfg.bootstrap_seed))
+    out = {"name": name, "benchmarks": used, "model": {"value": value.point, "low": value.low, "high": value.high}}
+    if diff is not None:
+        out["diff"] = {"value": diff.diff, "low": diff.low, "high": diff.high, "frac_positive": diff.frac_positive}
+    return out
 
 
 def headline(summary: dict) -> float | None:

@@ -85,12 +85,14 @@ def _metric_order(name: str) -> tuple:
 
 
 def render_table(summary: dict, labels: dict[str, str], confidence: float):
-    """A rich Table: one row per benchmark and metric, value [low, high] per model and the difference."""
+    """A rich Table: one row per benchmark and metric, value [low, high] per model and the difference; the column
+    `read by` names the answer reader that scored each benchmark (rlx/tasks/readers.py; '-': an environment)."""
     from rich.table import Table
 
     pct = f"{confidence:.0%}"
     table = Table(title=f"rlx eval ({pct} bootstrap intervals over problems or environment tasks)")
     table.add_column("benchmark")
+    table.add_column("read by")
     table.add_column("metric")
     table.add_column(labels["model"], justify="right")
     if "compare" in labels:
@@ -103,13 +105,23 @@ def render_table(summary: dict, labels: dict[str, str], confidence: float):
 
     for bench, result in summary["benchmarks"].items():
         for i, name in enumerate(sorted(result["model"], key=_metric_order)):
-            row = [bench if i == 0 else "", name, cell(result["model"][name])]
+            row = [bench if i == 0 else "", (result.get("reader") or "-") if i == 0 else "", name,
+                   cell(result["model"][name])]
             if "compare" in labels:
                 diff = result["diff"].get(name)
                 row += [cell(result["compare"][name]) if name in result["compare"] else "-",
                         f"{diff['value']:+.3f} [{diff['low']:+.3f}, {diff['high']:+.3f}]" if diff else "-",
                         f"{diff['frac_positive']:.3f}" if diff else "-"]
             table.add_row(*row)
+    suite = summary.get("suite")
+    if suite and suite.get("model"):  # the macro mean of the benchmarks' headline metrics
+        row = [f"{suite['name']} (mean of {len(suite['benchmarks'])})", "headline", cell(suite["model"])]
+        if "compare" in labels:
+            diff = suite.get("diff")
+            row += ["-", f"{diff['value']:+.3f} [{diff['low']:+.3f}, {diff['high']:+.3f}]" if diff else "-",
+                    f"{diff['frac_positive']:.3f}" if diff else "-"]
+        table.add_section()
+        table.add_row(*row)
     return table
 
 

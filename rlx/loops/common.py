@@ -60,6 +60,7 @@ class Parts:
     producer: object = None
     run_eval: object = None
     pairs: object = None
+    mixer: object = None  # mixture.rule's per-objective loss weights (rlx/algorithms/mixture.py), or None
     checkpointed: dict = field(default_factory=dict)
 
 

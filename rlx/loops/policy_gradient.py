@@ -91,6 +91,9 @@ def train_policy_gradient(settings, parts: Parts) -> dict:
     state = {**parts.checkpointed, **producer.checkpointed(), "shuffle": GeneratorState(shuffle)}
     if producer.kind == "single_turn" or algo.kl_target is not None:
         state["kl"] = kl_state
+    mixer = parts.mixer  # mixture.rule: per-objective weights on the policy-gradient term, or None
+    if mixer is not None:
+        state["mixture"] = mixer
     band = entropy_band_of(algo)  # EPO-style entropy smoothing (agents): the per-turn entropy history, or None
     if band is not None:
         state["entropy_history"] = band.history
@@ -136,6 +139,11 @@ def train_policy_gradient(settings, parts: Parts) -> dict:
         # 3. credit: this process's advantages, (n,) per row or (n, C) per token, computed over the global batch
         credit = credit_rule(batch, algo, acc=acc, completion_mask=completion_mask, old_logp=old_logp,
                              ref_logp=ref_logp, kl_coef=kl_coef)
+        advantages, mixture_metrics = credit.advantages, {}
+        if mixer is not None:  # each row's policy-gradient term scaled by its objective's weight (exact: the clipped
+            # surrogate is positively homogeneous in the advantage)
+            row_weights, mixture_metrics = objective_weights(mixer, batch, acc, settings.mixture.key)  # (n,)
+            advantages = advantages * row_weights.view(-1, *[1] * (advantages.dim() - 1)).to(advantages)
         loss_mask = completion_mask * credit.keep.long().unsqueeze(1)  # (n, C): pivots and masked rows leave the loss
         pg_mask = loss_mask  # (n, C): tokens in the policy-gradient term
         if algo.forking_rho < 1:  # one threshold over the global batch (every process's valid tokens)
@@ -162,7 +170,7 @@ def train_policy_gradient(settings, parts: Parts) -> dict:
                 for _ in range(updates_per_step):  # the schedule still follows the step count
                     scheduler.step()
         else:
-            rows = UpdateRows(rollout, credit.advantages, completion_mask, loss_mask, pg_mask, credit.keep, old_logp,
+            rows = UpdateRows(rollout, advantages, completion_mask, loss_mask, pg_mask, credit.keep, old_logp,
                               ref_logp, sampler_logp)
             stats = optimise(parts, rows, kl_coef, shuffle, update)
         update_time = time.perf_counter() - update_start
@@ -183,6 +191,7 @@ def train_policy_gradient(settings, parts: Parts) -> dict:
             "train/update_skipped": float(skip),
             **credit.metrics,
             **batch.metrics,
+            **mixture_metrics,
             "perf/step_time_s": step_time,
             "perf/generation_time_s": generation_time,
             "perf/logprob_time_s": logprob_time,  # the old (proximal) and reference log-prob passes, when needed
@@ -217,6 +226,25 @@ def train_policy_gradient(settings, parts: Parts) -> dict:
         end_step(step, metrics, metrics_log, checkpointer, settings.log.every, settings.steps)
     metrics_log.close()
     return {"model": model, "final_eval": last_eval}
+
+
+def objective_weights(mixer, batch, acc, key: str) -> tuple[torch.Tensor, dict]:
+    """The mixer fed this step's mean reward of each objective over the global batch (objectives without rows this
+    step are left out), then (n,) the weight of each of this process's rows by its objective (column `key`), and the
+    step's mixture/* metrics."""
+    rows, rewards = batch.source.rows, batch.rewards[batch.local]
+    names = [str(row.get(key)) for row in rows]
+    means = {}
+    for name in mixer.objectives:
+        picked = [i for i, n in enumerate(names) if n == name]
+        total = global_sum(acc, float(rewards[picked].sum()) if picked else 0.0)
+        count = global_sum(acc, float(len(picked)))
+        if count:
+            means[name] = total / count
+    mixer.observe(means)
+    by_name = dict(zip(mixer.objectives, mixer.weights()))
+    weights = torch.tensor([by_name.get(name, 1.0) for name in names], dtype=torch.float32)
+    return weights, mixer.metrics()
 
 
 class UpdateSettings:

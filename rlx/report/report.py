@@ -36,9 +36,8 @@ from rlx.report.remarks import (
 )
 from rlx.report.runs import Group, common_overrides, find_runs, group_runs
 from rlx.report.stats import (
-    align_curves,
-    mean_and_band,
     probability_of_improvement_ci,
+    seed_band,
     stratified_bootstrap_ci,
 )
 from rlx.runtime.rundir import integer_step_ticks
@@ -106,16 +105,12 @@ def plot_curves(groups: list[Group], metrics: list[str], out: Path) -> Path | No
         drawn_steps = []
         for group in groups:
             curves = [r.curve(metric) for r in group.runs if not r.failed]
-            curves = [c for c in curves if c[0]]
-            if not curves:
+            band = seed_band([c for c in curves if c[0]])
+            if band is None:
                 continue
-            try:
-                steps, matrix = align_curves(curves)  # (S,), (seeds, S)
-            except ValueError:
-                continue
-            mean, low, high = mean_and_band(matrix)
+            steps, mean, low, high, seeds = band
             line = ax.plot(steps, mean, marker="o" if len(steps) < 20 else None, markersize=3,
-                           label=f"{group.name}: {group.label} (n={matrix.shape[0]})")[0]
+                           label=f"{group.name}: {group.label} (n={seeds})")[0]
             ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2)
             drawn_steps += list(steps)
             drawn = True

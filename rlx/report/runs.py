@@ -3,6 +3,13 @@
 A run directory is any folder holding metrics.jsonl (what `rlx train` writes); a sweep directory is
 searched recursively. Runs belong to the same configuration when their overrides (overrides.yaml)
 are equal once `seed=` (and hydra/sweep selections) are removed.
+
+An evaluation directory (`rlx eval`'s summary.json) counts as a run too: its final values are the summary's
+metrics, `<benchmark>/<metric>` and, with compare=, the paired difference `<benchmark>/<metric>/diff`, plus over a
+suite's benchmarks the macro mean of their headline metrics (`suite/headline`, `suite/headline/diff`: the summary's
+`suite`, rlx/evaluation/runner.py: suite_summary). An evaluation of a
+training run (run=...) takes that run's overrides and seed, so `rlx report outputs/eval/...` groups the evaluations
+of one training configuration's seeds together, whatever their run directories are called.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ from rlx.runtime.rundir import read_metrics
 
 # Overrides that do not change the configuration being measured.
 _IGNORED_KEYS = ("seed", "sweep", "name")
+# An evaluation's overrides that name what is evaluated rather than how (the trained run's own overrides stand for it)
+_EVAL_SUBJECT_KEYS = ("run", "resume", "progress")
 
 
 @dataclass
@@ -106,9 +115,67 @@ def load_run(run_dir: Path) -> Run:
     return Run(run_dir, overrides, _seed_of(overrides, run_dir), read_metrics(run_dir / "metrics.jsonl"), final, failed)
 
 
+def is_eval_dir(path: Path) -> bool:
+    return (path / "summary.json").is_file() and (path / "config.yaml").is_file() and not (path / "metrics.jsonl").is_file()
+
+
+def eval_finals(summary: dict) -> dict[str, float]:
+    """The final values of an evaluation (module docstring) from its summary.json content."""
+    final = {}
+    for bench, result in summary.get("benchmarks", {}).items():
+        for metric, entry in result.get("model", {}).items():
+            final[f"{bench}/{metric}"] = float(entry["value"])
+        for metric, entry in result.get("diff", {}).items():
+            if isinstance(entry, dict):
+                final[f"{bench}/{metric}/diff"] = float(entry["value"])
+    suite = summary.get("suite") or {}
+    if suite.get("model"):  # rlx/evaluation/runner.py: suite_summary
+        final["suite/headline"] = float(suite["model"]["value"])
+        if suite.get("diff"):
+            final["suite/headline/diff"] = float(suite["diff"]["value"])
+    return final
+
+
+def eval_metrics(eval_dir: Path) -> list[str]:
+    """The metrics an evaluation is reported by: each benchmark's headline, as the paired difference when the
+    evaluation has compare=, then suite/headline(/diff) for several benchmarks."""
+    summary = _read(eval_dir / "summary.json", _json_object)
+    final = eval_finals(summary)
+    names = []
+    for bench, result in summary.get("benchmarks", {}).items():
+        headline = result.get("headline") or next(
+            (m for m in ("greedy/accuracy", "pass@1", "greedy/success", "success") if m in result.get("model", {})), None)
+        if headline is not None:
+            name = f"{bench}/{headline}"
+            names.append(f"{name}/diff" if f"{name}/diff" in final else name)
+    if "suite/headline" in final:
+        names.insert(0, "suite/headline/diff" if "suite/headline/diff" in final else "suite/headline")
+    return names
+
+
+def load_eval(eval_dir: Path) -> Run:
+    """An evaluation directory as a Run without curves (module docstring)."""
+    from omegaconf import OmegaConf
+
+    overrides = []
+    if (eval_dir / "overrides.yaml").is_file():
+        overrides = [str(o) for o in _read(eval_dir / "overrides.yaml", lambda p: list(OmegaConf.load(p)))]
+    config = _read(eval_dir / "config.yaml", OmegaConf.load)
+    kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in _EVAL_SUBJECT_KEYS]
+    seed = _seed_of(overrides, eval_dir)
+    trained = config.get("run")
+    if trained and Path(str(trained)).is_dir():
+        run = load_run(Path(str(trained))) if (Path(str(trained)) / "metrics.jsonl").is_file() else None
+        if run is not None:
+            kept = [f"train:{o}" for o in run.overrides if o.split("=", 1)[0].lstrip("+~") != "seed"] + kept
+            seed = run.seed
+    summary = _read(eval_dir / "summary.json", _json_object)
+    return Run(eval_dir, kept, seed, [], eval_finals(summary))
+
+
 def find_runs(paths: list[Path]) -> list[Run]:
     """Every run under the given run or sweep directories (a run is a folder with metrics.jsonl or
-    failure.json), in path order, each once."""
+    failure.json; an evaluation directory, with summary.json, is read by load_eval), in path order, each once."""
     found: dict[Path, None] = {}
     for path in paths:
         path = Path(path)
@@ -116,13 +183,14 @@ def find_runs(paths: list[Path]) -> list[Run]:
             from rlx.errors import UserError
 
             raise UserError(f"'{path}' is not a directory; pass run or sweep directories written by rlx train")
-        candidates = [path] if (path / "metrics.jsonl").is_file() else sorted(
-            {p.parent for name in ("metrics.jsonl", "failure.json") for p in path.rglob(name)},
+        candidates = [path] if (path / "metrics.jsonl").is_file() or is_eval_dir(path) else sorted(
+            {p.parent for name in ("metrics.jsonl", "failure.json", "summary.json") for p in path.rglob(name)
+             if name != "summary.json" or is_eval_dir(p.parent)},
             key=lambda p: [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in p.parts],  # 0/ 1/ test_seeds/0/
         )
         for candidate in candidates:
             found.setdefault(candidate.resolve(), None)
-    return [load_run(p) for p in found]
+    return [load_eval(p) if is_eval_dir(p) else load_run(p) for p in found]
 
 
 def run_name(path: Path) -> str:

@@ -187,6 +187,22 @@ def mean_and_band(
     return mean, mean - half_width, mean + half_width
 
 
+def seed_band(
+    curves: Sequence[tuple[ArrayLike, ArrayLike]], confidence: float = 0.95
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int] | None:
+    """The band drawn for a configuration's seeds (rlx report's curves.png, rlx view's curves): align_curves
+    then mean_and_band.  Returns (steps, mean, low, high, seeds), each array (S,), or None when a curve is
+    empty or the curves share no step."""
+    if not curves or any(len(steps) == 0 for steps, _ in curves):
+        return None
+    try:
+        steps, matrix = align_curves(curves)  # (S,), (seeds, S)
+    except ValueError:
+        return None
+    mean, low, high = mean_and_band(matrix, confidence)
+    return steps, mean, low, high, matrix.shape[0]
+
+
 def t_critical_value(confidence: float, df: int) -> float:
     """Two-sided Student-t critical value t with P(|T| <= t) = confidence, T ~ t(df): the
     (1 + confidence) / 2 quantile of t(df), from scipy.stats.t.

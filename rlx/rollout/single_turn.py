@@ -13,6 +13,7 @@ the verdict read from the accuracy component), the seed stages of one `StagePipe
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -163,19 +164,31 @@ def round_batch(drawn: Round, group_size: int, metrics: dict, *, scored: tuple |
     rewards, groups, correct = scored if scored is not None else (drawn.rewards, drawn.groups, drawn.correct)
     context = HintedContext(drawn.behaviour) if drawn.behaviour is not None else SameContext()
     return Batch(drawn.rollout, rewards, group_size, groups, correct, PromptRows(drawn.rows, drawn.prompts), context,
-                 local if local is not None else slice(0, rewards.numel()), metrics, **counts)
+                 local if local is not None else slice(0, rewards.numel()), metrics, **counts, components=drawn.components)
 
 
 def single_turn_records(batch: Batch, samples: list[dict], count: int, *, version: bool = False) -> list[dict]:
     """The samples file rows of this process's first `count` samples (the main process's are the first): prompt,
     completion, reward, the loop's per-sample figures, the answer, and (`version`) the row's oldest policy version."""
     source = batch.source
+    rollout, start = batch.rollout, batch.local.start or 0
     return [
-        {"prompt": source.prompts[i], "completion": batch.rollout.texts[i], "reward": batch.rewards[i].item(),
+        {"prompt": source.prompts[i], "completion": rollout.texts[i], "reward": batch.rewards[start + i].item(),
          **samples[i], "answer": source.rows[i].get("answer"),
-         **({"version": int(batch.rollout.versions[i])} if version else {})}
+         # what `rlx view` shows beside each completion: its group, verdict, length, budget cut and components
+         "group": int(batch.groups[start + i]), "length": int(rollout.completion_mask[i].sum()),
+         "truncated": bool(rollout.truncated[i]),
+         **({"correct": bool(batch.correct[start + i])} if batch.correct.numel() else {}),
+         "components": {name: _number(values[i]) for name, values in batch.components.items()},
+         **({"version": int(rollout.versions[i])} if version else {})}
         for i in range(min(count, len(source.prompts)))
     ]
+
+
+def _number(value) -> float | None:
+    """A component's value for a samples file: None where the component did not apply (NaN)."""
+    value = float(value)
+    return value if math.isfinite(value) else None
 
 
 def round_scorer(rewards: list[RewardComponent], settings: SingleTurnSettings, step: int):

@@ -285,6 +285,7 @@ class Batch:
     prompts_drawn: int = 0
     rounds: int = 1
     filled_groups: int = 0
+    components: dict = field(default_factory=dict)  # reward component -> (n,) of this process's rows (single-turn)
 
     def __post_init__(self):
         n = self.rewards.shape[0]

@@ -87,7 +87,7 @@ RESUMES_FILE = "resumes.jsonl"
 
 def record_resume(run_dir: Path, old_config: dict, new_config: dict, checkpoint_step: int, overrides: list[str]) -> dict:
     """Append to <run>/resumes.jsonl which settings this resume changed and the step they apply from."""
-    old_flat, new_flat = _flatten(old_config), _flatten(new_config)
+    old_flat, new_flat = flatten_settings(old_config), flatten_settings(new_config)
     changed = {key: [old_flat.get(key), new_flat.get(key)] for key in sorted(set(old_flat) | set(new_flat))
                if old_flat.get(key) != new_flat.get(key) and key not in ("resume",)}
     record = {"time": round(time.time(), 3), "checkpoint_step": checkpoint_step, "from_step": checkpoint_step + 1,
@@ -99,11 +99,12 @@ def record_resume(run_dir: Path, old_config: dict, new_config: dict, checkpoint_
     return record
 
 
-def _flatten(node, prefix: str = "") -> dict:
+def flatten_settings(node, prefix: str = "") -> dict:
+    """{'a.b': 1} from {'a': {'b': 1}}; lists stay values (a resume's changes, rlx view's config diff)."""
     if isinstance(node, dict):
         out = {}
         for key, value in node.items():
-            out.update(_flatten(value, f"{prefix}{key}."))
+            out.update(flatten_settings(value, f"{prefix}{key}."))
         return out
     return {prefix[:-1]: node}
 
