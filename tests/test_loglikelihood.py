@@ -254,3 +254,26 @@ def test_suite_macro_mean_by_hand():
     assert value.low <= 0.75 <= value.high and 0.0 <= diff.low <= 0.5 <= diff.high <= 1.0
     alone, none = macro_mean_ci([(np.ones(3), None)], n_resamples=50)
     assert (alone.point, alone.low, alone.high, none) == (1.0, 1.0, 1.0, None)
+
+
+def test_a_suite_on_a_training_run_scores_the_suite_not_the_runs_task(benchmark_cache, tmp_path):
+    import shutil
+
+    from omegaconf import open_dict
+
+    from rlx.config.overrides import check_overrides
+    from rlx.evaluation.runner import evaluate
+
+    run = tmp_path / "train" / "fake_run"
+    shutil.copytree(ASSETS_DIR / "tiny", run / "final")
+    # the run's own task (a reasoning-gym data config), which run= alone would evaluate
+    train = check_overrides(["data=chain_sum"], config_name="train")
+    (run / "config.yaml").write_text(__import__("omegaconf").OmegaConf.to_yaml(train))
+    overrides = [f"run={run}", "suite=general", "subset=3", "hardware.num_threads=1", "plot=false",
+                 "metrics.bootstrap_resamples=50", "progress=false"]
+    cfg = check_overrides(overrides, config_name="eval")
+    with open_dict(cfg):  # the suite's benchmarks that the test's data holds
+        for name in [n for n in cfg.benchmark if n not in ("arc_easy", "piqa")]:
+            del cfg.benchmark[name]
+    summary = evaluate(cfg, tmp_path / "eval", overrides)
+    assert list(summary["benchmarks"]) == ["arc_easy", "piqa"] and summary["suite"]["name"] == "general"

@@ -408,7 +408,7 @@ def evaluate(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> dict:
     check_device(s.hardware)  # hardware=gpu never falls back to the CPU silently
     if not s.resume:
         write_run_files(out_dir, cfg, overrides)
-    if s.run and s.env is None and not benchmark_given:
+    if s.run and s.env is None and not benchmark_given and not s.suite:  # a suite names its own benchmarks
         s = with_run_subject(s)
     return _evaluate_settings(s, out_dir)
 
