@@ -127,9 +127,10 @@ def _compose_error(config_name: str, overrides: tuple[str, ...], typed: bool = F
     except SystemExit:
         return stderr.getvalue().strip() or "exit without a message"
     if typed:  # the typed schema too: types, ranges and choices of every knob (what `rlx` checks next)
-        from rlx.config.schema import check_config
+        from rlx.config.schema import check_config, drop_train_tuning
         from rlx.errors import UserError
 
+        drop_train_tuning(cfg, config_name)  # as `rlx eval` and `rlx data prefs` do before they check
         try:
             check_config(cfg, config_name)
         except UserError as exc:
