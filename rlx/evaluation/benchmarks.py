@@ -135,6 +135,7 @@ from rlx.tasks import (  # noqa: E402,F401
     unit_tests,
 )
 
+
 def make_benchmark(name: str, spec: dict, model_reader: str | None = None):
     """The benchmark of a config section, by its `kind`: generate (Benchmark, the default; model_reader: where the
     evaluated model states its answers) or loglikelihood (rlx/evaluation/choices.py: ChoiceBenchmark, no reader)."""

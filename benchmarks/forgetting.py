@@ -1,0 +1,117 @@
+"""What post-training cost elsewhere: the in-task gain and the general-suite change of trained runs, paired to the
+base model, per arm over seeds (issue 49 item 5).
+
+    python benchmarks/forgetting.py --base outputs/eval/<an eval with compare=base> \
+        --arm grpo=outputs/eval/<eval of seed 0>,outputs/eval/<eval of seed 1> --arm sft=... \
+        --out benchmarks/results/forgetting.json
+
+Each --arm names `rlx eval run=<run> suite=general subset=N` directories, one per seed (same subset, same questions).
+The base model's records come from --base's compare= records (an evaluation made with compare=base on the same
+suite and subset), so the base is scored once. Per seed: each benchmark's paired difference (rlx's summarize, the
+same bootstrap as `rlx eval compare=`) and the suite's macro mean difference (metrics.macro_mean_ci); the training
+run's own held-out accuracy at its first and last evaluation (metrics.jsonl). Per arm over seeds: the IQM of the
+suite difference and of the in-task gain with their stratified bootstrap intervals, and P(arm A's suite change >
+arm B's) (rlx/report/stats.py, Agarwal et al. 2021).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+
+from rlx.evaluation.choices import per_question_values  # noqa: E402
+from rlx.evaluation.metrics import macro_mean_ci  # noqa: E402
+from rlx.evaluation.runner import read_records  # noqa: E402
+from rlx.evaluation.summary import summarize  # noqa: E402
+from rlx.report.stats import iqm, probability_of_improvement_ci, stratified_bootstrap_ci  # noqa: E402
+from rlx.runtime.rundir import read_metrics  # noqa: E402
+
+METRICS = SimpleNamespace(ks=[1], correct_threshold=1.0, bootstrap_resamples=2000, confidence=0.95, bootstrap_seed=0)
+
+
+def in_task(run_dir: Path) -> dict:
+    """The run's held-out accuracy at its first and last evaluation (eval/accuracy in metrics.jsonl)."""
+    points = [(row["step"], row["eval/accuracy"]) for row in read_metrics(run_dir / "metrics.jsonl")
+              if isinstance(row.get("eval/accuracy"), (int, float))]
+    return {"start": points[0][1], "end": points[-1][1], "gain": points[-1][1] - points[0][1]} if points else {}
+
+
+def seed_result(eval_dir: Path, base_dir: Path) -> dict:
+    """One trained model against the base on every benchmark of the suite, paired by question."""
+    summary = json.loads((eval_dir / "summary.json").read_text())
+    per_benchmark, pairs = {}, []
+    for bench, result in summary["benchmarks"].items():
+        headline = result.get("headline", "acc")
+        model = read_records(eval_dir / bench / "model.jsonl")
+        base = read_records(base_dir / bench / "compare.jsonl")
+        if {r["id"] for r in model} != {r["id"] for r in base}:
+            raise SystemExit(f"{eval_dir}/{bench} and {base_dir}/{bench} scored different questions")
+        values = summarize({"model": model, "compare": base}, METRICS, per_question_values)
+        per_benchmark[bench] = {"metric": headline, "model": values["model"][headline]["value"],
+                                "base": values["compare"][headline]["value"], **values["diff"][headline]}
+        index = {r["id"]: r for r in base}
+        pairs.append(([r[headline] for r in model], [index[r["id"]][headline] for r in model]))
+    value, diff = macro_mean_ci([(np.asarray(a, float), np.asarray(b, float)) for a, b in pairs],
+                                METRICS.bootstrap_resamples, METRICS.confidence, METRICS.bootstrap_seed)
+    config = (eval_dir / "config.yaml").read_text()
+    run = next((line.split(":", 1)[1].strip() for line in config.splitlines() if line.startswith("run:")), None)
+    return {"eval": str(eval_dir), "run": run, "in_task": in_task(Path(run)) if run else {},
+            "suite": {"model": value.point, "diff": diff.diff, "low": diff.low, "high": diff.high,
+                      "frac_positive": diff.frac_positive}, "benchmarks": per_benchmark}
+
+
+def arm_summary(seeds: list[dict]) -> dict:
+    out = {"seeds": len(seeds)}
+    for name, values in (("suite_diff", [s["suite"]["diff"] for s in seeds]),
+                         ("in_task_gain", [s["in_task"].get("gain") for s in seeds if s["in_task"]])):
+        if len(values) > 1:
+            point, low, high = stratified_bootstrap_ci(values, "iqm")
+            out[name] = {"iqm": point, "low": low, "high": high, "values": values}
+        elif values:
+            out[name] = {"iqm": iqm(values), "values": values}
+    return out
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", type=Path, required=True, help="an eval directory made with compare=base")
+    parser.add_argument("--arm", action="append", required=True, metavar="NAME=DIR[,DIR...]")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    arms = {}
+    for spec in args.arm:
+        name, _, dirs = spec.partition("=")
+        arms[name] = [seed_result(Path(d), args.base) for d in dirs.split(",") if d]
+    result = {"base": str(args.base), "arms": {name: {"summary": arm_summary(seeds), "seeds": seeds}
+                                               for name, seeds in arms.items()}}
+    names = list(arms)
+    result["improvement"] = {}
+    for a in names:
+        for b in names:
+            if a < b and len(arms[a]) > 1 and len(arms[b]) > 1:
+                p, low, high = probability_of_improvement_ci([s["suite"]["diff"] for s in arms[a]],
+                                                             [s["suite"]["diff"] for s in arms[b]])
+                result["improvement"][f"P({a} > {b})"] = {"value": p, "low": low, "high": high}
+    text = json.dumps(result, indent=2)
+    if args.out:
+        args.out.write_text(text + "\n")
+    for name, seeds in arms.items():
+        for seed in seeds:
+            gain = seed["in_task"].get("gain")
+            print(f"{name:10s} in-task {seed['in_task'].get('start', float('nan')):.3f} -> "
+                  f"{seed['in_task'].get('end', float('nan')):.3f} ({gain:+.3f})  suite {seed['suite']['diff']:+.4f} "
+                  f"[{seed['suite']['low']:+.4f}, {seed['suite']['high']:+.4f}]  "
+                  + "  ".join(f"{b} {v['value']:+.3f}" for b, v in seed["benchmarks"].items()))
+    print(json.dumps(result["improvement"]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
