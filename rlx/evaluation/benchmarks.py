@@ -57,32 +57,48 @@ def _read_records(path: str, how_to_get: str) -> list[dict]:
 
 @dataclass(frozen=True)
 class QASource:
-    """Where qa_problems reads its rows: a local file (jsonl, json, parquet, jsonl.gz) when `path` is set, else
-    the `split` of the hub dataset `hub_id` (`subset`: its configuration; cached copies work offline)."""
+    """Where qa_problems reads its rows: a local file (jsonl, json, parquet, jsonl.gz) when `path` is set, else the
+    offline benchmark data's request file `olmes` ("task/variant", `rlx fetch benchmarks`) when set, else the `split`
+    of the hub dataset `hub_id` (`subset`: its configuration; cached copies work offline)."""
 
     path: str | None = None
+    olmes: str | None = None
     hub_id: str | None = None
     subset: str | None = None
     split: str = "test"
 
 
-def qa_problems(name: str, question_column: str, answer_column: str, prompt_template: str,
-                answer_regex: str | None = None, size: int | None = None, **source) -> list[dict]:
-    """Question/answer rows of the benchmark `name`; source: the load keys path, hub_id, subset, split (QASource:
-    a local file when `path` is set, else the hub dataset `hub_id`).  answer_regex: its first group is the
-    reference answer (GSM8K keeps it after '####'); size: the first N rows (None: all)."""
-    where = QASource(**source)
+def _source_records(name: str, where: QASource, question_column: str, answer_column: str) -> tuple[list[dict], str]:
+    """The rows of a QASource and where they came from."""
     how_to_get = (
         f"download the {where.split} split of {where.hub_id} (columns {question_column}, {answer_column}) as jsonl "
         f"and set benchmark.{name}.load.path=FILE, or unset path to load it from the hub"
     )
     if where.path:
-        records = _read_records(where.path, how_to_get)
-        origin = where.path
-    else:
-        records = list(read_hub(where.hub_id, where.subset, where.split, f"save the {where.split} split as jsonl with "
-                                f"columns {question_column}, {answer_column} and set benchmark.{name}.load.path=FILE"))
-        origin = where.hub_id
+        return _read_records(where.path, how_to_get), where.path
+    if where.olmes:
+        from rlx.evaluation.olmes import request_docs
+
+        task, _, variant = where.olmes.partition("/")
+        try:
+            return request_docs(task, variant), f"the offline benchmark data ({where.olmes})"
+        except UserError as exc:
+            raise UserError(f"{exc}; or set benchmark.{name}.load.olmes=null to read {where.hub_id} from the hub") from None
+    records = list(read_hub(where.hub_id, where.subset, where.split, f"save the {where.split} split as jsonl with "
+                            f"columns {question_column}, {answer_column} and set benchmark.{name}.load.path=FILE"))
+    return records, where.hub_id
+
+
+def qa_problems(name: str, question_column: str, answer_column: str, prompt_template: str,
+                answer_regex: str | None = None, size: int | None = None, answer_boxed: str | None = None,
+                **source) -> list[dict]:
+    """Question/answer rows of the benchmark `name`; source: the load keys path, olmes, hub_id, subset, split
+    (QASource: a local file, else the offline benchmark data, else the hub). answer_regex: its first group is the
+    reference answer (GSM8K keeps it after '####'); answer_boxed: a column whose last \\boxed{} is the reference when the
+    row has it (MATH's `solution`: OLMES's copy of the `answer` field is mangled in 82 of 500); size: the first N rows."""
+    from rlx.tasks.readers import last_boxed
+
+    records, origin = _source_records(name, QASource(**source), question_column, answer_column)
     problems = []
     for index, record in enumerate(records[:size] if size else records):
         missing = [c for c in (question_column, answer_column) if c not in record]
@@ -92,9 +108,12 @@ def qa_problems(name: str, question_column: str, answer_column: str, prompt_temp
         if answer_regex:
             match = re.search(answer_regex, answer, flags=re.MULTILINE)
             answer = match.group(1).strip() if match else answer
+        if answer_boxed and record.get(answer_boxed):
+            answer = last_boxed(str(record[answer_boxed])) or answer
         question = str(record[question_column])
+        given = record.get("unique_id", record.get("id"))
         problems.append({
-            "id": str(record.get("unique_id", record.get("id", f"{name}/{index}"))),
+            "id": given if isinstance(given, str) else f"{name}/{index if given is None else given}",
             "question": question,
             "prompt": prompt_template.format(question=question),
             "answer": answer,

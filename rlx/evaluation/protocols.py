@@ -38,6 +38,7 @@ from __future__ import annotations
 import re
 
 from rlx.errors import UserError
+from rlx.tasks.readers import last_boxed  # noqa: F401  (MATH's reference answers; tests import it from here)
 
 GSM8K_UNTIL = ("Question:", "</s>", "<|im_end|>")
 MINERVA_UNTIL = ("Problem:",)
@@ -140,19 +141,6 @@ def minerva_answer(completion: str, problem: dict | None = None) -> str | None:
     get_unnormalized_answer: the closing sentence may be cut off by the stop, so it is appended before matching)."""
     found = MINERVA_FINAL.search(cut_at(completion, MINERVA_UNTIL) + "I hope it is correct.")
     return found.group(1).strip() if found else None
-
-
-def last_boxed(text: str) -> str | None:
-    """The content of the last \\boxed{...} of `text` (braces balanced), None when there is none."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth, i = 0, start + len("\\boxed")
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i + 1:j]
-    return None
 
 
 # ------------------------------------------------------------------------------------------------------------------
