@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 
 from rlx.evaluation.choices import per_question_values  # noqa: E402
 from rlx.evaluation.metrics import macro_mean_ci  # noqa: E402
-from rlx.evaluation.runner import read_records  # noqa: E402
+from rlx.evaluation.records import read_records  # noqa: E402
 from rlx.evaluation.summary import summarize  # noqa: E402
 from rlx.report.stats import iqm, probability_of_improvement_ci, stratified_bootstrap_ci  # noqa: E402
 from rlx.runtime.rundir import read_metrics  # noqa: E402

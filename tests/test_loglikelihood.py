@@ -284,7 +284,7 @@ def test_gsm8k_and_math500_read_the_offline_data(tmp_path, monkeypatch):
 
     from rlx.config.overrides import check_overrides
     from rlx.evaluation import olmes
-    from rlx.evaluation.benchmarks import make_benchmark
+    from rlx.evaluation.runner import make_benchmark
 
     monkeypatch.setenv("RLX_CACHE", str(tmp_path / "cache"))
     gsm = [{"doc": {"question": f"What is {i} + 2?", "answer": f"{i} + 2 = {i + 2}\n#### {i + 2}", "id": i},

@@ -154,17 +154,6 @@ from rlx.tasks import (  # noqa: E402,F401
     unit_tests,
 )
 
-
-def make_benchmark(name: str, spec: dict, model_reader: str | None = None):
-    """The benchmark of a config section, by its `kind`: generate (Benchmark, the default; model_reader: where the
-    evaluated model states its answers) or loglikelihood (rlx/evaluation/choices.py: ChoiceBenchmark, no reader)."""
-    if spec.get("kind") == "loglikelihood":
-        from rlx.evaluation.choices import ChoiceBenchmark
-
-        return ChoiceBenchmark(name, dict(spec["load"]), str(spec["metric"]))
-    return Benchmark(name, spec, model_reader)
-
-
 # --------------------------------------------------------------------------------------------
 # From config to callables
 # --------------------------------------------------------------------------------------------
@@ -219,7 +208,7 @@ class Benchmark:
     def load(self, limit: int | None = None, subset: int | None = None, subset_seed: int = 0) -> list[dict]:
         """The benchmark's problems: the first `limit`, then a seeded subset of `subset` (by the problems' `task`
         column where there is one, rlx/evaluation/choices.py: stratified_indices)."""
-        from rlx.evaluation.choices import stratified_indices
+        from rlx.evaluation.subsets import stratified_indices
 
         loader = _callable(self.cfg["load"], "load", self.name)
         problems = loader()
@@ -234,12 +223,6 @@ class Benchmark:
         if not problems:
             raise UserError(f"benchmark '{self.name}' has no problems")
         return problems
-
-    def evaluate(self, model, tokenizer, problems: list[dict], run, settings, engine=None) -> list[dict]:
-        """Generate and score `problems` (rlx/evaluation/runner.py: run_benchmark)."""
-        from rlx.evaluation.runner import run_benchmark
-
-        return run_benchmark(model, tokenizer, self, problems, run, engine=engine)
 
     @staticmethod
     def values(records: list[dict], ks: list[int], threshold: float):

@@ -21,31 +21,14 @@ import numpy as np
 from rlx.errors import UserError
 from rlx.evaluation.loglikelihood import ChoiceQuestion, choice_loglikelihoods, choice_scores
 from rlx.evaluation.progress import EvalProgress
+from rlx.evaluation.records import drop_partial_line, read_records
+from rlx.evaluation.subsets import stratified_indices
 from rlx.runtime.rundir import append_text
 from rlx.runtime.storage import writing
 
 log = logging.getLogger("rlx")
 
 CHUNK_QUESTIONS = 64  # questions scored and appended to the results file at a time (what an interruption can lose)
-
-
-def stratified_indices(strata: list[str], size: int, seed: int) -> list[int]:
-    """`size` indices drawn without replacement, stratum by stratum: each stratum s of n_s items gets
-    floor(size * n_s / n) places and the places left go to the strata with the largest fractional parts (largest
-    remainder, ties by name), then a seeded draw inside each stratum. Sorted; size >= n returns every index."""
-    if size >= len(strata):
-        return list(range(len(strata)))
-    members: dict[str, list[int]] = {}
-    for index, stratum in enumerate(strata):
-        members.setdefault(stratum, []).append(index)
-    names = sorted(members)
-    quotas = {name: size * len(members[name]) / len(strata) for name in names}
-    counts = {name: int(quotas[name]) for name in names}
-    by_remainder = sorted(names, key=lambda name: (-(quotas[name] - counts[name]), name))
-    for name in by_remainder[: size - sum(counts.values())]:
-        counts[name] += 1
-    rng = np.random.default_rng(seed)
-    return sorted(int(i) for name in names for i in rng.choice(members[name], size=counts[name], replace=False))
 
 
 def stratified_subset(questions: list[ChoiceQuestion], size: int, seed: int) -> list[ChoiceQuestion]:
@@ -80,10 +63,6 @@ class ChoiceBenchmark:
             raise UserError(f"benchmark '{self.name}' has duplicate question ids")
         return questions
 
-    def evaluate(self, model, tokenizer, questions: list[ChoiceQuestion], run, settings, engine=None) -> list[dict]:
-        """Score `questions` (the runner's call for every benchmark kind; `settings`: the eval's typed settings)."""
-        return run_choice_benchmark(model, tokenizer, self, questions, run, int(settings.scoring_tokens))
-
     @staticmethod
     def values(records: list[dict], ks: list[int], threshold: float) -> dict[str, np.ndarray]:
         return per_question_values(records, ks, threshold)
@@ -106,8 +85,6 @@ def run_choice_benchmark(model, tokenizer, bench: ChoiceBenchmark, questions: li
                          token_budget: int) -> list[dict]:
     """Score every question not yet in `run.results` (an EvalPass), appending its records chunk by chunk; returns
     all records in question order."""
-    from rlx.evaluation.runner import _drop_partial_line, read_records
-
     results = run.results
     done = {r["id"]: r for r in read_records(results)}
     todo = [q for q in questions if q.id not in done]
@@ -116,7 +93,7 @@ def run_choice_benchmark(model, tokenizer, bench: ChoiceBenchmark, questions: li
                  len(questions), results)
     with writing(results.parent, "the results folder"):
         results.parent.mkdir(parents=True, exist_ok=True)
-    _drop_partial_line(results)
+    drop_partial_line(results)
     bar = EvalProgress(run.label, len(questions), len(questions) - len(todo), run.progress, unit="questions")
     running = [r[bench.metric] for r in done.values()]
     try:

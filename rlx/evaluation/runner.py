@@ -32,8 +32,11 @@ from rlx.config.schema import EvalConfig
 from rlx.envs.registry import plays_through_gateway
 from rlx.errors import UserError
 from rlx.evaluation.agents import per_task_values
-from rlx.evaluation.benchmarks import Benchmark, make_benchmark
+from rlx.evaluation.benchmarks import Benchmark
+from rlx.evaluation.choices import ChoiceBenchmark, run_choice_benchmark
 from rlx.evaluation.progress import EvalProgress
+from rlx.evaluation.records import drop_partial_line as _drop_partial_line
+from rlx.evaluation.records import read_records
 from rlx.evaluation.run_task import with_run_subject
 from rlx.evaluation.summary import plot_pass_at_k, render_table, summarize, support_lines
 from rlx.rollout.backends import build_generator
@@ -109,27 +112,6 @@ def load_model(path: str, model_cfg, device: torch.device):
 # --------------------------------------------------------------------------------------------
 # Generation and scoring, batch by batch, appended to a jsonl
 # --------------------------------------------------------------------------------------------
-
-
-def read_records(path: Path) -> list[dict]:
-    """Finished problems of a results file; a line cut short by an interruption is ignored."""
-    records = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return records
-
-
-def _drop_partial_line(path: Path) -> None:
-    """Cut a last line left unfinished by an interruption, so appended records start on a new line."""
-    if path.is_file():
-        data = path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            with writing(path, f"{path.name} without its cut-short last line"):
-                path.write_bytes(data[: data.rfind(b"\n") + 1])
 
 
 def _batch_seed(seed: int, problem_id: str) -> int:
@@ -453,8 +435,12 @@ def _evaluate_settings(s: EvalConfig, out_dir: Path) -> dict:
                 _eval_pass(s, out_dir, name, role),
                 stop_ids=engine.stop_ids if engine is not None else eos_ids(model, tokenizer))
         for bench in benchmarks:
-            records[bench.name][role] = bench.evaluate(model, tokenizer, problems[bench.name],
-                                                       _eval_pass(s, out_dir, bench.name, role), s, engine)
+            run = _eval_pass(s, out_dir, bench.name, role)
+            if bench.kind == "loglikelihood":  # each choice scored (rlx/evaluation/choices.py)
+                records[bench.name][role] = run_choice_benchmark(model, tokenizer, bench, problems[bench.name], run,
+                                                                 int(s.scoring_tokens))
+            else:  # generated and verified
+                records[bench.name][role] = run_benchmark(model, tokenizer, bench, problems[bench.name], run, engine)
         if engine is not None:
             engine.close()
         del model, engine
@@ -472,6 +458,14 @@ def _evaluate_settings(s: EvalConfig, out_dir: Path) -> dict:
         summary["suite"] = suite_summary(s.suite or "all", benchmarks, records, s.metrics)
     _write_summary(summary, labels, s, out_dir)
     return summary
+
+
+def make_benchmark(name: str, spec: dict, model_reader: str | None = None):
+    """The benchmark of a config section, by its `kind`: generate (Benchmark, the default; model_reader: where the
+    evaluated model states its answers) or loglikelihood (rlx/evaluation/choices.py: ChoiceBenchmark, no reader)."""
+    if spec.get("kind") == "loglikelihood":
+        return ChoiceBenchmark(name, dict(spec["load"]), str(spec["metric"]))
+    return Benchmark(name, spec, model_reader)
 
 
 def suite_summary(name: str, benchmarks: list, records: dict, metrics_cfg) -> dict:

@@ -93,13 +93,9 @@ def default_metrics(run_dirs: list[Path]) -> tuple[str, ...]:
     (`optimized_metric`, auto: eval/success for agent runs, eval/pref_accuracy for reward models and task-less
     preference runs, eval/accuracy for the others), in order of first appearance; eval/accuracy when no run says."""
     from rlx.config.rules import optimized_metric
-    from rlx.report.runs import eval_metrics, is_eval_dir
 
     found = []
     for run_dir in run_dirs:
-        if is_eval_dir(run_dir):  # an evaluation: each benchmark's headline (its paired difference with compare=)
-            found += [m for m in eval_metrics(run_dir) if m not in found]
-            continue
         config = _config(run_dir) or {}
         family = (config.get("algorithm") or {}).get("family", "policy_gradient")
         source = (config.get("data") or {}).get("source")

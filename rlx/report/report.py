@@ -34,7 +34,7 @@ from rlx.report.remarks import (
     task_of,
     task_remark,
 )
-from rlx.report.runs import Group, common_overrides, find_runs, group_runs
+from rlx.report.runs import Group, common_overrides, eval_metrics, find_runs, group_runs, is_eval_dir
 from rlx.report.stats import (
     probability_of_improvement_ci,
     seed_band,
@@ -271,6 +271,17 @@ def markdown(content: ReportContent) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _default_metrics(runs: list) -> tuple[str, ...]:
+    """Each training run's optimized metric (remarks.default_metrics), then each evaluation's headline metrics
+    (runs.eval_metrics: the paired differences when it has compare=)."""
+    trained = [r.path for r in runs if not is_eval_dir(r.path)]
+    found = list(default_metrics(trained)) if trained else []
+    for run in runs:
+        if is_eval_dir(run.path):
+            found += [m for m in eval_metrics(run.path) if m not in found]
+    return tuple(found) or ("eval/accuracy",)
+
+
 def write_report(paths: list[Path], out: Path | None = None, metrics: tuple[str, ...] | None = None,
                  curves: tuple[str, ...] | None = None, compare: list[tuple[str, str]] | None = None,
                  n_resamples: int = 2000, gamma: float = 1.0, adastop: dict | None = None) -> dict:
@@ -285,7 +296,7 @@ def write_report(paths: list[Path], out: Path | None = None, metrics: tuple[str,
         reasons = "; ".join(f"skipped {path} ({why})" for path, why in skipped)
         raise UserError(f"no run found under {', '.join(map(str, paths))} (a run directory holds metrics.jsonl)"
                         + (f"; {reasons}" if reasons else ""))
-    metrics = tuple(metrics) if metrics else default_metrics([r.path for r in runs])
+    metrics = tuple(metrics) if metrics else _default_metrics(runs)
     curves = tuple(curves) if curves is not None else default_curves(metrics)
     groups = group_runs(runs)
     remarks = []
