@@ -225,6 +225,9 @@ def test_eval_scores_choices_with_intervals_compare_subset_and_resume(benchmark_
     assert suite["benchmarks"] == ["arc_easy:acc", "piqa:acc_norm"] and suite["diff"]["value"] == 0.0
     assert suite["model"]["value"] == pytest.approx((result["model"]["acc"]["value"]
                                                      + piqa["model"]["acc_norm"]["value"]) / 2)
+    suite_row = next(line for line in (out / "summary.txt").read_text().splitlines() if "all (mean of 2)" in line)
+    assert [c.strip() for c in suite_row.strip("│ ").split("│")][:4] == ["all (mean of 2)", "-", "headline",
+                                                                       "{value:.3f} [{low:.3f}, {high:.3f}]".format(**suite["model"])]
     records = read_records(out / "arc_easy" / "model.jsonl")
     questions = {q.id: q for q in __import__("rlx.evaluation.olmes", fromlist=["x"]).choice_questions("arc_easy", "rc_0shot")}
     assert len(records) == 6 and sorted({questions[r["id"]].gold for r in records}) == [0]

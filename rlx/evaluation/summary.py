@@ -115,7 +115,7 @@ def render_table(summary: dict, labels: dict[str, str], confidence: float):
             table.add_row(*row)
     suite = summary.get("suite")
     if suite and suite.get("model"):  # the macro mean of the benchmarks' headline metrics
-        row = [f"{suite['name']} (mean of {len(suite['benchmarks'])})", "headline", cell(suite["model"])]
+        row = [f"{suite['name']} (mean of {len(suite['benchmarks'])})", "-", "headline", cell(suite["model"])]
         if "compare" in labels:
             diff = suite.get("diff")
             row += ["-", f"{diff['value']:+.3f} [{diff['low']:+.3f}, {diff['high']:+.3f}]" if diff else "-",
