@@ -89,11 +89,6 @@ def group_all(flags: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
     return group_sum((~flags.bool()).double(), groups) == 0
 
 
-def group_any(flags: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
-    """(N,) bool: some sample of the group has the flag."""
-    return group_sum(flags.bool().double(), groups) > 0
-
-
 def group_standardize(values: torch.Tensor, groups: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """(v - mean(group)) / (std(group) + eps), unbiased std; a group of one gets 0 (GRPO's normalisation)."""
     standardized = (values - group_mean(values, groups)) / (group_std(values, groups) + eps)

@@ -157,7 +157,3 @@ def _missing_key(message: str) -> str | None:
     if marker in message:
         return message.split(marker, 1)[1].split("'", 1)[0]
     return None
-
-
-def as_plain(cfg) -> dict:
-    return OmegaConf.to_container(cfg, resolve=True)

@@ -15,7 +15,7 @@ import json
 import random
 import re
 
-from rlx.data.readers import numbered_jsonl, read_hub, read_records
+from rlx.data.readers import read_hub, read_records
 from rlx.errors import UserError
 from rlx.registry import Registry, publish
 
@@ -98,11 +98,6 @@ def reasoning_gym_rows(task, task_config: dict, train_size: int, eval_size: int,
     if not train_rows:
         raise UserError(f"task '{task}' has no training questions left after removing held-out ones; raise data.train_size")
     return train_rows, eval_rows
-
-
-def parse_jsonl(text: str, source: str) -> list[dict]:
-    """One JSON object per non-empty line; a bad line is a one-line error naming source:line."""
-    return [row for _, row in numbered_jsonl(text, source)]
 
 
 def _read_table(path: str) -> list[tuple[str, dict]]:

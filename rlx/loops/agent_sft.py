@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import time
 
-import torch
 from accelerate.utils import gather_object
 
 from rlx.envs import env_factory
@@ -25,7 +24,7 @@ from rlx.envs.demos import ExpertGenerator
 from rlx.errors import EnvError, UserError
 from rlx.loops.common import Parts, end_step, eval_due, evaluate_at_start
 from rlx.models.forward import completion_logprobs
-from rlx.rollout.env import EVAL_SEED_BASE, EpisodeLimits, TurnDecoding, run_episodes, train_env_seed
+from rlx.rollout.env import TurnDecoding, run_episodes, train_env_seed
 from rlx.rollout.episodes import episode_metrics
 from rlx.rollout.failures import EpisodeFailureWatch
 from rlx.rollout.types import Rollout
@@ -85,14 +84,3 @@ def train_agent_sft(settings, parts: Parts) -> dict:
         end_step(step, metrics, metrics_log, checkpointer, settings.log.every, settings.steps)
     metrics_log.close()
     return {"model": model, "final_eval": last_eval}
-
-
-def demo_sanity(tokenizer, factory, skill: float, *, max_turns: int, max_new_tokens: int, max_total_tokens: int,
-                num: int = 64) -> float:
-    """Success rate of the demonstrator itself (what a perfect imitation would reach)."""
-    envs = [factory() for _ in range(num)]
-    seeds = [EVAL_SEED_BASE + k for k in range(num)]
-    episodes = run_episodes(ExpertGenerator(envs, tokenizer, skill, seed=0), tokenizer, envs, seeds, list(range(num)),
-                            EpisodeLimits(max_turns, max_new_tokens, max_total_tokens),
-                            TurnDecoding(stop_ids=[tokenizer.eos_token_id]))
-    return float(torch.tensor([e.success for e in episodes]).mean())

@@ -10,7 +10,6 @@ filtered distribution. A 2-process run then samples exactly what a 1-process run
 from __future__ import annotations
 
 import torch
-from transformers import LogitsProcessor
 
 _MASK32 = 0xFFFFFFFF
 
@@ -208,21 +207,3 @@ def sample_tokens(logits: torch.Tensor, seeds: torch.Tensor, position: int | tor
     """The seeded draw of each row at completion position `position` (one int, or (N,) per row) with sampler version
     `sampler`. logits: (N, V); seeds: (N,). Returns (N,) int64."""
     return SAMPLERS[sampler](logits, seeds, position, temperature, top_k, top_p)
-
-
-class SeededSampler(LogitsProcessor):
-    """Makes greedy decoding in `model.generate` pick the seeded sample: all other logits set to -inf."""
-
-    def __init__(self, seeds: torch.Tensor, prompt_length: int, temperature: float, top_k: int, top_p: float,
-                 sampler: str = "v2"):
-        self.seeds = seeds.to(torch.int64)  # (N,)
-        self.sampler = sampler
-        self.prompt_length = prompt_length
-        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        position = input_ids.shape[1] - self.prompt_length
-        tokens = sample_tokens(scores, self.seeds, position, self.temperature, self.top_k, self.top_p, self.sampler)
-        forced = torch.full_like(scores, float("-inf"))
-        forced.scatter_(1, tokens.unsqueeze(1), 0.0)
-        return forced
