@@ -5,8 +5,8 @@
 positions are completion positions 0, 1, ... (the t-th sampled token); step is the training step;
 base is rollout.temperature. The hf decoder samples token t at temperature tau_t and must record the
 sampler's log-prob at tau_t (`tempered_logprobs`), while the trainer scores the target policy at the
-base temperature: the two differ on purpose, and truncated importance sampling (rollout.tis_cap)
-corrects the gradient for it, as the EAD paper does. Torch only.
+base temperature: the two differ on purpose, and the off-policy correction (rollout.correction=tis,
+truncated importance sampling) corrects the gradient for it, as the EAD paper does. Torch only.
 """
 
 from __future__ import annotations

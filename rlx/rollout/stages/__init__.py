@@ -17,7 +17,8 @@ round each stage's `after_step` updates its state and returns its metrics. The s
 targets; the prompt sampler is the producer's "data") is checkpointed through SingleTurnProducer.checkpointed(),
 so a resumed run continues exactly.
 
-They run on one process (rlx/config/seed_rules.py refuses their knobs with hardware.num_processes > 1). With
+With hardware.num_processes > 1, rank 0 runs them: it samples the step's global batch and broadcasts it
+(rlx/rollout/rank_zero.py; rlx/config/async_rules.py rank_zero_reason names the knob that asks for it). With
 rollout.partial=true the partial producer (rlx/rollout/partial.py) runs the same pipeline on the groups each step
 finishes, as one round; the temperature schedule and prompt sampling are refused there (rlx/config/async_rules.py).
 """
