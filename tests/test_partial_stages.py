@@ -14,6 +14,7 @@ from rlx.config.rules import check_settings
 from rlx.config.settings import checked_settings
 from rlx.errors import UserError
 from rlx.rollout.stages import Stage, StagePipeline
+from tests.conftest import run_rlx
 from tests.loop_fixtures import QUIET
 from tests.test_seed_wiring import Stopped, stop_after, train
 
@@ -150,6 +151,15 @@ def test_a_users_stage_with_a_temperature_schedule_is_refused_by_the_partial_pro
     from tests.test_partial import producer
 
     made, generator = producer([2, 2])
-    with pytest.raises(UserError, match="per-step temperature schedule"):
+    with pytest.raises(UserError, match="a stage of algorithm.stages sets each position's temperature") as refused:
         PartialProducer(generator, made.tokenizer, made.stream, made.rewards, made.settings, oversample=1.0,
                         stages=StagePipeline([Scheduled()]))
+    assert "\n" not in str(refused.value) and "rollout.partial=false" in str(refused.value)
+
+
+def test_partial_rollouts_with_a_temperature_schedule_stop_with_one_line_exit_2(tmp_path):
+    """The config rule (rlx/config/async_rules.py partial_schedule_refusal) stops `rlx train` before any model."""
+    result = run_rlx(["train", *PARTIAL, "rollout.temperature_schedule.mode=ead", "steps=1"], tmp_path, timeout=300)
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
+    assert "rollout.temperature_schedule.mode=ead sets each position's temperature by the step" in lines[0]

@@ -191,7 +191,15 @@ def stale_problems(cfg: TrainConfig, processes: int) -> list[str]:
          f"pairs the prompts drawn at a step with that step's verdicts (it would credit pass rates to the wrong "
          f"prompts); set algorithm.prompt_sampling.mode=uniform or rollout.partial=false"),
         (partial and roll.temperature_schedule.mode != "constant",
-         f"rollout.partial=true continues a row at a later step than it began, while rollout.temperature_schedule."
-         f"mode={roll.temperature_schedule.mode} sets each position's temperature by the step (one row would mix two "
-         f"steps' schedules); set rollout.temperature_schedule.mode=constant or rollout.partial=false"),
+         partial_schedule_refusal(f"rollout.temperature_schedule.mode={roll.temperature_schedule.mode}",
+                                  "rollout.temperature_schedule.mode=constant")),
     ])
+
+
+def partial_schedule_refusal(schedule: str, fix: str) -> str:
+    """The one line refusing partial rollouts with a per-step temperature schedule (a row continued at a later step
+    would mix two steps' schedules): `schedule` names what sets it, `fix` the way out other than rollout.partial=false.
+    The config rule above uses it for rollout.temperature_schedule; rlx/rollout/partial.py for a user's stage."""
+    return (f"rollout.partial=true continues a row at a later step than it began, while {schedule} sets each "
+            f"position's temperature by the step (one row would mix two steps' schedules); set {fix} or "
+            f"rollout.partial=false")

@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 
 from rlx.algorithms.grouping import fixed_groups
+from rlx.config.async_rules import partial_schedule_refusal
 from rlx.data.tasks import PromptStream
 from rlx.errors import RolloutServerError, UserError
 from rlx.rewards import RewardComponent
@@ -357,11 +358,11 @@ class PartialProducer:
                             step, self.max_new_tokens, self.min_new_tokens)
 
     def unscheduled(self, step: int) -> None:
-        """A stage's per-position temperature schedule cannot hold for a row begun at an earlier step: refused."""
+        """A stage's per-position temperature schedule cannot hold for a row begun at an earlier step: refused with
+        the config rule's line (rollout.temperature_schedule is refused before the run; a user's stage only here)."""
         if self.stages is not None and self.stages.schedule(step, self.max_new_tokens) is not None:
-            raise UserError("rollout.partial=true continues a row at a later step than it began, where a stage's "
-                            "per-step temperature schedule would change within the row; leave that stage out of "
-                            "algorithm.stages or set rollout.partial=false")
+            raise UserError(partial_schedule_refusal("a stage of algorithm.stages",
+                                                     "algorithm.stages without that stage"))
 
     def produce(self, step: int) -> Batch:
         self.unscheduled(step)
