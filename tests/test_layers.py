@@ -10,6 +10,7 @@ The layers, lowest first. A folder may import its own modules and those of any L
                               above it from what they publish (rlx.registry.publish), never by importing them
     runtime                   launch, parallel, storage, checkpoints, the run directory, tracking
     report                    reading run directories: curves, statistics, sweeps
+    view                      the local page over run directories (rlx view): reads what report reads
     models                    loading, LoRA, the forward pass
     sandbox tasks rewards     running code; verifiers; reward components
     data                      prompt rows and preference pairs
@@ -37,6 +38,7 @@ LAYERS = [
     ("config",),
     ("runtime",),
     ("report",),
+    ("view",),
     ("models",),
     ("sandbox",),
     ("tasks",),

@@ -38,18 +38,16 @@ from typing import Literal
 from omegaconf import DictConfig, ListConfig
 
 from rlx.algorithms.mixture import MIXING_RULES
+from rlx.config.eval_groups import BENCHMARKS, Benchmark, EvalMetrics, Sampling
 from rlx.config.families import ALGORITHMS, Algorithm
 from rlx.config.fields import fraction, names_of, num, positive, registry_names
 from rlx.config.groups import (
-    BENCHMARKS,
     ENVS,
     ROLLOUTS,
-    Benchmark,
     Checkpoint,
     Data,
     Env,
     Eval,
-    EvalMetrics,
     Hardware,
     Log,
     Logger,
@@ -58,7 +56,6 @@ from rlx.config.groups import (
     Progress,
     Reward,
     Rollout,
-    Sampling,
     Save,
 )
 from rlx.config.plugins import import_plugins

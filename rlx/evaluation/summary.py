@@ -10,6 +10,7 @@ import numpy as np
 from rlx.evaluation.metrics import (
     bootstrap_ci,
     crossover_k,
+    macro_mean_ci,
     majority_vote,
     mean_at_k,
     paired_bootstrap_diff,
@@ -203,3 +204,33 @@ def plot_pass_at_k(summary: dict, labels: dict[str, str], path: Path) -> Path | 
     finally:
         plt.close(fig)
     return None
+
+
+def suite_summary(name: str, benchmarks: list, records: dict, metrics_cfg) -> dict:
+    """The macro mean of the benchmarks' headline metrics (each benchmark weighs the same) with its stratified
+    bootstrap interval and, with compare=, the paired difference (rlx/evaluation/metrics.py: macro_mean_ci)."""
+    ks, threshold = [int(k) for k in metrics_cfg.ks], float(metrics_cfg.correct_threshold)
+    pairs, used = [], []
+    for bench in benchmarks:
+        by_role = records[bench.name]
+        values = {role: bench.values(recs, ks, threshold) for role, recs in by_role.items()}
+        metric = bench.metric or next((m for m in ("greedy/accuracy", "pass@1") if m in values["model"]), None)
+        if metric is None:
+            continue
+        index = {r["id"]: i for i, r in enumerate(by_role["model"])}
+        if "compare" in by_role:
+            shared = [r["id"] for r in by_role["compare"] if r["id"] in index]
+            compare_index = {r["id"]: i for i, r in enumerate(by_role["compare"])}
+            pairs.append((values["model"][metric][[index[i] for i in shared]],
+                          values["compare"][metric][[compare_index[i] for i in shared]]))
+        else:
+            pairs.append((values["model"][metric], None))
+        used.append(f"{bench.name}:{metric}")
+    if not pairs:
+        return {"name": name, "benchmarks": []}
+    value, diff = macro_mean_ci(pairs, int(metrics_cfg.bootstrap_resamples), float(metrics_cfg.confidence),
+                                int(metrics_cfg.bootstrap_seed))
+    out = {"name": name, "benchmarks": used, "model": {"value": value.point, "low": value.low, "high": value.high}}
+    if diff is not None:
+        out["diff"] = {"value": diff.diff, "low": diff.low, "high": diff.high, "frac_positive": diff.frac_positive}
+    return out
