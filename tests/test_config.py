@@ -16,7 +16,7 @@ def test_every_group_option_composes(group, option):
         extra = ["data.train_path=x.jsonl"]
     if group == "data" and option == "hub":
         extra = ["data.id=org/name"]
-    config_name = "eval" if group == "benchmark" else "train"  # benchmarks belong to `rlx eval`
+    config_name = "eval" if group in ("benchmark", "suite") else "train"  # benchmarks and suites belong to `rlx eval`
     cfg = check_overrides([f"{group}={option}", *extra], config_name=config_name)
     assert cfg[group] is not None
 
