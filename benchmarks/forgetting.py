@@ -44,10 +44,16 @@ def in_task(run_dir: Path) -> dict:
     return {"start": points[0][1], "end": points[-1][1], "gain": points[-1][1] - points[0][1]} if points else {}
 
 
+def gold_per_byte(record: dict) -> float:
+    """The right choice's log-likelihood per byte of its text: how much the model believes the right answer, which
+    moves before an accuracy does."""
+    return record["loglikelihoods"][record["gold"]] / max(1, record["bytes"][record["gold"]])
+
+
 def seed_result(eval_dir: Path, base_dir: Path) -> dict:
     """One trained model against the base on every benchmark of the suite, paired by question."""
     summary = json.loads((eval_dir / "summary.json").read_text())
-    per_benchmark, pairs = {}, []
+    per_benchmark, pairs, gold = {}, [], []
     for bench, result in summary["benchmarks"].items():
         headline = result.get("headline", "acc")
         model = read_records(eval_dir / bench / "model.jsonl")
@@ -59,13 +65,18 @@ def seed_result(eval_dir: Path, base_dir: Path) -> dict:
                                 "base": values["compare"][headline]["value"], **values["diff"][headline]}
         index = {r["id"]: r for r in base}
         pairs.append(([r[headline] for r in model], [index[r["id"]][headline] for r in model]))
+        gold.append((np.array([gold_per_byte(r) for r in model]),
+                     np.array([gold_per_byte(index[r["id"]]) for r in model])))
     value, diff = macro_mean_ci([(np.asarray(a, float), np.asarray(b, float)) for a, b in pairs],
                                 METRICS.bootstrap_resamples, METRICS.confidence, METRICS.bootstrap_seed)
+    _, belief = macro_mean_ci(gold, METRICS.bootstrap_resamples, METRICS.confidence, METRICS.bootstrap_seed)
     config = (eval_dir / "config.yaml").read_text()
     run = next((line.split(":", 1)[1].strip() for line in config.splitlines() if line.startswith("run:")), None)
     return {"eval": str(eval_dir), "run": run, "in_task": in_task(Path(run)) if run else {},
             "suite": {"model": value.point, "diff": diff.diff, "low": diff.low, "high": diff.high,
-                      "frac_positive": diff.frac_positive}, "benchmarks": per_benchmark}
+                      "frac_positive": diff.frac_positive},
+            "gold_logprob_per_byte": {"diff": belief.diff, "low": belief.low, "high": belief.high},
+            "benchmarks": per_benchmark}
 
 
 def arm_summary(seeds: list[dict]) -> dict:
@@ -108,7 +119,9 @@ def main(argv: list[str]) -> None:
             gain = seed["in_task"].get("gain")
             print(f"{name:10s} in-task {seed['in_task'].get('start', float('nan')):.3f} -> "
                   f"{seed['in_task'].get('end', float('nan')):.3f} ({gain:+.3f})  suite {seed['suite']['diff']:+.4f} "
-                  f"[{seed['suite']['low']:+.4f}, {seed['suite']['high']:+.4f}]  "
+                  f"[{seed['suite']['low']:+.4f}, {seed['suite']['high']:+.4f}]  gold logp/byte "
+                  f"{seed['gold_logprob_per_byte']['diff']:+.4f} [{seed['gold_logprob_per_byte']['low']:+.4f}, "
+                  f"{seed['gold_logprob_per_byte']['high']:+.4f}]  "
                   + "  ".join(f"{b} {v['value']:+.3f}" for b, v in seed["benchmarks"].items()))
     print(json.dumps(result["improvement"]))
 
