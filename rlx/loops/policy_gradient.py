@@ -139,11 +139,7 @@ def train_policy_gradient(settings, parts: Parts) -> dict:
         # 3. credit: this process's advantages, (n,) per row or (n, C) per token, computed over the global batch
         credit = credit_rule(batch, algo, acc=acc, completion_mask=completion_mask, old_logp=old_logp,
                              ref_logp=ref_logp, kl_coef=kl_coef)
-        advantages, mixture_metrics = credit.advantages, {}
-        if mixer is not None:  # each row's policy-gradient term scaled by its objective's weight (exact: the clipped
-            # surrogate is positively homogeneous in the advantage)
-            row_weights, mixture_metrics = objective_weights(mixer, batch, acc, settings.mixture.key)  # (n,)
-            advantages = advantages * row_weights.view(-1, *[1] * (advantages.dim() - 1)).to(advantages)
+        advantages, mixture_metrics = weighted_advantages(mixer, credit.advantages, batch, acc, settings)
         loss_mask = completion_mask * credit.keep.long().unsqueeze(1)  # (n, C): pivots and masked rows leave the loss
         pg_mask = loss_mask  # (n, C): tokens in the policy-gradient term
         if algo.forking_rho < 1:  # one threshold over the global batch (every process's valid tokens)
@@ -226,6 +222,16 @@ def train_policy_gradient(settings, parts: Parts) -> dict:
         end_step(step, metrics, metrics_log, checkpointer, settings.log.every, settings.steps)
     metrics_log.close()
     return {"model": model, "final_eval": last_eval}
+
+
+def weighted_advantages(mixer, advantages: torch.Tensor, batch, acc, settings) -> tuple[torch.Tensor, dict]:
+    """mixture.rule: each row's advantage (its policy-gradient term) scaled by its objective's weight, exact since the
+    clipped surrogate is positively homogeneous in the advantage; with no mixer, the advantages unchanged. Returns the
+    advantages and the step's mixture/* metrics."""
+    if mixer is None:
+        return advantages, {}
+    row_weights, metrics = objective_weights(mixer, batch, acc, settings.mixture.key)  # (n,)
+    return advantages * row_weights.view(-1, *[1] * (advantages.dim() - 1)).to(advantages), metrics
 
 
 def objective_weights(mixer, batch, acc, key: str) -> tuple[torch.Tensor, dict]:
