@@ -19,7 +19,9 @@ from rlx.evaluation.loglikelihood import (
     choice_loglikelihoods,
     choice_scores,
     pack_rows,
+    shared_prefix,
     split_pair,
+    strip_prefix,
     tree_mask,
 )
 
@@ -113,6 +115,47 @@ def test_sums_equal_a_plain_forward_per_choice(tiny, token_budget, row_tokens):
     for question, sums in zip(QUESTIONS, got):
         want = _plain_sums(model, tokenizer, question)
         assert sums == pytest.approx(want, abs=1e-4), question.id
+
+
+SHOTS = "".join(f"Question: What is {a} plus {b}?\nAnswer: {a + b}\n\n" for a, b in ((1, 2), (3, 4), (5, 6)))
+FEW_SHOT = [  # the same few-shot examples in front of every question (a 5-shot variant)
+    ChoiceQuestion("f0", (SHOTS + "Question: What is two plus two?\nAnswer:",) * 3, (" 4", " 5 or more", " 22"), 0),
+    ChoiceQuestion("f1", (SHOTS + "Sarah was better than Maria so Sarah", SHOTS + "Sarah was better than Maria so Maria"),
+                   (" always won.", " always won."), 1),
+    ChoiceQuestion("f2", (SHOTS + "Is it true?",) * 2, (" yes", " no"), 1),
+]
+
+
+def test_a_shared_prefix_is_found_stripped_and_cut_before_the_first_scored_token():
+    trees = [build_tree([(0, list(b"abcdefgh"), list(b"xy")), (1, list(b"abcdefgh"), list(b"z"))], 0),
+             build_tree([(0, list(b"abcdeZZ"), list(b"q"))], 1)]
+    assert shared_prefix(trees, minimum=1) == 5  # "abcde": where the second tree's context departs
+    assert shared_prefix(trees, minimum=6) == 0
+    short = [trees[0], build_tree([(0, list(b"abc"), list(b"q"))], 1)]
+    assert shared_prefix(short, minimum=1) == 2  # the node predicting "q" (index 2) must be fed, not cached
+    tail = strip_prefix(trees[0], 5)
+    assert tail.tokens == list(b"fghx") and tail.parent == [-1, 0, 1, 2] and tail.positions == [5, 6, 7, 8]
+    assert tail.targets == [(2, ord("x"), 0), (3, ord("y"), 0), (2, ord("z"), 1)]
+
+
+@pytest.mark.parametrize("token_budget", [64, 4096])
+def test_a_shared_few_shot_prefix_is_encoded_once_and_changes_no_sum(tiny, token_budget, monkeypatch):
+    import rlx.evaluation.loglikelihood as ll
+
+    model, tokenizer = tiny
+    fed = []
+    run_batch = ll._run_batch
+    monkeypatch.setattr(ll, "_run_batch", lambda m, h, batch, d, prefix=None: fed.append(
+        (sum(len(t.tokens) for row in batch for t in row), prefix is not None)) or run_batch(m, h, batch, d, prefix))
+    got = choice_loglikelihoods(model, tokenizer, FEW_SHOT, token_budget=token_budget)
+    plain = sum(len(tree.tokens) for tree in ll._trees(tokenizer, FEW_SHOT))
+    assert all(cached for _, cached in fed) and sum(n for n, _ in fed) < plain - 2 * ll.SHARED_PREFIX_MIN
+    for question, sums in zip(FEW_SHOT, got):
+        assert sums == pytest.approx(_plain_sums(model, tokenizer, question), abs=1e-4), question.id
+    fed.clear()
+    unshared = choice_loglikelihoods(model, tokenizer, FEW_SHOT, share_prefix=False)
+    assert not any(cached for _, cached in fed) and sum(n for n, _ in fed) == plain
+    assert sum(unshared, []) == pytest.approx(sum(got, []), abs=1e-4)
 
 
 def test_acc_and_acc_norm_by_hand():

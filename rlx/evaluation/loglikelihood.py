@@ -16,7 +16,9 @@ continue from the context's end. The hidden state at the context's last token pr
 A question with k choices costs C + sum_j (L_j - 1) tokens instead of lm-evaluation-harness's k (C + L_j - 1), the
 output head runs only at the scored positions (never the (T, V) logits of the context), and the questions' trees are
 packed several to a row (block-diagonal mask, positions restarting per tree), so rows carry almost no padding. Questions whose choices have different contexts (Winogrande's partial scoring) run one
-row per distinct context, the same way.
+row per distinct context, the same way. A prefix that every question starts with (the few-shot examples of a 5-shot
+variant: the same examples for every question) is encoded once (`shared_prefix`): its keys and values are given to
+every row as a cache that all of the row's tokens attend to, so a question costs its own tokens only.
 """
 
 from __future__ import annotations
@@ -107,6 +109,32 @@ def tree_mask(parent: list[int]) -> torch.Tensor:
     return mask
 
 
+SHARED_PREFIX_MIN = 32  # a common prefix shorter than this is fed with each tree (its cache costs more than it saves)
+
+
+def shared_prefix(trees: list[_Tree], minimum: int = SHARED_PREFIX_MIN) -> int:
+    """The number of leading tokens that every tree starts with as a chain (the few-shot examples, the same for every
+    question), cut so that every scored position comes after it; 0 when that is under `minimum` or there is one tree."""
+    if len(trees) < 2:
+        return 0
+    limit = min(min(len(tree.tokens) for tree in trees), min(p for tree in trees for p, _, _ in tree.targets))
+    first = trees[0].tokens
+    length = 0
+    while (length < limit and all(tree.tokens[length] == first[length] for tree in trees)
+           and all(tree.parent[length] == length - 1 for tree in trees)):
+        length += 1
+    return length if length >= minimum else 0
+
+
+def strip_prefix(tree: _Tree, length: int) -> _Tree:
+    """The tree without its first `length` (shared, chained) tokens: nodes renumbered, a parent in the prefix becomes
+    -1 (a root of what is fed), positions kept (they continue after the prefix)."""
+    if not length:
+        return tree
+    return _Tree(tree.tokens[length:], [max(p - length, -1) for p in tree.parent[length:]], tree.positions[length:],
+                 [(p - length, token, choice) for p, token, choice in tree.targets], tree.question)
+
+
 def _trees(tokenizer, questions: list[ChoiceQuestion]) -> list[_Tree]:
     """One trie per question (build_tree)."""
     return [build_tree([(choice, *split_pair(tokenizer, context, continuation)) for choice, (context, continuation)
@@ -145,8 +173,9 @@ def _batches(rows: list[list[_Tree]], token_budget: int) -> list[list[list[_Tree
     return [[rows[r] for r in batch] for batch in batches + ([current] if current else [])]
 
 
-def _row_inputs(batch: list[list[_Tree]]):
-    """Input ids, position ids (B, T), the attention mask (B, 1, T, T) and (row, position, token) of every target."""
+def _row_inputs(batch: list[list[_Tree]], prefix: int = 0):
+    """Input ids, position ids (B, T), the attention mask (B, 1, T, prefix + T) (every token sees the `prefix` cached
+    positions, then its own tree) and (row, position, token) of every target."""
     width = max(sum(len(tree.tokens) for tree in row) for row in batch)
     ids = torch.zeros(len(batch), width, dtype=torch.long)
     positions = torch.zeros(len(batch), width, dtype=torch.long)
@@ -164,20 +193,41 @@ def _row_inputs(batch: list[list[_Tree]]):
                 where.append(start + p)
                 tokens.append(token)
             start += n
+    if prefix:
+        mask = torch.cat([mask.new_ones(len(batch), width, prefix), mask], dim=2)
     return ids, positions, mask[:, None], (torch.tensor(rows), torch.tensor(where), torch.tensor(tokens))
 
 
-def _run_batch(model, head, batch: list[list[_Tree]], device) -> torch.Tensor:
-    """The log-prob (float32) of every target of every tree of `batch`, in row and tree order."""
+def _prefix_cache(model, ids: list[int], device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The keys and values (1, heads, P, d) of every layer for the shared prefix `ids`, encoded once."""
+    out = model(input_ids=torch.tensor([ids], device=device), use_cache=True, logits_to_keep=1)
+    return [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+
+
+def _rows_cache(model, prefix: list[tuple[torch.Tensor, torch.Tensor]], rows: int):
+    """A cache holding the prefix's keys and values for each of `rows` rows (expanded views: the forward's own
+    concatenation makes the copies)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    for layer, (keys, values) in enumerate(prefix):
+        cache.update(keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1), layer)
+    return cache
+
+
+def _run_batch(model, head, batch: list[list[_Tree]], device, prefix=None) -> torch.Tensor:
+    """The log-prob (float32) of every target of every tree of `batch`, in row and tree order; prefix: the shared
+    prefix's keys and values (_prefix_cache) that the batch's trees continue, or None."""
     from rlx.algorithms.logprobs import chunked_linear_logprobs
 
-    ids, positions, mask, (rows, where, tokens) = _row_inputs(batch)
+    ids, positions, mask, (rows, where, tokens) = _row_inputs(batch, prefix[0][0].shape[2] if prefix else 0)
     ids, positions, mask = ids.to(device), positions.to(device), mask.to(device)
     rows, where, tokens = rows.to(device), where.to(device), tokens.to(device)
+    cache = dict(past_key_values=_rows_cache(model, prefix, len(batch)), use_cache=True) if prefix else {"use_cache": False}
     if head is None:  # an output layer that is not a plain linear map: the model's own logits at the picked positions
-        logits = model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=False).logits
+        logits = model(input_ids=ids, position_ids=positions, attention_mask=mask, **cache).logits
         return torch.log_softmax(logits[rows, where].float(), dim=-1).gather(1, tokens[:, None]).squeeze(1).cpu()
-    out = model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=False,
+    out = model(input_ids=ids, position_ids=positions, attention_mask=mask, **cache,
                 output_hidden_states=True, logits_to_keep=1)
     picked = out.hidden_states[-1][rows, where]  # (M, H), after the final norm
     logp, _ = chunked_linear_logprobs(picked, head.weight, tokens, head.bias)
@@ -186,11 +236,12 @@ def _run_batch(model, head, batch: list[list[_Tree]], device) -> torch.Tensor:
 
 @torch.no_grad()
 def choice_loglikelihoods(model, tokenizer, questions: list[ChoiceQuestion], token_budget: int = 2048,
-                          row_tokens: int = 0, progress=None) -> list[list[float]]:
+                          row_tokens: int = 0, progress=None, share_prefix: bool = True) -> list[list[float]]:
     """Per question, per choice: the sum of log p(continuation tokens | context) (module docstring), in float32.
     token_budget: rows x padded length of one forward pass; row_tokens: the length trees are packed to (pack_rows; 0:
     the longest tree's, the fastest on a CPU: the attention of a longer row costs more than its padding saves);
-    progress: called with the number of questions whose last tree has just been scored."""
+    progress: called with the number of questions whose last tree has just been scored; share_prefix: encode a prefix
+    that every question starts with once (shared_prefix; False: feed it with each tree)."""
     from rlx.models.forward import _output_head
 
     device = next(model.parameters()).device
@@ -200,8 +251,11 @@ def choice_loglikelihoods(model, tokenizer, questions: list[ChoiceQuestion], tok
     trees = _trees(tokenizer, questions)
     for tree in trees:
         rows_left[tree.question] += 1
+    length = shared_prefix(trees) if share_prefix and _plain_cache(model) else 0
+    prefix = _prefix_cache(model, trees[0].tokens[:length], device) if length else None
+    trees = [strip_prefix(tree, length) for tree in trees]
     for batch in _batches(pack_rows(trees, row_tokens), token_budget):
-        values = iter(_run_batch(model, head, batch, device).tolist())
+        values = iter(_run_batch(model, head, batch, device, prefix).tolist())
         finished = 0
         for tree in (tree for row in batch for tree in row):
             for _, _, choice in tree.targets:
@@ -211,6 +265,13 @@ def choice_loglikelihoods(model, tokenizer, questions: list[ChoiceQuestion], tok
         if progress is not None and finished:
             progress(finished)
     return sums
+
+
+def _plain_cache(model) -> bool:
+    """Whether the model's cache is full attention in every layer (a prefix's keys and values can be handed over)."""
+    config = getattr(getattr(model, "module", model), "config", None)
+    kinds = getattr(config, "layer_types", None) or ["full_attention"]
+    return all(kind == "full_attention" for kind in kinds) and not getattr(config, "sliding_window", None)
 
 
 def choice_scores(sums: list[float], continuations: tuple[str, ...], gold: int) -> dict:

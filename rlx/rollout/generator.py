@@ -89,6 +89,31 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
     return ids, mask
 
 
+SHARED_PREFIX_MIN = 32  # a common prefix shorter than this is encoded with each prompt
+
+
+def common_prefix(prompts: list[list[int]], minimum: int = SHARED_PREFIX_MIN) -> int:
+    """The number of first tokens every prompt shares (a few-shot prompt's examples), leaving each prompt at least one
+    token of its own; 0 when that is under `minimum` or there is a single prompt."""
+    if len(prompts) < 2:
+        return 0
+    limit = min(len(p) for p in prompts) - 1
+    length = 0
+    while length < limit and all(p[length] == prompts[0][length] for p in prompts):
+        length += 1
+    return length if length >= minimum else 0
+
+
+def prefix_pad(prompts: list[list[int]], pad_id: int, shared: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """left_pad with the `shared` common first tokens kept in front: ids (B, shared + W) = the prefix, then each
+    prompt's rest left-padded to W, so the prefix sits at the same columns in every row (encoded once, hf.py)."""
+    if not shared:
+        return left_pad(prompts, pad_id)
+    ids, mask = left_pad([p[shared:] for p in prompts], pad_id)
+    head = torch.tensor(prompts[0][:shared], dtype=torch.long).expand(len(prompts), shared)
+    return torch.cat([head, ids], dim=1), torch.cat([torch.ones_like(head), mask], dim=1)
+
+
 def shared_prefixes(rows: list[list[int]]) -> tuple[list[list[int]], list[int]]:
     """(the distinct token-id lists of `rows` in order of first appearance, the index of each row's among them)."""
     index: dict[tuple[int, ...], int] = {}
@@ -113,12 +138,14 @@ class HFGenerator:
     (Generation.logprobs is None). decode: the draw's version and the decode step (DecodeStep)."""
 
     def __init__(self, model, tokenizer, *, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                 batch_size: int = 256, logprobs: bool | str = True, decode: DecodeStep = DecodeStep()):
+                 batch_size: int = 256, logprobs: bool | str = True, decode: DecodeStep = DecodeStep(),
+                 share_prefix: bool = False):
         if logprobs not in (True, False, "sampler"):
             raise ValueError(f"logprobs must be True, False or 'sampler', got {logprobs!r}")
         self.model, self.tokenizer, self.sampler, self.onednn = model, tokenizer, decode.sampler, decode.onednn
         self.temperature, self.top_p, self.top_k, self.batch_size = temperature, top_p, top_k, batch_size
         self.with_logprobs = logprobs
+        self.share_prefix = share_prefix  # encode the prompts' common first tokens once (common_prefix)
         self.version = 0
         self.interrupt = None  # a threading.Event: once set, generation stops at the next token (a pipeline closing)
 
@@ -157,8 +184,9 @@ class HFGenerator:
                 prompts, source = shared_prefixes(prompts)
         if self.interrupt is not None:
             stop_when = _or_interrupted(self.interrupt, stop_when)
-        ids, mask = left_pad(prompts, self.tokenizer.pad_token_id)
-        decoding = Decoding(samples_per_prompt=samples_per_prompt, max_new_tokens=max_new_tokens,
+        shared = common_prefix(prompts) if self.share_prefix and starts is None else 0
+        ids, mask = prefix_pad(prompts, self.tokenizer.pad_token_id, shared)
+        decoding = Decoding(shared_prefix=shared, samples_per_prompt=samples_per_prompt, max_new_tokens=max_new_tokens,
                             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, greedy=greedy,
                             batch_size=self.batch_size, min_new_tokens=min_new_tokens, sampler=self.sampler,
                             onednn=self.onednn, schedule=schedule, segment=continuation.segment if continuation else None,
@@ -229,8 +257,9 @@ def policy_generator(model, tokenizer, roll, *, logprobs: bool | str = "sampler"
 def eval_policy_generator(model, tokenizer, batch_size: int) -> HFGenerator:
     """The policy decoding itself for held-out evaluation (rollout=hf, and the loops that build no generator): rlx's
     decoder at its defaults (the v2 draw on the F.linear decode step, whatever rollout.sampler says), `batch_size`
-    rows at a time, no log-probs. Evaluation decodes greedily, so no temperature, top-p or top-k enters."""
-    return HFGenerator(model, tokenizer, batch_size=batch_size, logprobs=False)
+    rows at a time, no log-probs. Evaluation decodes greedily, so no temperature, top-p or top-k enters. A prefix that
+    every prompt starts with (few-shot examples) is encoded once per batch (common_prefix)."""
+    return HFGenerator(model, tokenizer, batch_size=batch_size, logprobs=False, share_prefix=True)
 
 
 @dataclass(frozen=True)

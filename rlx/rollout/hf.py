@@ -115,6 +115,7 @@ class Decoding:
     logprobs: bool = False
     schedule: list[float] | None = None
     segment: int | None = None  # at most this many token steps per row (a round of rollout.segment_tokens)
+    shared_prefix: int = 0  # the first columns of every prompt are the same tokens (prefix_pad): encoded once per chunk
 
 
 @torch.no_grad()
@@ -300,9 +301,14 @@ def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, d: Deco
     (rollout/fast_decode.py) or None, the attention mask (n, P) and each row's next position (n,)."""
     group = d.samples_per_prompt
     positions = position_ids_from_mask(prompt_mask)  # (b, P), as in the training forward (models/forward.py)
-    cache = generation_cache(model, d.max_new_tokens)
-    step = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, past_key_values=cache,
-                 use_cache=True, logits_to_keep=1)  # the prompt is encoded once for its whole group
+    shared = d.shared_prefix if source is None else 0
+    cache = generation_cache(model, d.max_new_tokens + prompt_ids.shape[1] - shared)
+    if shared:  # the prompts' common first tokens once, their keys and values copied to every prompt
+        model(input_ids=prompt_ids[:1, :shared], attention_mask=prompt_mask[:1, :shared],
+              position_ids=positions[:1, :shared], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        cache.batch_repeat_interleave(prompt_ids.shape[0])
+    step = model(input_ids=prompt_ids[:, shared:], attention_mask=prompt_mask, position_ids=positions[:, shared:],
+                 past_key_values=cache, use_cache=True, logits_to_keep=1)  # the prompt once for its whole group
     cache = step.past_key_values
     fast = (decode_step_for(model, onednn=d.onednn or d.sampler in ONEDNN_DECODE)
             if all(isinstance(layer, PreallocatedLayer) for layer in cache.layers) else None)
