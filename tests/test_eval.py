@@ -331,3 +331,19 @@ def test_eval_of_a_run_samples_at_the_runs_temperature(tmp_path, given, want):
     evaluate(_eval_cfg(f"run={run}", "limit=2", "sampling.n=1", *given), out, [f"run={run}", *given])
     sampling = OmegaConf.load(out / "config.yaml").sampling
     assert (sampling.temperature, sampling.top_p, sampling.top_k) == (want, 0.9, 5)
+
+
+@pytest.mark.parametrize("given, want_reader", [([], "final_number"), (["model.answer.reader=tag"], "tag")])
+def test_eval_of_a_run_asks_and_reads_answers_as_the_runs_model_preset(tmp_path, given, want_reader):
+    # a SmolLM2 run is asked the bare question and read by final_number; eval.yaml's default model asks for tags
+    run = tmp_path / "run"
+    shutil.copytree(ASSETS_DIR / "tiny", run / "final")
+    (run / "config.yaml").write_text("model:\n  path: builtin:tiny\n  answer:\n    prompt: bare\n    reader: final_number\n")
+    out = tmp_path / "eval"
+    overrides = [f"run={run}", "benchmark=chain_sum", "limit=2", "sampling.n=1", *given]
+    evaluate(_eval_cfg(*overrides), out, overrides)
+    config = OmegaConf.load(out / "config.yaml")
+    assert config.model.answer.reader == want_reader
+    prompts = [r["prompt"] for r in read_records(out / "chain_sum" / "model.jsonl")]
+    assert all(("<answer>" in p) == (want_reader == "tag") for p in prompts)
+    assert json.loads((out / "summary.json").read_text())["benchmarks"]["chain_sum"]["reader"] == want_reader

@@ -93,6 +93,19 @@ def run_sampling(run: str, overrides: list[str]) -> dict:
             if rollout.get(knob) is not None and not {f"sampling.{knob}", f"rollout.{knob}"} & given}
 
 
+def run_answer(run: str, overrides: list[str]) -> dict | None:
+    """The run's own answer format (its model preset's model.answer: how the question is asked, which reader finds
+    the answer), unless the command line names model= or model.answer: `rlx eval run=<a SmolLM2 run>
+    benchmark=gsm8k` then asks and reads as the run was trained, not as eval.yaml's default model would."""
+    config = run_config(run)
+    given = {o.lstrip("+~").partition("=")[0] for o in overrides}
+    if config is None or config.get("model") is None or config.model.get("answer") is None:
+        return None
+    if given & {"model", "model.answer"} or any(g.startswith("model.answer.") for g in given):
+        return None
+    return OmegaConf.to_container(config.model.answer, resolve=True)
+
+
 def _importable(target: str) -> bool:
     from hydra.utils import get_method
 

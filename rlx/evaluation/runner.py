@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rlx.config.schema import EvalConfig
 from rlx.envs.registry import plays_through_gateway
@@ -333,6 +333,13 @@ def _settled_config(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> Dic
     if cfg.resume:
         cfg = _saved_config(out_dir, cfg)
     else:
+        if cfg.run:  # ask and read answers as the run's model preset does (before the prompts' interpolations resolve)
+            from rlx.evaluation.run_task import run_answer
+
+            answer = run_answer(cfg.run, overrides)
+            if answer is not None:
+                with open_dict(cfg):
+                    cfg.model.answer = answer
         cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
         if cfg.run:  # sample as the run sampled, unless the command line says otherwise
             from rlx.evaluation.run_task import run_sampling
