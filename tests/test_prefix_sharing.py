@@ -5,7 +5,7 @@ tokens with the same log-probs as encoding each prompt whole, and feeds the pref
 import pytest
 import torch
 
-from rlx.rollout.generator import HFGenerator, common_prefix, prefix_pad
+from rlx.rollout.generator import DecodeStep, HFGenerator, common_prefix, prefix_pad
 
 
 def test_common_prefix_and_its_padding_by_hand():
@@ -39,7 +39,7 @@ def test_a_shared_prefix_is_encoded_once_and_draws_the_same_tokens(tiny, greedy)
         for share in (False, True):
             fed.clear()
             generator = HFGenerator(model, tokenizer, temperature=1.0, batch_size=2, logprobs="sampler",
-                                    share_prefix=share)
+                                    decode=DecodeStep(share_prefix=share))
             out = generator.generate_ids(prompts, max_new_tokens=8, seeds=[11, 12, 13, 14, 15], greedy=greedy)
             runs[share] = (out, sum(fed))
     finally:

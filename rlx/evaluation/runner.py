@@ -314,11 +314,11 @@ def _environment(s: EvalConfig):
 
 
 def _hf_generator(model, tokenizer, sampling, logprobs: bool = True):
-    from rlx.rollout.generator import HFGenerator
+    from rlx.rollout.generator import DecodeStep, HFGenerator
 
     return HFGenerator(model, tokenizer, temperature=float(sampling.temperature), top_p=float(sampling.top_p),
                        top_k=int(sampling.top_k), batch_size=int(sampling.batch_size), logprobs=logprobs,
-                       share_prefix=True)  # a few-shot prompt's examples encoded once per batch
+                       decode=DecodeStep(share_prefix=True))  # a few-shot prompt's examples encoded once per batch
 
 
 def _eval_pass(cfg: EvalConfig, out_dir: Path, name: str, role: str) -> EvalPass:

@@ -123,11 +123,13 @@ def shared_prefixes(rows: list[list[int]]) -> tuple[list[list[int]], list[int]]:
 
 @dataclass(frozen=True)
 class DecodeStep:
-    """Which decoder HFGenerator runs: the seeded draw's version (rollout.sampler, rollout/sampling.py SAMPLERS) and
-    whether the decode step's projections go through oneDNN (rollout.onednn_decode; v3 always does)."""
+    """Which decoder HFGenerator runs: the seeded draw's version (rollout.sampler, rollout/sampling.py SAMPLERS),
+    whether the decode step's projections go through oneDNN (rollout.onednn_decode; v3 always does) and whether the
+    prompts' common first tokens are encoded once (share_prefix, common_prefix: evaluation's few-shot prompts)."""
 
     sampler: str = "v2"
     onednn: bool = False
+    share_prefix: bool = False
 
 
 class HFGenerator:
@@ -138,14 +140,13 @@ class HFGenerator:
     (Generation.logprobs is None). decode: the draw's version and the decode step (DecodeStep)."""
 
     def __init__(self, model, tokenizer, *, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                 batch_size: int = 256, logprobs: bool | str = True, decode: DecodeStep = DecodeStep(),
-                 share_prefix: bool = False):
+                 batch_size: int = 256, logprobs: bool | str = True, decode: DecodeStep = DecodeStep()):
         if logprobs not in (True, False, "sampler"):
             raise ValueError(f"logprobs must be True, False or 'sampler', got {logprobs!r}")
         self.model, self.tokenizer, self.sampler, self.onednn = model, tokenizer, decode.sampler, decode.onednn
         self.temperature, self.top_p, self.top_k, self.batch_size = temperature, top_p, top_k, batch_size
         self.with_logprobs = logprobs
-        self.share_prefix = share_prefix  # encode the prompts' common first tokens once (common_prefix)
+        self.share_prefix = decode.share_prefix  # encode the prompts' common first tokens once (common_prefix)
         self.version = 0
         self.interrupt = None  # a threading.Event: once set, generation stops at the next token (a pipeline closing)
 
@@ -259,7 +260,7 @@ def eval_policy_generator(model, tokenizer, batch_size: int) -> HFGenerator:
     decoder at its defaults (the v2 draw on the F.linear decode step, whatever rollout.sampler says), `batch_size`
     rows at a time, no log-probs. Evaluation decodes greedily, so no temperature, top-p or top-k enters. A prefix that
     every prompt starts with (few-shot examples) is encoded once per batch (common_prefix)."""
-    return HFGenerator(model, tokenizer, batch_size=batch_size, logprobs=False, share_prefix=True)
+    return HFGenerator(model, tokenizer, batch_size=batch_size, logprobs=False, decode=DecodeStep(share_prefix=True))
 
 
 @dataclass(frozen=True)
