@@ -17,10 +17,12 @@ class RolloutGives:
     unfiltered_logprobs: bool = False  # records the unfiltered log-probs under top-p/top-k (the off-policy correction)
     sharded_weights: bool = False  # reads the policy's weights when FSDP or DeepSpeed shard them
     gathered_weights: bool = False  # takes a full copy gathered from FSDP / ZeRO-3 shards (rank 0 publishes it)
+    int8_decoding: bool = False  # decodes from an 8-bit copy of the policy (rollout.quantize=int8)
 
 
 # rollout.backend -> what it gives: hf is the policy sampling itself; vllm an in-process engine; server its own process
 ROLLOUT_GIVES = {"hf": RolloutGives(per_token_temperature=True, seeded_continuation=True, segmented_continuation=True,
-                                    background_thread=True, unfiltered_logprobs=True, sharded_weights=True),
+                                    background_thread=True, unfiltered_logprobs=True, sharded_weights=True,
+                                    int8_decoding=True),
                  "vllm": RolloutGives(), "server": RolloutGives(background_thread=True, segmented_continuation=True,
                                                         gathered_weights=True)}

@@ -60,6 +60,7 @@ CorrectionLevel = registry_names("CorrectionLevel", lambda: CORRECTION_LEVELS)
 Schedule = choices("Schedule", ("constant", "cosine", "linear"))  # rlx.loops.common.SCHEDULES (a test keeps them equal)
 DType = choices("DType", ("float32", "bfloat16", "float16", "auto"))  # rlx.models.loading.DTYPES
 Sampler = choices("Sampler", ("v1", "v2", "v3"))  # rlx.rollout.sampling.SAMPLERS
+Quantize = choices("Quantize", ("none", "int8"))  # rlx.rollout.fast_decode.QUANTIZE
 Seeding = choices("Seeding", ("request", "batch"))  # rlx.rollout.vllm.SEEDING
 LoraPush = choices("LoraPush", ("adapter", "merged"))  # rlx.rollout.server_process.LORA_PUSH
 # rollout.server.publisher: auto (lora_push decides) or a weight publisher (rlx.rollout.publishers.PUBLISHERS)
@@ -211,6 +212,7 @@ class Rollout:
     min_new_tokens: int = num(0)
     sampler: Sampler = field()
     onednn_decode: bool = field()
+    quantize: Quantize = field()
     max_staleness: int = num(0)
     producer_cpus: list[int] = num(0)
     producer_threads: int | None = num(1)

@@ -29,6 +29,7 @@ def check_settings(cfg: TrainConfig) -> None:
     for check in FAMILY_CHECKS[family]:
         check(cfg)
     check_mixture(cfg)
+    check_quantized_rollout(cfg)
     for name, spec in cfg.reward.components.items():
         if spec.get("_target_") == "rlx.rewards.model.model_reward" and not spec.get("path"):
             raise UserError(f"reward component '{name}' needs a reward model: set reward.components.{name}.path=PATH "
@@ -54,6 +55,19 @@ def check_mixture(cfg: TrainConfig) -> None:
         if stray:
             raise UserError(f"mixture.weights names '{stray[0]}', which is not a task of this run (data.task: "
                             f"{', '.join(tasks)}); fix or remove that entry")
+
+
+def check_quantized_rollout(cfg: TrainConfig) -> None:
+    """rollout.quantize=int8 is rlx's own decode step from an 8-bit copy of the policy (rollout=hf, on the CPU)."""
+    quantize = getattr(cfg.rollout, "quantize", "none")
+    if quantize == "none":
+        return
+    if not ROLLOUT_GIVES[cfg.rollout.backend].int8_decoding:
+        raise UserError(f"rollout.quantize={quantize} is rlx's 8-bit decode step (rollout=hf), which "
+                        f"rollout={cfg.rollout.backend} does not run; set rollout.quantize=none")
+    if not cfg.hardware.cpu:
+        raise UserError(f"rollout.quantize={quantize} decodes through fbgemm's int8 kernels, on the CPU only; set "
+                        f"rollout.quantize=none or hardware=cpu")
 
 
 def check_rollout_batch(cfg: TrainConfig) -> None:

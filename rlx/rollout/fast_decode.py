@@ -19,9 +19,22 @@ YaRN, ...) stay correct. The logits equal the transformers forward's up to float
 does, unmerged: x W^T + b + scaling * (x A^T) B^T (+ B's bias with lora_bias), so a LoRA policy decodes
 through this step too. Anything else (other architectures, quantised linears, sliding-window layers)
 returns None from `decode_step_for` and decoding uses the model's forward.
+
+8-bit decoding (`quantize="int8"`, rollout.quantize): every projection and the output head run from an int8 copy
+of their weights made when the step is built (once per generate call, so after every update), symmetric per output
+channel, s_c = max_j |W_cj| / 127, q_cj = round(W_cj / s_c), through fbgemm's dynamic int8 linear. The activations
+are quantised per row: each row x_r is divided by m_r = max_j |x_rj| and two input columns (+1, -1, with zero
+weights) are appended, so the kernel's per-tensor range is [-1, 1] whatever else is in the batch; the output is
+m_r (x_r / m_r) W^T + b. A row's logits then depend on that row alone (integer products are exact), so chunking
+and rows leaving the batch change no draw, as in float32. A decode step reads a quarter of the float32 bytes; its
+logits differ from the float32 step's by about 1% of their range, so the tokens are drawn from a nearby policy,
+which the trainer corrects for with rollout.correction (FlashRL, Liu, Yao et al. 2025: truncated importance
+sampling makes 8-bit rollouts match full-precision ones).
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -82,9 +95,10 @@ def unwrapped(model):
     return get() if callable(get) else model
 
 
-def decode_step_for(model, onednn: bool = False) -> DecodeStep | None:
+def decode_step_for(model, onednn: bool = False, quantize: str = "none") -> DecodeStep | None:
     """A DecodeStep over `model`'s weights, or None when the model is outside what it reproduces exactly.
-    onednn: on the CPU, run the projections through oneDNN on a copy of the weights (DecodeStep)."""
+    onednn: on the CPU, run the projections through oneDNN on a copy of the weights (DecodeStep); quantize="int8":
+    through an int8 copy of them (module docstring)."""
     model = unwrapped(model)
     config = getattr(model, "config", None)
     if config is None or getattr(config, "model_type", None) not in SUPPORTED_TYPES:
@@ -106,7 +120,36 @@ def decode_step_for(model, onednn: bool = False) -> DecodeStep | None:
         linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         if not all(_decodable_linear(m) for m in linears):
             return None
-    return DecodeStep(model, onednn)
+    return DecodeStep(model, onednn, quantize)
+
+
+QUANTIZE = ("none", "int8")  # rollout.quantize: the decode step's weights
+
+
+def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
+    """(fbgemm's packed int8 weight, float bias or None) of a float linear: per output channel c, s_c = max|W_c| /
+    127, with two zero input columns appended for int8_matmul's range columns (module docstring)."""
+    w = weight.detach().float().cpu()
+    w = torch.cat([w, w.new_zeros(w.shape[0], 2)], dim=1)  # (out, in + 2)
+    scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-12).double()
+    with warnings.catch_warnings():  # torch 2.13 warns that its quantized tensors are deprecated (for torchao);
+        warnings.simplefilter("ignore", UserWarning)  # the fbgemm ops run as before (docs/scaling/quantized.md)
+        q = torch.quantize_per_channel(w, scales, torch.zeros(w.shape[0], dtype=torch.long), 0, torch.qint8)
+    return torch.ops.quantized.linear_prepack(q, None), (bias.detach().float().cpu() if bias is not None else None)
+
+
+def int8_matmul(x: torch.Tensor, packed: tuple) -> torch.Tensor:
+    """x W^T + b through int8_linear's copy, each row quantised on its own: m_r (x_r / m_r) W^T + b, the range
+    columns (+1, -1) pinning the kernel's activation range to [-1, 1] (module docstring). x: (rows, in)."""
+    weight, bias = packed
+    m = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-12)  # (rows, 1)
+    ends = x.new_tensor([1.0, -1.0]).expand(x.shape[0], 2)
+    out = torch.ops.quantized.linear_dynamic(torch.cat([x / m, ends], dim=1), weight, True) * m
+    return out if bias is None else out + bias
+
+
+def int8_available(weight: torch.Tensor) -> bool:
+    return weight.device.type == "cpu" and "fbgemm" in torch.backends.quantized.supported_engines
 
 
 def onednn_available(weight: torch.Tensor) -> bool:
@@ -121,9 +164,12 @@ class DecodeStep:
     copy of the weights converted once per DecodeStep (one per generate call, so it follows the policy's
     updates). At a few rows per step MKL's GEMM with a transposed weight reads the weights ~2x slower than
     oneDNN's inner product (benchmarks/decode_step.py); the copy costs the weights' memory again while
-    generating. Float rounding differs from F.linear's, so draws can differ from the default path."""
+    generating. Float rounding differs from F.linear's, so draws can differ from the default path.
 
-    def __init__(self, model, onednn: bool = False):
+    quantize="int8" (on the CPU): the same, from an int8 copy of the weights (int8_linear; a quarter of their
+    float32 bytes): the logits are a nearby policy's, not the float32 step's (module docstring)."""
+
+    def __init__(self, model, onednn: bool = False, quantize: str = "none"):
         base = model.model
         self.base, self.head = base, model.lm_head
         self.layers = list(base.layers)
@@ -135,7 +181,12 @@ class DecodeStep:
                 parts = None if _plain_linear(m) else lora_parts(m)
                 if parts is not None:
                     self.adapters[id(m)] = parts
-        if onednn and onednn_available(self.head.weight):
+        if quantize not in QUANTIZE:
+            raise ValueError(f"quantize must be one of {QUANTIZE}, got {quantize!r}")
+        self.int8 = quantize == "int8"
+        if self.int8 and not int8_available(self.head.weight):
+            raise ValueError("int8 decoding runs on the CPU (fbgemm); this model is on " + str(self.head.weight.device))
+        if self.int8 or (onednn and onednn_available(self.head.weight)):
             with torch.no_grad():
                 for layer in self.layers:
                     attn, mlp = layer.self_attn, layer.mlp
@@ -152,6 +203,9 @@ class DecodeStep:
 
     def _pack(self, module) -> None:
         base = getattr(module, "base_layer", module)  # a LoRA linear: its base weight (the adapters run apart)
+        if self.int8:
+            self.packed[id(module)] = int8_linear(base.weight, base.bias)
+            return
         bias = base.bias.detach().to_mkldnn() if base.bias is not None else None
         self.packed[id(module)] = (base.weight.detach().to_mkldnn(), bias)
 
@@ -163,6 +217,8 @@ class DecodeStep:
         packed = self.packed.get(id(module)) if x.dtype == torch.float32 else None
         if packed is None:
             out = F.linear(x, base.weight, base.bias)
+        elif self.int8:
+            out = int8_matmul(x, packed)
         else:
             out = torch._C._nn.mkldnn_linear(x.contiguous().to_mkldnn(), *packed).to_dense()
         if adapters:

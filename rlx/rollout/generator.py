@@ -125,11 +125,13 @@ def shared_prefixes(rows: list[list[int]]) -> tuple[list[list[int]], list[int]]:
 class DecodeStep:
     """Which decoder HFGenerator runs: the seeded draw's version (rollout.sampler, rollout/sampling.py SAMPLERS),
     whether the decode step's projections go through oneDNN (rollout.onednn_decode; v3 always does) and whether the
-    prompts' common first tokens are encoded once (share_prefix, common_prefix: evaluation's few-shot prompts)."""
+    prompts' common first tokens are encoded once (share_prefix, common_prefix: evaluation's few-shot prompts), and the
+    decode step's weights (quantize: none | int8, rollout.quantize; rollout/fast_decode.py)."""
 
     sampler: str = "v2"
     onednn: bool = False
     share_prefix: bool = False
+    quantize: str = "none"
 
 
 class HFGenerator:
@@ -147,6 +149,7 @@ class HFGenerator:
         self.temperature, self.top_p, self.top_k, self.batch_size = temperature, top_p, top_k, batch_size
         self.with_logprobs = logprobs
         self.share_prefix = decode.share_prefix  # encode the prompts' common first tokens once (common_prefix)
+        self.quantize = decode.quantize  # the decode step's weights: none | int8 (an 8-bit copy made every call)
         self.version = 0
         self.interrupt = None  # a threading.Event: once set, generation stops at the next token (a pipeline closing)
 
@@ -190,7 +193,7 @@ class HFGenerator:
         decoding = Decoding(shared_prefix=shared, samples_per_prompt=samples_per_prompt, max_new_tokens=max_new_tokens,
                             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, greedy=greedy,
                             batch_size=self.batch_size, min_new_tokens=min_new_tokens, sampler=self.sampler,
-                            onednn=self.onednn, schedule=schedule, segment=continuation.segment if continuation else None,
+                            onednn=self.onednn, quantize=self.quantize, schedule=schedule, segment=continuation.segment if continuation else None,
                             logprobs=self.with_logprobs == "sampler" or (schedule is not None and bool(self.with_logprobs)))
         continued = Continued(starts, source) if starts is not None else None
         out = generate_tokens(self.model, self.tokenizer, ids, mask, decoding, seeds=seeds, continued=continued,
@@ -250,9 +253,26 @@ def policy_generator(model, tokenizer, roll, *, logprobs: bool | str = "sampler"
     from rlx.rollout.sampling import LEGACY_SAMPLER
 
     decode = DecodeStep(sampler=getattr(roll, "sampler", None) or LEGACY_SAMPLER,
-                        onednn=bool(getattr(roll, "onednn_decode", False)))
+                        onednn=bool(getattr(roll, "onednn_decode", False)), quantize=getattr(roll, "quantize", "none"))
+    if decode.quantize != "none":
+        check_quantized_decoding(model, decode.quantize)
     return HFGenerator(model, tokenizer, temperature=roll.temperature, top_p=roll.top_p, top_k=roll.top_k,
                        batch_size=roll.batch_size, logprobs=logprobs, decode=decode)
+
+
+def check_quantized_decoding(model, quantize: str) -> None:
+    """One line, before any generation, when rollout.quantize cannot run on this model: rlx's decode step must
+    reproduce it (Llama / Qwen2 / Qwen3 / Mistral, not sharded) and it must be on the CPU (fbgemm's int8 kernels)."""
+    from rlx.rollout.fast_decode import decode_step_for, int8_available, unwrapped
+
+    inner = unwrapped(getattr(model, "module", model))
+    if not int8_available(next(inner.parameters())):
+        raise UserError(f"rollout.quantize={quantize} runs on the CPU (fbgemm's int8 kernels); this policy is on "
+                        f"{next(inner.parameters()).device}: set rollout.quantize=none")
+    if decode_step_for(inner) is None:
+        kind = getattr(getattr(inner, "config", None), "model_type", type(inner).__name__)
+        raise UserError(f"rollout.quantize={quantize} needs rlx's decode step (Llama, Qwen2, Qwen3, Mistral; not "
+                        f"sharded); this model is {kind}: set rollout.quantize=none")
 
 
 def eval_policy_generator(model, tokenizer, batch_size: int) -> HFGenerator:

@@ -116,6 +116,7 @@ class Decoding:
     schedule: list[float] | None = None
     segment: int | None = None  # at most this many token steps per row (a round of rollout.segment_tokens)
     shared_prefix: int = 0  # the first columns of every prompt are the same tokens (prefix_pad): encoded once per chunk
+    quantize: str = "none"  # the decode step's weights: none (as the model's) | int8 (fast_decode.py)
 
 
 @torch.no_grad()
@@ -310,8 +311,10 @@ def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, d: Deco
     step = model(input_ids=prompt_ids[:, shared:], attention_mask=prompt_mask, position_ids=positions[:, shared:],
                  past_key_values=cache, use_cache=True, logits_to_keep=1)  # the prompt once for its whole group
     cache = step.past_key_values
-    fast = (decode_step_for(model, onednn=d.onednn or d.sampler in ONEDNN_DECODE)
+    fast = (decode_step_for(model, onednn=d.onednn or d.sampler in ONEDNN_DECODE, quantize=d.quantize)
             if all(isinstance(layer, PreallocatedLayer) for layer in cache.layers) else None)
+    if fast is None and d.quantize != "none":  # never a silent float32 rollout when 8-bit was asked for
+        raise ValueError(f"quantize={d.quantize}: this model has no rlx decode step (rollout/fast_decode.py)")
     if source is not None:  # each row from its unique prompt + prefix (a copy, as repeat_interleave makes)
         cache.batch_select_indices(source)
         return step.logits[source, -1], cache, fast, prompt_mask[source], positions[source, -1] + 1
