@@ -5,9 +5,11 @@
 Builds the random-init shape once into benchmarks/.cache/ (rlx.models.shapes), prefills `--rows` rows of
 a 32-token prompt through rlx.rollout.hf's preallocated cache, then times, min over `--repeats` runs of
 `--steps` steps each: the whole step (rlx.rollout.fast_decode.DecodeStep + sampler), the step without
-the sampler (default F.linear and rollout.onednn_decode, alternating), the head alone (final norm +
-lm_head), and each sampler version alone on the step's logits.
-The weight-read floor is the bytes of all weights / a measured read bandwidth (sum of a 1 GiB tensor).
+the sampler (default F.linear, rollout.onednn_decode and rollout.quantize=int8, alternating; int8 includes
+making the 8-bit copy once per generate call, timed apart), the head alone (final norm + lm_head), and each
+sampler version alone on the step's logits.
+The weight-read floor is the bytes of all weights / a measured read bandwidth (sum of a 1 GiB tensor); the int8
+floor counts the projections and the head at one byte a weight.
 """
 
 from __future__ import annotations
@@ -70,7 +72,10 @@ def main() -> None:
     if not (folder / "config.json").exists():
         build_shaped_model(args.shape, folder, num_layers=args.layers)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    steps = {"default": decode_step_for(model), "onednn": decode_step_for(model, onednn=True)}
+    start = time.perf_counter()
+    int8 = decode_step_for(model, quantize="int8")
+    int8_copy_s = time.perf_counter() - start  # made once per generate call (after every update)
+    steps = {"default": decode_step_for(model), "onednn": decode_step_for(model, onednn=True), "int8": int8}
     rows, prompt = args.rows, 32
     vocab = model.config.vocab_size
     ids = torch.randint(3, vocab, (rows, prompt))
@@ -120,6 +125,10 @@ def main() -> None:
         print(f"{name:28s} {seconds * 1000:8.1f} ms")
     print(f"{'weight-read floor':28s} {weight_bytes / bandwidth * 1000:8.1f} ms  "
           f"({weight_bytes / 2**30:.2f} GiB at {bandwidth / 1e9:.1f} GB/s)")
+    int8_bytes = sum(module.weight.numel() for module in model.modules() if isinstance(module, torch.nn.Linear))
+    print(f"{'int8 weight-read floor':28s} {int8_bytes / bandwidth * 1000:8.1f} ms  "
+          f"({int8_bytes / 2**30:.2f} GiB of int8 projections and head)")
+    print(f"{'int8 copy (per generate call)':28s} {int8_copy_s * 1000:8.1f} ms")
 
 
 if __name__ == "__main__":

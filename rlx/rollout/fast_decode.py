@@ -130,11 +130,12 @@ def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
     """(fbgemm's packed int8 weight, float bias or None) of a float linear: per output channel c, s_c = max|W_c| /
     127, with two zero input columns appended for int8_matmul's range columns (module docstring)."""
     w = weight.detach().float().cpu()
-    w = torch.cat([w, w.new_zeros(w.shape[0], 2)], dim=1)  # (out, in + 2)
     scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-12).double()
+    zeros = torch.zeros(w.shape[0], dtype=torch.long)
     with warnings.catch_warnings():  # torch 2.13 warns that its quantized tensors are deprecated (for torchao);
         warnings.simplefilter("ignore", UserWarning)  # the fbgemm ops run as before (docs/scaling/quantized.md)
-        q = torch.quantize_per_channel(w, scales, torch.zeros(w.shape[0], dtype=torch.long), 0, torch.qint8)
+        q = torch.quantize_per_channel(w, scales, zeros, 0, torch.qint8).int_repr()
+        q = torch._make_per_channel_quantized_tensor(torch.cat([q, q.new_zeros(q.shape[0], 2)], dim=1), scales, zeros, 0)
     return torch.ops.quantized.linear_prepack(q, None), (bias.detach().float().cpu() if bias is not None else None)
 
 
