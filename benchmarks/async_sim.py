@@ -521,7 +521,8 @@ def measured_inputs() -> dict:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", default="gsm_symbolic", help="which measured length set (gsm_symbolic | chain_sum)")
+    parser.add_argument("--lengths", default="gsm_symbolic",
+                        help="which measured length set (gsm_symbolic | chain_sum)")
     parser.add_argument("--push", default="rlx", choices=["rlx", *NCCL_PUSHES], help="rlx: its file push, measured; "
                         "nccl: the peers' figure, engines paused while it runs; nccl-overlapped: the same received "
                         "beside decoding")
@@ -548,7 +549,8 @@ def main(argv=None) -> dict:
                   push_source=measured.get("push_source", "") if args.push == "rlx" else
                   "peers' NCCL push of a 0.5B model (0.15-0.6 s) against a 5 s H100 0.5B step (gpu_smoke_h100)" +
                   (", engines paused for it" if args.push == "nccl" else ", received beside decoding"))
-    print("assumptions: " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in inputs.items()))
+    print("assumptions: " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                                      for k, v in inputs.items()))
     table = [row for n in map(int, args.gpus.split(",")) for row in compare(setup, n)]
     header = ["GPUs", "k", "sync + partial", "pipeline (gen GPUs)", "pipeline + partial", "pipeline + rounds",
               "pipeline + rounds + overlap", "streaming (gen GPUs)", "bound"]

@@ -43,8 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import grpo_vs_trl  # noqa: E402
 from benchmarks.common import CACHE, load_summary, median, run_child, table, write_prompts  # noqa: E402
 
-# name: (model kind of grpo_vs_trl.model_dir, prompts per step, samples per prompt, completion tokens: forced, or at most
-# for "natural")
+# name: (model kind of grpo_vs_trl.model_dir, prompts per step, samples per prompt, completion tokens: forced, or at
+# most for "natural")
 SETTINGS = {
     "tiny 8x8x32": ("tiny", 8, 8, 32),
     "tiny 16x8 natural<=48": ("tiny-natural", 16, 8, 48),
@@ -95,8 +95,8 @@ def rlx_worker(setting: str, mode: str, steps: int, warmup: int, threads: int) -
     shutil.rmtree(run_dir, ignore_errors=True)
     overrides = [
         f"model.path={model_dir(kind)}", "data=file", f"data.train_path={CACHE / 'prompts.jsonl'}", "data.eval_size=8",
-        "data.prompt_template='{question}'", "reward=exact_match", f"steps={steps + warmup}", f"prompts_per_step={prompts}",
-        f"rollout.samples_per_prompt={group}", f"rollout.max_new_tokens={length}",
+        "data.prompt_template='{question}'", "reward=exact_match", f"steps={steps + warmup}",
+        f"prompts_per_step={prompts}", f"rollout.samples_per_prompt={group}", f"rollout.max_new_tokens={length}",
         f"rollout.min_new_tokens={length if forced(kind) else 0}", f"micro_batch_size={prompts * group}",
         f"optim.lr={grpo_vs_trl.LR}", "optim.warmup_steps=0", "optim.max_grad_norm=1.0", "algorithm.kl_coef=0.0",
         "eval.every=0", "eval.at_start=false", "save.final=false", "save.plot=false", "log.samples_every=0",
@@ -205,11 +205,13 @@ def main() -> None:
         sync = summary.get("sync", {}).get("tokens_per_s")
         for mode, s in summary.items():
             rows.append([mode, f"{s['step_s']:.2f}", f"{s['tokens_per_s']:.0f}",
-                         f"{s['tokens_per_s'] / sync:.2f}x" if sync else "-", f"{s['tokens_per_s'] / base:.2f}x" if base else "-",
+                         f"{s['tokens_per_s'] / sync:.2f}x" if sync else "-",
+                         f"{s['tokens_per_s'] / base:.2f}x" if base else "-",
                          f"{s.get('generation_s', float('nan')):.2f}", f"{s.get('update_s', float('nan')):.2f}",
                          f"{s['peak_rss_mib']:.0f}"])
         print(f"\n[{setting}] medians of {args.rounds} round(s) x {steps} timed steps; {load_summary()}")
-        print(table(rows, ["mode", "step s", "tok/s", "vs rlx sync", "vs TRL", "generation s", "update s", "peak RSS MiB"]))
+        print(table(rows, ["mode", "step s", "tok/s", "vs rlx sync", "vs TRL", "generation s", "update s",
+                           "peak RSS MiB"]))
         if record["profile"]:
             print("profile:", json.dumps({k: round(v, 3) for k, v in record["profile"].items()}))
 

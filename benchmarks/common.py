@@ -54,7 +54,8 @@ def write_prompts(path: Path, count: int = 400, seed: int = 0) -> Path:
     with path.open("w") as handle:
         for _ in range(count):
             terms = [rng.randint(0, 9) for _ in range(rng.randint(2, 4))]
-            handle.write(json.dumps({"prompt": "Compute " + " + ".join(map(str, terms)), "answer": str(sum(terms))}) + "\n")
+            handle.write(json.dumps({"prompt": "Compute " + " + ".join(map(str, terms)), "answer": str(sum(terms))})
+                         + "\n")
     return path
 
 
@@ -63,7 +64,8 @@ def run_child(args: list[str], timeout: float, gpu_memory: bool = False) -> tupl
     `gpu_memory`: GPU 0's peak used memory in MiB instead, from nvidia-smi every 0.2 s, so it counts the
     CUDA context and the allocator's cache as a user sees them)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                WANDB_DISABLED="true")
     log = CACHE / "child.log"
     with open(log, "w") as out:

@@ -112,7 +112,8 @@ def main() -> None:
     for _ in range(2):  # alternating
         for kind in steps:
             name = f"step without sampler, {kind}"
-            results[name] = min(results.get(name, 1e9), timed(lambda t, kind=kind: layers_and_head(t, kind), args.steps, args.repeats))
+            results[name] = min(results.get(name, 1e9),
+                                timed(lambda t, kind=kind: layers_and_head(t, kind), args.steps, args.repeats))
     results["head (norm + lm_head)"] = timed(head, args.steps, args.repeats)
     for name in SAMPLERS:
         results[f"sampler {name} alone"] = timed(

@@ -51,7 +51,8 @@ def write_pairs(path: Path, count: int = 256, seed: int = 0) -> Path:
 
 
 def _chat_prompt(tokenizer, text: str) -> str:
-    return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                         add_generation_prompt=True)
 
 
 def rlx_worker(setting: str, steps: int, pairs_file: Path) -> dict:
@@ -78,7 +79,8 @@ def rlx_worker(setting: str, steps: int, pairs_file: Path) -> dict:
         tokenizer.padding_side = "left"
         enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)  # (2B, P)
         tokenizer.padding_side = "right"
-        completions = [r["chosen"] + tokenizer.eos_token for r in batch] + [r["rejected"] + tokenizer.eos_token for r in batch]
+        completions = [r["chosen"] + tokenizer.eos_token
+                       for r in batch] + [r["rejected"] + tokenizer.eos_token for r in batch]
         comp = tokenizer(completions, return_tensors="pt", padding=True, add_special_tokens=False)  # (2B, C)
         args = (enc["input_ids"], enc["attention_mask"], comp["input_ids"], comp["attention_mask"])
         with torch.no_grad():
@@ -86,7 +88,8 @@ def rlx_worker(setting: str, steps: int, pairs_file: Path) -> dict:
         logp, _ = completion_logprobs(model, *args)  # (2B, C)
         mask = comp["attention_mask"].to(logp.dtype)
         sums, ref_sums = (logp * mask).sum(1), (ref_logp * mask).sum(1)  # (2B,)
-        loss, _ = preference_loss(sums[:PAIRS], sums[PAIRS:], ref_sums[:PAIRS], ref_sums[PAIRS:], loss_type="dpo", beta=BETA)
+        loss, _ = preference_loss(sums[:PAIRS], sums[PAIRS:], ref_sums[:PAIRS], ref_sums[PAIRS:], loss_type="dpo",
+                                  beta=BETA)
         loss.mean().backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -124,14 +127,16 @@ def trl_worker(setting: str, steps: int, pairs_file: Path) -> dict:
         max_steps=steps + 1, use_cpu=True, bf16=False, fp16=False, logging_steps=1, report_to=[],
         save_strategy="no", seed=0, dataloader_num_workers=0, gradient_checkpointing=False, max_length=None,
     )
-    trainer = DPOTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer, callbacks=[Timer()])
+    trainer = DPOTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
+                         callbacks=[Timer()])
     trainer.train()
     return {"step_times": times[1:]}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated subset of: " + ", ".join(SETTINGS))
+    parser.add_argument("--settings", default=",".join(SETTINGS),
+                        help="comma-separated subset of: " + ", ".join(SETTINGS))
     parser.add_argument("--rounds", type=int, default=3, help="alternating rlx/TRL runs per setting")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per run (after one warm-up step)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds before a run is killed")
@@ -155,13 +160,14 @@ def main() -> None:
                 out, rss = run_child([__file__, "--worker", tool, "--setting", setting, "--steps", str(args.steps)],
                                      args.timeout)
                 runs[tool].append((median(out["step_times"]), rss))
-                print(f"[{setting}] round {round_index + 1} {tool}: step {runs[tool][-1][0]:.2f}s  peak RSS {rss:.0f} MiB  "
-                      f"({load_summary()})", flush=True)
+                print(f"[{setting}] round {round_index + 1} {tool}: step {runs[tool][-1][0]:.2f}s  peak RSS {rss:.0f} "
+                      f"MiB  ({load_summary()})", flush=True)
         s = {tool: [median([r[i] for r in runs[tool]]) for i in range(2)] for tool in runs}
         rows.append([setting, f"{s['rlx'][0]:.2f}", f"{s['trl'][0]:.2f}", f"{s['rlx'][0] / s['trl'][0]:.2f}",
                      f"{s['rlx'][1]:.0f}", f"{s['trl'][1]:.0f}", f"{s['rlx'][1] / s['trl'][1]:.2f}"])
     print()
-    print(f"DPO ({PAIRS} pairs/step), medians of {args.rounds} alternating runs x {args.steps} timed steps; {load_summary()}")
+    print(f"DPO ({PAIRS} pairs/step), medians of {args.rounds} alternating runs x {args.steps} timed steps; "
+          f"{load_summary()}")
     print(table(rows, ["setting", "rlx step s", "TRL step s", "step rlx/TRL", "rlx peak RSS MiB", "TRL peak RSS MiB",
                        "RSS rlx/TRL"]))
 

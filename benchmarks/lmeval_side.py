@@ -4,9 +4,9 @@
 
 Loads lm-eval's HF backend once (`HFLM`, the class `lm_eval --model hf` builds, fp32, CPU) and runs
 `lm_eval.simple_evaluate` once per task of DIR (the task YAMLs lmeval_parity.py wrote) with log_samples, timing each
-call (wall and CPU seconds of this process). Writes per task: the seconds, and per logged sample its doc id, the per-choice log-likelihoods (or, for a
-generative task, the raw generation and the filtered answers) and lm-eval's own per-sample metrics; then the process's
-peak resident memory (getrusage, this process alone).
+call (wall and CPU seconds of this process). Writes per task: the seconds, and per logged sample its doc id, the
+per-choice log-likelihoods (or, for a generative task, the raw generation and the filtered answers) and lm-eval's own
+per-sample metrics; then the process's peak resident memory (getrusage, this process alone).
 """
 
 from __future__ import annotations

@@ -57,7 +57,8 @@ def main() -> None:
     large_vocab_model()
     results = {}
     for variant in ("naive", "chunked"):
-        out, peak = run_child([__file__, "--worker", variant, "--rows", str(args.rows), "--length", str(args.length)], 1800)
+        out, peak = run_child([__file__, "--worker", variant, "--rows", str(args.rows), "--length", str(args.length)],
+                              1800)
         results[variant] = (peak - out["rss_before"], peak, out["seconds"])
         print(f"{variant}: +{results[variant][0]:.0f} MiB over the loaded model (peak RSS {peak:.0f} MiB), "
               f"{out['seconds']:.1f} s ({load_summary()})", flush=True)

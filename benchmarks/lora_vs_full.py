@@ -119,9 +119,9 @@ def main() -> None:
     name = "lora_vs_full_" + setting.replace(" ", "_").replace("<=", "_max") + ".json"
     framework = framework_ratio(model_dir(kind), args.threads, prompts * group, args.prompt_tokens,
                                 args.completion_tokens)
-    print(f"transformers' own forward + backward, {prompts * group} x ({args.prompt_tokens} + {args.completion_tokens}) "
-          f"tokens: full {framework['full_s']:.2f}s, LoRA {framework['lora_s']:.2f}s, LoRA / full "
-          f"{framework['ratio']:.2f} (matmul bound {UPDATE_KEPT:.2f})", flush=True)
+    print(f"transformers' own forward + backward, {prompts * group} x ({args.prompt_tokens} + "
+          f"{args.completion_tokens}) tokens: full {framework['full_s']:.2f}s, LoRA {framework['lora_s']:.2f}s, LoRA / "
+          f"full {framework['ratio']:.2f} (matmul bound {UPDATE_KEPT:.2f})", flush=True)
     if args.framework_only:
         path = RESULTS / name
         recorded = json.loads(path.read_text()) if path.is_file() else {"setting": setting}
@@ -140,9 +140,9 @@ def main() -> None:
         order = ("full", "lora") if round_index % 2 == 0 else ("lora", "full")
         for variant in order:
             flags = ["--lora"] if variant == "lora" else []
-            out, rss = run_child([str(Path(__file__).parent / "grpo_vs_trl.py"), "--worker", "rlx", "--setting", setting,
-                                  "--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads),
-                                  *flags], args.timeout)
+            out, rss = run_child([str(Path(__file__).parent / "grpo_vs_trl.py"), "--worker", "rlx", "--setting",
+                                  setting, "--steps", str(args.steps), "--warmup", str(args.warmup), "--threads",
+                                  str(args.threads), *flags], args.timeout)
             run = {**out, "peak_mib": rss}
             runs[variant].append(run)
             print(f"[{setting}] round {round_index + 1} {variant}: step {median(run['step_times']):.2f}s  generation "
@@ -150,11 +150,12 @@ def main() -> None:
                   f"peak RSS MiB {rss:.0f}  ({load_summary()})", flush=True)
     full, lora = summarise(runs["full"]), summarise(runs["lora"])
     bound = lora_bound(full)
-    rows = [[variant, f"{s['step_s']:.2f}", f"{s['generation_s']:.2f}", f"{s['update_s']:.2f}", f"{s['optimizer_s']:.2f}",
+    rows = [[variant, f"{s['step_s']:.2f}", f"{s['generation_s']:.2f}", f"{s['update_s']:.2f}",
+             f"{s['optimizer_s']:.2f}",
              f"{s['tokens_per_s']:.0f}", f"{s['peak_mib']:.0f}"] for variant, s in (("full", full), ("lora", lora))]
     print(table(rows, ["variant", "step s", "generation s", "update s", "optimizer s", "tok/s", "peak RSS MiB"]))
-    print(f"LoRA / full step: {lora['step_s'] / full['step_s']:.2f}; the bound (generation + 2/3 update, no optimizer): "
-          f"{bound:.2f}s = {bound / full['step_s']:.2f} of the full step; LoRA's update / full update: "
+    print(f"LoRA / full step: {lora['step_s'] / full['step_s']:.2f}; the bound (generation + 2/3 update, no "
+          f"optimizer): {bound:.2f}s = {bound / full['step_s']:.2f} of the full step; LoRA's update / full update: "
           f"{lora['update_s'] / full['update_s']:.2f} (bound {UPDATE_KEPT:.2f}; transformers' own: "
           f"{framework['ratio']:.2f})")
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -104,7 +104,8 @@ def main(argv=None) -> dict:
             speed = plain["seconds_per_step"] / result["seconds_per_step"]
             print(f"| {servers} | {'on' if result['overlap'] else 'off'} | {result['seconds_per_step']:.3f} | "
                   f"{speed:.2f}x | {result['rounds_per_step']:.1f} | {result['rows_drawn_ahead']} | "
-                  f"{result['tokens_dropped']:.0f} of {result['tokens_dropped'] + result['tokens_trained_or_carried']:.0f} |")
+                  f"{result['tokens_dropped']:.0f} of "
+                  f"{result['tokens_dropped'] + result['tokens_trained_or_carried']:.0f} |")
             results.append({k: v for k, v in result.items() if k != "rows"} | {"speed_up": speed})
     out = {"settings": {k: v for k, v in vars(args).items() if k != "json"}, "results": results,
            "same_rows": True}

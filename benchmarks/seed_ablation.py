@@ -3,7 +3,8 @@
 
     rlx sweep seed_ablation recipes=A,B,...   (two shells side by side, each a subset; conf/sweep/seed_ablation.yaml)
     python benchmarks/seed_ablation.py SWEEP_DIR [SWEEP_DIR ...] [--out benchmarks/results/seed_ablation.json]
-    python benchmarks/seed_ablation.py --rows smollm2 SWEEP_DIR ...   (the real model's rows: rlx sweep smollm2_seed_ablation)
+    python benchmarks/seed_ablation.py --rows smollm2 SWEEP_DIR ...
+        (the real model's rows: rlx sweep smollm2_seed_ablation)
 
 Per row: the final held-out score of each seed (eval/accuracy greedy on 200 questions, or eval/success of 100
 sampled episodes), its IQM with a stratified bootstrap 95% interval, the probability of improvement
@@ -153,7 +154,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dirs", nargs="+", type=Path)
     parser.add_argument("--rows", choices=sorted(ROW_SETS), default="tiny",
-                        help="tiny: the 0.9M model's table; smollm2: the real model's (rlx sweep smollm2_seed_ablation)")
+                        help="tiny: the 0.9M model's table; "
+                             "smollm2: the real model's (rlx sweep smollm2_seed_ablation)")
     parser.add_argument("--out", type=Path, default=None,
                         help="default: benchmarks/results/<sweep>.json (seed_ablation or smollm2_seed_ablation)")
     parser.add_argument("--resamples", type=int, default=2000)

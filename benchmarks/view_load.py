@@ -43,8 +43,8 @@ EVAL_METRICS = ("eval/accuracy", "eval/format", "eval/mean_length", "eval/reward
 def write_run(run_dir: Path, steps: int, sample_files: int, seed: int = 0) -> None:
     rng = random.Random(seed)
     run_dir.mkdir(parents=True)
-    (run_dir / "config.yaml").write_text("prompts_per_step: 4\nrollout:\n  samples_per_prompt: 4\n  max_new_tokens: 64\n"
-                                         "  max_staleness: 0\n")
+    (run_dir / "config.yaml").write_text("prompts_per_step: 4\nrollout:\n  samples_per_prompt: 4\n  max_new_tokens: "
+                                         "64\n  max_staleness: 0\n")
     (run_dir / "overrides.yaml").write_text(f"- steps={steps}\n")
     level = {name: rng.random() for name in METRICS}
     with (run_dir / "metrics.jsonl").open("w") as handle:
@@ -57,7 +57,8 @@ def write_run(run_dir: Path, steps: int, sample_files: int, seed: int = 0) -> No
             handle.write(json.dumps(row) + "\n")
     (run_dir / "samples").mkdir()
     every = max(1, steps // sample_files)
-    prompts = [f"<|im_start|>user\nState the final answer: {a} + {b} =<|im_end|>\n" for a in range(10) for b in range(10)]
+    prompts = [f"<|im_start|>user\nState the final answer: {a} + {b} "
+               "=<|im_end|>\n" for a in range(10) for b in range(10)]
     for index in range(sample_files):
         step = (index + 1) * every
         records = []
@@ -131,7 +132,8 @@ def time_browser(run_dir: Path) -> dict[str, float]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
-    return {"rlx view reads the run before printing the URL": started, "page ready, curves drawn (browser)": loaded, "samples tab shown (browser)": samples, "charts": charts}
+    return {"rlx view reads the run before printing the URL": started, "page ready, curves drawn (browser)": loaded,
+            "samples tab shown (browser)": samples, "charts": charts}
 
 
 def main() -> None:
@@ -165,8 +167,9 @@ def main() -> None:
         "section": "Development",
         "order": 90,
         "description": (f"A synthetic run of {args.steps:,} steps ({len(METRICS) + len(EVAL_METRICS)} metrics, "
-                        f"metrics.jsonl {size / 1e6:.1f} MB) and {args.sample_files:,} samples files of 16 completions: "
-                        f"seconds to answer each route cold (JSON encoding included), median of {args.rounds} rounds"
+                        f"metrics.jsonl {size / 1e6:.1f} MB) and {args.sample_files:,} samples files of 16 "
+                        "completions: seconds to answer each route cold (JSON encoding included), median of "
+                        f"{args.rounds} rounds"
                         + (f"; in headless Chromium, the page with {charts} curves drawn (the first four metric groups "
                            f"open)" if browser else "") + ". Issue 51 asks for under 2 s."),
         "date": time.strftime("%Y-%m-%d"),

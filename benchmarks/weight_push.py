@@ -31,7 +31,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 SMOLLM2_135M = dict(num_hidden_layers=30, hidden_size=576, intermediate_size=1536, vocab_size=49152,
-                    num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True, max_position_embeddings=2048)
+                    num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True,
+                    max_position_embeddings=2048)
 
 
 def build(name: str, seed: int):

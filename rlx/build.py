@@ -108,8 +108,8 @@ NEEDS = {
                                    evaluator="task"),
     "ppo": FamilyNeeds(_epochs_x_mini_batches, _kl_reference, value_model=True, producer="single_turn", generator=True,
                        evaluator="task", prepare_scheduler=False),
-    "agent": FamilyNeeds(_epochs_x_mini_batches, _kl_reference, producer="episodes", generator=True, evaluator="episodes",
-                         prepare_scheduler=False),
+    "agent": FamilyNeeds(_epochs_x_mini_batches, _kl_reference, producer="episodes", generator=True,
+                         evaluator="episodes", prepare_scheduler=False),
     "agent_sft": FamilyNeeds(generator=True, evaluator="episodes", prepare_scheduler=False),
     "sft": FamilyNeeds(),
     "preference": FamilyNeeds(reference=_preference_reference, pairs=True),
@@ -135,7 +135,8 @@ def build_parts(s: TrainConfig, components: Components) -> Parts:
                   components.rewards, components.run_dir)
     total_updates = s.steps * needs.updates_per_step(algo)
     if needs.value_model:
-        parts.value_model = value.build_value_model(parts.model, algo.value_model, s.model.dtype, s.model.trust_remote_code)
+        parts.value_model = value.build_value_model(parts.model, algo.value_model, s.model.dtype,
+                                                    s.model.trust_remote_code)
         log.info("built: value model (critic) from %s", algo.value_model or "the policy's backbone")
     if needs.pairs:
         parts.pairs = load_pairs(s, parts)
@@ -166,7 +167,8 @@ def build_parts(s: TrainConfig, components: Components) -> Parts:
         parts.generator.prepared = parts.model  # the gather reads the prepared model (DeepSpeed's engine)
     parts.reference = lora.place_reference(reference, acc)
     if reference is not None:
-        log.info("built: frozen reference (%s)", "the base with the adapter off" if lora.is_peft(acc.unwrap_model(parts.model))
+        log.info("built: frozen reference (%s)",
+                 "the base with the adapter off" if lora.is_peft(acc.unwrap_model(parts.model))
                  else "a copy of the starting policy")
     if needs.producer is not None:
         build_producer(s, parts, needs.producer, (rollout_model, rollout_parts), follower)
@@ -218,8 +220,9 @@ def build_sampler(s, parts: Parts, needs: FamilyNeeds, follower: bool) -> tuple:
 
 
 def build_producer(s, parts: Parts, kind: str, sampler: tuple, follower: bool) -> None:
-    """parts.producer of `kind` (BUILT_IN_PRODUCERS, or rollout.producer's) on the sampler's parts, then wrapped: pipeline mode samples ahead in
-    a thread (rlx/rollout/pipeline.py; parts.generator becomes the pipeline's), rank 0 broadcasts the batch."""
+    """parts.producer of `kind` (BUILT_IN_PRODUCERS, or rollout.producer's) on the sampler's parts, then wrapped:
+    pipeline mode samples ahead in a thread (rlx/rollout/pipeline.py; parts.generator becomes the pipeline's), rank 0
+    broadcasts the batch."""
     acc = parts.accelerator
     rollout_model, rollout_parts = sampler
     # the producer samples through the generator itself; the gather around it (GatheredPublish) is the trainer's publish
@@ -243,7 +246,8 @@ def build_producer(s, parts: Parts, kind: str, sampler: tuple, follower: bool) -
         if getattr(getattr(s.rollout, "server", None), "overlap_steps", False):  # rounds of two steps at once
             inner.overlap = StepOverlap(sampler_generator, parts.producer.weights_ahead,
                                         s.rollout.server.per_server_concurrency)
-            log.info("built: rounds overlap across steps on servers of two weight versions (rollout.server.overlap_steps)")
+            log.info("built: rounds overlap across steps on servers of two weight versions "
+                     "(rollout.server.overlap_steps)")
         if gathered is not None:
             gathered.inner, parts.generator = parts.generator, gathered
         log.info("built: pipeline, batches sampled up to %d update(s) behind the trainer", s.rollout.max_staleness)
@@ -275,7 +279,8 @@ def single_turn_producer(s, parts: Parts) -> SingleTurnProducer | PartialProduce
     rewards = with_overlong_penalty(parts.rewards, algo.overlong_buffer, algo.overlong_weight, roll.max_new_tokens)
     stages, stream = seed_stages(s, parts, rewards, group_size)
     if roll.partial:  # partial rollouts: groups carried across steps (rlx/rollout/partial.py); the stages run on the
-        # groups each step finishes (the temperature schedule and prompt sampling are refused: rlx/config/async_rules.py)
+        # groups each step finishes (the temperature schedule and prompt sampling are refused:
+        # rlx/config/async_rules.py)
         # rank 0 alone produces where it samples for every rank (no accelerator here), so only it writes the journal
         main = parts.accelerator is None or parts.accelerator.is_main_process
         journal = parts.run_dir / "rounds.jsonl" if roll.segment_tokens and main else None
@@ -302,7 +307,8 @@ def seed_stages(s, parts: Parts, rewards, group_size: int):
     off) and the prompt source: the shuffled stream, or the difficulty-aware sampler (rlx/data/difficulty.py)."""
     algo = s.algorithm
     weight = next((c.weight for c in rewards if c.name == s.reward.accuracy), 1.0)
-    stages = StagePipeline(build_stages(StageSettings(algo, s.rollout, s.reward.accuracy, weight, group_size), algo.stages),
+    stages = StagePipeline(build_stages(StageSettings(algo, s.rollout, s.reward.accuracy, weight, group_size),
+                                        algo.stages),
                            algo.dynamic_sampling_drop)
     sampling = algo.prompt_sampling
     if sampling.mode == "uniform":
@@ -319,8 +325,8 @@ def seed_stages(s, parts: Parts, rewards, group_size: int):
 
 def episode_producer(s, parts: Parts) -> EpisodeProducer:
     play_fn, extra_metrics = player_for(s.env)  # env=harness: the user's program through the gateway
-    settings = EpisodeSettings(group_size=s.rollout.samples_per_prompt, prompts_per_step=s.prompts_per_step, seed=s.seed,
-                               use_chat_template=s.model.chat_template)
+    settings = EpisodeSettings(group_size=s.rollout.samples_per_prompt, prompts_per_step=s.prompts_per_step,
+                               seed=s.seed, use_chat_template=s.model.chat_template)
     return EpisodeProducer(parts.generator, parts.tokenizer, environment_factory(s.env), s.env, settings,
                            acc=parts.accelerator, play_fn=play_fn, extra_metrics=extra_metrics)
 
@@ -332,15 +338,16 @@ def task_eval(s, parts: Parts, *, alone: bool = False):
     gathered = isinstance(parts.generator, GatheredPublish) and parts.generator.shadow is not None and alone
     policy = parts.generator.shadow if gathered else parts.accelerator.unwrap_model(parts.model)
     generator = eval_generator(s.rollout.backend, parts.generator, policy, parts.tokenizer, s.eval.batch_size)
-    return task_evaluator(None if alone else parts.accelerator, generator, parts.tokenizer, parts.eval_rows[: s.eval.size],
-                          parts.rewards, task_eval_settings(s))
+    return task_evaluator(None if alone else parts.accelerator, generator, parts.tokenizer,
+                          parts.eval_rows[: s.eval.size], parts.rewards, task_eval_settings(s))
 
 
 def episode_eval(s, parts: Parts, *, alone: bool = False):
     """Held-out episodes of the env; `alone`: this process plays every one, without collectives (rank 0 when it
     alone samples)."""
     play_fn, extra_metrics = player_for(s.env)
-    return episode_evaluator(None if alone else parts.accelerator, parts.generator, parts.tokenizer, environment_factory(s.env), s.env,
+    return episode_evaluator(None if alone else parts.accelerator, parts.generator, parts.tokenizer,
+                             environment_factory(s.env), s.env,
                              use_chat_template=s.model.chat_template, play_fn=play_fn, extra_metrics=extra_metrics)
 
 
@@ -400,7 +407,8 @@ def build_model_and_tokenizer(cfg: TrainConfig, train_rows: list[dict]):
         tokenizer = build_tokenizer([p + t for p, t in zip(prompts, targets)], build.vocab_size)
         model = build_model(
             tokenizer, hidden_size=build.hidden_size, num_layers=build.num_layers, num_heads=build.num_heads,
-            intermediate_size=build.intermediate_size, max_position_embeddings=build.max_position_embeddings, seed=cfg.seed,
+            intermediate_size=build.intermediate_size, max_position_embeddings=build.max_position_embeddings,
+            seed=cfg.seed,
         )
         return model, tokenizer
     if cfg.model.path is None:

@@ -69,7 +69,8 @@ class StorageError(Exception):
 
     def __init__(self, code: int, path, what: str, reason: str, advice: str, done: str = ""):
         super().__init__(code, str(path), what)
-        self.errno, self.path, self.what, self.reason, self.advice, self.done = code, str(path), what, reason, advice, done
+        self.errno, self.path, self.what, self.reason, self.advice, self.done = (
+            code, str(path), what, reason, advice, done)
         self.survived = ""  # e.g. "earlier checkpoints are intact: resume continues from step 40 (...)"
         self.command = ""  # e.g. "rlx train resume=<run>"
 

@@ -137,7 +137,8 @@ def render_grpo_vs_trl(stem: str, data: dict) -> list[str]:
         generation = f"{gen_rlx:.1f} / {gen_trl:.1f}" if gen_rlx and gen_trl else ""
 
         timed = {tool: len(runs.get(tool, [])) * raw["steps"] for tool in ("rlx", "trl")}  # steps behind the median
-        step = {tool: f"{summary[0]:.2f}" + (f" ({quickest[tool]:.2f})" if quickest.get(tool) and timed[tool] > 1 else "")
+        step = {tool: f"{summary[0]:.2f}"
+                + (f" ({quickest[tool]:.2f})" if quickest.get(tool) and timed[tool] > 1 else "")
                 for tool, summary in (("rlx", rlx), ("trl", trl))}
 
         rows.append([source.get("label", raw["setting"]), f"{raw['rounds']} x {raw['steps']}", step["rlx"],
@@ -165,7 +166,8 @@ def render_vllm_cpu(stem: str, data: dict) -> list[str]:
         columns = ["generator", "best tokens/s", "quickest s", "median s"]
         labels = {"rlx": "rlx's own decoder", "vllm_request": "vLLM, one seed per completion",
                   "vllm_batch": "vLLM, one seed per call"}
-        rows = [[label, f"{raw[key]['tokens_per_s_best']:.0f}", f"{raw[key]['min_s']:.2f}", f"{raw[key]['median_s']:.2f}"]
+        rows = [[label, f"{raw[key]['tokens_per_s_best']:.0f}", f"{raw[key]['min_s']:.2f}",
+                 f"{raw[key]['median_s']:.2f}"]
                 for key, label in labels.items() if key in raw]
         blocks.append(f"{raw['prompts']} prompts x {raw['samples']} samples x {raw['tokens']} forced tokens, model "
                       f"`{raw['shape']}`, {raw['threads']} threads, {raw['rounds']} rounds; engine start "

@@ -28,11 +28,13 @@ from pathlib import Path
 # loops share (packing, token budgets, dynamic sampling, the median pivot, forking tokens, KL, PPO-style epochs)
 RUNS = {
     "default": [],
-    "grpo_options": ["steps=6", "eval.every=3", "algorithm.epochs=2", "algorithm.mini_batches=2", "algorithm.kl_coef=0.05",
+    "grpo_options": ["steps=6", "eval.every=3", "algorithm.epochs=2", "algorithm.mini_batches=2",
+                     "algorithm.kl_coef=0.05",
                      "packed_forward=true", "micro_batch_tokens=2048", "rollout.temperature=0.8"],
     "dapo": ["algorithm=dapo", "steps=6", "eval.every=3"],
     "mc_grpo_forking": ["algorithm=mc_grpo", "algorithm.forking_rho=0.5", "steps=6", "eval.every=3"],
-    "rloo_kl_reward": ["algorithm=rloo", "algorithm.kl_coef=0.05", "algorithm.kl_in=reward", "algorithm.kl_estimator=k1", "steps=6", "eval.every=3"],
+    "rloo_kl_reward": ["algorithm=rloo", "algorithm.kl_coef=0.05", "algorithm.kl_in=reward",
+                       "algorithm.kl_estimator=k1", "steps=6", "eval.every=3"],
     "ppo": ["algorithm=ppo", "steps=6", "eval.every=3"],
     "sft": ["algorithm=sft", "steps=20", "eval.every=10"],
     "dpo": ["algorithm=dpo", "data=prefs", "steps=10", "eval.every=5"],
@@ -55,8 +57,8 @@ RUNS = {
     "partial": ["rollout.partial=true", "rollout.correction=tis", "steps=6", "eval.every=3"],
     "partial_rounds_pipeline": ["rollout.partial=true", "rollout.correction=tis", "rollout.segment_tokens=4",
                                 "rollout.max_staleness=1", "steps=6", "eval.every=3"],
-    "harness": ["algorithm=agent_grpo", "env=harness", "env.target=examples.corridor_harness.run", "model.path=builtin:tiny_agent",
-                "data.source=none", "env.eval_episodes=8", "steps=3", "eval.every=3"],
+    "harness": ["algorithm=agent_grpo", "env=harness", "env.target=examples.corridor_harness.run",
+                "model.path=builtin:tiny_agent", "data.source=none", "env.eval_episodes=8", "steps=3", "eval.every=3"],
 }
 TIMING = ("perf/", "time")  # metric names holding wall-clock figures: never compared
 

@@ -33,7 +33,8 @@ PATHS: dict[str, list[str]] = {
     "gpu_bf16": ["hardware=gpu", "model.dtype=bfloat16"],  # the model presets: bf16 weights + bf16 autocast
     "gpu_fp32_autocast": ["hardware=gpu", "model.dtype=float32"],  # fp32 weights + bf16 autocast
     "gpu_bf16_gc": ["hardware=gpu", "model.dtype=bfloat16", "hardware.gradient_checkpointing=true"],
-    "gpu_bf16_kl_entropy": ["hardware=gpu", "model.dtype=bfloat16", "algorithm.kl_coef=0.05", "algorithm.entropy_coef=0.01"],
+    "gpu_bf16_kl_entropy": ["hardware=gpu", "model.dtype=bfloat16", "algorithm.kl_coef=0.05",
+                            "algorithm.entropy_coef=0.01"],
     "gpu_lora": ["hardware=gpu", "model.dtype=bfloat16", "model.lora.enabled=true", "algorithm.kl_coef=0.05"],
     "vllm": ["hardware=gpu", "model.dtype=bfloat16", "rollout=vllm"],
     "vllm_lora": ["hardware=gpu", "model.dtype=bfloat16", "rollout=vllm", "model.lora.enabled=true"],
@@ -65,7 +66,8 @@ def run_path(name: str, overrides: list[str], model: Path, out: Path, args) -> b
               f"rollout.min_new_tokens={args.tokens}", f"micro_batch_size={args.micro}", "optim.warmup_steps=0",
               "eval.every=0", "eval.at_start=false", "save.final=false", "save.plot=false", "log.progress=false",
               "checkpoint.every=0", f"hydra.run.dir={run_dir}"]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                RLX_OUTPUTS=str(out / "outputs"))
     samples: list[int] = []
     stop = threading.Event()
@@ -96,7 +98,8 @@ def run_path(name: str, overrides: list[str], model: Path, out: Path, args) -> b
     lines = log.read_text(errors="replace").splitlines()
     errors = [line for line in lines if line.startswith("error: ") or "Error:" in line or "Killed" in line]
     reason = "timed out" if rc == 124 else (errors[-1].strip()[:300] if errors else f"see {log}")
-    print(f"FAIL {name} (rc={rc}): {reason} | steps_logged={len(rows)} peak_gpu_mem={peak} wall={wall:.0f}s", flush=True)
+    print(f"FAIL {name} (rc={rc}): {reason} | steps_logged={len(rows)} peak_gpu_mem={peak} wall={wall:.0f}s",
+          flush=True)
     return False
 
 
@@ -126,13 +129,14 @@ def main(argv: list[str] | None = None) -> int:
         from rlx.models.shapes import build_shaped_model
 
         build_shaped_model("qwen2.5-0.5b", model, dtype="bfloat16")
-    print(f"gpu_smoke: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, model {model}; {args.steps} steps of "
-          f"{args.prompts} prompts x {args.group} samples x {args.tokens} tokens", flush=True)
+    print(f"gpu_smoke: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, model {model}; {args.steps} steps "
+          f"of {args.prompts} prompts x {args.group} samples x {args.tokens} tokens", flush=True)
     results = []
     for name in args.only or list(PATHS):
         module = NEEDS.get(name)
         if module and subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True).returncode:
-            print(f"FAIL {name}: `import {module}` fails in {sys.executable}; install it (pip install -e '.[{module}]')")
+            print(f"FAIL {name}: `import {module}` fails in {sys.executable}; install it (pip install -e "
+                  f"'.[{module}]')")
             results.append(False)
             continue
         results.append(run_path(name, PATHS[name], model, out, args))

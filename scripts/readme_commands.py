@@ -36,9 +36,11 @@ REPO = Path(__file__).resolve().parents[1]
 SHORT_TRAIN = {"steps": "2", "prompts_per_step": "2", "rollout.samples_per_prompt": "2", "eval.size": "4",
                "eval.every": "2", "rollout.max_new_tokens": "8", "log.samples_every": "0", "save.plot": "false",
                "hardware.num_threads": "1", "checkpoint.every": "1", "data.eval_size": "8"}
-SHORT_BATCH = {"algorithm.batch_size": "4", "data.pairs.eval_size": "4"}  # preference, reward-model and SFT runs (policy-gradient has no such key)
+# preference, reward-model and SFT runs (policy-gradient has no such key)
+SHORT_BATCH = {"algorithm.batch_size": "4", "data.pairs.eval_size": "4"}
 # data.pairs.eval_size only exists with data=prefs*: added when the command names such data
-BATCHED = re.compile(r"algorithm=(dpo|simpo|ipo|orpo|cdpo|hinge|robust_dpo|ln_dpo|sft|reward_model)\b|(dpo|simpo|sft)\w*$")
+BATCHED = re.compile(r"algorithm=(dpo|simpo|ipo|orpo|cdpo|hinge|robust_dpo|ln_dpo|sft|reward_model)\b"
+                     r"|(dpo|simpo|sft)\w*$")
 SHORT_EVAL = {"limit": "3", "sampling.n": "2", "plot": "false", "hardware.num_threads": "1"}
 SHORT_PREFS = {"prompts": "12", "samples_per_prompt": "4"}
 # why a command cannot run on a CPU-only, offline machine (first match wins)
@@ -47,11 +49,13 @@ SKIPS = [
     (r"model=(qwen|llama)|model\.path=(Qwen|meta-llama)/|data=prefs_hub|benchmark=\[?gsm8k(?!.*load\.path)|math500",
      "needs a hub download"),
     (r"rollout=server", "needs vLLM (the .venv-vllm environment: make test-vllm runs rollout=server)"),
-    (r"env\.target=my_agent\.", "the user's own agent program (examples/ has runnable ones, tests/test_gateway_harness.py runs them)"),
+    (r"env\.target=my_agent\.",
+     "the user's own agent program (examples/ has runnable ones, tests/test_gateway_harness.py runs them)"),
     (r"^(pip|make bench|python benchmarks)", "installs packages or benchmarks for an hour"),
     (r"^make (train|test|reproduce)", "make target (make test runs the suite; rlx commands cover the rest)"),
     (r"^pytest", "a test command (the suite is run separately)"),
-    (r"^rlx view(?!.*--export)", "serves a page until Ctrl-C (the --export form runs; tests/test_view_browser.py drives the server)"),
+    (r"^rlx view(?!.*--export)",
+     "serves a page until Ctrl-C (the --export form runs; tests/test_view_browser.py drives the server)"),
     (r"model\.path=/local/dir|my\.parquet|resume=/shared/", "a placeholder the user replaces with their own files"),
 ]
 if importlib.util.find_spec("deepspeed") is None:
@@ -60,7 +64,8 @@ QUICK = re.compile(r"^rlx (--help|--version|recipes( show \S+)?$|train --help|tr
 
 
 SKIP_MARK = "<!-- docs-check: skip"
-BLOCK = re.compile(r"^(?P<skip><!-- docs-check: skip[^\n]*-->\n)?```(?P<lang>[\w-]*)\n(?P<body>.*?)^```", re.DOTALL | re.MULTILINE)
+BLOCK = re.compile(r"^(?P<skip><!-- docs-check: skip[^\n]*-->\n)?```(?P<lang>[\w-]*)\n(?P<body>.*?)^```",
+                   re.DOTALL | re.MULTILINE)
 
 
 def doc_files(repo: Path = REPO) -> list[Path]:
@@ -143,7 +148,8 @@ class Runner:
         table = {"outputs/train/<run>": runs[-1] if runs else None, "outputs/train/<a>": runs[-1] if runs else None,
                  "outputs/train/<b>": runs[-2] if len(runs) > 1 else None, "outputs/train/<..._rm>": rm,
                  "outputs/multirun/<sweep>": sweep, "outputs/eval/<dir>": evals,
-                 "outputs/train/run_a": runs[-1] if runs else None, "outputs/train/run_b": runs[-2] if len(runs) > 1 else None,
+                 "outputs/train/run_a": runs[-1] if runs else None,
+                 "outputs/train/run_b": runs[-2] if len(runs) > 1 else None,
                  "outputs/train/2026-11-22_10-31-07.123456_grpo": runs[-1] if runs else None}
         for placeholder, folder in table.items():
             if placeholder in command:
@@ -203,8 +209,8 @@ class Runner:
         """Run a documented failing command as typed; ok when its stderr has the documented error line."""
         start = time.perf_counter()
         try:
-            result = subprocess.run([sys.executable, "-m", "rlx", *shlex.split(command)[1:]], cwd=self.work, env=self.env,
-                                    capture_output=True, text=True, timeout=self.timeout)
+            result = subprocess.run([sys.executable, "-m", "rlx", *shlex.split(command)[1:]], cwd=self.work,
+                                    env=self.env, capture_output=True, text=True, timeout=self.timeout)
         except subprocess.TimeoutExpired:
             return "FAIL", time.perf_counter() - start, f"timed out after {self.timeout} s"
         took = time.perf_counter() - start
@@ -217,7 +223,8 @@ class Runner:
 def prepare_files(work: Path) -> None:
     rows = [{"question": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(8) for b in range(8)]
     (work / "my.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (work / "gsm8k_test.jsonl").write_text("".join(json.dumps({"question": r["question"], "answer": f"#### {r['answer']}"})
+    (work / "gsm8k_test.jsonl").write_text("".join(json.dumps({"question": r["question"],
+                                                               "answer": f"#### {r['answer']}"})
                                                    + "\n" for r in rows[:8]))
 
 
@@ -245,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         status, took, detail = runner.transcript(command, expected)
         results.append((status, took, command, detail))
-        print(f"{status:4} {took:6.1f}s  $ {command}" + (f"\n            {detail}" if status == "FAIL" else ""), flush=True)
+        print(f"{status:4} {took:6.1f}s  $ {command}" + ("\n            "
+                                                         f"{detail}" if status == "FAIL" else ""), flush=True)
     for command in commands + [None]:
         if command is None:  # second pass: commands whose placeholders needed a later command's output
             if not deferred:
@@ -258,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 status, took, detail = runner.run(resolved)
                 results.append((status, took, late, detail))
-                print(f"{status:4} {took:6.1f}s  {late}" + (f"\n            {detail}" if status == "FAIL" else ""), flush=True)
+                print(f"{status:4} {took:6.1f}s  {late}" + ("\n            "
+                                                            f"{detail}" if status == "FAIL" else ""), flush=True)
             break
         reason = next((why for pattern, why in SKIPS if re.search(pattern, command)), None)
         if not command.startswith("rlx ") and reason is None:
@@ -280,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         status, took, detail = runner.run(resolved)
         results.append((status, took, command, detail))
-        print(f"{status:4} {took:6.1f}s  {command}" + (f"\n            {detail}" if status == "FAIL" else ""), flush=True)
+        print(f"{status:4} {took:6.1f}s  {command}" + (f"\n            {detail}" if status == "FAIL" else ""),
+              flush=True)
     failed = [r for r in results if r[0] == "FAIL"]
     print(f"\n{len(results)} docs commands: {sum(r[0] == 'ok' for r in results)} ok, {len(failed)} failed, "
           f"{sum(r[0] == 'skip' for r in results)} skipped")

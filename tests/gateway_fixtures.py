@@ -34,8 +34,8 @@ class ScriptedGenerator:
 
     def generate_ids(self, prompts, *, max_new_tokens, seeds, greedy=False, samples_per_prompt=1, min_new_tokens=0):
         self.threads.add(threading.current_thread().name)
-        self.calls.append({"prompts": [list(p) for p in prompts], "seeds": list(seeds), "max_new_tokens": max_new_tokens,
-                           "greedy": greedy})
+        self.calls.append({"prompts": [list(p) for p in prompts], "seeds": list(seeds),
+                           "max_new_tokens": max_new_tokens, "greedy": greedy})
         if self.fail:
             raise RuntimeError("the model broke")
         ids, stopped = [], []
@@ -50,20 +50,17 @@ class ScriptedGenerator:
 # Hermes / Qwen 2.5 style: tools listed in the system turn, assistant tool calls as <tool_call>{json}</tool_call>,
 # tool results inside a user turn as <tool_response>...</tool_response> (a shortened Qwen 2.5 template)
 HERMES_TEMPLATE = (
-    "{%- if tools %}{{- '<|im_start|>system\\nTools:' }}{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
-    "{{- '<|im_end|>\\n' }}{%- endif %}"
-    "{%- for m in messages %}"
-    "{%- if m.role == 'assistant' %}{{- '<|im_start|>assistant' }}"
-    "{%- if m.content %}{{- '\\n' + m.content }}{%- endif %}"
-    "{%- for c in m.tool_calls or [] %}"
-    "{{- '\\n<tool_call>\\n{\"name\": \"' + c.function.name + '\", \"arguments\": ' + (c.function.arguments | tojson) + '}\\n</tool_call>' }}"
-    "{%- endfor %}{{- '<|im_end|>\\n' }}"
-    "{%- elif m.role == 'tool' %}{{- '<|im_start|>user\\n<tool_response>\\n' + m.content + '\\n</tool_response><|im_end|>\\n' }}"
-    "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    "{%- if tools %}{{- '<|im_start|>system\\nTools:' }}{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- "
+    "endfor %}{{- '<|im_end|>\\n' }}{%- endif %}{%- for m in messages %}{%- if m.role == 'assistant' %}{{- "
+    "'<|im_start|>assistant' }}{%- if m.content %}{{- '\\n' + m.content }}{%- endif %}{%- for c in m.tool_calls or [] "
+    "%}{{- '\\n<tool_call>\\n{\"name\": \"' + c.function.name + '\", \"arguments\": ' + (c.function.arguments | "
+    "tojson) + '}\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}{%- elif m.role == 'tool' %}{{- "
+    "'<|im_start|>user\\n<tool_response>\\n' + m.content + '\\n</tool_response><|im_end|>\\n' }}{%- else %}{{- "
+    "'<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}{%- endfor %}{%- if "
+    "add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
 CALCULATOR = {"type": "function", "function": {"name": "calc", "description": "integer arithmetic",
-                                               "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
+                                               "parameters": {"type": "object",
+                                                              "properties": {"expression": {"type": "string"}},
                                                               "required": ["expression"]}}}

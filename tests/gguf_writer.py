@@ -26,7 +26,8 @@ TENSOR_NAMES = {  # transformers name (after model.layers.N.) -> llama.cpp name 
 
 def permute_rows(weight: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's Q/K permutation: per head, rows (half 0, half 1) interleaved -> (pairs). (out, in) -> same."""
-    return weight.reshape(n_head, 2, weight.shape[0] // n_head // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    return weight.reshape(n_head, 2, weight.shape[0] // n_head // 2,
+                          *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
 def llama_tensors(folder: Path, config: dict) -> dict[str, np.ndarray]:

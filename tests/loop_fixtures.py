@@ -93,7 +93,8 @@ def scored_by(table: dict[str, float]):
 
 def render(tokenizer, prompt: str) -> list[int]:
     """Prompt token ids as every loop renders a user message: chat template with the generation prompt."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                         add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 

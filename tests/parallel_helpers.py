@@ -48,4 +48,5 @@ def assert_same_parameters(tmp_path, args, processes=2, atol=1e-5, strategy="ddp
     moved = max((one[k] - start[k]).abs().max().item() for k in one if k in start)  # a fresh head is not in start
     gap = max((one[k] - many[k]).abs().max().item() for k in one)
     assert moved > 100 * atol, f"training barely moved the weights ({moved:.2e}); the comparison would prove nothing"
-    assert gap < atol, f"{processes}-process run differs from the 1-process run by {gap:.2e} (weights moved {moved:.2e})"
+    assert gap < atol, (f"{processes}-process run differs from the 1-process run by {gap:.2e} (weights moved "
+                        f"{moved:.2e})")

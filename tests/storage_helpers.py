@@ -30,7 +30,8 @@ class Disk:
         done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self.size_mb}m", "tmpfs", str(self.path)],
                               capture_output=True, text=True)
         if done.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode}): storage faults need root")
+            pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode}): storage faults need "
+                        "root")
         return self
 
     def unmount(self) -> None:

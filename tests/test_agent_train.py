@@ -106,7 +106,8 @@ def train_then_resume(tmp_path, args):
 
 @pytest.mark.long
 def test_agent_resume_matches_an_uninterrupted_run(tmp_path):
-    """3.5 min on the shared 2-core machine (three runs). A custom environment with group-varying rewards, so the updates are real."""
+    """3.5 min on the shared 2-core machine (three runs). A custom environment with group-varying rewards, so the
+    updates are real."""
     args = ["algorithm=gigpo", "env=custom", "env.target=tests.test_agent_train.ParityEnv", "eval.every=4",
             "checkpoint.every=2", "optim.lr=1e-2", "optim.schedule=constant", *BASE]  # lr independent of steps
     run = train_then_resume(tmp_path, args)
@@ -150,7 +151,8 @@ def test_steps_without_learning_signal_leave_the_weights_alone(tmp_path):
     from tests.parallel_helpers import checkpoint_weights
 
     args = ["algorithm=agent_grpo", "env=custom", "env.target=tests.test_agent_train.SignalOnce", "steps=3",
-            "checkpoint.every=1", "checkpoint.keep=3", "eval.every=0", "eval.at_start=false", "optim.lr=1e-2", "name=once", *BASE]
+            "checkpoint.every=1", "checkpoint.keep=3", "eval.every=0", "eval.at_start=false", "optim.lr=1e-2",
+            "name=once", *BASE]
     result = run_rlx(["train", *args], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = read_metrics(only_run_dir(tmp_path) / "metrics.jsonl")

@@ -35,7 +35,8 @@ def test_readme_python_example_runs_verbatim(tmp_path, monkeypatch, capsys):
 
 def test_bad_override_raises_user_error_with_the_one_line_message(tmp_path, monkeypatch):
     monkeypatch.setenv("RLX_OUTPUTS", str(tmp_path / "outputs"))
-    with pytest.raises(UserError, match=r"unknown key 'num_generations' is a TRL name; in rlx set rollout.samples_per_prompt"):
+    with pytest.raises(UserError,
+                       match=r"unknown key 'num_generations' is a TRL name; in rlx set rollout.samples_per_prompt"):
         rlx.fit(["num_generations=4"])
     with pytest.raises(UserError, match="rewards= is empty"):
         rlx.fit([], rewards=[])

@@ -140,6 +140,7 @@ def test_overlap_in_the_model_needs_an_engine_to_spare():
     setup = sim.calibrate(sim.Setup(lengths=(3, 7, 20, 40), prompts=8, group=2, batches=8, warmup=2,
                                     round_tokens=8, per_server=4))
     steps = sim.step_rounds(sim.draws(setup), setup.prompts, setup.oversample, setup.round_tokens, setup.batches)
-    assert sim.rounds_pipeline_time(setup, steps, 1, 50, 2, True) == sim.rounds_pipeline_time(setup, steps, 1, 50, 2, False)
+    assert sim.rounds_pipeline_time(setup, steps, 1, 50, 2,
+                                    True) == sim.rounds_pipeline_time(setup, steps, 1, 50, 2, False)
     over, plain = (sim.rounds_pipeline_time(setup, steps, 12, 50, 2, o) for o in (True, False))
     assert over != plain and abs(over / plain - 1) < 0.01

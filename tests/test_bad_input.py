@@ -153,8 +153,8 @@ def test_a_harness_that_shows_the_model_no_text_stops_in_one_line():
     assert message.startswith(f"harness env.target={HERE}.not_text_harness showed the model an observation that is not "
                               "text (session p"), message
     assert message.endswith(": messages[0]: content is a dict ({'board': [1, 2]}), not text; it must be a string or a "
-                            "list of text parts); send each message's content as a str (or a list of text parts), and a "
-                            "/v1/completions prompt as a str"), message
+                            "list of text parts); send each message's content as a str (or a list of text parts), and "
+                            "a /v1/completions prompt as a str"), message
     assert "\n" not in message
 
 
@@ -190,6 +190,6 @@ def test_a_training_run_whose_episodes_never_play_a_turn_stops(tmp_path):
     result = run_rlx(["train", "algorithm=agent_grpo", *AGENT, f"env.target={HERE}.GrowingObservation",
                       "env.max_total_tokens=240"], tmp_path, timeout=300)
     line = _one_error_line(result)
-    assert line.startswith(f"error: step 1 has no token to train on: none of its 4 episodes of {HERE}.GrowingObservation "
-                           "sampled a token the loss keeps (4 had no room for a first turn within "
-                           "env.max_total_tokens)"), line
+    assert line.startswith("error: step 1 has no token to train on: none of its 4 episodes of "
+                           f"{HERE}.GrowingObservation sampled a token the loss keeps (4 had no room for a first turn "
+                           "within env.max_total_tokens)"), line

@@ -27,7 +27,8 @@ def _built(tmp_path, *overrides):
     cfg = loop_config("save.final=false", *overrides)
     model, tokenizer = tiny_policy()
     model = prepare_policy(model, cfg.model, cfg.hardware)
-    parts = build_parts(typed_settings(cfg), components(tmp_path, model, tokenizer, rows(["What is 3 + 4?"]), scored_by({})))
+    parts = build_parts(typed_settings(cfg),
+                        components(tmp_path, model, tokenizer, rows(["What is 3 + 4?"]), scored_by({})))
     parts.checkpointer.close()  # gives back the signal handlers it installed
     return parts
 
@@ -77,7 +78,12 @@ def test_every_family_has_its_cross_field_rules_in_one_module():
         check_settings(checked_settings(check_overrides(["algorithm=agent_sft"])))
     with pytest.raises(UserError, match="algorithm.advantage=gae needs a value model: use algorithm=ppo"):
         check_settings(checked_settings(check_overrides(["algorithm=grpo", "algorithm.advantage=gae"])))
-    check_settings(checked_settings(check_overrides(["algorithm=grpo", "rollout=vllm", "rollout.tis_cap=2"])))  # the policy-gradient loop applies it
-    check_settings(checked_settings(check_overrides(["algorithm=ppo", "rollout=vllm", "rollout.tis_cap=2"])))  # and PPO (its correction)
-    check_settings(checked_settings(check_overrides(["algorithm=agent_sft", "env=grid", "hardware=ddp", "hardware.num_processes=2"])))
-    check_settings(checked_settings(check_overrides(["algorithm=gigpo", "env=grid", "hardware=ddp", "hardware.num_processes=2"])))  # data-parallel
+    # the policy-gradient loop applies it
+    check_settings(checked_settings(check_overrides(["algorithm=grpo", "rollout=vllm", "rollout.tis_cap=2"])))
+    # and PPO (its correction)
+    check_settings(checked_settings(check_overrides(["algorithm=ppo", "rollout=vllm", "rollout.tis_cap=2"])))
+    check_settings(checked_settings(check_overrides(["algorithm=agent_sft", "env=grid", "hardware=ddp",
+                                                     "hardware.num_processes=2"])))
+    # data-parallel
+    check_settings(checked_settings(check_overrides(["algorithm=gigpo", "env=grid", "hardware=ddp",
+                                                     "hardware.num_processes=2"])))

@@ -108,7 +108,8 @@ def test_batch_arithmetic_names_the_numbers_to_change(overrides, processes, need
 
 
 def test_batch_arithmetic_accepts_even_splits():
-    check_batch(checked_settings(_cfg("prompts_per_step=4", "rollout.samples_per_prompt=4", "hardware.gradient_accumulation_steps=2",
+    check_batch(checked_settings(_cfg("prompts_per_step=4", "rollout.samples_per_prompt=4",
+                                      "hardware.gradient_accumulation_steps=2",
                      "micro_batch_size=4")), 2)  # 2 prompts x 4 samples = 8 per process = 2 x 4
     check_batch(checked_settings(_cfg("algorithm=sft", "algorithm.batch_size=8")), 4)
 

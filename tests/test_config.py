@@ -6,7 +6,8 @@ from rlx.config.overrides import check_overrides
 from rlx.config.paths import RECIPES_DIR, config_groups, group_options
 from tests.conftest import run_rlx
 
-GROUP_OPTIONS = [(g, o) for g in config_groups() if g not in ("recipes", "sweep", "tuning") for o in group_options(g)]  # those are _global_
+# those are _global_
+GROUP_OPTIONS = [(g, o) for g in config_groups() if g not in ("recipes", "sweep", "tuning") for o in group_options(g)]
 
 
 @pytest.mark.parametrize("group,option", GROUP_OPTIONS, ids=[f"{g}={o}" for g, o in GROUP_OPTIONS])
@@ -64,7 +65,8 @@ def test_help_and_cfg_job(tmp_path):
 def test_tab_completion(tmp_path):
     script = run_rlx(["-sc", "install=bash"], tmp_path, timeout=120)
     assert script.returncode == 0 and "complete -o nospace -o default -F hydra_bash_completion rlx" in script.stdout
-    query = run_rlx(["-sc", "query=bash"], tmp_path, timeout=120, env_extra={"COMP_LINE": "rlx train algorithm=", "COMP_POINT": "20"})
+    query = run_rlx(["-sc", "query=bash"], tmp_path, timeout=120,
+                    env_extra={"COMP_LINE": "rlx train algorithm=", "COMP_POINT": "20"})
     assert "algorithm=grpo" in query.stdout.split()
     top = run_rlx(["-sc", "query=bash"], tmp_path, timeout=120, env_extra={"COMP_LINE": "rlx tr", "COMP_POINT": "6"})
     assert top.stdout.split() == ["train"]

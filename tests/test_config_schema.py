@@ -78,7 +78,8 @@ def _used_fields(node: DictConfig, schema: type, used: set, prefix: str = "") ->
     known = schema_fields(schema)
     for key in map(str, node.keys()):  # missing values (`???`, e.g. data.train_path) too
         if prefix or key != "hydra":
-            assert key in known, f"{prefix}{key} has no field in rlx/config/ (schema.py, groups.py, families.py: {schema.__name__})"
+            assert key in known, (f"{prefix}{key} has no field in rlx/config/ (schema.py, groups.py, families.py: "
+                                  f"{schema.__name__})")
             used.add((schema, key))
     for key, value in _present(node):
         if not prefix and key == "hydra":
@@ -128,16 +129,23 @@ def test_every_shipped_yaml_key_has_a_schema_field_and_every_field_a_key():
 TYPED = [  # (overrides, the line's start): a wrong type, a range, a closed set, in several groups
     (["model.lora.enabled=yes"], "model.lora.enabled=yes is not valid: it must be true or false"),
     (["model.lora.rank=2.5"], "model.lora.rank=2.5 is not valid: it must be an integer >= 1"),
-    (["rollout=vllm", "rollout.gpu_memory_utilization=1.5"], "rollout.gpu_memory_utilization=1.5 is not valid: it must be a number in (0, 1]"),
-    (["hardware=deepspeed_zero2", "hardware.deepspeed.zero_stage=4"], "hardware.deepspeed.zero_stage=4 is not valid: it must be an integer in [1, 3]"),
+    (["rollout=vllm", "rollout.gpu_memory_utilization=1.5"],
+     "rollout.gpu_memory_utilization=1.5 is not valid: it must be a number in (0, 1]"),
+    (["hardware=deepspeed_zero2", "hardware.deepspeed.zero_stage=4"],
+     "hardware.deepspeed.zero_stage=4 is not valid: it must be an integer in [1, 3]"),
     (["hardware.distributed=mpi"], "unknown hardware.distributed 'mpi'; valid choices: no, ddp, fsdp, deepspeed"),
-    (["algorithm=dpo", "data=prefs", "algorithm.loss_type=dpoo"], "unknown algorithm.loss_type 'dpoo'; valid choices: dpo, cdpo"),
+    (["algorithm=dpo", "data=prefs", "algorithm.loss_type=dpoo"],
+     "unknown algorithm.loss_type 'dpoo'; valid choices: dpo, cdpo"),
     (["algorithm=dpo", "data=prefs", "algorithm.beta=0"], "algorithm.beta=0 is not valid: it must be a number > 0"),
-    (["algorithm=dpo", "data=prefs", "data.pairs.truncation=cut"], "unknown data.pairs.truncation 'cut'; valid choices: drop,"),
-    (["algorithm=agent_grpo", "env=grid", "algorithm.credit=episode"], "unknown algorithm.credit 'episode'; valid choices: trajectory, gigpo, turn"),
-    (["algorithm=agent_grpo", "env=grid", "env.max_turns=0"], "env.max_turns=0 is not valid: it must be an integer >= 1"),
+    (["algorithm=dpo", "data=prefs", "data.pairs.truncation=cut"],
+     "unknown data.pairs.truncation 'cut'; valid choices: drop,"),
+    (["algorithm=agent_grpo", "env=grid", "algorithm.credit=episode"],
+     "unknown algorithm.credit 'episode'; valid choices: trajectory, gigpo, turn"),
+    (["algorithm=agent_grpo", "env=grid", "env.max_turns=0"],
+     "env.max_turns=0 is not valid: it must be an integer >= 1"),
     (["algorithm=ppo", "algorithm.lam=1.5"], "algorithm.lam=1.5 is not valid: it must be a number in [0, 1]"),
-    (["algorithm=ppo", "algorithm.whiten_advantages=1"], "algorithm.whiten_advantages=1 is not valid: it must be true or false"),
+    (["algorithm=ppo", "algorithm.whiten_advantages=1"],
+     "algorithm.whiten_advantages=1 is not valid: it must be true or false"),
     (["algorithm.kl_estimator=k4"], "unknown algorithm.kl_estimator 'k4'; valid choices: k1, k2, k3"),
     (["logger=wandb", "logger.mode=on"], "unknown logger.mode 'on'; valid choices: online, offline, disabled"),
     (["data.verifier=nope"], "unknown data.verifier 'nope'; valid choices: "),
@@ -149,11 +157,15 @@ TYPED = [  # (overrides, the line's start): a wrong type, a range, a closed set,
 
 FAMILY_KNOBS = [  # a knob the chosen option's family (backend) does not have: who has it
     (["+algorithm.vf_coef=0.1"], "algorithm.vf_coef is a ppo knob, not a knob of algorithm=grpo; use algorithm=ppo"),
-    (["algorithm=dapo", "+algorithm.value_model=x"], "algorithm.value_model is a ppo knob, not a knob of algorithm=dapo"),
+    (["algorithm=dapo", "+algorithm.value_model=x"],
+     "algorithm.value_model is a ppo knob, not a knob of algorithm=dapo"),
     (["algorithm=agent_grpo", "env=grid", "+algorithm.dynamic_sampling=true"],
-     "algorithm.dynamic_sampling is a policy_gradient / ppo knob, not a knob of algorithm=agent_grpo; use algorithm=grpo or ppo"),
-    (["algorithm=sft", "+algorithm.beta=0.1"], "algorithm.beta is a preference knob, not a knob of algorithm=sft; use algorithm=dpo"),
-    (["+rollout.tis_cap=2"], "rollout.tis_cap is a vllm / server knob, not a knob of rollout=hf; use rollout=vllm or server"),
+     "algorithm.dynamic_sampling is a policy_gradient / ppo knob, not a knob of algorithm=agent_grpo; use "
+     "algorithm=grpo or ppo"),
+    (["algorithm=sft", "+algorithm.beta=0.1"],
+     "algorithm.beta is a preference knob, not a knob of algorithm=sft; use algorithm=dpo"),
+    (["+rollout.tis_cap=2"], "rollout.tis_cap is a vllm / server knob, not a knob of rollout=hf; use rollout=vllm or "
+                             "server"),
     (["+optim.momentum=0.9"], "unknown key 'optim.momentum'"),
 ]
 
@@ -171,7 +183,8 @@ def test_a_ppo_knob_given_to_grpo_is_one_line_naming_ppo(capsys):
     with pytest.raises(SystemExit) as info:
         check_overrides(["algorithm.vf_coef=0.1"])
     assert info.value.code == 2
-    assert capsys.readouterr().err == "error: algorithm.vf_coef is a ppo knob; use algorithm=ppo (or leave algorithm.vf_coef out)\n"
+    assert capsys.readouterr().err == ("error: algorithm.vf_coef is a ppo knob; use algorithm=ppo (or leave "
+                                       "algorithm.vf_coef out)\n")
     for family_only in ("algorithm.gamma=0.9", "algorithm.lam=0.9", "algorithm.whiten_advantages=false"):
         with pytest.raises(SystemExit):
             check_overrides([family_only])  # grpo carries none of the critic's knobs
@@ -219,7 +232,8 @@ def test_bad_knob_from_the_cli_is_one_line_exit_2_before_loading(tmp_path):
 
 EVAL_BAD = [
     ("sampling.temperature=0", "sampling.temperature=0"), ("sampling.top_p=2", "(0, 1]"),
-    ("sampling.n=-1", "sampling.n"), ("sampling.n=two", "sampling.n=two"), ("sampling.batch_size=0", "sampling.batch_size"),
+    ("sampling.n=-1", "sampling.n"), ("sampling.n=two", "sampling.n=two"),
+    ("sampling.batch_size=0", "sampling.batch_size"),
     ("metrics.confidence=1", "(0, 1)"), ("metrics.bootstrap_resamples=0", "metrics.bootstrap_resamples"),
     ("limit=0", "limit=0"), ("progress=maybe", "auto, true, false"), ("sampling.max_new_tokens=0", ">= 1"),
 ]

@@ -70,7 +70,8 @@ def test_stop_when_returns_the_rows_as_far_as_they_got(tiny):
         assert whole[: len(got)] == got and (got == whole) == done
     prefixes = part.ids
     rest = generator.generate_ids(prompts, max_new_tokens=20, seeds=seeds, samples_per_prompt=4,
-                                  continuation=Continuation([p if not d else p[:-1] for p, d in zip(prefixes, finished)]))
+                                  continuation=Continuation([p if not d else p[:-1]
+                                                             for p, d in zip(prefixes, finished)]))
     for prefix, new, whole, done in zip(prefixes, rest.ids, full.ids, finished):
         assert (prefix if not done else prefix[:-1]) + new == whole
 

@@ -86,7 +86,8 @@ def test_huge_ratios_and_impossible_padding_stay_finite():
             assert torch.isfinite(out.weights).all(), (rule, level)
 
 
-@pytest.mark.parametrize("case", [("tis", "token", 2.0, 0.0), ("mis", "token", 2.0, 0.5), ("mis", "sequence", 2.0, 0.0)])
+@pytest.mark.parametrize("case",
+                         [("tis", "token", 2.0, 0.0), ("mis", "token", 2.0, 0.5), ("mis", "sequence", 2.0, 0.0)])
 def test_the_corrected_loss_by_hand(case):
     """loss = token-mean over the KEPT tokens of -w_t * min(r_t A, clip(r_t) A), r = pi_theta / pi_prox = 1 at the
     update's first step. A = (+1, -1, +0.5) per row. tis: the sum of -w A over the 7 tokens is
@@ -259,13 +260,15 @@ def test_the_decoder_records_the_unfiltered_log_prob_under_top_k():
         with torch.no_grad():
             logits = model(input_ids=torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].double() / 0.8
         full = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids)[:, None]).squeeze(1)
-        top3 = torch.logsumexp(torch.topk(logits, 3, -1).values, -1) - torch.logsumexp(logits, -1)  # log of the kept mass
+        # log of the kept mass
+        top3 = torch.logsumexp(torch.topk(logits, 3, -1).values, -1) - torch.logsumexp(logits, -1)
         torch.testing.assert_close(torch.tensor(recorded, dtype=torch.float64), full, atol=1e-4, rtol=0)
         assert (top3 < -1e-3).any()  # the filtered log-prob (full - top3) would have differed
 
 
 ASYNC_BAD = [
-    (["rollout.max_staleness=1"], "error: rollout.max_staleness=1 trains on rows sampled by older weights: set an off-policy "
+    (["rollout.max_staleness=1"],
+     "error: rollout.max_staleness=1 trains on rows sampled by older weights: set an off-policy "
                                   "correction, e.g. rollout.correction=tis"),
     (["rollout.partial=true"], "rollout.correction=tis"),
     (["rollout=vllm", "rollout.max_staleness=1", "rollout.correction=tis"], "use rollout=server"),

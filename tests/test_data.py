@@ -8,7 +8,8 @@ from rlx.errors import UserError
 
 
 def _cfg(**kw):
-    base = dict(source="reasoning_gym", task="chain_sum", task_config=dict(min_terms=2, max_terms=3, min_digits=1, max_digits=1),
+    base = dict(source="reasoning_gym", task="chain_sum",
+                task_config=dict(min_terms=2, max_terms=3, min_digits=1, max_digits=1),
                 train_size=3000, eval_size=200, eval_seed=10007, prompt_template="Q: {question}", system_prompt=None)
     base.update(kw)
     return OmegaConf.create(base)

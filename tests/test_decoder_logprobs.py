@@ -35,7 +35,8 @@ def test_decoder_logprobs_equal_the_trainers_and_leave_the_draws_alone(knobs):
     group = 3
     seeds = [sample_seed(3, 1, i) for i in range(len(prompts) * group)]
     plain = generate(model, tok, prompts, samples_per_prompt=group, max_new_tokens=14, seeds=seeds, **knobs)
-    kept = generate(model, tok, prompts, samples_per_prompt=group, max_new_tokens=14, seeds=seeds, logprobs=True, **knobs)
+    kept = generate(model, tok, prompts, samples_per_prompt=group, max_new_tokens=14, seeds=seeds, logprobs=True,
+                    **knobs)
     assert plain.logprobs is None
     for name in ("completion_ids", "completion_mask", "truncated"):
         assert torch.equal(getattr(kept, name), getattr(plain, name)), name
@@ -57,7 +58,8 @@ def test_generator_protocol_returns_the_decoders_logprobs():
     model, tok, prompts = _tiny()
     ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
     seeds = [sample_seed(0, 0, i) for i in range(len(ids))]
-    sampler = HFGenerator(model, tok, temperature=0.8, logprobs="sampler").generate_ids(ids, max_new_tokens=10, seeds=seeds)
+    sampler = HFGenerator(model, tok, temperature=0.8,
+                          logprobs="sampler").generate_ids(ids, max_new_tokens=10, seeds=seeds)
     forward = HFGenerator(model, tok, temperature=0.8, logprobs=True).generate_ids(ids, max_new_tokens=10, seeds=seeds)
     none = HFGenerator(model, tok, temperature=0.8, logprobs=False).generate_ids(ids, max_new_tokens=10, seeds=seeds)
     assert sampler.ids == forward.ids == none.ids and none.logprobs is None
@@ -75,7 +77,8 @@ def test_loops_log_the_gap_between_rlx_decoder_and_trainer(tmp_path, algorithm):
     from tests.conftest import only_run_dir, run_rlx
 
     extra = ["algorithm.epochs=1", "algorithm.mini_batches=1"] if algorithm == "ppo" else []
-    result = run_rlx(["train", f"algorithm={algorithm}", "steps=2", "prompts_per_step=4", "rollout.samples_per_prompt=4",
+    result = run_rlx(["train", f"algorithm={algorithm}", "steps=2", "prompts_per_step=4",
+                      "rollout.samples_per_prompt=4",
                       "rollout.max_new_tokens=12", "rollout.temperature=0.7", "eval.every=0", "eval.at_start=false",
                       "save.final=false", *extra], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -103,7 +103,8 @@ def test_ppo_raises_the_rewarded_completion_and_its_value(tmp_path, monkeypatch)
 
     ppo_build = value_models.build_value_model
     monkeypatch.setattr(value_models, "build_value_model", keep_value_model)
-    before, after, sampler, *_ = _run_rl(tmp_path, monkeypatch, ppo.train_ppo, "algorithm=ppo", "algorithm.value_lr=1e-3")
+    before, after, sampler, *_ = _run_rl(tmp_path, monkeypatch, ppo.train_ppo, "algorithm=ppo",
+                                         "algorithm.value_lr=1e-3")
     _assert_good_up_bad_down(before, after)
     # the critic starts at V = 0 everywhere; the return is 1 after LIKELY and 0 after UNLIKELY, so the values
     # of LIKELY's states must rise and end above UNLIKELY's (a flipped value loss pushes them the other way)

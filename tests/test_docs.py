@@ -280,7 +280,8 @@ def test_inline_overrides_compose():
         group = key.split(".")[0]
         for alternative in value.split("|"):  # `logger=wandb|mlflow` shows several values
             span = text.split("=", 1)[0] + "=" + alternative
-            attempts = [[span]] + ([[f"{group}={o}", span] for o in options_with(group, key)] if group in groups else [])
+            attempts = [[span]] + ([[f"{group}={o}", span] for o in options_with(group, key)] if group in groups
+                                   else [])
             if not any(compose_error(name, attempt) is None for name in names for attempt in attempts[:4]):
                 failures.append(f"{page}: `{text}` -> {compose_error(names[0], [span])}")
     assert not failures, "\n".join(failures)
@@ -386,7 +387,8 @@ def test_docs_build_strict(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     site = tmp_path / "site"
     assert 'id="estimator-grpo"' in (site / "algorithms" / "policy-gradient.html").read_text()
-    assert 'id="default_run"' in (site / "results.html").read_text() and (site / "results" / "growth_0.5b.png").is_file()
+    assert ('id="default_run"' in (site / "results.html").read_text()
+            and (site / "results" / "growth_0.5b.png").is_file())
     assert "group_advantages" in (site / "api.html").read_text()  # mkdocstrings rendered the docstrings
     assert __version__ in (site / "changelog.html").read_text()
 
@@ -397,7 +399,8 @@ def test_no_merge_conflict_markers_are_left_in_the_sources():
 
     root = Path(__file__).resolve().parents[1]
     marker = re.compile(r"^(<{7} |={7}$|>{7} )", re.MULTILINE)
-    found = [str(path.relative_to(root)) for folder in ("rlx", "docs", "conf", "tests", "benchmarks", "scripts", "examples")
+    found = [str(path.relative_to(root))
+             for folder in ("rlx", "docs", "conf", "tests", "benchmarks", "scripts", "examples")
              for path in (root / folder).rglob("*") if path.suffix in (".py", ".md", ".yaml", ".yml", ".toml", ".txt")
              and marker.search(path.read_text(errors="replace"))]
     found += [name for name in ("README.md", "CHANGELOG.md", "Makefile") if marker.search((root / name).read_text())]

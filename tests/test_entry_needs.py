@@ -31,7 +31,8 @@ def test_a_plugin_shapers_declared_needs_are_checked_like_a_built_ins(plugin_sha
     with pytest.raises(UserError, match=r"assumed_fp_rate \+ assumed_fn_rate = 1.1 must be below 1 for tmp_needy"):
         check_settings(checked_settings(check_overrides([f"algorithm.shapers=[{plugin_shaper}]", *rates])))
     with pytest.raises(UserError, match=r"algorithm.shapers=\[tmp_needy\] needs algorithm.shaping.target_candidates"):
-        check_settings(checked_settings(check_overrides([f"algorithm.shapers=[{plugin_shaper}]", "algorithm.shaping.target_candidates=[]"])))
+        check_settings(checked_settings(check_overrides([f"algorithm.shapers=[{plugin_shaper}]",
+                                                         "algorithm.shaping.target_candidates=[]"])))
 
 
 def test_the_built_in_shapers_declare_what_the_rules_and_the_stages_read():

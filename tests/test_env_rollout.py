@@ -24,7 +24,8 @@ class Scripted:
     def generate_ids(self, prompts, *, max_new_tokens, seeds, greedy=False):
         ids = self.turns[min(self.calls, len(self.turns) - 1)][:max_new_tokens]
         self.calls += 1
-        return Generation([list(ids) for _ in prompts], [[-0.5] * len(ids) for _ in prompts], [self.stop] * len(prompts))
+        return Generation([list(ids) for _ in prompts], [[-0.5] * len(ids) for _ in prompts],
+                          [self.stop] * len(prompts))
 
 
 class Echo:
@@ -148,7 +149,8 @@ def test_hf_generator_ids_are_exactly_what_the_model_sampled(tokenizer):
     # the sampler log-probs equal the policy's log-probs of the trained tokens (temperature 1)
     from rlx.models.forward import completion_logprobs
     batch = Rollout.from_episodes(episodes, tokenizer.pad_token_id)
-    logp, _ = completion_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
+    logp, _ = completion_logprobs(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+                                  batch.completion_mask)
     mask = batch.loss_mask.bool()
     assert torch.allclose(logp[mask], batch.logprobs[mask], atol=1e-4)
 

@@ -32,12 +32,14 @@ def test_grpo_over_group_ids_by_hand():
     """A = (r - mean) / std: group 7: (2/3) / 0.577350 = 1.154701, (-1/3) / 0.577350 = -0.577350; group 2: -1 / 0.816497
     = -1.224745, +1.224745, 0, 0; the single sample of group 9 gets 0."""
     advantages, keep, metrics = outcome_advantages(REWARDS, IDS, "grpo", scale="group", eps=0.0)
-    assert advantages.tolist() == pytest.approx([1.154701, -1.224745, -0.577350, 1.224745, -0.577350, 0, 0, 0], abs=1e-5)
+    assert advantages.tolist() == pytest.approx([1.154701, -1.224745, -0.577350, 1.224745, -0.577350, 0, 0, 0],
+                                                abs=1e-5)
     assert keep.all() and metrics == {}
 
 
 def test_rloo_over_group_ids_by_hand():
-    """A = n / (n - 1) (r - mean): group 7: 3/2 x 2/3 = 1, 3/2 x -1/3 = -0.5; group 2: 4/3 x -1, 4/3 x 1, 0, 0; group 9: 0."""
+    """A = n / (n - 1) (r - mean): group 7: 3/2 x 2/3 = 1, 3/2 x -1/3 = -0.5; group 2: 4/3 x -1, 4/3 x 1, 0, 0; group 9:
+    0."""
     advantages, _, _ = outcome_advantages(REWARDS, IDS, "rloo")
     assert advantages.tolist() == pytest.approx([1, -4 / 3, -0.5, 4 / 3, -0.5, 0, 0, 0], abs=1e-6)
 
@@ -62,13 +64,15 @@ def test_ngrpo_over_group_ids_by_hand():
     """One virtual reward 1 per group: group [0, 0] + [1] has mean 1/3, unbiased std sqrt((1/9 + 1/9 + 4/9) / 2) =
     0.577350, A = -0.577350 each (GRPO: 0); group [1, 0] + [1]: mean 2/3, std 0.577350, A = 0.577350, -1.154701."""
     advantages, keep, metrics = outcome_advantages(torch.tensor([0.0, 1.0, 0.0, 0.0]), torch.tensor([5, 3, 5, 3]),
-                                                   "ngrpo", scale="group", eps=0.0, virtual_reward=1.0, virtual_samples=1)
+                                                   "ngrpo", scale="group", eps=0.0, virtual_reward=1.0,
+                                                   virtual_samples=1)
     assert advantages.tolist() == pytest.approx([-0.577350, 0.577350, -0.577350, -1.154701], abs=1e-5)
     assert keep.all() and metrics == {"train/ngrpo_dead_groups_revived": 1.0}
 
 
 @pytest.mark.parametrize("name,scale", [("grpo", "group"), ("grpo", "batch"), ("grpo", "none"), ("grpo", "mad"),
-                                        ("rloo", "group"), ("reinforce_pp", "group"), ("reinforce_pp_baseline", "group"),
+                                        ("rloo", "group"), ("reinforce_pp", "group"),
+                                        ("reinforce_pp_baseline", "group"),
                                         ("median", "none"), ("median", "mad"), ("ngrpo", "group")])
 def test_every_built_in_gives_the_same_numbers_for_shuffled_rows(name, scale):
     """Equal groups of 4 adjacent rows (the (B, G) form), then the same rows shuffled (the keyed form): the same
@@ -110,12 +114,15 @@ def test_declared_needs_are_read_by_generic_code(plugin):
            needs={"extra_samples": 1, "group_baseline": True, "odd_group": True, "scales": ("none",)})
     assert OUTCOME_ESTIMATORS.needs("tmp_pivot") == EstimatorNeeds(1, True, True, ("none",))
     assert group_count(4, "tmp_pivot") == 5 and group_count(4, "grpo") == 4 and group_count(4, None) == 4
-    check_settings(checked_settings(check_overrides(["algorithm.advantage=tmp_pivot", "algorithm.scale=none"])))  # 4 + 1: odd
+    # 4 + 1: odd
+    check_settings(checked_settings(check_overrides(["algorithm.advantage=tmp_pivot", "algorithm.scale=none"])))
     for overrides, needle in [
-        (["rollout.samples_per_prompt=3", "algorithm.scale=none"], "needs an odd group so that its middle is one sample: "
+        (["rollout.samples_per_prompt=3", "algorithm.scale=none"],
+         "needs an odd group so that its middle is one sample: "
                                                                    "rollout.samples_per_prompt=3 + 1 extra = 4"),
         (["algorithm.scale=group"], "is defined for algorithm.scale=none: set algorithm.scale=none (got group)"),
-        (["algorithm.scale=none", "rollout.samples_per_prompt=1"], "compares samples of a prompt: rollout.samples_per_prompt=1 must be at least 2"),
+        (["algorithm.scale=none", "rollout.samples_per_prompt=1"],
+         "compares samples of a prompt: rollout.samples_per_prompt=1 must be at least 2"),
     ]:
         with pytest.raises(UserError, match="^" + re.escape("algorithm.advantage=tmp_pivot " + needle)):
             check_settings(checked_settings(check_overrides(["algorithm.advantage=tmp_pivot", *overrides])))
@@ -125,8 +132,10 @@ def test_a_plugin_estimator_combines_with_hints_unless_it_needs_equal_groups(plu
     plugin("tmp_keyed", lambda rewards, group_ids, **_: rewards * 0)
     plugin("tmp_reshaping", lambda rewards, group_ids, **_: rewards * 0, needs=EstimatorNeeds(equal_groups=True))
     check_settings(checked_settings(check_overrides(["algorithm.advantage=tmp_keyed", "algorithm.hints.enabled=true"])))
-    check_settings(checked_settings(check_overrides(["algorithm.advantage=median", "algorithm.hints.enabled=true"])))  # median is keyed now
+    # median is keyed now
+    check_settings(checked_settings(check_overrides(["algorithm.advantage=median", "algorithm.hints.enabled=true"])))
     with pytest.raises(UserError, match="^algorithm.advantage=tmp_reshaping takes equal groups of adjacent samples"):
-        check_settings(checked_settings(check_overrides(["algorithm.advantage=tmp_reshaping", "algorithm.hints.enabled=true"])))
+        check_settings(checked_settings(check_overrides(["algorithm.advantage=tmp_reshaping",
+                                                         "algorithm.hints.enabled=true"])))
     with pytest.raises(UserError, match="^algorithm.advantage=tmp_keyed has no group baseline"):
         check_settings(checked_settings(check_overrides(["algorithm=dapo", "algorithm.advantage=tmp_keyed"])))

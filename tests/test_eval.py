@@ -80,7 +80,8 @@ def test_math500_from_a_local_file_with_boxed_answers(tmp_path):
 
 
 def test_missing_file_and_unreachable_hub_say_what_to_do(tmp_path, monkeypatch):
-    with pytest.raises(UserError, match=r"benchmark file '.*nope.jsonl' not found; download the test split of openai/gsm8k"):
+    with pytest.raises(UserError,
+                       match=r"benchmark file '.*nope.jsonl' not found; download the test split of openai/gsm8k"):
         _benchmark("gsm8k", f"benchmark.gsm8k.load.path={tmp_path / 'nope.jsonl'}").load()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
@@ -88,7 +89,8 @@ def test_missing_file_and_unreachable_hub_say_what_to_do(tmp_path, monkeypatch):
     with pytest.raises(UserError) as info:
         qa_problems("math500", "problem", "answer", "{question}", hub_id="HuggingFaceH4/MATH-500")
     message = str(info.value)
-    assert "cannot load hub dataset 'HuggingFaceH4/MATH-500'" in message and "benchmark.math500.load.path=FILE" in message
+    assert ("cannot load hub dataset 'HuggingFaceH4/MATH-500'" in message
+            and "benchmark.math500.load.path=FILE" in message)
     assert "\n" not in message
 
 
@@ -100,8 +102,8 @@ def test_humaneval_ships_164_problems_and_checks_code_in_the_sandbox():
     close, add = by_id["HumanEval/0"], by_id["HumanEval/53"]  # has_close_elements, add(x, y)
     assert add["entry_point"] == "add"
     correct_close = (
-        "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for j, b in enumerate(numbers) if i != j)\n"
-        "\ndef unrelated():\n    raise SystemExit(1)\n"  # cut at the stop sequence "\ndef "
+        "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for j, b in enumerate(numbers) if i != "
+        "j)\n\ndef unrelated():\n    raise SystemExit(1)\n"  # cut at the stop sequence "\ndef "
     )
     completions = [
         correct_close,
@@ -217,7 +219,8 @@ def test_eval_run_with_compare_base_and_two_benchmarks(tmp_path):
     (run / "config.yaml").write_text("model:\n  path: builtin:tiny\n")
     gsm = _write_jsonl(tmp_path / "gsm.jsonl", [{"question": f"What is {i} + 1?", "answer": f"#### {i + 1}"}
                                                  for i in range(4)])
-    result = run_rlx(["eval", f"run={run}", "compare=base", "benchmark=[chain_sum,gsm8k]", f"benchmark.gsm8k.load.path={gsm}",
+    result = run_rlx(["eval", f"run={run}", "compare=base", "benchmark=[chain_sum,gsm8k]",
+                      f"benchmark.gsm8k.load.path={gsm}",
                       "benchmark.gsm8k.max_new_tokens=8", "limit=8", "sampling.n=4", "hardware.num_threads=1",
                       "metrics.bootstrap_resamples=200"], tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -226,7 +229,8 @@ def test_eval_run_with_compare_base_and_two_benchmarks(tmp_path):
                  "chain_sum/model.jsonl", "chain_sum/compare.jsonl", "gsm8k/model.jsonl", "gsm8k/compare.jsonl"):
         assert (out / name).is_file(), name
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["models"]["model"]["path"] == str(run / "final") and summary["models"]["compare"]["path"] == "builtin:tiny"
+    assert (summary["models"]["model"]["path"] == str(run / "final")
+            and summary["models"]["compare"]["path"] == "builtin:tiny")
     chain = summary["benchmarks"]["chain_sum"]
     assert set(chain["model"]) == {"greedy/accuracy", *(f"{m}@{k}" for m in ("pass", "maj", "mean") for k in (1, 2, 4))}
     # the same weights with the same seeds: identical samples, a paired difference of exactly zero
@@ -280,7 +284,8 @@ def test_missing_benchmark_file_exits_2_with_one_line(tmp_path):
 @pytest.mark.long
 def test_trained_run_beats_its_base_model_with_a_paired_interval(tmp_path):
     # 50 GRPO steps lift held-out greedy accuracy on chain_sum well above the shipped model's
-    train = run_rlx(["train", "steps=50", "eval.every=50", "hardware.num_threads=1", "save.plot=false"], tmp_path, timeout=1200)
+    train = run_rlx(["train", "steps=50", "eval.every=50", "hardware.num_threads=1", "save.plot=false"], tmp_path,
+                    timeout=1200)
     assert train.returncode == 0, train.stderr[-3000:]
     run = only_run_dir(tmp_path, "train")
     result = run_rlx(["eval", f"run={run}", "compare=base", "hardware.num_threads=1"], tmp_path, timeout=600)
@@ -305,7 +310,8 @@ def test_benchmark_sampling_through_the_generator_protocol_draws_what_generate_d
     problems = bench.load(5)
     sampling = OmegaConf.create({"n": 3, "greedy": True, "max_new_tokens": 12, "temperature": 0.8, "top_p": 0.95,
                                  "top_k": 0, "batch_size": 8})  # 2 problems (8 rows) per batch: 3 batches
-    records = run_benchmark(model, tok, bench, problems, EvalPass(tmp_path / "model.jsonl", sampling, chat_template=True,
+    records = run_benchmark(model, tok, bench, problems,
+                            EvalPass(tmp_path / "model.jsonl", sampling, chat_template=True,
                                                                   seed=3, label="chain_sum", progress=False))
     for start in range(0, 5, 2):
         batch = problems[start : start + 2]
@@ -321,12 +327,14 @@ def test_benchmark_sampling_through_the_generator_protocol_draws_what_generate_d
     assert len({s for r in records for s in r["samples"]}) > 5  # really sampled, not all alike
 
 
-@pytest.mark.parametrize("given, want", [([], 0.7), (["sampling.temperature=1.0"], 1.0), (["rollout.temperature=1.0"], 1.0)])
+@pytest.mark.parametrize("given, want",
+                         [([], 0.7), (["sampling.temperature=1.0"], 1.0), (["rollout.temperature=1.0"], 1.0)])
 def test_eval_of_a_run_samples_at_the_runs_temperature(tmp_path, given, want):
     # a real model's preset trains at 0.7 (conf/tuning): eval.yaml's 1.0 would score samples the run never drew
     run = tmp_path / "run"
     shutil.copytree(ASSETS_DIR / "tiny", run / "final")
-    (run / "config.yaml").write_text("model:\n  path: builtin:tiny\nrollout:\n  temperature: 0.7\n  top_p: 0.9\n  top_k: 5\n")
+    (run / "config.yaml").write_text("model:\n  path: builtin:tiny\nrollout:\n  temperature: 0.7\n  top_p: 0.9\n  "
+                                     "top_k: 5\n")
     out = tmp_path / "eval"
     evaluate(_eval_cfg(f"run={run}", "limit=2", "sampling.n=1", *given), out, [f"run={run}", *given])
     sampling = OmegaConf.load(out / "config.yaml").sampling
@@ -338,7 +346,8 @@ def test_eval_of_a_run_asks_and_reads_answers_as_the_runs_model_preset(tmp_path,
     # a SmolLM2 run is asked the bare question and read by final_number; eval.yaml's default model asks for tags
     run = tmp_path / "run"
     shutil.copytree(ASSETS_DIR / "tiny", run / "final")
-    (run / "config.yaml").write_text("model:\n  path: builtin:tiny\n  answer:\n    prompt: bare\n    reader: final_number\n")
+    (run / "config.yaml").write_text("model:\n  path: builtin:tiny\n  answer:\n    prompt: bare\n    reader: "
+                                     "final_number\n")
     out = tmp_path / "eval"
     overrides = [f"run={run}", "benchmark=chain_sum", "limit=2", "sampling.n=1", *given]
     evaluate(_eval_cfg(*overrides), out, overrides)

@@ -57,9 +57,11 @@ def test_completion_logprobs_chunked_equals_plain_forward():
     model = _tiny_llama(50)
     batch = _batch(50)
     mask = batch[3].bool()
-    plain, plain_entropy = completion_logprobs(model, *batch, with_entropy=True, settings=LogprobSettings(chunked=False))
+    plain, plain_entropy = completion_logprobs(model, *batch, with_entropy=True,
+                                               settings=LogprobSettings(chunked=False))
     plain_grads = torch.autograd.grad(plain[mask].sum(), list(model.parameters()))
-    chunked, chunked_entropy = completion_logprobs(model, *batch, with_entropy=True, settings=LogprobSettings(chunked=True))
+    chunked, chunked_entropy = completion_logprobs(model, *batch, with_entropy=True,
+                                                   settings=LogprobSettings(chunked=True))
     chunked_grads = torch.autograd.grad(chunked[mask].sum(), list(model.parameters()))
     assert torch.allclose(chunked[mask], plain[mask], atol=1e-5)
     assert torch.allclose(chunked_entropy[mask], plain_entropy[mask], atol=1e-5)
@@ -135,7 +137,8 @@ def test_shared_prompt_pass_equals_plain_forward():
     prompt_mask[1, :1] = 0
     # 3 samples of prompt 0, then 2 of prompt 1
     batch = (prompt_ids[[0, 0, 0, 1, 1]], prompt_mask[[0, 0, 0, 1, 1]],
-             torch.randint(1, 50, (5, 6), generator=torch.Generator().manual_seed(2)), torch.ones(5, 6, dtype=torch.long))
+             torch.randint(1, 50, (5, 6), generator=torch.Generator().manual_seed(2)),
+             torch.ones(5, 6, dtype=torch.long))
     batch[3][2, 3:] = 0
     first, group = prompt_groups(batch[0], batch[1])
     assert first.tolist() == [0, 3] and group.tolist() == [0, 0, 0, 1, 1]

@@ -143,7 +143,8 @@ def test_say_template_is_silent_when_the_prompts_stay_as_they_are():
 
     rows = [{"question": "q"}]
     assert say_template(None, rows, "x.jsonl") is None and say_template("{question}", rows, "x.jsonl") is None
-    assert say_template("Q: {question}", rows, "x.jsonl").startswith("data.prompt_template puts every prompt of x.jsonl")
+    assert say_template("Q: {question}", rows,
+                        "x.jsonl").startswith("data.prompt_template puts every prompt of x.jsonl")
 
 
 def test_a_benchmark_file_outside_the_package(tmp_path):
@@ -171,15 +172,16 @@ def test_a_benchmark_file_outside_the_package(tmp_path):
 def test_eval_explains_mean_at_1_beside_pass_at_1():
     from rlx.evaluation.explain import metric_notes
 
-    summary = {"sampling": {"n": 8}, "benchmarks": {"b": {"model": {"pass@1": {}, "mean@1": {}, "greedy/accuracy": {}}}}}
+    summary = {"sampling": {"n": 8},
+               "benchmarks": {"b": {"model": {"pass@1": {}, "mean@1": {}, "greedy/accuracy": {}}}}}
     notes = metric_notes(summary)
     assert "mean@1 reads one sample" in notes[0] and "all n=8 samples" in notes[0] and "greedy" in notes[1]
     assert metric_notes({"benchmarks": {"b": {"model": {"pass@1": {}}}}}) == []
 
 
 def test_eval_run_whose_reward_lives_in_another_process(tmp_path, caplog):
-    """A run scored by a reward function that does not import here (a callable of another Python process): with answers in its
-    data, its verifier scores instead, with a warning; without answers, one line asks for a benchmark."""
+    """A run scored by a reward function that does not import here (a callable of another Python process): with answers
+    in its data, its verifier scores instead, with a warning; without answers, one line asks for a benchmark."""
     import logging
 
     from omegaconf import OmegaConf

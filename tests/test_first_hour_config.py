@@ -48,7 +48,8 @@ def test_reward_components_and_task_config_without_plus(tmp_path):
 def test_eval_env_kwargs_without_plus_plays_the_environment(tmp_path):
     """`rlx eval env=custom env.target=... 'env.kwargs={...}'` builds the environment with those kwargs: the
     Countdown environment ends after `turns` turns, so the recorded episodes have exactly 3 turns."""
-    result = run_rlx(["eval", "env=custom", "env.target=tests.newcomer_helpers.Countdown", "env.kwargs={turns:3,words:2}",
+    result = run_rlx(["eval", "env=custom", "env.target=tests.newcomer_helpers.Countdown",
+                      "env.kwargs={turns:3,words:2}",
                       "model.path=builtin:tiny_agent", "limit=2", "sampling.n=0", "plot=false",
                       "hardware.num_threads=1"], tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -170,7 +171,8 @@ def _own_module_command(tmp_path):
     from tests.conftest import REPO
 
     env = dict(os.environ, PYTHONPATH=str(REPO), RLX_OUTPUTS=str(tmp_path / "outputs"), HF_HUB_OFFLINE="1")
-    command = [str(Path(sys.executable).parent / "rlx"), "train", "+reward.components.mine._target_=my_module.my_reward",
+    command = [str(Path(sys.executable).parent / "rlx"), "train",
+               "+reward.components.mine._target_=my_module.my_reward",
                "+reward.components.mine.weight=0.5", "steps=1", "prompts_per_step=2", "rollout.samples_per_prompt=2",
                "eval.size=4", "rollout.max_new_tokens=8", "save.final=false", "save.plot=false",
                "hardware.num_threads=1"]

@@ -80,7 +80,8 @@ def test_what_fsdp_does_not_run_stops_with_the_fix(tmp_path):
 
     with pytest.raises(UserError, match="without fp32 master copies"):  # FSDP2 keeps masters only under mixed precision
         check_sharded_settings(checked_settings(check_overrides([*FSDP_CPU, "model.dtype=bfloat16"])))
-    check_sharded_settings(checked_settings(check_overrides(["hardware=fsdp", "hardware.cpu=true", "hardware.mixed_precision=bf16",
+    check_sharded_settings(checked_settings(check_overrides(["hardware=fsdp", "hardware.cpu=true",
+                                                             "hardware.mixed_precision=bf16",
                                             "model.dtype=bfloat16"])))
 
 
@@ -193,7 +194,8 @@ def test_fsdp_one_launched_process_matches_plain_one(tmp_path, one_process):
 @pytest.mark.long
 @pytest.mark.parametrize("family", [
     ["algorithm=sft", "steps=2", "algorithm.batch_size=8", "micro_batch_size=2"],
-    ["algorithm=dpo", "data=prefs", "steps=2", "algorithm.batch_size=8", "micro_batch_size=2", "algorithm.reference=model"],
+    ["algorithm=dpo", "data=prefs", "steps=2", "algorithm.batch_size=8", "micro_batch_size=2",
+     "algorithm.reference=model"],
 ], ids=["sft", "dpo"])
 def test_other_loops_under_fsdp_match_one_process(tmp_path, family):
     """SFT (~25 s) and DPO (~55 s; its reference model kept and sharded like the policy, instead of the default
@@ -214,7 +216,8 @@ def test_lora_under_fsdp_matches_one_process(tmp_path):
         assert result.returncode == 0, result.stderr[-4000:]
     one = load_file(_run_dir(tmp_path, "one") / "final" / "adapter_model.safetensors")
     many = _run_dir(tmp_path, "many")
-    assert max(v.abs().max().item() for k, v in one.items() if "lora_B" in k) > 1e-4  # the adapter trained (B starts at 0)
+    # the adapter trained (B starts at 0)
+    assert max(v.abs().max().item() for k, v in one.items() if "lora_B" in k) > 1e-4
     assert _max_gap(one, load_file(many / "final" / "adapter_model.safetensors")) < 1e-6
     checkpoint = load_file(many / "checkpoints" / "step_000002" / "adapter" / "adapter_model.safetensors")
     assert _max_gap(one, checkpoint) < 1e-6

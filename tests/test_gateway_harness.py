@@ -36,7 +36,8 @@ def _chat(base_url, api_key, text="hi"):
     from openai import OpenAI
 
     with OpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
-        return client.chat.completions.create(model="m", messages=[{"role": "user", "content": text}]).choices[0].message
+        return client.chat.completions.create(model="m",
+                                              messages=[{"role": "user", "content": text}]).choices[0].message
 
 
 def flaky(task, base_url, api_key):
@@ -154,8 +155,8 @@ def test_forked_rows_train_each_sampled_token_once_with_its_own_steps_advantage(
     def call(messages, text):
         pending = session.prepare_chat(normalize_messages(messages), None, renderer)
         ids = encode(text) + [EOS]
-        session.record(pending, ids, [-1.0] * len(ids), True, text, normalize_messages([{"role": "assistant", "content": text}])[0],
-                       "stop", 0)
+        session.record(pending, ids, [-1.0] * len(ids), True, text,
+                       normalize_messages([{"role": "assistant", "content": text}])[0], "stop", 0)
 
     u1, a0 = {"role": "user", "content": "u1"}, {"role": "assistant", "content": "L"}
     call([u1], "L")
@@ -195,8 +196,10 @@ def test_the_gateway_plays_exactly_the_tokens_of_the_environment_loop():
     generator = HFGenerator(load_causal_lm("builtin:tiny_agent"), tiny_tokenizer(), logprobs="sampler")
     seeds, sample_seeds = [11, 11, 12, 13], [5, 6, 7, 8]
     env_cfg = check_overrides(["env=corridor"]).env
-    harness_cfg = check_overrides(["env=harness", "env.target=examples.corridor_harness.run", "env.max_new_tokens=3"]).env
-    expected = player_for(env_cfg)[0](generator, tiny_tokenizer(), env_factory("corridor"), env_cfg, seeds, sample_seeds,
+    harness_cfg = check_overrides(["env=harness", "env.target=examples.corridor_harness.run",
+                                   "env.max_new_tokens=3"]).env
+    expected = player_for(env_cfg)[0](generator, tiny_tokenizer(), env_factory("corridor"), env_cfg, seeds,
+                                      sample_seeds,
                                        TurnDecoding(greedy=False))
     got = player_for(harness_cfg)[0](generator, tiny_tokenizer(), None, harness_cfg, seeds, sample_seeds,
                                      TurnDecoding(greedy=False))
@@ -228,7 +231,8 @@ class GroupAlternating:
         from rlx.rollout.sampling import sample_seed
 
         self.tokenizer, self.samples = tokenizer, []
-        self.index = {sample_seed(seed, step, i) * TURN_STRIDE: i for step in range(1, steps + 1) for i in range(episodes)}
+        self.index = {sample_seed(seed, step, i) * TURN_STRIDE: i for step in range(1, steps + 1)
+                      for i in range(episodes)}
 
     version = 0
 
@@ -308,9 +312,11 @@ def test_bad_harness_input_is_one_error_line(tmp_path, args, needle):
 
 @pytest.mark.long
 @pytest.mark.parametrize("recipe,overrides,floor", [
-    ("agent_grpo_corridor_tiny", ["env.target=examples.corridor_harness.run", "env.max_new_tokens=3", "env.max_turns=8"], 0.9),
+    ("agent_grpo_corridor_tiny",
+     ["env.target=examples.corridor_harness.run", "env.max_new_tokens=3", "env.max_turns=8"], 0.9),
     ("agent_grpo_tool_tiny", ["env.target=examples.tool_harness.run", "env.tool_parser=tags",
-                              "env.chat_template=examples/tiny_tools.jinja", "env.max_new_tokens=24", "env.max_turns=3"], 0.45),
+                              "env.chat_template=examples/tiny_tools.jinja", "env.max_new_tokens=24",
+                              "env.max_turns=3"], 0.45),
 ])
 def test_the_examples_learn(tmp_path, recipe, overrides, floor):
     """The recipes' full budget with env=harness (2-5 min each on one core): held-out success from the warm start
@@ -318,8 +324,8 @@ def test_the_examples_learn(tmp_path, recipe, overrides, floor):
     from tests.conftest import REPO, only_run_dir
 
     overrides = [o.replace("examples/", f"{REPO}/examples/") for o in overrides]
-    result = run_rlx(["train", recipe, "env=harness", *overrides, "hardware.num_threads=1", "save.final=false"], tmp_path,
-                     timeout=1200)
+    result = run_rlx(["train", recipe, "env=harness", *overrides, "hardware.num_threads=1", "save.final=false"],
+                     tmp_path, timeout=1200)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in (only_run_dir(tmp_path) / "metrics.jsonl").read_text().splitlines()]
     evals = [r["eval/success"] for r in rows if "eval/success" in r]
@@ -353,11 +359,13 @@ def test_gateway_command_serves_the_typed_settings_and_stops_on_sigterm(tmp_path
     import subprocess
     import sys
 
-    bad = subprocess.run([sys.executable, "-m", "rlx", "gateway", "model.path=builtin:tiny_agent", "rollout.temperature=-1"],
+    bad = subprocess.run([sys.executable, "-m", "rlx", "gateway", "model.path=builtin:tiny_agent",
+                          "rollout.temperature=-1"],
                          capture_output=True, text=True, timeout=120, env=dict(os.environ, HF_HUB_OFFLINE="1"))
     assert bad.returncode == 2 and "rollout.temperature=-1 is not valid" in bad.stderr, bad.stderr[-500:]
     record = tmp_path / "sessions.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "rlx", "gateway", "model.path=builtin:tiny_agent", "env.max_new_tokens=5",
+    proc = subprocess.Popen([sys.executable, "-m", "rlx", "gateway", "model.path=builtin:tiny_agent",
+                             "env.max_new_tokens=5",
                              "rollout.temperature=0.5", "hardware.num_threads=1", "--record", str(record)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, HF_HUB_OFFLINE="1"))

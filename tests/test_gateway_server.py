@@ -109,7 +109,8 @@ def served():
         return "L R"
 
     gen = ScriptedGenerator(reply)
-    with Gateway(gen, tiny_tokenizer(), GatewaySettings(max_new_tokens=128, max_total_tokens=400, max_wait_ms=1)) as gateway:
+    with Gateway(gen, tiny_tokenizer(),
+                 GatewaySettings(max_new_tokens=128, max_total_tokens=400, max_wait_ms=1)) as gateway:
         gateway.open_session("s1", 11)
         yield gateway, gen
 
@@ -125,7 +126,8 @@ def test_chat_completion_shape_and_any_model_name(served):
     choice = out.choices[0]
     assert out.object == "chat.completion" and out.model == "gpt-4o-whatever"
     assert choice.message.role == "assistant" and choice.message.content == "L R" and choice.finish_reason == "stop"
-    assert out.usage.completion_tokens == len(encode("L R")) + 1 and len(choice.logprobs.content) == out.usage.completion_tokens
+    assert (out.usage.completion_tokens == len(encode("L R")) + 1
+            and len(choice.logprobs.content) == out.usage.completion_tokens)
     assert [m.id for m in client(gateway).models.list().data] == ["rlx"]
     assert gateway.sessions["s1"].calls[0].text == "L R"
 
@@ -156,7 +158,8 @@ def test_stream_and_completions_and_stop_strings(served):
     cut = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "again"}], stop=[" R"])
     assert cut.choices[0].message.content == "L" and cut.choices[0].finish_reason == "stop"
     text = c.completions.create(model="m", prompt="Q:", max_tokens=2)
-    assert text.choices[0].text == tiny_tokenizer().decode(encode("L R")[:2]) and text.choices[0].finish_reason == "length"
+    assert (text.choices[0].text == tiny_tokenizer().decode(encode("L R")[:2])
+            and text.choices[0].finish_reason == "length")
 
 
 def test_the_session_can_ride_in_the_api_key(served):
@@ -200,9 +203,11 @@ def test_rlx_sampling_settings_win_and_a_difference_is_logged_once(served, caplo
     c = client(gateway)
     with caplog.at_level(logging.WARNING, logger="rlx"):
         for _ in range(2):
-            c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], temperature=0.2, max_tokens=500)
+            c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], temperature=0.2,
+                                      max_tokens=500)
     lines = [r.getMessage() for r in caplog.records]
-    assert sum("temperature=0.2" in line for line in lines) == 1 and sum("max_tokens=500" in line for line in lines) == 1
+    assert (sum("temperature=0.2" in line for line in lines) == 1
+            and sum("max_tokens=500" in line for line in lines) == 1)
     assert all(call["max_new_tokens"] <= 128 for call in gen.calls)  # the cap wins
 
 

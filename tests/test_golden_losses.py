@@ -95,7 +95,8 @@ def _group_advantages(rewards: list[float], group: int, scale: bool) -> list[flo
 PG_CASES = {
     # name: (overrides, aggregation, ratio level, dual clip)
     "grpo-token-mean": (["algorithm=grpo"], "token-mean", "token"),
-    "grpo-seq-mean-token-mean": (["algorithm=grpo", "algorithm.loss_agg=seq-mean-token-mean"], "seq-mean-token-mean", "token"),
+    "grpo-seq-mean-token-mean": (["algorithm=grpo", "algorithm.loss_agg=seq-mean-token-mean"], "seq-mean-token-mean",
+                                 "token"),
     "dr_grpo-constant-normaliser": (["algorithm=dr_grpo"], "seq-mean-token-sum-norm", "token"),
     "gspo-sequence-ratio": (["algorithm=gspo", "algorithm.mini_batches=1", "algorithm.clip_low=0.05",
                              "algorithm.clip_high=0.1"], "seq-mean-token-mean", "sequence"),
@@ -200,7 +201,7 @@ def test_ppo_policy_and_value_losses_match_the_formulas(tmp_path, monkeypatch, e
     monkeypatch.setattr(ppo, "batched_logprobs",
                         lambda net, rollout, micro, with_entropy=False, temperature=1.0, pack=False: (
                             real_logprobs(net, rollout, micro, temperature=temperature, pack=pack)[0]
-                                                                        + offsets(tuple(rollout.completion_ids.shape)).float(), None))
+                            + offsets(tuple(rollout.completion_ids.shape)).float(), None))
     monkeypatch.setattr(ppo, "batched_values",
                         lambda net, rollout, micro, pack=False: real_values(net, rollout, micro, pack=pack)
                         + offsets(tuple(rollout.completion_ids.shape), scale=0.3).flip(0).float())

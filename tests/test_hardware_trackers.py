@@ -25,7 +25,8 @@ FAST = ["steps=2", "prompts_per_step=2", "rollout.samples_per_prompt=4", "eval.s
         ("ddp", ["--multi_gpu", "--num_processes 2"]),
         ("fsdp", ["--use_fsdp", "--fsdp_version 2", "--fsdp_reshard_after_forward true"]),
         ("deepspeed_zero2", ["--use_deepspeed", "--zero_stage 2"]),
-        ("deepspeed_zero3", ["--use_deepspeed", "--zero_stage 3", "--zero3_init_flag false"]),  # the reference copies full weights
+        # the reference copies full weights
+        ("deepspeed_zero3", ["--use_deepspeed", "--zero_stage 3", "--zero3_init_flag false"]),
     ],
 )
 def test_strategies_become_accelerate_launch_flags(option, flags):
@@ -54,7 +55,8 @@ def test_sharded_strategies_without_a_gpu_stop_with_the_alternative(tmp_path):
 
 
 def test_multinode_needs_the_main_address_and_passes_the_machine_layout():
-    hardware = check_overrides(["hardware=multinode", "hardware.main_process_ip=10.0.0.1", "hardware.machine_rank=1"]).hardware
+    hardware = check_overrides(["hardware=multinode", "hardware.main_process_ip=10.0.0.1",
+                                "hardware.machine_rank=1"]).hardware
     joined = " ".join(launcher_command(hardware, ["train"]))
     for piece in ("--num_processes 16", "--num_machines 2", "--machine_rank 1", "--main_process_ip 10.0.0.1",
                   "--main_process_port 29500"):

@@ -1,6 +1,6 @@
 """A real instruct model gets a reward signal at its preset's defaults: the answer is read where an instruct model
-states it (model.answer.reader: rlx.tasks.final_number), the format bonus is logged apart from correctness, and a model preset's tuning
-files (conf/tuning/) reach the other groups without touching the tiny model's defaults."""
+states it (model.answer.reader: rlx.tasks.final_number), the format bonus is logged apart from correctness, and a model
+preset's tuning files (conf/tuning/) reach the other groups without touching the tiny model's defaults."""
 
 import pytest
 

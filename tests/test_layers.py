@@ -133,7 +133,8 @@ def upward_imports(files=None) -> list[tuple[str, int, str, str, str]]:
 
 def test_every_unit_has_a_layer():
     units = {unit_of_file(p) for p in ROOT.rglob("*.py") if "assets" not in p.parts}
-    assert units <= set(RANK), f"folders or root modules without a layer in tests/test_layers.py: {sorted(units - set(RANK))}"
+    assert units <= set(RANK), ("folders or root modules without a layer in tests/test_layers.py: "
+                                f"{sorted(units - set(RANK))}")
 
 
 def test_imports_only_look_down():

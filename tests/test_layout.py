@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "rlx"
-LOOP_INFRASTRUCTURE = {"rlx.loops", "rlx.loops.common", "rlx.loops.micro_batches", "rlx.loops.credit"}  # shared by the loops; not loops
+# shared by the loops; not loops
+LOOP_INFRASTRUCTURE = {"rlx.loops", "rlx.loops.common", "rlx.loops.micro_batches", "rlx.loops.credit"}
 
 # Third-party modules a function may import lazily (at its first use, not when its module is imported). Only
 # these: heavy to import (seconds), which `rlx --help`, `rlx --version` and a one-line config error must not pay,
@@ -134,14 +135,17 @@ def test_lazy_imports_of_third_party_modules_are_heavy_or_optional():
     local = {p.name for p in ROOT.parent.iterdir() if p.is_dir()}  # hydra_plugins: this repository's own
     bad = sorted(f"{path.relative_to(ROOT.parent)} imports {name} inside a function" for path in rlx_modules().values()
                  for name in imports(path, lazy_only=True)
-                 if name.split(".")[0] not in {"rlx", "__future__", *sys.stdlib_module_names, *LAZY_THIRD_PARTY, *local})
-    assert bad == [], "import these at the top of the module (or add a heavy/optional one to LAZY_THIRD_PARTY): " + "; ".join(bad)
+                 if name.split(".")[0] not in {"rlx", "__future__", *sys.stdlib_module_names, *LAZY_THIRD_PARTY,
+                                               *local})
+    assert bad == [], ("import these at the top of the module (or add a heavy/optional one to "
+                       "LAZY_THIRD_PARTY): ") + "; ".join(bad)
 
 
 def test_the_package_root_holds_only_the_layout():
     modules = {p.stem for p in ROOT.glob("*.py")}
     folders = {p.name for p in ROOT.iterdir() if p.is_dir() and any(p.rglob("*.py"))}
-    assert modules == ROOT_MODULES, f"root modules not in the layout: {sorted(modules - ROOT_MODULES)}; missing: {sorted(ROOT_MODULES - modules)}"
+    assert modules == ROOT_MODULES, (f"root modules not in the layout: {sorted(modules - ROOT_MODULES)}; missing: "
+                                     f"{sorted(ROOT_MODULES - modules)}")
     assert folders <= DOMAIN_FOLDERS, f"folders not in the layout: {sorted(folders - DOMAIN_FOLDERS)}"
     assert all((ROOT / folder / "__init__.py").is_file() for folder in folders)
 
@@ -230,7 +234,8 @@ def test_loop_helpers_take_plain_values_not_cfg():
     taking_cfg = []
     for path in files:
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name not in CONFIG_ADAPTERS | entry_points:
+            if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and node.name not in CONFIG_ADAPTERS | entry_points):
                 names = [a.arg for a in node.args.args + node.args.kwonlyargs]
                 if any(n == "cfg" or (n.endswith("_cfg") and n != "rollout_cfg") for n in names):
                     taking_cfg.append(f"{path.name}:{node.name}")

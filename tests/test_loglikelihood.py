@@ -100,7 +100,8 @@ def _plain_sums(model, tokenizer, question):
 
 
 QUESTIONS = [
-    ChoiceQuestion("q0", ("Question: What is two plus two?\nAnswer:",) * 3, (" four", " 4 apples and more", " five"), 0),
+    ChoiceQuestion("q0", ("Question: What is two plus two?\nAnswer:",) * 3, (" four", " 4 apples and more", " five"),
+                   0),
     ChoiceQuestion("q1", ("Sarah was better than Maria so Sarah", "Sarah was better than Maria so Maria"),
                    (" always won.", " always won."), 1),  # Winogrande: the contexts differ
     ChoiceQuestion("q2", ("The sky is ",) * 2, ("blue", "green today"), 0),  # a trailing space
@@ -120,7 +121,8 @@ def test_sums_equal_a_plain_forward_per_choice(tiny, token_budget, row_tokens):
 SHOTS = "".join(f"Question: What is {a} plus {b}?\nAnswer: {a + b}\n\n" for a, b in ((1, 2), (3, 4), (5, 6)))
 FEW_SHOT = [  # the same few-shot examples in front of every question (a 5-shot variant)
     ChoiceQuestion("f0", (SHOTS + "Question: What is two plus two?\nAnswer:",) * 3, (" 4", " 5 or more", " 22"), 0),
-    ChoiceQuestion("f1", (SHOTS + "Sarah was better than Maria so Sarah", SHOTS + "Sarah was better than Maria so Maria"),
+    ChoiceQuestion("f1", (SHOTS + "Sarah was better than Maria so Sarah",
+                          SHOTS + "Sarah was better than Maria so Maria"),
                    (" always won.", " always won."), 1),
     ChoiceQuestion("f2", (SHOTS + "Is it true?",) * 2, (" yes", " no"), 1),
 ]
@@ -159,7 +161,8 @@ def test_a_shared_few_shot_prefix_is_encoded_once_and_changes_no_sum(tiny, token
 
 
 def test_acc_and_acc_norm_by_hand():
-    # sums -6, -4, -9 over continuations of 3, 1 and 9 bytes: acc picks choice 1 (-4); per byte -2, -4, -1 picks choice 2
+    # sums -6, -4, -9 over continuations of 3, 1 and 9 bytes: acc picks choice 1 (-4); per byte -2, -4, -1 picks choice
+    # 2
     scores = choice_scores([-6.0, -4.0, -9.0], (" ab", "c", " abcdefgh"), gold=2)
     assert (scores["pred"], scores["pred_norm"], scores["acc"], scores["acc_norm"]) == (1, 2, 0.0, 1.0)
     assert choice_scores([-1.0, -1.0], ("a", "b"), gold=0)["pred"] == 0  # a tie goes to the first choice
@@ -196,7 +199,8 @@ def _request_lines(questions, offset_unconditional=True):
     return lines
 
 
-ARC_LIKE = [(f"Question: What is {i} plus one?\nAnswer:", [str(i + 1), str(i + 7), "blue", str(i)], 0) for i in range(9)]
+ARC_LIKE = [(f"Question: What is {i} plus one?\nAnswer:", [str(i + 1), str(i + 7), "blue", str(i)], 0)
+            for i in range(9)]
 
 
 def _fake_wheel(path, tasks):
@@ -269,10 +273,11 @@ def test_eval_scores_choices_with_intervals_compare_subset_and_resume(benchmark_
     assert suite["model"]["value"] == pytest.approx((result["model"]["acc"]["value"]
                                                      + piqa["model"]["acc_norm"]["value"]) / 2)
     suite_row = next(line for line in (out / "summary.txt").read_text().splitlines() if "all (mean of 2)" in line)
-    assert [c.strip() for c in suite_row.strip("│ ").split("│")][:4] == ["all (mean of 2)", "-", "headline",
-                                                                       "{value:.3f} [{low:.3f}, {high:.3f}]".format(**suite["model"])]
+    assert [c.strip() for c in suite_row.strip("│ ").split("│")][:4] == [
+        "all (mean of 2)", "-", "headline", "{value:.3f} [{low:.3f}, {high:.3f}]".format(**suite["model"])]
     records = read_records(out / "arc_easy" / "model.jsonl")
-    questions = {q.id: q for q in __import__("rlx.evaluation.olmes", fromlist=["x"]).choice_questions("arc_easy", "rc_0shot")}
+    questions = {q.id: q for q in __import__("rlx.evaluation.olmes",
+                                             fromlist=["x"]).choice_questions("arc_easy", "rc_0shot")}
     assert len(records) == 6 and sorted({questions[r["id"]].gold for r in records}) == [0]
     first = questions[records[0]["id"]]
     assert records[0]["loglikelihoods"] == pytest.approx(_plain_sums(model, tokenizer, first), abs=1e-4)

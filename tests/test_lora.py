@@ -18,7 +18,8 @@ LORA = {"enabled": True, "rank": 4, "alpha": 8, "dropout": 0.0, "target_modules"
 def _policy():
     base = load_causal_lm("builtin:tiny")
     model_cfg = OmegaConf.create({"gradient_checkpointing": False, "lora": LORA})
-    policy = prepare_policy(load_causal_lm("builtin:tiny"), model_cfg, OmegaConf.create({"gradient_checkpointing": False}))
+    policy = prepare_policy(load_causal_lm("builtin:tiny"), model_cfg,
+                            OmegaConf.create({"gradient_checkpointing": False}))
     with torch.no_grad():  # a trained-looking adapter (peft starts lora_B at zero, i.e. the identity)
         for name, param in policy.named_parameters():
             if "lora_B" in name:
@@ -85,8 +86,8 @@ def test_lora_grpo_run_with_kl_writes_adapter_checkpoints_and_env(tmp_path):
 @pytest.mark.long
 def test_lora_resume_continues_exactly(tmp_path):
     args = ["train", "model.lora.enabled=true", "model.lora.rank=4", "algorithm.kl_coef=0.05", "prompts_per_step=2",
-            "rollout.samples_per_prompt=4", "eval.size=4", "eval.every=0", "checkpoint.every=1", "hardware.num_threads=1",
-            "save.plot=false", "optim.lr=1e-2", "log.samples_every=0"]
+            "rollout.samples_per_prompt=4", "eval.size=4", "eval.every=0", "checkpoint.every=1",
+            "hardware.num_threads=1", "save.plot=false", "optim.lr=1e-2", "log.samples_every=0"]
     for name in ("full", "cut"):
         (tmp_path / name).mkdir()
     full = run_rlx([*args, "steps=3"], tmp_path / "full")
@@ -125,7 +126,8 @@ def test_lora_on_a_bf16_base_trains_fp32_adapters_under_autocast():
     from rlx.runtime.optim import MasterWeightAdamW, build_optimizer
 
     cfg = OmegaConf.create({"gradient_checkpointing": False, "lora": dict(LORA, dropout=0.05)})
-    policy = prepare_policy(load_causal_lm("builtin:tiny", "bfloat16"), cfg, OmegaConf.create({"gradient_checkpointing": False}))
+    policy = prepare_policy(load_causal_lm("builtin:tiny", "bfloat16"), cfg,
+                            OmegaConf.create({"gradient_checkpointing": False}))
     adapters = {n: p for n, p in policy.named_parameters() if p.requires_grad}
     base = {n: p for n, p in policy.named_parameters() if not p.requires_grad}
     assert adapters and all("lora_" in n and p.dtype == torch.float32 for n, p in adapters.items())
@@ -135,12 +137,14 @@ def test_lora_on_a_bf16_base_trains_fp32_adapters_under_autocast():
     optimizer, _ = build_optimizer(policy, 1, **optim)
     assert type(optimizer) is torch.optim.AdamW and not isinstance(optimizer, MasterWeightAdamW)  # fp32 adapters
     prompt_ids, prompt_mask = torch.tensor([[5, 9, 17, 3], [5, 9, 17, 3]]), torch.ones(2, 4, dtype=torch.long)  # (2, P)
-    completion_ids, completion_mask = torch.tensor([[12, 7, 30], [8, 21, 4]]), torch.ones(2, 3, dtype=torch.long)  # (2, C)
+    # (2, C)
+    completion_ids, completion_mask = torch.tensor([[12, 7, 30], [8, 21, 4]]), torch.ones(2, 3, dtype=torch.long)
     advantages = torch.tensor([[1.0], [-1.0]])  # one completion rewarded, the other not
     policy.train()
     for step in range(2):  # peft starts lora_B at 0, so lora_A first gets a gradient in the second step
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            logp, _ = completion_logprobs(policy, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature=0.7)
+            logp, _ = completion_logprobs(policy, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                          temperature=0.7)
         loss = -(logp * advantages).mean()  # (2, C) -> ()
         assert torch.isfinite(loss), step
         loss.backward()

@@ -85,7 +85,8 @@ def _run(loop, tmp_path, monkeypatch, *overrides, accumulation=1):
         patch.setattr(module, "plan_micro_batches", recording_plan)
         cfg = loop_config(*RL, *overrides)
         train = policy_gradient.train_policy_gradient if loop == "pg" else ppo.train_ppo
-        parts = build_parts(typed_settings(cfg), components(tmp_path, model, tokenizer, rows(PROMPTS[:2]), scored_by(REWARDS)))
+        parts = build_parts(typed_settings(cfg),
+                            components(tmp_path, model, tokenizer, rows(PROMPTS[:2]), scored_by(REWARDS)))
         parts.accelerator.gradient_accumulation_steps = accumulation  # what train.py derives from micro_batch_size
         train(parts.settings, parts)
     return grads, sizes

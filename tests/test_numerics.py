@@ -81,13 +81,16 @@ def test_completion_logprobs_score_the_tempered_distribution(chunked):
                                         with_entropy=True, temperature=0.6, settings=LogprobSettings(chunked=chunked))
     ids, attention = torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1)
     with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=attention, position_ids=(attention.cumsum(1) - 1).clamp(min=0)).logits
+        logits = model(input_ids=ids, attention_mask=attention,
+                       position_ids=(attention.cumsum(1) - 1).clamp(min=0)).logits
     tempered = logits[:, prompt_ids.shape[1] - 1 : -1] / 0.6  # (N, C, V)
     want = torch.log_softmax(tempered, -1).gather(-1, completion_ids[..., None])[..., 0]
     keep = completion_mask.bool()
     assert torch.allclose(logp[keep], want[keep], atol=1e-5)
     assert torch.allclose(entropy[keep], token_entropy(tempered)[keep], atol=1e-5)
-    assert not torch.allclose(logp[keep], torch.log_softmax(logits[:, 3:-1], -1).gather(-1, completion_ids[..., None])[..., 0][keep])
+    assert not torch.allclose(logp[keep],
+                              torch.log_softmax(logits[:, 3:-1],
+                                                -1).gather(-1, completion_ids[..., None])[..., 0][keep])
 
 
 def test_entropy_bonus_never_builds_full_logits():
@@ -188,7 +191,8 @@ def test_decode_step_follows_a_bf16_autocast_prefill():
         for _ in range(2):
             cache = generation_cache(model, 4)
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                model(input_ids=prompt, attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True)
+                model(input_ids=prompt, attention_mask=mask, position_ids=position, past_key_values=cache,
+                      use_cache=True)
             caches.append(cache)
         token, attention = torch.tensor([3, 7]), torch.ones(2, 6, dtype=torch.long)
         fast = decode_step_for(model)(token, torch.tensor([5, 5]), attention, caches[0])
@@ -200,7 +204,8 @@ def test_decode_step_follows_a_bf16_autocast_prefill():
 
 
 def _rlx_train(tmp_path: Path, *overrides: str, timeout: int = 300) -> list[dict]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false")
     run_dir = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "rlx", "train", "steps=2", "prompts_per_step=2", "rollout.samples_per_prompt=2",
@@ -215,7 +220,8 @@ def _rlx_train(tmp_path: Path, *overrides: str, timeout: int = 300) -> list[dict
 @pytest.mark.long  # ~25-50 s each on 2 busy cores (CPU bf16 matmuls are slow)
 @pytest.mark.parametrize("overrides", [
     ("model.dtype=bfloat16", "hardware.mixed_precision=bf16"),  # the model presets on hardware=gpu
-    ("model.dtype=float32", "hardware.mixed_precision=bf16", "algorithm.entropy_coef=0.01"),  # hardware=gpu, fp32 weights
+    # hardware=gpu, fp32 weights
+    ("model.dtype=float32", "hardware.mixed_precision=bf16", "algorithm.entropy_coef=0.01"),
     ("model.dtype=bfloat16", "algorithm.entropy_coef=0.01"),  # bf16 weights, no autocast
 ], ids=["bf16_weights_autocast", "fp32_weights_autocast", "bf16_weights"])
 def test_grpo_trains_in_bf16_on_the_cpu(tmp_path, overrides):
@@ -254,7 +260,8 @@ def test_master_weights_keep_small_updates_of_bf16_parameters():
     torch.nn.init.ones_(model.weight)
     optimizer = train(model, 3000)
     assert isinstance(optimizer, MasterWeightAdamW)
-    assert torch.allclose(optimizer.masters[0], torch.full((3, 1), 1 - 3000e-6), atol=2e-4)  # fp32 rounding of 3000 sums
+    # fp32 rounding of 3000 sums
+    assert torch.allclose(optimizer.masters[0], torch.full((3, 1), 1 - 3000e-6), atol=2e-4)
     assert torch.equal(model.weight, torch.full((3, 1), 1 - 2**-8, dtype=torch.bfloat16))
     plain = torch.optim.AdamW([torch.nn.Parameter(torch.ones(3, dtype=torch.bfloat16))], lr=1e-6, eps=1e-12)
     for _ in range(100):

@@ -119,4 +119,5 @@ def test_an_environment_without_an_agent_algorithm_is_refused():
     cfg = check_overrides(["env=custom", "env.target=tests.test_direction.JudgedAction"])
     with pytest.raises(UserError, match=r"env=custom trains on episodes .*algorithm=agent_grpo"):
         check_settings(checked_settings(cfg))
-    check_settings(checked_settings(check_overrides(["algorithm=agent_grpo", "env=custom", "env.target=tests.test_direction.JudgedAction"])))
+    check_settings(checked_settings(check_overrides(["algorithm=agent_grpo", "env=custom",
+                                                     "env.target=tests.test_direction.JudgedAction"])))

@@ -48,7 +48,8 @@ def test_the_round_record_says_what_each_round_drew_and_who_had_finished():
     assert [finished_by(group, 0, r) for r in (-1, 0, 1, 2)] == [False, False, True, True]
     assert [finished_by(group, 1, r) for r in (0, 1, 2)] == [False, False, True]
     assert [groups_completed([group], r) for r in (0, 1, 2)] == [0, 0, 1]
-    assert round_tokens([group], 0) == (4, 2) and round_tokens([group], 1) == (3, 2) and round_tokens([group], 2) == (1, 1)
+    assert (round_tokens([group], 0) == (4, 2) and round_tokens([group], 1) == (3, 2)
+            and round_tokens([group], 2) == (1, 1))
     start_marks(group, 2)  # begun for this step already (by the lane): kept
     assert group["marks"][1] == [0, 2, 4, 5]
     start_marks(group, 3)
@@ -133,7 +134,8 @@ def test_overlapped_rounds_draw_what_the_rounds_without_overlap_draw(fakes, tiny
     assert sum(m["rollout/overlap_servers_lent"] for _, m in over) > 0
     versions = {v for s, _ in over for row in s[3] for v in row if v >= 0}
     assert versions >= {0, 1, 2}  # rows of several versions, each as the plain run drew it
-    assert {k: v for k, v in over[-1][1].items() if not k.startswith("rollout/overlap")}.keys() == over[-1][1].keys() - {
+    assert {k: v for k, v in over[-1][1].items()
+            if not k.startswith("rollout/overlap")}.keys() == over[-1][1].keys() - {
         "rollout/overlap_servers_lent", "rollout/overlap_tokens_dropped"}
 
 
@@ -171,7 +173,8 @@ def test_overlap_needs_rounds_in_pipeline_mode_and_the_file_publisher():
     assert refusal(*server, *rounds, "rollout.max_staleness=1") is None
     assert "needs the file publisher" in refusal(*server, *rounds, "rollout.max_staleness=1",
                                                  "rollout.server.publisher=lora", "model.lora.enabled=true")
-    assert "algorithm.replay.enabled=true" in (refusal(*server, *rounds, "rollout.max_staleness=1", "algorithm.replay.enabled=true")
+    assert "algorithm.replay.enabled=true" in (refusal(*server, *rounds, "rollout.max_staleness=1",
+                                                       "algorithm.replay.enabled=true")
                                   or "")
 
 

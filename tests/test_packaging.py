@@ -49,7 +49,8 @@ def test_help_does_not_import_torch():
 
 def test_rank_of_an_external_launcher_stops_with_one_line(tmp_path):
     # what `accelerate launch --num_processes 2 -m rlx train` gives each rank
-    result = run_rlx(["train", "steps=1"], tmp_path, timeout=60, env_extra={"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"})
+    result = run_rlx(["train", "steps=1"], tmp_path, timeout=60,
+                     env_extra={"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"})
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "hardware=ddp hardware.num_processes=2" in lines[0], result.stderr
@@ -77,7 +78,8 @@ def test_wheel_installs_and_runs_from_any_directory(tmp_path):
     python = venv / "bin" / "python"
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
-    installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--ignore-installed", "-q",
+    installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
+                                "--ignore-installed", "-q",
                                 str(wheel)], capture_output=True, text=True, timeout=300, env=CLEAN_ENV)
     assert installed.returncode == 0, installed.stderr[-3000:]
     # then the dependencies (torch, transformers, ...) of this environment, after the venv's own site-packages
@@ -107,7 +109,8 @@ def test_wheel_installs_and_runs_from_any_directory(tmp_path):
     assert (run_dir / "final" / "model.safetensors").is_file() and (run_dir / "metrics.jsonl").is_file()
     page = run("view", str(run_dir), "--export", str(work / "page"))  # the page's files ship in the wheel
     assert page.returncode == 0, page.stderr[-2000:]
-    assert (work / "page" / "static" / "vendor" / "uplot" / "LICENSE").is_file() and (work / "page" / "data.js").is_file()
+    assert ((work / "page" / "static" / "vendor" / "uplot" / "LICENSE").is_file()
+            and (work / "page" / "data.js").is_file())
     recipe = run("train", "grpo_tiny", "--cfg", "job")
     assert recipe.returncode == 0 and "grpo" in recipe.stdout, recipe.stderr[-2000:]
 

@@ -35,7 +35,8 @@ def test_ppo_two_processes_match_one(tmp_path):
                                       "algorithm.epochs=1", "algorithm.mini_batches=1", "algorithm.kl_coef=0.1",
                                       "algorithm.value_lr=0.05"])
     # the value model (second prepared model) is in the final checkpoint
-    one, many = checkpoint_weights(tmp_path, "one", 2, "model_1.safetensors"), checkpoint_weights(tmp_path, "many", 2, "model_1.safetensors")
+    one, many = (checkpoint_weights(tmp_path, "one", 2, "model_1.safetensors"),
+                 checkpoint_weights(tmp_path, "many", 2, "model_1.safetensors"))
     assert one["head.weight"].abs().max() > 1e-3  # trained away from its zero initialisation
     gap = max((one[k] - many[k]).abs().max().item() for k in one)
     assert gap < 1e-5, f"value models differ by {gap:.2e}"

@@ -63,7 +63,8 @@ def _assert_stopped_cleanly_and_resumes(tmp_path, result, checkpoints):
 
 def test_an_exception_on_one_rank_stops_the_run_with_one_line(tmp_path):
     # rank 1's reward raises from its third call (step 3); rank 0 meanwhile waits in a collective
-    result = run_rlx(["train", *DDP, *_reward("fail_on_rank_one")], tmp_path, env_extra={"RLX_TEST_FAIL_FROM_CALL": "3"})
+    result = run_rlx(["train", *DDP, *_reward("fail_on_rank_one")], tmp_path,
+                     env_extra={"RLX_TEST_FAIL_FROM_CALL": "3"})
     assert result.returncode == 1, result.stderr[-3000:]
     assert "reward crashed on rank 1 only" in _one_error_line(result.stderr)
     _assert_stopped_cleanly_and_resumes(tmp_path, result, [1, 2])
@@ -79,7 +80,8 @@ def test_a_non_finite_loss_on_one_rank_stops_every_rank_with_one_line(tmp_path):
 
 @pytest.mark.slow  # in CI (make test-slow)
 def test_a_rank_killed_without_a_word_is_named_with_its_signal(tmp_path):
-    result = run_rlx(["train", *DDP, *_reward("killed_on_rank_one")], tmp_path, env_extra={"RLX_TEST_FAIL_FROM_CALL": "3"})
+    result = run_rlx(["train", *DDP, *_reward("killed_on_rank_one")], tmp_path,
+                     env_extra={"RLX_TEST_FAIL_FROM_CALL": "3"})
     assert result.returncode == 1, result.stderr[-3000:]
     assert "rank 1 was killed by signal 9" in _one_error_line(result.stderr)
     run = only_run_dir(tmp_path)

@@ -152,7 +152,8 @@ def test_oversample_1_draws_the_synchronous_prompts_and_tokens(tmp_path):
     made = {}
     for label, extra in (("sync", []), ("partial", ["rollout.partial=true", "rollout.partial_oversample=1",
                                                     "rollout.correction=tis"])):
-        s = settings(loop_config("prompts_per_step=3", "rollout.samples_per_prompt=4", "rollout.max_new_tokens=12", *extra))
+        s = settings(loop_config("prompts_per_step=3", "rollout.samples_per_prompt=4", "rollout.max_new_tokens=12",
+                                 *extra))
         parts = Parts(s, None, model, tokenizer, rows() * 3, [], [RewardComponent("task", reward, 1.0)], tmp_path)
         parts.generator = HFGenerator(model, tokenizer, logprobs="sampler")
         made[label] = single_turn_producer(s, parts)

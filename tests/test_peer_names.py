@@ -15,7 +15,8 @@ from tests.conftest import run_rlx
     ("max_completion_length=256", "rollout.max_new_tokens"), ("epsilon_high=0.28", "algorithm.clip_high"),
     ("loss_type=dr_grpo", "algorithm.loss_agg"), ("scale_rewards=false", "algorithm.scale"),
     ("rollout.n=8", "rollout.samples_per_prompt"), ("actor_rollout_ref.rollout.n=8", "rollout.samples_per_prompt"),
-    ("actor_rollout_ref.actor.clip_ratio_high=0.28", "algorithm.clip_high"), ("algorithm.beta=0.1", "algorithm.kl_coef"),
+    ("actor_rollout_ref.actor.clip_ratio_high=0.28", "algorithm.clip_high"),
+    ("algorithm.beta=0.1", "algorithm.kl_coef"),
 ])
 def test_peer_name_points_at_the_rlx_name(override, rlx_name):
     with pytest.raises(SystemExit) as stop:

@@ -213,7 +213,8 @@ def test_tied_groups():
 def test_dual_clip_bounds_negative_advantages():
     # A = -1, ratio 5: PPO loss = -min(-5, -1.2) = 5; dual clip c = 3 -> min(5, 3) = 3
     logp = torch.log(torch.tensor([[5.0, 1.0]]))
-    loss, m = clipped_surrogate(logp, torch.zeros(1, 2), torch.tensor([-1.0]), torch.ones(1, 2), 0.2, 0.2, dual_clip=3.0)
+    loss, m = clipped_surrogate(logp, torch.zeros(1, 2), torch.tensor([-1.0]), torch.ones(1, 2), 0.2, 0.2,
+                                dual_clip=3.0)
     assert torch.allclose(loss, torch.tensor([[3.0, 1.0]]))
     assert m["train/dual_clip_frac"].item() == pytest.approx(0.5)
     # positive advantages are untouched by the dual clip: A = +1, ratio 5 -> -min(5, 1.2) = -1.2
@@ -251,7 +252,8 @@ def test_approx_kl_and_empty_completions():
     _, m = clipped_surrogate(logp, torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1), 0.2, 0.2)
     assert m["train/approx_kl"].item() == pytest.approx(1.0 - math.log(2.0), abs=1e-6)
     # empty completions (all masked): zero loss, zero metrics, no nan
-    loss, m = clipped_surrogate(torch.randn(2, 3), torch.zeros(2, 3), torch.tensor([1.0, -1.0]), torch.zeros(2, 3), 0.2, 0.2)
+    loss, m = clipped_surrogate(torch.randn(2, 3), torch.zeros(2, 3), torch.tensor([1.0, -1.0]), torch.zeros(2, 3), 0.2,
+                                0.2)
     assert torch.equal(loss, torch.zeros(2, 3))
     assert all(math.isfinite(v.item()) and v.item() == 0 for k, v in m.items() if k != "train/ratio_mean")
 
@@ -277,7 +279,8 @@ def test_value_loss_clipping_and_explained_variance():
     loss, _ = value_loss(values, old, ret, torch.tensor([[0, 1]]), None)  # no clip: 0.5 * 0.64, first masked
     assert torch.allclose(loss, torch.tensor([[0.0, 0.32]]))
     # R [1, 2, 3], V [1, 2, 2]: residual [0, 0, 1] has variance 1/3; Var(R) = 1 -> 0.6667
-    assert explained_variance(torch.tensor([1.0, 2.0, 2.0]), torch.tensor([1.0, 2.0, 3.0]), torch.ones(3)) == pytest.approx(2 / 3)
+    assert explained_variance(torch.tensor([1.0, 2.0, 2.0]), torch.tensor([1.0, 2.0, 3.0]),
+                              torch.ones(3)) == pytest.approx(2 / 3)
     assert explained_variance(torch.zeros(3), torch.ones(3), torch.ones(3)) == 0.0  # constant returns
 
 
@@ -286,7 +289,8 @@ def test_aggregation_exact_across_microbatches_every_mode():
     mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0]])
     for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"):
         whole = aggregate(token_loss, mask, mode, 6, 3, max_len=3)
-        parts = aggregate(token_loss[:2], mask[:2], mode, 6, 3, max_len=3) + aggregate(token_loss[2:], mask[2:], mode, 6, 3, max_len=3)
+        parts = aggregate(token_loss[:2], mask[:2], mode, 6, 3,
+                          max_len=3) + aggregate(token_loss[2:], mask[2:], mode, 6, 3, max_len=3)
         assert parts.item() == pytest.approx(whole.item()), mode
     # token-mean (1+2+3+4+5+6)/6 = 3.5; seq-mean-token-mean (2 + 4 + 5.5)/3 = 3.8333
     assert aggregate(token_loss, mask, "token-mean", 6, 3).item() == pytest.approx(3.5)
@@ -319,7 +323,8 @@ def test_adaptive_kl_controller():
 
 def test_overlong_penalty_buffer_formula():
     # L_max 16, buffer 4: penalty starts after 12 tokens: 12 -> 0, 14 -> (12 - 14) / 4 = -0.5, 16 -> -1, 17 -> -1
-    scores = overlong_penalty(["p"] * 4, ["c"] * 4, completion_ids=[[7] * n for n in (12, 14, 16, 17)], max_length=16, buffer=4)
+    scores = overlong_penalty(["p"] * 4, ["c"] * 4, completion_ids=[[7] * n for n in (12, 14, 16, 17)], max_length=16,
+                              buffer=4)
     assert scores == [0.0, -0.5, -1.0, -1.0]
     assert overlong_penalty(["p"], ["c"], max_length=16, buffer=4) == [None]  # no token counts: does not apply
 

@@ -13,8 +13,8 @@ from rlx.runtime.rundir import read_metrics
 from tests.conftest import run_rlx
 from tests.test_seed_config import SEED_PRESETS
 
-PRESETS = ["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "lite_ppo", "mc_grpo", "gspo", "ppo",
-           *SEED_PRESETS]
+PRESETS = ["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "lite_ppo", "mc_grpo", "gspo",
+           "ppo", *SEED_PRESETS]
 TINY = ["steps=2", "prompts_per_step=2", "rollout.samples_per_prompt=4", "eval.size=8", "data.train_size=300",
         "save.final=false", "save.plot=false", "log.samples_every=0", "micro_batch_size=8"]
 
@@ -33,10 +33,12 @@ def preset_runs(tmp_path_factory):
 
 def test_every_preset_is_tested():
     shipped = {p.stem for p in (CONF_DIR / "algorithm").glob("*.yaml")}
-    preference_or_sft = {name for name in shipped if yaml.safe_load((CONF_DIR / "algorithm" / f"{name}.yaml").read_text())
+    preference_or_sft = {name for name in shipped
+                         if yaml.safe_load((CONF_DIR / "algorithm" / f"{name}.yaml").read_text())
                          .get("family", "policy_gradient") not in ("policy_gradient", "ppo")}
     extends_grpo = {name for name in shipped - preference_or_sft
-                    if "grpo" in str(yaml.safe_load((CONF_DIR / "algorithm" / f"{name}.yaml").read_text()).get("defaults"))}
+                    if "grpo" in str(yaml.safe_load((CONF_DIR / "algorithm"
+                                                     / f"{name}.yaml").read_text()).get("defaults"))}
     # the multi-turn presets (family agent: agent_grpo and those extending it) are trained in tests/test_agent_train.py
     agent = {name for name in shipped if name == "agent_grpo" or "agent_grpo" in str(
         yaml.safe_load((CONF_DIR / "algorithm" / f"{name}.yaml").read_text()).get("defaults"))}
@@ -79,7 +81,8 @@ CONFLICTS = [
     (["algorithm=rloo", "rollout.samples_per_prompt=1"], "rollout.samples_per_prompt=1 must be at least 2"),
     (["algorithm.advantage=gae"], "needs a value model"),
     (["algorithm.clip_low=0.3", "algorithm.clip_high=0.2"], "clip_high=0.2 is below algorithm.clip_low=0.3"),
-    (["algorithm=mc_grpo", "rollout.samples_per_prompt=5"], "samples_per_prompt=5 + 1 extra = 6 (make samples_per_prompt even)"),
+    (["algorithm=mc_grpo", "rollout.samples_per_prompt=5"],
+     "samples_per_prompt=5 + 1 extra = 6 (make samples_per_prompt even)"),
     (["algorithm.kl_coef=0.1", "algorithm.kl_in=reward"], "set algorithm.kl_estimator=k1"),
     (["algorithm.ref_reset_every=5"], "need a reference"),
     (["algorithm.dual_clip=0.5"], "dual_clip=0.5 must be > 1"),
@@ -126,7 +129,8 @@ def test_every_knob_at_once_in_both_families(tmp_path):
              "rollout.max_new_tokens=8"]
     result = run_rlx(["train", "-m", "algorithm=grpo,ppo", *TINY, *knobs, "eval.at_start=false"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    in_reward = [*TINY, "eval.at_start=false", "algorithm.kl_coef=0.05", "algorithm.kl_in=reward", "algorithm.kl_estimator=k1"]
+    in_reward = [*TINY, "eval.at_start=false", "algorithm.kl_coef=0.05", "algorithm.kl_in=reward",
+                 "algorithm.kl_estimator=k1"]
     result = run_rlx(["train", "-m", "algorithm=grpo", *in_reward], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     # algorithm.value_model is a knob of the ppo family only (grpo refuses it), so PPO's run is its own

@@ -56,7 +56,8 @@ def test_a_log_line_during_a_bar_prints_above_it_and_the_handler_gets_its_stream
     logger.addHandler(handler)
     logger.propagate = False
     try:
-        with PhaseProgress("data building", 2, progress=True, console=Console(file=stream, force_terminal=True, width=100)):
+        with PhaseProgress("data building", 2, progress=True,
+                           console=Console(file=stream, force_terminal=True, width=100)):
             logger.warning("checkpoint written")
             logger.warning("a long path /" + "x" * 150)
             assert handler.stream is not sys.stdout

@@ -247,7 +247,8 @@ def _samples(run_dir):
             for path in sorted((run_dir / "samples").glob("*.jsonl"))}
 
 
-SAME = ["reward/total", "reward/accuracy", "completions/mean_length", "completions/max_length", "train/frac_zero_std_groups"]
+SAME = ["reward/total", "reward/accuracy", "completions/mean_length", "completions/max_length",
+        "train/frac_zero_std_groups"]
 
 
 def _run(tmp_path, *overrides):
@@ -322,7 +323,8 @@ PIPELINE = ["rollout.max_staleness=1", "rollout.correction=tis"]
 
 
 @pytest.mark.parametrize("extra", [pytest.param([], marks=pytest.mark.slow, id="k1"),
-                                   pytest.param(["rollout.max_staleness=2", "rollout.partial=true"], marks=pytest.mark.long, id="k2-partial")])
+                                   pytest.param(["rollout.max_staleness=2", "rollout.partial=true"],
+                                                marks=pytest.mark.long, id="k2-partial")])
 def test_sigkill_then_resume_equals_an_uninterrupted_pipeline_run(tmp_path, extra):
     """kill -9 after step 3 (checkpoint at step 2 holds batches 3 .. 2+k, sampled with older weights than its own);
     the resumed run's metrics (all but wall-clock figures) and final weights equal an uninterrupted run's."""

@@ -53,7 +53,8 @@ def test_eval_plot_labels_k_plainly_and_names_both_models(tmp_path, monkeypatch)
               "diff": {"problems": 3, "pass@1": entry, "pass@4": entry}}
     drawn = []
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: drawn.append(fig))
-    plot_pass_at_k({"benchmarks": {"b": result}}, {"model": "run_a", "compare": "base (builtin:tiny)"}, tmp_path / "p.png")
+    plot_pass_at_k({"benchmarks": {"b": result}}, {"model": "run_a", "compare": "base (builtin:tiny)"},
+                   tmp_path / "p.png")
     (fig,) = drawn
     top, bottom = fig.axes
     assert [t.get_text() for t in top.get_xticklabels()] == ["1", "4"]

@@ -135,7 +135,8 @@ def test_a_misspelled_name_lists_the_live_choices_with_the_plugins(user_dir):
     for command in (["train", "algorithm=gigpo", "steps=1"], ["eval"]):  # eval.yaml has plugins too
         result = rlx_command([*command, "plugins=[my_plugin]", "env=custom", "env.name=con"], user_dir)
         assert result.returncode == 2 and result.stderr.strip().splitlines() == [
-            "error: unknown env.name 'con'; valid choices: guess_number, grid, corridor, tool_use, mixture, coin, custom, harness"]
+            "error: unknown env.name 'con'; valid choices: guess_number, grid, corridor, tool_use, mixture, coin, "
+            "custom, harness"]
 
 
 def test_a_broken_plugin_is_one_line_naming_the_cause_and_the_line(tmp_path):
@@ -180,7 +181,8 @@ def test_what_a_plugin_raises_is_one_line_with_its_place(on_path, source, messag
 
 
 def test_plugins_is_a_list_of_importable_module_names(on_path):
-    with pytest.raises(UserError, match=r"^plugin 'no_such_plugin_xyz' not found: No module named 'no_such_plugin_xyz'; "):
+    with pytest.raises(UserError,
+                       match=r"^plugin 'no_such_plugin_xyz' not found: No module named 'no_such_plugin_xyz'; "):
         import_plugins(["no_such_plugin_xyz"])
     with pytest.raises(UserError, match=r"^plugins=my_module is not valid: it must be a list of module names"):
         import_plugins("my_module")
@@ -231,11 +233,13 @@ def test_the_plugins_page_lists_every_kind_and_its_examples_work(on_path):
         import_plugins([f"page_example_{i}" for i in range(len(blocks))])
         adv = OUTCOME_ESTIMATORS["my_mean"](torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.tensor([3, 8, 3, 8]))
         assert adv.tolist() == [0.5, -0.5, -0.5, 0.5] and OUTCOME_ESTIMATORS.needs("my_mean").group_baseline
-        assert VERIFIERS["case_insensitive"].score(["The capital is PARIS"], [{"answer": "paris"}]) == (["PARIS"], [1.0])
+        assert VERIFIERS["case_insensitive"].score(["The capital is PARIS"],
+                                                   [{"answer": "paris"}]) == (["PARIS"], [1.0])
         env = ENVIRONMENTS["coin"]()
         assert env.reset(seed=0)[0] == "flip" and env.step("b")[1] == 1.0
     finally:
-        for registry, name in ((OUTCOME_ESTIMATORS, "my_mean"), (VERIFIERS, "case_insensitive"), (ENVIRONMENTS, "coin")):
+        for registry, name in ((OUTCOME_ESTIMATORS, "my_mean"), (VERIFIERS, "case_insensitive"),
+                               (ENVIRONMENTS, "coin")):
             if name in registry:
                 registry.unregister(name)
 
@@ -244,8 +248,8 @@ def test_the_plugins_page_lists_every_kind_and_its_examples_work(on_path):
 def test_worker_processes_import_the_plugins_too(user_dir):
     """hardware=ddp with 2 processes: each worker (started with the same overrides) imports the plugin and
     computes the batch's advantages with it (2 steps x 2 ranks calls). ~20 s."""
-    result = rlx_command(["train", "plugins=[my_plugin]", "algorithm.advantage=my_mean", "hardware=ddp", "hardware.cpu=true",
-                          "hardware.num_processes=2", "steps=2", *SMALL], user_dir, timeout=600)
+    result = rlx_command(["train", "plugins=[my_plugin]", "algorithm.advantage=my_mean", "hardware=ddp",
+                          "hardware.cpu=true", "hardware.num_processes=2", "steps=2", *SMALL], user_dir, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     calls = (user_dir / "my_mean_calls.jsonl").read_text().splitlines()
     assert len(calls) == 4, calls

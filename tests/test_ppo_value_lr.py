@@ -12,9 +12,11 @@ def test_value_lr_is_a_ratio_of_the_policy_lr_unless_set():
     assert value_learning_rate(2e-5, 5.0, 1e-6) == 2e-5  # an explicit value_lr wins
 
 
-@pytest.mark.parametrize("model,expected", [("tiny", 5e-4), ("qwen2.5-0.5b-instruct", 5e-6), ("llama-3.2-1b-instruct", 5e-6)])
+@pytest.mark.parametrize("model,expected",
+                         [("tiny", 5e-4), ("qwen2.5-0.5b-instruct", 5e-6), ("llama-3.2-1b-instruct", 5e-6)])
 def test_presets_give_the_critic_a_rate_of_their_size(model, expected):
-    """The tiny model's critic keeps the rate it was tuned with (5e-4); a real model's is no longer 500x its policy's."""
+    """The tiny model's critic keeps the rate it was tuned with (5e-4); a real model's is no longer 500x its
+    policy's."""
     algo = check_overrides(["algorithm=ppo", f"model={model}"])
     cfg = algo.algorithm
     assert value_learning_rate(cfg.value_lr, cfg.value_lr_ratio, algo.optim.lr) == pytest.approx(expected)

@@ -19,8 +19,9 @@ from rlx.models.loading import load_tokenizer
 
 
 def _cfg(path, **kw):
-    base = dict(source="file", path=str(path), eval_path=None, id=None, subset=None, train_split="train", eval_split=None,
-                eval_size=2, layout="auto", columns=dict(prompt="prompt", chosen="chosen", rejected="rejected", margin=None),
+    base = dict(source="file", path=str(path), eval_path=None, id=None, subset=None, train_split="train",
+                eval_split=None, eval_size=2, layout="auto",
+                columns=dict(prompt="prompt", chosen="chosen", rejected="rejected", margin=None),
                 max_prompt_length=192, max_completion_length=64, truncation="drop", on_invalid="raise")
     base.update(kw)
     return OmegaConf.create(base)
@@ -39,8 +40,10 @@ def _good(i):
 def test_text_and_message_layouts_give_the_same_pair(tmp_path):
     text = _good(3)
     messages = {"prompt": "ignored when turns precede the answer",
-                "chosen": [{"role": "user", "content": text["prompt"]}, {"role": "assistant", "content": text["chosen"]}],
-                "rejected": [{"role": "user", "content": text["prompt"]}, {"role": "assistant", "content": text["rejected"]}]}
+                "chosen": [{"role": "user", "content": text["prompt"]},
+                           {"role": "assistant", "content": text["chosen"]}],
+                "rejected": [{"role": "user", "content": text["prompt"]},
+                             {"role": "assistant", "content": text["rejected"]}]}
     path = _write(tmp_path, [text, messages] + [_good(i) for i in range(10, 14)])
     train, evals, stats = load_pairs(_cfg(path, eval_size=0), seed=0)
     assert stats.loaded == 6 and len(train) == 6 and evals == []

@@ -80,7 +80,8 @@ def test_reward_model_then_reward_model_as_grpo_reward(tmp_path, small_pairs):
     # GRPO with the reward model (given as the run directory) mixed with the task checker
     policy_dir = tmp_path / "policy"
     policy_dir.mkdir()
-    grpo = run_rlx(["train", "reward=model", f"reward.components.model.path={rm_run}", "reward.components.task.weight=0.5",
+    grpo = run_rlx(["train", "reward=model", f"reward.components.model.path={rm_run}",
+                    "reward.components.task.weight=0.5",
                     "steps=2", "prompts_per_step=2", "rollout.samples_per_prompt=4", "eval.size=4", "eval.every=1",
                     "save.final=false", "save.plot=false", "data.train_size=300", "hardware.num_threads=1"], policy_dir)
     assert grpo.returncode == 0, grpo.stderr[-3000:]
@@ -162,7 +163,8 @@ def test_model_reward_in_process_single_and_ensemble(tmp_path):
     b = torch.tensor(model_reward(prompts, completions, path=str(tmp_path / "b")))
     assert a.shape == (3,) and not torch.allclose(a, b)
     # batching does not change scores (padding is ignored)
-    torch.testing.assert_close(a, torch.tensor(model_reward(prompts, completions, path=str(tmp_path / "a"), batch_size=3)))
+    torch.testing.assert_close(a,
+                               torch.tensor(model_reward(prompts, completions, path=str(tmp_path / "a"), batch_size=3)))
     both = [str(tmp_path / "a"), str(tmp_path / "b")]
     torch.testing.assert_close(torch.tensor(model_reward(prompts, completions, path=both, aggregate="min")),
                                torch.minimum(a, b))

@@ -46,10 +46,13 @@ def test_what_a_producer_of_ones_own_replaces_is_refused_in_one_line():
     s = check_run(check_overrides([*PLUGIN, "hardware=ddp", "hardware.cpu=true", "hardware.num_processes=2"]))
     assert rank_zero_reason(s, 2) == "rollout.producer=shortest_first"  # rank 0 calls it for the global batch
     for extra, message in ((["algorithm.replay.enabled=true"], "algorithm.replay.enabled acts in rlx's single-turn "
-                                                                "producer, which rollout.producer=shortest_first replaces"),
-                           (["algorithm.dynamic_sampling=true"], "algorithm.dynamic_sampling acts in rlx's single-turn"),
+                                                               "producer, which rollout.producer=shortest_first "
+                                                               "replaces"),
+                           (["algorithm.dynamic_sampling=true"],
+                            "algorithm.dynamic_sampling acts in rlx's single-turn"),
                            (["rollout.partial=true", "rollout.correction=tis"],
-                            "rollout.partial=true is rlx's partial-rollout producer, which rollout.producer=shortest_first")):
+                            "rollout.partial=true is rlx's partial-rollout producer, which "
+                            "rollout.producer=shortest_first")):
         with pytest.raises(UserError, match=message) as info:
             check_run(check_overrides([*PLUGIN, *extra]))
         assert "\n" not in str(info.value)

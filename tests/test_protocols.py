@@ -89,9 +89,12 @@ def test_last_boxed_balances_braces():
 def test_mbpp_prompt_program_and_entry_point():
     from rlx.evaluation.protocols import mbpp_entry_point, mbpp_program, mbpp_prompt
 
-    assert mbpp_prompt("Add two numbers.", ["assert add(1, 2) == 3", "assert add(0, 0) == 0", "assert add(2, 2) == 4"]) == (
+    assert mbpp_prompt("Add two numbers.",
+                       ["assert add(1, 2) == 3", "assert add(0, 0) == 0", "assert add(2, 2) == 4"]) == (
         "You are an expert Python programmer, and here is your task: Add two numbers. Your code should pass these "
         "tests:\n\nassert add(1, 2) == 3\nassert add(0, 0) == 0\nassert add(2, 2) == 4\n[BEGIN]\n")
-    assert mbpp_program("def add(a, b):\n    return a + b\n[DONE]\nYou are an expert") == "def add(a, b):\n    return a + b\n"
+    assert mbpp_program("def add(a, b):\n    return a + b\n[DONE]\nYou are an "
+                        "expert") == "def add(a, b):\n    return a + b\n"
     # a helper defined first is not the entry point: the tests call `add`
-    assert mbpp_entry_point("def helper(x):\n    return x\ndef add(a, b):\n    return helper(a) + b", ["assert add(1, 2) == 3"]) == "add"
+    assert mbpp_entry_point("def helper(x):\n    return x\ndef add(a, b):\n    return helper(a) + b",
+                            ["assert add(1, 2) == 3"]) == "add"

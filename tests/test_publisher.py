@@ -266,7 +266,8 @@ def test_nccl_and_ipc_publishers_follow_vllms_weight_transfer_routes(fake_vllm_e
         init = fake_vllm_engines[0]
         assert init[0] == "trainer_init" and init[1]["world_size"] == 4 and init[1]["master_address"] == "127.0.0.1"
         joins = [[b for p, b in s.requests if p == "/init_weight_transfer_engine"][0]["init_info"] for s in servers]
-        assert [j["rank_offset"] for j in joins] == [1, 3] and {j["master_port"] for j in joins} == {init[1]["master_port"]}
+        assert ([j["rank_offset"] for j in joins] == [1, 3]
+                and {j["master_port"] for j in joins} == {init[1]["master_port"]})
         timings = nccl.publish(model, 1)
         assert set(timings) == {"perf/weight_write_s", "perf/weight_load_s"}
         served = served_state_dict(model)
@@ -288,7 +289,8 @@ def test_nccl_and_ipc_publishers_follow_vllms_weight_transfer_routes(fake_vllm_e
         ipc.publish(model, 2)
         kind, sent, args = fake_vllm_engines[-1]
         assert kind == "ipc" and args == {"mode": "http", "url": servers[0].url} and len(sent) == len(served)
-        assert [p for p, _ in servers[0].requests][-3:] == ["/init_weight_transfer_engine", "/pause?mode=wait", "/resume"]
+        assert [p for p, _ in servers[0].requests][-3:] == ["/init_weight_transfer_engine", "/pause?mode=wait",
+                                                            "/resume"]
         one.close()
         with pytest.raises(UserError, match="publisher=ipc shares GPU memory with one server"):
             PUBLISHERS["ipc"](client, tmp_path, settings).start(model)

@@ -90,7 +90,8 @@ def test_the_instruct_preset_asks_any_reasoning_gym_task_bare_and_reads_what_it_
     assert cfg.reward.components.task.reader == "final_number"
     bench = check_overrides(["model=smollm2-135m-instruct", "benchmark=reasoning_gym",
                              f"benchmark.reasoning_gym.data.task={task}"], config_name="eval")
-    assert bench.benchmark.reasoning_gym.data.prompt_template == "{question}" and bench.model.answer.reader == "final_number"
+    assert (bench.benchmark.reasoning_gym.data.prompt_template == "{question}"
+            and bench.model.answer.reader == "final_number")
     tiny = check_overrides(["data=reasoning_gym", f"data.task={task}"])  # the tiny model keeps the tags
     assert tiny.data.prompt_template.endswith("Give the final answer as <answer>...</answer>.")
     assert tiny.reward.components.task.reader is None

@@ -35,7 +35,8 @@ def test_transcripts_pair_a_failing_command_with_its_error_line_and_skip_marked_
 
 def test_error_lines_match_with_ellipsis_as_any_text():
     expected = "error: unknown algorithm 'grpoo' (did you mean 'grpo'?); valid choices: agent_grpo, ..."
-    printed = "warning: something\nerror: unknown algorithm 'grpoo' (did you mean 'grpo'?); valid choices: agent_grpo, cdpo\n"
+    printed = ("warning: something\nerror: unknown algorithm 'grpoo' (did you mean 'grpo'?); valid choices: "
+               "agent_grpo, cdpo\n")
     assert readme_commands.error_matches(expected, printed)
     assert not readme_commands.error_matches(expected, printed.replace("'grpo'?", "'gspo'?"))
     assert not readme_commands.error_matches("error: a", "error: ab")  # the whole line, not a prefix
@@ -43,7 +44,8 @@ def test_error_lines_match_with_ellipsis_as_any_text():
 
 @pytest.mark.skipif(not (REPO / ".git").exists(), reason="needs a git checkout to clone")
 def test_quick_readme_commands_pass_on_a_fresh_clone():
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "readme_commands.py"), "--quick"], capture_output=True,
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "readme_commands.py"), "--quick"],
+                            capture_output=True,
                             text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     summary = [line for line in result.stdout.splitlines() if line.endswith("skipped") and "docs commands" in line][0]

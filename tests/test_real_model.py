@@ -28,7 +28,8 @@ pytestmark = pytest.mark.slow
 
 MODEL = "smollm2-135m-instruct"
 # the smallest runs: 2 prompts x 2 samples of 16 tokens, one thread, no evaluation (eval.every=0), no plot
-SMALL = {"model": MODEL, "steps": 1, "prompts_per_step": 2, "rollout.samples_per_prompt": 2, "rollout.max_new_tokens": 16,
+SMALL = {"model": MODEL, "steps": 1, "prompts_per_step": 2, "rollout.samples_per_prompt": 2,
+         "rollout.max_new_tokens": 16,
          "micro_batch_size": 4, "eval.at_start": "false", "eval.every": 0, "eval.size": 4, "hardware.num_threads": 1,
          "save.final": "true", "save.plot": "false", "log.progress": "false"}
 
@@ -66,7 +67,8 @@ def test_a_finished_completion_trains_its_end_token(real_model, monkeypatch):
     torch.set_num_threads(1)
     tokenizer, model = load_tokenizer(f"package:{MODEL}"), load_causal_lm(f"package:{MODEL}")
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    assert tokenizer.eos_token_id == tokenizer.pad_token_id == end and model.generation_config.eos_token_id in (end, [end])
+    assert (tokenizer.eos_token_id == tokenizer.pad_token_id == end
+            and model.generation_config.eos_token_id in (end, [end]))
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], tokenize=False,
                                            add_generation_prompt=True)
     rollout = sample_rollout(HFGenerator(model, tokenizer, temperature=0.7, logprobs="sampler"), tokenizer, [prompt],
@@ -88,7 +90,8 @@ def test_grpo_learning_signal_then_eval_against_the_base(real_model, tmp_path):
     assert rows[0]["train/frac_zero_std_groups"] < 1.0 and rows[0]["train/advantage_std"] > 0
     assert math.isfinite(rows[0]["train/loss"]) and rows[0]["train/grad_norm"] > 0
     samples = [json.loads(line) for line in (run / "samples" / "step_000001.jsonl").read_text().splitlines()]
-    assert samples and all("<|im_start|>assistant" in s["prompt"] and "<|im_end|>" not in s["completion"] for s in samples)
+    assert samples and all("<|im_start|>assistant" in s["prompt"] and "<|im_end|>" not in s["completion"]
+                           for s in samples)
     assert any(s["reward"] > 0 for s in samples)  # some completion states the right sum
     assert (run / "final" / "model.safetensors").is_file()
 
@@ -110,7 +113,8 @@ def test_grpo_learning_signal_then_eval_against_the_base(real_model, tmp_path):
 def test_sigkill_then_resume_finishes_the_run(real_model, tmp_path):
     # LoRA: its checkpoints are the adapter (seconds, where a full one is 1.6 GB), and its base is package:NAME
     args = small("checkpoint.every=1", "model.lora.enabled=true", steps=2)
-    env = dict(os.environ, RLX_OUTPUTS=str(tmp_path / "outputs"), HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO), **real_model)
+    env = dict(os.environ, RLX_OUTPUTS=str(tmp_path / "outputs"), HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO),
+               **real_model)
     process = subprocess.Popen([sys.executable, "-m", "rlx", "train", *args], cwd=tmp_path, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline, run = time.time() + 400, None
@@ -153,6 +157,7 @@ def test_one_step_of_each_family(real_model, tmp_path, family):
     if family == "ppo":
         assert math.isfinite(rows[-1]["train/value_loss"])
     if family == "dpo":  # the reference log-probs of the 2 pairs the step draws, not of all 2,000 embedded pairs
-        assert "2 of " in (run / "train.log").read_text() and "the run draws no others" in (run / "train.log").read_text()
+        assert ("2 of " in (run / "train.log").read_text()
+                and "the run draws no others" in (run / "train.log").read_text())
         assert rows[-1]["train/loss"] == pytest.approx(math.log(2), abs=1e-4)  # policy == reference at step 1
 

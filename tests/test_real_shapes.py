@@ -4,8 +4,8 @@ with the published shapes of Qwen2.5-0.5B, Qwen3-0.6B and Llama-3.2-1B (rlx/mode
 slower than fp32 on CPUs without bf16 units) use a reduced vocabulary. Each run is a child process, so
 its peak RSS is its own; the figures are printed (pytest -s) and quoted in the README.
 
-Marked long (make test-long, not in CI), and the slowest of it: measured here at 2-20 min per run with the 2 cores shared by
-~15 other jobs (load average 15); an idle 2-core machine takes a fraction of that. CPU time goes to the
+Marked long (make test-long, not in CI), and the slowest of it: measured here at 2-20 min per run with the 2 cores
+shared by ~15 other jobs (load average 15); an idle 2-core machine takes a fraction of that. CPU time goes to the
 151,936 x 896 output head (forward, backward, generation) and to CPU bf16 matmuls."""
 
 import json
@@ -35,7 +35,8 @@ class _Models(dict):
         shape, layers, vocab, dtype = self.specs[name]
         # a child's peak RSS (wait4) is at least its parent's RSS when it forked, so the test process itself
         # must never hold these models
-        args = [sys.executable, "-m", "rlx.models.shapes", shape, str(self.base / name), "--dtype", dtype, "--layers", str(layers)]
+        args = [sys.executable, "-m", "rlx.models.shapes", shape, str(self.base / name), "--dtype", dtype, "--layers",
+                str(layers)]
         subprocess.run(args + (["--vocab", str(vocab)] if vocab else []), check=True, capture_output=True,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=900)
         self[name] = self.base / name
@@ -67,11 +68,12 @@ LIVE_RSS = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 def rlx_train(tmp_path: Path, model: Path, *overrides: str, prompts: int = 2, group: int = 2, tokens: int = 8,
               timeout: int = 600, env_extra: dict | None = None) -> tuple[list[dict], float]:
     """Two GRPO steps; returns the metrics rows and the child's peak RSS in GiB."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               **(env_extra or {}))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false", **(env_extra or {}))
     run_dir = tmp_path / f"run_{len(list(tmp_path.iterdir()))}"
     args = [sys.executable, "-m", "rlx", "train", f"model.path={model}", "steps=2", f"prompts_per_step={prompts}",
-            f"rollout.samples_per_prompt={group}", f"rollout.max_new_tokens={tokens}", f"rollout.min_new_tokens={tokens}",
+            f"rollout.samples_per_prompt={group}", f"rollout.max_new_tokens={tokens}",
+            f"rollout.min_new_tokens={tokens}",
             "eval.every=0", "eval.at_start=false", "save.final=false", "save.plot=false", "log.progress=false",
             "checkpoint.every=0", "optim.lr=1e-6", "optim.warmup_steps=0", f"hydra.run.dir={run_dir}", *overrides]
     start = time.monotonic()
@@ -99,7 +101,8 @@ def test_qwen25_full_vocab_kl_and_entropy_bonus_memory_bounded(models, tmp_path)
     shape = dict(prompts=2, group=2, tokens=32)
     rows, plain = rlx_train(tmp_path, models["qwen25_full"], "algorithm.kl_coef=0.05", **shape)
     assert all(math.isfinite(r["train/kl_ref"]) for r in rows)
-    rows, bonus = rlx_train(tmp_path, models["qwen25_full"], "algorithm.kl_coef=0.05", "algorithm.entropy_coef=0.01", **shape)
+    rows, bonus = rlx_train(tmp_path, models["qwen25_full"], "algorithm.kl_coef=0.05", "algorithm.entropy_coef=0.01",
+                            **shape)
     assert all(math.isfinite(r["train/entropy"]) for r in rows)
     assert bonus < plain + 0.35, (plain, bonus)
 

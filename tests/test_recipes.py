@@ -67,7 +67,8 @@ def one_step_runs(tmp_path_factory):
 
 
 def _one_step_runs(tmp, recipes: list[str]) -> dict:
-    batches: dict[str, tuple[list[str], list[str]]] = {"cpu": ([], []), "pg": ([], ON_TINY + ["data=chain_sum", "reward=task"]),
+    batches: dict[str, tuple[list[str], list[str]]] = {"cpu": ([], []),
+                                                       "pg": ([], ON_TINY + ["data=chain_sum", "reward=task"]),
                                                        "mix": ([], ON_TINY + ["reward=task"]),
                                                        "pref": ([], ON_TINY + ["data=prefs"])}
     status = {}
@@ -162,14 +163,16 @@ def test_reproduce_command_runs_a_recipe_and_reports(tmp_path):
     result = run_rlx(["recipes", "reproduce", "grpo_tiny", "--seeds", "2", "--out", str(out),
                       *[f"--set={o}" for o in ONE_STEP]], tmp_path)
     # one step cannot reach the recipe's expected accuracy: exit 1 naming it, unless it lands inside by chance
-    assert result.returncode == 0 or "outside their tolerance or failed: grpo_tiny" in result.stderr, result.stderr[-3000:]
+    assert (result.returncode == 0
+            or "outside their tolerance or failed: grpo_tiny" in result.stderr), result.stderr[-3000:]
     finals = [json.loads((out / "grpo_tiny" / str(i) / "result.json").read_text())["metrics"]["eval/accuracy"]
               for i in range(2)]
     table = (out / "reproduce.md").read_text()
     assert "| grpo_tiny | eval/accuracy |" in table and f"{sum(finals) / 2:.3f} ± " in table
     again = run_rlx(["recipes", "reproduce", "grpo_tiny", "--seeds", "2", "--out", str(out), "--reuse"],
                     tmp_path, timeout=120)
-    assert again.returncode == result.returncode and "$ " not in again.stdout  # finished seeds are reused, nothing re-runs
+    # finished seeds are reused, nothing re-runs
+    assert again.returncode == result.returncode and "$ " not in again.stdout
 
 
 @pytest.mark.parametrize("values, code", [((0.1, 0.12), 1), (None, 0)])

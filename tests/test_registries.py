@@ -35,7 +35,8 @@ def test_the_built_in_names_and_their_order_are_kept():
     from rlx.envs import ENVIRONMENTS
     from rlx.tasks import VERIFIERS
 
-    assert list(advantages.ESTIMATORS) == ["grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "median", "ngrpo", "gae"]
+    assert list(advantages.ESTIMATORS) == ["grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "median", "ngrpo",
+                                           "gae"]
     assert list(advantages.OUTCOME_ESTIMATORS) == list(advantages.ESTIMATORS)[:-1]
     assert list(advantages.SCALES) == ["group", "batch", "none", "mad"]
     assert list(kl.KL_ESTIMATORS) == ["k1", "k2", "k3"] and list(kl.KL_PLACEMENTS) == ["loss", "reward"]
@@ -126,7 +127,8 @@ def test_more_variants_are_found_by_name(monkeypatch, registered):
     monkeypatch.setitem(preferences.PAIR_SOURCES, "inline", lambda cfg, columns, stats: (["train"], ["held"]))
     from omegaconf import OmegaConf
 
-    assert preferences.load_pairs(OmegaConf.create({"source": "inline", "columns": {}, "eval_size": 5}), 0)[:2] == (["train"], ["held"])
+    assert preferences.load_pairs(OmegaConf.create({"source": "inline", "columns": {}, "eval_size": 5}),
+                                  0)[:2] == (["train"], ["held"])
 
 
 def test_an_agent_scale_reaches_the_agent_credit_rules_too(registered):
@@ -157,7 +159,8 @@ def test_a_registered_variant_is_used_by_name(registered):
     registered(kl.KL_ESTIMATORS, "abs", lambda x: x.abs())
     out = kl.kl_penalty(torch.tensor([[0.0, -1.0]]), torch.tensor([[0.5, 0.0]]), "abs")
     assert out.tolist() == [[0.5, 1.0]]
-    registered(preference.REFERENCE_LOSSES, "double_dpo", lambda h, beta, label_smoothing: 2 * preference.dpo_loss(h, beta))
+    registered(preference.REFERENCE_LOSSES, "double_dpo", lambda h, beta,
+               label_smoothing: 2 * preference.dpo_loss(h, beta))
     args = [torch.tensor([-1.0]), torch.tensor([-2.0]), torch.tensor([-1.5]), torch.tensor([-1.5])]
     double, _ = preference.preference_loss(*args, loss_type="double_dpo", beta=0.1)
     single, _ = preference.preference_loss(*args, loss_type="dpo", beta=0.1)
@@ -169,21 +172,26 @@ def test_an_estimator_returning_advantages_alone_keeps_every_sample(registered):
     so every sample enters the loss."""
     from rlx.algorithms.grouping import group_mean
 
-    registered(advantages.OUTCOME_ESTIMATORS, "centred", lambda rewards, group_ids, **knobs: rewards - group_mean(rewards, group_ids))
-    adv, keep, metrics = advantages.outcome_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.tensor([4, 4, 9, 9]), "centred")
+    registered(advantages.OUTCOME_ESTIMATORS, "centred", lambda rewards, group_ids,
+               **knobs: rewards - group_mean(rewards, group_ids))
+    adv, keep, metrics = advantages.outcome_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.tensor([4, 4, 9, 9]),
+                                                       "centred")
     assert adv.tolist() == [0.5, -0.5, -0.5, 0.5] and keep.tolist() == [True] * 4 and metrics == {}
 
 
 LIVE = [  # (kind's registry, name, entry, overrides naming it, the message once it is gone)
     ("advantage", ["algorithm.advantage=tmp"], "unknown algorithm.advantage 'tmp'; valid choices: grpo, rloo, "
      "reinforce_pp, reinforce_pp_baseline, median, ngrpo, gae"),
-    ("credit", ["algorithm=gigpo", "env=grid", "algorithm.credit=tmp"], "unknown algorithm.credit 'tmp'; valid choices: "
+    ("credit", ["algorithm=gigpo", "env=grid", "algorithm.credit=tmp"],
+     "unknown algorithm.credit 'tmp'; valid choices: "
      "trajectory, gigpo, turn, loo, gra, hgpo"),
-    ("verifier", ["data.verifier=tmp"], "unknown data.verifier 'tmp'; valid choices: exact, numeric, final_number, math, "
+    ("verifier", ["data.verifier=tmp"],
+     "unknown data.verifier 'tmp'; valid choices: exact, numeric, final_number, math, "
      "reasoning_gym, unit_tests, null"),
     ("env", ["algorithm=gigpo", "env=custom", "env.name=tmp"], "unknown env.name 'tmp'; valid choices: guess_number, "
      "grid, corridor, tool_use, mixture, custom, harness"),
-    ("reward_shaper", ["algorithm.shapers=[tmp]"], "unknown algorithm.shapers entry 'tmp'; valid choices: laser, laser_d, "
+    ("reward_shaper", ["algorithm.shapers=[tmp]"],
+     "unknown algorithm.shapers entry 'tmp'; valid choices: laser, laser_d, "
      "concise, unlikeliness, noise_backward, par, win_rate"),
 ]
 

@@ -74,7 +74,8 @@ def test_ppo_resume_matches_an_uninterrupted_run(tmp_path):
     assert rows[4]["train/kl_coef"] != rows[1]["train/kl_coef"]  # the adaptive coefficient moved
     assert rows[4]["train/kl_ref"] > 0
     ckpt = run / "checkpoints"
-    value_3, value_4 = load_file(ckpt / "step_000003" / "model_1.safetensors"), load_file(ckpt / "step_000004" / "model_1.safetensors")
+    value_3, value_4 = (load_file(ckpt / "step_000003" / "model_1.safetensors"),
+                        load_file(ckpt / "step_000004" / "model_1.safetensors"))
     assert any(not torch.equal(value_3[k], value_4[k]) for k in value_3)  # the value model trains in step 4
 
 
@@ -139,5 +140,7 @@ def test_ppo_and_reward_model_pass_the_multi_process_batch_check():
 def test_reference_reset_under_lora_is_a_user_error():
     # the policy-gradient reference under LoRA is the adapter-disabled policy: there is no copy to reset
     with pytest.raises(UserError, match="ref_reset_every=0 or model.lora.enabled=false"):
-        check_settings(checked_settings(_cfg("model.lora.enabled=true", "algorithm.kl_coef=0.05", "algorithm.ref_reset_every=2")))
-    check_settings(checked_settings(_cfg("algorithm.kl_coef=0.05", "algorithm.ref_reset_every=2")))  # a full copy resets
+        check_settings(checked_settings(_cfg("model.lora.enabled=true", "algorithm.kl_coef=0.05",
+                                             "algorithm.ref_reset_every=2")))
+    # a full copy resets
+    check_settings(checked_settings(_cfg("algorithm.kl_coef=0.05", "algorithm.ref_reset_every=2")))

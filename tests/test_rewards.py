@@ -11,7 +11,9 @@ def test_extract_answer_takes_last_block():
 
 
 def test_format_reward():
-    assert format_reward(None, ["<answer>3</answer>", " <answer>3</answer>\n", "3", "<answer></answer>", "x<answer>3</answer>"]) == [
+    assert format_reward(None,
+                         ["<answer>3</answer>", " <answer>3</answer>\n", "3", "<answer></answer>",
+                          "x<answer>3</answer>"]) == [
         1.0, 1.0, 0.0, 0.0, 0.0]
 
 

@@ -118,7 +118,8 @@ def test_rounds_in_one_call_equal_rounds_drawn_one_by_one(tmp_path):
 def test_rounds_of_one_token_on_the_tiny_model_are_partial_rollouts(tmp_path):
     """rollout=hf: rounds of 1 token stop where partial rollouts without rounds stop (after the token step in which
     enough groups finished), drawn in one call: the same rows, so the same metrics but for rollout/rounds."""
-    strip = lambda row: {k: v for k, v in row.items() if k not in ("time", "rollout/rounds") and not k.startswith("perf/")}  # noqa: E731
+    strip = lambda row: {k: v for k, v in row.items()  # noqa: E731
+                         if k not in ("time", "rollout/rounds") and not k.startswith("perf/")}
     rounds = train(tmp_path, *ROUNDS[:-1], "rollout.segment_tokens=1", steps=3, run_dir=tmp_path / "a")
     plain = train(tmp_path, *ROUNDS[:-1], steps=3, run_dir=tmp_path / "b")
     assert [strip(r) for r in rounds] == [strip(r) for r in plain]

@@ -142,7 +142,8 @@ def test_a_stale_lock_of_a_dead_process_is_taken_over(tmp_path):
 
 def test_a_half_written_last_metrics_line_is_dropped_on_resume(tmp_path, caplog):
     path = tmp_path / "metrics.jsonl"
-    path.write_text(json.dumps({"step": 0, "x": 1.0}) + "\n" + json.dumps({"step": 1, "x": 2.0}) + "\n" + '{"step": 2, "x"')
+    path.write_text(json.dumps({"step": 0, "x": 1.0}) + "\n" + json.dumps({"step": 1, "x": 2.0}) + "\n"
+                    + '{"step": 2, "x"')
     with caplog.at_level(logging.WARNING, logger="rlx"):
         assert [r["step"] for r in read_metrics(path)] == [0, 1]
         assert truncate_metrics(path, 5) == 2
@@ -211,10 +212,12 @@ def test_checkpoints_record_checksums_of_every_file(tmp_path):
     recorded = json.loads((folder / "checksums.json").read_text())
     files = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()} - {"checksums.json"}
     assert set(recorded) == files and {"model.safetensors", "optimizer.bin", "random_states_0.pkl"} <= files
-    assert recorded["model.safetensors"]["sha256"] == hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
+    assert recorded["model.safetensors"]["sha256"] == hashlib.sha256((folder
+                                                                      / "model.safetensors").read_bytes()).hexdigest()
 
 
-@pytest.mark.parametrize("damage", ["truncate:model.safetensors", "delete:optimizer.bin", "flip:custom_checkpoint_0.pkl",
+@pytest.mark.parametrize("damage",
+                         ["truncate:model.safetensors", "delete:optimizer.bin", "flip:custom_checkpoint_0.pkl",
                                     "delete:random_states_0.pkl", "delete:checksums.json+trainer_state"])
 def test_a_damaged_latest_checkpoint_is_named_and_the_previous_one_used(tmp_path, caplog, damage):
     weights = _three_checkpoints(tmp_path)
@@ -280,7 +283,8 @@ def test_disk_full_while_checkpointing_removes_the_partial_folder_and_keeps_earl
     _step(model, optimizer)
     with pytest.raises(StorageError) as info:
         ckpt.step_done(2)
-    info.value.survived, info.value.command = what_survived(tmp_path, 10), f"rlx train resume={tmp_path}"  # as rlx train
+    # as rlx train
+    info.value.survived, info.value.command = what_survived(tmp_path, 10), f"rlx train resume={tmp_path}"
     message = str(info.value)
     assert "no space left on the device (ENOSPC)" in message and f"rlx train resume={tmp_path}" in message
     assert "checkpoint of step 2" in message and "resume continues from step 1" in message and "\n" not in message

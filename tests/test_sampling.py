@@ -19,11 +19,13 @@ def test_inverse_cdf_hand_values():
 
 def test_filters_temperature_topk_topp():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    assert torch.allclose(filtered_probs(logits, 1.0, 0, 1.0), torch.tensor([[0.5, 0.3, 0.15, 0.05]], dtype=torch.float64))
+    assert torch.allclose(filtered_probs(logits, 1.0, 0, 1.0),
+                          torch.tensor([[0.5, 0.3, 0.15, 0.05]], dtype=torch.float64))
     # top-k 2 keeps 0.5, 0.3 -> renormalised [0.625, 0.375]
     assert torch.allclose(filtered_probs(logits, 1.0, 2, 1.0)[0, :2], torch.tensor([0.625, 0.375], dtype=torch.float64))
     # top-p 0.7: mass before token 1 is 0.5 < 0.7 (kept), before token 2 is 0.8 (dropped)
-    assert torch.allclose(filtered_probs(logits, 1.0, 0, 0.7)[0], torch.tensor([0.625, 0.375, 0, 0], dtype=torch.float64))
+    assert torch.allclose(filtered_probs(logits, 1.0, 0, 0.7)[0],
+                          torch.tensor([0.625, 0.375, 0, 0], dtype=torch.float64))
     # temperature 0.5 squares the probabilities before renormalising
     sq = torch.tensor([0.25, 0.09, 0.0225, 0.0025], dtype=torch.float64)
     assert torch.allclose(filtered_probs(logits, 0.5, 0, 1.0)[0], sq / sq.sum())
@@ -173,8 +175,8 @@ def test_single_turn_sampling_through_the_generator_protocol_draws_what_generate
         group = 3
         seeds = [sample_seed(5, 2, i) for i in range(len(prompts) * group)]
         old = generate(model, tok, prompts, samples_per_prompt=group, max_new_tokens=12, seeds=seeds, **knobs)
-        generator = HFGenerator(model, tok, temperature=knobs["temperature"], top_p=knobs["top_p"], top_k=knobs["top_k"],
-                                batch_size=knobs["batch_size"], logprobs=False)
+        generator = HFGenerator(model, tok, temperature=knobs["temperature"], top_p=knobs["top_p"],
+                                top_k=knobs["top_k"], batch_size=knobs["batch_size"], logprobs=False)
         new = sample_rollout(generator, tok, prompts, Draw(group, 12, greedy=knobs["greedy"],
                                                            min_new_tokens=knobs["min_new_tokens"]), seeds)
         for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated"):

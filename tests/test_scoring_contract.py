@@ -40,17 +40,19 @@ def _answers(problem):
 
 def _code(problem):
     body = problem["answer"]  # the canonical solution
-    return [body, "    return None\n", body + "\ndef helper():\n    pass\n", "```python\n" + problem["prompt"] + body + "```",
-            "    import sys\n    sys.exit(0)\n"]
+    return [body, "    return None\n", body + "\ndef helper():\n    pass\n",
+            "```python\n" + problem["prompt"] + body + "```", "    import sys\n    sys.exit(0)\n"]
 
 
 # benchmark -> (its loader overrides, the training overrides whose reward scores the same task, completions)
 CASES = {
-    "chain_sum": (lambda tmp: ["benchmark.chain_sum.load.size=4"], lambda tmp: ["data=chain_sum", "reward=task"], _answers),
+    "chain_sum": (lambda tmp: ["benchmark.chain_sum.load.size=4"], lambda tmp: ["data=chain_sum", "reward=task"],
+                  _answers),
     "gsm8k": (lambda tmp: [f"benchmark.gsm8k.load.path={_gsm8k_file(tmp)}"], lambda tmp: ["data=gsm8k", "reward=task"],
               _answers),
     "math500": (lambda tmp: [f"benchmark.math500.load.path={_math_file(tmp)}"],
-                lambda tmp: ["data=file", "data.train_path=unused.jsonl", "data.verifier=math", "reward=task"], _answers),
+                lambda tmp: ["data=file", "data.train_path=unused.jsonl", "data.verifier=math", "reward=task"],
+                _answers),
     "humaneval": (lambda tmp: ["benchmark.humaneval.load.size=2"], lambda tmp: ["reward=code"], _code),
     "reasoning_gym": (lambda tmp: ["benchmark.reasoning_gym.load.size=4", "benchmark.reasoning_gym.data.task=gcd"],
                       lambda tmp: ["data=reasoning_gym", "data.task=gcd", "reward=task"], _answers),
@@ -89,7 +91,8 @@ def test_training_reward_equals_eval_score(tmp_path, name, preset):
     eval_cfg = check_overrides([*model, f"benchmark={name}", *bench_overrides(tmp_path)], config_name="eval")
     from omegaconf import OmegaConf
 
-    bench = Benchmark(name, OmegaConf.to_container(eval_cfg.benchmark[name], resolve=True), eval_cfg.model.answer.reader)
+    bench = Benchmark(name, OmegaConf.to_container(eval_cfg.benchmark[name], resolve=True),
+                      eval_cfg.model.answer.reader)
     problems = bench.load()
     train_cfg = check_overrides([*model, *train_overrides(tmp_path)])
     if preset != "tiny" and name != "humaneval":  # the preset's reader, not the task's own, on both sides
@@ -106,7 +109,8 @@ def test_training_reward_equals_eval_score(tmp_path, name, preset):
     _, per_component, errors = compute_rewards(components, prompts, completions, rows)
     train_scores = per_component[accuracy].tolist()
     assert errors == 0
-    assert train_scores == pytest.approx(eval_scores, abs=1e-6), list(zip(completions, train_scores, eval_scores))  # float32
+    # float32
+    assert train_scores == pytest.approx(eval_scores, abs=1e-6), list(zip(completions, train_scores, eval_scores))
     assert 0 < sum(eval_scores) < len(eval_scores)  # the completions exercise both outcomes
 
 

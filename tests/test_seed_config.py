@@ -57,7 +57,8 @@ def test_defaults_leave_the_default_run_unchanged():
 
 
 BAD = [
-    (["algorithm.shapers=[lasr]"], "unknown algorithm.shapers entry 'lasr' (did you mean 'laser'?); valid choices: laser,"),
+    (["algorithm.shapers=[lasr]"],
+     "unknown algorithm.shapers entry 'lasr' (did you mean 'laser'?); valid choices: laser,"),
     (["algorithm.transforms=[agrae,foo]"], "valid choices: agrae, pass_at_k, efficiency, noise_forward"),
     (["algorithm.dynamic_sampling_drop=some"], "tied, all_correct, all_incorrect"),
     (["algorithm.prompt_sampling.mode=easy"], "uniform, learnability, hard"),
@@ -65,12 +66,14 @@ BAD = [
     (["rollout.temperature_schedule.mode=hot"], "constant, ead"),
     (["algorithm=ngrpo", "algorithm.scale=batch"], "set algorithm.scale=group"),
     (["algorithm.transforms=[pass_at_k]", "algorithm.shaping.pass_k=16"], "shaping.pass_k=16 needs at least"),
-    (["algorithm.shapers=[noise_backward]", "algorithm.shaping.assumed_fp_rate=0.5", "algorithm.shaping.assumed_fn_rate=0.5"],
+    (["algorithm.shapers=[noise_backward]", "algorithm.shaping.assumed_fp_rate=0.5",
+      "algorithm.shaping.assumed_fn_rate=0.5"],
      "must be below 1"),
     (["algorithm.shapers=[noise_backward]", "~reward.components.format"], "cancels exactly"),
     (["algorithm.hints.enabled=true", "algorithm.hints.source=column"], "needs algorithm.hints.column=NAME"),
     (["rollout=vllm", "rollout.temperature_schedule.mode=ead"], "use rollout=hf"),
-    (["algorithm=gigpo", "env=grid", "algorithm.credit=gra"], "algorithm.credit=gra needs algorithm.gate_threshold: set"),
+    (["algorithm=gigpo", "env=grid", "algorithm.credit=gra"],
+     "algorithm.credit=gra needs algorithm.gate_threshold: set"),
     (["algorithm=gigpo", "env=grid", "algorithm.entropy_smoothing.low=1.5"], "must be below high=1.2"),
 ]
 
@@ -99,7 +102,8 @@ def test_options_outside_their_loop_stop_with_one_line(overrides, needle):
 
 def test_ppo_runs_the_producer_stages():
     """Shapers, noise, prompt sampling and replay act in the single-turn producer, which PPO shares."""
-    check_settings(checked_settings(check_overrides(["algorithm=ppo", "algorithm.shapers=[laser]", "algorithm.replay.enabled=true",
+    check_settings(checked_settings(check_overrides(["algorithm=ppo", "algorithm.shapers=[laser]",
+                                                     "algorithm.replay.enabled=true",
                                     "algorithm.verifier_noise.fn_rate=0.1", "algorithm.prompt_sampling.mode=hard"])))
 
 

@@ -80,7 +80,8 @@ def test_report_writes_profiles_optimality_gap_and_adastop(tmp_path):
         _fake_run(sweep / f"a{seed}", ["optim.lr=1e-4"], seed, a)
         _fake_run(sweep / f"b{seed}", ["optim.lr=3e-4"], seed, b)
     result = write_report([sweep], tmp_path / "report", n_resamples=200, adastop={"n": 2, "K": 2, "alpha": 0.05})
-    assert result["profiles"]["gaps"]["c1"][0] == pytest.approx(0.25) and result["profiles"]["gaps"]["c2"][0] == pytest.approx(0.8)
+    assert (result["profiles"]["gaps"]["c1"][0] == pytest.approx(0.25)
+            and result["profiles"]["gaps"]["c2"][0] == pytest.approx(0.8))
     assert (tmp_path / "report" / "profiles.png").is_file()
     assert result["adastop"]["decisions"] == {"c1 vs c2": "larger"}
     summary = result["summary"].read_text()

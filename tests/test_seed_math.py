@@ -48,7 +48,8 @@ T = torch.tensor
 
 
 def close(actual, expected, tol=1e-5):
-    return torch.allclose(torch.as_tensor(actual, dtype=torch.float64), torch.as_tensor(expected, dtype=torch.float64), atol=tol)
+    return torch.allclose(torch.as_tensor(actual, dtype=torch.float64), torch.as_tensor(expected, dtype=torch.float64),
+                          atol=tol)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -125,8 +126,8 @@ def test_ngrpo_gives_all_wrong_groups_a_negative_push_where_grpo_gives_none():
 def test_ngrpo_through_the_estimator_registry_and_its_refusals():
     rewards = T([0.0, 0, 0, 1, 0, 0])
     groups = fixed_groups(6, 3)
-    advantages, keep, metrics = outcome_advantages(rewards, groups, "ngrpo", scale="group", eps=1e-6, virtual_reward=1.0,
-                                                   virtual_samples=1)
+    advantages, keep, metrics = outcome_advantages(rewards, groups, "ngrpo", scale="group", eps=1e-6,
+                                                   virtual_reward=1.0, virtual_samples=1)
     assert close(advantages, [-0.5] * 3 + [0.866025, -0.866025, -0.866025]) and keep.all()
     assert metrics == {"train/ngrpo_dead_groups_revived": 1.0}
     with pytest.raises(ValueError, match="algorithm.scale=group"):
@@ -229,7 +230,8 @@ def test_unlikeliness_direction_the_rare_correct_sample_gets_the_largest_advanta
     shaped, _ = SHAPERS["unlikeliness"](T([1.0, 1, 1, 0]), signals, unlikeliness_beta=0.25)
     advantages = group_advantages(shaped, 4)
     assert advantages[1] > advantages[2] > advantages[0] > 0 > advantages[3]
-    assert (group_advantages(T([1.0, 1, 1, 0]), 4)[:3] == group_advantages(T([1.0, 1, 1, 0]), 4)[0]).all()  # GRPO: all equal
+    # GRPO: all equal
+    assert (group_advantages(T([1.0, 1, 1, 0]), 4)[:3] == group_advantages(T([1.0, 1, 1, 0]), 4)[0]).all()
 
 
 def test_agrae_matches_the_authors_formula_by_hand():
@@ -263,7 +265,8 @@ def test_pass_at_k_advantages_by_hand():
     c = 2: R = 1 - C(2,2)/C(4,2) = 5/6, sigma = sqrt(5/36) = 0.372678, A_pos = (1/6) / 0.372678 = 0.447214,
     A_neg = (1/6 - C(1,1)/C(3,1)) / 0.372678 = (1/6 - 1/3) / 0.372678 = -0.447214.
     c = 4 or c = 0: 0 (sigma = 0, numerator 0)."""
-    correct = T([True, False, False, False, True, True, False, False, True, True, True, True, False, False, False, False])
+    correct = T([True, False, False, False, True, True, False, False, True, True, True, True, False, False, False,
+                 False])
     advantages = pass_at_k_advantages(correct, fixed_groups(16, 4), k=2)
     expected = [1, -1 / 3, -1 / 3, -1 / 3, 0.447214, 0.447214, -0.447214, -0.447214] + [0] * 8
     assert close(advantages, expected)
@@ -276,7 +279,8 @@ def test_pass_at_k_direction_wrong_samples_are_pushed_down_less_than_under_grpo(
     -1/3, keeping probability mass on alternatives (exploration), and the correct one +1 instead of +1.5."""
     correct = T([True, False, False, False])
     grpo = group_advantages(correct.double(), 4)
-    passk, _ = TRANSFORMS["pass_at_k"](grpo, correct.double(), GroupSignals(groups=T([0, 0, 0, 0]), correct=correct), pass_k=2)
+    passk, _ = TRANSFORMS["pass_at_k"](grpo, correct.double(), GroupSignals(groups=T([0, 0, 0, 0]), correct=correct),
+                                       pass_k=2)
     assert close(grpo, [1.5, -0.5, -0.5, -0.5]) and close(passk, [1.0, -1 / 3, -1 / 3, -1 / 3])
     assert (passk[1:].abs() < grpo[1:].abs()).all()
 
@@ -341,7 +345,8 @@ def test_forward_correction_weights_align_in_expectation_with_the_clean_signal()
     assert close([w1, w0], [0.2, -0.8], 1e-12)
     assert close(0.8 * w1 + 0.2 * w0, 0.0, 1e-12) and close(0.1 * w1 + 0.9 * w0, -0.7, 1e-12)
     signals = GroupSignals(groups=T([0, 0]), correct=T([True, False]))
-    advantages, _ = apply_transforms(["noise_forward"], torch.zeros(2), T([1.0, 0.0]), signals, {"assumed_fn_rate": 0.2})
+    advantages, _ = apply_transforms(["noise_forward"], torch.zeros(2), T([1.0, 0.0]), signals,
+                                     {"assumed_fn_rate": 0.2})
     assert close(advantages, [0.2, -0.8], 1e-6)
 
 
@@ -400,8 +405,10 @@ def test_gated_reward_accumulation_by_hand_and_its_direction():
     almost 0 (returns [0.6, 1.3, 0]: (0.6 - 0.633333) / 0.650641 = -0.051232): the gate pushes it down."""
     step_episode, step_rewards, outcome = T([0, 0, 1, 1, 2]), T([0.3, 0.3, 0.3, 0.0, 0.0]), T([0.0, 1.0, 0.0])
     assert close(gated_returns(step_rewards, step_episode, outcome, 1.0), [0.0, 1.3, 0.0])
-    gated, metrics = gra_advantages(T([0, 0, 0]), step_episode, step_rewards, episode_outcome=outcome, gate_threshold=1.0)
-    assert close(gated, [-0.577350, -0.577350, 1.154701, 1.154701, -0.577350]) and close(metrics["env/gated_frac"], 2 / 3)
+    gated, metrics = gra_advantages(T([0, 0, 0]), step_episode, step_rewards, episode_outcome=outcome,
+                                    gate_threshold=1.0)
+    assert (close(gated, [-0.577350, -0.577350, 1.154701, 1.154701, -0.577350])
+            and close(metrics["env/gated_frac"], 2 / 3))
     ungated = group_standardize(T([0.6, 1.3, 0.0], dtype=torch.float64), T([0, 0, 0]))
     assert close(ungated[0], -0.051232) and gated[0] < ungated[0] - 0.5
     with pytest.raises(ValueError, match="gate_threshold"):

@@ -28,7 +28,8 @@ T = torch.tensor
 
 
 def close(actual, expected, tol=1e-5):
-    return torch.allclose(torch.as_tensor(actual, dtype=torch.float64), torch.as_tensor(expected, dtype=torch.float64), atol=tol)
+    return torch.allclose(torch.as_tensor(actual, dtype=torch.float64), torch.as_tensor(expected, dtype=torch.float64),
+                          atol=tol)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -38,7 +38,8 @@ def test_pass_rate_ema_and_retirement():
     """prior 0.5, eta 0.5: a solved group (rate 1) -> 0.75, then a failed one (0) -> 0.375.
     retire_after 2: prompt 1 fully solved twice in a row -> retired (never drawn again); prompt 2 solved,
     failed, solved -> its streak restarted, still drawn."""
-    sampler = DifficultySampler([{"q": i} for i in range(3)], seed=0, mode="learnability", ema=0.5, prior=0.5, retire_after=2)
+    sampler = DifficultySampler([{"q": i} for i in range(3)], seed=0, mode="learnability", ema=0.5, prior=0.5,
+                                retire_after=2)
     sampler.update([0], T([1.0]), T([True]))
     assert sampler.pass_rates[0].item() == 0.75
     sampler.update([0], T([0.0]), T([False]))

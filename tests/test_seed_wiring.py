@@ -243,7 +243,8 @@ def train(tmp_path, *overrides, base=RUN, steps=2, run_dir=None) -> list[dict]:
 # (the option acted), and a run without the option logs none of them (the metric is the option's)
 MECHANISMS = {
     "ngrpo": (["algorithm=ngrpo", "algorithm.dynamic_sampling=false"], "train/ngrpo_dead_groups_revived"),
-    "drop_all_incorrect": (["algorithm=dapo", "algorithm.dynamic_sampling_drop=all_incorrect"], "sampling/dropped_groups"),
+    "drop_all_incorrect": (["algorithm=dapo", "algorithm.dynamic_sampling_drop=all_incorrect"],
+                           "sampling/dropped_groups"),
     "laser": (["algorithm=laser", "algorithm.shaping.target_tokens=8"], "shaping/laser_delta_abs"),
     "laser_d": (["algorithm=laser_d", "algorithm.shaping.adapt_every=1"], "shaping/laser_target_hard"),
     # chain_sum's right answers all have one length, so the length options judge "correct" by the format verdict
@@ -340,7 +341,8 @@ def stop_after(monkeypatch, last_step: int) -> None:
 @pytest.mark.parametrize("option", [pytest.param(name, marks=pytest.mark.long) if name == "entropy_smoothing" else name
                                     for name in STATEFUL])
 def test_resume_is_exact_for_stateful_options(tmp_path, option, monkeypatch):
-    """3-10 s each (the agent case ~20 s, marked slow). 4 steps straight against the same run stopped after its step-2 checkpoint and resumed:
+    """3-10 s each (the agent case ~20 s, marked slow). 4 steps straight against the same run stopped after its step-2
+    checkpoint and resumed:
     every logged value of the 4 steps equal (the prompt sampler's pass rates and generator, the replay buffer,
     LASER-D's targets and EPO's entropy history come back from the checkpoint; hints keep no state, their
     seeds and anneal follow the step)."""

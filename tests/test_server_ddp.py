@@ -1,6 +1,7 @@
-"""rollout=server and pipeline mode (rollout=server or hf) under a multi-process trainer (hardware=ddp, 2 gloo processes on the CPU): rank 0
-alone samples the global batch (HTTP to the server, rewards on rank 0), broadcasts it, and every rank trains its
-shard (rlx/rollout/rank_zero.py). The 2-process run must take the steps the 1-process run takes on the same config.
+"""rollout=server and pipeline mode (rollout=server or hf) under a multi-process trainer (hardware=ddp, 2 gloo processes
+on the CPU): rank 0 alone samples the global batch (HTTP to the server, rewards on rank 0), broadcasts it, and every
+rank trains its shard (rlx/rollout/rank_zero.py). The 2-process run must take the steps the 1-process run takes on the
+same config.
 
 The server is tests/fake_vllm.py's FakeVLLM in this test process: a completion is a function of the request's seed,
 so both runs see the same rows exactly when they ask for the same rows with the same seeds. The reward reads the
@@ -111,8 +112,10 @@ def test_what_still_runs_on_one_process_is_one_line():
                                         r"parameters, and under hardware.distributed=fsdp they are shards"):
         check_run(check_overrides(["hardware=fsdp", *ddp[1:3], "algorithm.replay.enabled=true"]))
     # episodes too: rank 0 plays the global batch, each rank trains whole tasks (tests/test_stages_ddp.py)
-    check_run(check_overrides(["algorithm=gigpo", "env=grid", *ddp[:3], "rollout.max_staleness=1", "rollout.correction=tis"]))
-    with pytest.raises(UserError, match=r"^rollout=server with 2 processes samples on rank 0 .* trains from no producer"):
+    check_run(check_overrides(["algorithm=gigpo", "env=grid", *ddp[:3], "rollout.max_staleness=1",
+                               "rollout.correction=tis"]))
+    with pytest.raises(UserError,
+                       match=r"^rollout=server with 2 processes samples on rank 0 .* trains from no producer"):
         check_run(check_overrides(["algorithm=agent_sft", "env=grid", *ddp]))
     check_run(check_overrides([*ddp[:3], "rollout.partial=true", "rollout.correction=tis"]))  # rank 0 holds the pool
     with pytest.raises(UserError, match=r"^rollout.partial=true with 2 processes samples with rank 0's parameters"):

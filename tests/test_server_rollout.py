@@ -244,8 +244,8 @@ def test_pipeline_samples_each_batch_with_the_version_it_was_given(server, tiny)
                                       samples_per_prompt=2)
             sampled[step] = (server.version, out)
             empty = torch.zeros(4, 1, dtype=torch.long)
-            rollout = Rollout.single_turn(empty, empty + 1, empty, empty + 1, torch.zeros(4, dtype=torch.bool), [""] * 4,
-                                          None, server.version or 0)
+            rollout = Rollout.single_turn(empty, empty + 1, empty, empty + 1, torch.zeros(4, dtype=torch.bool),
+                                          [""] * 4, None, server.version or 0)
             return Batch(rollout, torch.zeros(4), 2, fixed_groups(4, 2), no_verdicts(), PromptRows([{}] * 4, [""] * 4))
 
     server.publish(policy, 0)

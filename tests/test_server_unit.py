@@ -242,7 +242,8 @@ def test_generator_requests_rows_by_seed_and_spreads_prompts_over_servers(fakes,
     assert out.logprobs == [[-0.25] * 3] * 6
     sent = {fake.url: [body for path, body in fake.requests if path == "/v1/completions"] for fake in (a, b)}
     assert sorted((body["prompt"], body["seed"]) for body in sent[a.url] + sent[b.url]) == [
-        ([1, 40, 41], 11), ([1, 40, 41], 12), ([1, 42], 13), ([1, 42], 14), ([1, 43, 44, 45], 15), ([1, 43, 44, 45], 16)]
+        ([1, 40, 41], 11), ([1, 40, 41], 12), ([1, 42], 13), ([1, 42], 14), ([1, 43, 44, 45], 15),
+        ([1, 43, 44, 45], 16)]
     for prompt in prompts:  # a prompt's rows on one server (which one: by load, see test_fleet_*)
         assert sum(any(body["prompt"] == prompt for body in sent[url]) for url in sent) == 1
     body = (sent[b.url] or sent[a.url])[0]
@@ -458,11 +459,14 @@ def test_a_server_killed_while_running_is_noticed(tmp_path):
 
 def test_a_server_dying_at_start_is_one_line_quoting_its_log(tmp_path):
     process = fake_process(tmp_path, mode="die")
-    with pytest.raises(RolloutServerError, match=r"exited with code 3 during start-up; its last log lines: .*no memory for the KV cache") as info:
+    with pytest.raises(RolloutServerError,
+                       match=r"exited with code 3 during start-up; its last log lines: "
+                             r".*no memory for the KV cache") as info:
         process.start(timeout_s=30)
     assert "\n" not in str(info.value) and not info.value.resumable
     assert log_tail(tmp_path / "nothing.log") == "(no log)"
-    (tmp_path / "access.log").write_text('ValueError: bad\nINFO:     127.0.0.1:4 - "POST /v1/completions HTTP/1.1" 200 OK\n\n')
+    (tmp_path / "access.log").write_text('ValueError: bad\n'
+                                         'INFO:     127.0.0.1:4 - "POST /v1/completions HTTP/1.1" 200 OK\n\n')
     assert log_tail(tmp_path / "access.log") == "ValueError: bad"  # request lines say nothing about a failure
 
 

@@ -239,7 +239,8 @@ def test_two_machines_on_loopback_match_one_process_and_resume(tmp_path, one_pro
     shared run directory), then both resumed from the step-2 checkpoint; equal to the 1-process run."""
     one, one_last = one_process
     run = tmp_path / "shared" / "runs" / "exp1"
-    # README: rlx train hardware=multinode hardware.main_process_ip=10.0.0.1 hardware.machine_rank=0 hydra.run.dir=/shared/runs/exp1
+    # README: rlx train hardware=multinode hardware.main_process_ip=10.0.0.1 hardware.machine_rank=0
+    # hydra.run.dir=/shared/runs/exp1
     readme = ["hardware=multinode", "hardware.main_process_ip=127.0.0.1", f"hydra.run.dir={run}"]
     cpu = ["hardware.num_processes=1", "hardware.cpu=true", "hardware.mixed_precision=no"]
     port = _free_port()

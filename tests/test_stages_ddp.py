@@ -36,7 +36,8 @@ def _run_dir(tmp_path, name):
 
 
 SINGLE_TURN = ["rollout.max_new_tokens=8", "algorithm.scale=batch", "eval.size=4",
-               "+reward.components.token._target_=tests.test_stages_ddp.token_reward", "+reward.components.token.weight=1.0"]
+               "+reward.components.token._target_=tests.test_stages_ddp.token_reward",
+               "+reward.components.token.weight=1.0"]
 
 
 def compare(tmp_path, extra, base=SINGLE_TURN):
@@ -58,7 +59,8 @@ def compare(tmp_path, extra, base=SINGLE_TURN):
             assert a[key] == b[key], (a["step"], key, a[key], b[key])
         assert abs(a["train/loss"] - b["train/loss"]) <= LOSS_TOL, (a["step"], a["train/loss"], b["train/loss"])
     one, many = final_weights(tmp_path, "one"), final_weights(tmp_path, "many")
-    start = load_file(ASSETS_DIR / ("tiny_agent" if "model.path=builtin:tiny_agent" in args else "tiny") / "model.safetensors")
+    start = load_file(ASSETS_DIR / ("tiny_agent" if "model.path=builtin:tiny_agent" in args else "tiny")
+                      / "model.safetensors")
     moved = max((one[k] - start[k]).abs().max().item() for k in one if k in start)
     gap = max((one[k] - many[k]).abs().max().item() for k in one)
     assert moved > 1e-5, f"training did not move the weights ({moved:.2e}); the comparison would prove nothing"

@@ -87,7 +87,8 @@ def test_optuna_sweep_names_its_best_trial_and_retest_uses_fresh_seeds(tmp_path)
     assert math.isclose(optuna.best_value, max(finals.values()))
     rows = _summary_rows(sweep)
     assert float(rows[0]["eval/accuracy"]) == max(finals.values())
-    assert f"Best trial: {rows[0]['trial']} (eval/accuracy = {max(finals.values()):.4f}" in (sweep / "summary.md").read_text()
+    assert (f"Best trial: {rows[0]['trial']} (eval/accuracy = "
+            f"{max(finals.values()):.4f}") in (sweep / "summary.md").read_text()
     # the trials sampled the search space of conf/sweep/optuna.yaml
     assert all("optim.lr=" in r["overrides"] and "algorithm.clip_high=" in r["overrides"] for r in rows)
     # the log prints the sampled values at 3 significant digits (Hydra's "#N : ..." lines and the optuna
@@ -115,7 +116,8 @@ def test_optuna_sweep_names_its_best_trial_and_retest_uses_fresh_seeds(tmp_path)
 def test_unknown_sweep_is_one_line(tmp_path):
     result = run_rlx(["sweep", "optuan"], tmp_path, timeout=120)
     assert result.returncode == 2
-    assert result.stderr.strip() == "error: unknown sweep 'optuan' (did you mean 'optuna'?); valid choices: grid, optuna, seed_ablation, smollm2_mc_grpo, smollm2_seed_ablation"
+    assert result.stderr.strip() == ("error: unknown sweep 'optuan' (did you mean 'optuna'?); valid choices: grid, "
+                                     "optuna, seed_ablation, smollm2_mc_grpo, smollm2_seed_ablation")
 
 
 @pytest.mark.parametrize("name", group_options("sweep"))
@@ -154,11 +156,13 @@ def test_cross_algorithm_multirun_is_one_sweep_and_seeds_only_is_not_ranked(tmp_
 
 
 def test_a_combination_that_does_not_compose_stops_the_sweep_before_it_starts(tmp_path):
-    result = run_rlx(["train", "-m", "algorithm=grpo,dpo", "algorithm.clip_high=0.3", "seed=0,1"], tmp_path, timeout=120)
+    result = run_rlx(["train", "-m", "algorithm=grpo,dpo", "algorithm.clip_high=0.3", "seed=0,1"], tmp_path,
+                     timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip() == ("error: sweep combination 3 of 4 (algorithm=dpo seed=0) does not compose: "
-                                     "algorithm.clip_high is a policy_gradient / ppo / agent knob; use algorithm=grpo, ppo "
-                                     "or agent_grpo (or leave algorithm.clip_high out); nothing was run")
+                                     "algorithm.clip_high is a policy_gradient / ppo / agent knob; use "
+                                     "algorithm=grpo, ppo or agent_grpo (or leave algorithm.clip_high out); nothing "
+                                     "was run")
     assert not (tmp_path / "outputs").exists()
 
 
@@ -197,7 +201,8 @@ def test_hydra_launcher_lines_print_short_numbers():
 
     from rlx.report.sweeps import ShortNumbers
 
-    record = logging.LogRecord("hydra", logging.INFO, "", 0, "\t#%d : %s", (1, "seed=0 optim.lr=0.00030000000000000003"), None)
+    record = logging.LogRecord("hydra", logging.INFO, "", 0, "\t#%d : %s",
+                               (1, "seed=0 optim.lr=0.00030000000000000003"), None)
     assert ShortNumbers().filter(record) and record.getMessage() == "\t#1 : seed=0 optim.lr=0.0003"
     written = logging.LogRecord("hydra", logging.INFO, "", 0, "#0 : optim.lr=1e-4 data.train_path=a.jsonl", None, None)
     assert ShortNumbers().filter(written) and written.getMessage() == "#0 : optim.lr=1e-4 data.train_path=a.jsonl"

@@ -46,8 +46,10 @@ def test_full_tiny_sft_reproduces_the_shipped_model(tmp_path):
     final = [r for r in read_metrics(run / "metrics.jsonl") if "eval/accuracy" in r][-1]["eval/accuracy"]
     low, high = PARTIAL_SKILL
     assert low <= SHIPPED_ACCURACY <= high
-    assert low <= final <= high, f"rebuilt model accuracy {final} is not partial skill {PARTIAL_SKILL} (shipped {SHIPPED_ACCURACY})"
-    built, shipped = load_file(run / "final" / "model.safetensors"), load_file(ASSETS_DIR / "tiny" / "model.safetensors")
+    assert low <= final <= high, (f"rebuilt model accuracy {final} is not partial skill {PARTIAL_SKILL} (shipped "
+                                  f"{SHIPPED_ACCURACY})")
+    built, shipped = (load_file(run / "final" / "model.safetensors"),
+                      load_file(ASSETS_DIR / "tiny" / "model.safetensors"))
     assert {k: v.shape for k, v in built.items()} == {k: v.shape for k, v in shipped.items()}
     gap = max((built[k] - shipped[k]).abs().max().item() for k in built)
     print(f"largest weight difference to the shipped model: {gap:.3g}")
@@ -68,7 +70,8 @@ def test_full_tiny_agent_sft_reproduces_the_shipped_warm_start(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     run = only_run_dir(out)
     final = [r for r in read_metrics(run / "metrics.jsonl") if "eval/success" in r][-1]["eval/success"]
-    assert 0.2 <= final <= 0.6, f"rebuilt warm start success {final} is not partial skill (shipped {AGENT_SHIPPED_SUCCESS})"
+    assert 0.2 <= final <= 0.6, (f"rebuilt warm start success {final} is not partial skill (shipped "
+                                 f"{AGENT_SHIPPED_SUCCESS})")
     built = load_file(run / "final" / "model.safetensors")
     shipped = load_file(ASSETS_DIR / "tiny_agent" / "model.safetensors")
     assert {k: v.shape for k, v in built.items()} == {k: v.shape for k, v in shipped.items()}

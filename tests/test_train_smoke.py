@@ -8,7 +8,8 @@ from rlx.config.paths import ASSETS_DIR
 from rlx.runtime.rundir import read_metrics
 from tests.conftest import only_run_dir, run_rlx
 
-FAST = ["steps=2", "prompts_per_step=2", "rollout.samples_per_prompt=4", "eval.size=8", "eval.every=1", "log.samples_every=1"]
+FAST = ["steps=2", "prompts_per_step=2", "rollout.samples_per_prompt=4", "eval.size=8", "eval.every=1",
+        "log.samples_every=1"]
 
 
 def test_grpo_two_steps_writes_run_directory_and_changes_parameters(tmp_path):
@@ -61,8 +62,8 @@ def test_sft_and_local_model_path(tmp_path):
     local = tmp_path / "local_model"
     AutoModelForCausalLM.from_pretrained(ASSETS_DIR / "tiny").save_pretrained(local)
     AutoTokenizer.from_pretrained(ASSETS_DIR / "tiny").save_pretrained(local)
-    result = run_rlx(["train", "algorithm=sft", f"model.path={local}", "steps=2", "algorithm.batch_size=4", "eval.size=4",
-                      "eval.every=1"], tmp_path)
+    result = run_rlx(["train", "algorithm=sft", f"model.path={local}", "steps=2", "algorithm.batch_size=4",
+                      "eval.size=4", "eval.every=1"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     run = only_run_dir(tmp_path)
     rows = read_metrics(run / "metrics.jsonl")

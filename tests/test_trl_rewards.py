@@ -58,12 +58,14 @@ def state_reward(completions, completion_ids, trainer_state, **kwargs):
 # ------------------------------------------------------------------------------------------------------
 def test_trl_documented_reward_functions_run_unchanged():
     completions = ["so \\boxed{4}", "\\boxed{5} is long", "no box"]
-    rows = [{"prompt": "2+2?", "ground_truth": "4", "task": "math"}, {"prompt": "2+3?", "ground_truth": "4", "task": "math"},
+    rows = [{"prompt": "2+2?", "ground_truth": "4", "task": "math"},
+            {"prompt": "2+3?", "ground_truth": "4", "task": "math"},
             {"prompt": "hi", "ground_truth": "x", "task": "chat"}]
     components = [RewardComponent("length", length_reward, 0.0), RewardComponent("boxed", boxed_reward, 1.0),
                   RewardComponent("math", math_reward_func, 1.0), RewardComponent("state", state_reward, 0.0)]
     total, per, errors = compute_rewards(components, ["p1", "p2", "p3"], completions, rows,
-                                         completion_ids=[[1, 2], [3], []], state=TrainerState(global_step=7, max_steps=9))
+                                         completion_ids=[[1, 2], [3], []],
+                                         state=TrainerState(global_step=7, max_steps=9))
     assert per["length"].tolist() == [12.0, 17.0, 6.0]
     assert per["boxed"].tolist() == [1.0, 0.0, 0.0]  # the ground_truth column arrived under its own name
     assert per["math"][:2].tolist() == [1.0, -1.0] and math.isnan(per["math"][2])  # None: not applicable
@@ -72,7 +74,8 @@ def test_trl_documented_reward_functions_run_unchanged():
 
 
 def test_conversational_rows_give_message_lists_to_rewards_and_chat_templates():
-    rows = [{"prompt": [{"role": "system", "content": "Think first."}, {"role": "user", "content": "2+2?"}], "answer": "4"},
+    rows = [{"prompt": [{"role": "system", "content": "Think first."}, {"role": "user", "content": "2+2?"}],
+             "answer": "4"},
             {"prompt": [{"role": "user", "content": "3+3?"}], "answer": "6"}]
     completions = ["<think>easy</think><answer>4</answer>", "<answer>5</answer>"]
     seen = {}
@@ -152,8 +155,8 @@ def test_trl_reward_reads_the_datasets_own_answer_column_in_a_training_run(tmp_p
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"problem": f"{a} + {b} =", "solution": str(a + b)}) + "\n"
                             for a in range(6) for b in range(6)))
-    result = run_rlx(["train", "data=file", f"data.train_path={data}", "data.eval_size=4", "data.columns.prompt=problem",
-                      "data.columns.answer=solution", "reward.components={}",
+    result = run_rlx(["train", "data=file", f"data.train_path={data}", "data.eval_size=4",
+                      "data.columns.prompt=problem", "data.columns.answer=solution", "reward.components={}",
                       "+reward.components.sol._target_=tests.helpers.solution_is_a_number",
                       "+reward.components.sol.weight=1.0", "reward.accuracy=sol", "steps=1", "prompts_per_step=2",
                       "rollout.samples_per_prompt=2", "eval.size=4", "rollout.max_new_tokens=8", "save.final=false",
@@ -170,7 +173,8 @@ def test_max_prompt_length_drops_or_truncates_and_counts():
     tokenizer = load_tokenizer("builtin:tiny", None, False)
     short = {"prompt": "1 + 2 =", "answer": "3"}
     long = {"prompt": "9 + 9 + 9 + 9 + 9 + 9 + 9 + 9 + 9 + 9 + 9 + 9 = what? 1 + 2 =", "answer": "3"}
-    chat = {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": long["prompt"]}], "answer": "3"}
+    chat = {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": long["prompt"]}],
+            "answer": "3"}
 
     def length(row):
         return len(tokenizer(format_prompts(tokenizer, [row], True, None)[0], add_special_tokens=False)["input_ids"])

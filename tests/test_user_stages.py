@@ -29,7 +29,8 @@ def test_a_user_stage_from_a_module_runs_and_its_metrics_appear(tmp_path):
     proc = rlx_command(["train", "plugins=[my_stages]", "algorithm.stages=[truncation_watch]", "steps=2",
                         "rollout.max_new_tokens=4", *SMALL], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [row for row in read_metrics(only_run_dir(tmp_path) / "metrics.jsonl") if "completions/truncated_frac" in row]
+    rows = [row for row in read_metrics(only_run_dir(tmp_path) / "metrics.jsonl")
+            if "completions/truncated_frac" in row]
     assert len(rows) == 2
     for row in rows:
         assert row["mine/truncated_frac"] == pytest.approx(row["completions/truncated_frac"])

@@ -26,7 +26,8 @@ def write_run(path, rows, overrides=(), config=None, samples=None):
     path.mkdir(parents=True)
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (path / "overrides.yaml").write_text(yaml.safe_dump(list(overrides)))
-    (path / "config.yaml").write_text(yaml.safe_dump(config or {"prompts_per_step": 2, "rollout": {"samples_per_prompt": 2}}))
+    (path / "config.yaml").write_text(yaml.safe_dump(config
+                                                     or {"prompts_per_step": 2, "rollout": {"samples_per_prompt": 2}}))
     for step, records in (samples or {}).items():
         (path / "samples").mkdir(exist_ok=True)
         (path / "samples" / f"step_{step:06d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -47,7 +48,8 @@ def test_discover_finds_runs_sweep_trials_and_eval_dirs_and_names_a_folder_witho
     (tmp_path / "eval").mkdir()
     (tmp_path / "eval" / "summary.json").write_text(json.dumps({"benchmarks": {}}))
     (tmp_path / "empty").mkdir()
-    runs, notes = discover([tmp_path / "run", tmp_path / "sweep", tmp_path / "eval", tmp_path / "empty", tmp_path / "run"])
+    runs, notes = discover([tmp_path / "run", tmp_path / "sweep", tmp_path / "eval", tmp_path / "empty",
+                            tmp_path / "run"])
     assert [(r.name, r.kind) for r in runs] == [("run", "train"), ("sweep/0", "train"), ("sweep/1", "train"),
                                                  ("sweep/10", "train"), ("eval", "eval")]
     assert [r.seed for r in runs[1:4]] == [0, 1, 10]
@@ -100,7 +102,8 @@ def test_seed_bands_are_the_reports_mean_and_t_band(tmp_path):
     tails = []
     for seed, values in enumerate([(1.0, 4.0), (2.0, 5.0), (3.0, 9.0)]):
         path = tmp_path / f"m{seed}.jsonl"
-        rows = [{"step": s, "reward/total": v} for s, v in zip((1, 2), values)] + ([{"step": 3, "reward/total": 1.0}] if seed else [])
+        rows = [{"step": s, "reward/total": v}
+                for s, v in zip((1, 2), values)] + ([{"step": 3, "reward/total": 1.0}] if seed else [])
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         tails.append(MetricsTail(path))
         tails[-1].update()
@@ -139,7 +142,8 @@ def test_samples_without_group_ids_or_verdicts_group_by_prompt_and_agents_show_t
     old = [{"prompt": "a", "completion": "1", "reward": 0.0}, {"prompt": "a", "completion": "2", "reward": 1.0},
            {"prompt": "b", "completion": "3", "reward": 0.0}]
     groups = prompt_groups(old)
-    assert [(g["prompt"], len(g["completions"]), g["kind"]) for g in groups] == [("a", 2, "unknown"), ("b", 1, "unknown")]
+    assert [(g["prompt"], len(g["completions"]), g["kind"])
+            for g in groups] == [("a", 2, "unknown"), ("b", 1, "unknown")]
     same_start = [{"observations": ["map"], "actions": ["x"], "rewards": [float(i % 2)], "success": float(i % 2)}
                   for i in range(4)]  # two groups of 2 episodes on one fixed layout
     assert [len(g["completions"]) for g in prompt_groups(same_start, group_size=2)] == [2, 2]
@@ -214,7 +218,8 @@ def test_health_flags_stay_quiet_just_below_their_thresholds(tmp_path):
     rows = [{"step": s, "train/entropy": e, "train/kl_ref": k, "train/frac_zero_std_groups": z}
             for s, (e, k, z) in enumerate(zip([1.0, 0.5, 0.11, 0.2, 0.2, 0.2, 0.2], [0.0001] * 6 + [0.009],
                                               [1.0, 1.0, 1.0, 1.0, 0.9, 1.0, 1.0]))]
-    # entropy at 0.2 > 0.1 x 1.0; the KL jump (90x its median) stays under KL_SPIKE_MIN; the tied streak breaks at step 4
+    # entropy at 0.2 > 0.1 x 1.0; the KL jump (90x its median) stays under KL_SPIKE_MIN; the tied streak breaks at step
+    # 4
     assert raised(tmp_path, rows) == {}
 
 
@@ -235,7 +240,8 @@ def test_eval_disagreements_match_problems_by_id_on_greedy_score_or_sample_rate(
                {"id": "p1", "greedy": {"completion": "2", "score": 1.0}},
                {"id": "p3", "samples": ["5", "5"], "scores": [0.0, 0.0]}]
     found = disagreements(model, compare)
-    assert [(d["id"], d["model"]["score"], d["compare"]["score"]) for d in found] == [("p2", 1.0, 0.0), ("p3", 0.5, 0.0)]
+    assert [(d["id"], d["model"]["score"], d["compare"]["score"])
+            for d in found] == [("p2", 1.0, 0.0), ("p3", 0.5, 0.0)]
     assert found[0]["compare"]["completion"] == "5" and found[1]["model"]["completion"] == "6"
 
 

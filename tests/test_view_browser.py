@@ -20,7 +20,8 @@ from tests.conftest import REPO, run_rlx
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome") if shutil.which(name)), None)
+CHROMIUM = next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome")
+                 if shutil.which(name)), None)
 try:
     import playwright.sync_api as playwright_api
 except ImportError:
@@ -30,7 +31,8 @@ if CHROMIUM is None or playwright_api is None:
                 "`make test-view` installs both", allow_module_level=True)
 
 # 8 training prompts, 4 a step: every prompt comes back every other step (one to follow across the steps)
-TRAIN = ["data.train_size=8", "data.eval_size=8", "prompts_per_step=4", "rollout.samples_per_prompt=4", "log.samples_every=1", "log.num_samples=16",
+TRAIN = ["data.train_size=8", "data.eval_size=8", "prompts_per_step=4", "rollout.samples_per_prompt=4",
+         "log.samples_every=1", "log.num_samples=16",
          "eval.size=8", "eval.every=2", "rollout.max_new_tokens=16", "hardware.num_threads=1", "checkpoint.every=0",
          "checkpoint.at_end=false", "save.final=false", "save.plot=false"]
 
@@ -70,7 +72,8 @@ def trained(tmp_path_factory):
     (damaged / "samples").mkdir(parents=True)
     (damaged / "metrics.jsonl").write_text('{"step": 1, "reward/total": 0.5}\n{oops\n{"step": 2, "reward/total": 0.6}\n'
                                            '{"step": 3, "rew')
-    (damaged / "samples" / "step_000001.jsonl").write_bytes(b'{"prompt": "caf\xe9", "completion": "x", "reward": 1.0}\n')
+    (damaged / "samples" / "step_000001.jsonl").write_bytes(b'{"prompt": "caf\xe9", '
+                                                            b'"completion": "x", "reward": 1.0}\n')
     (root / "not_a_run").mkdir()
     for seed, values in enumerate([(0.1, 0.2, 0.3, 0.4), (0.3, 0.2, 0.5, 0.6)]):  # two seeds of one configuration
         folder = root / "seeds" / str(seed)
@@ -91,7 +94,8 @@ def browser():
 
 @pytest.fixture
 def served(trained):
-    """The page over <root>/outputs (the finished run, later the live one), the damaged run and a folder without runs."""
+    """The page over <root>/outputs (the finished run, later the live one), the damaged run and a folder without
+    runs."""
     import uvicorn
 
     from rlx.view.app import Library, create_app, free_socket
@@ -132,7 +136,8 @@ def test_curves_samples_follow_live_run_and_damaged_input(trained, served, brows
     label = page.evaluate("window.rlxView.groups[0].label")
     assert label == "mean of 2 seeds" or label.endswith(": mean of 2 seeds")
     assert flat(drawn_points(page, "reward/total", label)) == pytest.approx([1, 0.2, 2, 0.2, 3, 0.4, 4, 0.5])
-    half = [12.706 * abs(a - b) / math.sqrt(2) / math.sqrt(2) for a, b in [(0.1, 0.3), (0.2, 0.2), (0.3, 0.5), (0.4, 0.6)]]
+    half = [12.706 * abs(a - b) / math.sqrt(2) / math.sqrt(2)
+            for a, b in [(0.1, 0.3), (0.2, 0.2), (0.3, 0.5), (0.4, 0.6)]]
     high = [y for _, y in drawn_points(page, "reward/total", "band high")]
     assert high == pytest.approx([m + h for m, h in zip([0.2, 0.2, 0.4, 0.5], half)], rel=1e-4)
     page.uncheck("#bands")  # each seed on its own
@@ -163,7 +168,8 @@ def test_curves_samples_follow_live_run_and_damaged_input(trained, served, brows
     wrong = sum(not any(r["correct"] for r in group) for group in by_group.values())
     page.select_option("#sample-filter", "wrong")
     assert page.locator(".prompt-group").count() == wrong
-    assert all(kind == "wrong" for kind in page.locator(".prompt-group").evaluate_all("els => els.map(e => e.dataset.kind)"))
+    assert all(kind == "wrong"
+               for kind in page.locator(".prompt-group").evaluate_all("els => els.map(e => e.dataset.kind)"))
     page.select_option("#sample-filter", "all")
     needle = records[0]["prompt"].split("problem: ")[1].split("=")[0]  # the arithmetic of the first prompt
     page.fill("#sample-search", needle)
@@ -174,7 +180,8 @@ def test_curves_samples_follow_live_run_and_damaged_input(trained, served, brows
     followed = records[0]["prompt"]
     expected_rows = []  # one row per group holding the prompt, file by file
     for step in steps:
-        groups = {r["group"] for r in records_of(run_dir / "samples" / f"step_{step:06d}.jsonl") if r["prompt"] == followed}
+        groups = {r["group"] for r in records_of(run_dir / "samples" / f"step_{step:06d}.jsonl") if r["prompt"]
+                  == followed}
         expected_rows += [step] * len(groups)
     shown = page.locator("#follow tr[data-step]").evaluate_all("els => els.map(e => Number(e.dataset.step))")
     assert shown == expected_rows and steps[-1] in shown and len(set(shown)) >= 2
@@ -193,9 +200,9 @@ def test_curves_samples_follow_live_run_and_damaged_input(trained, served, brows
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         def live_points_at_least(count: int) -> None:
-            page.wait_for_function(f"(() => {{ const c = window.rlxView.charts['reward/total'];"
-                                   f" const i = c ? c.series.indexOf('live') : -1;"
-                                   f" return i >= 0 && c.plot.data[i + 1].filter((v) => v !== null).length >= {count}; }})()",
+            page.wait_for_function("(() => { const c = window.rlxView.charts['reward/total']; const i = c ? "
+                                   "c.series.indexOf('live') : -1; return i >= 0 && c.plot.data[i + 1].filter((v) => "
+                                   f"v !== null).length >= {count}; }})()",
                                    timeout=60000)
 
         live_points_at_least(2)  # the run appeared under outputs/ and its first rows are drawn

@@ -84,10 +84,12 @@ def test_vllm_weights_send_the_merged_lora_policy():
     for name, tensor in sent.items():
         torch.testing.assert_close(tensor, merged[name], rtol=1e-5, atol=1e-6)
     q = "model.layers.0.self_attn.q_proj.weight"
-    assert not torch.allclose(sent[q], policy.get_parameter(f"base_model.model.{q.replace('.weight', '.base_layer.weight')}"))
+    assert not torch.allclose(sent[q],
+                              policy.get_parameter(f"base_model.model.{q.replace('.weight', '.base_layer.weight')}"))
     with policy.disable_adapter():  # switched-off adapters send the base weights
         off = dict(vllm_weights(policy))
-    torch.testing.assert_close(off[q], policy.get_parameter(f"base_model.model.{q.replace('.weight', '.base_layer.weight')}"))
+    torch.testing.assert_close(off[q],
+                               policy.get_parameter(f"base_model.model.{q.replace('.weight', '.base_layer.weight')}"))
 
 
 def test_free_port_and_rendezvous_variables():
@@ -197,7 +199,8 @@ def test_engine_sampling_logprobs_seeds_and_temperature(engine):
     seeds = [sample_seed(0, 1, i) for i in range(6)]
     eng.seeding = "request"
     first = eng.generate(prompts, samples_per_prompt=2, max_new_tokens=12, temperature=0.7, seeds=seeds)
-    assert eng.generate(prompts, samples_per_prompt=2, max_new_tokens=12, temperature=0.7, seeds=seeds).texts == first.texts
+    assert eng.generate(prompts, samples_per_prompt=2, max_new_tokens=12, temperature=0.7,
+                        seeds=seeds).texts == first.texts
     shard = eng.generate(prompts[1:2], samples_per_prompt=2, max_new_tokens=12, temperature=0.7, seeds=seeds[2:4])
     assert shard.texts == first.texts[2:4]  # completion i depends only on seeds[i]
     # the engine's log-probs are the temperature-scaled distribution's: log softmax(z / T)
@@ -308,7 +311,8 @@ def test_grpo_steps_through_vllm_keep_sampler_and_trainer_together(tmp_path, ext
         assert row["train/grad_norm"] > 0, row
         assert row["rollout/logprob_gap_max"] < 1e-3, row
         if "rollout.tis_cap=2" in extra:
-            assert math.isclose(row["rollout/tis_weight_mean"], 1.0, abs_tol=1e-3) and row["rollout/tis_capped_frac"] == 0
+            assert (math.isclose(row["rollout/tis_weight_mean"], 1.0, abs_tol=1e-3)
+                    and row["rollout/tis_capped_frac"] == 0)
 
 
 @needs_vllm

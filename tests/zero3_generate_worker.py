@@ -32,8 +32,9 @@ def main() -> None:
         print(f"all completions have {lengths[0]} tokens; the check needs two lengths", file=sys.stderr)
         raise SystemExit(3)
     mine = (first, second)[rank]
-    engine, *_ = deepspeed.initialize(model=model, config={"train_micro_batch_size_per_gpu": 1,
-                                                            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}})
+    engine, *_ = deepspeed.initialize(model=model, config={
+        "train_micro_batch_size_per_gpu": 1,
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}})
     sharded = engine.module
     assert is_sharded(sharded)
     out = generate(sharded, tokenizer, [prompts[mine]], **kwargs)

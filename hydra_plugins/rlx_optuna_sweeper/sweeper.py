@@ -80,7 +80,8 @@ class RlxOptunaSweeper(Sweeper):
                  params=None):
         self.direction, self.study_name, self.storage = str(direction), study_name, storage
         self.n_trials, self.n_jobs = int(n_trials), max(1, int(n_jobs))
-        self.sampler_conf = OmegaConf.to_container(sampler, resolve=True) if OmegaConf.is_config(sampler) else dict(sampler or {})
+        self.sampler_conf = (OmegaConf.to_container(sampler, resolve=True) if OmegaConf.is_config(sampler)
+                             else dict(sampler or {}))
         self.params = {str(k): str(v) for k, v in (params or {}).items()}
         self.config = self.launcher = self.hydra_context = None
 
@@ -88,7 +89,8 @@ class RlxOptunaSweeper(Sweeper):
         from hydra.core.plugins import Plugins
 
         self.config, self.hydra_context = config, hydra_context
-        self.launcher = Plugins.instance().instantiate_launcher(hydra_context=hydra_context, task_function=task_function,
+        self.launcher = Plugins.instance().instantiate_launcher(hydra_context=hydra_context,
+                                                                task_function=task_function,
                                                                config=config)
 
     def sweep(self, arguments: list[str]) -> None:
@@ -97,7 +99,8 @@ class RlxOptunaSweeper(Sweeper):
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "A new study created" lines: rlx logs the result
 
         parser = OverridesParser.create()
-        space = {o.get_key_element(): distribution(o) for o in parser.parse_overrides([f"{k}={v}" for k, v in self.params.items()])}
+        space = {o.get_key_element(): distribution(o)
+                 for o in parser.parse_overrides([f"{k}={v}" for k, v in self.params.items()])}
         fixed_args = []
         for override, text in zip(parser.parse_overrides(arguments), arguments):
             if override.is_sweep_override():

@@ -164,7 +164,8 @@ class EstimatorNeeds:
     check (rlx/config/needs.py check_entry_needs) and the producer's group size (rlx/build.py). The defaults
     ask for nothing: an estimator over group ids combines with hints, replay and variable group sizes."""
 
-    extra_samples: int = 0          # completions sampled per prompt beyond rollout.samples_per_prompt, left out of the loss
+    # completions sampled per prompt beyond rollout.samples_per_prompt, left out of the loss
+    extra_samples: int = 0
     group_baseline: bool = False    # compares the samples of a prompt: >= 2 per prompt; a tied group has no signal
     odd_group: bool = False         # the group (samples_per_prompt + extra_samples) must be odd (one middle sample)
     scales: tuple[str, ...] = ()    # the algorithm.scale values it defines; () any of SCALES
@@ -178,17 +179,19 @@ class EstimatorNeeds:
 
 
 # algorithm.advantage of the policy-gradient family, one scalar reward per completion, groups keyed by id:
-#   fn(rewards (N,), group_ids (N,), *, scale, eps, **knobs) -> advantages (N,)
-#                                                                | (advantages, keep (N,) bool) | (advantages, keep, metrics)
+#   fn(rewards (N,), group_ids (N,), *, scale, eps, **knobs)
+#       -> advantages (N,) | (advantages, keep (N,) bool) | (advantages, keep, metrics)
 # group_ids: equal id = same prompt's group, any order and sizes (verl's `index`). knobs: scale, eps and every
 # estimator's own setting (ngrpo: virtual_reward, virtual_samples); an entry takes what it uses and `**_` the rest.
 OUTCOME_ESTIMATORS = Registry("outcome advantage estimator", default_needs=EstimatorNeeds())
 # algorithm.advantage of the PPO family (per-token rewards and a critic's values): gae, registered below
 CRITIC_ESTIMATORS = Registry("critic advantage estimator", default_needs=EstimatorNeeds())
-ESTIMATORS = RegistryView("advantage estimator", OUTCOME_ESTIMATORS, CRITIC_ESTIMATORS)  # every valid algorithm.advantage
+# every valid algorithm.advantage
+ESTIMATORS = RegistryView("advantage estimator", OUTCOME_ESTIMATORS, CRITIC_ESTIMATORS)
 
 
-def outcome_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, estimator: str, **knobs) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def outcome_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, estimator: str,
+                       **knobs) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """`OUTCOME_ESTIMATORS[estimator](rewards, group_ids, **knobs)`, its result made whole: advantages (N,), keep (N,)
     bool (the samples in the policy-gradient loss: all but median pivots; all for an estimator that returns its
     advantages alone) and its metrics (a new dict). An unknown name: one line listing the valid ones."""
@@ -211,7 +214,8 @@ def group_count(samples_per_prompt: int, estimator: str | None) -> int:
 def grpo_estimator(rewards, group_ids, *, scale="group", eps=1e-6, **_):
     """GRPO: `group_advantages`, or `keyed_group_advantages` for other groupings."""
     size = adjacent_group_size(group_ids)
-    return group_advantages(rewards, size, scale, eps) if size else keyed_group_advantages(rewards, group_ids, scale, eps)
+    return (group_advantages(rewards, size, scale, eps) if size
+            else keyed_group_advantages(rewards, group_ids, scale, eps))
 
 
 @OUTCOME_ESTIMATORS.register("rloo", needs=EstimatorNeeds(group_baseline=True))
@@ -242,7 +246,8 @@ def reinforce_pp_baseline_estimator(rewards, group_ids, *, eps=1e-6, **_):
 def median_estimator(rewards, group_ids, *, scale="none", eps=1e-6, **_):
     """MC-GRPO: `median_advantages`, or `keyed_median_advantages`. Returns advantages, keep (False on pivots)."""
     size = adjacent_group_size(group_ids)
-    return median_advantages(rewards, size, scale, eps) if size else keyed_median_advantages(rewards, group_ids, scale, eps)
+    return (median_advantages(rewards, size, scale, eps) if size
+            else keyed_median_advantages(rewards, group_ids, scale, eps))
 
 
 # NGRPO (2025): k virtual max-reward samples in the group statistics (ngrpo.py); the paper defines the group std only
@@ -250,8 +255,8 @@ def median_estimator(rewards, group_ids, *, scale="none", eps=1e-6, **_):
 def ngrpo_estimator(rewards, group_ids, *, scale="group", eps=1e-6, virtual_reward=1.0, virtual_samples=1, **_):
     """NGRPO: `ngrpo_advantages` over the keyed groups, with its mechanism metric."""
     if scale != "group":
-        raise ValueError(f"algorithm.advantage=ngrpo normalises by the std of the augmented group: set algorithm.scale=group "
-                         f"(got {scale})")
+        raise ValueError("algorithm.advantage=ngrpo normalises by the std of the augmented group: set "
+                         f"algorithm.scale=group (got {scale})")
     advantages, metrics = ngrpo_advantages(rewards, group_ids, virtual_reward, virtual_samples, eps)
     return advantages, torch.ones_like(advantages, dtype=torch.bool), metrics
 

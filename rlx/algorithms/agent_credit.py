@@ -56,7 +56,8 @@ def gated_returns(step_rewards: torch.Tensor, step_episode: torch.Tensor, episod
 
 @CREDIT.register("gra", needs=CreditNeeds(inputs=("episode_outcome",), knobs=("gate_threshold",)))
 def gra_advantages(episode_group, step_episode, step_rewards, step_anchor=None, *, episode_outcome=None,
-                   gate_threshold: float | None = None, scale: str = "group", eps: float = 1e-6, **_) -> tuple[torch.Tensor, dict]:
+                   gate_threshold: float | None = None, scale: str = "group", eps: float = 1e-6,
+                   **_) -> tuple[torch.Tensor, dict]:
     """Trajectory-level GRPO on the gated returns of `gated_returns` (G-RA). Needs the environment's
     outcome reward apart from the step rewards (the hook: info["outcome"] at the episode's end, passed as
     episode_outcome (E,)); gate_threshold: tau. Metric env/gated_frac: episodes whose step rewards were cut."""

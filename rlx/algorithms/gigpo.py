@@ -34,7 +34,8 @@ from rlx.registry import Registry
 @dataclass(frozen=True)
 class CreditNeeds:
     """What a credit rule asks of the run, declared at registration: read by the loop (rlx/loops/credit.py
-    CREDIT_INPUTS computes each named input and passes it as a keyword) and by the config's check (rlx/config/needs.py)."""
+    CREDIT_INPUTS computes each named input and passes it as a keyword) and by the config's check
+    (rlx/config/needs.py)."""
 
     inputs: tuple[str, ...] = ()  # episode inputs beyond the steps: "episode_outcome" (E,), "step_action" (S,)
     knobs: tuple[str, ...] = ()   # algorithm knobs that must be set (not null)
@@ -70,7 +71,8 @@ def _group_stats(values: torch.Tensor, groups: torch.Tensor) -> tuple[torch.Tens
     return mean, std, count[index]
 
 
-def grouped_advantages(values: torch.Tensor, groups: torch.Tensor, scale: str = "group", eps: float = 1e-6) -> torch.Tensor:
+def grouped_advantages(values: torch.Tensor, groups: torch.Tensor, scale: str = "group",
+                       eps: float = 1e-6) -> torch.Tensor:
     """A_k = (v_k - mean(group(k))) / (s + eps), groups given by ids rather than a fixed size.
 
     scale "group": s = unbiased std of the group (GRPO, Shao et al. 2024); "none": s = 1 (Dr. GRPO).

@@ -57,7 +57,8 @@ class _ChunkedLinearLogprobs(torch.autograd.Function):
     def forward(ctx, hidden, weight, bias, targets, plan: _ChunkPlan):
         # outputs are allocated up front and written in place: small per-chunk results interleaved with
         # the large freed logits otherwise keep the allocator from reusing them (RSS grew by a chunk per chunk)
-        chunk_tokens, with_entropy, temperature, dtype = plan.chunk_tokens, plan.with_entropy, plan.temperature, plan.dtype
+        chunk_tokens, with_entropy, temperature, dtype = (plan.chunk_tokens, plan.with_entropy, plan.temperature,
+                                                          plan.dtype)
         total = hidden.shape[0]
         logp = torch.empty(total, dtype=torch.float32, device=hidden.device)  # (M,)
         log_norm = torch.empty_like(logp)  # (M,)
@@ -85,7 +86,8 @@ class _ChunkedLinearLogprobs(torch.autograd.Function):
         hidden, weight, bias, targets, log_norm, entropy = ctx.saved_tensors
         step, temperature, dtype = ctx.chunk_tokens, ctx.temperature, ctx.dtype
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
+        grad_weight = (torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1]
+                       else None)
         grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) \
             if bias is not None and ctx.needs_input_grad[2] else None
         with torch.autocast(hidden.device.type, enabled=False):
@@ -97,7 +99,8 @@ class _ChunkedLinearLogprobs(torch.autograd.Function):
                 log_q -= log_norm[rows].unsqueeze(-1)
                 q = log_q.exp()  # (n, V)
                 if grad_logp is not None:
-                    grad_z = q.neg().scatter_add_(-1, targets[rows].unsqueeze(-1), torch.ones_like(log_norm[rows]).unsqueeze(-1))
+                    grad_z = q.neg().scatter_add_(-1, targets[rows].unsqueeze(-1),
+                                                  torch.ones_like(log_norm[rows]).unsqueeze(-1))
                     grad_z.mul_(grad_logp[rows].unsqueeze(-1))  # g_l (onehot - q)
                 else:
                     grad_z = torch.zeros_like(q)

@@ -23,7 +23,8 @@ def _sequence_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tens
     return torch.exp(mean_log_ratio).expand_as(logp)  # (N, T)
 
 
-def importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, level: str = "token") -> torch.Tensor:
+def importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,
+                     level: str = "token") -> torch.Tensor:
     """Importance ratio pi / pi_old of each token, (N, T).
 
       "token"     r_t = exp(logp_t - old_logp_t)                                 (PPO, GRPO)

@@ -37,8 +37,8 @@ def ngrpo_advantages(rewards: torch.Tensor, groups: torch.Tensor, virtual_reward
         raise ValueError(f"algorithm.virtual_samples={virtual_samples} must be at least 1")
     top = rewards.max().item() if rewards.numel() else virtual_reward
     if top > virtual_reward + TIE_TOLERANCE:
-        raise ValueError(f"algorithm.virtual_reward={virtual_reward} is below a sampled reward {top:.6g}: set it to the "
-                         f"largest total reward a completion can get (format components included)")
+        raise ValueError(f"algorithm.virtual_reward={virtual_reward} is below a sampled reward {top:.6g}: set it to "
+                         "the largest total reward a completion can get (format components included)")
     values = rewards.double()
     count = group_size(groups)  # (N,) real samples per group
     k = float(virtual_samples)
@@ -50,10 +50,12 @@ def ngrpo_advantages(rewards: torch.Tensor, groups: torch.Tensor, virtual_reward
         group_min(values, groups), torch.full_like(values, virtual_reward))
     advantages = advantages.masked_fill(spread <= TIE_TOLERANCE, 0.0)  # ties with the virtual sample: no signal
     advantages = torch.where(count > 1, advantages, values / (1.0 + eps))  # the authors' singleton rule
-    dead = (group_max(values, groups) - group_min(values, groups) <= TIE_TOLERANCE) & (values < virtual_reward - TIE_TOLERANCE)
+    dead = (group_max(values, groups) - group_min(values, groups)
+            <= TIE_TOLERANCE) & (values < virtual_reward - TIE_TOLERANCE)
     revived = dead & (advantages.abs() > 0)
     dead_groups = (dead.double() / count).sum().item()  # each group counted once
-    metrics = {"train/ngrpo_dead_groups_revived": (revived.double() / count).sum().item() / dead_groups if dead_groups else 0.0}
+    metrics = {"train/ngrpo_dead_groups_revived": (revived.double() / count).sum().item() / dead_groups if dead_groups
+               else 0.0}
     return advantages.to(rewards.dtype), metrics
 
 

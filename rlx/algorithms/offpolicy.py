@@ -123,8 +123,8 @@ class Correction:
     bounded: torch.Tensor
 
 
-def importance_correction(proximal_logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor, rule: str = "tis",
-                          level: str = "token", cap: float = 2.0, low: float = 0.0) -> Correction:
+def importance_correction(proximal_logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor,
+                          rule: str = "tis", level: str = "token", cap: float = 2.0, low: float = 0.0) -> Correction:
     """The importance weight pi_prox / mu of every sampled token (see the module docstring), by `rule` at `level`.
 
     proximal_logp: the trainer's log-probs under the weights the update starts from (detached here);
@@ -139,7 +139,8 @@ def importance_correction(proximal_logp: torch.Tensor, behaviour_logp: torch.Ten
     return Correction(torch.where(on, weights, torch.ones_like(weights)), kept | ~on, bounded & on)
 
 
-def resolve_correction(rule: str, level: str, cap: float, low: float, tis_cap: float | None) -> tuple[str, str, float, float]:
+def resolve_correction(rule: str, level: str, cap: float, low: float,
+                       tis_cap: float | None) -> tuple[str, str, float, float]:
     """(rule, level, cap, low) of the run: `rollout.tis_cap=C` (the older knob, rollout=vllm|server) is read as
     rollout.correction=tis rollout.correction_level=token rollout.correction_cap=C (the same weights); the
     config rules refuse setting both."""

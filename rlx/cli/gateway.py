@@ -25,7 +25,8 @@ log = logging.getLogger("rlx")
 def _record(gateway, path: str, tokenizer) -> None:
     with open(path, "w") as handle:
         for sid, session in gateway.sessions.items():
-            rows = [{"prompt": tokenizer.decode(r.prompt_ids), "text": tokenizer.decode(r.ids), "prompt_ids": r.prompt_ids,
+            rows = [{"prompt": tokenizer.decode(r.prompt_ids), "text": tokenizer.decode(r.ids),
+                     "prompt_ids": r.prompt_ids,
                      "ids": r.ids, "loss_mask": r.loss_mask, "logprobs": r.logprobs} for r in session.rows]
             handle.write(json.dumps({"session": sid, "calls": len(session.calls), "forks": session.forks,
                                      "fork_reasons": session.fork_reasons, "rows": rows}) + "\n")
@@ -86,8 +87,8 @@ def _serve(s, args) -> int:
         raise UserError(str(exc)) from None
     done = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: done.set())
-    print(f"rlx gateway: {path} (temperature {generator.temperature}, top_p {generator.top_p}, top_k {generator.top_k}; "
-          f"at most {settings.max_new_tokens} tokens a call)")
+    print(f"rlx gateway: {path} (temperature {generator.temperature}, top_p {generator.top_p}, top_k "
+          f"{generator.top_k}; at most {settings.max_new_tokens} tokens a call)")
     print(f"base_url: {gateway.base_url()}   (record a session: {gateway.url}/sessions/NAME/v1)")
     print(f"api_key:  {gateway.token}", flush=True)
     try:

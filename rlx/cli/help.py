@@ -44,7 +44,8 @@ def _option_chain(group: str, option: str) -> list[str]:
     path = CONF_DIR / group / f"{option}.yaml"
     if not path.is_file():
         return []
-    bases = [d for d in (yaml.safe_load(path.read_text()) or {}).get("defaults", []) if isinstance(d, str) and d != "_self_"]
+    bases = [d for d in (yaml.safe_load(path.read_text()) or {}).get("defaults", []) if isinstance(d, str) and d
+             != "_self_"]
     return [name for base in bases for name in _option_chain(group, base)] + [option]
 
 
@@ -70,10 +71,12 @@ def config_help(command: str, overrides: list[str] = ()) -> str:
             parts.append(f"== {group}={name} (conf/{group}/{name}.yaml; keys under {group}.) ==\n"
                          + (CONF_DIR / group / f"{name}.yaml").read_text().rstrip())
     model = groups.get("model")
-    for tuning in ([CONF_DIR / "tuning" / f"{model}.yaml", CONF_DIR / "tuning" / str(model) / f"{groups.get('data')}.yaml"]
+    for tuning in ([CONF_DIR / "tuning" / f"{model}.yaml",
+                    CONF_DIR / "tuning" / str(model) / f"{groups.get('data')}.yaml"]
                    if model and (CONF_DIR / "tuning").is_dir() else []):
         if tuning.is_file():  # what the model preset sets in other groups, merged after them (conf/tuning/)
-            parts.append(f"== tuning of model={model} (conf/{tuning.relative_to(CONF_DIR)}; merged after the groups above) ==\n"
+            parts.append(f"== tuning of model={model} (conf/{tuning.relative_to(CONF_DIR)}; merged after the groups "
+                         "above) ==\n"
                          + tuning.read_text().rstrip())
     if help_name is not None:
         parts.append(header["footer"].rstrip())

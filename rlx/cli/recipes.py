@@ -179,7 +179,8 @@ def _machine() -> str:
     return f"{os.cpu_count()} CPU cores ({model}), {platform.system()}"
 
 
-def write_results_table(rows: list[dict], seeds: int, command: str, path: Path | None = None, date: str | None = None) -> bool:
+def write_results_table(rows: list[dict], seeds: int, command: str, path: Path | None = None,
+                        date: str | None = None) -> bool:
     """Put the rows as the newest table of the results file (date, machine, load, command beside them),
     removing the re-run recipes' rows from its older tables (and tables left empty): only current figures
     stay. False when there is no checkout to write into."""
@@ -187,7 +188,8 @@ def write_results_table(rows: list[dict], seeds: int, command: str, path: Path |
     if path is None:
         return False
     data = json.loads(path.read_text()) if path.is_file() else {
-        "title": "CPU-scale recipes (make reproduce)", "section": "Training on the tiny model", "order": 40, "tables": []}
+        "title": "CPU-scale recipes (make reproduce)", "section": "Training on the tiny model", "order": 40,
+        "tables": []}
     rerun = {row["recipe"] for row in rows}
     kept = []
     for table in data.get("tables", []):
@@ -198,15 +200,16 @@ def write_results_table(rows: list[dict], seeds: int, command: str, path: Path |
     newest = {"caption": f"{', '.join(sorted(rerun))} on {seeds} seeds",
               "date": date or datetime.date.today().isoformat(), "machine": _machine(),
               "load": f"load average {load1:.1f} (1 min) / {load5:.1f} (5 min) at the end", "command": command,
-              "columns": ["recipe", "metric", "expected (± tol)", f"measured mean ± std ({seeds} seeds)", "IQM [95% CI]",
-                          "status"],
+              "columns": ["recipe", "metric", "expected (± tol)", f"measured mean ± std ({seeds} seeds)",
+                          "IQM [95% CI]", "status"],
               "rows": [table_cells(row) for row in rows]}
     data["tables"] = [newest, *kept]
     path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
     return True
 
 
-def reproduce(names: list[str], seeds: int, out_root: Path, extra: list[str], reuse: bool, write_results: bool) -> list[dict]:
+def reproduce(names: list[str], seeds: int, out_root: Path, extra: list[str], reuse: bool,
+              write_results: bool) -> list[dict]:
     rows = []
     for name in names:
         spec = expected(name)
@@ -247,7 +250,8 @@ def recipes_command(args: list[str]) -> None:
         return
     if args[0] == "reproduce":
         parser = argparse.ArgumentParser(prog="rlx recipes reproduce",
-                                         description="Run CPU-scale recipes on several seeds and check their expected numbers.")
+                                         description="Run CPU-scale recipes on several seeds and check their expected "
+                                                     "numbers.")
         parser.add_argument("names", nargs="*", help="recipes (default: every *_tiny recipe)")
         parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per recipe (default: 3)")
         parser.add_argument("--out", type=Path, default=Path(os.environ.get("RLX_OUTPUTS", "outputs")) / "reproduce",

@@ -65,21 +65,25 @@ KINDS = {
                      "fn(masked token loss (N, T), mask (N, T), total_tokens, total_seqs, max_len) -> scalar"),
     "ratio_level": Kind(RATIO_LEVELS, "algorithm.ratio_level", "fn(logp, old_logp, mask), each (N, T) -> ratio (N, T)"),
     "kl_estimator": Kind(KL_ESTIMATORS, "algorithm.kl_estimator", "fn(log pi - log pi_ref (N, T)) -> KL (N, T)"),
-    "kl_placement": Kind(KL_PLACEMENTS, "algorithm.kl_in", "fn(token_loss, kl, mask, kl_coef) -> token_loss, each (N, T)"),
+    "kl_placement": Kind(KL_PLACEMENTS, "algorithm.kl_in",
+                         "fn(token_loss, kl, mask, kl_coef) -> token_loss, each (N, T)"),
     "preference_loss": Kind(REFERENCE_LOSSES, "algorithm.loss_type",
                             "fn(h (B,) the log-ratio difference, beta, label_smoothing) -> loss (B,)"),
     "reference_free_loss": Kind(REFERENCE_FREE_LOSSES, "algorithm.loss_type",
                                 "fn(chosen_avg (B,), rejected_avg (B,), beta, gamma) -> (loss (B,), chosen_rewards, "
                                 "rejected_rewards)"),
-    "reward_shaper": Kind(SHAPERS, "algorithm.shapers", "fn(rewards (N,), signals: GroupSignals, **knobs) -> (rewards (N,), metrics dict)"),
+    "reward_shaper": Kind(SHAPERS, "algorithm.shapers",
+                          "fn(rewards (N,), signals: GroupSignals, **knobs) -> (rewards (N,), metrics dict)"),
     "advantage_transform": Kind(TRANSFORMS, "algorithm.transforms",
-                                "fn(advantages (N,), rewards (N,), signals: GroupSignals, **knobs) -> (advantages (N,), "
-                                "metrics dict); needs: TransformNeeds"),
+                                "fn(advantages (N,), rewards (N,), signals: GroupSignals, **knobs) -> (advantages "
+                                "(N,), metrics dict); needs: TransformNeeds"),
     "drop_strategy": Kind(DROP_STRATEGIES, "algorithm.dynamic_sampling_drop",
                           "fn(rewards (N,), correct (N,), groups (N,)) -> dropped (N,) bool"),
     "prompt_sampling": Kind(SAMPLING_WEIGHTS, "algorithm.prompt_sampling.mode",
                             "fn(pass rates (P,)) -> weights (P,)"),
-    "replay_trigger": Kind(TRIGGERS, "algorithm.replay.trigger", "fn(all_correct (K,) bool, all_wrong (K,) bool) -> (K,) long: 1 replay a correct sample, 0 a wrong one, -1 none"),
+    "replay_trigger": Kind(TRIGGERS, "algorithm.replay.trigger",
+                           "fn(all_correct (K,) bool, all_wrong (K,) bool) -> (K,) long: 1 replay a correct sample, "
+                           "0 a wrong one, -1 none"),
     "temperature_schedule": Kind(TEMPERATURE_SCHEDULES, "rollout.temperature_schedule.mode",
                                  "fn(positions (T,), step, base, **knobs) -> temperatures (T,)"),
     "weight_publisher": Kind(PUBLISHERS, "rollout.server.publisher",
@@ -90,12 +94,13 @@ KINDS = {
                      "loss_width, produce(step) -> Batch, checkpointed() -> {name: state_dict-able}, "
                      "records(batch, samples, count) -> list[dict]"),
     "stage": Kind(STAGES, "algorithm.stages",
-                  "fn(settings: StageSettings) -> Stage | None (a Stage subclass): after_scoring(round, ctx, first_index) "
-                  "-> round; after_step(rounds, stream, step) -> metrics dict; optional schedule, checkpointed"),
+                  "fn(settings: StageSettings) -> Stage | None (a Stage subclass): after_scoring(round, ctx, "
+                  "first_index) -> round; after_step(rounds, stream, step) -> metrics dict; optional schedule, "
+                  "checkpointed"),
     "verifier": Kind(VERIFIERS, "data.verifier, benchmark.NAME.verifier",
                      "verify(extracted answers, problems) -> list[float]; options: extract=fn(completion, problem) -> "
-                     "str | None or a reader's name (default: the <answer> tag), needs=(problem columns), own_reader=True "
-                     "(always its own reader, never model.answer.reader: programs)", register_verifier),
+                     "str | None or a reader's name (default: the <answer> tag), needs=(problem columns), "
+                     "own_reader=True (always its own reader, never model.answer.reader: programs)", register_verifier),
     "reader": Kind(READERS, "model.answer.reader, benchmark.NAME.reader",
                    "fn(completion, problem) -> the answer it states (str) or None"),
     "env": Kind(ENVIRONMENTS, "env.name (with env=custom)",

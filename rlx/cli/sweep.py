@@ -85,9 +85,11 @@ def retest(sweep_dir: Path, args: list[str], launch) -> Path:
         else:
             extra.append(arg)
     if not all(s.lstrip("-").isdigit() for s in seeds) or not seeds:
-        raise UserError(f"seeds={','.join(seeds)} must be a comma-separated list of integers, e.g. seeds=1000,1001,1002")
+        raise UserError(f"seeds={','.join(seeds)} must be a comma-separated list of integers, e.g. "
+                        "seeds=1000,1001,1002")
     if not (sweep_dir / SUMMARY_CSV).is_file():
-        raise UserError(f"{sweep_dir / SUMMARY_CSV} not found; pass the directory of a finished sweep (it holds summary.csv)")
+        raise UserError(f"{sweep_dir / SUMMARY_CSV} not found; pass the directory of a finished sweep (it holds "
+                        "summary.csv)")
     overlap = tuning_seeds(sweep_dir) & {int(s) for s in seeds}
     if overlap:
         raise UserError(f"test seeds {sorted(overlap)} were already used for tuning in {sweep_dir}; pick fresh ones, "
@@ -180,7 +182,8 @@ def check_every_trial(overrides: list[str], config_name: str = "train") -> int:
         varying = [o for o in combo if o not in task]
         try:
             with contextlib.redirect_stderr(stderr):
-                cfg = check_overrides([o for o in combo if not o.startswith("sweep=")] if params else combo, config_name)
+                cfg = check_overrides([o for o in combo if not o.startswith("sweep=")] if params else combo,
+                                      config_name)
         except SystemExit:
             message = stderr.getvalue().strip().removeprefix("error: ")
             raise UserError(f"sweep combination {number + 1} of {len(combos)} ({' '.join(varying) or ' '.join(combo)}) "

@@ -80,7 +80,8 @@ def train_app(cfg: DictConfig) -> float | None:
                 exc = fault
         if isinstance(exc, StorageError) and multirun:  # a full disk would fail every later trial too
             exc.survived = f"the sweep stopped at trial {hydra_cfg.job.num}; finished trials keep their {RESULT_FILE}"
-        elif isinstance(exc, (StorageError, EpisodesFailed)) and not launch.is_worker():  # the parent adds it for workers
+        # the parent adds it for workers
+        elif isinstance(exc, (StorageError, EpisodesFailed)) and not launch.is_worker():
             exc.survived, exc.command = what_survived(run_dir, cfg.steps), f"rlx train resume={run_dir}"
         known = {UserError: 2, RunInUse: 2, RewardError: 1, NonFiniteError: 1, CheckpointDamaged: 1, EpisodesFailed: 1,
                  StorageError: 3, RolloutServerError: 1}

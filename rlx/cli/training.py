@@ -201,7 +201,8 @@ def _accelerator(s: TrainConfig, run_dir: Path, local_batch: int):
     fsdp = fsdp_plugin(s.hardware.fsdp, s.hardware.mixed_precision) if s.hardware.distributed == "fsdp" else None
     # the schedule steps once per optimizer step (a prepared scheduler would otherwise step N times)
     accelerator = Accelerator(cpu=s.hardware.cpu, mixed_precision=s.hardware.mixed_precision,
-                              log_with=trackers or None, project_dir=str(run_dir), gradient_accumulation_steps=accumulation,
+                              log_with=trackers or None, project_dir=str(run_dir),
+                              gradient_accumulation_steps=accumulation,
                               step_scheduler_with_optimizer=False, deepspeed_plugin=deepspeed_plugin(s, accumulation),
                               fsdp_plugin=fsdp, kwargs_handlers=process_group_kwargs(s))
     if fsdp is not None and s.hardware.cpu:
@@ -213,8 +214,8 @@ def _accelerator(s: TrainConfig, run_dir: Path, local_batch: int):
 
         unset_hf_deepspeed_config()
     if accelerator.num_processes != launch.world_size(s.hardware):
-        raise UserError(f"{accelerator.num_processes} processes are running but hardware.num_processes x num_machines = "
-                        f"{launch.world_size(s.hardware)}; start runs with `rlx train`, not `accelerate launch`")
+        raise UserError(f"{accelerator.num_processes} processes are running but hardware.num_processes x num_machines "
+                        f"= {launch.world_size(s.hardware)}; start runs with `rlx train`, not `accelerate launch`")
     return accelerator
 
 
@@ -268,7 +269,8 @@ def _check_budgets(s: TrainConfig, model, tokenizer, train_rows: list[dict], eva
         for rows, split in ((train_rows, "training"), (eval_rows, "held-out")):
             check_context(tokenizer, rows, model_context(model), s.rollout.max_new_tokens, s.model.chat_template,
                           s.data.system_prompt, f"{source} ({split})")
-    if s.env is not None and not plays_through_gateway(s.env.name):  # an episode that cannot play a turn: stop now, one line
+    # an episode that cannot play a turn: stop now, one line
+    if s.env is not None and not plays_through_gateway(s.env.name):
         from rlx.build import environment_factory
         from rlx.rollout.budgets import check_episode_budget
         from rlx.rollout.env import train_env_seed

@@ -11,7 +11,8 @@ class RolloutGives:
     rules.py): the options that need one of these stop on a backend that lacks it."""
 
     per_token_temperature: bool = False  # its decoder takes a temperature per position (temperature_schedule=ead)
-    seeded_continuation: bool = False  # continues unfinished rows from their tokens with rlx's sampler (rollout.partial)
+    # continues unfinished rows from their tokens with rlx's sampler (rollout.partial)
+    seeded_continuation: bool = False
     segmented_continuation: bool = False  # continues rows from their tokens in rounds of rollout.segment_tokens
     background_thread: bool = False  # samples in a thread beside the trainer (rollout.max_staleness)
     unfiltered_logprobs: bool = False  # records the unfiltered log-probs under top-p/top-k (the off-policy correction)

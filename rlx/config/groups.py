@@ -41,8 +41,10 @@ KLPlacement = registry_names("KLPlacement", lambda: KL_PLACEMENTS)
 PreferenceLoss = registry_names("PreferenceLoss", lambda: PREFERENCE_LOSSES)
 Verifier = registry_names("Verifier", lambda: published("verifier"))
 Reader = registry_names("Reader", lambda: published("reader"))  # model.answer.reader (rlx/tasks/readers.py)
-DataSource = registry_names("DataSource", lambda: (*published("data_source"), "none"))  # none: preference data without a task
-EnvName = registry_names("EnvName", lambda: (*published("env"), CUSTOM, "harness"))  # custom: env.target names the class;
+# none: preference data without a task
+DataSource = registry_names("DataSource", lambda: (*published("data_source"), "none"))
+# custom: env.target names the class;
+EnvName = registry_names("EnvName", lambda: (*published("env"), CUSTOM, "harness"))
 # harness: the user's OpenAI-client program (rlx/gateway/)
 ToolParser = registry_names("ToolParser", lambda: published("tool_parser"))
 # the seed ideas (issue 29)

@@ -42,8 +42,9 @@ def estimator_problems(name: str, needs: EstimatorNeeds, algo, samples: int) -> 
         (getattr(algo, "scale", None) is not None and algo.scale not in scales,
          f"is defined for algorithm.scale={' | '.join(scales)}: set algorithm.scale={scales[0]} (got {algo.scale})"),
         (needs.equal_groups and algo.hints.enabled, "takes equal groups of adjacent samples, and "
-                                                    "algorithm.hints.enabled=true adds the hinted re-samples to their group "
-                                                    "(sizes differ): turn hints off or pick an estimator over group ids"),
+                                                    "algorithm.hints.enabled=true adds the hinted re-samples to "
+                                                    "their group (sizes differ): turn hints off or pick an estimator "
+                                                    "over group ids"),
         (algo.dynamic_sampling and not needs.group_baseline, "has no group baseline, and algorithm.dynamic_sampling "
                                                              "drops groups with tied rewards, which only carry no "
                                                              "signal under one: turn dynamic sampling off"),
@@ -57,8 +58,9 @@ def transform_problems(names, algo, samples: int) -> list[str]:
     for name in names:
         knob = TRANSFORMS.needs(name).group_at_least
         if knob and getattr(algo.shaping, knob) > samples:
-            problems.append(f"algorithm.transforms=[{name}] with algorithm.shaping.{knob}={getattr(algo.shaping, knob)} needs at "
-                            f"least that many samples per prompt: rollout.samples_per_prompt={samples}")
+            problems.append(f"algorithm.transforms=[{name}] with "
+                            f"algorithm.shaping.{knob}={getattr(algo.shaping, knob)} needs at least that many samples "
+                            f"per prompt: rollout.samples_per_prompt={samples}")
     return problems
 
 

@@ -42,7 +42,8 @@ def _import(name: str) -> None:
     if name in sys.modules:
         return
     _import_module(name, lambda cause: f"plugin '{name}' not found: {cause}; plugins= names importable modules (a "
-                                       f"file in the directory `rlx` runs in, on PYTHONPATH, or in an installed package)",
+                                       "file in the directory `rlx` runs in, on PYTHONPATH, or in an installed "
+                                       "package)",
                    lambda cause: f"plugin '{name}' failed to import: {cause}")
 
 
@@ -74,7 +75,8 @@ def import_target(target: str, what: str):
     if not module_name or not attr:
         raise UserError(f"{what}: '{target}' is not a dotted path such as my_module.my_function")
     module = _import_module(module_name, lambda cause: f"{what}: cannot import '{target}': {cause} (a file in the "
-                                                       f"directory `rlx` runs in, on PYTHONPATH, or in an installed package)",
+                                                       "directory `rlx` runs in, on PYTHONPATH, or in an installed "
+                                                       "package)",
                             lambda cause: f"{what}: cannot import '{target}': {cause}")
     if not hasattr(module, attr):
         raise UserError(f"{what}: module {module_name} has no attribute '{attr}'")

@@ -23,9 +23,9 @@ def check_settings(cfg: TrainConfig) -> None:
     settings of a config whose knobs check_config passed, rlx.config.settings.checked_settings)."""
     family = cfg.algorithm.family
     if cfg.env is not None and family not in EPISODE_FAMILIES:
-        raise UserError(f"env={cfg.env.name} trains on episodes of the environment, which algorithm={cfg.algorithm.name} "
-                        f"(family {family}) does not play: pick an agent algorithm (algorithm=agent_grpo | gigpo | "
-                        f"mt_grpo) or leave env out")
+        raise UserError(f"env={cfg.env.name} trains on episodes of the environment, which "
+                        f"algorithm={cfg.algorithm.name} (family {family}) does not play: pick an agent algorithm "
+                        "(algorithm=agent_grpo | gigpo | mt_grpo) or leave env out")
     for check in FAMILY_CHECKS[family]:
         check(cfg)
     check_mixture(cfg)
@@ -33,7 +33,8 @@ def check_settings(cfg: TrainConfig) -> None:
     for name, spec in cfg.reward.components.items():
         if spec.get("_target_") == "rlx.rewards.model.model_reward" and not spec.get("path"):
             raise UserError(f"reward component '{name}' needs a reward model: set reward.components.{name}.path=PATH "
-                            f"(an rlx reward-model run directory, a save_pretrained folder or a hub id; a list is an ensemble)")
+                            "(an rlx reward-model run directory, a save_pretrained folder or a hub id; a list is an "
+                            "ensemble)")
 
 
 def check_mixture(cfg: TrainConfig) -> None:
@@ -47,8 +48,8 @@ def check_mixture(cfg: TrainConfig) -> None:
                         f"algorithm={cfg.algorithm.name} is of family {cfg.algorithm.family}; pick a GRPO-family "
                         f"algorithm or set mixture.rule=none")
     if mixture.weights is not None and mixture.rule != "fixed":
-        raise UserError(f"mixture.weights is read by mixture.rule=fixed only, and mixture.rule={mixture.rule} moves its "
-                        f"own weights; set mixture.weights=null or mixture.rule=fixed")
+        raise UserError(f"mixture.weights is read by mixture.rule=fixed only, and mixture.rule={mixture.rule} moves "
+                        "its own weights; set mixture.weights=null or mixture.rule=fixed")
     if cfg.data.source == "reasoning_gym" and mixture.key == "task":
         tasks = [cfg.data.task] if isinstance(cfg.data.task, str) else [str(t) for t in cfg.data.task]
         stray = sorted(set(mixture.weights or {}) - set(tasks))
@@ -84,7 +85,8 @@ def check_rollout_batch(cfg: TrainConfig) -> None:
 def check_agent_sft_settings(cfg: TrainConfig) -> None:
     """Imitation in an environment: the environment must exist and build."""
     if cfg.env is None:
-        raise UserError("algorithm=agent_sft imitates demonstrations in an environment: add env=grid (or corridor, ...)")
+        raise UserError("algorithm=agent_sft imitates demonstrations in an environment: add env=grid (or corridor, "
+                        "...)")
     from rlx.envs import env_factory, plays_through_gateway
 
     if plays_through_gateway(cfg.env.name):
@@ -102,15 +104,16 @@ def check_preference_settings(cfg: TrainConfig) -> None:
     """Preference data present, and the loss settings valid for the chosen loss_type."""
     algo = cfg.algorithm
     if cfg.data.pairs is None:
-        raise UserError(f"algorithm={algo.name} trains on preference pairs; add data=prefs (the embedded chain_sum pairs) "
-                        f"or data=prefs_file data.pairs.path=FILE or data=prefs_hub data.pairs.id=ORG/NAME")
+        raise UserError(f"algorithm={algo.name} trains on preference pairs; add data=prefs (the embedded chain_sum "
+                        "pairs) or data=prefs_file data.pairs.path=FILE or data=prefs_hub data.pairs.id=ORG/NAME")
     if algo.family == "preference":
         from rlx.algorithms.preference import REFERENCE_FREE, preference_loss
 
         one = torch.zeros(1)
         ref = None if algo.loss_type in REFERENCE_FREE else one
         try:  # the loss validates its own arguments; run it once on a dummy pair
-            preference_loss(-one, -one, ref, ref, loss_type=algo.loss_type, beta=algo.beta, label_smoothing=algo.label_smoothing,
+            preference_loss(-one, -one, ref, ref, loss_type=algo.loss_type, beta=algo.beta,
+                            label_smoothing=algo.label_smoothing,
                             gamma=algo.gamma, chosen_lengths=one + 1, rejected_lengths=one + 1,
                             length_normalize=algo.length_normalize)
         except ValueError as exc:
@@ -121,8 +124,8 @@ def check_agent_settings(cfg: TrainConfig) -> None:
     """Episodes (the policy-gradient loop with a credit rule, rlx/loops/credit.py) need an environment."""
     algo, env = cfg.algorithm, cfg.env
     if env is None:
-        raise UserError(f"algorithm={algo.name} plays an environment: add env=grid (or guess_number, corridor, tool_use, "
-                        f"custom env.target=my_module.MyEnv)")
+        raise UserError(f"algorithm={algo.name} plays an environment: add env=grid (or guess_number, corridor, "
+                        "tool_use, custom env.target=my_module.MyEnv)")
     from rlx.envs import env_factory, plays_through_gateway
     from rlx.errors import EnvError
 
@@ -174,8 +177,9 @@ def check_policy_gradient_settings(cfg: TrainConfig) -> None:
         (algo.ref_reset_every and cfg.model.lora.enabled,
          "algorithm.ref_reset_every copies the policy into the reference, but under LoRA the reference is the base "
          "with the adapter off; set algorithm.ref_reset_every=0 or model.lora.enabled=false"),
-        (algo.overlong_buffer > cfg.rollout.max_new_tokens, f"algorithm.overlong_buffer={algo.overlong_buffer} must be "
-                                                            f"in 0..rollout.max_new_tokens={cfg.rollout.max_new_tokens}"),
+        (algo.overlong_buffer > cfg.rollout.max_new_tokens, f"algorithm.overlong_buffer={algo.overlong_buffer} must "
+                                                            "be in "
+                                                            f"0..rollout.max_new_tokens={cfg.rollout.max_new_tokens}"),
     ]))
 
 
@@ -225,7 +229,8 @@ def check_batch(cfg: TrainConfig, processes: int) -> int:
         episodes_or_groups) else 0  # samples each process holds
     mini_batches = getattr(algo, "mini_batches", 1)
     if episodes_or_groups:
-        local_step, what = local // mini_batches, "prompts_per_step/processes x samples per prompt / algorithm.mini_batches"
+        local_step, what = (local // mini_batches,
+                            "prompts_per_step/processes x samples per prompt / algorithm.mini_batches")
     else:
         local_step, what = batch // processes, "algorithm.batch_size / processes"
     accumulation = hw.gradient_accumulation_steps
@@ -302,7 +307,8 @@ def optimized_metric(name: str, family: str, data_source: str | None = None) -> 
 FAMILY_CHECKS = {
     "policy_gradient": (check_policy_gradient_settings, check_entry_needs, check_rollout_batch, check_seed_settings),
     "ppo": (check_policy_gradient_settings, check_entry_needs, check_rollout_batch, check_seed_settings),
-    "agent": (check_agent_settings, check_credit_needs, check_agent_seed_settings),  # data-parallel like the policy-gradient loop (hardware=ddp)
+    # data-parallel like the policy-gradient loop (hardware=ddp)
+    "agent": (check_agent_settings, check_credit_needs, check_agent_seed_settings),
     "agent_sft": (check_agent_sft_settings,),  # data-parallel too (hardware=ddp)
     "sft": (),
     "preference": (check_preference_settings,),

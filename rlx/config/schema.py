@@ -169,7 +169,8 @@ COMMANDS = {"train": "rlx train", "eval": "rlx eval", "data_prefs": "rlx data pr
 # a group whose schema depends on one of its keys: base schema -> (key, {value: schema})
 DISPATCH = {Algorithm: ("family", ALGORITHMS), Rollout: ("backend", ROLLOUTS), Env: ("name", ENVS),
             Benchmark: ("kind", BENCHMARKS)}
-_GROUP_OPTION = {Algorithm: "algorithm", Rollout: "rollout", Env: "env", Benchmark: "benchmark.NAME.kind"}  # the `group=option` that selects a dispatched schema
+# the `group=option` that selects a dispatched schema
+_GROUP_OPTION = {Algorithm: "algorithm", Rollout: "rollout", Env: "env", Benchmark: "benchmark.NAME.kind"}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -207,7 +208,8 @@ def drop_train_tuning(cfg: DictConfig, config_name: str) -> None:
     from omegaconf import open_dict
 
     known = schema_fields(SCHEMAS[config_name])
-    extra = [str(key) for key in cfg.keys() if str(key) not in known and str(key) != "hydra" and str(key) in tuning_keys()]
+    extra = [str(key) for key in cfg.keys() if str(key) not in known and str(key) != "hydra"
+             and str(key) in tuning_keys()]
     with open_dict(cfg):
         for key in extra:
             cfg.pop(key)
@@ -312,7 +314,8 @@ def _check_value(name: str, value, kind, meta: dict, config_name: str, derived: 
         valid = named_lists[0]
         bad = next((v for v in value if v not in valid), None)
         if bad is not None:
-            raise UserError(f"unknown {name} entry '{_shown(bad)}'{_nearest(str(bad), valid)}; valid choices: {', '.join(valid)}")
+            raise UserError(f"unknown {name} entry '{_shown(bad)}'{_nearest(str(bad), valid)}; valid choices: "
+                            f"{', '.join(valid)}")
     named = [names_of(k) for k in kinds if names_of(k) is not None]  # a fixed set or a registry's live names
     literals = [a for k in kinds if typing.get_origin(k) is Literal for a in typing.get_args(k)]
     if (named or literals) and len(kinds) == 1:

@@ -46,7 +46,8 @@ def check_seed_settings(cfg: TrainConfig) -> None:
     ppo_refused = [knob for knob, default in PPO_REFUSED.items() if knob_value(algo, knob) != default]
     refuse_first([
         *shaper_rate_problems(algo.shapers, shaping),
-        *broken([(noise.fn_rate + noise.fp_rate >= 1, "algorithm.verifier_noise.fn_rate + fp_rate must be below 1 (at 1 "
+        *broken([(noise.fn_rate + noise.fp_rate >= 1,
+                  "algorithm.verifier_noise.fn_rate + fp_rate must be below 1 (at 1 "
                                                       "the verifier carries no information)")]),
         *(shaper_affine_problems(algo.shapers) if cancelled else []),
         *broken([(hints.enabled and hints.source == "column" and not hints.column,
@@ -61,7 +62,8 @@ def check_seed_settings(cfg: TrainConfig) -> None:
                                      f"credit or update, not PPO's: use algorithm=grpo (or another policy-gradient "
                                      f"preset)") for knob in ppo_refused),
             (algo.family == "ppo" and ead, "rollout.temperature_schedule.mode=ead: the PPO loop scores at "
-                                           "rollout.temperature; use algorithm=grpo (or another policy-gradient preset)"),
+                                           "rollout.temperature; use algorithm=grpo (or another policy-gradient "
+                                           "preset)"),
         ]),
         *own_producer_problems(cfg),
         *not_wired_problems(cfg, "policy_gradient"),
@@ -112,9 +114,10 @@ def not_wired_problems(cfg: TrainConfig, family: str) -> list[str]:
         for knob, default in knobs.items():
             value = knob_value(getattr(cfg, group), knob)
             refused = (value in [d.rstrip("!") for d in default]) if isinstance(default, tuple) else (
-                value == default.rstrip("!") if isinstance(default, str) and default.endswith("!") else value != default)
+                value == default.rstrip("!") if isinstance(default, str) and default.endswith("!") else value
+                != default)
             if refused:
-                problems.append(f"{group}.{knob}={value} is not wired into the training loop yet (issue 29 part 2): the "
-                                f"math exists (docs/algorithms/seed-ideas.md) but a run would ignore it; leave it at its "
-                                f"default")
+                problems.append(f"{group}.{knob}={value} is not wired into the training loop yet (issue 29 part 2): "
+                                "the math exists (docs/algorithms/seed-ideas.md) but a run would ignore it; leave it "
+                                "at its default")
     return problems

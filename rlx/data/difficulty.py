@@ -24,7 +24,8 @@ SAMPLING_WEIGHTS.register("learnability")(lambda p: p * (1 - p))  # peaks at p =
 SAMPLING_WEIGHTS.register("hard")(lambda p: 1 - p)  # hard focus (DRIVE-style)
 
 
-def sampling_weights(pass_rates: torch.Tensor, mode: str, eps: float, retired: torch.Tensor | None = None) -> torch.Tensor:
+def sampling_weights(pass_rates: torch.Tensor, mode: str, eps: float,
+                     retired: torch.Tensor | None = None) -> torch.Tensor:
     """w_x = f(p_x) + eps, 0 for retired prompts. Example (learnability, eps 0.01): p = [0, 0.5, 1] ->
     [0.01, 0.26, 0.01]. pass_rates: (P,). Returns (P,) float64 (not normalised)."""
     weights = SAMPLING_WEIGHTS[mode](pass_rates.double()) + eps
@@ -81,13 +82,14 @@ class DifficultySampler:
         self.drawn = []
 
     def state_dict(self) -> dict:
-        return {"pass_rates": self.pass_rates.tolist(), "streaks": self.streaks.tolist(), "retired": self.retired.tolist(),
+        return {"pass_rates": self.pass_rates.tolist(), "streaks": self.streaks.tolist(),
+                "retired": self.retired.tolist(),
                 "generator": self.generator.get_state().tolist(), "drawn": list(self.drawn)}
 
     def load_state_dict(self, state: dict) -> None:
         if len(state["pass_rates"]) != len(self.rows):
-            raise ValueError(f"the checkpointed prompt sampler has {len(state['pass_rates'])} prompts, the data {len(self.rows)}: "
-                             f"resume with the data the run started with")
+            raise ValueError(f"the checkpointed prompt sampler has {len(state['pass_rates'])} prompts, the data "
+                             f"{len(self.rows)}: resume with the data the run started with")
         self.pass_rates = torch.tensor(state["pass_rates"], dtype=torch.float64)
         self.streaks = torch.tensor(state["streaks"], dtype=torch.long)
         self.retired = torch.tensor(state["retired"], dtype=torch.bool)

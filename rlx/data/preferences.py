@@ -61,7 +61,8 @@ def resolve_pairs_path(path: str) -> Path:
         local = ASSETS / f"{name}.jsonl"
         if not local.is_file():
             valid = sorted(p.stem for p in ASSETS.glob("*.jsonl"))
-            raise UserError(f"no built-in preference data '{name}'; valid choices: {', '.join('builtin:' + v for v in valid)}")
+            raise UserError(f"no built-in preference data '{name}'; valid choices: "
+                            f"{', '.join('builtin:' + v for v in valid)}")
         return local
     return Path(path).expanduser()
 
@@ -125,7 +126,8 @@ def normalize_row(row: dict, index: int, source: str, columns: dict, layout: str
     return out, None
 
 
-def normalize_rows(rows: list[dict], source: str, columns: dict, layout: str, on_invalid: str, stats: PairStats) -> list[dict]:
+def normalize_rows(rows: list[dict], source: str, columns: dict, layout: str, on_invalid: str,
+                   stats: PairStats) -> list[dict]:
     if layout not in LAYOUTS:
         raise UserError(f"unknown data.pairs.layout '{layout}'; valid choices: {', '.join(LAYOUTS)}")
     if on_invalid not in ON_INVALID:
@@ -158,7 +160,8 @@ def render_prompts(tokenizer, pairs: list[dict], use_chat_template: bool, system
 
 
 def _file_pairs(pairs_cfg, columns: dict, stats: PairStats) -> tuple[list[dict], list[dict] | None]:
-    train = normalize_rows(read_table(pairs_cfg.path), pairs_cfg.path, columns, pairs_cfg.layout, pairs_cfg.on_invalid, stats)
+    train = normalize_rows(read_table(pairs_cfg.path), pairs_cfg.path, columns, pairs_cfg.layout, pairs_cfg.on_invalid,
+                           stats)
     evals = None
     if pairs_cfg.eval_path:
         evals = normalize_rows(read_table(pairs_cfg.eval_path), pairs_cfg.eval_path, columns, pairs_cfg.layout,
@@ -234,8 +237,8 @@ def tokenize_pairs(tokenizer, pairs: list[dict], max_prompt_length: int, max_com
         too_long_completion = max(len(chosen), len(rejected)) > max_completion_length
         if mode == "error" and (too_long_prompt or too_long_completion):
             what = "prompt" if too_long_prompt else "completion"
-            raise UserError(f"preference row {pair['row']}: {what} longer than data.pairs.max_{what}_length; raise it or set "
-                            f"data.pairs.truncation=drop|truncate_completion")
+            raise UserError(f"preference row {pair['row']}: {what} longer than data.pairs.max_{what}_length; raise it "
+                            "or set data.pairs.truncation=drop|truncate_completion")
         if too_long_prompt or (too_long_completion and mode == "drop"):
             stats.too_long_dropped += 1
             continue
@@ -295,8 +298,8 @@ def pairs_from_samples(rows: list[dict], completions: list[str], scores: list[fl
         combos = [(c, w) for c in correct for w in wrong if c.strip() and w.strip()]
         rng.shuffle(combos)
         for chosen, rejected in combos[:pairs_per_prompt]:
-            out.append({"prompt": row["prompt"], "chosen": chosen, "rejected": rejected, "question": row.get("question"),
-                        "answer": row.get("answer")})
+            out.append({"prompt": row["prompt"], "chosen": chosen, "rejected": rejected,
+                        "question": row.get("question"), "answer": row.get("answer")})
     return out
 
 

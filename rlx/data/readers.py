@@ -89,7 +89,8 @@ def read_hub(dataset_id: str, subset, split: str | None, fallback_hint: str):
     import datasets
 
     try:
-        return datasets.load_dataset(dataset_id, subset, split=split) if split else datasets.load_dataset(dataset_id, subset)
+        return (datasets.load_dataset(dataset_id, subset, split=split) if split
+                else datasets.load_dataset(dataset_id, subset))
     except Exception as exc:  # offline, unknown id, no cache
         raise UserError(f"cannot load hub dataset '{dataset_id}'{f' split {split!r}' if split else ''} "
                         f"({type(exc).__name__}); download it with network access first (it is then cached), "

@@ -21,7 +21,8 @@ from rlx.registry import Registry, publish
 
 
 def _is_messages(value) -> bool:
-    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and "role" in m and "content" in m for m in value)
+    return (isinstance(value, list) and bool(value)
+            and all(isinstance(m, dict) and "role" in m and "content" in m for m in value))
 
 
 def _format_rows(rows: list[dict], prompt_template: str | None) -> list[dict]:
@@ -46,10 +47,12 @@ def reasoning_gym_tasks(task, task_config) -> list[tuple[str, dict]]:
 
     names = [task] if isinstance(task, str) else [str(t) for t in task]
     if not names:
-        raise UserError("data.task is an empty list; name one reasoning-gym task or several: data.task=[gcd,leg_counting]")
+        raise UserError("data.task is an empty list; name one reasoning-gym task or several: "
+                        "data.task=[gcd,leg_counting]")
     for name in names:
         if name not in DATASETS:
-            raise UserError(f"unknown reasoning-gym task '{name}'; valid choices include: {', '.join(sorted(DATASETS)[:40])}, ...")
+            raise UserError(f"unknown reasoning-gym task '{name}'; valid choices include: "
+                            f"{', '.join(sorted(DATASETS)[:40])}, ...")
     config = dict(task_config or {})
     if len(names) == 1:
         return [(names[0], config)]
@@ -69,7 +72,8 @@ def reasoning_gym_entries(tasks: list[tuple[str, dict]], size: int, seed: int) -
     for index, (name, config) in enumerate(tasks):
         count = size // len(tasks) + (index < size % len(tasks))
         try:
-            per_task.append([(name, entry) for entry in reasoning_gym.create_dataset(name, size=count, seed=seed, **config)]
+            per_task.append([(name, entry)
+                             for entry in reasoning_gym.create_dataset(name, size=count, seed=seed, **config)]
                             if count else [])
         except TypeError as exc:
             raise UserError(f"bad data.task_config for '{name}': {exc}") from None
@@ -96,7 +100,8 @@ def reasoning_gym_rows(task, task_config: dict, train_size: int, eval_size: int,
     held_out = {r["question"] for r in eval_rows}
     train_rows = [row(*e) for e in train_entries if e[1]["question"] not in held_out]
     if not train_rows:
-        raise UserError(f"task '{task}' has no training questions left after removing held-out ones; raise data.train_size")
+        raise UserError(f"task '{task}' has no training questions left after removing held-out ones; raise "
+                        "data.train_size")
     return train_rows, eval_rows
 
 
@@ -163,12 +168,13 @@ def file_rows(train_path: str, eval_path: str | None, eval_size: int, columns: d
         return [r for r in train if r["question"] not in held_out], evals
     questions = len({r["question"] for r in train})
     if eval_size >= questions:
-        raise UserError(f"{train_path}: {questions} distinct prompts cannot give data.eval_size={eval_size} held-out rows "
-                        f"and leave any for training; lower data.eval_size or set data.eval_path")
+        raise UserError(f"{train_path}: {questions} distinct prompts cannot give data.eval_size={eval_size} held-out "
+                        "rows and leave any for training; lower data.eval_size or set data.eval_path")
     return split_held_out(train, eval_size, seed)
 
 
-def hub_rows(dataset_id: str, subset, train_split: str, eval_split, eval_size: int, columns: dict, seed: int, answer_regex):
+def hub_rows(dataset_id: str, subset, train_split: str, eval_split, eval_size: int, columns: dict, seed: int,
+             answer_regex):
     loaded = read_hub(dataset_id, subset, None, "save it as jsonl and use data=file data.train_path=...")
     train = _map_columns(list(loaded[train_split]), columns, dataset_id, answer_regex)
     if eval_split:
@@ -194,7 +200,8 @@ def _file_source(d, seed: int):
 
 @DATA_SOURCES.register("hub")
 def _hub_source(d, seed: int):
-    return hub_rows(d.id, d.subset, d.train_split, d.eval_split, d.eval_size, dict(d.columns), d.seed, getattr(d, "answer_regex", None))
+    return hub_rows(d.id, d.subset, d.train_split, d.eval_split, d.eval_size, dict(d.columns), d.seed,
+                    getattr(d, "answer_regex", None))
 
 
 def load_rows(data_cfg, seed: int) -> tuple[list[dict], list[dict]]:

@@ -39,7 +39,8 @@ class ReasoningGymRetry:
 
         self._create = reasoning_gym.create_dataset
         self.task, self.task_config = task, dict(task_config or {})
-        self.max_attempts, self.retry_discount, self.pattern = max_attempts, retry_discount, re.compile(answer_pattern, re.S)
+        self.max_attempts, self.retry_discount, self.pattern = (max_attempts, retry_discount,
+                                                                re.compile(answer_pattern, re.S))
         self.reader = get_reader(reader) if reader is not None else None
 
     def reset(self, *, seed=None, options=None):
@@ -220,7 +221,8 @@ class TextArena:
             done, _ = self.env.step(action)
             invalid = getattr(self.env.state, "error_count", 0) > errors
             if not done:
-                return self._observation(), 0.0, False, False, {"is_action_valid": not invalid, "metrics": {"success": 0.0}}
+                return (self._observation(), 0.0, False, False,
+                        {"is_action_valid": not invalid, "metrics": {"success": 0.0}})
             rewards, game_info = self.env.close()
         reward = float(rewards.get(0, 0.0)) if rewards else 0.0
         info = game_info.get(0, {}) if isinstance(game_info, dict) else {}

@@ -164,7 +164,8 @@ class Corridor:
         return self._render(), {"anchor": (self.position, self.has_key)}
 
     def _render(self) -> str:
-        cells = ["A" if i == self.position else "K" if i == self.key and not self.has_key else "." for i in range(self.length)]
+        cells = ["A" if i == self.position else "K" if i == self.key and not self.has_key else "."
+                 for i in range(self.length)]
         return "".join(cells) + "D " + ("key" if self.has_key else "no key")
 
     def step(self, action: str):
@@ -180,7 +181,8 @@ class Corridor:
                 self.position = target
                 self.has_key = self.has_key or self.position == self.key
         truncated = not success and self.steps >= self.max_steps
-        info = {"anchor": (self.position, self.has_key), "is_action_valid": valid, "metrics": {"success": float(success)}}
+        info = {"anchor": (self.position, self.has_key), "is_action_valid": valid,
+                "metrics": {"success": float(success)}}
         return self._render(), float(success), success, truncated, info
 
     def expert_action(self) -> str:

@@ -24,9 +24,9 @@ class ExpertGenerator:
     def __init__(self, envs: list | dict, tokenizer, skill: float, seed: int):
         for env in (envs.values() if isinstance(envs, dict) else envs):
             if not (hasattr(env, "expert_action") and hasattr(env, "random_action")):
-                raise UserError(f"algorithm=agent_sft imitates an expert, but {type(env).__name__} has no expert_action() "
-                                "and random_action() methods; add them to it, or use a built-in environment (all "
-                                "have them)")
+                raise UserError(f"algorithm=agent_sft imitates an expert, but {type(env).__name__} has no "
+                                "expert_action() and random_action() methods; add them to it, or use a built-in "
+                                "environment (all have them)")
         self.envs, self.tokenizer, self.skill, self.seed = envs, tokenizer, skill, seed
 
     def generate_ids(self, prompts, *, max_new_tokens, seeds, greedy=False) -> Generation:

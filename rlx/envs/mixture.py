@@ -23,7 +23,8 @@ class Mixture:
         envs = dict(envs or {"corridor": {}, "grid": {}, "tool_use": {}})
         unknown = [name for name in envs if name not in ENVIRONMENTS or name == "mixture"]
         if unknown or not envs:
-            raise TypeError(f"mixture envs must name built-in environments ({', '.join(ENVIRONMENTS)}), got {unknown or 'none'}")
+            raise TypeError(f"mixture envs must name built-in environments ({', '.join(ENVIRONMENTS)}), got "
+                            f"{unknown or 'none'}")
         self.names = list(envs)
         self.envs = [ENVIRONMENTS[name](**dict(envs[name] or {})) for name in self.names]
         self.current = 0

@@ -56,7 +56,8 @@ class ToolUse:
     Truncated after max_calls turns without an answer. Anchor: the number of tool calls made (the
     question is fixed by the seed), so GiGPO compares the steps at the same stage of the episode."""
 
-    def __init__(self, tools: tuple[str, ...] | list[str] = ("calc",), max_calls: int = 3, python_timeout_s: float = 5.0):
+    def __init__(self, tools: tuple[str, ...] | list[str] = ("calc",), max_calls: int = 3,
+                 python_timeout_s: float = 5.0):
         self.tools, self.max_calls, self.python_timeout_s = tuple(tools), max_calls, python_timeout_s
 
     def reset(self, *, seed=None, options=None):

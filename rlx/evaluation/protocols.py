@@ -26,7 +26,8 @@ code should pass these tests:\n\n{3 asserts}\n[BEGIN]\n", after lm-eval's 3 fixe
 each followed by its code and "\n[DONE]", joined by "\n\n"); stop "[DONE]"; the completion is the program, run in
 rlx's sandbox against the 3 asserts (pass@1, greedy). The asserts call the function by name, as lm-eval runs them,
 so the sandbox's plain-data check on `candidate` does not apply (a reference returning a Counter passes, as in
-lm-eval; an object whose == always holds would pass too, as in lm-eval). Problems: the 500 of OLMES's `codex_mbpp` (MBPP's test split).
+lm-eval; an object whose == always holds would pass too, as in lm-eval). Problems: the 500 of OLMES's `codex_mbpp`
+(MBPP's test split).
 
 0-shot chat forms: the question alone as "Question: {question}\\nAnswer:" (GSM8K) or "Problem:\\n...\\n\\nSolution:"
 (MATH) as the user message, put through the model's chat template by `rlx eval` (benchmark chat_template: true), as
@@ -56,12 +57,14 @@ MBPP_EXAMPLES = (  # MBPP's prompt split, task ids 2-4: the 3 fixed examples of 
       'assert similar_elements((1, 2, 3, 4),(5, 4, 3, 7)) == (3, 4)',
       'assert similar_elements((11, 12, 14, 13),(17, 15, 14, 13)) == (13, 14)')),
     ('Write a python function to identify non-prime numbers.',
-     'import math\r\ndef is_not_prime(n):\r\n    result = False\r\n    for i in range(2,int(math.sqrt(n)) + 1):\r\n        if n % i == 0:\r\n            result = True\r\n    return result',
+     'import math\r\ndef is_not_prime(n):\r\n    result = False\r\n    for i in range(2,int(math.sqrt(n)) + 1):\r\n'
+     '        if n % i == 0:\r\n            result = True\r\n    return result',
      ('assert is_not_prime(2) == False',
       'assert is_not_prime(10) == True',
       'assert is_not_prime(35) == True')),
     ('Write a function to find the largest integers from a given list of numbers using heap queue algorithm.',
-     'import heapq as hq\r\ndef heap_queue_largest(nums,n):\r\n  largest_nums = hq.nlargest(n, nums)\r\n  return largest_nums',
+     'import heapq as hq\r\ndef heap_queue_largest(nums,n):\r\n'
+     '  largest_nums = hq.nlargest(n, nums)\r\n  return largest_nums',
      ('assert heap_queue_largest( [25, 35, 22, 85, 14, 65, 75, 22, 58],3)==[85, 75, 65] ',
       'assert heap_queue_largest( [25, 35, 22, 85, 14, 65, 75, 22, 58],2)==[85, 75] ',
       'assert heap_queue_largest( [25, 35, 22, 85, 14, 65, 75, 22, 58],5)==[85, 75, 65, 58, 35]')),
@@ -78,10 +81,11 @@ MINERVA_EXAMPLES = (  # Lewkowycz et al. 2022, appendix: the 4 fixed MATH exampl
      "\\boxed{24}.$\nFinal Answer: The final answer is $24$. I hope it is correct."),
     ("Terrell usually lifts two 20-pound weights 12 times. If he uses two 15-pound weights instead, how many times "
      "must Terrell lift them in order to lift the same total weight?",
-     "If Terrell lifts two 20-pound weights 12 times, he lifts a total of $2\\cdot 12\\cdot20=480$ pounds of weight.  "
-     "If he lifts two 15-pound weights instead for $n$ times, he will lift a total of $2\\cdot15\\cdot n=30n$ pounds "
-     "of weight.  Equating this to 480 pounds, we can solve for $n$:\n\\begin{align*}\n30n&=480\\\\\n\\Rightarrow\\qquad"
-     " n&=480/30=\\boxed{16}\n\\end{align*}\nFinal Answer: The final answer is $16$. I hope it is correct."),
+     "If Terrell lifts two 20-pound weights 12 times, he lifts a total of $2\\cdot 12\\cdot20=480$ pounds of weight. "
+     " If he lifts two 15-pound weights instead for $n$ times, he will lift a total of $2\\cdot15\\cdot n=30n$ "
+     "pounds of weight.  Equating this to 480 pounds, we can solve for "
+     "$n$:\n\\begin{align*}\n30n&=480\\\\\n\\Rightarrow\\qquad n&=480/30=\\boxed{16}\n\\end{align*}\nFinal Answer: "
+     "The final answer is $16$. I hope it is correct."),
     ("If the system of equations\n\n\\begin{align*}\n6x-4y&=a,\\\\\n6y-9x &=b.\n\\end{align*}has a solution $(x, y)$ "
      "where $x$ and $y$ are both nonzero,\nfind $\\frac{a}{b},$ assuming $b$ is nonzero.",
      "If we multiply the first equation by $-\\frac{3}{2}$, we obtain\n\n$$6y-9x=-\\frac{3}{2}a.$$Since we also know "

@@ -54,9 +54,10 @@ def run_task_benchmark(run: str) -> tuple[str, dict] | None:
     component, target = _accuracy_component(config)
     if component is not None and target not in VERIFIER_REWARDS and not _importable(target):
         if (data.get("columns") or {}).get("answer", "answer") is None:
-            raise UserError(f"run={run} was scored by reward '{component}' ({target}), which cannot be imported here (a "
-                            f"reward function given to rlx.fit exists only in that Python process: call rlx.evaluate "
-                            f"there), and its data has no answer column for a verifier; name a benchmark: benchmark=...")
+            raise UserError(f"run={run} was scored by reward '{component}' ({target}), which cannot be imported here "
+                            "(a reward function given to rlx.fit exists only in that Python process: call "
+                            "rlx.evaluate there), and its data has no answer column for a verifier; name a benchmark: "
+                            "benchmark=...")
         log.warning("run=%s was scored by reward '%s' (%s), which cannot be imported here: scoring with the data's "
                     "verifier instead, so the numbers need not match the run's eval/accuracy", run, component, target)
         component = None
@@ -206,8 +207,8 @@ def benchmark_file_args(args: list[str]) -> list[str]:
     return out
 
 
-BENCHMARK_DEFAULTS = {"data": None, "verifier": None, "reader": None, "extract": None, "verify": None, "chat_template": None,
-                      "system_prompt": None}
+BENCHMARK_DEFAULTS = {"data": None, "verifier": None, "reader": None, "extract": None, "verify": None,
+                      "chat_template": None, "system_prompt": None}
 
 
 def load_benchmark_files(paths: list[str]) -> dict[str, dict]:
@@ -221,7 +222,8 @@ def load_benchmark_files(paths: list[str]) -> dict[str, dict]:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise UserError(f"benchmark file {path}: not YAML ({first})") from None
         if not isinstance(loaded, dict) or not loaded:
-            raise UserError(f"benchmark file {path}: expected `name: {{load: ..., verifier: ..., max_new_tokens: ...}}`")
+            raise UserError(f"benchmark file {path}: expected `name: {{load: ..., verifier: ..., max_new_tokens: "
+                            "...}`")
         for name, spec in loaded.items():
             if name == "defaults":
                 continue

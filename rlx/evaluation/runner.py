@@ -74,7 +74,8 @@ def resolve_run(run: str, checkpoint: str = "final") -> tuple[str, str]:
     raise UserError(
         f"run '{run}' has no model '{checkpoint}'"
         + (" (that checkpoint holds sharded FSDP/DeepSpeed states, not a model)" if sharded else "")
-        + f"; valid choices: {', '.join(['final'] * (run_dir / 'final').is_dir() + saved) or 'none (did the run finish?)'}"
+        + "; valid choices: "
+          f"{', '.join(['final'] * (run_dir / 'final').is_dir() + saved) or 'none (did the run finish?)'}"
     )
 
 
@@ -206,7 +207,8 @@ def run_benchmark(model, tokenizer, bench: Benchmark, problems: list[dict], run:
 
 
 @torch.no_grad()
-def run_environment(generator, tokenizer, env_cfg, factory, tasks: int, run: EvalPass, stop_ids: list[int]) -> list[dict]:
+def run_environment(generator, tokenizer, env_cfg, factory, tasks: int, run: EvalPass,
+                    stop_ids: list[int]) -> list[dict]:
     """Play every held-out task not yet in `run.results` (its greedy episode and sampling.n sampled ones,
     evaluation/agents.py: play_tasks); returns all task records in task order."""
     from rlx.evaluation.agents import play_tasks
@@ -282,7 +284,8 @@ def _saved_config(out_dir: Path, cfg: DictConfig) -> DictConfig:
         old = OmegaConf.load(saved)
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise UserError(f"resume={out_dir}: {saved} is damaged ({first}); the evaluation cannot be resumed as it was") from None
+        raise UserError(f"resume={out_dir}: {saved} is damaged ({first}); the evaluation cannot be resumed as it "
+                        "was") from None
     if not isinstance(old, DictConfig) or "sampling" not in old or "metrics" not in old:
         raise UserError(f"resume={out_dir}: {saved} was not written by rlx eval (a training run?); give a directory "
                         "written by rlx eval, or evaluate a training run with run=<run>")
@@ -350,7 +353,8 @@ def _settled_config(cfg: DictConfig, out_dir: Path, overrides: list[str]) -> Dic
             if taken:
                 log.info("sampling with the run's %s (sampling.KNOB=... to change)",
                          ", ".join(f"{k}={v}" for k, v in taken.items()))
-    if cfg.get("benchmark_files") and not cfg.resume:  # benchmark=./mine.yaml: files outside the package (rlx/evaluation/run_task.py)
+    # benchmark=./mine.yaml: files outside the package (rlx/evaluation/run_task.py)
+    if cfg.get("benchmark_files") and not cfg.resume:
         from rlx.evaluation.run_task import load_benchmark_files
 
         extra = load_benchmark_files(list(cfg.benchmark_files))
@@ -423,7 +427,8 @@ def _evaluate_settings(s: EvalConfig, out_dir: Path) -> dict:
         records[environment[0]] = {}
     for role, (path, _) in subjects.items():
         model, tokenizer = load_model(path, s.model, device)
-        log.info("%s: %s (%.2fM parameters) on %s", role, path, sum(p.numel() for p in model.parameters()) / 1e6, device)
+        log.info("%s: %s (%.2fM parameters) on %s", role, path, sum(p.numel() for p in model.parameters()) / 1e6,
+                 device)
         # rollout=hf: the model generates itself with `sampling`'s knobs (below); vllm / server: an engine or server
         engine = None if s.rollout.backend == "hf" else build_generator(s.rollout, model, tokenizer, int(s.seed))
         if engine is not None:  # generate_ids samples with these knobs
@@ -431,7 +436,8 @@ def _evaluate_settings(s: EvalConfig, out_dir: Path) -> dict:
                                "top_k": int(s.sampling.top_k)}
         if environment:
             name, factory, tasks = environment
-            if not plays_through_gateway(s.env.name):  # an episode that cannot play a turn: stop before playing, one line
+            # an episode that cannot play a turn: stop before playing, one line
+            if not plays_through_gateway(s.env.name):
                 from rlx.rollout.budgets import check_episode_budget
                 from rlx.rollout.env import EVAL_SEED_BASE
                 from rlx.rollout.prompt_limits import model_context

@@ -28,7 +28,8 @@ def per_problem_values(records: list[dict], ks: list[int], threshold: float) -> 
         values["greedy/accuracy"] = [r["greedy"]["score"] for r in records]
     n = min(len(r["scores"]) for r in records) if records else 0
     for k in [k for k in ks if 1 <= k <= n]:
-        values[f"pass@{k}"] = [pass_at_k(len(r["scores"]), sum(s >= threshold for s in r["scores"]), k) for r in records]
+        values[f"pass@{k}"] = [pass_at_k(len(r["scores"]), sum(s >= threshold for s in r["scores"]), k)
+                               for r in records]
         values[f"maj@{k}"] = [majority_vote(r["extracted"][:k], r["scores"][:k])[1] for r in records]
         values[f"mean@{k}"] = [mean_at_k(r["scores"], k) for r in records]
     return {name: np.asarray(v, dtype=np.float64) for name, v in values.items()}  # each (P,)
@@ -80,8 +81,8 @@ def support_changes(model_records: list[dict], compare_records: list[dict], thre
 
 def _metric_order(name: str) -> tuple:
     kind, _, k = name.partition("@")
-    order = {"greedy/accuracy": 0, "greedy/success": 0, "greedy/return": 1, "greedy/turns": 2, "success": 3, "return": 4,
-             "turns": 5, "pass": 6, "maj": 7, "mean": 8}
+    order = {"greedy/accuracy": 0, "greedy/success": 0, "greedy/return": 1, "greedy/turns": 2, "success": 3,
+             "return": 4, "turns": 5, "pass": 6, "maj": 7, "mean": 8}
     return (order.get(kind, 9), int(k) if k.isdigit() else 0)
 
 
@@ -136,9 +137,9 @@ def support_lines(summary: dict, labels: dict[str, str]) -> list[str]:
         k = support["crossover_k"]
         crossing = (f"{labels['compare']} reaches {labels['model']}'s pass@k at k = {k}" if k is not None else
                     f"{labels['model']} stays ahead up to k = {support['samples']}")
-        lines.append(f"{bench}: {crossing}; solved at least once in {support['samples']} samples: by {labels['model']} only "
-                     f"{support['expand']} (expand), by {labels['compare']} only {support['shrink']} (shrink), "
-                     f"both {support['both']}, neither {support['neither']}")
+        lines.append(f"{bench}: {crossing}; solved at least once in {support['samples']} samples: by "
+                     f"{labels['model']} only {support['expand']} (expand), by {labels['compare']} only "
+                     f"{support['shrink']} (shrink), both {support['both']}, neither {support['neither']}")
     return lines
 
 
@@ -197,7 +198,8 @@ def plot_pass_at_k(summary: dict, labels: dict[str, str], path: Path) -> Path | 
         ax.legend(fontsize=8)
     fig.tight_layout()
     try:
-        with writing(path, "the pass@k plot", partial=path, optional="plots"):  # optional: summary.json holds the numbers
+        # optional: summary.json holds the numbers
+        with writing(path, "the pass@k plot", partial=path, optional="plots"):
             path.parent.mkdir(parents=True, exist_ok=True)
             fig.savefig(path, dpi=100)
             return path

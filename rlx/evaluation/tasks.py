@@ -62,10 +62,12 @@ def evaluate(generator, tokenizer, rows: list[dict], rewards: list[RewardCompone
     rollout = sample_rollout(generator, tokenizer, prompts, Draw(1, settings.max_new_tokens, greedy=True), seeds)
     total, per_component, _ = compute_rewards(rewards, prompts, rollout.texts, rows, settings.on_error,
                                               system_prompt=system_prompt,
-                                              completion_ids=token_lists(rollout.completion_ids, rollout.completion_mask),
+                                              completion_ids=token_lists(rollout.completion_ids,
+                                                                         rollout.completion_mask),
                                               state=TrainerState(global_step=step, max_steps=settings.max_steps))
     lengths, truncated = rollout.lengths.float(), rollout.truncated.float()
-    local = {"total": total, "lengths": lengths, "truncated": truncated, **{f"component/{k}": v for k, v in per_component.items()}}
+    local = {"total": total, "lengths": lengths, "truncated": truncated,
+             **{f"component/{k}": v for k, v in per_component.items()}}
     if acc is not None and acc.num_processes > 1:  # (N x block,) -> the `count` real rows, in order
         count = int(global_sum(acc, mine.stop - mine.start))
         local = {name: gather(acc, values.float())[:count] for name, values in local.items()}
@@ -88,7 +90,8 @@ def evaluate(generator, tokenizer, rows: list[dict], rewards: list[RewardCompone
     return metrics, records
 
 
-def task_evaluator(acc, generator, tokenizer, rows: list[dict], rewards: list[RewardComponent], settings: TaskEvalSettings):
+def task_evaluator(acc, generator, tokenizer, rows: list[dict], rewards: list[RewardComponent],
+                   settings: TaskEvalSettings):
     """run_eval(step) -> metrics: greedy evaluation through `generator` (rlx.rollout.backends.eval_generator: the
     policy itself under rollout=hf, else the engine or server holding the published weights) on held-out `rows`
     (settings: task_eval_settings(settings))."""

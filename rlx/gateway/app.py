@@ -29,7 +29,8 @@ from rlx.gateway.tools import openai_tool_calls, parse_tool_calls
 
 
 def _error(status: int, message: str, code: str, param: str | None = None) -> JSONResponse:
-    kind = {401: "authentication_error", 404: "not_found_error"}.get(status, "invalid_request_error" if status < 500 else "server_error")
+    kind = {401: "authentication_error",
+            404: "not_found_error"}.get(status, "invalid_request_error" if status < 500 else "server_error")
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status)
 
 
@@ -75,7 +76,8 @@ async def _generate(gateway, session, pending, stops: list[str]):
         raise
     except Exception as exc:  # the model (or the batcher) failed: a 500 the client may retry
         session.release(pending)
-        raise RequestError(f"generation failed: {type(exc).__name__}: {exc}", status=500, code="generation_failed") from None
+        raise RequestError(f"generation failed: {type(exc).__name__}: {exc}", status=500,
+                           code="generation_failed") from None
     ids, cut_text = _cut_at_stop(gateway.tokenizer, sampled.ids, stops)
     stopped = sampled.stopped and cut_text is None
     text = cut_text if cut_text is not None else gateway.tokenizer.decode(ids, skip_special_tokens=True)
@@ -180,7 +182,8 @@ async def _chat(gateway, body: dict, session):
         reply["tool_calls"], finish = calls, "tool_calls"
     session.record(pending, ids, logprobs, stopped, text, normalize_messages([reply])[0], finish, version)
     choice = {"index": 0, "message": reply, "finish_reason": finish,
-              "logprobs": {"content": _token_logprobs(gateway.tokenizer, ids, logprobs)} if body.get("logprobs") else None}
+              "logprobs": {"content": _token_logprobs(gateway.tokenizer, ids, logprobs)} if body.get("logprobs")
+              else None}
     usage = {"prompt_tokens": len(pending.context), "completion_tokens": len(ids),
              "total_tokens": len(pending.context) + len(ids)}
     ident, model = f"chatcmpl-{session.sid}-{pending.index}", body.get("model") or gateway.settings.model_name
@@ -196,11 +199,13 @@ async def _completions(gateway, body: dict, session):
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
-    valid_ids = isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    valid_ids = (isinstance(prompt, list) and prompt
+                 and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt))
     if not (isinstance(prompt, str) and prompt) and not valid_ids:
         if not isinstance(prompt, (str, list)):  # the observation itself is not text: the harness's run stops
             session.not_text = session.not_text or f"prompt is a {type(prompt).__name__}, not text"
-        raise RequestError("prompt must be a non-empty string or a list of token ids (one prompt per call)", param="prompt")
+        raise RequestError("prompt must be a non-empty string or a list of token ids (one prompt per call)",
+                           param="prompt")
     if body.get("echo"):
         raise RequestError("echo is not supported", param="echo")
     max_tokens = _int_or_none(body, "max_tokens")
@@ -241,5 +246,6 @@ async def _chat_events(ident: str, model: str, reply: dict, finish: str, usage: 
 async def _text_events(ident: str, model: str, choice: dict):
     head = {"id": ident, "object": "text_completion", "created": int(time.time()), "model": model}
     yield _sse({**head, "choices": [{**choice, "finish_reason": None}]})
-    yield _sse({**head, "choices": [{"index": 0, "text": "", "finish_reason": choice["finish_reason"], "logprobs": None}]})
+    yield _sse({**head, "choices": [{"index": 0, "text": "", "finish_reason": choice["finish_reason"],
+                                     "logprobs": None}]})
     yield "data: [DONE]\n\n"

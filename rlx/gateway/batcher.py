@@ -101,7 +101,8 @@ class MicroBatcher:
             self.batches.append(len(batch))
             try:
                 version = self.version()
-                out = self.generator.generate_ids([r.context for r in batch], max_new_tokens=max(r.budget for r in batch),
+                out = self.generator.generate_ids([r.context for r in batch],
+                                                  max_new_tokens=max(r.budget for r in batch),
                                                   seeds=[r.seed for r in batch], greedy=self.greedy)
             except BaseException as exc:  # the model failed: every caller of this batch hears it
                 log.warning("gateway: generation failed for a batch of %d: %s: %s", len(batch), type(exc).__name__, exc)

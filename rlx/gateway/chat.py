@@ -133,7 +133,8 @@ class ChatRenderer:
     def __init__(self, tokenizer, chat_template: str | None = None, stop_text: str | None = None):
         self.tokenizer, self.chat_template = tokenizer, chat_template
         if not (chat_template or getattr(tokenizer, "chat_template", None)):
-            raise ValueError("the tokenizer has no chat template: give one (env.chat_template=FILE) or call /v1/completions")
+            raise ValueError("the tokenizer has no chat template: give one (env.chat_template=FILE) or call "
+                             "/v1/completions")
         self.stop_text = tokenizer.eos_token if stop_text is None else stop_text
 
     def render(self, messages: list[dict], tools: list | None, generation_prompt: bool) -> str:

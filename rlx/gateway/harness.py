@@ -66,12 +66,14 @@ def load_harness(target):
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
-            raise HarnessError(f"env.target='{target}': cannot import {module_name} ({exc}); is it on PYTHONPATH?") from None
+            raise HarnessError(f"env.target='{target}': cannot import {module_name} ({exc}); is it on "
+                               "PYTHONPATH?") from None
         fn = getattr(module, attr, None)
         if fn is None:
             raise HarnessError(f"env.target='{target}': module {module_name} has no attribute {attr}")
         if not callable(fn):
-            raise HarnessError(f"env.target='{target}' is a {type(fn).__name__}, not a function run(task, base_url, api_key)")
+            raise HarnessError(f"env.target='{target}' is a {type(fn).__name__}, not a function run(task, base_url, "
+                               "api_key)")
     try:
         inspect.signature(fn).bind("task", "base_url", "api_key")
     except TypeError:
@@ -101,8 +103,8 @@ class HarnessSettings:
         from rlx.gateway.server import is_loopback
 
         if not is_loopback(str(env_cfg.host)) and not env_cfg.allow_remote:
-            raise HarnessError(f"env.host={env_cfg.host} is not a loopback address: anyone who can reach it and knows the "
-                               f"token drives the model; set env.allow_remote=true to mean it")
+            raise HarnessError(f"env.host={env_cfg.host} is not a loopback address: anyone who can reach it and knows "
+                               "the token drives the model; set env.allow_remote=true to mean it")
         template = getattr(env_cfg, "chat_template", None)
         if template:
             path = Path(str(template)).expanduser()
@@ -111,12 +113,14 @@ class HarnessSettings:
             template = path.read_text()
         gateway = GatewaySettings(max_turns=int(env_cfg.max_turns), max_new_tokens=int(env_cfg.max_new_tokens),
                                   max_total_tokens=int(env_cfg.max_total_tokens), max_batch=int(env_cfg.max_batch),
-                                  max_wait_ms=float(env_cfg.max_wait_ms), tool_parser=getattr(env_cfg, "tool_parser", None),
-                                  chat_template=template or None, system_prompt=getattr(env_cfg, "system_prompt", None), greedy=greedy)
+                                  max_wait_ms=float(env_cfg.max_wait_ms),
+                                  tool_parser=getattr(env_cfg, "tool_parser", None),
+                                  chat_template=template or None, system_prompt=getattr(env_cfg, "system_prompt", None),
+                                  greedy=greedy)
         kwargs = dict(getattr(env_cfg, "kwargs", None) or {})
         return cls(int(env_cfg.concurrency), float(env_cfg.timeout_s), _plain(kwargs), gateway, str(env_cfg.host),
-                   bool(env_cfg.allow_remote), read_tasks(getattr(env_cfg, "tasks", None)), read_tasks(getattr(env_cfg, "eval_tasks", None)),
-                   version, stop_ids)
+                   bool(env_cfg.allow_remote), read_tasks(getattr(env_cfg, "tasks", None)),
+                   read_tasks(getattr(env_cfg, "eval_tasks", None)), version, stop_ids)
 
 
 def _plain(value):
@@ -129,7 +133,8 @@ def _plain(value):
 def _rows(path: str, mtime: float) -> tuple:
     text = Path(path).read_text()
     try:
-        rows = json.loads(text) if path.endswith(".json") else [json.loads(line) for line in text.splitlines() if line.strip()]
+        rows = (json.loads(text) if path.endswith(".json")
+                else [json.loads(line) for line in text.splitlines() if line.strip()])
     except json.JSONDecodeError as exc:
         raise HarnessError(f"{path} is not valid JSON{' lines' if not path.endswith('.json') else ''}: {exc}") from None
     if not isinstance(rows, list) or not rows:
@@ -207,19 +212,21 @@ def read_result(result, calls: int) -> Outcome:
     if "reward" in result:
         reward = _number(result["reward"], "'reward'")
         if rewards is not None and abs(sum(rewards) - reward) > 1e-6 * max(1.0, abs(reward)):
-            raise ValueError(f"run() returned reward {reward} but its per-call rewards sum to {sum(rewards)}; give one, "
-                             f"or make them agree")
+            raise ValueError(f"run() returned reward {reward} but its per-call rewards sum to {sum(rewards)}; give "
+                             "one, or make them agree")
     elif rewards is not None:
         reward = sum(rewards)
     else:
         raise ValueError("run() returned a dict without 'reward' (or 'rewards')")
     success = result.get("success")
-    success = None if success is None else float(success) if isinstance(success, bool) else _number(success, "'success'")
+    success = (None if success is None else float(success) if isinstance(success, bool)
+               else _number(success, "'success'"))
     anchors = result.get("anchors")
     if anchors is not None:
         if not isinstance(anchors, (list, tuple)) or len(anchors) != calls:
-            raise ValueError(f"run() returned 'anchors' with {len(anchors) if isinstance(anchors, (list, tuple)) else '?'} "
-                             f"entries; one per model call is needed ({calls} calls)")
+            raise ValueError("run() returned 'anchors' with "
+                             f"{len(anchors) if isinstance(anchors, (list, tuple)) else '?'} entries; one per model "
+                             f"call is needed ({calls} calls)")
         try:
             anchors = [_hashable(a) for a in anchors]
         except TypeError as exc:
@@ -272,7 +279,8 @@ def run_sessions(fn, args: list[tuple], *, concurrency: int, timeout_s: float, k
                 if before is not None:
                     before(i)
                 try:
-                    job = fn(*args[i], **kwargs) if is_async else asyncio.wrap_future(_in_daemon_thread(fn, args[i], kwargs))
+                    job = (fn(*args[i], **kwargs) if is_async
+                           else asyncio.wrap_future(_in_daemon_thread(fn, args[i], kwargs)))
                     task = asyncio.ensure_future(job)
                     done, _ = await asyncio.wait({task}, timeout=timeout_s)
                     if not done:
@@ -301,8 +309,8 @@ def run_sessions(fn, args: list[tuple], *, concurrency: int, timeout_s: float, k
 def play_harness(generator, tokenizer, target, tasks: list | None, seeds: list[int], sample_seeds: list[int],
                  settings: HarnessSettings, *, gateway: Gateway | None = None) -> list:
     """One episode per seed: run(task, base_url, api_key) against a gateway on `generator` (the one given, or
-    one started for this call with settings.version and settings.stop_ids); returns one Episode per session, in input order, the
-    same record rlx.evaluation.agents.play returns (fork rows in Episode.forks: rlx/gateway/episodes.py)."""
+    one started for this call with settings.version and settings.stop_ids); returns one Episode per session, in input
+    order, the same record rlx.evaluation.agents.play returns (fork rows in Episode.forks: rlx/gateway/episodes.py)."""
     from rlx.gateway.episodes import session_episode
 
     fn = load_harness(target)
@@ -338,8 +346,8 @@ def play_harness(generator, tokenizer, target, tasks: list | None, seeds: list[i
     if not_text is not None:  # a mistake in the harness's code, not bad luck: every episode would hit it
         name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}"
         raise HarnessError(f"harness env.target={name} showed the model an observation that is not text (session "
-                           f"{sids[not_text]}: {sessions[not_text].not_text}); send each message's content as a str (or "
-                           f"a list of text parts), and a /v1/completions prompt as a str")
+                           f"{sids[not_text]}: {sessions[not_text].not_text}); send each message's content as a str "
+                           "(or a list of text parts), and a /v1/completions prompt as a str")
     episodes, failures = [], []
     for i, (result, error, timed_out, trace) in enumerate(outcomes):
         session = sessions[i]

@@ -53,14 +53,16 @@ class GatewaySettings:
 
 
 class Gateway:
-    def __init__(self, generator, tokenizer, settings: GatewaySettings | None = None, *, stop_ids: list[int] | None = None,
+    def __init__(self, generator, tokenizer, settings: GatewaySettings | None = None, *,
+                 stop_ids: list[int] | None = None,
                  host: str = "127.0.0.1", port: int = 0, allow_remote: bool = False, token: str | None = None):
         self.settings = settings = settings or GatewaySettings()
         if not is_loopback(host) and not allow_remote:
-            raise GatewayError(f"the gateway binds {host!r}, not a loopback address: anyone who can reach it and knows the "
-                               f"token drives the model; set allow_remote (env.allow_remote=true) to mean it")
+            raise GatewayError(f"the gateway binds {host!r}, not a loopback address: anyone who can reach it and "
+                               "knows the token drives the model; set allow_remote (env.allow_remote=true) to mean it")
         if settings.tool_parser and settings.tool_parser not in TOOL_PARSERS:
-            raise GatewayError(f"unknown tool parser '{settings.tool_parser}'; valid choices: {', '.join(TOOL_PARSERS)} (or null)")
+            raise GatewayError(f"unknown tool parser '{settings.tool_parser}'; valid choices: "
+                               f"{', '.join(TOOL_PARSERS)} (or null)")
         self.generator, self.tokenizer, self.host, self.port = generator, tokenizer, host, port
         self.token = token or secrets.token_hex(16)
         self.version = 0

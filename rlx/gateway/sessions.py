@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from rlx.gateway.chat import ChatRenderer, RequestError, same_message, same_tools
 
 log = logging.getLogger("rlx")
-TURN_STRIDE = 1000003  # call t of the session with sample seed s samples with seed s * TURN_STRIDE + t (as rollout/env.py)
+# call t of the session with sample seed s samples with seed s * TURN_STRIDE + t (as rollout/env.py)
+TURN_STRIDE = 1000003
 
 
 @dataclass
@@ -120,11 +121,13 @@ class Session:
     def prepare_chat(self, messages: list[dict], tools: list | None, renderer: ChatRenderer,
                      max_tokens: int | None = None) -> Pending:
         if messages[-1]["role"] == "assistant":
-            raise RequestError("the last message is an assistant message; end with a user or tool message", param="messages")
+            raise RequestError("the last message is an assistant message; end with a user or tool message",
+                               param="messages")
         with self.lock:
             self._check_open()
             row, prefix, new_row = self._chat_row(messages, tools, renderer)
-            observation = "\n".join(m.get("content") or "" for m in messages[len(row.messages):] if m["role"] != "assistant")
+            observation = "\n".join(m.get("content") or "" for m in messages[len(row.messages):] if m["role"]
+                                    != "assistant")
             return self._pending(row, new_row, prefix, max_tokens, messages=messages, observation=observation)
 
     def _chat_row(self, messages, tools, renderer) -> tuple[Row, list[int], bool]:
@@ -206,7 +209,8 @@ class Session:
     # ---------------------------------------------------------------- both
     def _check_open(self) -> None:
         if self.closed:
-            raise RequestError(f"session {self.sid} is closed (its episode ended or timed out)", status=410, code="session_closed")
+            raise RequestError(f"session {self.sid} is closed (its episode ended or timed out)", status=410,
+                               code="session_closed")
         if self.started >= self.limits.max_turns:
             self.cut = "max_turns"
             raise RequestError(f"session {self.sid} made its {self.limits.max_turns} calls (env.max_turns)",
@@ -219,7 +223,8 @@ class Session:
         if room < 1:
             self.cut = "max_total_tokens"
             raise RequestError(f"the conversation is {len(context)} tokens; env.max_total_tokens="
-                               f"{self.limits.max_total_tokens} leaves no room for a reply", code="context_length_exceeded")
+                               f"{self.limits.max_total_tokens} leaves no room for a reply",
+                               code="context_length_exceeded")
         budget = min(self.limits.max_new_tokens, room, max_tokens or self.limits.max_new_tokens)
         index = self.started
         self.started += 1

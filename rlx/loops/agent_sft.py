@@ -55,7 +55,8 @@ def train_agent_sft(settings, parts: Parts) -> dict:
         envs = {i: factory() for i in mine}
         expert = ExpertGenerator(envs, tokenizer, algo.skill, seed=settings.seed * 1_000_003 + step)
         episodes = run_episodes(expert, tokenizer, list(envs.values()), seeds, mine, env,
-                                TurnDecoding(use_chat_template=settings.model.chat_template, stop_ids=[tokenizer.eos_token_id]))
+                                TurnDecoding(use_chat_template=settings.model.chat_template,
+                                             stop_ids=[tokenizer.eos_token_id]))
         demos = gather_object(episodes)  # every process's demonstrations, in global order
         failures.observe(step, demos)
         batch = Rollout.from_episodes(episodes, tokenizer.pad_token_id)

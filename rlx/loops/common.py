@@ -106,7 +106,8 @@ def batched_logprobs(model, rollout: Rollout, micro: int, with_entropy: bool = F
     for lo in range(0, rollout.completion_ids.shape[0], micro):
         sl = slice(lo, lo + micro)
         logp, entropy = completion_logprobs(
-            model, rollout.prompt_ids[sl], rollout.prompt_mask[sl], rollout.completion_ids[sl], rollout.completion_mask[sl],
+            model, rollout.prompt_ids[sl], rollout.prompt_mask[sl], rollout.completion_ids[sl],
+            rollout.completion_mask[sl],
             with_entropy=with_entropy, temperature=rollout.temperatures[sl] if rollout.scheduled else temperature,
             settings=LogprobSettings(pack=pack),
         )

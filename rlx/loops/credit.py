@@ -52,7 +52,8 @@ def advantage_metrics(advantages: torch.Tensor, mask: torch.Tensor | None = None
     }
 
 
-def outcome_credit(batch: Batch, algo, *, acc, completion_mask, old_logp=None, ref_logp=None, kl_coef: float = 0.0) -> Credit:
+def outcome_credit(batch: Batch, algo, *, acc, completion_mask, old_logp=None, ref_logp=None,
+                   kl_coef: float = 0.0) -> Credit:
     """Group-relative advantages of the outcome rewards (N,) -> this process's (n,) and the kept rows."""
     rewards, local = batch.rewards, batch.local
     shaped, seq_kl = rewards, None
@@ -148,11 +149,14 @@ def episode_credit(batch: Batch, algo, *, acc, **_) -> Credit:
     """Per-step advantages of the global episodes (algorithm.credit) -> this process's per-token (n, C)."""
     episodes, local = batch.source.episodes, batch.local
     knobs = dict(gamma=algo.gamma, step_weight=algo.step_weight, turn_weight=algo.turn_weight, scale=algo.scale,
-                 eps=algo.eps, gate_threshold=algo.gate_threshold, hgpo_depth=algo.hgpo_depth, hgpo_alpha=algo.hgpo_alpha)
-    episode_group, step_episode, step_rewards, step_anchor = step_tensors(episodes, batch.group_size, algo.invalid_penalty)
+                 eps=algo.eps, gate_threshold=algo.gate_threshold, hgpo_depth=algo.hgpo_depth,
+                 hgpo_alpha=algo.hgpo_alpha)
+    episode_group, step_episode, step_rewards, step_anchor = step_tensors(episodes, batch.group_size,
+                                                                          algo.invalid_penalty)
     for name in CREDIT.needs(algo.credit).inputs:  # the episode inputs the rule declared it needs
         step_rewards, knobs[name] = CREDIT_INPUTS[name](episodes, step_episode, step_rewards)
-    step_adv, credit_metrics = CREDIT[algo.credit](episode_group, step_episode, step_rewards, step_anchor, **knobs)  # (S,)
+    # (S,)
+    step_adv, credit_metrics = CREDIT[algo.credit](episode_group, step_episode, step_rewards, step_anchor, **knobs)
     any_signal = bool(step_adv.abs().any())  # over the global batch, so every process decides alike
     mine = (step_episode >= local.start) & (step_episode < local.stop)
     step_adv, step_episode = step_adv[mine], step_episode[mine] - local.start  # this process's steps

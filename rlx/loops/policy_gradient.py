@@ -143,11 +143,13 @@ def train_policy_gradient(settings, parts: Parts) -> dict:
         loss_mask = completion_mask * credit.keep.long().unsqueeze(1)  # (n, C): pivots and masked rows leave the loss
         pg_mask = loss_mask  # (n, C): tokens in the policy-gradient term
         if algo.forking_rho < 1:  # one threshold over the global batch (every process's valid tokens)
-            threshold = entropy_threshold(gather_padded(acc, old_entropy), gather_padded(acc, loss_mask), algo.forking_rho)
+            threshold = entropy_threshold(gather_padded(acc, old_entropy), gather_padded(acc, loss_mask),
+                                          algo.forking_rho)
             pg_mask = loss_mask * top_entropy_mask(old_entropy, loss_mask, algo.forking_rho, threshold).long()
         rejected = 0  # tokens a rejecting correction removed from the loss
         if update.correction in REJECTING and sampler_logp is not None:  # they leave the loss and its normaliser
-            kept = importance_correction(old_logp, sampler_logp, completion_mask, update.correction, update.correction_level,
+            kept = importance_correction(old_logp, sampler_logp, completion_mask, update.correction,
+                                         update.correction_level,
                                          update.correction_cap, update.correction_low).kept.long()  # (n, C)
             rejected = int((loss_mask * (1 - kept)).sum())
             loss_mask, pg_mask = loss_mask * kept, pg_mask * kept
@@ -204,7 +206,8 @@ def train_policy_gradient(settings, parts: Parts) -> dict:
             metrics.update(update_metrics(acc, stats))
         if sampler_logp is not None and (stats["gap_count"] or not skip):
             # sampler vs trainer: |log pi_train - log pi_sampler| over the sampled tokens
-            metrics["rollout/logprob_gap_mean"] = global_sum(acc, stats["gap_sum"]) / max(global_sum(acc, stats["gap_count"]), 1)
+            metrics["rollout/logprob_gap_mean"] = (global_sum(acc, stats["gap_sum"])
+                                                   / max(global_sum(acc, stats["gap_count"]), 1))
             metrics["rollout/logprob_gap_max"] = gather(acc, torch.tensor([stats["gap_max"]])).max().item()
             if update.correction != "none":
                 metrics.update(correction_metrics(acc, stats, loss_mask, rejected, update.correction))
@@ -325,7 +328,8 @@ def optimise(parts: Parts, rows: UpdateRows, kl_coef: float, shuffle: torch.Gene
                     model, rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx],
                     rollout.completion_mask[idx], with_entropy=True,
                     temperature=rollout.temperatures[idx] if rollout.scheduled else u.temperature,
-                    settings=LogprobSettings(entropy_grad=u.entropy_coef > 0 or u.entropy_band is not None, pack=u.pack),
+                    settings=LogprobSettings(entropy_grad=u.entropy_coef > 0 or u.entropy_band is not None,
+                                             pack=u.pack),
                 )
                 device_mask = loss_mask[idx].to(logp.device)
                 old = old_logp[idx].to(logp.device) if old_logp is not None else logp.detach()
@@ -339,13 +343,14 @@ def optimise(parts: Parts, rows: UpdateRows, kl_coef: float, shuffle: torch.Gene
                     stats["gap_sum"], stats["gap_count"] = stats["gap_sum"] + gap_sum, stats["gap_count"] + gap_count
                     stats["gap_max"] = max(stats["gap_max"], gap_max)
                 if u.correction != "none" and sampler_logp is not None:  # w = pi_prox / pi_sampler (decoupled PPO)
-                    corr = importance_correction(old, sampler_logp[idx].to(logp.device), completion_mask[idx].to(logp.device),
+                    corr = importance_correction(old, sampler_logp[idx].to(logp.device),
+                                                 completion_mask[idx].to(logp.device),
                                                  u.correction, u.correction_level, u.correction_cap, u.correction_low)
                     token_loss = token_loss * corr.weights  # (n, C); rejected tokens are already out of the masks
                     if epoch == 0:
                         stats["tis_capped"] += int((corr.bounded & device_mask.bool()).sum())
                         stats["tis_weight_sum"] += (corr.weights * device_mask).sum().item()
-                if u.entropy_band is not None:  # EPO-style: each token's entropy kept in a band around its turn's history
+                if u.entropy_band is not None:  # EPO: each token's entropy kept in a band around its turn's history
                     weight, history, low, high = u.entropy_band
                     turns = rollout.step_index[idx].to(logp.device)
                     penalty = entropy_band_penalty(entropy, turns, history.to(logp.device), low, high)  # (n, C)

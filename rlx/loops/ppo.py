@@ -178,7 +178,8 @@ def train_ppo(settings, parts: Parts) -> dict:
             sampled = global_sum(acc, mask.sum().item())
             metrics["rollout/is_weight_mean"] = global_sum(acc, (correction.weights * policy_mask).sum().item()) / max(
                 global_sum(acc, policy_mask.sum().item()), 1)
-            metrics["rollout/is_bounded_frac"] = global_sum(acc, int((correction.bounded & mask.bool()).sum())) / max(sampled, 1)
+            metrics["rollout/is_bounded_frac"] = (global_sum(acc, int((correction.bounded & mask.bool()).sum()))
+                                                  / max(sampled, 1))
         if stats["kl"]:
             metrics["train/kl_ref"] = global_mean(acc, mean_of(stats["kl"]))
             metrics["train/kl_coef"] = kl_coef
@@ -228,7 +229,8 @@ def ppo_update(parts: Parts, settings, rows: PPORows, kl_coef: float, shuffle: t
     updates_per_step = algo.epochs * algo.mini_batches
     num_samples = rollout.completion_ids.shape[0]  # n, this process
     pack, micro_size = settings.packed_forward, settings.micro_batch_size
-    stats = {key: [] for key in ("kl", "entropy", "clip_low", "clip_high", "approx_kl", "value_clip", "grad_norm", "value_grad_norm")}
+    stats = {key: [] for key in ("kl", "entropy", "clip_low", "clip_high", "approx_kl", "value_clip", "grad_norm",
+                                 "value_grad_norm")}
     stats["loss"], stats["value_loss"] = 0.0, 0.0
     seq_kl_sum = 0.0
     for _epoch in range(algo.epochs):
@@ -267,7 +269,8 @@ def ppo_update(parts: Parts, settings, rows: PPORows, kl_coef: float, shuffle: t
                                      rollout.completion_mask[idx], pack=pack)  # (n, C)
                 v_loss, v_stats = value_loss(values, old_values[idx].to(values.device), returns[idx].to(values.device),
                                              micro_mask.to(values.device), algo.value_clip)
-                policy_part = aggregate(token_loss, device_mask, algo.loss_agg, policy_tokens, mini_seqs, roll.max_new_tokens)
+                policy_part = aggregate(token_loss, device_mask, algo.loss_agg, policy_tokens, mini_seqs,
+                                        roll.max_new_tokens)
                 value_part = aggregate(v_loss, micro_mask.to(values.device), "token-mean", mini_tokens, mini_seqs)
                 loss = policy_part + algo.vf_coef * value_part
                 backward(acc, loss, model, value_model)
@@ -279,7 +282,8 @@ def ppo_update(parts: Parts, settings, rows: PPORows, kl_coef: float, shuffle: t
                 stats["clip_high"].append(clip_stats["train/clip_frac_high"].item())
                 stats["approx_kl"].append(clip_stats["train/approx_kl"].item())
             grad_norm = optimizer_step(acc, model, optimizer, scheduler, settings.optim.max_grad_norm)
-            value_grad_norm = optimizer_step(acc, value_model, value_optimizer, value_scheduler, settings.optim.max_grad_norm)
+            value_grad_norm = optimizer_step(acc, value_model, value_optimizer, value_scheduler,
+                                             settings.optim.max_grad_norm)
             if grad_norm is not None:
                 stats["grad_norm"].append(grad_norm)
                 stats["value_grad_norm"].append(value_grad_norm)

@@ -102,15 +102,15 @@ def load_pairs(settings, parts: Parts) -> dict:
             if drawn:
                 cached["train"][torch.tensor(drawn)] = computed
         if acc.is_main_process:  # a record of the reference (a resume recomputes it): optional
-            with writing(run_dir / "reference_logps.pt", "the reference log-probs", partial=run_dir / "reference_logps.pt",
-                         optional="reference_logps.pt"):
+            with writing(run_dir / "reference_logps.pt", "the reference log-probs",
+                         partial=run_dir / "reference_logps.pt", optional="reference_logps.pt"):
                 torch.save(cached, run_dir / "reference_logps.pt")
         for split, pairs in (("train", used), ("eval", eval_pairs)):
             for pair, (chosen, rejected) in zip(pairs, (computed if split == "train" else cached["eval"]).tolist()):
                 pair["ref_chosen"], pair["ref_rejected"] = chosen, rejected
         log.info("reference log-probs of %d pairs (%d held out; %d of %d training pairs: the run draws no others) "
-                 "precomputed in %.1fs -> %s", len(used) + len(eval_pairs), len(eval_pairs), len(used), len(train_pairs),
-                 time.perf_counter() - start, run_dir / "reference_logps.pt")
+                 "precomputed in %.1fs -> %s", len(used) + len(eval_pairs), len(eval_pairs), len(used),
+                 len(train_pairs), time.perf_counter() - start, run_dir / "reference_logps.pt")
     return loaded
 
 
@@ -161,7 +161,8 @@ def train_preference(settings, parts: Parts) -> dict:
         policy.eval()
         metrics: dict = {}
         if eval_pairs:
-            sums = {"eval/pref_accuracy": 0.0, "eval/pref_margin": 0.0, "eval/pref_loss": 0.0, "eval/pref_accuracy_logp": 0.0}
+            sums = {"eval/pref_accuracy": 0.0, "eval/pref_margin": 0.0, "eval/pref_loss": 0.0,
+                    "eval/pref_accuracy_logp": 0.0}
             for lo in range(0, len(eval_pairs), micro):
                 pairs = eval_pairs[lo : lo + micro]
                 chosen, rejected, chosen_len, rejected_len = sequence_logps(policy, pairs, pad_id)
@@ -172,8 +173,10 @@ def train_preference(settings, parts: Parts) -> dict:
                 sums["eval/pref_accuracy"] += stats["pref/accuracy"].item() * weight
                 sums["eval/pref_margin"] += stats["pref/margin"].item() * weight
                 sums["eval/pref_loss"] += losses.mean().item() * weight
-                # reference-free view, meaningful at step 0 too: does the policy give chosen a higher per-token log-prob?
-                sums["eval/pref_accuracy_logp"] += (chosen / chosen_len > rejected / rejected_len).float().mean().item() * weight
+                # reference-free view, meaningful at step 0 too: does the policy give chosen a higher per-token
+                # log-prob?
+                sums["eval/pref_accuracy_logp"] += (chosen / chosen_len > rejected
+                                                    / rejected_len).float().mean().item() * weight
             metrics.update(sums)
         if eval_rows:
             generator = eval_policy_generator(policy, tokenizer, eval_settings.batch_size)  # the policy decodes itself

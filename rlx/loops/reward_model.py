@@ -80,7 +80,8 @@ def train_reward_model(settings, parts: Parts) -> dict:
         n = max(1, len(eval_pairs))
         return {"eval/pref_accuracy": correct / n, "eval/rm_margin": diff_sum / n, "eval/rm_loss": loss_sum / n}
 
-    last_eval = evaluate_at_start(settings.eval.at_start, start_step, metrics_log, run_eval, data_counts) if eval_pairs else {}
+    last_eval = evaluate_at_start(settings.eval.at_start, start_step, metrics_log, run_eval,
+                                  data_counts) if eval_pairs else {}
 
     batch_size = algo.batch_size
     model.train()  # gradient checkpointing acts only in train mode; dropout is off (models/lora.py)
@@ -100,7 +101,8 @@ def train_reward_model(settings, parts: Parts) -> dict:
             weight = len(chunk) / batch_size
             for key, value in {**stats, "train/loss": losses.detach().mean()}.items():
                 totals[key] = totals.get(key, 0.0) + float(value) * weight
-            tokens += sum(2 * len(p["prompt_tokens"]) + len(p["chosen_tokens"]) + len(p["rejected_tokens"]) for p in chunk)
+            tokens += sum(2 * len(p["prompt_tokens"]) + len(p["chosen_tokens"]) + len(p["rejected_tokens"])
+                          for p in chunk)
         # 3. optimizer step
         grad_norm = optimizer_step(acc, model, optimizer, scheduler, settings.optim.max_grad_norm)
         elapsed = time.perf_counter() - start

@@ -47,10 +47,12 @@ def train_sft(settings, parts: Parts) -> dict:
     start_step = checkpointer.restore(**parts.checkpointed, data=stream)
     eval_settings = task_eval_settings(settings)
     eval_rows = parts.eval_rows[: settings.eval.size]
-    eval_generator = eval_policy_generator(acc.unwrap_model(model), tokenizer, eval_settings.batch_size)  # no rollout here
+    # no rollout here
+    eval_generator = eval_policy_generator(acc.unwrap_model(model), tokenizer, eval_settings.batch_size)
 
     def run_eval(step: int) -> dict:
-        metrics, records = evaluate(eval_generator, tokenizer, eval_rows, parts.rewards, eval_settings, acc=acc, step=step)
+        metrics, records = evaluate(eval_generator, tokenizer, eval_rows, parts.rewards, eval_settings, acc=acc,
+                                    step=step)
         if acc.is_main_process:
             write_samples(run_dir, step, records[: settings.log.num_samples])
         return metrics
@@ -69,7 +71,8 @@ def train_sft(settings, parts: Parts) -> dict:
         loss_sum = 0.0
         for lo in range(0, len(rows), micro):
             sl = slice(lo, lo + micro)
-            logp, _ = completion_logprobs(model, prompt_ids[sl], prompt_mask[sl], completion_ids[sl], completion_mask[sl])
+            logp, _ = completion_logprobs(model, prompt_ids[sl], prompt_mask[sl], completion_ids[sl],
+                                          completion_mask[sl])
             mask = completion_mask[sl].to(logp.device, logp.dtype)
             loss = -(logp * mask).sum() / total_tokens  # token-mean over the whole batch
             backward(acc, loss, model)

@@ -65,7 +65,8 @@ def _can_share_prompts(model) -> bool:
     if hasattr(model, "module"):
         return False
     model = getattr(model, "policy", model)  # a LoRA reference (models/lora.AdapterDisabled) runs its policy
-    return not getattr(model, "is_activation_checkpointing", False) and not getattr(model, "_rlx_no_prompt_sharing", False)
+    return (not getattr(model, "is_activation_checkpointing", False)
+            and not getattr(model, "_rlx_no_prompt_sharing", False))
 
 
 def _shared_prompt_hidden(model, prompt_ids, prompt_mask, completion_ids, attention, position_ids, first, group_of_row):
@@ -81,7 +82,8 @@ def _shared_prompt_hidden(model, prompt_ids, prompt_mask, completion_ids, attent
     prompt_len = prompt_ids.shape[1]
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
     cache = DynamicCache(config=model.config)
-    out = model(input_ids=prompt_ids[first], attention_mask=prompt_mask[first], position_ids=position_ids[first, :prompt_len],
+    out = model(input_ids=prompt_ids[first], attention_mask=prompt_mask[first],
+                position_ids=position_ids[first, :prompt_len],
                 past_key_values=cache, use_cache=True, output_hidden_states=True, logits_to_keep=1)
     first_hidden = out.hidden_states[-1][:, -1][group_of_row]  # (N, H): predicts completion token 0
     cache = out.past_key_values

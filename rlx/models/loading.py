@@ -96,8 +96,9 @@ def check_local_model(folder: str, need: str) -> None:
                 if 8 + header + end > size:
                     raise ValueError(f"{size} bytes, the header needs {8 + header + end}")
             except Exception as exc:
-                raise UserError(f"{shard} is truncated or corrupt ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
-                                f"re-save or re-copy the model") from None
+                raise UserError(f"{shard} is truncated or corrupt "
+                                f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); re-save or re-copy "
+                                "the model") from None
 
 
 def _is_local(path: str, resolved: str) -> bool:
@@ -151,7 +152,8 @@ def is_run_model(folder: Path) -> bool:
     or a resumable checkpoint (checkpoints/step_N: model.safetensors or adapter/ beside trainer_state.json)."""
     return ((folder / "config.json").is_file() or (folder / "adapter_config.json").is_file()
             or (folder / "trainer_state.json").is_file() and ((folder / "model.safetensors").is_file()
-                                                               or (folder / "adapter" / "adapter_config.json").is_file()))
+                                                               or (folder / "adapter"
+                                                                   / "adapter_config.json").is_file()))
 
 
 def _run_dir_of(folder: Path) -> Path | None:
@@ -170,19 +172,21 @@ def load_run_model(folder: str | Path, dtype: str = "float32", trust_remote_code
 
     folder = Path(folder).expanduser()
     if (folder / "config.json").is_file():
-        return load_causal_lm(str(folder), dtype, None, trust_remote_code), load_tokenizer(str(folder), None, trust_remote_code)
+        return (load_causal_lm(str(folder), dtype, None, trust_remote_code),
+                load_tokenizer(str(folder), None, trust_remote_code))
     run_dir = _run_dir_of(folder)
     base = OmegaConf.load(run_dir / "config.yaml").model.get("path") if run_dir is not None else None
     adapter = folder if (folder / "adapter_config.json").is_file() else folder / "adapter"
-    if run_dir is not None and (run_dir / "final" / "config.json").is_file() and not (adapter / "adapter_config.json").is_file():
+    if (run_dir is not None and (run_dir / "final" / "config.json").is_file()
+        and not (adapter / "adapter_config.json").is_file()):
         base = str(run_dir / "final")  # a model built from scratch: final/ gives the architecture
     if base is None and (adapter / "adapter_config.json").is_file():
         import json
 
         base = json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path")
     if base is None:
-        raise UserError(f"cannot tell the base model of {folder}: its run's config.yaml is missing or has model.path null "
-                        f"and no final/ model to take the architecture from")
+        raise UserError(f"cannot tell the base model of {folder}: its run's config.yaml is missing or has model.path "
+                        "null and no final/ model to take the architecture from")
     model = load_causal_lm(str(base), dtype, None, trust_remote_code)
     if (adapter / "adapter_config.json").is_file():
         from peft import PeftModel

@@ -156,7 +156,8 @@ def save_final(model, tokenizer, run_dir: Path, merged: bool, step: int | None =
 
     Each is written into a temporary folder and renamed when complete, so a kill never leaves a
     partial final/ (resume rebuilds a missing one from the last checkpoint).
-    `state_dict`: the full weights gathered over the ranks of a sharded policy (rlx.runtime.parallel.full_state_dict)."""
+    `state_dict`: the full weights gathered over the ranks of a sharded policy
+    (rlx.runtime.parallel.full_state_dict)."""
     import json
     import os
     import shutil

@@ -122,7 +122,8 @@ def build_shaped_model(shape: str, folder: str | Path, num_layers: int | None = 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     if len(tokenizer) != vocab:
         raise RuntimeError(f"tokenizer has {len(tokenizer)} entries, expected {vocab}")
-    config = model_config(shape, num_layers, vocab, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = model_config(shape, num_layers, vocab, eos_token_id=tokenizer.eos_token_id,
+                          pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model = model.to({"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype])

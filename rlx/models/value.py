@@ -30,7 +30,8 @@ class ValueModel(nn.Module):
         positions after a completion's end then hold 0 instead of a value nothing reads."""
         device = self.head.weight.device
         if pack and not hasattr(self.backbone, "module"):
-            input_ids, position_ids, predictor = pack_rows(prompt_ids, prompt_mask, completion_ids, completion_mask, device)
+            input_ids, position_ids, predictor = pack_rows(prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                                           device)
             hidden = self.backbone(input_ids=input_ids, position_ids=position_ids, attention_mask=None,
                                    use_cache=False).last_hidden_state[0]  # (L, H)
             flat = self.head(hidden[predictor].float()).squeeze(-1)  # (M,)
@@ -46,7 +47,8 @@ class ValueModel(nn.Module):
         return self.head(states).squeeze(-1)  # (N, C)
 
 
-def build_value_model(policy, path: str | None = None, dtype: str = "float32", trust_remote_code: bool = False) -> ValueModel:
+def build_value_model(policy, path: str | None = None, dtype: str = "float32",
+                      trust_remote_code: bool = False) -> ValueModel:
     """Value head on a copy of the policy backbone (path None), or on the backbone of a separate model.
 
     A LoRA policy gives a backbone copy with its own LoRA layers: only those (and the head) train, so the
@@ -66,7 +68,8 @@ def build_value_model(policy, path: str | None = None, dtype: str = "float32", t
 
         from rlx.models.loading import DTYPES, resolve_model_path
 
-        backbone = AutoModel.from_pretrained(resolve_model_path(path), dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
+        backbone = AutoModel.from_pretrained(resolve_model_path(path), dtype=DTYPES[dtype],
+                                             trust_remote_code=trust_remote_code)
         hidden_size = backbone.config.hidden_size
     backbone.requires_grad_(True)
     return ValueModel(backbone, hidden_size).train()

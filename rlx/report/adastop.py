@@ -43,7 +43,8 @@ def adastop_compare(scores: dict[str, list[float]], n: int = 5, K: int = 5, alph
         needs = {name: wanted - values[name].size for name in active if values[name].size < wanted}
         if needs:
             break
-        comparator.partial_compare({name: values[name][: min(values[name].size, wanted)] for name in names}, verbose=False)
+        comparator.partial_compare({name: values[name][: min(values[name].size, wanted)] for name in names},
+                                   verbose=False)
         interims = k + 1
         if comparator.is_finished:
             break

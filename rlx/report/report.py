@@ -223,18 +223,21 @@ def markdown(content: ReportContent) -> str:
     common = common_overrides(groups)
     if common:
         lines += [f"Overrides shared by every configuration: `{' '.join(common)}`", ""]
-    lines += ["## Configurations", "", "| id | overrides (besides the shared ones and the seed), or the run's folder | seeds | failed |",
+    lines += ["## Configurations", "",
+              "| id | overrides (besides the shared ones and the seed), or the run's folder | seeds | failed |",
               "|---|---|---|---|"]
     for group in groups:
         seeds = sorted(str(r.seed) for r in group.runs if not r.failed)
-        lines.append(f"| {group.name} | `{group.label}` | {', '.join(seeds)} | {sum(bool(r.failed) for r in group.runs)} |")
+        lines.append(f"| {group.name} | `{group.label}` | {', '.join(seeds)} | "
+                     f"{sum(bool(r.failed) for r in group.runs)} |")
     lines += ["", "## Final metrics", "",
               "IQM = interquartile mean over seeds; CI = 95% stratified percentile bootstrap interval of the IQM "
               "(Agarwal et al. 2021). With few seeds the interval is wide and the IQM is close to the mean.", "",
               "| id | metric | runs | mean | IQM | 95% CI |", "|---|---|---|---|---|---|"]
     for row in rows:
         ci = _interval_cell(row.get("ci_low"), row.get("ci_high"), row.get("caveat")) if row["runs"] else "-"
-        lines.append(f"| {row['config']} | {row['metric']} | {row['runs']} | {_f(row.get('mean'))} | {_f(row.get('iqm'))} | {ci} |")
+        lines.append(f"| {row['config']} | {row['metric']} | {row['runs']} | {_f(row.get('mean'))} | "
+                     f"{_f(row.get('iqm'))} | {ci} |")
     if comparisons:
         lines += ["", "## Probability of improvement", "",
                   "P(X > Y) = probability that a run of X ends above a run of Y (ties count half), "
@@ -244,9 +247,10 @@ def markdown(content: ReportContent) -> str:
                          f"{_interval_cell(c['ci_low'], c['ci_high'], c.get('caveat'))} |")
     if profile is not None and profile["gaps"]:
         lines += ["", "## Optimality gap and performance profile", "",
-                  f"Optimality gap = {profile['gamma']:g} - mean(min(score, {profile['gamma']:g})) over the runs' final "
-                  f"{profile['metric']} (lower is better; Agarwal et al. 2021), with a 95% stratified bootstrap CI.", "",
-                  "| id | optimality gap | 95% CI |", "|---|---|---|"]
+                  f"Optimality gap = {profile['gamma']:g} - mean(min(score, {profile['gamma']:g})) over the runs' "
+                  f"final {profile['metric']} (lower is better; Agarwal et al. 2021), with a 95% stratified bootstrap "
+                  "CI.",
+                  "", "| id | optimality gap | 95% CI |", "|---|---|---|"]
         runs = {row["config"]: row["runs"] for row in rows if row["metric"] == profile["metric"]}
         for name, (point, low, high) in profile["gaps"].items():
             caveat = interval_caveat(runs.get(name, 0))
@@ -256,12 +260,13 @@ def markdown(content: ReportContent) -> str:
             lines += ["", f"![performance profiles]({profile_plot.name})"]
     if adastop is not None:
         lines += ["", "## AdaStop", "",
-                  f"Sequential permutation test on {adastop['metric']} (Mathieu et al. 2024; n = {adastop['n']} seeds per "
-                  f"interim, at most K = {adastop['K']} interims, alpha = {adastop['alpha']:g}); interims completed: "
-                  f"{adastop['interims']}.", "", "| pair | decision |", "|---|---|"]
+                  f"Sequential permutation test on {adastop['metric']} (Mathieu et al. 2024; n = {adastop['n']} seeds "
+                  f"per interim, at most K = {adastop['K']} interims, alpha = {adastop['alpha']:g}); interims "
+                  f"completed: {adastop['interims']}.", "", "| pair | decision |", "|---|---|"]
         lines += [f"| {pair} | {decision} |" for pair, decision in adastop["decisions"].items()]
         if adastop["needs"]:
-            lines += ["", "Undecided: run more seeds of " + ", ".join(f"{name} (+{more})" for name, more in adastop["needs"].items())
+            lines += ["", "Undecided: run more seeds of "
+                      + ", ".join(f"{name} (+{more})" for name, more in adastop["needs"].items())
                       + " and report again."]
     if plot is not None:
         lines += ["", "## Learning curves", "", f"![learning curves]({plot.name})"]
@@ -318,9 +323,11 @@ def write_report(paths: list[Path], out: Path | None = None, metrics: tuple[str,
                    "metric": metrics[0]}
     with (out / "aggregates.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["config", "overrides", "metric", "runs", "failed", "mean", "iqm", "ci_low", "ci_high", "values"])
+        writer.writerow(["config", "overrides", "metric", "runs", "failed", "mean", "iqm", "ci_low", "ci_high",
+                         "values"])
         for row in rows:  # the full overrides (tables and legends show the short label)
-            writer.writerow([row["config"], row["overrides"], row["metric"], row["runs"], row["failed"], row.get("mean", ""),
+            writer.writerow([row["config"], row["overrides"], row["metric"], row["runs"], row["failed"],
+                             row.get("mean", ""),
                              row.get("iqm", ""), row.get("ci_low", ""), row.get("ci_high", ""),
                              " ".join(f"{v:.6g}" for v in row["values"])])
     summary = out / "summary.md"
@@ -335,11 +342,12 @@ def main(argv: list[str]) -> None:
         prog="rlx report",
         description="Learning curves, IQM with bootstrap CIs and probability of improvement over seeds, "
                     "from run or sweep directories written by rlx train.")
-    parser.add_argument("dirs", nargs="+", type=Path, help="run directories or sweep directories (searched recursively)")
+    parser.add_argument("dirs", nargs="+", type=Path,
+                        help="run directories or sweep directories (searched recursively)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: <first dir>/report)")
     parser.add_argument("--metrics", default=None,
-                        help="comma-separated final metrics to aggregate; the first one is compared (default: each run's "
-                             "optimized_metric: eval/success for agent runs, eval/accuracy for the others)")
+                        help="comma-separated final metrics to aggregate; the first one is compared (default: each "
+                             "run's optimized_metric: eval/success for agent runs, eval/accuracy for the others)")
     parser.add_argument("--curves", default=None,
                         help="comma-separated metrics to plot over steps (default: the metrics, and reward/total or, "
                              "for agent runs, env/success)")
@@ -368,7 +376,8 @@ def main(argv: list[str]) -> None:
     curves = tuple(m for m in args.curves.split(",") if m) if args.curves is not None else None
     if metrics is not None and not metrics:
         raise UserError("--metrics is empty; name at least one metric, e.g. --metrics eval/accuracy")
-    result = write_report(args.dirs, args.out, metrics, curves, [tuple(p) for p in args.compare] if args.compare else None,
+    result = write_report(args.dirs, args.out, metrics, curves,
+                          [tuple(p) for p in args.compare] if args.compare else None,
                           args.resamples, args.gamma, adastop)
     print(result["summary"].read_text())
     for path, why in result["skipped"]:

@@ -91,7 +91,8 @@ def _read(path: Path, load):
         return load(path)
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise UserError(f"{path} is damaged ({first}); repair or remove it, or leave this run out of the report") from None
+        raise UserError(f"{path} is damaged ({first}); repair or remove it, or leave this run out of the "
+                        "report") from None
 
 
 def _json_object(path: Path) -> dict:
@@ -116,7 +117,8 @@ def load_run(run_dir: Path) -> Run:
 
 
 def is_eval_dir(path: Path) -> bool:
-    return (path / "summary.json").is_file() and (path / "config.yaml").is_file() and not (path / "metrics.jsonl").is_file()
+    return ((path / "summary.json").is_file() and (path / "config.yaml").is_file()
+            and not (path / "metrics.jsonl").is_file())
 
 
 def eval_finals(summary: dict) -> dict[str, float]:
@@ -144,7 +146,8 @@ def eval_metrics(eval_dir: Path) -> list[str]:
     names = []
     for bench, result in summary.get("benchmarks", {}).items():
         headline = result.get("headline") or next(
-            (m for m in ("greedy/accuracy", "pass@1", "greedy/success", "success") if m in result.get("model", {})), None)
+            (m for m in ("greedy/accuracy", "pass@1", "greedy/success", "success") if m in result.get("model", {})),
+            None)
         if headline is not None:
             name = f"{bench}/{headline}"
             names.append(f"{name}/diff" if f"{name}/diff" in final else name)
@@ -186,7 +189,8 @@ def find_runs(paths: list[Path]) -> list[Run]:
         candidates = [path] if (path / "metrics.jsonl").is_file() or is_eval_dir(path) else sorted(
             {p.parent for name in ("metrics.jsonl", "failure.json", "summary.json") for p in path.rglob(name)
              if name != "summary.json" or is_eval_dir(p.parent)},
-            key=lambda p: [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in p.parts],  # 0/ 1/ test_seeds/0/
+            # 0/ 1/ test_seeds/0/
+            key=lambda p: [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in p.parts],
         )
         for candidate in candidates:
             found.setdefault(candidate.resolve(), None)

@@ -62,7 +62,8 @@ def write_result(run_dir: Path, final: dict, optimized_metric: str) -> None:
     record = {"status": "ok", "optimized_metric": optimized_metric, "metrics": metrics}
     with writing(run_dir, "the run's final metrics (result.json)"):
         run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run_dir / RESULT_FILE, json.dumps(record, indent=1) + "\n", "the run's final metrics (result.json)")
+    atomic_write_text(run_dir / RESULT_FILE, json.dumps(record, indent=1) + "\n",
+                      "the run's final metrics (result.json)")
 
 
 def restore_result(run_dir: Path, optimized_metric: str) -> bool:
@@ -125,7 +126,8 @@ def read_trial(trial_dir: Path) -> dict:
 
 def trial_dirs(sweep_dir: Path) -> list[Path]:
     """Trial subdirectories of a sweep directory (those Hydra wrote a .hydra/ folder or overrides into)."""
-    found = [p for p in sweep_dir.iterdir() if p.is_dir() and ((p / ".hydra").is_dir() or (p / "overrides.yaml").is_file())]
+    found = [p for p in sweep_dir.iterdir() if p.is_dir()
+             and ((p / ".hydra").is_dir() or (p / "overrides.yaml").is_file())]
     return sorted(found, key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
 
 
@@ -248,7 +250,8 @@ def _markdown(rows: list[dict], metric_names: list[str], optimized_metric: str, 
     lines.append("|---" * (5 + len(metric_names)) + "|")
     for rank, row in enumerate(rows, 1):
         status = row["status"] if row["status"] == "ok" else f"{row['status']}: {row['error'][:80]}"
-        cells = [str(rank), row["trial"], status.replace("|", "/"), f"`{' '.join(short_override(o) for o in row['varying'])}`"]
+        cells = [str(rank), row["trial"], status.replace("|", "/"),
+                 f"`{' '.join(short_override(o) for o in row['varying'])}`"]
         cells += [_fmt(row["metrics"].get(m)) for m in metric_names] + [spread(row["config_values"])]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -47,7 +47,8 @@ def build_rewards(reward_cfg, given: Mapping[str, Callable] | None = None) -> li
         components.append(RewardComponent(name, functools.partial(fn, **spec) if spec else fn, weight))
     if reward_cfg.accuracy not in {c.name for c in components}:
         raise UserError(
-            f"reward.accuracy '{reward_cfg.accuracy}' is not a component; valid choices: {', '.join(c.name for c in components)}"
+            f"reward.accuracy '{reward_cfg.accuracy}' is not a component; valid choices: "
+            f"{', '.join(c.name for c in components)}"
         )
     return components
 
@@ -126,7 +127,8 @@ def _warn_nothing_scored(names: list[str], n: int) -> None:
 
     logging.getLogger("rlx").warning(
         "every reward component (%s) returned None (not applicable) for all %d completions of a batch: they score 0 "
-        "and carry no learning signal; check that the reward reads the right data columns (said once)", ", ".join(names), n)
+        "and carry no learning signal; check that the reward reads the right data columns (said once)",
+        ", ".join(names), n)
 
 
 def check_scores(name: str, scores, completions: list) -> list[float | None]:
@@ -156,11 +158,11 @@ def check_scores(name: str, scores, completions: list) -> list[float | None]:
                               f"{_shown(completions[i])}; a score is a float or None (not applicable)")
         value = float(score)
         if not math.isfinite(value):
-            raise RewardError(f"reward '{name}' returned {value} for completion {_shown(completions[i])}; return a finite "
-                              f"float, or None when the reward does not apply")
+            raise RewardError(f"reward '{name}' returned {value} for completion {_shown(completions[i])}; return a "
+                              "finite float, or None when the reward does not apply")
         if abs(value) > FLOAT32_MAX:  # would turn inf in the float32 reward tensor, and ties or NaN after it
-            raise RewardError(f"reward '{name}' returned {value:g} for completion {_shown(completions[i])}, beyond float32 "
-                              f"(|score| <= {FLOAT32_MAX:.3g}); scale the reward down")
+            raise RewardError(f"reward '{name}' returned {value:g} for completion {_shown(completions[i])}, beyond "
+                              f"float32 (|score| <= {FLOAT32_MAX:.3g}); scale the reward down")
         checked.append(value)
     return checked
 
@@ -172,7 +174,8 @@ def _shown(value, limit: int = 120) -> str:
 
 def compute_rewards(
     components: list[RewardComponent], prompts: list, completions: list, rows: list[dict], on_error: str = "raise",
-    *, completion_ids: list[list[int]] | None = None, state: TrainerState | None = None, system_prompt: str | None = None,
+    *, completion_ids: list[list[int]] | None = None, state: TrainerState | None = None,
+    system_prompt: str | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
     """Score completions with every component, called as TRL calls reward functions:
 
@@ -188,7 +191,8 @@ def compute_rewards(
     rendered = list(prompts)
     prompts, completions = reward_inputs(prompts, completions, rows, system_prompt)
     keys = list(dict.fromkeys(key for row in rows for key in row))
-    columns = {key: [row.get(key) for row in rows] for key in keys if key not in ("prompt", "completion", "completion_ids")}
+    columns = {key: [row.get(key) for row in rows] for key in keys
+               if key not in ("prompt", "completion", "completion_ids")}
     n = len(completions)
     extra = {"completion_ids": completion_ids, "trainer_state": state or TrainerState(), "prompt_texts": rendered}
     total = torch.zeros(n)  # (N,)
@@ -218,8 +222,9 @@ def compute_rewards(
     if n and per_component and all(torch.isnan(v).all() for v in per_component.values()):
         _warn_nothing_scored(list(per_component), n)
     if not torch.isfinite(total).all():
-        raise RewardError(f"the weighted reward total overflows float32 (components {', '.join(per_component)} with weights "
-                          f"{', '.join(f'{c.weight:g}' for c in components)}); scale the rewards or weights down")
+        raise RewardError(f"the weighted reward total overflows float32 (components {', '.join(per_component)} with "
+                          f"weights {', '.join(f'{c.weight:g}' for c in components)}); scale the rewards or weights "
+                          "down")
     return total, per_component, errors
 
 

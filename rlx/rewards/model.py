@@ -84,7 +84,8 @@ def sequence_scores(model, tokenizer, prompts: list[str], completions: list[str]
     separately (as in reward-model training) and right-padded together."""
     device = next(model.parameters()).device
     eos = tokenizer.eos_token or ""
-    sequences = [tokenizer(p, add_special_tokens=False)["input_ids"] + tokenizer(c + eos, add_special_tokens=False)["input_ids"]
+    sequences = [tokenizer(p, add_special_tokens=False)["input_ids"]
+                 + tokenizer(c + eos, add_special_tokens=False)["input_ids"]
                  for p, c in zip(prompts, completions)]
     return score_token_sequences(model, sequences, tokenizer.pad_token_id, batch_size, device)
 
@@ -151,13 +152,16 @@ def reward_model_scores(prompts, completions, settings: RewardModelSettings, pro
     path = settings.path
     paths = [path] if isinstance(path, str) else list(path or [])
     if not paths:
-        raise UserError("reward=model needs reward.components.model.path (a checkpoint, an rlx run directory, or a list)")
+        raise UserError("reward=model needs reward.components.model.path (a checkpoint, an rlx run directory, or a "
+                        "list)")
     device = "cpu" if settings.cpu or not torch.cuda.is_available() else "cuda"
     members = []
     for p in paths:
         model, tokenizer = _load(str(p), settings.dtype, device)
-        texts = [tokenizer.apply_chat_template(q, tokenize=False, add_generation_prompt=True) if isinstance(q, list) else q
+        texts = [tokenizer.apply_chat_template(q, tokenize=False, add_generation_prompt=True) if isinstance(q, list)
+                 else q
                  for q in prompts]  # a conversational dataset's message lists, rendered by the reward model's template
         members.append(sequence_scores(model, tokenizer, texts, [completion_text(c) for c in completions],
                                        settings.batch_size))
-    return aggregate_ensemble(torch.stack(members), settings.aggregate, settings.uncertainty_coef).tolist()  # (K, N) -> (N,)
+    # (K, N) -> (N,)
+    return aggregate_ensemble(torch.stack(members), settings.aggregate, settings.uncertainty_coef).tolist()

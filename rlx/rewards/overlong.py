@@ -15,7 +15,8 @@ import functools
 from rlx.rewards import RewardComponent
 
 
-def overlong_penalty(prompts, completions, completion_ids=None, *, max_length: int, buffer: int, **row) -> list[float | None]:
+def overlong_penalty(prompts, completions, completion_ids=None, *, max_length: int, buffer: int,
+                     **row) -> list[float | None]:
     """Example: L_max 16, buffer 4: 12 tokens -> 0, 14 -> -0.5, 16 -> -1, 17 -> -1.
     None (does not apply) when the token ids are not available."""
     if completion_ids is None:

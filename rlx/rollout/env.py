@@ -75,7 +75,8 @@ class ChatFormat:
             full = tokenizer.apply_chat_template(head + [{"role": "user", "content": _PLACEHOLDER_USER}],
                                                  tokenize=False, add_generation_prompt=True)
             if not full.startswith(base):
-                raise ValueError("the chat template rewrites earlier turns; multi-turn rollouts need an append-only template")
+                raise ValueError("the chat template rewrites earlier turns; multi-turn rollouts need an append-only "
+                                 "template")
             after = base[base.rindex(_PLACEHOLDER_ASSISTANT) + len(_PLACEHOLDER_ASSISTANT):]
             closing = after[len(self.stop_text):] if self.stop_text and after.startswith(self.stop_text) else after
             self.answer_template = closing + full[len(base):]
@@ -91,7 +92,8 @@ class ChatFormat:
 
     def prompt_ids(self, observation: str) -> list[int]:
         if self.templated:
-            text = self.tokenizer.apply_chat_template(self._messages(observation), tokenize=False, add_generation_prompt=True)
+            text = self.tokenizer.apply_chat_template(self._messages(observation), tokenize=False,
+                                                      add_generation_prompt=True)
         else:
             text = (f"{self.system_prompt}\n\n" if self.system_prompt else "") + observation + "\n"
         return self.encode(text)
@@ -139,7 +141,8 @@ def _checked_step(env, action: str):
     that is not text: observation_text)."""
     out = env.step(action)
     if not isinstance(out, tuple) or len(out) != 5:
-        raise ValueError(f"step() must return (observation, reward, terminated, truncated, info), got {type(out).__name__}")
+        raise ValueError("step() must return (observation, reward, terminated, truncated, info), got "
+                         f"{type(out).__name__}")
     obs, reward, terminated, truncated, info = out
     observation_text(obs, env, "step")
     if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(float(reward)):
@@ -197,7 +200,8 @@ def run_episodes(generator: Generator, tokenizer, envs: list, env_seeds: list[in
     turn_end = {}  # by episode index: where its last turn ends
     live = [i for i, e in enumerate(episodes) if e.error is None]
     for turn in range(max_turns):
-        budgets = {i: min(max_new_tokens, max_total_tokens - len(episodes[i].prompt_ids) - len(episodes[i].ids)) for i in live}
+        budgets = {i: min(max_new_tokens, max_total_tokens - len(episodes[i].prompt_ids) - len(episodes[i].ids))
+                   for i in live}
         for i in [i for i in live if budgets[i] < 1]:
             episodes[i].truncated = episodes[i].budget_cut = True  # no room left for another turn
         live = [i for i in live if budgets[i] >= 1]
@@ -250,7 +254,8 @@ def run_episodes(generator: Generator, tokenizer, envs: list, env_seeds: list[in
 def generator_stop_ids(generator, tokenizer) -> list[int] | None:
     """The token ids that end a turn of `generator`: the vLLM engine carries its stop ids; HFGenerator's come from its
     model."""
-    return getattr(generator, "stop_ids", None) if not hasattr(generator, "model") else eos_ids(generator.model, tokenizer)
+    return (getattr(generator, "stop_ids", None) if not hasattr(generator, "model")
+            else eos_ids(generator.model, tokenizer))
 
 
 def play(generator, tokenizer, factory, limits, env_seeds: list[int], sample_seeds: list[int],

@@ -73,7 +73,8 @@ class EpisodeProducer:
     def __init__(self, generator, tokenizer, factory, limits, settings: EpisodeSettings, *, acc, play_fn=play,
                  extra_metrics=None):
         self.generator, self.tokenizer, self.factory, self.limits = generator, tokenizer, factory, limits
-        self.group_size, self.prompts_per_step, self.seed = settings.group_size, settings.prompts_per_step, settings.seed
+        self.group_size, self.prompts_per_step, self.seed = (settings.group_size, settings.prompts_per_step,
+                                                             settings.seed)
         self.use_chat_template, self.acc = settings.use_chat_template, acc
         self.play, self.extra_metrics = play_fn, extra_metrics  # env=harness: its sessions (rlx/gateway/harness.py)
         self.failures = EpisodeFailureWatch(limits.stop_after_failed_steps, factory)  # issue 31: a broken environment

@@ -87,7 +87,8 @@ class EpisodeFailureWatch:
         every = [error for _, errors in self.streak for error in errors]
         same = sum(error_kind(error) == error_kind(first) for error in every)
         steps = f"step {first_step}" if len(self.streak) == 1 else f"steps {first_step}-{self.streak[-1][0]}"
-        return (f"every episode of {steps} failed ({len(every)} episodes; env.stop_after_failed_steps={self.patience}): "
-                f"the first, at step {first_step}, in {environment_name(self.factory)}: {first}; {same} of {len(every)} "
-                f"episodes failed with {error_kind(first)}. Nothing can be learned from failed episodes: fix the "
-                f"environment, or set env.stop_after_failed_steps=0 to train on regardless")
+        return (f"every episode of {steps} failed ({len(every)} episodes; "
+                f"env.stop_after_failed_steps={self.patience}): the first, at step {first_step}, in "
+                f"{environment_name(self.factory)}: {first}; {same} of {len(every)} episodes failed with "
+                f"{error_kind(first)}. Nothing can be learned from failed episodes: fix the environment, or set "
+                "env.stop_after_failed_steps=0 to train on regardless")

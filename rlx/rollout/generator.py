@@ -193,8 +193,10 @@ class HFGenerator:
         decoding = Decoding(shared_prefix=shared, samples_per_prompt=samples_per_prompt, max_new_tokens=max_new_tokens,
                             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, greedy=greedy,
                             batch_size=self.batch_size, min_new_tokens=min_new_tokens, sampler=self.sampler,
-                            onednn=self.onednn, quantize=self.quantize, schedule=schedule, segment=continuation.segment if continuation else None,
-                            logprobs=self.with_logprobs == "sampler" or (schedule is not None and bool(self.with_logprobs)))
+                            onednn=self.onednn, quantize=self.quantize, schedule=schedule,
+                            segment=continuation.segment if continuation else None,
+                            logprobs=self.with_logprobs == "sampler"
+                            or (schedule is not None and bool(self.with_logprobs)))
         continued = Continued(starts, source) if starts is not None else None
         out = generate_tokens(self.model, self.tokenizer, ids, mask, decoding, seeds=seeds, continued=continued,
                               stop_when=stop_when)
@@ -218,7 +220,8 @@ class HFGenerator:
         attention = torch.cat([prompt_mask, completion_mask], dim=1).to(device)
         was_training = self.model.training
         self.model.eval()
-        logits = self.model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids_from_mask(attention),
+        logits = self.model(input_ids=input_ids, attention_mask=attention,
+                            position_ids=position_ids_from_mask(attention),
                             use_cache=False).logits[:, prompt_ids.shape[1] - 1 : -1].float()  # (N, C, V)
         if was_training:
             self.model.train()
@@ -242,8 +245,8 @@ def refuse_continuation(backend: str, continuation: Continuation | None, continu
                         f"rollouts without rounds); it continues rows in token-budget rounds: set "
                         f"rollout.segment_tokens, or use rollout=hf")
     if continuation.prefixes is not None and not continues_prefixes or continuation.stop_when is not None:
-        raise UserError(f"rollout={backend} cannot continue a row from its token prefix with rlx's seeded draws nor stop "
-                        f"generation early (partial rollouts, hints); use rollout=hf")
+        raise UserError(f"rollout={backend} cannot continue a row from its token prefix with rlx's seeded draws nor "
+                        "stop generation early (partial rollouts, hints); use rollout=hf")
 
 
 def policy_generator(model, tokenizer, roll, *, logprobs: bool | str = "sampler") -> HFGenerator:
@@ -316,5 +319,6 @@ def sample_rollout(generator: Generator, tokenizer, prompts: list[str], draw: Dr
     if schedule is not None:  # the temperature each token was drawn at (1.0 on padding, which carries no loss)
         width = rollout.completion_ids.shape[1]
         taus = torch.tensor(list(schedule[:width]), dtype=torch.float32).expand(len(rollout), width)
-        rollout = replace(rollout, temperatures=torch.where(rollout.completion_mask.bool(), taus, torch.ones_like(taus)))
+        rollout = replace(rollout,
+                          temperatures=torch.where(rollout.completion_mask.bool(), taus, torch.ones_like(taus)))
     return rollout

@@ -213,7 +213,8 @@ def generate_tokens(model, tokenizer, unique_ids: torch.Tensor, unique_mask: tor
     if (start_positions is not None or stop_when is not None) and lockstep:
         raise ValueError("continuing rows or stopping early needs a model that is not sharded")
     if start_positions is not None:
-        if group != 1 or len(start_positions) != num_rows or any(not 0 <= p < d.max_new_tokens for p in start_positions):
+        if (group != 1 or len(start_positions) != num_rows
+            or any(not 0 <= p < d.max_new_tokens for p in start_positions)):
             raise ValueError("start_positions: one per row (samples_per_prompt=1), each in [0, max_new_tokens)")
         starts = torch.tensor(start_positions, dtype=torch.int64)  # (N,)
     seed_tensor = torch.tensor(seeds, dtype=torch.int64)  # (N,)

@@ -32,7 +32,8 @@ def hint_fraction(step: int, start: float, end: float, anneal_steps: int) -> flo
     return float(start) + (float(end) - float(start)) * step / anneal_steps
 
 
-def reference_solution(row: dict, source: str, column: str | None = None, completion_template: str | None = None) -> str | None:
+def reference_solution(row: dict, source: str, column: str | None = None,
+                       completion_template: str | None = None) -> str | None:
     """The text a hint is cut from, or None when the row has none:
       source "column": row[column] (e.g. a worked solution);
       source "answer": completion_template formatted with row["answer"] (chain_sum: "<answer>12</answer>")."""
@@ -83,8 +84,8 @@ def _left_pad(ids: torch.Tensor, mask: torch.Tensor, width: int, pad_id: int) ->
             torch.cat([torch.zeros((mask.shape[0], missing), dtype=mask.dtype), mask], dim=1))
 
 
-def guide_contexts(plain_ids: torch.Tensor, plain_mask: torch.Tensor, hinted_ids: torch.Tensor, hinted_mask: torch.Tensor,
-                   hinted: torch.Tensor, pad_id: int) -> dict[str, torch.Tensor]:
+def guide_contexts(plain_ids: torch.Tensor, plain_mask: torch.Tensor, hinted_ids: torch.Tensor,
+                   hinted_mask: torch.Tensor, hinted: torch.Tensor, pad_id: int) -> dict[str, torch.Tensor]:
     """The two contexts of every row (left-padded prompts, (N, P) and (N, P')):
       policy_*    the PLAIN prompt of every row: the current policy's log-probs (the ratio's numerator)
       behaviour_* the prompt the sample was drawn from: hinted rows their hinted prompt, the others the

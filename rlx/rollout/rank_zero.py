@@ -9,12 +9,13 @@ rlx/rollout/single_turn.py) would run its collectives on the producer thread whi
 on the trainer thread, in an order no two ranks agree on. The stages, dynamic sampling and partial rollouts keep
 state per prompt (a replay buffer, pass rates, carried groups) and decide over a step's groups together: run on
 rank 0 over the global batch, they decide exactly what one process decides, and the other ranks wait for the
-broadcast instead of sampling their shard (generation is then rank 0's alone; the update stays data-parallel). So the producer runs on rank 0 only, built without an
-accelerator (no collective inside it: HTTP to the server, rewards scored on rank 0, the step's metrics over the
-whole batch), and the trainer thread of every rank takes part in one collective per step, `produce`: rank 0's
-Batch (the full global batch) is broadcast (torch.distributed.broadcast_object_list over the run's process group)
-and each rank keeps its contiguous shard of the rows (`shard_batch`, the shard runtime.parallel.shard gives the
-sharded path), with the rewards, groups and verdicts over the global batch, as the loops expect.
+broadcast instead of sampling their shard (generation is then rank 0's alone; the update stays data-parallel). So the
+producer runs on rank 0 only, built without an accelerator (no collective inside it: HTTP to the server, rewards scored
+on rank 0, the step's metrics over the whole batch), and the trainer thread of every rank takes part in one collective
+per step, `produce`: rank 0's Batch (the full global batch) is broadcast (torch.distributed.broadcast_object_list over
+the run's process group) and each rank keeps its contiguous shard of the rows (`shard_batch`, the shard
+runtime.parallel.shard gives the sharded path), with the rewards, groups and verdicts over the global batch, as the
+loops expect.
 
 Weights. The server generator (and its child server) exists on rank 0 only; the other ranks hold a
 `FollowerGenerator` whose publish does nothing: under DDP every rank holds the full parameters, so rank 0 publishes

@@ -202,8 +202,8 @@ ONEDNN_DECODE = frozenset({"v3"})  # versions whose decode step runs its project
 LEGACY_SAMPLER = "v1"
 
 
-def sample_tokens(logits: torch.Tensor, seeds: torch.Tensor, position: int | torch.Tensor, temperature: float, top_k: int,
-                  top_p: float, sampler: str = "v2") -> torch.Tensor:
+def sample_tokens(logits: torch.Tensor, seeds: torch.Tensor, position: int | torch.Tensor, temperature: float,
+                  top_k: int, top_p: float, sampler: str = "v2") -> torch.Tensor:
     """The seeded draw of each row at completion position `position` (one int, or (N,) per row) with sampler version
     `sampler`. logits: (N, V); seeds: (N,). Returns (N,) int64."""
     return SAMPLERS[sampler](logits, seeds, position, temperature, top_k, top_p)

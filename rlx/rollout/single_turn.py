@@ -75,8 +75,8 @@ def sample_batch(generator: Generator, tokenizer, stream: PromptStream, rewards:
     With several processes (acc), every process draws the same prompts, generates and scores its own shard, and
     the rewards are gathered; with dynamic sampling, the seed stages or the temperature schedule, rank 0 alone
     calls this without `acc` for the global batch and broadcasts it (rlx/rollout/rank_zero.py), so they see every
-    group of the step as one process does. `stages` (rlx/rollout/stages/): the seed ideas' group stages, run on each round
-    after scoring (verifier noise, replay, hints, group reward shaping); groups are keyed by id (Batch.groups),
+    group of the step as one process does. `stages` (rlx/rollout/stages/): the seed ideas' group stages, run on each
+    round after scoring (verifier noise, replay, hints, group reward shaping); groups are keyed by id (Batch.groups),
     so a group may grow (hinted re-samples)."""
     stages = stages if stages is not None and stages.active else None
     parts, drawn_groups = draw_rounds(generator, tokenizer, stream, rewards, settings, step=step, acc=acc,
@@ -92,7 +92,8 @@ def sample_batch(generator: Generator, tokenizer, stream: PromptStream, rewards:
         per_component = {name: gather(acc, values) for name, values in per_component.items()}
         correct = gather(acc, correct.long()).bool()
         errors = int(global_sum(acc, errors))
-    groups_all = drawn.groups if rewards_all.numel() == drawn.groups.numel() else fixed_groups(rewards_all.numel(), group_size)
+    groups_all = (drawn.groups if rewards_all.numel() == drawn.groups.numel()
+                  else fixed_groups(rewards_all.numel(), group_size))
     drawn_metrics = round_metrics(drawn, rewards_all, per_component, errors, groups_all, accuracy_key, group_size, acc)
     drawn_metrics.update(stage_metrics)
     filled = 0
@@ -106,7 +107,8 @@ def sample_batch(generator: Generator, tokenizer, stream: PromptStream, rewards:
 
 
 def draw_rounds(generator: Generator, tokenizer, stream: PromptStream, rewards: list[RewardComponent],
-                settings: SingleTurnSettings, *, step: int, acc, stages: StagePipeline | None) -> tuple[list[Round], int]:
+                settings: SingleTurnSettings, *, step: int, acc,
+                stages: StagePipeline | None) -> tuple[list[Round], int]:
     """The generation rounds of one step (one without dynamic sampling; with it, rounds until enough groups are
     informative or `settings.max_rounds` is reached), each scored and passed through the active `stages`.
     Returns the rounds and the number of prompts drawn."""
@@ -139,7 +141,8 @@ def draw_rounds(generator: Generator, tokenizer, stream: PromptStream, rewards: 
         rounds += 1
         if not s.dynamic_sampling:
             break
-        dropped = stages.dropped(part) if stages is not None else DROP_STRATEGIES["tied"](part.rewards, part.correct, groups)
+        dropped = (stages.dropped(part) if stages is not None
+                   else DROP_STRATEGIES["tied"](part.rewards, part.correct, groups))
         kept_groups += torch.unique(part.groups[~dropped]).numel()
         if kept_groups >= wanted or rounds >= s.max_rounds:
             break
@@ -151,12 +154,12 @@ def scored_round(score, rollout: Rollout, rows: list[dict], prompts: list[str], 
     """A generation round's rows scored (`score`: round_scorer's), the verdict training sees read from the
     accuracy component (before the stages: verifier noise, replay and hints change it there)."""
     total, per_component, errors = score(prompts, rollout, rows)  # (n,)
-    return Round(rollout, total, per_component, rows, prompts, groups, correct_from_accuracy(per_component[accuracy_key]),
-                 errors=errors)
+    return Round(rollout, total, per_component, rows, prompts, groups,
+                 correct_from_accuracy(per_component[accuracy_key]), errors=errors)
 
 
-def round_batch(drawn: Round, group_size: int, metrics: dict, *, scored: tuple | None = None, local: slice | None = None,
-                **counts) -> Batch:
+def round_batch(drawn: Round, group_size: int, metrics: dict, *, scored: tuple | None = None,
+                local: slice | None = None, **counts) -> Batch:
     """The step's Batch of the round `drawn` (after its stages): rows trained in the context they were sampled in
     (HintedContext when a stage re-sampled some from another prompt), `scored` = (rewards, groups, correct) over
     the global batch where they differ from the round's (several processes), this process's rows `local`, and
@@ -164,7 +167,8 @@ def round_batch(drawn: Round, group_size: int, metrics: dict, *, scored: tuple |
     rewards, groups, correct = scored if scored is not None else (drawn.rewards, drawn.groups, drawn.correct)
     context = HintedContext(drawn.behaviour) if drawn.behaviour is not None else SameContext()
     return Batch(drawn.rollout, rewards, group_size, groups, correct, PromptRows(drawn.rows, drawn.prompts), context,
-                 local if local is not None else slice(0, rewards.numel()), metrics, **counts, components=drawn.components)
+                 local if local is not None else slice(0, rewards.numel()), metrics, **counts,
+                 components=drawn.components)
 
 
 def single_turn_records(batch: Batch, samples: list[dict], count: int, *, version: bool = False) -> list[dict]:

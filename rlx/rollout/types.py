@@ -48,9 +48,10 @@ class Rollout:
     loss_mask (N, C) 1 on the tokens the model sampled only; step_index (N, C) long: the turn each sampled token
     belongs to (-1 elsewhere); versions (N,) long: the policy version (number of updates published to the
     generator) that sampled each row, its oldest where the row spans several (partial rollouts); token_versions
-    (N, C) long: the version that sampled each token (-1 where the model sampled none); temperatures: (N, C) the temperature each token was sampled at when it
-    varies within a generation (rollout.temperature_schedule, EAD), which the trainer's log-probs then use too,
-    or an empty (N, 0) when every token was sampled at rollout.temperature (`scheduled` tells them apart)."""
+    (N, C) long: the version that sampled each token (-1 where the model sampled none); temperatures: (N, C) the
+    temperature each token was sampled at when it varies within a generation (rollout.temperature_schedule, EAD), which
+    the trainer's log-probs then use too, or an empty (N, 0) when every token was sampled at rollout.temperature
+    (`scheduled` tells them apart)."""
 
     prompt_ids: torch.Tensor
     prompt_mask: torch.Tensor
@@ -203,7 +204,8 @@ class Rollout:
         )
 
 
-def version_tensors(version: int | list[int] | list[list[int]], mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def version_tensors(version: int | list[int] | list[list[int]],
+                    mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(versions (N,), token_versions (N, C)) of rows whose sampled tokens are `mask` (N, C): `version` is one
     for every row, one per row, or one list per row of each sampled token's version (a row's version is then its
     oldest token's; a list shorter than the row's tokens is the newest tokens', its first value repeated before)."""
@@ -325,7 +327,8 @@ class Episode:
     turn_truncated: int = 0                                      # turns that hit the per-turn token budget
     error: str | None = None                                     # what went wrong, when the env failed
     versions: list[int] = field(default_factory=list)            # policy version that sampled each turn (gateway)
-    forks: list = field(default_factory=list)                    # other rows of a harness session (rlx/gateway/episodes.py)
+    # other rows of a harness session (rlx/gateway/episodes.py)
+    forks: list = field(default_factory=list)
 
     @property
     def success(self) -> float:

@@ -176,7 +176,8 @@ class VLLMEngine:
         self.seeding = getattr(rollout_cfg, "seeding", "request")
         # sampling knobs of generate_ids (the generator protocol has none): rollout's, or what the caller sets
         self.sampling = {"temperature": float(getattr(rollout_cfg, "temperature", 1.0)),
-                         "top_p": float(getattr(rollout_cfg, "top_p", 1.0)), "top_k": int(getattr(rollout_cfg, "top_k", 0))}
+                         "top_p": float(getattr(rollout_cfg, "top_p", 1.0)),
+                         "top_k": int(getattr(rollout_cfg, "top_k", 0))}
         self.tokenizer = tokenizer
         self.stop_ids = eos_ids(model, tokenizer)
         # one process, no separate engine core: the weights can then be written in place after each update
@@ -246,7 +247,8 @@ class VLLMEngine:
             ids = unique_ids[row // group][unique_mask[row // group].bool()].tolist()
             requests.append({"prompt_token_ids": ids})
             params.append(SamplingParams(
-                n=1, max_tokens=d.max_new_tokens, min_tokens=d.min_new_tokens, seed=int(seeds[row]) if per_request else None,
+                n=1, max_tokens=d.max_new_tokens, min_tokens=d.min_new_tokens,
+                seed=int(seeds[row]) if per_request else None,
                 temperature=0.0 if greedy else d.temperature, top_p=d.top_p, top_k=d.top_k if d.top_k > 0 else -1,
                 stop_token_ids=self.stop_ids, detokenize=False, logprobs=0,
             ))

@@ -14,7 +14,8 @@ every step runs over torch.distributed's gloo backend so that it is tested on a 
            than one bucket plus the tensor being assembled
   apply    the receiver rebuilds each tensor from its bytes as soon as its last byte arrived and hands it to
            `apply(name, tensor)` (e.g. a copy into the model it holds)
-  ack      the receiver runs its own step for the version (`on_version`), then every process contributes [version, digest] to an all-gather; the digest is a blake2b of the bytes of
+  ack      the receiver runs its own step for the version (`on_version`), then every process contributes [version,
+           digest] to an all-gather; the digest is a blake2b of the bytes of
            every tensor in manifest order (the trainer's of what it sent, a receiver's of what it holds after
            applying, read back through `read`), so equal digests mean bit-identical weights. A receiver that
            acknowledges another version or another digest is an error
@@ -187,7 +188,8 @@ class WeightSender:
         for (name, tensor), entry in zip(named, manifest, strict=True):
             count += 1
             self.stage = f"streaming bucket {sent + 1} ({name})"
-            if name != entry[0] or str(tensor.dtype).removeprefix("torch.") != entry[1] or list(tensor.shape) != entry[2]:
+            if (name != entry[0] or str(tensor.dtype).removeprefix("torch.") != entry[1]
+                or list(tensor.shape) != entry[2]):
                 raise RolloutServerError(f"tensor {name} {tuple(tensor.shape)} {tensor.dtype} does not match the "
                                          f"announced manifest entry {entry}")
             data = _as_bytes(tensor)

@@ -131,7 +131,8 @@ def verify_checkpoint(folder: Path) -> None:
         if not path.is_file():
             raise CheckpointDamaged(f"{path} is missing")
         if path.stat().st_size != want["bytes"]:
-            raise CheckpointDamaged(f"{path} has {path.stat().st_size} bytes, {want['bytes']} were written (truncated?)")
+            raise CheckpointDamaged(f"{path} has {path.stat().st_size} bytes, {want['bytes']} were written "
+                                    "(truncated?)")
         if _sha256(path) != want["sha256"]:
             raise CheckpointDamaged(f"{path} does not match its checksum (damaged)")
 
@@ -240,7 +241,8 @@ class Checkpointer:
             except CheckpointDamaged as exc:
                 problems.append(str(exc))
             except Exception as exc:  # a file that verifies but does not load (written by another version...)
-                problems.append(f"{path} does not load ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
+                problems.append(f"{path} does not load ({type(exc).__name__}: "
+                                f"{str(exc).splitlines()[0] if str(exc) else ''})")
             else:
                 break
             log.warning("checkpoint step %d is damaged, using an earlier one: %s", step, problems[-1])

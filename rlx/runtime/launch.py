@@ -88,11 +88,12 @@ def launcher_command(hardware, worker_args: list[str]) -> list[str]:
     strategy = getattr(hardware, "distributed", None) or "ddp"
     if strategy == "fsdp":
         fsdp = hardware.fsdp
-        # the workers build the same plugin from the config (rlx.runtime.parallel.fsdp_plugin); the flags tell the launcher
+        # the workers build the same plugin from the config (rlx.runtime.parallel.fsdp_plugin); the flags tell the
+        # launcher
         cmd += ["--use_fsdp", "--fsdp_version", str(fsdp.version),
                 "--fsdp_reshard_after_forward", str(bool(fsdp.reshard_after_forward)).lower(),
-                "--fsdp_auto_wrap_policy", str(fsdp.auto_wrap_policy), "--fsdp_state_dict_type", str(fsdp.state_dict_type),
-                "--fsdp_offload_params", str(bool(fsdp.cpu_offload)).lower()]
+                "--fsdp_auto_wrap_policy", str(fsdp.auto_wrap_policy), "--fsdp_state_dict_type",
+                str(fsdp.state_dict_type), "--fsdp_offload_params", str(bool(fsdp.cpu_offload)).lower()]
     elif strategy == "deepspeed":
         ds = hardware.deepspeed
         cmd += ["--use_deepspeed", "--zero_stage", str(ds.zero_stage),
@@ -214,7 +215,8 @@ def _report_worker_errors(errors: Path, code: int, run_dir: Path) -> int:
     if code != 2:  # not a refused setting: the run may have checkpoints to continue from
         found = latest_checkpoint(run_dir)
         if found is not None:
-            print(f"checkpoints up to step {found[0]} are intact; continue with: rlx train resume={run_dir}", file=sys.stderr)
+            print(f"checkpoints up to step {found[0]} are intact; continue with: rlx train resume={run_dir}",
+                  file=sys.stderr)
     return code
 
 
@@ -239,10 +241,13 @@ def resolve_resume(args: list[str]) -> list[str]:
         name = check_overrides([a for a in args if not a.startswith("resume=")]).name
         from rlx.runtime.checkpoint import latest_checkpoint
 
-        # the latest run of that name that has a checkpoint (a run that crashed before its first one has nothing to resume)
-        runs = sorted(p for p in outputs_root().glob(f"*_{name}") if (p / "config.yaml").is_file() and latest_checkpoint(p))
+        # the latest run of that name that has a checkpoint (a run that crashed before its first one has nothing to
+        # resume)
+        runs = sorted(p for p in outputs_root().glob(f"*_{name}") if (p / "config.yaml").is_file()
+                      and latest_checkpoint(p))
         if not runs:
-            print(f"resume=auto: no earlier run named '{name}' with a checkpoint under {outputs_root()}; starting a new one",
+            print(f"resume=auto: no earlier run named '{name}' with a checkpoint under {outputs_root()}; starting a "
+                  "new one",
                   file=sys.stderr)
             return [a for a in args if not a.startswith("resume=")]
         run = runs[-1]
@@ -271,7 +276,8 @@ def resolve_resume(args: list[str]) -> list[str]:
         fail(f"{run / 'overrides.yaml'} is damaged ({str(exc).splitlines()[0]}); the run cannot be resumed as it was")
     new = [a for a in args if not a.startswith("resume=")]
     new_keys = {a.split("=", 1)[0].lstrip("+~") for a in new}
-    kept = [o for o in saved if o.split("=", 1)[0].lstrip("+~") not in new_keys and not o.startswith(("resume=", "hydra."))]
+    kept = [o for o in saved if o.split("=", 1)[0].lstrip("+~") not in new_keys
+            and not o.startswith(("resume=", "hydra."))]
     kept = [o for o in kept if o not in unread_knobs(run, kept)]
     kept += legacy_pins(run, new_keys)
     if new:
@@ -370,7 +376,8 @@ def _run_launcher_quietly() -> None:
         folder = os.environ.get(ERRORS_ENV)
         if folder:
             for rank, failure in exc.failures.items():
-                Path(folder, f"launcher-rank{rank}.json").write_text(json.dumps({"rank": rank, "exitcode": failure.exitcode}))
+                Path(folder, f"launcher-rank{rank}.json").write_text(
+                    json.dumps({"rank": rank, "exitcode": failure.exitcode}))
         raise SystemExit(first.exitcode if first.exitcode > 0 else 1) from None
 
 

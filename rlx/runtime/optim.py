@@ -39,8 +39,8 @@ def optimizer_step(accelerator, model, optimizer, scheduler, max_grad_norm: floa
     engine has already clipped (at optim.max_grad_norm) and stepped in the last micro-batch's backward;
     the calls here then return its norm and do nothing else."""
     if not accelerator.sync_gradients:  # a loop ran fewer micro-batches than gradient_accumulation_steps
-        raise RuntimeError(f"optimizer step before the last of {accelerator.gradient_accumulation_steps} micro-batches: "
-                           f"the loop's micro-batch count and train.py's gradient accumulation disagree")
+        raise RuntimeError(f"optimizer step before the last of {accelerator.gradient_accumulation_steps} "
+                           "micro-batches: the loop's micro-batch count and train.py's gradient accumulation disagree")
     grad_norm = None
     if max_grad_norm:
         grad_norm = float(accelerator.clip_grad_norm_(model.parameters(), max_grad_norm))
@@ -63,15 +63,16 @@ class MasterWeightAdamW(torch.optim.AdamW):
     each, and at every step
         g32 = float32(grad);  w32 <- AdamW(w32, g32);  w <- bf16(w32)
     Without it an update below half a bf16 ulp of the weight (about |w| 2^-8) rounds away: at lr 1e-6
-    almost no weight of a bf16 model changes (tests/test_numerics.py counts them). float32 parameters are stepped in place, without a copy.
-    Memory per low-precision parameter: 2 (weight) + 2 (gradient, accumulated in bf16 across micro-batches)
-    + 4 (master) + 8 (AdamW moments, fp32) = 16 bytes during the backward pass, 2 more at the step, where
+    almost no weight of a bf16 model changes (tests/test_numerics.py counts them). float32 parameters are stepped in
+    place, without a copy. Memory per low-precision parameter: 2 (weight) + 2 (gradient, accumulated in bf16 across
+    micro-batches) + 4 (master) + 8 (AdamW moments, fp32) = 16 bytes during the backward pass, 2 more at the step, where
     each gradient moves to fp32 one tensor at a time; fp32 weights under bf16 autocast cost 4+4+8 = 16.
     The masters are part of the state dict, so a resumed run continues from the fp32 values."""
 
     def __init__(self, params, **kwargs):
         self.model_params = list(params)
-        self.masters = [p if p.dtype == torch.float32 else p.detach().float().requires_grad_(True) for p in self.model_params]
+        self.masters = [p if p.dtype == torch.float32 else p.detach().float().requires_grad_(True)
+                        for p in self.model_params]
         super().__init__(self.masters, **kwargs)
 
     @torch.no_grad()
@@ -128,7 +129,8 @@ class MasterWeightAdamW(torch.optim.AdamW):
 
 def _engine_keeps_master_weights() -> bool:
     """DeepSpeed and FSDP (set up by `accelerate launch`) keep their own fp32 copies of the weights."""
-    return any(os.environ.get(key, "").lower() in ("1", "true") for key in ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP"))
+    return any(os.environ.get(key, "").lower() in ("1", "true")
+               for key in ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP"))
 
 
 def fused_adamw_supported(params) -> bool:

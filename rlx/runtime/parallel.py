@@ -87,7 +87,8 @@ def deepspeed_config(zero: ZeroSettings, micro_batch_size: int, accumulation: in
     `gradient_clipping` inside its step (1.0 when left to Accelerate), so it is optim.max_grad_norm
     (0 = no clipping). Stage 3 gathers the full 16-bit-or-fp32 weights on save (final/ holds a full
     state dict); param_persistence_threshold: stage-3 parameters with fewer elements stay whole on every
-    process (None: DeepSpeed's default, 1e5, which keeps a tiny model entirely unpartitioned). Example: stage 2, micro 2, K 4, 2 processes, clip 1.0 ->
+    process (None: DeepSpeed's default, 1e5, which keeps a tiny model entirely unpartitioned).
+    Example: stage 2, micro 2, K 4, 2 processes, clip 1.0 ->
     {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,
      "gradient_clipping": 1.0, "zero_optimization": {"stage": 2, ...}, ...}."""
     zero_stage = zero.stage

@@ -85,7 +85,8 @@ def write_run_files(run_dir: Path, cfg, overrides: list[str]) -> None:
 RESUMES_FILE = "resumes.jsonl"
 
 
-def record_resume(run_dir: Path, old_config: dict, new_config: dict, checkpoint_step: int, overrides: list[str]) -> dict:
+def record_resume(run_dir: Path, old_config: dict, new_config: dict, checkpoint_step: int,
+                  overrides: list[str]) -> dict:
     """Append to <run>/resumes.jsonl which settings this resume changed and the step they apply from."""
     old_flat, new_flat = flatten_settings(old_config), flatten_settings(new_config)
     changed = {key: [old_flat.get(key), new_flat.get(key)] for key in sorted(set(old_flat) | set(new_flat))
@@ -270,7 +271,8 @@ class PhaseProgress:
 # (metric, label, format) of a progress line, in order: single-turn rows show reward and accuracy, agent rows
 # (the episode producer's env/ metrics, the held-out eval/success) show success and return
 PROGRESS_FIELDS = (
-    ("reward/total", "reward", "{:.3f}"), ("eval/accuracy", "eval acc", "{:.3f}"), ("eval/success", "eval success", "{:.3f}"),
+    ("reward/total", "reward", "{:.3f}"), ("eval/accuracy", "eval acc", "{:.3f}"),
+    ("eval/success", "eval success", "{:.3f}"),
     ("reward/accuracy", "acc", "{:.3f}"), ("env/success", "success", "{:.3f}"), ("env/return", "return", "{:.3f}"),
     ("train/loss", "loss", "{:.4f}"), ("perf/tokens_per_s", "tok/s", "{:.0f}"),
 )
@@ -283,7 +285,8 @@ class MetricsLog:
                  tracker=None):
         self.path = run_dir / "metrics.jsonl"
         self.enabled = enabled
-        self.tracker = tracker  # an object with .log(values, step=): the Accelerator's trackers (rlx/runtime/tracking.py)
+        # an object with .log(values, step=): the Accelerator's trackers (rlx/runtime/tracking.py)
+        self.tracker = tracker
         self.total = total_steps
         self._bar = None
         show_bar = sys.stderr.isatty() if progress == "auto" else bool(progress)
@@ -322,7 +325,8 @@ class MetricsLog:
             self._bar.update(self._task, completed=step, status=status)
         elif not status:  # nothing to show (a step 0 without a start evaluation): no empty `step 0/N` line
             return
-        elif step in (0, self.total) or step % max(1, self.total // 20) == 0 or any(k.startswith("eval/") for k in metrics):
+        elif (step in (0, self.total) or step % max(1, self.total // 20) == 0
+              or any(k.startswith("eval/") for k in metrics)):
             log.info("step %d/%d  %s", step, self.total, status)
 
     def close(self) -> None:
@@ -432,7 +436,8 @@ def plot_run(run_dir: Path) -> Path | None:
                 ax.plot(xs, ys, color="C0", alpha=0.25, linewidth=1, label="per step")
                 ax.plot(xs, smooth(list(ys), window), color="C0", linewidth=2, label=f"moving average ({window} steps)")
             else:
-                ax.plot(xs, ys, marker="o" if len(points) < 20 else None, markersize=3, label=SERIES_LABELS.get(key, key))
+                ax.plot(xs, ys, marker="o" if len(points) < 20 else None, markersize=3,
+                        label=SERIES_LABELS.get(key, key))
         ax.set_title(title, fontsize=10)
         ax.set_ylabel(ylabel)
         ax.set_xlabel("step")

@@ -31,11 +31,13 @@ def tracker_names(logger_cfg) -> list[str]:
     names = [str(t) for t in (getattr(logger_cfg, "trackers", None) or [])]
     for name in names:
         if name not in TRACKER_PACKAGES:
-            raise UserError(f"unknown tracker '{name}' in logger.trackers; valid choices: {', '.join(TRACKER_PACKAGES)}")
+            raise UserError(f"unknown tracker '{name}' in logger.trackers; valid choices: "
+                            f"{', '.join(TRACKER_PACKAGES)}")
         try:
             importlib.metadata.version(TRACKER_PACKAGES[name])
         except importlib.metadata.PackageNotFoundError:
-            raise UserError(f"logger={name} needs the '{TRACKER_PACKAGES[name]}' package: pip install {TRACKER_PACKAGES[name]}") from None
+            raise UserError(f"logger={name} needs the '{TRACKER_PACKAGES[name]}' package: pip install "
+                            f"{TRACKER_PACKAGES[name]}") from None
     return names
 
 

@@ -154,7 +154,8 @@ def reasoning_gym_score(extracted: list[str | None], problems: list[dict]) -> li
         if answer is None:
             scores.append(0.0)
             continue
-        entry = {"question": problem["question"], "answer": problem["answer"], "metadata": json.loads(problem["metadata"])}
+        entry = {"question": problem["question"], "answer": problem["answer"],
+                 "metadata": json.loads(problem["metadata"])}
         scores.append(float(reasoning_gym.get_score_answer_fn(problem["task"])(answer, entry)))
     return scores
 
@@ -172,7 +173,8 @@ def unit_tests(extracted: list[str | None], problems: list[dict], timeout_s: flo
         program, problem = pair
         if program is None:
             return 0.0
-        result = check_program(program, problem["test"], problem["entry_point"], timeout_s=timeout_s, memory_mb=memory_mb)
+        result = check_program(program, problem["test"], problem["entry_point"], timeout_s=timeout_s,
+                               memory_mb=memory_mb)
         return 1.0 if result.passed else 0.0
 
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="rlx-eval-verify") as pool:
@@ -205,8 +207,9 @@ def grader(verifier: str, reader: str | None = None) -> Verifier:
     """The task's check composed with the model's reader: the verifier `verifier` (what is right: exact, numeric,
     math-verify, reasoning-gym's scorer, unit tests) reading answers with the reader `reader` (where the model
     states its answer: model.answer.reader; conf/model/*.yaml). reader None, or a verifier that always reads with
-    its own reader (own_reader: unit_tests reads a program; final_number names its reader): the verifier's own. The one composition the training reward
-    (`verifier_reward`, reward=task) and `rlx eval` benchmarks both use, so they score a completion alike."""
+    its own reader (own_reader: unit_tests reads a program; final_number names its reader): the verifier's own. The one
+    composition the training reward (`verifier_reward`, reward=task) and `rlx eval` benchmarks both use, so they score a
+    completion alike."""
     chosen = get_verifier(verifier)
     if reader is None or chosen.own_reader:
         return chosen
@@ -228,7 +231,8 @@ def verifier_reward(prompts, completions, verifier: str | None = None, reader: s
     if missing:
         from rlx.errors import UserError
 
-        raise UserError(f"verifier '{verifier}' needs the data column(s) {', '.join(missing)}; map them with data.columns")
+        raise UserError(f"verifier '{verifier}' needs the data column(s) {', '.join(missing)}; map them with "
+                        "data.columns")
     problems = [{k: v[i] for k, v in columns.items() if isinstance(v, list) and len(v) == len(completions)}
                 for i in range(len(completions))]
     for problem, prompt in zip(problems, prompts or [None] * len(problems)):

@@ -97,7 +97,8 @@ class Library:
         out = []
         for i, runs in enumerate(groups):  # labelled by what sets the group apart, as rlx report labels them
             differing = [min(o, short_override(o), key=len) for o in runs[0].config_group if o not in common]
-            out.append({"id": f"g{i}", "label": f"{' '.join(differing) + ': ' if differing else ''}mean of {len(runs)} seeds",
+            out.append({"id": f"g{i}",
+                        "label": f"{' '.join(differing) + ': ' if differing else ''}mean of {len(runs)} seeds",
                         "runs": [r.id for r in runs]})
         return out
 
@@ -144,7 +145,8 @@ class Library:
             raise KeyError(group_id)
         tails = [self.tail(self.run(r)) for r in group["runs"]]
         names = set.intersection(*(set(t.names) for t in tails))
-        return {"id": group_id, "label": group["label"], "runs": group["runs"], "bands": seed_bands(tails, sorted(names))}
+        return {"id": group_id, "label": group["label"], "runs": group["runs"],
+                "bands": seed_bands(tails, sorted(names))}
 
     def steps_payload(self, run_id: str) -> dict:
         return {"steps": sample_steps(self.run(run_id).path)}
@@ -168,7 +170,8 @@ class Library:
         return self.config(self.run(run_id))
 
     def diff_payload(self, a: str, b: str) -> dict:
-        return {"a": a, "b": b, "diff": config_diff(self.config(self.run(a))["config"], self.config(self.run(b))["config"])}
+        return {"a": a, "b": b,
+                "diff": config_diff(self.config(self.run(a))["config"], self.config(self.run(b))["config"])}
 
     def eval_payload(self, run_id: str) -> dict:
         return eval_view(self.run(run_id).path)
@@ -292,7 +295,8 @@ def free_socket(port: int = 0) -> socket.socket:
         sock.bind(("127.0.0.1", port))
     except OSError as exc:
         sock.close()
-        raise UserError(f"--port {port}: {exc.strerror}; pass another port or leave --port out (the OS picks one)") from None
+        raise UserError(f"--port {port}: {exc.strerror}; pass another port or leave --port out (the OS picks "
+                        "one)") from None
     return sock
 
 
@@ -317,7 +321,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: one the OS picks)")
     parser.add_argument("--export", type=Path, default=None, metavar="DIR",
                         help="write the page as static files into DIR (opens from disk) instead of serving it")
-    parser.add_argument("--docs-url", default=DOCS_URL, help=f"where the health flags' links point (default: {DOCS_URL}, "
+    parser.add_argument("--docs-url", default=DOCS_URL,
+                        help=f"where the health flags' links point (default: {DOCS_URL}, "
                                                              f"what `make docs-serve` serves)")
     args = parser.parse_args(argv)
     import os
@@ -325,7 +330,8 @@ def main(argv: list[str]) -> None:
     dirs = args.dirs or [Path(os.environ.get("RLX_OUTPUTS", "outputs"))]
     for path in dirs:
         if not path.is_dir():
-            raise UserError(f"'{path}' is not a directory; pass run, eval or sweep directories written by rlx train / rlx eval")
+            raise UserError(f"'{path}' is not a directory; pass run, eval or sweep directories written by rlx train / "
+                            "rlx eval")
     library = Library(dirs, args.docs_url)
     if args.export is not None:
         print(f"rlx view: {export(library, args.export)} ({len(library.runs)} run(s); open it in a browser)")

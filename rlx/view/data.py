@@ -88,7 +88,8 @@ def _load(index: int, run_dir: Path, kind: str) -> ViewRun:
             seed = int(item.split("=", 1)[1]) if item.split("=", 1)[1].lstrip("-").isdigit() else None
     if (run_dir / "failure.json").is_file():
         failure, note = read_json(run_dir / "failure.json")
-        notes.append(f"the run failed: {failure.get('error', 'see failure.json')}" if isinstance(failure, dict) else note)
+        notes.append("the run failed: "
+                     f"{failure.get('error', 'see failure.json')}" if isinstance(failure, dict) else note)
     return ViewRun(f"r{index}", run_dir, kind, run_name(run_dir), overrides, seed, notes)
 
 
@@ -322,7 +323,8 @@ def config_diff(a: dict, b: dict) -> list[dict]:
 def samples_per_step(config: dict) -> int | None:
     """Completions sampled per step (prompts_per_step x rollout.samples_per_prompt): the x axis in samples."""
     prompts = config.get("prompts_per_step")
-    per_prompt = (config.get("rollout") or {}).get("samples_per_prompt") if isinstance(config.get("rollout"), dict) else None
+    per_prompt = ((config.get("rollout") or {}).get("samples_per_prompt") if isinstance(config.get("rollout"), dict)
+                  else None)
     if isinstance(prompts, int) and isinstance(per_prompt, int):
         return prompts * per_prompt
     return None

@@ -65,7 +65,8 @@ def _completion(record: dict) -> dict:
     if "actions" in record:  # an agent episode: its turns with per-turn reward and credit
         observations, actions = record.get("observations") or [], record.get("actions") or []
         rewards = record.get("rewards") or []
-        credit = record.get("advantages") if isinstance(record.get("advantages"), list) else []  # per turn (loops/credit.py)
+        # per turn (loops/credit.py)
+        credit = record.get("advantages") if isinstance(record.get("advantages"), list) else []
         turns = [{"observation": observations[i] if i < len(observations) else "", "action": action,
                   "reward": rewards[i] if i < len(rewards) else None, "credit": credit[i] if i < len(credit) else None}
                  for i, action in enumerate(actions)]

@@ -70,7 +70,8 @@ def play_tasks(generator, tokenizer, factory, env_cfg, tasks: list[int], run, st
     if bool(run.sampling.greedy):
         seeds = [EVAL_SEED_BASE + t for t in tasks]
         greedy = TurnDecoding(greedy=True, use_chat_template=run.chat_template, stop_ids=stop_ids)
-        for record, episode in zip(records, play_fn(generator, tokenizer, factory, env_cfg, seeds, list(tasks), greedy)):
+        for record, episode in zip(records,
+                                   play_fn(generator, tokenizer, factory, env_cfg, seeds, list(tasks), greedy)):
             record["greedy"] = episode_summary(episode)
     if n:
         seeds = [EVAL_SEED_BASE + t for t in tasks for _ in range(n)]
@@ -96,6 +97,7 @@ def per_task_values(records: list[dict], ks: list[int], threshold: float = 0.5) 
         for name in ("success", "return", "turns"):
             values[name] = [float(np.mean([e[name] for e in r["episodes"]])) for r in records]
         for k in [k for k in ks if 1 <= k <= n]:
-            values[f"pass@{k}"] = [pass_at_k(len(r["episodes"]), sum(e["success"] >= threshold for e in r["episodes"]), k)
+            values[f"pass@{k}"] = [pass_at_k(len(r["episodes"]), sum(e["success"] >= threshold for e in r["episodes"]),
+                                             k)
                                    for r in records]
     return {name: np.asarray(v, dtype=np.float64) for name, v in values.items()}  # each (T,)

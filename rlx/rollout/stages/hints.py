@@ -22,7 +22,8 @@ from rlx.rollout.sampling import sample_seed
 from rlx.rollout.stages.base import STAGES, Round, Stage, StageContext, StageSettings, ratio
 from rlx.rollout.types import Generation, Rollout
 
-HINT_INDEX = 1 << 30  # hint re-samples draw with sample_seed(seed, step, HINT_INDEX + ...): apart from the plain samples
+# hint re-samples draw with sample_seed(seed, step, HINT_INDEX + ...): apart from the plain samples
+HINT_INDEX = 1 << 30
 
 
 class Hints(Stage):
@@ -54,11 +55,13 @@ class Hints(Stage):
             behaviour = Rollout.cat([part.rollout if part.behaviour is None else part.behaviour, behaviour], pad)
         elif part.behaviour is not None:
             behaviour = Rollout.cat([part.behaviour, trained], pad)
-        merged = Round(Rollout.cat([part.rollout, trained], pad), torch.cat([part.rewards, total.to(part.rewards.dtype)]),
+        merged = Round(Rollout.cat([part.rollout, trained], pad),
+                       torch.cat([part.rewards, total.to(part.rewards.dtype)]),
                        {k: torch.cat([v, components[k]]) for k, v in part.components.items()}, part.rows + rows,
                        part.prompts + prompts, torch.cat([part.groups, groups]), torch.cat([part.correct, correct]),
                        torch.cat([part.first_correct, correct]), behaviour,
-                       torch.cat([part.hinted if part.hinted is not None else torch.zeros(len(part.rows), dtype=torch.bool),
+                       torch.cat([part.hinted if part.hinted is not None
+                                  else torch.zeros(len(part.rows), dtype=torch.bool),
                                   torch.ones(len(rows), dtype=torch.bool)]), part.errors + errors)
         order = torch.sort(merged.groups, stable=True).indices  # each group's hinted rows right after its own
         return merged.select(order)
@@ -93,7 +96,8 @@ class Hints(Stage):
         seeds = [sample_seed(ctx.seed, ctx.step, HINT_INDEX + int(part.groups[row]) * samples + j)
                  for _, row, _ in chosen for j in range(samples)]
         if hints.placement == "prompt":  # Guide: the hint in the user message; trained in the plain context
-            hinted_rows = [_with_hint(part.rows[row], ctx.tokenizer.decode(prefix), hints.template) for _, row, prefix in chosen]
+            hinted_rows = [_with_hint(part.rows[row], ctx.tokenizer.decode(prefix), hints.template)
+                           for _, row, prefix in chosen]
             texts = format_prompts(ctx.tokenizer, hinted_rows, ctx.use_chat_template, ctx.system_prompt)
             contexts = ctx.tokenizer(texts, add_special_tokens=False)["input_ids"]
             budget = ctx.max_new_tokens
@@ -106,7 +110,8 @@ class Hints(Stage):
         prefixes = [prefix for _, _, prefix in chosen for _ in range(samples)]
         if hints.placement == "prefix":  # the row's completion holds the prefix (not trained) and the continuation
             out = Generation([p + ids for p, ids in zip(prefixes, out.ids)],
-                             [[0.0] * len(p) + lp for p, lp in zip(prefixes, out.logprobs)] if out.logprobs is not None else None,
+                             [[0.0] * len(p) + lp for p, lp in zip(prefixes, out.logprobs)]
+                             if out.logprobs is not None else None,
                              out.stopped)
         texts = ctx.tokenizer.batch_decode(_padded(out.ids, pad), skip_special_tokens=True)
         version = getattr(ctx.generator, "version", 0)

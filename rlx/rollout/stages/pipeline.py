@@ -18,8 +18,8 @@ def build_stages(settings: StageSettings, extra: list[str] = ()) -> list[Stage]:
     named in `extra` (algorithm.stages), in its order."""
     taken = [name for name in extra if name in ORDER]
     if taken:
-        raise UserError(f"algorithm.stages={list(extra)}: {', '.join(taken)} is a built-in stage, switched on by its own "
-                        f"knobs (docs/extending/stages.md); list only your own stages there")
+        raise UserError(f"algorithm.stages={list(extra)}: {', '.join(taken)} is a built-in stage, switched on by its "
+                        "own knobs (docs/extending/stages.md); list only your own stages there")
     built = [STAGES[name](settings) for name in (*ORDER, *extra)]
     return [stage for stage in built if stage is not None]
 
@@ -65,11 +65,13 @@ class StagePipeline:
         return part
 
     def dropped(self, part: Round) -> torch.Tensor:
-        """(n,) bool: the samples of the groups dynamic sampling drops (DROP_STRATEGIES[algorithm.dynamic_sampling_drop])."""
+        """(n,) bool: the samples of the groups dynamic sampling drops
+        (DROP_STRATEGIES[algorithm.dynamic_sampling_drop])."""
         return DROP_STRATEGIES[self.drop](part.rewards, part.correct, part.groups)
 
     def after_step(self, parts: list[Round], stream, step: int) -> dict:
-        """Every stage's end of step (the prompt sampler's and LASER-D's updates); the step's metrics, each stage's own."""
+        """Every stage's end of step (the prompt sampler's and LASER-D's updates); the step's metrics, each stage's
+        own."""
         metrics = {}
         for stage in self.stages:
             metrics.update(stage.after_step(parts, stream, step))

@@ -32,7 +32,8 @@ class Shaping(Stage):
 
     def after_scoring(self, part: Round, ctx: StageContext, first_index: int) -> Round:
         reference = None
-        if any(SHAPERS.needs(name).reference_rewards for name in self.shapers):  # r(x, y_ref): the reward of the row's reference completion (data.completion_template)
+        # r(x, y_ref): the reward of the row's reference completion (data.completion_template)
+        if any(SHAPERS.needs(name).reference_rewards for name in self.shapers):
             texts = [ctx.completion_template.format(answer=row.get("answer")) for row in part.rows]
             reference = _reference_rewards(ctx, part, texts)
         signals = GroupSignals(part.groups, part.correct, part.rollout.lengths, mean_logprobs(part.rollout), reference,
@@ -44,7 +45,8 @@ class Shaping(Stage):
         for name in self.shapers:  # in the configured order, each on the previous one's output
             shaped, metrics = SHAPERS[name](rewards, signals, **knobs)
             # the generic mechanism metric of every shaper: how far it moved the rewards
-            self.add_mean(f"shaping/{name}_delta_abs", (shaped.double() - rewards.double()).abs().mean().item(), len(rewards))
+            self.add_mean(f"shaping/{name}_delta_abs", (shaped.double() - rewards.double()).abs().mean().item(),
+                          len(rewards))
             for key, value in metrics.items():
                 if value is not None:
                     self.add_mean(key, value, len(rewards))
@@ -78,7 +80,8 @@ class Shaping(Stage):
 def _reference_rewards(ctx: StageContext, part: Round, texts: list[str]) -> torch.Tensor:
     """(n,) the total reward of each sample's reference completion, scored once per group."""
     index, count = dense_ids(part.groups)
-    first = torch.full((count,), len(texts), dtype=torch.long).scatter_reduce(0, index, torch.arange(len(texts)), reduce="amin")
+    first = torch.full((count,), len(texts),
+                       dtype=torch.long).scatter_reduce(0, index, torch.arange(len(texts)), reduce="amin")
     rows = first.tolist()
     tokenizer = ctx.tokenizer
     ids = [tokenizer(texts[r], add_special_tokens=False)["input_ids"] for r in rows]
