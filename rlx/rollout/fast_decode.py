@@ -135,7 +135,8 @@ def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
     with warnings.catch_warnings():  # torch 2.13 warns that its quantized tensors are deprecated (for torchao);
         warnings.simplefilter("ignore", UserWarning)  # the fbgemm ops run as before (docs/scaling/quantized.md)
         q = torch.quantize_per_channel(w, scales, zeros, 0, torch.qint8).int_repr()
-        q = torch._make_per_channel_quantized_tensor(torch.cat([q, q.new_zeros(q.shape[0], 2)], dim=1), scales, zeros, 0)
+        widened = torch.cat([q, q.new_zeros(q.shape[0], 2)], dim=1)  # (out, in + 2): the range columns' zero weights
+        q = torch._make_per_channel_quantized_tensor(widened, scales, zeros, 0)
     return torch.ops.quantized.linear_prepack(q, None), (bias.detach().float().cpu() if bias is not None else None)
 
 
