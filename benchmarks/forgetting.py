@@ -79,6 +79,23 @@ def seed_result(eval_dir: Path, base_dir: Path) -> dict:
             "benchmarks": per_benchmark}
 
 
+def task_accuracy(evals: Path, name: str) -> float | None:
+    """Greedy held-out accuracy of the evaluation named `name` under `evals` (an `rlx eval ... benchmark=reasoning_gym
+    name=<name>` directory: <timestamp>_<name>), or None when there is none."""
+    found = sorted(evals.glob(f"*_{name}"))
+    if not found:
+        return None
+    summary = json.loads((found[-1] / "summary.json").read_text())
+    return summary["benchmarks"]["reasoning_gym"]["model"]["greedy/accuracy"]["value"]
+
+
+def per_task(seeds: list[dict], evals: Path, tasks: list[str]) -> None:
+    """Each seed's greedy accuracy on every task of --tasks (evaluations named <run folder>_<task>), in place."""
+    for seed in seeds:
+        if seed["run"]:
+            seed["tasks"] = {task: task_accuracy(evals, f"{Path(seed['run']).name}_{task}") for task in tasks}
+
+
 def arm_summary(seeds: list[dict]) -> dict:
     out = {"seeds": len(seeds)}
     for name, values in (("suite_diff", [s["suite"]["diff"] for s in seeds]),
@@ -96,6 +113,10 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--base", type=Path, required=True, help="an eval directory made with compare=base")
     parser.add_argument("--arm", action="append", required=True, metavar="NAME=DIR[,DIR...]")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--task-evals", type=Path, default=None, help="a folder of `rlx eval run=<run> "
+                        "benchmark=reasoning_gym name=<run folder>_<task>` directories (and base_<task>): each run's "
+                        "greedy held-out accuracy per task of --tasks")
+    parser.add_argument("--tasks", default="chain_sum,products")
     args = parser.parse_args(argv)
     arms = {}
     for spec in args.arm:
@@ -103,6 +124,14 @@ def main(argv: list[str]) -> None:
         arms[name] = [seed_result(Path(d), args.base) for d in dirs.split(",") if d]
     result = {"base": str(args.base), "arms": {name: {"summary": arm_summary(seeds), "seeds": seeds}
                                                for name, seeds in arms.items()}}
+    if args.task_evals:
+        tasks = args.tasks.split(",")
+        result["base_tasks"] = {task: task_accuracy(args.task_evals, f"base_{task}") for task in tasks}
+        for name, seeds in arms.items():
+            per_task(seeds, args.task_evals, tasks)
+            means = {task: [s["tasks"][task] for s in seeds if s.get("tasks", {}).get(task) is not None]
+                     for task in tasks}
+            result["arms"][name]["summary"]["tasks"] = {task: float(np.mean(v)) for task, v in means.items() if v}
     names = list(arms)
     result["improvement"] = {}
     for a in names:
