@@ -99,6 +99,7 @@ def per_task(seeds: list[dict], evals: Path, tasks: list[str]) -> None:
 def arm_summary(seeds: list[dict]) -> dict:
     out = {"seeds": len(seeds)}
     for name, values in (("suite_diff", [s["suite"]["diff"] for s in seeds]),
+                         ("gold_logprob_per_byte_diff", [s["gold_logprob_per_byte"]["diff"] for s in seeds]),
                          ("in_task_gain", [s["in_task"].get("gain") for s in seeds if s["in_task"]])):
         if len(values) > 1:
             point, low, high = stratified_bootstrap_ci(values, "iqm")
@@ -106,6 +107,44 @@ def arm_summary(seeds: list[dict]) -> dict:
         elif values:
             out[name] = {"iqm": iqm(values), "values": values}
     return out
+
+
+def _iqm_cell(value: dict | None, digits: int) -> str:
+    if value is None:
+        return ""
+    low, high = value.get("low", value["iqm"]), value.get("high", value["iqm"])
+    return f"{value['iqm']:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]"
+
+
+def markdown(result: dict) -> str:
+    """The tables of docs/evaluation.md#cost: one row per arm and seed, then one per arm over its seeds."""
+    benches = list(next(iter(result["arms"].values()))["seeds"][0]["benchmarks"])
+    tasks = list(result.get("base_tasks", {}))
+    head = ["arm (seed)", "in-task held-out accuracy", *[f"{t} (greedy)" for t in tasks], "suite change [95% CI]",
+            "right answer's log-lik. per byte [95% CI]", *benches]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    if tasks:
+        lines.append("| base | | " + " | ".join(f"{result['base_tasks'][t]:.3f}" for t in tasks) + " | | |"
+                     + " |" * len(benches))
+    for name, arm in result["arms"].items():
+        for i, seed in enumerate(arm["seeds"]):
+            t, su, g = seed["in_task"], seed["suite"], seed["gold_logprob_per_byte"]
+            cells = [f"{name} ({i})", f"{t.get('start', float('nan')):.3f} -> {t.get('end', float('nan')):.3f}",
+                     *[f"{seed.get('tasks', {}).get(task) or float('nan'):.3f}" for task in tasks],
+                     f"{su['diff']:+.4f} [{su['low']:+.4f}, {su['high']:+.4f}]",
+                     f"{g['diff']:+.4f} [{g['low']:+.4f}, {g['high']:+.4f}]",
+                     *[f"{seed['benchmarks'][b]['value']:+.2f}" for b in benches]]
+            lines.append("| " + " | ".join(cells) + " |")
+    columns = ["arm", "seeds", "in-task gain, IQM [95% CI]", "suite change, IQM [95% CI]",
+               "log-lik. per byte, IQM [95% CI]", *[f"{t} (mean)" for t in tasks]]
+    lines += ["", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for name, arm in result["arms"].items():
+        summary = arm["summary"]
+        cells = [name, str(summary["seeds"]), _iqm_cell(summary.get("in_task_gain"), 3),
+                 _iqm_cell(summary.get("suite_diff"), 4), _iqm_cell(summary.get("gold_logprob_per_byte_diff"), 4),
+                 *[f"{summary.get('tasks', {}).get(t, float('nan')):.3f}" for t in tasks]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str]) -> None:
@@ -117,6 +156,7 @@ def main(argv: list[str]) -> None:
                         "benchmark=reasoning_gym name=<run folder>_<task>` directories (and base_<task>): each run's "
                         "greedy held-out accuracy per task of --tasks")
     parser.add_argument("--tasks", default="chain_sum,products")
+    parser.add_argument("--markdown", action="store_true", help="also print the tables of docs/evaluation.md#cost")
     args = parser.parse_args(argv)
     arms = {}
     for spec in args.arm:
@@ -140,6 +180,9 @@ def main(argv: list[str]) -> None:
                 p, low, high = probability_of_improvement_ci([s["suite"]["diff"] for s in arms[a]],
                                                              [s["suite"]["diff"] for s in arms[b]])
                 result["improvement"][f"P({a} > {b})"] = {"value": p, "low": low, "high": high}
+                p, low, high = probability_of_improvement_ci([s["gold_logprob_per_byte"]["diff"] for s in arms[a]],
+                                                             [s["gold_logprob_per_byte"]["diff"] for s in arms[b]])
+                result["improvement"][f"P({a} > {b}) gold log-lik. per byte"] = {"value": p, "low": low, "high": high}
     text = json.dumps(result, indent=2)
     if args.out:
         args.out.write_text(text + "\n")
@@ -153,6 +196,8 @@ def main(argv: list[str]) -> None:
                   f"{seed['gold_logprob_per_byte']['high']:+.4f}]  "
                   + "  ".join(f"{b} {v['value']:+.3f}" for b, v in seed["benchmarks"].items()))
     print(json.dumps(result["improvement"]))
+    if args.markdown:
+        print(markdown(result))
 
 
 if __name__ == "__main__":

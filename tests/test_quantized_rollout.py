@@ -74,11 +74,12 @@ def test_the_behaviour_logprobs_are_the_8bit_samplers(tiny):
     out = _draw(model, tokenizer, "int8")
     fp32_gap = 0.0
     for prompt, tokens, logprobs in zip(_prompts(), out.ids, out.logprobs):
-        assert logprobs == pytest.approx(_replay(model, prompt, tokens, "int8"), abs=1e-5)
+        # one row alone: the int8 products are the same, the float attention of another batch size rounds apart
+        assert logprobs == pytest.approx(_replay(model, prompt, tokens, "int8"), abs=5e-4)
         fp32 = _replay(model, prompt, tokens, "none")
         assert logprobs[0] == pytest.approx(fp32[0], abs=1e-5)  # the first token: the float32 prefill's logits
         fp32_gap = max(fp32_gap, max(abs(a - b) for a, b in zip(logprobs[1:], fp32[1:])))
-    assert 1e-4 < fp32_gap < 0.5  # a nearby policy, not the float32 one: swapping the two would fail above
+    assert 5e-3 < fp32_gap < 0.5  # a nearby policy, not the float32 one: swapping the two would fail above
 
 
 @torch.no_grad()

@@ -24,10 +24,13 @@ returns None from `decode_step_for` and decoding uses the model's forward.
 of their weights made when the step is built (once per generate call, so after every update), symmetric per output
 channel, s_c = max_j |W_cj| / 127, q_cj = round(W_cj / s_c), through fbgemm's dynamic int8 linear. The activations
 are quantised per row: each row x_r is divided by m_r = max_j |x_rj| and two input columns (+1, -1, with zero
-weights) are appended, so the kernel's per-tensor range is [-1, 1] whatever else is in the batch; the output is
-m_r (x_r / m_r) W^T + b. A row's logits then depend on that row alone (integer products are exact), so chunking
-and rows leaving the batch change no draw, as in float32. A decode step reads a quarter of the float32 bytes; its
-logits differ from the float32 step's by about 1% of their range, so the tokens are drawn from a nearby policy,
+weights) are appended, so the kernel's per-tensor range is [-1, 1] whatever else is in the batch. Its grid there has
+127 levels (reduce_range), too coarse for a row with an outlier channel (the rest rounds to a level or two), so the
+rounding residual goes through the same call as extra rows, scaled to [-1, 1] on its own: y = m_r (u W^T +
+m'_r (r / m'_r) W^T) + b, activations to ~13 bits at the cost of 2x rows in a product bound by reading the weights.
+A row's logits then depend on that row alone (integer products are exact), so chunking and rows leaving the batch
+change no draw, as in float32. A decode step reads a quarter of the float32 bytes; its logits differ from the
+float32 step's by the weights' rounding (about 1% of their range), so the tokens are drawn from a nearby policy,
 which the trainer corrects for with rollout.correction (FlashRL, Liu, Yao et al. 2025: truncated importance
 sampling makes 8-bit rollouts match full-precision ones).
 """
@@ -140,13 +143,23 @@ def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
     return torch.ops.quantized.linear_prepack(q, None), (bias.detach().float().cpu() if bias is not None else None)
 
 
+ACTIVATION_LEVELS = 63.5  # fbgemm's grid on [-1, 1] with reduce_range: u -> round(63.5 u) / 63.5
+
+
 def int8_matmul(x: torch.Tensor, packed: tuple) -> torch.Tensor:
-    """x W^T + b through int8_linear's copy, each row quantised on its own: m_r (x_r / m_r) W^T + b, the range
-    columns (+1, -1) pinning the kernel's activation range to [-1, 1] (module docstring). x: (rows, in)."""
+    """x W^T + b through int8_linear's copy, each row on its own scale, in two passes (module docstring):
+    u = x_r / m_r, its rounding residual r = u - round(63.5 u) / 63.5 scaled to [-1, 1] by m'_r, both through the
+    kernel in one call (2 x rows: the weights are read once), y = m_r (u W^T + m'_r (r / m'_r) W^T) + b. The range
+    columns (+1, -1) pin the kernel's activation range to [-1, 1]. x: (rows, in)."""
     weight, bias = packed
+    rows = x.shape[0]
     m = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-12)  # (rows, 1)
-    ends = x.new_tensor([1.0, -1.0]).expand(x.shape[0], 2)
-    out = torch.ops.quantized.linear_dynamic(torch.cat([x / m, ends], dim=1), weight, True) * m
+    u = x / m
+    residual = u - torch.round(u * ACTIVATION_LEVELS) / ACTIVATION_LEVELS  # what the kernel's rounding drops
+    m2 = residual.abs().amax(dim=1, keepdim=True).clamp(min=1e-12)
+    ends = x.new_tensor([1.0, -1.0]).expand(2 * rows, 2)
+    both = torch.ops.quantized.linear_dynamic(torch.cat([torch.cat([u, residual / m2]), ends], dim=1), weight, True)
+    out = m * (both[:rows] + m2 * both[rows:])
     return out if bias is None else out + bias
 
 
