@@ -109,6 +109,10 @@ def arm_summary(seeds: list[dict]) -> dict:
     return out
 
 
+def _accuracy_cell(value: float | None) -> str:
+    return "" if value is None else f"{value:.3f}"
+
+
 def _iqm_cell(value: dict | None, digits: int) -> str:
     if value is None:
         return ""
@@ -130,7 +134,7 @@ def markdown(result: dict) -> str:
         for i, seed in enumerate(arm["seeds"]):
             t, su, g = seed["in_task"], seed["suite"], seed["gold_logprob_per_byte"]
             cells = [f"{name} ({i})", f"{t.get('start', float('nan')):.3f} -> {t.get('end', float('nan')):.3f}",
-                     *[f"{seed.get('tasks', {}).get(task) or float('nan'):.3f}" for task in tasks],
+                     *[_accuracy_cell(seed.get("tasks", {}).get(task)) for task in tasks],
                      f"{su['diff']:+.4f} [{su['low']:+.4f}, {su['high']:+.4f}]",
                      f"{g['diff']:+.4f} [{g['low']:+.4f}, {g['high']:+.4f}]",
                      *[f"{seed['benchmarks'][b]['value']:+.2f}" for b in benches]]
@@ -142,7 +146,7 @@ def markdown(result: dict) -> str:
         summary = arm["summary"]
         cells = [name, str(summary["seeds"]), _iqm_cell(summary.get("in_task_gain"), 3),
                  _iqm_cell(summary.get("suite_diff"), 4), _iqm_cell(summary.get("gold_logprob_per_byte_diff"), 4),
-                 *[f"{summary.get('tasks', {}).get(t, float('nan')):.3f}" for t in tasks]]
+                 *[_accuracy_cell(summary.get("tasks", {}).get(t)) for t in tasks]]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
