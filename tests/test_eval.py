@@ -327,14 +327,19 @@ def test_benchmark_sampling_through_the_generator_protocol_draws_what_generate_d
     assert len({s for r in records for s in r["samples"]}) > 5  # really sampled, not all alike
 
 
+def _saved_run(tmp_path, config_yaml: str):
+    """A training run folder: the tiny model as its final/ and `config_yaml` as its config.yaml."""
+    run = tmp_path / "run"
+    shutil.copytree(ASSETS_DIR / "tiny", run / "final")
+    (run / "config.yaml").write_text(config_yaml)
+    return run
+
+
 @pytest.mark.parametrize("given, want",
                          [([], 0.7), (["sampling.temperature=1.0"], 1.0), (["rollout.temperature=1.0"], 1.0)])
 def test_eval_of_a_run_samples_at_the_runs_temperature(tmp_path, given, want):
     # a real model's preset trains at 0.7 (conf/tuning): eval.yaml's 1.0 would score samples the run never drew
-    run = tmp_path / "run"
-    shutil.copytree(ASSETS_DIR / "tiny", run / "final")
-    (run / "config.yaml").write_text("model:\n  path: builtin:tiny\nrollout:\n  temperature: 0.7\n  top_p: 0.9\n  "
-                                     "top_k: 5\n")
+    run = _saved_run(tmp_path, "model:\n  path: builtin:tiny\nrollout:\n  temperature: 0.7\n  top_p: 0.9\n  top_k: 5\n")
     out = tmp_path / "eval"
     evaluate(_eval_cfg(f"run={run}", "limit=2", "sampling.n=1", *given), out, [f"run={run}", *given])
     sampling = OmegaConf.load(out / "config.yaml").sampling
@@ -344,10 +349,7 @@ def test_eval_of_a_run_samples_at_the_runs_temperature(tmp_path, given, want):
 @pytest.mark.parametrize("given, want_reader", [([], "final_number"), (["model.answer.reader=tag"], "tag")])
 def test_eval_of_a_run_asks_and_reads_answers_as_the_runs_model_preset(tmp_path, given, want_reader):
     # a SmolLM2 run is asked the bare question and read by final_number; eval.yaml's default model asks for tags
-    run = tmp_path / "run"
-    shutil.copytree(ASSETS_DIR / "tiny", run / "final")
-    (run / "config.yaml").write_text("model:\n  path: builtin:tiny\n  answer:\n    prompt: bare\n    reader: "
-                                     "final_number\n")
+    run = _saved_run(tmp_path, "model:\n  path: builtin:tiny\n  answer:\n    prompt: bare\n    reader: final_number\n")
     out = tmp_path / "eval"
     overrides = [f"run={run}", "benchmark=chain_sum", "limit=2", "sampling.n=1", *given]
     evaluate(_eval_cfg(*overrides), out, overrides)
