@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rlx.rollout.generator import SHARED_PREFIX_MIN, common_prefix
+
 
 @dataclass(frozen=True)
 class ChoiceQuestion:
@@ -110,21 +112,18 @@ def tree_mask(parent: list[int]) -> torch.Tensor:
     return mask
 
 
-SHARED_PREFIX_MIN = 32  # a common prefix shorter than this is fed with each tree (its cache costs more than it saves)
-
-
 def shared_prefix(trees: list[_Tree], minimum: int = SHARED_PREFIX_MIN) -> int:
     """The number of leading tokens that every tree starts with as a chain (the few-shot examples, the same for every
-    question), cut so that every scored position comes after it; 0 when that is under `minimum` or there is one tree."""
+    question), cut so that every scored position comes after it; 0 when that is under `minimum` or there is one tree
+    (generation's common_prefix on each tree's chained head up to its first scored node, plus one token)."""
     if len(trees) < 2:
         return 0
-    limit = min(min(len(tree.tokens) for tree in trees), min(p for tree in trees for p, _, _ in tree.targets))
-    first = trees[0].tokens
-    length = 0
-    while (length < limit and all(tree.tokens[length] == first[length] for tree in trees)
-           and all(tree.parent[length] == length - 1 for tree in trees)):
-        length += 1
-    return length if length >= minimum else 0
+    limit = min(p for tree in trees for p, _, _ in tree.targets)  # the nodes that predict a scored token are fed
+    heads = []
+    for tree in trees:
+        chain = next((i for i, parent in enumerate(tree.parent) if parent != i - 1), len(tree.parent))
+        heads.append(tree.tokens[:min(chain, limit) + 1])  # common_prefix leaves each one token of its own
+    return common_prefix(heads, minimum)
 
 
 def strip_prefix(tree: _Tree, length: int) -> _Tree:

@@ -89,7 +89,8 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
     return ids, mask
 
 
-SHARED_PREFIX_MIN = 32  # a common prefix shorter than this is encoded with each prompt
+SHARED_PREFIX_MIN = 32  # a common prefix shorter than this is encoded with each prompt or question (its
+# cache costs more than it saves; rlx/evaluation/loglikelihood.py shares it)
 
 
 def common_prefix(prompts: list[list[int]], minimum: int = SHARED_PREFIX_MIN) -> int:
