@@ -42,9 +42,9 @@ def main() -> None:
     parser.add_argument("--model", default="builtin:tiny")
     args = parser.parse_args()
 
+    from rlx.engines.sampling import sample_seed
+    from rlx.fleet.backends import build_generator
     from rlx.models.loading import load_causal_lm, load_tokenizer
-    from rlx.rollout.backends import build_generator
-    from rlx.rollout.sampling import sample_seed
 
     model, tok = load_causal_lm(args.model), load_tokenizer(args.model)
     pin = ["taskset", "-c", "1"] if shutil.which("taskset") and (os.cpu_count() or 1) > 1 else []

@@ -3,8 +3,8 @@
     python benchmarks/decode_step.py [--shape qwen2.5-0.5b] [--layers 24] [--rows 8] [--steps 16] [--threads 2]
 
 Builds the random-init shape once into benchmarks/.cache/ (rlx.models.shapes), prefills `--rows` rows of
-a 32-token prompt through rlx.rollout.hf's preallocated cache, then times, min over `--repeats` runs of
-`--steps` steps each: the whole step (rlx.rollout.fast_decode.DecodeStep + sampler), the step without
+a 32-token prompt through rlx.engines.hf's preallocated cache, then times, min over `--repeats` runs of
+`--steps` steps each: the whole step (rlx.engines.fast_decode.DecodeStep + sampler), the step without
 the sampler (default F.linear, rollout.onednn_decode and rollout.quantize=int8, alternating; int8 includes
 making the 8-bit copy once per generate call, timed apart), the head alone (final norm + lm_head), and each
 sampler version alone on the step's logits.
@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from rlx.engines.fast_decode import decode_step_for  # noqa: E402
+from rlx.engines.hf import generation_cache  # noqa: E402
+from rlx.engines.sampling import SAMPLERS, sample_tokens  # noqa: E402
 from rlx.models.shapes import build_shaped_model  # noqa: E402
-from rlx.rollout.fast_decode import decode_step_for  # noqa: E402
-from rlx.rollout.hf import generation_cache  # noqa: E402
-from rlx.rollout.sampling import SAMPLERS, sample_tokens  # noqa: E402
 
 CACHE = Path(__file__).resolve().parent / ".cache"
 

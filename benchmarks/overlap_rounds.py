@@ -28,9 +28,9 @@ sys.path.insert(0, str(ROOT))
 
 
 def run(servers: int, overlap: bool, args) -> dict:
+    from rlx.fleet.backends import build_generator
     from rlx.models.loading import load_causal_lm, load_tokenizer
     from rlx.rewards import RewardComponent
-    from rlx.rollout.backends import build_generator
     from rlx.rollout.overlap import StepOverlap
     from rlx.rollout.partial import PartialProducer, Rounds
     from rlx.rollout.single_turn import SingleTurnSettings

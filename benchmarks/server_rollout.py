@@ -40,9 +40,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from rlx.config.paths import CONF_DIR
+    from rlx.engines.sampling import sample_seed
+    from rlx.engines.vllm import build_engine
     from rlx.models.loading import load_causal_lm, load_tokenizer
-    from rlx.rollout.sampling import sample_seed
-    from rlx.rollout.vllm import build_engine
 
     pin = ["taskset", "-c", str(args.core)] if shutil.which("taskset") else []
     if pin:

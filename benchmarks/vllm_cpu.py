@@ -59,10 +59,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from rlx.config.paths import CONF_DIR
+    from rlx.engines.hf import generate
+    from rlx.engines.sampling import sample_seed
+    from rlx.engines.vllm import build_engine
     from rlx.models.loading import load_causal_lm, load_tokenizer
-    from rlx.rollout.hf import generate
-    from rlx.rollout.sampling import sample_seed
-    from rlx.rollout.vllm import build_engine
 
     path = "builtin:tiny" if args.shape == "tiny" else str(half_billion_shape())
     model, tok = load_causal_lm(path), load_tokenizer(path)

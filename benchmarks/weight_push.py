@@ -1,4 +1,4 @@
-"""Publish time of the gloo push (rlx/rollout/weight_stream.py) against the file push's file part, on this CPU.
+"""Publish time of the gloo push (rlx/fleet/weight_stream.py) against the file push's file part, on this CPU.
 
     python benchmarks/weight_push.py                      # builtin:tiny and a random SmolLM2-135M-shaped model
     python benchmarks/weight_push.py --models tiny --repeats 5
@@ -52,14 +52,14 @@ def build(name: str, seed: int):
 
 
 def receive(name: str, host: str, port: int) -> None:
-    from rlx.rollout.weight_stream import serve_model
+    from rlx.fleet.weight_stream import serve_model
 
     torch.set_num_threads(1)
     serve_model(build(name, seed=1), host, port, 1, 2, timeout_s=600)
 
 
 def time_gloo(name: str, model, repeats: int, bucket_bytes: int) -> list[float]:
-    from rlx.rollout.weight_stream import WeightSender, full_parameters, manifest_of
+    from rlx.fleet.weight_stream import WeightSender, full_parameters, manifest_of
 
     sender = WeightSender(1, bucket_bytes=bucket_bytes, timeout_s=600)
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
@@ -78,7 +78,7 @@ def time_gloo(name: str, model, repeats: int, bucket_bytes: int) -> list[float]:
 def time_file(name: str, model, repeats: int) -> list[float]:
     from safetensors.torch import load_file
 
-    from rlx.rollout.publishers import WEIGHTS_FILE, served_state_dict, write_weights
+    from rlx.fleet.publishers import WEIGHTS_FILE, served_state_dict, write_weights
 
     reader = build(name, seed=1)
     folder = Path(tempfile.mkdtemp(prefix="rlx-push-"))

@@ -18,9 +18,9 @@ import torch
 
 import rlx
 from rlx.build import single_turn_settings
-from rlx.rollout.generator import Draw, sample_rollout
+from rlx.engines.generator import Draw, sample_rollout
+from rlx.engines.sampling import sample_seed
 from rlx.rollout.prompts import format_prompts
-from rlx.rollout.sampling import sample_seed
 from rlx.rollout.single_turn import (
     round_batch,
     round_metrics,

@@ -21,10 +21,12 @@ from rlx.config.async_rules import gathers_to_publish, rank_zero_reason
 from rlx.config.schema import TrainConfig
 from rlx.data.difficulty import DifficultySampler
 from rlx.data.tasks import PromptStream
+from rlx.engines.generator import policy_generator
 from rlx.envs import env_factory
 from rlx.errors import EnvError, UserError
 from rlx.evaluation.agents import episode_evaluator, player_for
 from rlx.evaluation.tasks import task_eval_settings, task_evaluator
+from rlx.fleet.backends import build_generator, eval_generator
 from rlx.loops.agent_sft import train_agent_sft
 from rlx.loops.common import Components, Parts
 from rlx.loops.policy_gradient import train_policy_gradient
@@ -34,9 +36,7 @@ from rlx.loops.reward_model import train_reward_model
 from rlx.loops.sft import train_sft
 from rlx.models import lora, value
 from rlx.rewards.overlong import with_overlong_penalty
-from rlx.rollout.backends import build_generator, eval_generator
 from rlx.rollout.episodes import EpisodeProducer, EpisodeSettings
-from rlx.rollout.generator import policy_generator
 from rlx.rollout.overlap import StepOverlap
 from rlx.rollout.partial import PartialProducer, Rounds
 from rlx.rollout.pipeline import pipelined, rollout_copy

@@ -14,9 +14,9 @@ import torch
 from accelerate import Accelerator
 from omegaconf import OmegaConf
 
+from rlx.engines.hf import generate
 from rlx.models.loading import load_causal_lm, load_tokenizer
 from rlx.models.lora import place_reference, reference_model
-from rlx.rollout.hf import generate
 from rlx.runtime.parallel import fsdp_plugin, is_sharded, use_fsdp_on_cpu
 
 FSDP = OmegaConf.load(__file__.replace("tests/fsdp_generate_worker.py", "conf/hardware/fsdp.yaml")).fsdp

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import threading
 
-from rlx.rollout.types import Generation
+from rlx.engines.records import Generation
 
 
 @functools.cache

@@ -19,9 +19,9 @@ import torch
 
 from rlx.config.overrides import check_overrides
 from rlx.config.settings import settings as typed_settings
+from rlx.engines.records import Generation
 from rlx.loops.common import Components
 from rlx.rewards import RewardComponent
-from rlx.rollout.types import Generation
 
 # evaluation, sample files, plots and the final save off; the learning rate constant from the first step
 QUIET = ["eval.every=0", "eval.at_start=false", "log.samples_every=0", "log.progress=false", "save.final=false",
@@ -103,7 +103,7 @@ def completion_tokens(tokenizer, text: str) -> list[int]:
 
 
 class FixedSampler:
-    """A generator (rlx.rollout.generator protocol) of fixed completions, put in place of the one the builder
+    """A generator (rlx.engines.generator protocol) of fixed completions, put in place of the one the builder
     builds (`monkeypatch.setattr(rlx.build, "build_generator", sampler)`: building one returns this sampler, the
     policy it was built on in `self.model`): sample j of each prompt is completions[j % len(completions)]
     followed by EOS. Records every sample it handed out."""

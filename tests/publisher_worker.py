@@ -1,7 +1,7 @@
 """Processes of tests/test_publisher.py.
 
   receive HOST PORT RANK WORLD OUT [--die-after N | --hang-after N] [--timeout S]
-      a weight receiver (rlx.rollout.weight_stream.serve_model) holding `make_model(seed=99)` (other weights
+      a weight receiver (rlx.fleet.weight_stream.serve_model) holding `make_model(seed=99)` (other weights
       than the trainer's); after each version it writes OUT/v{version}.pt (its parameters, bit for bit).
       --die-after N: exit (code 17) after applying N tensors, mid-publish; --hang-after N: sleep instead.
   fsdp OUT
@@ -32,7 +32,7 @@ def make_model(seed: int) -> torch.nn.Module:
 
 def receive(host: str, port: int, rank: int, world: int, out: Path, die_after: int | None, hang_after: int | None,
             timeout_s: float) -> None:
-    from rlx.rollout.weight_stream import WeightReceiver
+    from rlx.fleet.weight_stream import WeightReceiver
 
     torch.set_num_threads(1)
     model = make_model(seed=99)
@@ -58,7 +58,7 @@ def fsdp(out: Path) -> None:
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
-    from rlx.rollout.publishers import GlooPublisher
+    from rlx.fleet.publishers import GlooPublisher
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

@@ -4,8 +4,8 @@ errors, and exact resume."""
 import pytest
 import torch
 
+from rlx.engines.records import Episode
 from rlx.loops.credit import step_tensors, token_advantages
-from rlx.rollout.types import Episode
 from rlx.runtime.rundir import read_metrics
 from tests.conftest import only_run_dir, run_rlx
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 
+from rlx.engines.records import Episode
 from rlx.errors import UserError
 from rlx.gateway.harness import HarnessError, HarnessSettings, play_harness
 from rlx.gateway.server import GatewaySettings
 from rlx.rollout.env import EpisodeLimits, run_episodes
 from rlx.rollout.failures import EpisodeFailureWatch
-from rlx.rollout.types import Episode
 from tests.conftest import run_rlx
 from tests.gateway_fixtures import ScriptedGenerator, tiny_tokenizer
 from tests.test_env_rollout import Echo, Scripted

@@ -206,10 +206,10 @@ def test_the_registries_and_the_schema_name_the_same_choices():
     from rlx.config import groups as schema  # the fixed sets of names (rlx/config/groups.py)
     from rlx.config.families import ALGORITHMS
     from rlx.data.preferences import LAYOUTS, ON_INVALID, PAIR_SOURCES, TRUNCATION_MODES
+    from rlx.engines.sampling import SAMPLERS
+    from rlx.engines.vllm import SEEDING
+    from rlx.fleet.backends import ROLLOUT_BACKENDS
     from rlx.models.loading import DTYPES
-    from rlx.rollout.backends import ROLLOUT_BACKENDS
-    from rlx.rollout.sampling import SAMPLERS
-    from rlx.rollout.vllm import SEEDING
     from rlx.runtime.optim import SCHEDULES
 
     def names(e):

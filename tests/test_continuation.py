@@ -1,5 +1,5 @@
 """Continuing a row from its token prefix (Generator.generate_ids(continuation=Continuation(prefixes=...)),
-rlx/rollout/hf.py) and stopping generation early (Continuation(stop_when=...)): what partial rollouts and hints
+rlx/engines/hf.py) and stopping generation early (Continuation(stop_when=...)): what partial rollouts and hints
 build on."""
 
 import threading
@@ -7,8 +7,8 @@ import threading
 import pytest
 import torch
 
+from rlx.engines.generator import Continuation, HFGenerator, refuse_continuation
 from rlx.errors import UserError
-from rlx.rollout.generator import Continuation, HFGenerator, refuse_continuation
 from tests.loop_fixtures import PROMPTS, one_thread, tiny_policy  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -102,7 +102,7 @@ def test_rows_that_share_a_prompt_and_prefix_encode_it_once(tiny):
     """Four rows of a fresh group (empty prefixes) and two rows with one prefix: the prefill encodes 2 sequences, not
     6, and the rows drawn are those of the group sampled as samples_per_prompt (its prompt encoded once) and of the
     continued row alone."""
-    from rlx.rollout.generator import shared_prefixes
+    from rlx.engines.generator import shared_prefixes
 
     model, tokenizer, prompts = tiny
     assert shared_prefixes([[1, 2], [1, 2], [3], [1, 2]]) == ([[1, 2], [3]], [0, 0, 1, 0])

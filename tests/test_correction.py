@@ -14,9 +14,9 @@ from rlx.config.async_rules import check_async_settings
 from rlx.config.overrides import check_overrides
 from rlx.config.rules import check_settings
 from rlx.config.settings import checked_settings
+from rlx.engines.records import Generation
 from rlx.errors import UserError
 from rlx.loops import policy_gradient, ppo
-from rlx.rollout.types import Generation
 from rlx.runtime.rundir import read_metrics
 from tests.loop_fixtures import (
     LIKELY,
@@ -250,7 +250,7 @@ def test_the_decoder_records_the_unfiltered_log_prob_under_top_k():
     """rollout=hf with top_k=3: the recorded log-prob of each sampled token is log softmax(z / T) over the whole
     vocabulary (the trainer's), not the renormalised top-3 one (larger by -log of the top-3 mass): so the correction's
     weight at staleness 0 is 1, whatever the filter."""
-    from rlx.rollout.generator import HFGenerator
+    from rlx.engines.generator import HFGenerator
 
     model, tokenizer = tiny_policy()
     generator = HFGenerator(model, tokenizer, temperature=0.8, top_k=3, logprobs="sampler")

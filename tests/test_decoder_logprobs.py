@@ -1,4 +1,4 @@
-"""rlx's own decoder keeps the log-prob of each token it samples (rollout/hf.py generate(logprobs=True)), and the
+"""rlx's own decoder keeps the log-prob of each token it samples (engines/hf.py generate(logprobs=True)), and the
 single-turn loops compare it with the trainer's forward: rollout/logprob_gap_* with rollout=hf, as with vLLM."""
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from rlx.rollout.sampling import sample_seed
+from rlx.engines.sampling import sample_seed
 
 QUESTIONS = ["Compute 4 + 3", "Compute 12 + 345 + 6", "What is 7?", "Compute 1 + 2 + 3 + 4 + 5"]
 
@@ -28,8 +28,8 @@ def test_decoder_logprobs_equal_the_trainers_and_leave_the_draws_alone(knobs):
     """Each sampled token's decoder log-prob is log softmax(z / T) of the trainer's forward over prompt +
     completion (HFGenerator._logprobs: the distribution before top-k/top-p and before min_new_tokens' stop mask)
     to float error, 0 past each row's end; asking for them draws the same tokens."""
-    from rlx.rollout.generator import HFGenerator
-    from rlx.rollout.hf import generate
+    from rlx.engines.generator import HFGenerator
+    from rlx.engines.hf import generate
 
     model, tok, prompts = _tiny()
     group = 3
@@ -53,7 +53,7 @@ def test_decoder_logprobs_equal_the_trainers_and_leave_the_draws_alone(knobs):
 
 
 def test_generator_protocol_returns_the_decoders_logprobs():
-    from rlx.rollout.generator import HFGenerator
+    from rlx.engines.generator import HFGenerator
 
     model, tok, prompts = _tiny()
     ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]

@@ -22,9 +22,9 @@ import torch
 import rlx.build as build
 from rlx.build import build_parts
 from rlx.config.settings import settings as typed_settings
+from rlx.engines.records import Generation
 from rlx.loops import policy_gradient, ppo, preference, reward_model, sft
 from rlx.models import value as value_models
-from rlx.rollout.types import Generation
 from tests.loop_fixtures import (
     LIKELY,
     PROMPTS,

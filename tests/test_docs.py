@@ -51,7 +51,7 @@ REGISTRIES = [
     ("rlx.tasks", "VERIFIERS", "verifier", "data-and-rewards.md"),
     ("rlx.tasks", "READERS", "reader", "data-and-rewards.md"),
     ("rlx.envs", "ENVIRONMENTS", "env", "agents/index.md"),
-    ("rlx.rollout.publishers", "PUBLISHERS", "publisher", "scaling/publishers.md"),
+    ("rlx.fleet.publishers", "PUBLISHERS", "publisher", "scaling/publishers.md"),
     ("rlx.algorithms.mixture", "MIXING_RULES", "mixture", "algorithms/mixture.md"),
 ]
 HEADING = re.compile(r"^#{1,6} (?P<text>.*?)\s*\{#(?P<anchor>[^}\s]+)\}\s*$", re.MULTILINE)

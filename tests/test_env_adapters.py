@@ -87,9 +87,9 @@ def test_textarena_guess_the_number_plays_seeded_episodes():
 
     import numpy as np
 
+    from rlx.engines.records import Generation
     from rlx.models.loading import load_tokenizer
     from rlx.rollout.env import EpisodeLimits, run_episodes
-    from rlx.rollout.types import Generation
 
     factory = env_factory("custom", "rlx.envs.adapters.TextArena", {"env_id": "GuessTheNumber-v0"})
     env = factory()

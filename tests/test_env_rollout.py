@@ -3,11 +3,11 @@
 import pytest
 import torch
 
+from rlx.engines.generator import HFGenerator
+from rlx.engines.records import Generation, Rollout
 from rlx.envs.builtin import Grid
 from rlx.models.loading import load_causal_lm, load_tokenizer
 from rlx.rollout.env import ChatFormat, EpisodeLimits, TurnDecoding, run_episodes
-from rlx.rollout.generator import HFGenerator
-from rlx.rollout.types import Generation, Rollout
 
 
 @pytest.fixture(scope="module")

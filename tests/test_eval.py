@@ -297,13 +297,13 @@ def test_trained_run_beats_its_base_model_with_a_paired_interval(tmp_path):
 
 def test_benchmark_sampling_through_the_generator_protocol_draws_what_generate_drew(tmp_path):
     """run_benchmark samples through the generator protocol; its greedy and sampled completions must be exactly
-    those of the former path: rlx.rollout.hf.generate on the rendered prompts, seeds drawn by generate from the
+    those of the former path: rlx.engines.hf.generate on the rendered prompts, seeds drawn by generate from the
     torch RNG seeded per batch (greedy call first, then the sampled one)."""
     import torch
 
+    from rlx.engines.hf import generate
     from rlx.evaluation.runner import EvalPass, _batch_seed, _model_inputs, run_benchmark
     from rlx.models.loading import load_causal_lm, load_tokenizer
-    from rlx.rollout.hf import generate
 
     tok, model = load_tokenizer("builtin:tiny"), load_causal_lm("builtin:tiny")
     bench = _benchmark("chain_sum")

@@ -14,10 +14,10 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-import rlx.rollout.hf as hf
+import rlx.engines.hf as hf
+from rlx.engines.fast_decode import decode_step_for
+from rlx.engines.hf import generation_cache
 from rlx.models.forward import position_ids_from_mask
-from rlx.rollout.fast_decode import decode_step_for
-from rlx.rollout.hf import generation_cache
 
 SIZES = dict(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2, max_position_embeddings=64,
              pad_token_id=0)

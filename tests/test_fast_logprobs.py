@@ -99,9 +99,9 @@ def test_chunked_memory_does_not_scale_with_vocab_x_tokens():
 
 def test_training_logprobs_match_sampler_distribution(monkeypatch):
     """At temperature 1 the training forward scores each sampled token with the probability it was drawn with."""
-    import rlx.rollout.hf as hf
+    import rlx.engines.hf as hf
+    from rlx.engines.sampling import sample_seed
     from rlx.models.loading import load_causal_lm, load_tokenizer
-    from rlx.rollout.sampling import sample_seed
 
     tok, model = load_tokenizer("builtin:tiny"), load_causal_lm("builtin:tiny")
     drawn = []  # (completion position, global rows, log-probs of the drawn tokens under the sampler's logits)

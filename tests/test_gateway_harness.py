@@ -11,6 +11,7 @@ import openai  # noqa: F401 (imported once here, not inside the first timed harn
 import pytest
 import torch
 
+from rlx.engines.records import Rollout
 from rlx.errors import UserError
 from rlx.gateway.chat import ChatRenderer, normalize_messages
 from rlx.gateway.episodes import session_episode
@@ -25,7 +26,6 @@ from rlx.gateway.harness import (
 from rlx.gateway.server import GatewaySettings
 from rlx.gateway.sessions import TURN_STRIDE, Limits, Session
 from rlx.rollout.episodes import training_rows
-from rlx.rollout.types import Rollout
 from tests.conftest import run_rlx
 from tests.gateway_fixtures import ScriptedGenerator, encode, tiny_tokenizer
 
@@ -186,11 +186,11 @@ def test_the_gateway_plays_exactly_the_tokens_of_the_environment_loop():
     tiny agent model plays token for token what env=corridor plays (same seeds: the session's call t samples
     with seed s * TURN_STRIDE + t, as rollout/env.py's turn t)."""
     from rlx.config.overrides import check_overrides
+    from rlx.engines.generator import HFGenerator
     from rlx.envs import env_factory
     from rlx.evaluation.agents import player_for
     from rlx.models.loading import load_causal_lm
     from rlx.rollout.env import TurnDecoding
-    from rlx.rollout.generator import HFGenerator
 
     torch.set_num_threads(1)
     generator = HFGenerator(load_causal_lm("builtin:tiny_agent"), tiny_tokenizer(), logprobs="sampler")
@@ -228,7 +228,7 @@ class GroupAlternating:
     log-probs are the policy's own (one plain forward pass)."""
 
     def __init__(self, tokenizer, steps, episodes, seed=0):
-        from rlx.rollout.sampling import sample_seed
+        from rlx.engines.sampling import sample_seed
 
         self.tokenizer, self.samples = tokenizer, []
         self.index = {sample_seed(seed, step, i) * TURN_STRIDE: i for step in range(1, steps + 1)
@@ -253,7 +253,7 @@ class GroupAlternating:
         return self
 
     def generate_ids(self, prompts, *, seeds, **_):
-        from rlx.rollout.types import Generation
+        from rlx.engines.records import Generation
         from tests.loop_fixtures import LIKELY, UNLIKELY, completion_tokens, plain_logprobs
 
         rows = []

@@ -14,7 +14,12 @@ The layers, lowest first. A folder may import its own modules and those of any L
     models                    loading, LoRA, the forward pass
     sandbox tasks rewards     running code; verifiers; reward components
     data                      prompt rows and preference pairs
-    rollout                   generators and the producers
+    engines                   the Generator Protocol and the engines in this process (transformers, vLLM), the
+                              records an engine returns
+    fleet rollout             side by side, neither imports the other: the server fleet (a Generator over HTTP
+                              servers, publishers, the choice of backend) and the producers (records of a step,
+                              producers, wrappers, stages), which see only the engines' Protocols; the builder
+                              joins them
     envs gateway              text environments; the agent-harness endpoint
     evaluation                benchmarks and held-out evaluation
     loops                     the training loops
@@ -44,7 +49,8 @@ LAYERS = [
     ("tasks",),
     ("rewards",),
     ("data",),
-    ("rollout",),
+    ("engines",),
+    ("fleet", "rollout"),
     ("envs",),
     ("gateway",),
     ("evaluation",),
@@ -81,7 +87,7 @@ def unit_of_file(path: Path) -> str:
 
 
 def unit_of_module(module: str) -> str | None:
-    """The unit an absolute module name belongs to (`rlx.rollout.hf` -> rollout, `rlx.build` -> build, `rlx` ->
+    """The unit an absolute module name belongs to (`rlx.engines.hf` -> engines, `rlx.build` -> build, `rlx` ->
     __init__); None outside rlx."""
     parts = module.split(".")
     if parts[0] != "rlx":
@@ -148,10 +154,10 @@ def test_imports_only_look_down():
 
 def test_the_reader_counts_imports_inside_functions_and_names_the_line(tmp_path):
     folder = ROOT / "config"
-    source = "import os\n\ndef check(cfg):\n    if cfg:\n        from rlx.rollout.hf import generate\n"
+    source = "import os\n\ndef check(cfg):\n    if cfg:\n        from rlx.engines.hf import generate\n"
     lines = list(imported_modules(folder / "probe.py", source))
-    assert lines == [(1, "os"), (5, "rlx.rollout.hf")]
-    assert unit_of_module("rlx.rollout.hf") == "rollout" and RANK["rollout"] > RANK["config"]
+    assert lines == [(1, "os"), (5, "rlx.engines.hf")]
+    assert unit_of_module("rlx.engines.hf") == "engines" and RANK["engines"] > RANK["config"]
 
 
 def test_config_learns_registry_names_from_what_registries_publish():
@@ -176,5 +182,7 @@ def test_config_learns_registry_names_from_what_registries_publish():
 def test_the_allowed_table_is_what_the_layers_say():
     table = allowed()
     assert "rollout" in table["loops"] and "loops" not in table["rollout"]
+    assert "engines" in table["fleet"] and "engines" in table["rollout"]
+    assert "fleet" not in table["rollout"] and "rollout" not in table["fleet"]
     assert table["config"] == ["errors", "registry", "version", "algorithms"]
     assert table["errors"] == []

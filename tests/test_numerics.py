@@ -179,8 +179,8 @@ def test_decode_step_follows_a_bf16_autocast_prefill():
     """A prefill under bf16 autocast over fp32 weights fills a bf16 value cache; the hand-written decode
     step then runs under the same autocast and gives the transformers step's logits. Failed before:
     `expected m1 and m2 to have the same dtype` in the decode step."""
-    from rlx.rollout.fast_decode import decode_step_for
-    from rlx.rollout.hf import generation_cache
+    from rlx.engines.fast_decode import decode_step_for
+    from rlx.engines.hf import generation_cache
 
     model = _tiny_llama()
     prompt = torch.randint(1, 50, (2, 5), generator=torch.Generator().manual_seed(0))

@@ -12,10 +12,10 @@ import json
 import pytest
 import torch
 
+from rlx.errors import NoServerAtVersion
 from rlx.rewards import RewardComponent
 from rlx.rollout.overlap import StepOverlap, finished_by, groups_completed, round_tokens, settle, start_marks
 from rlx.rollout.partial import PartialProducer, Rounds, new_group
-from rlx.rollout.server_client import NoServerAtVersion
 from rlx.rollout.single_turn import SingleTurnSettings
 from tests.test_partial import InOrder
 from tests.test_server_unit import build

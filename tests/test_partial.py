@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from rlx.data.tasks import PromptStream
+from rlx.engines.records import Generation
 from rlx.rewards import RewardComponent
 from rlx.rollout.partial import PartialProducer
 from rlx.rollout.single_turn import SingleTurnSettings
-from rlx.rollout.types import Generation
 from tests.loop_fixtures import one_thread  # noqa: F401 (fixture)
 
 EOS = 0
@@ -139,8 +139,8 @@ def test_oversample_1_draws_the_synchronous_prompts_and_tokens(tmp_path):
     """oversample 1, nothing carried: the prompts and seeds of the synchronous producer, so the same tokens."""
     from rlx.build import single_turn_producer
     from rlx.config.settings import settings
+    from rlx.engines.generator import HFGenerator
     from rlx.loops.common import Parts
-    from rlx.rollout.generator import HFGenerator
     from tests.loop_fixtures import loop_config, rows, tiny_policy
 
     model, tokenizer = tiny_policy()

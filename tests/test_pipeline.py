@@ -11,8 +11,9 @@ import torch
 
 from rlx.algorithms.grouping import fixed_groups
 from rlx.config.settings import settings as typed_settings
+from rlx.engines.records import Rollout
 from rlx.rollout.pipeline import PipelineGenerator, PipelineProducer, rollout_copy
-from rlx.rollout.types import Batch, PromptRows, Rollout, no_verdicts
+from rlx.rollout.types import Batch, PromptRows, no_verdicts
 from rlx.runtime.rundir import read_metrics
 from tests.loop_fixtures import one_thread  # noqa: F401 (fixture)
 
@@ -292,7 +293,7 @@ def test_the_default_run_builds_the_synchronous_path(tmp_path):
     """rollout.max_staleness=0 (the default): the producer is the single-turn producer itself and the generator the
     policy's own HFGenerator, as before pipeline mode existed: no copy, no thread."""
     from rlx.build import build_parts
-    from rlx.rollout.generator import HFGenerator
+    from rlx.engines.generator import HFGenerator
     from rlx.rollout.single_turn import SingleTurnProducer
     from tests.loop_fixtures import components, loop_config, rows, tiny_policy
 

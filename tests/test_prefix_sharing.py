@@ -5,7 +5,7 @@ tokens with the same log-probs as encoding each prompt whole, and feeds the pref
 import pytest
 import torch
 
-from rlx.rollout.generator import DecodeStep, HFGenerator, common_prefix, prefix_pad
+from rlx.engines.generator import DecodeStep, HFGenerator, common_prefix, prefix_pad
 
 
 def test_common_prefix_and_its_padding_by_hand():

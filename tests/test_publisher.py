@@ -1,4 +1,4 @@
-"""Weight publishers (rlx/rollout/publishers.py) and the gloo twin of the NCCL push (rlx/rollout/weight_stream.py).
+"""Weight publishers (rlx/fleet/publishers.py) and the gloo twin of the NCCL push (rlx/fleet/weight_stream.py).
 
 The gloo tests run a real receiver process (tests/publisher_worker.py) that joins the trainer's process group on
 127.0.0.1 at a port the OS picked, applies every version into a model it holds (other weights to begin with) and
@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from rlx.errors import RolloutServerError, UserError
-from rlx.rollout.publishers import PUBLISHERS, publisher_name
-from rlx.rollout.server_process import check_publisher
-from rlx.rollout.weight_stream import WeightSender, full_parameters, manifest_of
+from rlx.fleet.process import check_publisher
+from rlx.fleet.publishers import PUBLISHERS, publisher_name
+from rlx.fleet.weight_stream import WeightSender, full_parameters, manifest_of
 
 sys.path.insert(0, str(Path(__file__).parent))
 from publisher_worker import make_model  # noqa: E402
@@ -251,9 +251,9 @@ def test_nccl_and_ipc_publishers_follow_vllms_weight_transfer_routes(fake_vllm_e
     init and hands the served tensors to the IPC engine between pause and resume. What runs on a GPU is untested."""
     from omegaconf import OmegaConf
 
+    from rlx.fleet.client import RequestPolicy, ServerClient
+    from rlx.fleet.publishers import served_state_dict
     from rlx.models.loading import load_causal_lm
-    from rlx.rollout.publishers import served_state_dict
-    from rlx.rollout.server_client import RequestPolicy, ServerClient
 
     model = load_causal_lm("builtin:tiny")
     servers = [FakeWeightServer(world_size=2), FakeWeightServer(world_size=1)]

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from rlx.config.overrides import check_overrides
+from rlx.engines import fast_decode
+from rlx.engines.fast_decode import decode_step_for, int8_linear, int8_matmul
+from rlx.engines.generator import DecodeStep, HFGenerator
 from rlx.errors import UserError
-from rlx.rollout import fast_decode
-from rlx.rollout.fast_decode import decode_step_for, int8_linear, int8_matmul
-from rlx.rollout.generator import DecodeStep, HFGenerator
 from rlx.runtime.rundir import read_metrics
 from tests.conftest import only_run_dir, run_rlx
 
@@ -48,7 +48,7 @@ def _prompts():
 def _replay(model, prompt, tokens, quantize):
     """log p of `tokens` after `prompt` as the sampler computes them: the prompt through the model's forward (the
     first token's logits), every later token through rlx's decode step with `quantize` weights."""
-    from rlx.rollout.hf import generation_cache
+    from rlx.engines.hf import generation_cache
 
     cache = generation_cache(model, len(tokens))
     ids = torch.tensor([prompt])
@@ -115,7 +115,7 @@ def test_int8_rollouts_are_refused_where_they_do_not_run():
 def test_a_model_without_rlx_decode_step_is_refused_before_generating():
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from rlx.rollout.generator import check_quantized_decoding
+    from rlx.engines.generator import check_quantized_decoding
 
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50))
     with pytest.raises(UserError, match="this model is gpt2"):

@@ -61,8 +61,8 @@ def test_a_finished_completion_trains_its_end_token(real_model, monkeypatch):
     monkeypatch.setenv("RLX_CACHE", real_model["RLX_CACHE"])
     import torch
 
+    from rlx.engines.generator import Draw, HFGenerator, sample_rollout
     from rlx.models.loading import load_causal_lm, load_tokenizer
-    from rlx.rollout.generator import Draw, HFGenerator, sample_rollout
 
     torch.set_num_threads(1)
     tokenizer, model = load_tokenizer(f"package:{MODEL}"), load_causal_lm(f"package:{MODEL}")

@@ -12,9 +12,9 @@ import json
 import pytest
 import torch
 
+from rlx.engines.records import Generation
+from rlx.fleet.server import continuation_seed
 from rlx.rollout.partial import Rounds
-from rlx.rollout.server import continuation_seed
-from rlx.rollout.types import Generation
 from tests.fake_vllm import FakeVLLM
 from tests.test_partial import EOS, Scripted, trained
 from tests.test_partial import producer as partial_producer
@@ -209,7 +209,7 @@ def test_a_carried_row_carries_each_tokens_version_in_the_record():
     record pickled without the field (an older pipeline checkpoint) gets each row's version on its tokens."""
     import pickle
 
-    from rlx.rollout.types import Rollout
+    from rlx.engines.records import Rollout
 
     made, _ = partial_producer([8, 2, 9, 3, 8, 8], prompts_per_step=2, oversample=2.0)
     generator = Segmented([8, 2, 9, 3, 8, 8])

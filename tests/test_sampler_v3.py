@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from rlx.config.overrides import check_overrides
-from rlx.rollout.fast_decode import onednn_available
-from rlx.rollout.generator import HFGenerator, policy_generator
-from rlx.rollout.hf import Decoding, generate_tokens
-from rlx.rollout.sampling import ONEDNN_DECODE, SAMPLERS, sample_tokens
+from rlx.engines.fast_decode import onednn_available
+from rlx.engines.generator import HFGenerator, policy_generator
+from rlx.engines.hf import Decoding, generate_tokens
+from rlx.engines.sampling import ONEDNN_DECODE, SAMPLERS, sample_tokens
 from tests.loop_fixtures import PROMPTS, one_thread, tiny_policy  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from rlx.rollout.sampling import filtered_probs, inverse_cdf_sample, row_uniforms, sample_seed
+from rlx.engines.sampling import filtered_probs, inverse_cdf_sample, row_uniforms, sample_seed
 
 
 def test_inverse_cdf_hand_values():
@@ -51,8 +51,8 @@ def test_empirical_frequencies_match_probs():
 
 
 def test_generate_is_independent_of_chunking():
+    from rlx.engines.hf import generate
     from rlx.models.loading import load_causal_lm, load_tokenizer
-    from rlx.rollout.hf import generate
 
     tok, model = load_tokenizer("builtin:tiny"), load_causal_lm("builtin:tiny")
     prompts = [tok.apply_chat_template([{"role": "user", "content": f"Compute {a} + 3"}], tokenize=False,
@@ -66,14 +66,14 @@ def test_generate_is_independent_of_chunking():
 
 
 def test_python_and_tensor_hash_agree():
-    from rlx.rollout.sampling import _mix32, _mix32_int
+    from rlx.engines.sampling import _mix32, _mix32_int
 
     values = [0, 1, 12345, 2**32 - 1, 987654321]
     assert _mix32(torch.tensor(values)).tolist() == [_mix32_int(v) for v in values]
 
 
 def test_blocked_inverse_cdf_matches_full_cdf():
-    from rlx.rollout.sampling import blocked_inverse_cdf_sample
+    from rlx.engines.sampling import blocked_inverse_cdf_sample
 
     # weights [1, 0, 3, 4] (total 8) in blocks of 3: CDF [1, 1, 4, 8] / 8 = [.125, .125, .5, 1]
     weights = torch.tensor([[1.0, 0.0, 3.0, 4.0]] * 5)
@@ -92,7 +92,7 @@ def test_blocked_inverse_cdf_matches_full_cdf():
 def test_nucleus_sample_hand_values():
     """Sampler v2: the CDF runs over the kept tokens in descending-probability order.
     p = [0.05, 0.3, 0.5, 0.15] -> sorted ids [2, 1, 3, 0] with P = [0.5, 0.8, 0.95, 1.0]."""
-    from rlx.rollout.sampling import nucleus_sample
+    from rlx.engines.sampling import nucleus_sample
 
     logits = torch.log(torch.tensor([[0.05, 0.3, 0.5, 0.15]])).repeat(4, 1)
     u = torch.tensor([0.1, 0.62, 0.63, 0.999], dtype=torch.float64)
@@ -111,7 +111,7 @@ def test_nucleus_sample_matches_filtered_distribution_and_is_row_local():
     """v2 draws from the same filtered distribution as v1 (frequencies), a row's draw depends only on its own
     row (alone vs batched, flat rows that need the whole vocabulary sorted mixed with peaked ones), and the
     candidates count changes nothing."""
-    from rlx.rollout.sampling import nucleus_sample, sample_tokens
+    from rlx.engines.sampling import nucleus_sample, sample_tokens
 
     g = torch.Generator().manual_seed(0)
     base = torch.randn(1, 300, generator=g) * 2
@@ -132,7 +132,7 @@ def test_nucleus_sample_matches_filtered_distribution_and_is_row_local():
 
 
 def test_sampler_versions_agree_without_filters_and_are_registered():
-    from rlx.rollout.sampling import LEGACY_SAMPLER, SAMPLERS, sample_tokens
+    from rlx.engines.sampling import LEGACY_SAMPLER, SAMPLERS, sample_tokens
 
     assert set(SAMPLERS) == {"v1", "v2", "v3"} and LEGACY_SAMPLER == "v1"
     g = torch.Generator().manual_seed(1)
@@ -157,11 +157,11 @@ def test_resume_pins_the_legacy_sampler(tmp_path):
 
 def test_single_turn_sampling_through_the_generator_protocol_draws_what_generate_draws():
     """rollout/single_turn.py samples through HFGenerator.generate_ids (token ids in, ids out) and builds the Rollout
-    from the ids: every tensor and text must equal the old text path (rlx.rollout.hf.generate on the rendered
+    from the ids: every tensor and text must equal the old text path (rlx.engines.hf.generate on the rendered
     prompts) token for token, for the same seeds, knobs, chunking and min_new_tokens."""
+    from rlx.engines.generator import Draw, HFGenerator, sample_rollout
+    from rlx.engines.hf import generate
     from rlx.models.loading import load_causal_lm, load_tokenizer
-    from rlx.rollout.generator import Draw, HFGenerator, sample_rollout
-    from rlx.rollout.hf import generate
 
     tok, model = load_tokenizer("builtin:tiny"), load_causal_lm("builtin:tiny")
     questions = ["Compute 4 + 3", "Compute 12 + 345 + 6", "What is 7?", "Compute 1 + 2 + 3 + 4 + 5"]

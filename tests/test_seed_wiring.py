@@ -18,11 +18,12 @@ from rlx.algorithms.keyed_advantages import keyed_group_advantages, keyed_rloo_a
 from rlx.config.overrides import check_overrides
 from rlx.config.rules import check_settings
 from rlx.config.settings import checked_settings
+from rlx.engines.records import Episode
 from rlx.envs.gated import ProgressCorridor
 from rlx.loops.credit import episode_outcomes
 from rlx.models.forward import completion_logprobs
 from rlx.rollout.single_turn import tied_group_fraction
-from rlx.rollout.types import Episode, HintedContext, SameContext
+from rlx.rollout.types import HintedContext, SameContext
 from rlx.runtime.rundir import read_metrics
 from tests.loop_fixtures import QUIET, one_thread, tiny_policy  # noqa: F401 (fixture)
 
@@ -90,7 +91,7 @@ def test_per_token_temperatures_in_the_forward_by_position():
 def test_the_decoder_samples_and_records_at_each_positions_temperature():
     """A schedule [tau_0, tau_1, ...]: the recorded log-prob of token t is log softmax(z_t / tau_t) (rescored
     here position by position), and a constant schedule [0.7] x n draws exactly what temperature 0.7 draws."""
-    from rlx.rollout.generator import HFGenerator
+    from rlx.engines.generator import HFGenerator
 
     model, tokenizer = tiny_policy()
     generator = HFGenerator(model, tokenizer, temperature=1.0, logprobs="sampler")
@@ -155,9 +156,9 @@ def _producer(*overrides, reward=lambda prompts, completions, **row: [0.0] * len
 
     from rlx.build import single_turn_producer
     from rlx.config.settings import settings as settings_of
+    from rlx.engines.generator import policy_generator
     from rlx.loops.common import Parts
     from rlx.rewards import RewardComponent
-    from rlx.rollout.generator import policy_generator
 
     cfg = check_overrides([*QUIET, "prompts_per_step=3", "rollout.samples_per_prompt=2", *overrides])
     check_settings(checked_settings(cfg))

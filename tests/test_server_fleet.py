@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from rlx.errors import RolloutServerError, UserError
-from rlx.rollout.server_client import RequestPolicy, ServerClient
-from rlx.rollout.server_process import check_server_settings
+from rlx.fleet.client import RequestPolicy, ServerClient
+from rlx.fleet.process import check_server_settings
 from tests.fake_vllm import completion_ids
 from tests.test_server_unit import build, rollout_cfg
 

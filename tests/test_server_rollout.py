@@ -48,7 +48,7 @@ def tiny():
 @pytest.fixture(scope="module")
 def server(tiny):
     """The module's server: a child on the tiny model (float32, eager, 256 tokens), weights version 0."""
-    from rlx.rollout.backends import build_generator as build_engine
+    from rlx.fleet.backends import build_generator as build_engine
 
     model, tok = tiny
     cfg = rollout_cfg(backend="server", dtype="float32", kv_cache_gib=0.25, enforce_eager=True, max_model_len=256,
@@ -65,7 +65,7 @@ def server(tiny):
 @pytest.fixture(scope="module")
 def colocated(tiny):
     """The in-process vLLM engine on the same model, for token identity."""
-    from rlx.rollout.backends import build_generator as build_engine
+    from rlx.fleet.backends import build_generator as build_engine
 
     model, tok = tiny
     engine = build_engine(rollout_cfg(backend="vllm", dtype="float32", kv_cache_gib=0.25), model, tok, 0)
@@ -108,7 +108,7 @@ def wait_gone(pgid: int, timeout_s: float) -> bool:
 def test_server_draws_what_the_colocated_engine_draws(server, colocated, tiny):
     """Same weights, same per-row seeds (rlx's sample_seed), same knobs: the server's token ids equal the
     in-process engine's, row for row, and their log-probs agree to float error; greedy rows too."""
-    from rlx.rollout.sampling import sample_seed
+    from rlx.engines.sampling import sample_seed
 
     model, tok = tiny
     server.publish(model, 0)
@@ -225,8 +225,9 @@ def test_pipeline_samples_each_batch_with_the_version_it_was_given(server, tiny)
     import copy
 
     from rlx.algorithms.grouping import fixed_groups
+    from rlx.engines.records import Rollout
     from rlx.rollout.pipeline import PipelineProducer, rollout_copy
-    from rlx.rollout.types import Batch, PromptRows, Rollout, no_verdicts
+    from rlx.rollout.types import Batch, PromptRows, no_verdicts
 
     model, tok = tiny
     policy = copy.deepcopy(model)

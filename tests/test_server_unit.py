@@ -18,8 +18,8 @@ from omegaconf import OmegaConf
 
 from rlx.config.paths import CONF_DIR
 from rlx.errors import UserError
-from rlx.rollout.server_client import BadAnswer, Refused, parse_completion, with_retries
-from rlx.rollout.server_process import (
+from rlx.fleet.client import BadAnswer, Refused, parse_completion, with_retries
+from rlx.fleet.process import (
     EngineArgs,
     RolloutServerError,
     ServerProcess,
@@ -74,7 +74,7 @@ def test_a_remote_bind_stops_rlx_train_before_any_work():
     from rlx.cli.training import check_run
     from rlx.config.groups import LoraPush
     from rlx.config.overrides import check_overrides
-    from rlx.rollout.server_process import LORA_PUSH
+    from rlx.fleet.process import LORA_PUSH
 
     assert [m.value for m in LoraPush] == list(LORA_PUSH)
     with pytest.raises(UserError, match="rollout.server.host=0.0.0.0"):
@@ -169,7 +169,7 @@ def test_a_connection_broken_mid_answer_is_a_failure_like_any_other():
 def test_a_failing_batch_stops_asking():
     """After the first failed row, rows not yet sent are cancelled: at most the one already picked up by the
     (single) worker runs besides it, not the whole batch; the first error is the one raised."""
-    from rlx.rollout.server_client import RequestPolicy, ServerClient
+    from rlx.fleet.client import RequestPolicy, ServerClient
 
     client = ServerClient(["http://127.0.0.1:9"], RequestPolicy(timeout_s=1, retries=0, backoff_s=0, concurrency=1))
     called = []
@@ -221,7 +221,7 @@ def tiny():
 
 
 def build(urls, model, tok, tmp_path, **server):
-    from rlx.rollout.backends import build_generator as build_engine
+    from rlx.fleet.backends import build_generator as build_engine
 
     settings = dict(urls=urls, work_dir=str(tmp_path / "work"), request_timeout_s=5, max_retries=2, retry_backoff_s=0.0,
                     invariance_probe_rows=0)  # the probe's extra request: tests/test_server_fleet.py
@@ -396,7 +396,7 @@ FAKE_SERVER = textwrap.dedent("""
 
 
 def fake_process(tmp_path, mode="serve", cleanup_dir=None):
-    from rlx.rollout.server_process import free_port
+    from rlx.fleet.process import free_port
 
     script = tmp_path / "fake_server.py"
     script.write_text(FAKE_SERVER)

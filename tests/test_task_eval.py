@@ -1,16 +1,16 @@
 """In-training task evaluation (rlx/evaluation/tasks.py) decodes through the Generator protocol, so it honours
 rollout.backend: greedy rows of the eval budget through whatever generator the run holds, and under rollout=hf
-exactly the completions and figures of the former text-in path (rlx.rollout.hf.generate)."""
+exactly the completions and figures of the former text-in path (rlx.engines.hf.generate)."""
 
 import torch
 
+from rlx.engines.generator import HFGenerator
+from rlx.engines.records import Generation
 from rlx.evaluation.tasks import TaskEvalSettings, evaluate
+from rlx.fleet.backends import EVAL_BACKENDS, ROLLOUT_BACKENDS, eval_generator
 from rlx.models.loading import load_causal_lm, load_tokenizer
 from rlx.rewards import RewardComponent
 from rlx.rewards.rule import exact_match
-from rlx.rollout.backends import EVAL_BACKENDS, ROLLOUT_BACKENDS, eval_generator
-from rlx.rollout.generator import HFGenerator
-from rlx.rollout.types import Generation
 
 ROWS = [{"prompt": f"{a} + {b} =", "answer": str(a + b)} for a, b in [(1, 2), (3, 4), (5, 6), (7, 1), (2, 2)]]
 REWARDS = [RewardComponent("correct", exact_match, 1.0)]
@@ -55,9 +55,9 @@ def test_task_eval_asks_the_generator_for_greedy_rows_of_the_eval_budget():
 
 def test_task_eval_through_the_policy_generator_is_the_former_generate_path():
     """rollout=hf: evaluate through eval_policy_generator (the backend's eval generator) gives the completions,
-    lengths and truncation of rlx.rollout.hf.generate(greedy, eval batch size) on the same rendered prompts, and
+    lengths and truncation of rlx.engines.hf.generate(greedy, eval batch size) on the same rendered prompts, and
     leaves the torch RNG where generate left it (it drew the rows' seeds)."""
-    from rlx.rollout.hf import generate
+    from rlx.engines.hf import generate
     from rlx.rollout.prompts import format_prompts
 
     tok, model = load_tokenizer("builtin:tiny"), load_causal_lm("builtin:tiny")

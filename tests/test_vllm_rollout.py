@@ -11,9 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from rlx.config.paths import CONF_DIR
-from rlx.errors import UserError
-from rlx.rollout.backends import build_generator as build_engine
-from rlx.rollout.vllm import (
+from rlx.engines.vllm import (
     check_settings,
     distributed_env,
     engine_args,
@@ -21,6 +19,8 @@ from rlx.rollout.vllm import (
     vllm_weight_name,
     vllm_weights,
 )
+from rlx.errors import UserError
+from rlx.fleet.backends import build_generator as build_engine
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM not installed: `make test-vllm` runs these in .venv-vllm")
@@ -189,8 +189,8 @@ def test_engine_syncs_a_lora_policy(engine):
 
 @needs_vllm
 def test_engine_sampling_logprobs_seeds_and_temperature(engine):
+    from rlx.engines.sampling import sample_seed
     from rlx.models.forward import LogprobSettings, completion_logprobs
-    from rlx.rollout.sampling import sample_seed
 
     eng, model, tok = engine
     eng.sync_weights(model)
@@ -225,10 +225,10 @@ def test_engine_sampling_logprobs_seeds_and_temperature(engine):
 def test_engine_generate_ids_is_the_generator_protocol(engine):
     """generate_ids (multi-turn rollouts, rlx eval env=): token ids in, the same completions and log-probs as
     generate() on the same prompts and seeds, stop flags; a whole grid episode is played through it."""
+    from rlx.engines.generator import HFGenerator
+    from rlx.engines.sampling import sample_seed
     from rlx.envs.builtin import Grid
     from rlx.rollout.env import EpisodeLimits, TurnDecoding, run_episodes
-    from rlx.rollout.generator import HFGenerator
-    from rlx.rollout.sampling import sample_seed
 
     eng, model, tok = engine
     eng.sync_weights(model)

@@ -11,8 +11,8 @@ import sys
 import deepspeed
 import torch
 
+from rlx.engines.hf import generate
 from rlx.models.loading import load_causal_lm, load_tokenizer
-from rlx.rollout.hf import generate
 from rlx.runtime.parallel import is_sharded
 
 

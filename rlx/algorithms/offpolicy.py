@@ -28,7 +28,7 @@ A token (or row) outside the mask is removed from the loss and from its normalis
 by 0 while still counted: a masked row then does not shrink the other rows' gradients.
 
 Which log-probs: both sides must describe the same distribution. rlx's decoder records log softmax(z / T) of
-the sampled token before top-k / top-p filtering (rollout/hf.py), the distribution the trainer's forward
+the sampled token before top-k / top-p filtering (engines/hf.py), the distribution the trainer's forward
 computes (models/forward.py), so with rollout=hf the correction compares like with like whatever the filters.
 vLLM reports the log-prob of the FILTERED distribution (processed_logprobs), larger than the unfiltered one by
 the log of the kept mass; a correction with rollout=vllm|server and top-k / top-p is refused (rlx/config/

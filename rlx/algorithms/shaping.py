@@ -250,7 +250,7 @@ def inject_verifier_noise(correct: torch.Tensor, fn_rate: float, fp_rate: float,
     with Verifiable yet Noisy Rewards under Imperfect Verifiers", arXiv 2510.00915): a correct answer is
     rejected with probability rho_1 = fn_rate, a wrong one accepted with probability rho_0 = fp_rate.
     uniforms (N,) in [0, 1): one draw per sample from the counter-based seeding the sampler uses
-    (rollout/sampling.py row_uniforms of sample_seed), so the noise is reproducible and resumable.
+    (engines/sampling.py row_uniforms of sample_seed), so the noise is reproducible and resumable.
     flip_i = u_i < rho_1 where correct, u_i < rho_0 where wrong. Returns the observed verdicts (N,) bool."""
     correct = correct.bool()
     flip = torch.where(correct, uniforms < fn_rate, uniforms < fp_rate)

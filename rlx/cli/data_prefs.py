@@ -32,10 +32,10 @@ def build(cfg: DictConfig) -> dict:
     from rlx.config.settings import checked_settings
     from rlx.data.preferences import pairs_from_samples
     from rlx.data.tasks import PromptStream, load_rows
+    from rlx.engines.hf import generate
     from rlx.loops.common import seed_everything
     from rlx.models.loading import load_causal_lm, load_tokenizer
     from rlx.rewards import build_rewards, compute_rewards
-    from rlx.rollout.hf import generate
     from rlx.rollout.prompts import format_prompts
 
     drop_train_tuning(cfg, "data_prefs")  # a model preset's tuning for `rlx train` alone (steps, eval)
@@ -53,7 +53,7 @@ def build(cfg: DictConfig) -> dict:
     prompts = format_prompts(tokenizer, rows, s.model.chat_template, s.data.system_prompt)
     roll = s.rollout
     group = s.samples_per_prompt
-    # drawn once, so sampling chunk by chunk (for the bar) draws what one call would (rollout/sampling.py)
+    # drawn once, so sampling chunk by chunk (for the bar) draws what one call would (engines/sampling.py)
     seeds = torch.randint(0, 2**31 - 1, (len(prompts) * group,)).tolist()
     per_chunk = max(1, roll.batch_size // group)
     texts, finished = [], []

@@ -62,11 +62,11 @@ def _serve(s, args) -> int:
     """Serve the policy of the typed settings `s` (an `rlx train` TrainConfig with env=harness) until SIGTERM."""
     import torch
 
+    from rlx.engines.generator import policy_generator
+    from rlx.engines.hf import eos_ids
     from rlx.gateway.harness import HarnessSettings
     from rlx.gateway.server import Gateway, GatewayError
     from rlx.models.loading import load_causal_lm, load_tokenizer
-    from rlx.rollout.generator import policy_generator
-    from rlx.rollout.hf import eos_ids
 
     if s.hardware.num_threads:
         torch.set_num_threads(int(s.hardware.num_threads))

@@ -34,10 +34,10 @@ from rlx.algorithms.transforms import TRANSFORMS
 from rlx.data.difficulty import SAMPLING_WEIGHTS
 from rlx.data.tasks import DATA_SOURCES
 from rlx.envs.registry import ENVIRONMENTS
+from rlx.fleet.publishers import PUBLISHERS
 from rlx.gateway.tools import TOOL_PARSERS  # noqa: F401  (env.tool_parser's names: published, not a plugin kind)
 from rlx.registry import Registry, UnknownName
 from rlx.rollout.producers import PRODUCERS
-from rlx.rollout.publishers import PUBLISHERS
 from rlx.rollout.replay import TRIGGERS
 from rlx.rollout.stages import STAGES
 from rlx.rollout.temperature import TEMPERATURE_SCHEDULES
@@ -87,7 +87,7 @@ KINDS = {
     "temperature_schedule": Kind(TEMPERATURE_SCHEDULES, "rollout.temperature_schedule.mode",
                                  "fn(positions (T,), step, base, **knobs) -> temperatures (T,)"),
     "weight_publisher": Kind(PUBLISHERS, "rollout.server.publisher",
-                             "a rlx.rollout.publishers.WeightPublisher subclass: (client, work_dir, settings); "
+                             "a rlx.fleet.publishers.WeightPublisher subclass: (client, work_dir, settings); "
                              "start(model), publish(model, version) -> timings dict, close()"),
     "producer": Kind(PRODUCERS, "rollout.producer",
                      "fn(settings: TrainConfig, parts: Parts) -> a producer: kind ('single_turn' | 'episodes'), "

@@ -52,7 +52,7 @@ def check_run(cfg: DictConfig) -> TrainConfig:
     check_batch(s, processes)
     check_async_settings(s, processes)
     if s.rollout.backend == "server":
-        from rlx.rollout.server_process import check_server_settings
+        from rlx.fleet.process import check_server_settings
 
         check_server_settings(s.rollout, processes)
     check_strategy(s.hardware)

@@ -61,11 +61,11 @@ CorrectionLevel = registry_names("CorrectionLevel", lambda: CORRECTION_LEVELS)
 # fixed sets
 Schedule = choices("Schedule", ("constant", "cosine", "linear"))  # rlx.loops.common.SCHEDULES (a test keeps them equal)
 DType = choices("DType", ("float32", "bfloat16", "float16", "auto"))  # rlx.models.loading.DTYPES
-Sampler = choices("Sampler", ("v1", "v2", "v3"))  # rlx.rollout.sampling.SAMPLERS
-Quantize = choices("Quantize", ("none", "int8"))  # rlx.rollout.fast_decode.QUANTIZE
-Seeding = choices("Seeding", ("request", "batch"))  # rlx.rollout.vllm.SEEDING
-LoraPush = choices("LoraPush", ("adapter", "merged"))  # rlx.rollout.server_process.LORA_PUSH
-# rollout.server.publisher: auto (lora_push decides) or a weight publisher (rlx.rollout.publishers.PUBLISHERS)
+Sampler = choices("Sampler", ("v1", "v2", "v3"))  # rlx.engines.sampling.SAMPLERS
+Quantize = choices("Quantize", ("none", "int8"))  # rlx.engines.fast_decode.QUANTIZE
+Seeding = choices("Seeding", ("request", "batch"))  # rlx.engines.vllm.SEEDING
+LoraPush = choices("LoraPush", ("adapter", "merged"))  # rlx.fleet.process.LORA_PUSH
+# rollout.server.publisher: auto (lora_push decides) or a weight publisher (rlx.fleet.publishers.PUBLISHERS)
 Publisher = registry_names("Publisher", lambda: ("auto", *published("weight_publisher")))
 OnError = choices("OnError", ("raise", "zero"))
 Distributed = choices("Distributed", ("no", "ddp", "fsdp", "deepspeed"))
@@ -246,7 +246,7 @@ class VLLMRollout(Rollout):
 
 @dataclass
 class ServerSettings:
-    """rollout.server: where the vLLM server is, how rlx starts it and talks to it (rlx/rollout/server*.py)."""
+    """rollout.server: where the vLLM server is, how rlx starts it and talks to it (rlx/fleet/)."""
 
     urls: list[str] = field()
     host: str = field()
@@ -290,7 +290,7 @@ class ServerRollout(Rollout):
     server: ServerSettings = field()
 
 
-# rollout.backend -> its schema (rlx.rollout.backends.ROLLOUT_BACKENDS)
+# rollout.backend -> its schema (rlx.fleet.backends.ROLLOUT_BACKENDS)
 ROLLOUTS = {"hf": Rollout, "vllm": VLLMRollout, "server": ServerRollout}
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import random
 
+from rlx.engines.records import Generation
 from rlx.errors import UserError
 from rlx.rollout.env import TURN_STRIDE
-from rlx.rollout.types import Generation
 
 
 class ExpertGenerator:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlx.rollout.generator import SHARED_PREFIX_MIN, common_prefix
+from rlx.engines.generator import SHARED_PREFIX_MIN, common_prefix
 
 
 @dataclass(frozen=True)

@@ -297,7 +297,7 @@ def generate_until(model, tokenizer, prompts: list[str], until: tuple[str, ...],
                    batch_size: int = 16) -> list[str]:
     """Greedy completions through rlx's generator (HFGenerator, KV-cached), stopping at the model's end-of-text or
     the first token of a stop string, then cut at the stop strings (cut_at)."""
-    from rlx.rollout.generator import Draw, eval_policy_generator, sample_rollout
+    from rlx.engines.generator import Draw, eval_policy_generator, sample_rollout
 
     config = model.generation_config
     eos = config.eos_token_id

@@ -29,6 +29,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rlx.config.schema import EvalConfig
+from rlx.engines.hf import eos_ids
 from rlx.envs.registry import plays_through_gateway
 from rlx.errors import UserError
 from rlx.evaluation.agents import per_task_values
@@ -39,8 +40,7 @@ from rlx.evaluation.records import drop_partial_line as _drop_partial_line
 from rlx.evaluation.records import read_records
 from rlx.evaluation.run_task import with_run_subject
 from rlx.evaluation.summary import plot_pass_at_k, render_table, suite_summary, summarize, support_lines
-from rlx.rollout.backends import build_generator
-from rlx.rollout.hf import eos_ids
+from rlx.fleet.backends import build_generator
 from rlx.runtime.rundir import append_text, atomic_write_text
 from rlx.runtime.storage import writing
 
@@ -142,10 +142,10 @@ class EvalPass:
 @torch.no_grad()
 def run_benchmark(model, tokenizer, bench: Benchmark, problems: list[dict], run: EvalPass, engine=None) -> list[dict]:
     """Generate and score every problem not yet in `run.results`; returns all records in problem order.
-    Sampling goes through the generator protocol (rlx.rollout.generator.sample_rollout): `engine` (rollout=vllm,
+    Sampling goes through the generator protocol (rlx.engines.generator.sample_rollout): `engine` (rollout=vllm,
     its knobs set to `sampling`'s) when given, else HFGenerator on the model. Seeds: drawn per completion from
     the torch RNG seeded per batch (greedy rows first, then the sampled ones)."""
-    from rlx.rollout.generator import Draw, sample_rollout
+    from rlx.engines.generator import Draw, sample_rollout
 
     results, sampling, label = run.results, run.sampling, run.label
     generator = engine if engine is not None else _hf_generator(model, tokenizer, sampling, logprobs=False)
@@ -317,7 +317,7 @@ def _environment(s: EvalConfig):
 
 
 def _hf_generator(model, tokenizer, sampling, logprobs: bool = True):
-    from rlx.rollout.generator import DecodeStep, HFGenerator
+    from rlx.engines.generator import DecodeStep, HFGenerator
 
     return HFGenerator(model, tokenizer, temperature=float(sampling.temperature), top_p=float(sampling.top_p),
                        top_k=int(sampling.top_k), batch_size=int(sampling.batch_size), logprobs=logprobs,

@@ -1,5 +1,5 @@
 """Greedy held-out evaluation of a policy on task rows during training (eval/accuracy, eval/reward, ...), decoded
-through the Generator protocol (rlx/rollout/generator.py), so it honours rollout.backend (rlx/rollout/backends.py
+through the Generator protocol (rlx/engines/generator.py), so it honours rollout.backend (rlx/fleet/backends.py
 eval_generator)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rlx.engines.generator import Draw, sample_rollout
 from rlx.rewards import RewardComponent, TrainerState, compute_rewards, token_lists
-from rlx.rollout.generator import Draw, sample_rollout
 from rlx.rollout.prompts import format_prompts
 from rlx.runtime.parallel import gather, global_sum
 
@@ -30,7 +30,7 @@ def eval_shard(count: int, acc) -> tuple[slice, int]:
 class TaskEvalSettings:
     """How held-out task rows are evaluated: the reward component read as accuracy, the prompt format (chat
     template, system prompt), the greedy generation's budget and batch size (the rows the policy decodes at a time
-    when it decodes itself: rlx.rollout.generator.eval_policy_generator), what a failing reward does
+    when it decodes itself: rlx.engines.generator.eval_policy_generator), what a failing reward does
     (reward.on_error), and the run's step count (the reward functions' `trainer_state.max_steps`)."""
 
     accuracy_key: str
@@ -48,7 +48,7 @@ def evaluate(generator, tokenizer, rows: list[dict], rewards: list[RewardCompone
     """Greedy completions of `generator` (the Generator protocol: the policy itself, a vLLM engine or server) on
     held-out rows; returns eval/* metrics and per-row records. Reward functions get `trainer_state` with the
     training step being evaluated (global_step=step) and the run's max_steps. The rows' seeds are drawn from the
-    torch RNG (greedy rows do not use them), as rlx.rollout.hf.generate drew them before evaluation went through
+    torch RNG (greedy rows do not use them), as rlx.engines.hf.generate drew them before evaluation went through
     the generator: the run's RNG state (saved in checkpoints) moves as it did.
 
     With several processes (acc), every process generates its block of the rows (eval_shard) and the
@@ -92,7 +92,7 @@ def evaluate(generator, tokenizer, rows: list[dict], rewards: list[RewardCompone
 
 def task_evaluator(acc, generator, tokenizer, rows: list[dict], rewards: list[RewardComponent],
                    settings: TaskEvalSettings):
-    """run_eval(step) -> metrics: greedy evaluation through `generator` (rlx.rollout.backends.eval_generator: the
+    """run_eval(step) -> metrics: greedy evaluation through `generator` (rlx.fleet.backends.eval_generator: the
     policy itself under rollout=hf, else the engine or server holding the published weights) on held-out `rows`
     (settings: task_eval_settings(settings))."""
 

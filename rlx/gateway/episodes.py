@@ -17,7 +17,7 @@ untrained; counting rows as episodes would weight an episode by how often its ha
 
 from __future__ import annotations
 
-from rlx.rollout.types import Episode
+from rlx.engines.records import Episode
 
 
 def session_episode(session, outcome, tokenizer=None) -> Episode:

@@ -24,11 +24,11 @@ import threading
 import time
 from dataclasses import dataclass
 
+from rlx.fleet.process import is_loopback
 from rlx.gateway.batcher import MicroBatcher
 from rlx.gateway.chat import ChatRenderer, RequestError
 from rlx.gateway.sessions import Limits, Session
 from rlx.gateway.tools import TOOL_PARSERS
-from rlx.rollout.server_process import is_loopback
 
 log = logging.getLogger("rlx")
 

@@ -19,6 +19,7 @@ import time
 
 from accelerate.utils import gather_object
 
+from rlx.engines.records import Rollout
 from rlx.envs import env_factory
 from rlx.envs.demos import ExpertGenerator
 from rlx.errors import EnvError, UserError
@@ -27,7 +28,6 @@ from rlx.models.forward import completion_logprobs
 from rlx.rollout.env import TurnDecoding, run_episodes, train_env_seed
 from rlx.rollout.episodes import episode_metrics
 from rlx.rollout.failures import EpisodeFailureWatch
-from rlx.rollout.types import Rollout
 from rlx.runtime.optim import optimizer_step
 from rlx.runtime.parallel import backward, global_sum, shard
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rlx.engines.records import Rollout
 from rlx.models.forward import LogprobSettings, completion_logprobs
 from rlx.rewards import RewardComponent
 from rlx.rollout.prompts import format_prompts  # noqa: F401  (re-exported: loops and users import it from here)
-from rlx.rollout.types import Rollout
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Parts:
     (rlx/config/settings.py), the policy prepared by Accelerate with its optimizer and schedule, the frozen
     reference placed like the policy (None when the family or config does not use one; under LoRA the base
     with the adapter off, no copy), the PPO critic with its own optimizer and schedule, the generator (always
-    one: the policy itself, a vLLM engine or server; rlx/rollout/generator.py), the producer of training rows
+    one: the policy itself, a vLLM engine or server; rlx/engines/generator.py), the producer of training rows
     (single-turn or episodes), the checkpointer, the metrics log and the held-out evaluator, and for the
     preference family its tokenized pairs. `checkpointed`: training state the loop passes first to
     Checkpointer.restore (the schedules Accelerate did not prepare), in the order checkpoints hold it."""

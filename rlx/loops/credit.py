@@ -21,8 +21,9 @@ from rlx.algorithms.gigpo import CREDIT, invalid_action_penalty
 from rlx.algorithms.kl import sequence_kl_in_reward
 from rlx.algorithms.shaping import GroupSignals
 from rlx.algorithms.transforms import apply_transforms
+from rlx.engines.records import Episode
 from rlx.rollout.stages import mean_logprobs
-from rlx.rollout.types import Batch, Episode
+from rlx.rollout.types import Batch
 from rlx.runtime.parallel import gather, gather_padded
 
 

@@ -26,10 +26,10 @@ import torch
 from rlx.algorithms.preference import REFERENCE_FREE, preference_loss, sft_nll
 from rlx.data.preferences import collate, load_prepared_pairs
 from rlx.data.tasks import PromptStream
+from rlx.engines.generator import eval_policy_generator
 from rlx.evaluation.tasks import evaluate, task_eval_settings
 from rlx.loops.common import Parts, end_step, eval_due, evaluate_at_start
 from rlx.models.forward import completion_logprobs
-from rlx.rollout.generator import eval_policy_generator
 from rlx.runtime.optim import optimizer_step
 from rlx.runtime.parallel import backward, global_sum, shard
 from rlx.runtime.rundir import PhaseProgress, write_samples

@@ -21,11 +21,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from rlx.engines.generator import Generator
+from rlx.engines.hf import eos_ids
+from rlx.engines.records import Episode
+from rlx.engines.sampling import sample_seed
 from rlx.errors import UserError
-from rlx.rollout.generator import Generator
-from rlx.rollout.hf import eos_ids
-from rlx.rollout.sampling import sample_seed
-from rlx.rollout.types import Episode
 
 _PLACEHOLDER_USER, _PLACEHOLDER_ASSISTANT = "\x01U\x01", "\x01A\x01"
 TURN_STRIDE = 1000003  # turn t of the episode with sample seed s samples with seed s * TURN_STRIDE + t

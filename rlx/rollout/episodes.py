@@ -14,11 +14,12 @@ import torch
 from accelerate.utils import gather_object
 
 from rlx.algorithms.grouping import fixed_groups
+from rlx.engines.records import Episode, Rollout
+from rlx.engines.sampling import sample_seed
 from rlx.rollout.budgets import BudgetWatch, budget_cut_frac
 from rlx.rollout.env import TurnDecoding, play, train_env_seed
 from rlx.rollout.failures import EpisodeFailureWatch
-from rlx.rollout.sampling import sample_seed
-from rlx.rollout.types import Batch, Episode, EpisodeRows, Rollout, SameContext, no_verdicts
+from rlx.rollout.types import Batch, EpisodeRows, SameContext, no_verdicts
 from rlx.runtime.parallel import shard
 
 

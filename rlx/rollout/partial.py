@@ -41,9 +41,11 @@ import torch
 from rlx.algorithms.grouping import fixed_groups
 from rlx.config.async_rules import partial_schedule_refusal
 from rlx.data.tasks import PromptStream
-from rlx.errors import RolloutServerError, UserError
+from rlx.engines.generator import Continuation
+from rlx.engines.records import Generation, Rollout
+from rlx.engines.sampling import sample_seed
+from rlx.errors import NoServerAtVersion, RolloutServerError, UserError
 from rlx.rewards import RewardComponent
-from rlx.rollout.generator import Continuation
 from rlx.rollout.overlap import (
     StepOverlap,
     fresh_copy,
@@ -55,8 +57,6 @@ from rlx.rollout.overlap import (
 )
 from rlx.rollout.pipeline import staleness_metrics
 from rlx.rollout.prompts import format_prompts
-from rlx.rollout.sampling import sample_seed
-from rlx.rollout.server_client import NoServerAtVersion
 from rlx.rollout.single_turn import (
     SingleTurnSettings,
     round_batch,
@@ -67,7 +67,7 @@ from rlx.rollout.single_turn import (
     stage_context,
 )
 from rlx.rollout.stages import StagePipeline
-from rlx.rollout.types import Batch, Generation, Rollout
+from rlx.rollout.types import Batch
 
 
 def new_group(index: int, row: dict, prompt: str, prompt_ids: list[int], seeds: list[int]) -> dict:

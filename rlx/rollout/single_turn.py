@@ -23,12 +23,13 @@ from rlx.algorithms.grouping import dense_ids, fixed_groups
 from rlx.algorithms.ngrpo import DROP_STRATEGIES
 from rlx.algorithms.shaping import correct_from_accuracy
 from rlx.data.tasks import PromptStream
+from rlx.engines.generator import Draw, Generator, sample_rollout
+from rlx.engines.records import Rollout
+from rlx.engines.sampling import sample_seed
 from rlx.rewards import RewardComponent, TrainerState, compute_rewards, token_lists
-from rlx.rollout.generator import Draw, Generator, sample_rollout
 from rlx.rollout.prompts import format_prompts
-from rlx.rollout.sampling import sample_seed
 from rlx.rollout.stages import Round, StageContext, StagePipeline
-from rlx.rollout.types import Batch, HintedContext, PromptRows, Rollout, SameContext
+from rlx.rollout.types import Batch, HintedContext, PromptRows, SameContext
 from rlx.runtime.parallel import gather, global_sum, shard
 
 
@@ -69,7 +70,7 @@ def sample_batch(generator: Generator, tokenizer, stream: PromptStream, rewards:
     strategy (stages.drop: tied groups by default, DAPO) and draw the missing number of prompts again, for at most
     `settings.max_rounds` rounds; if still short, fill with dropped groups (zero advantage under group baselines
     when tied) so the batch size stays fixed. Completion i drawn at this step is sampled with seed
-    sample_seed(seed, step, i). `generator` samples through the generator protocol (rollout/generator.py:
+    sample_seed(seed, step, i). `generator` samples through the generator protocol (engines/generator.py:
     HFGenerator on the policy, or the vLLM engine; its temperature / top-p / top-k are rollout's), the one-turn
     case of the multi-turn rollouts: prompts are tokenized once and the Rollout is built from the sampled ids.
     With several processes (acc), every process draws the same prompts, generates and scores its own shard, and

@@ -13,7 +13,7 @@ engine steps only on the K-th micro-batch.
 Sharded engines (DeepSpeed ZeRO, FSDP2) run the same loops: `deepspeed_config` builds DeepSpeed's
 config from rlx's settings, `full_state_dict` gathers the policy's full weights (final save, vLLM),
 and every forward pass of a sharded model is a collective, so all ranks must run the same number of
-them (generation keeps stepping until every rank is done: rollout/hf.py).
+them (generation keeps stepping until every rank is done: engines/hf.py).
 """
 
 from __future__ import annotations

@@ -12,11 +12,11 @@ from __future__ import annotations
 import numpy as np
 from accelerate.utils import gather_object
 
+from rlx.engines.records import Episode
 from rlx.envs.registry import plays_through_gateway
 from rlx.evaluation.metrics import pass_at_k
 from rlx.rollout.env import EVAL_SEED_BASE, TurnDecoding, play
 from rlx.rollout.episodes import episode_metrics
-from rlx.rollout.types import Episode
 
 
 def player_for(env):
@@ -63,7 +63,7 @@ def play_tasks(generator, tokenizer, factory, env_cfg, tasks: list[int], run, st
     its sampling, seed and chat_template). Sampled episode j of task t samples with sample_seed(run.seed, t, j),
     so a task's episodes do not depend on which tasks share its batch (resume gives the same records)."""
     play_fn, _ = player_for(env_cfg)
-    from rlx.rollout.sampling import sample_seed
+    from rlx.engines.sampling import sample_seed
 
     n, seed = int(run.sampling.n), run.seed
     records = [{"id": f"task_{t:06d}", "env_seed": EVAL_SEED_BASE + t, "greedy": None, "episodes": []} for t in tasks]

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rlx.engines.records import Rollout
 from rlx.registry import Registry, publish
-from rlx.rollout.types import Rollout
 
 # name -> fn(StageSettings) -> Stage | None; the built-in ones (rlx/rollout/stages/__init__.py ORDER) switch on by
 # their own knobs, a user's by naming it in algorithm.stages (docs/extending/stages.md)

@@ -16,11 +16,11 @@ import torch
 
 from rlx.algorithms.grouping import dense_ids, group_all
 from rlx.algorithms.shaping import correct_from_accuracy
+from rlx.engines.records import Generation, Rollout
+from rlx.engines.sampling import sample_seed
 from rlx.rollout.hints import hint_fraction, hint_prefix, hinted_message, reference_solution
 from rlx.rollout.prompts import format_prompts
-from rlx.rollout.sampling import sample_seed
 from rlx.rollout.stages.base import STAGES, Round, Stage, StageContext, StageSettings, ratio
-from rlx.rollout.types import Generation, Rollout
 
 # hint re-samples draw with sample_seed(seed, step, HINT_INDEX + ...): apart from the plain samples
 HINT_INDEX = 1 << 30

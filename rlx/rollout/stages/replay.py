@@ -14,9 +14,9 @@ from dataclasses import replace
 import torch
 
 from rlx.algorithms.grouping import dense_ids, group_all
+from rlx.engines.records import Generation, Rollout
 from rlx.rollout.replay import TRIGGERS, ReplayBuffer, fill_buffer, replay_plan, sample_entries
 from rlx.rollout.stages.base import STAGES, Round, Stage, StageContext, StageSettings, ratio
-from rlx.rollout.types import Generation, Rollout
 
 
 class Replay(Stage):

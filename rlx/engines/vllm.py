@@ -39,10 +39,10 @@ import time
 
 import torch
 
+from rlx.engines.generator import refuse_continuation
+from rlx.engines.hf import Decoding, completion_mask_from_ids, eos_ids
+from rlx.engines.records import Generation, Rollout
 from rlx.errors import UserError
-from rlx.rollout.generator import refuse_continuation
-from rlx.rollout.hf import Decoding, completion_mask_from_ids, eos_ids
-from rlx.rollout.types import Generation, Rollout
 
 log = logging.getLogger("rlx")
 
@@ -190,7 +190,7 @@ class VLLMEngine:
                                          sleep=self.sleep_level > 0))
         torch.set_num_threads = set_threads  # vLLM's CPU worker replaces it with a no-op
         torch.set_num_threads(threads)
-        self.version = 0  # updates published to the engine (the generator protocol, rollout/generator.py)
+        self.version = 0  # updates published to the engine (the generator protocol, engines/generator.py)
 
     def publish(self, model, version: int) -> None:
         """The trainer's weights after update `version`."""
@@ -278,7 +278,7 @@ class VLLMEngine:
     def generate_ids(self, prompts: list[list[int]], *, max_new_tokens: int, seeds: list[int],
                      greedy: bool = False, samples_per_prompt: int = 1, min_new_tokens: int = 0,
                      continuation=None) -> Generation:
-        """The generator protocol (rollout/generator.py) for multi-turn rollouts: each prompt's token ids go
+        """The generator protocol (engines/generator.py) for multi-turn rollouts: each prompt's token ids go
         in as they are (prompt_token_ids, never re-encoded); out come the sampled ids (ending in the stop
         token when one ended the row), the sampler's log-probs of the temperature-scaled distribution (as
         HFGenerator's) and whether a stop token ended the row. Knobs from self.sampling; seeds as in generate.

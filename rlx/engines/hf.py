@@ -9,10 +9,10 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from rlx.algorithms.logprobs import token_logprobs
+from rlx.engines.fast_decode import decode_step_for
+from rlx.engines.records import Rollout
+from rlx.engines.sampling import ONEDNN_DECODE, sample_tokens
 from rlx.models.forward import position_ids_from_mask
-from rlx.rollout.fast_decode import decode_step_for
-from rlx.rollout.sampling import ONEDNN_DECODE, sample_tokens
-from rlx.rollout.types import Rollout
 from rlx.runtime.parallel import is_sharded
 
 
@@ -99,7 +99,7 @@ class Decoding:
     """How rlx's decoder samples (`generate`, `generate_tokens`): `samples_per_prompt` completions of at most
     `max_new_tokens` tokens for each prompt, drawn at `temperature` with top-p / top-k filtering (or greedily),
     no stop token before `min_new_tokens`, `batch_size` rows decoded at a time; `sampler`: the draw's version
-    (rollout/sampling.py SAMPLERS); `onednn`: the decode step's projections through oneDNN; `logprobs`: keep the
+    (engines/sampling.py SAMPLERS); `onednn`: the decode step's projections through oneDNN; `logprobs`: keep the
     decoder's log-prob of each sampled token; `schedule`: a temperature per completion position."""
 
     samples_per_prompt: int
@@ -125,12 +125,12 @@ def generate(model, tokenizer, prompts: list[str], *, seeds: list[int] | None = 
 
     decoding: the fields of Decoding by keyword (samples_per_prompt and max_new_tokens required; temperature,
     top_p, top_k, greedy, batch_size, min_new_tokens, sampler, onednn, logprobs, schedule).
-    Sampling is seeded per completion (rollout/sampling.py): completion i depends only on seeds[i], so
+    Sampling is seeded per completion (engines/sampling.py): completion i depends only on seeds[i], so
     chunking or sharding the batch does not change what is drawn. Without seeds, they are drawn from
     the global torch generator. Each prompt is encoded once and its KV cache copied to its G samples;
     rows that emitted a stop token leave the batch, and generation ends when every row has stopped.
     min_new_tokens > 0 forbids the stop tokens before that many tokens (fixed-length benchmarks).
-    sampler: the draw's version (rollout/sampling.py SAMPLERS; training passes rollout.sampler); v3 decodes through
+    sampler: the draw's version (engines/sampling.py SAMPLERS; training passes rollout.sampler); v3 decodes through
     oneDNN as onednn=True does.
     onednn: the decode step's projections through oneDNN on the CPU (rollout.onednn_decode; fast_decode.py).
     logprobs: also return the decoder's log-prob of each sampled token, log softmax(z / T) of the logits z
@@ -300,7 +300,7 @@ def _all_stopped(stopped: torch.Tensor) -> bool:
 def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, d: Decoding, source=None):
     """Encode the b prompts once for their whole group (or, `source` (n,), for the rows that continue each). Returns
     the first token's logits (n, V), the cache (repeated per sample), rlx's own decode step for Llama-family models
-    (rollout/fast_decode.py) or None, the attention mask (n, P) and each row's next position (n,)."""
+    (engines/fast_decode.py) or None, the attention mask (n, P) and each row's next position (n,)."""
     group = d.samples_per_prompt
     positions = position_ids_from_mask(prompt_mask)  # (b, P), as in the training forward (models/forward.py)
     shared = d.shared_prefix if source is None else 0
@@ -315,7 +315,7 @@ def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, d: Deco
     fast = (decode_step_for(model, onednn=d.onednn or d.sampler in ONEDNN_DECODE, quantize=d.quantize)
             if all(isinstance(layer, PreallocatedLayer) for layer in cache.layers) else None)
     if fast is None and d.quantize != "none":  # never a silent float32 rollout when 8-bit was asked for
-        raise ValueError(f"quantize={d.quantize}: this model has no rlx decode step (rollout/fast_decode.py)")
+        raise ValueError(f"quantize={d.quantize}: this model has no rlx decode step (engines/fast_decode.py)")
     if source is not None:  # each row from its unique prompt + prefix (a copy, as repeat_interleave makes)
         cache.batch_select_indices(source)
         return step.logits[source, -1], cache, fast, prompt_mask[source], positions[source, -1] + 1

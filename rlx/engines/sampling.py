@@ -194,7 +194,7 @@ def sample_tokens_v2(logits: torch.Tensor, seeds: torch.Tensor, position: int, t
 
 # rollout.sampler: the versioned draw. A run records its version in config.yaml; a config without the key
 # (runs from before versions existed) means v1, so a resumed old run keeps drawing what it drew.
-# v3 draws as v2 from the logits of the oneDNN decode step (rollout/fast_decode.py DecodeStep(onednn=True): on the
+# v3 draws as v2 from the logits of the oneDNN decode step (engines/fast_decode.py DecodeStep(onednn=True): on the
 # CPU in float32, ~1.45x faster token steps at the 0.5B shape; elsewhere the same logits as v2): the logits differ
 # from v2's by float rounding (<1e-4 from the transformers forward), so the draws may differ: a version of its own.
 SAMPLERS = {"v1": sample_tokens_v1, "v2": sample_tokens_v2, "v3": sample_tokens_v2}

@@ -7,7 +7,7 @@ The child is vLLM's stock OpenAI server (`python -m vllm.entrypoints.launchers.a
 and they let whoever reaches the port run worker methods and replace the weights, hence the loopback default;
 a non-loopback bind or URL needs rollout.server.allow_remote=true.
 
-Lifetime: the trainer starts `rlx.rollout.server_guard` in a new session (one process group for the guard,
+Lifetime: the trainer starts `rlx.fleet.guard` in a new session (one process group for the guard,
 vLLM's API server and its engine core) with PR_SET_PDEATHSIG armed in the guard; the guard runs vLLM and takes
 the whole group down when the trainer dies (kill -9 included), when asked, or when vLLM exits. In the trainer,
 `stop()` runs from `close()`, from atexit, and from a SIGTERM handler installed while SIGTERM has its default
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlx.errors import RolloutServerError  # noqa: F401  (raised here; one leaf for every error type)
-from rlx.rollout.server_client import health
+from rlx.fleet.client import health
 
 log = logging.getLogger("rlx")
 
@@ -200,7 +200,7 @@ class ServerProcess:
     def launch(self) -> None:
         """Start the guarded server without waiting. Call it from the thread that lives as long as the server
         (the main thread): the guard's parent-death signal fires when the thread that started it exits."""
-        guard = [sys.executable, "-m", "rlx.rollout.server_guard", str(os.getpid()), str(self.grace_s),
+        guard = [sys.executable, "-m", "rlx.fleet.guard", str(os.getpid()), str(self.grace_s),
                  *([str(self.cleanup_dir)] if self.cleanup_dir else []), "--"]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as out:

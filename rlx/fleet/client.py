@@ -24,7 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from rlx.errors import RolloutServerError
+from rlx.errors import NoServerAtVersion, RolloutServerError
 
 log = logging.getLogger("rlx")
 
@@ -39,11 +39,6 @@ class Refused(Exception):
 
 class ServerFault(OSError):
     """HTTP 5xx: the server is up and failed this request (retried on the same server first)."""
-
-
-class NoServerAtVersion(RolloutServerError):
-    """No live server holds the weight version a request must be drawn with (rollout.server.overlap_steps: the
-    other servers already moved on to the next step's version)."""
 
 
 class RequestRefused(RolloutServerError):
