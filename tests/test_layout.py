@@ -34,8 +34,8 @@ LAZY_THIRD_PARTY = {
 # The package root: the Python entry points, the builder, the two leaf modules every layer may import, the
 # version, and the domain folders (STYLE.md, "Intended shape of rlx"); everything else lives in a folder.
 ROOT_MODULES = {"__init__", "__main__", "api", "build", "errors", "registry", "version"}
-DOMAIN_FOLDERS = {"algorithms", "cli", "config", "data", "envs", "evaluation", "gateway", "loops", "models", "report",
-                  "rewards", "rollout", "runtime", "sandbox", "tasks", "view"}
+DOMAIN_FOLDERS = {"algorithms", "cli", "config", "data", "engines", "envs", "evaluation", "fleet", "gateway", "loops",
+                  "models", "report", "rewards", "rollout", "runtime", "sandbox", "tasks", "view"}
 
 MAX_LINES = 500
 
