@@ -61,6 +61,8 @@ class Rounds:
               drawn_ahead: int | None = None) -> None:
         """The line of round `number` of `step`: `counts` (rows unfinished at its start, tokens drawn), `completed`
         groups by its end; `drawn_ahead` (information only, with a lane): rows whose segment a lane drew earlier."""
+        if self.journal is None:
+            return
         advanced, tokens = counts
         line = {"step": step, "round": number, "version": version, "rows_advanced": advanced, "tokens": tokens,
                 "groups_completed": completed, "served": self.served()}
