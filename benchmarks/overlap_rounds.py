@@ -28,11 +28,13 @@ sys.path.insert(0, str(ROOT))
 
 
 def run(servers: int, overlap: bool, args) -> dict:
+    from rlx.engines.lane import NoLane
     from rlx.fleet.backends import build_generator
+    from rlx.fleet.overlap import StepOverlap
     from rlx.models.loading import load_causal_lm, load_tokenizer
     from rlx.rewards import RewardComponent
-    from rlx.rollout.overlap import StepOverlap
-    from rlx.rollout.partial import PartialProducer, Rounds
+    from rlx.rollout.partial import PartialProducer
+    from rlx.rollout.rounds import Rounds
     from rlx.rollout.single_turn import SingleTurnSettings
     from tests.fake_vllm import FakeVLLM
     from tests.test_partial import InOrder
@@ -50,10 +52,9 @@ def run(servers: int, overlap: bool, args) -> dict:
     settings = SingleTurnSettings(group_size=args.group, prompts_per_step=args.prompts, max_new_tokens=args.max_new,
                                   min_new_tokens=0, seed=3, use_chat_template=False, system_prompt=None,
                                   on_error="raise", accuracy_key="task", total_steps=args.steps)
+    lane = StepOverlap(gen, lambda step: (step - 1, model), per_server=args.per_server) if overlap else NoLane()
     made = PartialProducer(gen, tok, stream, rewards, settings, oversample=args.oversample,
-                           rounds=Rounds(args.segment, work / "rounds.jsonl"))
-    if overlap:
-        made.overlap = StepOverlap(gen, lambda step: (step - 1, model), per_server=args.per_server)
+                           rounds=Rounds(args.segment, work / "rounds.jsonl", lane=lane))
     times, rows, dropped, rounds = [], [], 0.0, 0.0
     try:
         for step in range(1, args.steps + 1):

@@ -22,11 +22,13 @@ from rlx.config.schema import TrainConfig
 from rlx.data.difficulty import DifficultySampler
 from rlx.data.tasks import PromptStream
 from rlx.engines.generator import policy_generator
+from rlx.engines.lane import NO_LANE, SpeculativeLane
 from rlx.envs import env_factory
 from rlx.errors import EnvError, UserError
 from rlx.evaluation.agents import episode_evaluator, player_for
 from rlx.evaluation.tasks import task_eval_settings, task_evaluator
 from rlx.fleet.backends import build_generator, eval_generator
+from rlx.fleet.overlap import StepOverlap, rows_answered
 from rlx.loops.agent_sft import train_agent_sft
 from rlx.loops.common import Components, Parts
 from rlx.loops.policy_gradient import train_policy_gradient
@@ -37,11 +39,11 @@ from rlx.loops.sft import train_sft
 from rlx.models import lora, value
 from rlx.rewards.overlong import with_overlong_penalty
 from rlx.rollout.episodes import EpisodeProducer, EpisodeSettings
-from rlx.rollout.overlap import StepOverlap
-from rlx.rollout.partial import PartialProducer, Rounds
+from rlx.rollout.partial import PartialProducer
 from rlx.rollout.pipeline import pipelined, rollout_copy
 from rlx.rollout.producers import AUTO, PRODUCERS
 from rlx.rollout.rank_zero import FollowerGenerator, GatheredPublish, RankZeroProducer, rank_zero_eval
+from rlx.rollout.rounds import Rounds
 from rlx.rollout.single_turn import SingleTurnProducer, SingleTurnSettings
 from rlx.rollout.stages import StagePipeline, StageSettings, build_stages
 from rlx.runtime.checkpoint import Checkpointer
@@ -228,7 +230,20 @@ def build_producer(s, parts: Parts, kind: str, sampler: tuple, follower: bool) -
     # the producer samples through the generator itself; the gather around it (GatheredPublish) is the trainer's publish
     rollout_parts.generator = parts.generator.inner if isinstance(parts.generator, GatheredPublish) else parts.generator
     own = s.rollout.producer != AUTO
-    parts.producer = (PRODUCERS[s.rollout.producer] if own else BUILT_IN_PRODUCERS[kind])(s, rollout_parts)
+    lane: SpeculativeLane = NO_LANE
+    overlap = getattr(getattr(s.rollout, "server", None), "overlap_steps", False)  # rounds of two steps at once
+    if overlap and s.rollout.max_staleness and not follower and not own:
+        # the lane draws step+1's rounds with the weights the pipeline (built below around the producer, which takes
+        # the lane) loads ahead: it reaches them through this function's `pipeline`, bound once the pipeline is built
+        lane = StepOverlap(rollout_parts.generator, lambda step: pipeline.weights_ahead(step),
+                           s.rollout.server.per_server_concurrency)
+        log.info("built: rounds overlap across steps on servers of two weight versions (rollout.server.overlap_steps)")
+    if own:
+        parts.producer = PRODUCERS[s.rollout.producer](s, rollout_parts)
+    elif kind == "single_turn":
+        parts.producer = single_turn_producer(s, rollout_parts, lane)
+    else:
+        parts.producer = BUILT_IN_PRODUCERS[kind](s, rollout_parts)
     if getattr(parts.producer, "kind", None) != kind:  # the loop's credit reads the rows of its own kind
         raise UserError(f"rollout.producer={s.rollout.producer} hands rows of kind "
                         f"'{getattr(parts.producer, 'kind', None)}', and algorithm={s.algorithm.name} trains '{kind}' "
@@ -241,13 +256,9 @@ def build_producer(s, parts: Parts, kind: str, sampler: tuple, follower: bool) -
         # stays outermost on the trainer thread; evaluation samples rank 0's gathered copy of the current policy
         current = policy_generator(gathered.shadow if gathered else policy, parts.tokenizer, s.rollout)
         inner, sampler_generator = parts.producer, gathered.inner if gathered else parts.generator
-        parts.producer, parts.generator = pipelined(s.rollout, inner, sampler_generator, rollout_model, policy, current,
-                                                    s.steps)
-        if getattr(getattr(s.rollout, "server", None), "overlap_steps", False):  # rounds of two steps at once
-            inner.overlap = StepOverlap(sampler_generator, parts.producer.weights_ahead,
-                                        s.rollout.server.per_server_concurrency)
-            log.info("built: rounds overlap across steps on servers of two weight versions "
-                     "(rollout.server.overlap_steps)")
+        pipeline, parts.generator = pipelined(s.rollout, inner, sampler_generator, rollout_model, policy, current,
+                                              s.steps)
+        parts.producer = pipeline
         if gathered is not None:
             gathered.inner, parts.generator = parts.generator, gathered
         log.info("built: pipeline, batches sampled up to %d update(s) behind the trainer", s.rollout.max_staleness)
@@ -272,7 +283,9 @@ def environment_factory(env):
         raise UserError(str(exc)) from None
 
 
-def single_turn_producer(s, parts: Parts) -> SingleTurnProducer | PartialProducer:
+def single_turn_producer(s, parts: Parts, lane: SpeculativeLane = NO_LANE) -> SingleTurnProducer | PartialProducer:
+    """The single-turn producer of the settings `s`, or partial rollouts (rollout.partial) with `lane` drawing the
+    next step's rounds ahead (rollout.server.overlap_steps; NO_LANE: none)."""
     algo, roll = s.algorithm, s.rollout
     # the completions per prompt: an estimator's declared extra samples too (median's pivot, left out of the gradient)
     group_size = group_count(roll.samples_per_prompt, algo.advantage)
@@ -284,9 +297,10 @@ def single_turn_producer(s, parts: Parts) -> SingleTurnProducer | PartialProduce
         # rank 0 alone produces where it samples for every rank (no accelerator here), so only it writes the journal
         main = parts.accelerator is None or parts.accelerator.is_main_process
         journal = parts.run_dir / "rounds.jsonl" if roll.segment_tokens and main else None
+        served = rows_answered(parts.generator) if roll.backend == "server" else dict  # journal information only
+        rounds = Rounds(int(roll.segment_tokens), journal, served, lane)
         return PartialProducer(parts.generator, parts.tokenizer, stream, rewards, single_turn_settings(s, group_size),
-                               oversample=roll.partial_oversample, stages=stages,
-                               rounds=Rounds(int(roll.segment_tokens), journal))
+                               oversample=roll.partial_oversample, stages=stages, rounds=rounds)
     return SingleTurnProducer(parts.generator, parts.tokenizer, stream, rewards, single_turn_settings(s, group_size),
                               acc=parts.accelerator, stages=stages)
 

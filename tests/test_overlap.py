@@ -1,9 +1,9 @@
 """Rounds that overlap across steps on servers of two weight versions (rollout.server.overlap_steps,
-rlx/rollout/overlap.py): the round record and the cut-back of rows drawn past a step's last round, on hand-built
-groups; a partial-rollout producer over a fleet of version-sensitive fake servers (tests/fake_vllm.py: a row drawn
-by a server of the wrong version differs) draws the same rows, journal and versions with and without overlap while
-the next step's rounds run on servers moved ahead; a lost server of the current version brings the fleet back; a
-training run in pipeline mode ends with the same weights, bit for bit; the config rules."""
+rlx/fleet/overlap.py, rlx/rollout/pool.py): the round record and the cut-back of rows drawn past a step's last round,
+on hand-built groups; a partial-rollout producer over a fleet of version-sensitive fake servers (tests/fake_vllm.py:
+a row drawn by a server of the wrong version differs) draws the same rows, journal and versions with and without
+overlap while the next step's rounds run on servers moved ahead; a lost server of the current version brings the
+fleet back; a training run in pipeline mode ends with the same weights, bit for bit; the config rules."""
 
 from __future__ import annotations
 
@@ -12,10 +12,13 @@ import json
 import pytest
 import torch
 
+from rlx.engines.lane import NoLane
 from rlx.errors import NoServerAtVersion
+from rlx.fleet.overlap import StepOverlap, rows_answered
 from rlx.rewards import RewardComponent
-from rlx.rollout.overlap import StepOverlap, finished_by, groups_completed, round_tokens, settle, start_marks
-from rlx.rollout.partial import PartialProducer, Rounds, new_group
+from rlx.rollout.partial import PartialProducer
+from rlx.rollout.pool import GroupInFlight, groups_completed, round_tokens, settle
+from rlx.rollout.rounds import Rounds
 from rlx.rollout.single_turn import SingleTurnSettings
 from tests.test_partial import InOrder
 from tests.test_server_unit import build
@@ -28,16 +31,15 @@ def tiny():
     return load_causal_lm("builtin:tiny"), load_tokenizer("builtin:tiny")
 
 
-def group_with(rows: list[tuple[list[int], bool]], marks: list[list[int]]) -> dict:
+def group_with(rows: list[tuple[list[int], bool]], marks: list[list[int]]) -> GroupInFlight:
     """A group whose row i has tokens rows[i][0] (finished: rows[i][1]) and round record marks[i]."""
-    group = new_group(0, {}, "p", [1], [5] * len(rows))
+    group = GroupInFlight.drawn(0, {}, "p", [1], [5] * len(rows))
     for i, (ids, finished) in enumerate(rows):
-        group["ids"][i], group["logprobs"][i] = list(ids), [-0.5] * len(ids)
-        group["token_versions"] = group.get("token_versions", [[] for _ in rows])
-        group["token_versions"][i] = [3] * len(ids)
-        group["versions"][i] = 3 if ids else None
-        group["finished"][i] = group["stopped"][i] = finished
-    group["marks"], group["marks_step"] = [list(m) for m in marks], 2
+        group.ids[i], group.logprobs[i] = list(ids), [-0.5] * len(ids)
+        group.token_versions[i] = [3] * len(ids)
+        group.versions[i] = 3 if ids else None
+        group.finished[i] = group.stopped[i] = finished
+    group.marks, group.marks_step = [list(m) for m in marks], 2
     return group
 
 
@@ -45,15 +47,15 @@ def test_the_round_record_says_what_each_round_drew_and_who_had_finished():
     """Row 0 began the step with 2 tokens and finished in round 1 (2 -> 4 -> 5); row 1 was drawn ahead for three
     rounds and finished in round 2 (0 -> 2 -> 4 -> 5)."""
     group = group_with([([9] * 5, True), ([8] * 5, True)], [[2, 4, 5], [0, 2, 4, 5]])
-    assert [finished_by(group, 0, r) for r in (-1, 0, 1, 2)] == [False, False, True, True]
-    assert [finished_by(group, 1, r) for r in (0, 1, 2)] == [False, False, True]
+    assert [group.finished_by(0, r) for r in (-1, 0, 1, 2)] == [False, False, True, True]
+    assert [group.finished_by(1, r) for r in (0, 1, 2)] == [False, False, True]
     assert [groups_completed([group], r) for r in (0, 1, 2)] == [0, 0, 1]
     assert (round_tokens([group], 0) == (4, 2) and round_tokens([group], 1) == (3, 2)
             and round_tokens([group], 2) == (1, 1))
-    start_marks(group, 2)  # begun for this step already (by the lane): kept
-    assert group["marks"][1] == [0, 2, 4, 5]
-    start_marks(group, 3)
-    assert group["marks"] == [[5], [5]]
+    group.start_marks(2)  # begun for this step already (by the lane): kept
+    assert group.marks[1] == [0, 2, 4, 5]
+    group.start_marks(3)
+    assert group.marks == [[5], [5]]
 
 
 def test_rows_drawn_past_the_last_round_are_cut_back_to_it():
@@ -62,28 +64,29 @@ def test_rows_drawn_past_the_last_round_are_cut_back_to_it():
     nothing left after the cut loses its first-token version, a group with nothing left its first step."""
     group = group_with([([9] * 5, True), ([8] * 5, True), ([7] * 3, False)], [[2, 4, 5], [0, 2, 4, 5], [0, 0, 3]])
     ahead = group_with([([6] * 2, False), ([5] * 2, False)], [[0, 2], [0, 2]])  # drawn ahead, none of it kept
-    group["first_step"] = ahead["first_step"] = 2
-    assert settle([ahead], -1) == 4 and ahead["ids"] == [[], []] and ahead["first_step"] is None
-    assert settle([group], 0) == (5 - 4) + (5 - 2) + 3 and group["first_step"] == 2
-    assert group["ids"] == [[9] * 4, [8] * 2, []] and group["logprobs"][1] == [-0.5] * 2
-    assert group["token_versions"] == [[3] * 4, [3] * 2, []] and group["versions"] == [3, 3, None]
-    assert group["finished"] == [False] * 3 and group["stopped"] == [False] * 3
-    assert group["marks"] == [[2, 4], [0, 2], [0, 0]]
+    group.first_step = ahead.first_step = 2
+    assert settle([ahead], -1) == 4 and ahead.ids == [[], []] and ahead.first_step is None
+    assert settle([group], 0) == (5 - 4) + (5 - 2) + 3 and group.first_step == 2
+    assert group.ids == [[9] * 4, [8] * 2, []] and group.logprobs[1] == [-0.5] * 2
+    assert group.token_versions == [[3] * 4, [3] * 2, []] and group.versions == [3, 3, None]
+    assert group.finished == [False] * 3 and group.stopped == [False] * 3
+    assert group.marks == [[2, 4], [0, 2], [0, 0]]
     assert settle([group], 0) == 0  # nothing past round 0 any more
 
 
 PROMPTS = [f"{a} + {b} =" for a, b in zip(range(1, 30), range(30, 1, -1))]
 
 
-def partial_producer(generator, tokenizer, journal, *, steps=4, segment=2):
-    """2 groups of 2 per step, 4 in flight, rows of up to 16 tokens in rounds of `segment`; reward: the length."""
+def partial_producer(generator, tokenizer, journal, *, steps=4, segment=2, lane=None):
+    """2 groups of 2 per step, 4 in flight, rows of up to 16 tokens in rounds of `segment` (the rows each server
+    answered in the journal), the next step's lent to `lane` (None: none); reward: the length."""
     stream = InOrder([{"prompt": p, "answer": "x"} for p in PROMPTS], seed=0)
     rewards = [RewardComponent("task", lambda prompts, completions, **_: [float(len(c)) for c in completions], 1.0)]
     settings = SingleTurnSettings(group_size=2, prompts_per_step=2, max_new_tokens=16, min_new_tokens=0, seed=3,
                                   use_chat_template=False, system_prompt=None, on_error="raise", accuracy_key="task",
                                   total_steps=steps)
     return PartialProducer(generator, tokenizer, stream, rewards, settings, oversample=2.0,
-                           rounds=Rounds(segment, journal))
+                           rounds=Rounds(segment, journal, rows_answered(generator), lane or NoLane()))
 
 
 def sampled(batch) -> list:
@@ -103,9 +106,8 @@ def run_steps(urls, tiny, tmp_path, name, *, overlap: bool, steps=4):
     before it, as the pipeline does); with overlap, step s+1's weights are ready during step s."""
     model, tok = tiny
     gen = build(urls, model, tok, tmp_path / name, per_server_concurrency=32)
-    made = partial_producer(gen, tok, tmp_path / f"{name}.jsonl", steps=steps)
-    if overlap:
-        made.overlap = StepOverlap(gen, lambda step: (step - 1, model), per_server=32)
+    lane = StepOverlap(gen, lambda step: (step - 1, model), per_server=32) if overlap else None
+    made = partial_producer(gen, tok, tmp_path / f"{name}.jsonl", steps=steps, lane=lane)
     out = []
     try:
         for step in range(1, steps + 1):

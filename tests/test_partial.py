@@ -61,15 +61,17 @@ class Scripted:
                           [bool(n) and n[-1] == EOS for n in new])
 
 
-def producer(lengths, prompts_per_step=2, oversample=2.0, group=2, max_new=12):
+def producer(lengths, prompts_per_step=2, oversample=2.0, group=2, max_new=12, generator=None, rounds=None):
+    """A partial producer over prompts p0.. whose rows have `lengths` (Scripted, or `generator`); `rounds`: its
+    token-budget rounds (None: none)."""
     rows = [{"prompt": f"p{k}", "answer": "x"} for k in range(len(lengths))]
     stream = InOrder(rows, seed=0)
-    generator = Scripted(lengths)
+    generator = generator if generator is not None else Scripted(lengths)
     rewards = [RewardComponent("task", lambda prompts, completions, **_: [float(c) for c in completions], 1.0)]
     settings = SingleTurnSettings(group_size=group, prompts_per_step=prompts_per_step, max_new_tokens=max_new,
                                   min_new_tokens=0, seed=3, use_chat_template=False, system_prompt=None,
                                   on_error="raise", accuracy_key="task", total_steps=10)
-    made = PartialProducer(generator, Tokenizer(), stream, rewards, settings, oversample=oversample)
+    made = PartialProducer(generator, Tokenizer(), stream, rewards, settings, oversample=oversample, rounds=rounds)
     return made, generator
 
 
@@ -89,9 +91,9 @@ def test_a_step_trains_the_first_finished_groups_in_draw_order_and_carries_the_r
     made, generator = producer([9, 2, 7, 3, 1, 1, 5, 5])
     first = made.produce(1)
     assert [p for p, _ in trained(first)][::2] == ["p1", "p3"]
-    carried = {g["row"]["prompt"]: g for g in made.pool}
-    assert sorted(carried) == ["p0", "p2"] and all(len(ids) == 4 for g in carried.values() for ids in g["ids"])
-    assert [g["index"] for g in made.pool] == [0, 2] and made.next_index == 4
+    carried = {g.row["prompt"]: g for g in made.pool}
+    assert sorted(carried) == ["p0", "p2"] and all(len(ids) == 4 for g in carried.values() for ids in g.ids)
+    assert [g.index for g in made.pool] == [0, 2] and made.next_index == 4
 
     generator.version = 1
     second = made.produce(2)
@@ -126,7 +128,7 @@ def test_the_pool_is_checkpointed():
 def test_nothing_is_generated_when_enough_groups_wait_finished():
     made, generator = producer([1, 1, 1, 1, 6, 6, 6, 6], oversample=2.0)
     made.produce(1)  # all four finish at once (1-2 tokens): two trained, two wait finished
-    assert len(made.pool) == 2 and all(all(g["finished"]) for g in made.pool)
+    assert len(made.pool) == 2 and all(all(g.finished) for g in made.pool)
     calls = len(generator.calls)
     batch = made.produce(2)
     assert [p for p, _ in trained(batch)][::2] == ["p2", "p3"]
@@ -163,3 +165,25 @@ def test_oversample_1_draws_the_synchronous_prompts_and_tokens(tmp_path):
         assert a.rollout.texts == b.rollout.texts and a.source.prompts == b.source.prompts
         assert torch.equal(a.rollout.completion_ids, b.rollout.completion_ids)
         torch.testing.assert_close(a.rollout.logprobs, b.rollout.logprobs, atol=1e-4, rtol=0)
+
+
+def test_a_group_in_flight_checkpoints_as_plain_data_and_copies_apart():
+    """GroupInFlight.state_dict is plain lists and numbers, from_state gives the same group back; a copy's rows grow
+    apart from the group's; fresh() is the group as drawn."""
+    import pickle
+
+    from rlx.rollout.pool import GroupInFlight
+
+    made, _ = producer([9, 2, 7, 3, 1, 1, 5, 5])
+    made.produce(1)
+    group = made.pool[0]
+    state = pickle.loads(pickle.dumps(group.state_dict()))
+    assert all(isinstance(v, (int, str, list, dict, type(None))) for v in state.values())
+    assert GroupInFlight.from_state(state) == group and group.ids[0]
+    twin = group.copy()
+    twin.extend(0, [7], [-0.3], False, 5, 2, 12)
+    assert twin.ids[0] == group.ids[0] + [7] and twin.token_versions[0][-1] == 5
+    assert GroupInFlight.from_state(state) == group  # the group did not move with its copy
+    fresh = group.fresh()
+    assert fresh.ids == [[], []] and fresh.versions == [None, None] and fresh.seeds == group.seeds
+    assert (fresh.index, fresh.first_step, fresh.marks, fresh.marks_step) == (group.index, None, [], None)

@@ -1,4 +1,4 @@
-"""Token-budget rounds of partial rollouts (rollout.segment_tokens, rlx/rollout/partial.py Rounds): every unfinished
+"""Token-budget rounds of partial rollouts (rollout.segment_tokens, rlx/rollout/rounds.py): every unfinished
 row advances at most S tokens per round at the round's version, rounds repeat until prompts_per_step groups
 finished, a step trains the first finished groups in draw order, each round is a line of rounds.jsonl, rows carry
 per-token versions. On a scripted generator, on the tiny model with rollout=hf (reproducible, resume exact), and
@@ -14,7 +14,7 @@ import torch
 
 from rlx.engines.records import Generation
 from rlx.fleet.server import continuation_seed
-from rlx.rollout.partial import Rounds
+from rlx.rollout.rounds import Rounds
 from tests.fake_vllm import FakeVLLM
 from tests.test_partial import EOS, Scripted, trained
 from tests.test_partial import producer as partial_producer
@@ -45,9 +45,9 @@ def test_rounds_advance_rows_s_tokens_at_a_time_and_journal_each_round(tmp_path)
     """S = 3, lengths 2..9: each call advances a row at most 3 tokens; rounds go on until 2 groups finished; the
     trained groups are the first finished in draw order; rounds.jsonl has a line per round; a row carried into the
     next step at a newer version has tokens of two versions (rollout/row_version_span_max)."""
-    made, _ = partial_producer([8, 2, 9, 3, 8, 8], prompts_per_step=2, oversample=2.0)
     generator = Segmented([8, 2, 9, 3, 8, 8])
-    made.generator, made.rounds = generator, Rounds(3, tmp_path / "rounds.jsonl")
+    made, _ = partial_producer([8, 2, 9, 3, 8, 8], prompts_per_step=2, oversample=2.0, generator=generator,
+                               rounds=Rounds(3, tmp_path / "rounds.jsonl"))
     batch = made.produce(1)
     for call in generator.calls[1:]:
         assert all(len(p) % 3 == 0 for p in call)  # every prefix a whole number of rounds
@@ -67,7 +67,7 @@ def test_rounds_advance_rows_s_tokens_at_a_time_and_journal_each_round(tmp_path)
 def test_round_marks_and_round_end_stops_by_hand():
     """A row from 5 to 42 tokens in rounds of 16 was 21 after round 0, 37 after round 1, 42 after round 2; a row
     that drew nothing has no round; the stop rule is asked at token steps 16, 32 and 48 only (and says stop at 32)."""
-    from rlx.rollout.partial import at_round_ends, round_marks
+    from rlx.rollout.rounds import at_round_ends, round_marks
 
     assert round_marks(5, 42, 16) == [5, 21, 37, 42]
     assert round_marks(5, 37, 16) == [5, 21, 37] and round_marks(5, 5, 16) == [5]
@@ -100,9 +100,9 @@ def test_rounds_in_one_call_equal_rounds_drawn_one_by_one(tmp_path):
     runs = {}
     for one_call in (True, False):
         lengths = [8, 7, 9, 3, 8, 8, 1, 7, 5, 9, 2, 4]
-        made, _ = partial_producer(lengths, prompts_per_step=2, oversample=2.0)
-        made.generator = generator = OneCall(lengths, one_call)
-        made.rounds = Rounds(3, tmp_path / f"{one_call}.jsonl")
+        generator = OneCall(lengths, one_call)
+        made, _ = partial_producer(lengths, prompts_per_step=2, oversample=2.0, generator=generator,
+                                   rounds=Rounds(3, tmp_path / f"{one_call}.jsonl"))
         batches = []
         for step in range(1, 5):
             generator.version = step - 1
@@ -211,9 +211,9 @@ def test_a_carried_row_carries_each_tokens_version_in_the_record():
 
     from rlx.engines.records import Rollout
 
-    made, _ = partial_producer([8, 2, 9, 3, 8, 8], prompts_per_step=2, oversample=2.0)
     generator = Segmented([8, 2, 9, 3, 8, 8])
-    made.generator, made.rounds = generator, Rounds(3)
+    made, _ = partial_producer([8, 2, 9, 3, 8, 8], prompts_per_step=2, oversample=2.0, generator=generator,
+                               rounds=Rounds(3))
     made.produce(1)
     generator.version = 1
     rollout = made.produce(2).rollout
@@ -241,8 +241,8 @@ def test_a_round_that_advances_no_row_stops_with_one_line():
         def generate_ids(self, prompts, **kwargs):
             return Generation([[] for _ in prompts], [[] for _ in prompts], [False] * len(prompts))
 
-    made, _ = partial_producer([8, 2, 9, 3], prompts_per_step=2, oversample=1.0)
-    made.generator, made.rounds = Silent([8, 2, 9, 3]), Rounds(3)
+    made, _ = partial_producer([8, 2, 9, 3], prompts_per_step=2, oversample=1.0, generator=Silent([8, 2, 9, 3]),
+                               rounds=Rounds(3))
     with pytest.raises(RolloutServerError, match="advanced none of 4 unfinished rows"):
         made.produce(1)
 
@@ -275,3 +275,30 @@ def test_strict_server_rounds_resume_bitwise(tmp_path, monkeypatch):
     assert journal(tmp_path / "cut") == journal(tmp_path / "a") and len(journal(tmp_path / "a")) >= 4
     want, got = (load_file(tmp_path / run / "final" / "model.safetensors") for run in ("a", "cut"))
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_the_generation_mode_is_chosen_once_when_the_producer_is_built():
+    """No rounds: one call; rounds on a generator that decodes the rows as one batch: in one call; with a lane that
+    draws ahead, or on another generator: round by round."""
+    from rlx.rollout.rounds import ByRound, InOneCall
+    from rlx.rollout.rounds import OneCall as OneCallMode
+
+    class Lane:  # a speculative lane (rlx/engines/lane.py) that never finds anything to spare
+        def lend(self, work, step, rows_due):
+            pass
+
+        def finish(self):
+            pass
+
+        def reclaim(self, error):
+            return False
+
+        def metrics(self):
+            return {}
+
+    lengths = [8, 2, 9, 3]
+    modes = [type(partial_producer(lengths, generator=generator, rounds=rounds)[0].mode)
+             for generator, rounds in ((Segmented(lengths), None), (OneCall(lengths, True), Rounds(3)),
+                                       (OneCall(lengths, True), Rounds(3, lane=Lane())),
+                                       (Segmented(lengths), Rounds(3)))]
+    assert modes == [OneCallMode, InOneCall, ByRound, ByRound]

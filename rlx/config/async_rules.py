@@ -110,7 +110,7 @@ def rank_zero_problems(cfg: TrainConfig, processes: int) -> list[str]:
 
 
 def overlap_problems(cfg: TrainConfig) -> list[str]:
-    """The rows of rollout.server.overlap_steps (rlx/rollout/overlap.py): nothing when it is off."""
+    """The rows of rollout.server.overlap_steps (rlx/fleet/overlap.py): nothing when it is off."""
     roll = cfg.rollout
     server = getattr(roll, "server", None)
     if server is None or not getattr(server, "overlap_steps", False):
