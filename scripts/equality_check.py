@@ -59,6 +59,16 @@ RUNS = {
                                 "rollout.max_staleness=1", "steps=6", "eval.every=3"],
     "harness": ["algorithm=agent_grpo", "env=harness", "env.target=examples.corridor_harness.run",
                 "model.path=builtin:tiny_agent", "data.source=none", "env.eval_episodes=8", "steps=3", "eval.every=3"],
+    # rank 0 samples the global batch for two gloo processes (pipeline mode) and broadcasts it
+    "rank_zero_ddp": ["hardware=ddp", "hardware.cpu=true", "hardware.num_processes=2", "rollout.max_staleness=1",
+                      "rollout.correction=tis", "steps=4", "eval.every=2"],
+    # a fleet of two fake vLLM servers (tests/fake_vllm.py, version-sensitive draws, a tail of lengths): partial
+    # rollouts in rounds, pipeline mode, and rounds that overlap across steps; {fleet0} {fleet1} {work} are filled in
+    "fleet_two_fakes": ["rollout=server", "rollout.server.urls=[{fleet0},{fleet1}]", "rollout.server.work_dir={work}",
+                        "rollout.partial=true", "rollout.correction=tis", "rollout.partial_oversample=2",
+                        "rollout.segment_tokens=2", "rollout.max_new_tokens=12", "rollout.max_staleness=1",
+                        "rollout.server.invariance_probe_rows=0", "rollout.server.overlap_steps=true",
+                        "algorithm.overlong_buffer=10", "steps=5", "eval.every=5"],
 }
 TIMING = ("perf/", "time")  # metric names holding wall-clock figures: never compared
 
@@ -82,12 +92,25 @@ def capture(out: Path, only: list[str] | None) -> None:
         if only and label not in only:
             continue
         run_dir = out / label
+        fleet = []
+        if any("{fleet" in o for o in overrides):  # fake servers on ports the OS picks, closed after the run
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+            from tests.fake_vllm import FakeVLLM
+
+            fleet = [FakeVLLM(versioned=True, tail=5) for _ in range(2)]
+            fill = {"fleet0": fleet[0].url, "fleet1": fleet[1].url, "work": str(out / f"{label}_servers")}
+            overrides = [o.format(**fill) if "{" in o else o for o in overrides]
         start = time.time()
         cmd = [rlx, "train", *overrides, "hardware.num_threads=1", "log.progress=false", "seed=0",
                f"hydra.run.dir={run_dir}"]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        finally:
+            for fake in fleet:
+                fake.close()
         (out / f"{label}.log").write_text(proc.stdout + proc.stderr)
-        record = {"returncode": proc.returncode, "seconds": round(time.time() - start, 1), "overrides": overrides}
+        record = {"returncode": proc.returncode, "seconds": round(time.time() - start, 1),
+                  "overrides": RUNS[label]}
         if proc.returncode == 0:
             rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
             record["metrics"] = [{k: v for k, v in row.items() if not any(t in k for t in TIMING)} for row in rows]
