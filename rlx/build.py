@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -30,7 +30,18 @@ from rlx.evaluation.tasks import task_eval_settings, task_evaluator
 from rlx.fleet.backends import build_generator, eval_generator
 from rlx.fleet.overlap import StepOverlap, rows_answered
 from rlx.loops.agent_sft import train_agent_sft
-from rlx.loops.common import Components, Parts
+from rlx.loops.common import (
+    Components,
+    Critic,
+    NoMixer,
+    NoReference,
+    Parts,
+    PolicyParts,
+    PPOParts,
+    PreferenceParts,
+    ProducerParts,
+    SamplingParts,
+)
 from rlx.loops.policy_gradient import train_policy_gradient
 from rlx.loops.ppo import train_ppo
 from rlx.loops.preference import load_pairs, train_preference
@@ -122,150 +133,190 @@ assert set(NEEDS) == set(LOOPS)
 
 def build_parts(s: TrainConfig, components: Components) -> Parts:
     """The one builder: from the loaded model, tokenizer, data and rewards (rlx.loops.common.Components),
-    every part the family's loop starts from (rlx.loops.common.Parts), as declared in NEEDS, from the run's typed
-    settings `s` (rlx/config/settings.py), which the loop then reads. One log line per part built.
+    every part the family's loop starts from (rlx.loops.common.Parts or the family's subclass), as declared in
+    NEEDS, from the run's typed settings `s` (rlx/config/settings.py), which the loop then reads. One log line per
+    part built; each part is built by a function that returns it, and the Parts are made once, at the end.
 
     Order (the RNG draws and Accelerate's bookkeeping depend on it): the critic (its fresh head draws
     from the global RNG), the preference pairs, the optimizers and schedules, the reference (a copy taken from
     the full, unprepared weights; under LoRA the policy with its adapter off, no copy), the generator, then
     one accelerate.prepare of policy, optimizer[, schedule][, critic, critic optimizer] (DeepSpeed and
     FSDP prepare a model with its optimizer; the checkpointer saves the adapter of the first model), the
-    reference placed like the prepared policy, the producer, the checkpointer, the metrics log and the evaluator."""
+    reference placed like the prepared policy, the sampling (producer and its wrappers), the checkpointer, the
+    metrics log and the evaluator."""
     family = s.algorithm.family
     needs, algo, acc = NEEDS[family], s.algorithm, components.accelerator
-    parts = Parts(s, acc, components.model, components.tokenizer, components.train_rows, components.eval_rows,
-                  components.rewards, components.run_dir)
     total_updates = s.steps * needs.updates_per_step(algo)
+    critic = None
     if needs.value_model:
-        parts.value_model = value.build_value_model(parts.model, algo.value_model, s.model.dtype,
-                                                    s.model.trust_remote_code)
+        critic = value.build_value_model(components.model, algo.value_model, s.model.dtype, s.model.trust_remote_code)
         log.info("built: value model (critic) from %s", algo.value_model or "the policy's backbone")
-    if needs.pairs:
-        parts.pairs = load_pairs(s, parts)
-    reference = lora.reference_model(parts.model) if needs.reference(algo) else None
+    pairs = load_pairs(s, components) if needs.pairs else None
+    reference = lora.reference_model(components.model) if needs.reference(algo) else None
     optim = optimizer_settings(s.optim)
-    parts.optimizer, parts.scheduler = build_optimizer(parts.model, total_updates, **optim)
+    optimizer, scheduler = build_optimizer(components.model, total_updates, **optim)
     log.info("built: %s over the trainable parameters, %s schedule for %d optimizer steps",
-             type(parts.optimizer).__name__, s.optim.schedule, total_updates)
+             type(optimizer).__name__, s.optim.schedule, total_updates)
     if needs.value_model:
         value_lr = value.value_learning_rate(algo.value_lr, algo.value_lr_ratio, s.optim.lr)
-        parts.value_optimizer, parts.value_scheduler = build_optimizer(parts.value_model, total_updates,
-                                                                       **{**optim, "lr": value_lr})
+        critic_optimizer, critic_scheduler = build_optimizer(critic, total_updates, **{**optim, "lr": value_lr})
     follower = needs.producer is not None and rank_zero_samples(s, acc) and acc.process_index != 0
-    rollout_model, rollout_parts = build_sampler(s, parts, needs, follower)
-    prepared = [parts.model, parts.optimizer] + ([parts.scheduler] if needs.prepare_scheduler else [])
+    sampler = build_sampler(s, components, needs, follower) if needs.generator else None
+    prepared = [components.model, optimizer] + ([scheduler] if needs.prepare_scheduler else [])
     if needs.value_model:
-        prepared += [parts.value_model, parts.value_optimizer]
+        prepared += [critic, critic_optimizer]
     prepared = acc.prepare(*prepared)
-    parts.model, parts.optimizer = prepared[0], prepared[1]
+    model, optimizer = prepared[0], prepared[1]
+    checkpointed = {}
     if needs.prepare_scheduler:
-        parts.scheduler = prepared[2]
+        scheduler = prepared[2]
     else:
-        parts.checkpointed["scheduler"] = parts.scheduler
+        checkpointed["scheduler"] = scheduler
     if needs.value_model:
-        parts.value_model, parts.value_optimizer = prepared[-2], prepared[-1]
-        parts.checkpointed["value_scheduler"] = parts.value_scheduler
-    if isinstance(parts.generator, GatheredPublish):
-        parts.generator.prepared = parts.model  # the gather reads the prepared model (DeepSpeed's engine)
-    parts.reference = lora.place_reference(reference, acc)
+        critic = Critic(prepared[-2], prepared[-1], critic_scheduler)
+        checkpointed["value_scheduler"] = critic_scheduler
+    reference = lora.place_reference(reference, acc)
     if reference is not None:
         log.info("built: frozen reference (%s)",
-                 "the base with the adapter off" if lora.is_peft(acc.unwrap_model(parts.model))
-                 else "a copy of the starting policy")
-    if needs.producer is not None:
-        build_producer(s, parts, needs.producer, (rollout_model, rollout_parts), follower)
-    if family == "policy_gradient" and getattr(s, "mixture", None) is not None:
-        parts.mixer = build_mixer(s.mixture, parts.train_rows)
-        if parts.mixer is not None:
-            log.info("built: mixture %s over objectives %s", s.mixture.rule, ", ".join(parts.mixer.objectives))
-    parts.checkpointer = Checkpointer.from_config(s, acc, parts.run_dir, lora=lora)  # a LoRA adapter in each checkpoint
-    parts.metrics_log = MetricsLog(parts.run_dir, s.steps, s.log.progress, enabled=acc.is_main_process, tracker=acc)
-    if needs.evaluator is not None and rank_zero_samples(s, acc):
-        # rank 0 evaluates every held-out row (episode) through its generator (the others have none) and broadcasts
-        # the metrics; the task evaluation draws a seed per row from the torch RNG, which the other ranks draw too
-        run_eval = EVALUATORS[needs.evaluator](s, parts, alone=True) if not follower else None
-        rows = len(parts.eval_rows[: s.eval.size]) if needs.evaluator == "task" else 0
-        parts.run_eval = rank_zero_eval(acc, run_eval, rows)
-        log.info("built: evaluator %s on rank 0", needs.evaluator)
-    elif needs.evaluator is not None:
-        parts.run_eval = EVALUATORS[needs.evaluator](s, parts)
-        log.info("built: evaluator %s", needs.evaluator)
-    return parts
+                 "the base with the adapter off" if lora.is_peft(acc.unwrap_model(model)) else "a copy of the starting "
+                 "policy")
+    common = dict(settings=s, accelerator=acc, model=model, tokenizer=components.tokenizer,
+                  train_rows=components.train_rows, eval_rows=components.eval_rows, rewards=components.rewards,
+                  run_dir=components.run_dir, optimizer=optimizer, scheduler=scheduler,
+                  checkpointer=Checkpointer.from_config(s, acc, components.run_dir, lora=lora),  # a LoRA adapter each
+                  metrics_log=MetricsLog(components.run_dir, s.steps, s.log.progress, enabled=acc.is_main_process,
+                                         tracker=acc),
+                  checkpointed=checkpointed)
+    reference = NoReference() if reference is None else reference
+    if needs.pairs:
+        return PreferenceParts(**common, pairs=pairs, reference=reference)
+    if sampler is None:
+        return Parts(**common)
+    producer, generator = (build_sampling(s, components, model, sampler, needs.producer, follower)
+                           if needs.producer is not None else (None, sampler.generator))
+    generator = gathered_publish(s, acc, model, sampler, generator)
+    run_eval = build_evaluator(s, components, model, generator, needs.evaluator, follower)
+    if producer is None:
+        return SamplingParts(**common, generator=generator, run_eval=run_eval)
+    policy = dict(generator=generator, run_eval=run_eval, producer=producer, reference=reference,
+                  mixer=build_mixture(s, components.train_rows) if family == "policy_gradient" else NoMixer())
+    return PPOParts(**common, **policy, critic=critic) if needs.value_model else PolicyParts(**common, **policy)
 
 
-def build_sampler(s, parts: Parts, needs: FamilyNeeds, follower: bool) -> tuple:
-    """The generator (parts.generator) and what it samples with: (the rollout model, the parts the producer is
-    built from). The policy itself, or in pipeline mode copies of the policy and the tokenizer (the producer
-    thread's own: a fast tokenizer's padding settings are not thread-safe). With several processes and a server
-    or a pipeline, rank 0 alone samples the global batch, without collectives, and broadcasts it
-    (rlx/rollout/rank_zero.py): the producer's parts carry no accelerator, and the other ranks (`follower`) build
-    no generator and no rollout copy."""
-    acc = parts.accelerator
-    rollout_model, rollout_parts = parts.model, parts
+def build_mixture(s, train_rows: list[dict]):
+    """mixture.rule's per-objective loss weights (rlx/algorithms/mixture.py), or NoMixer."""
+    mixer = build_mixer(s.mixture, train_rows) if getattr(s, "mixture", None) is not None else None
+    if mixer is None:
+        return NoMixer()
+    log.info("built: mixture %s over objectives %s", s.mixture.rule, ", ".join(mixer.objectives))
+    return mixer
+
+
+def build_evaluator(s, components: Components, model, generator, kind: str, follower: bool):
+    """The held-out evaluation of `kind` (EVALUATORS). Where rank 0 alone samples it evaluates every held-out row
+    (episode) through its generator (the others have none) and broadcasts the metrics; the task evaluation draws a
+    seed per row from the torch RNG, which the other ranks draw too."""
+    acc = components.accelerator
+    inputs = EvalInputs(s, components, model, generator)
     if rank_zero_samples(s, acc):
-        rollout_parts = replace(parts, accelerator=None)
-    if needs.generator and follower:
-        parts.generator = FollowerGenerator()
+        run_eval = EVALUATORS[kind](inputs, alone=True) if not follower else None
+        rows = len(components.eval_rows[: s.eval.size]) if kind == "task" else 0
+        log.info("built: evaluator %s on rank 0", kind)
+        return rank_zero_eval(acc, run_eval, rows)
+    log.info("built: evaluator %s", kind)
+    return EVALUATORS[kind](inputs)
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """What the sampling is built on: the generator (on the unprepared policy: Accelerate's prepare keeps the same
+    module object), the model it samples (the policy, or its copy in pipeline mode), the producer's parts, and rank
+    0's full CPU copy of the policy where publishing gathers sharded weights (None elsewhere)."""
+
+    generator: object
+    rollout_model: object
+    parts: ProducerParts
+    shadow: object
+
+
+def build_sampler(s, components: Components, needs: FamilyNeeds, follower: bool) -> Sampler:
+    """The generator and what it samples with: the policy itself, or in pipeline mode copies of the policy and the
+    tokenizer (the producer thread's own: a fast tokenizer's padding settings are not thread-safe). With several
+    processes and a server or a pipeline, rank 0 alone samples the global batch, without collectives, and
+    broadcasts it (rlx/rollout/rank_zero.py): the producer's parts carry no accelerator, and the other ranks
+    (`follower`) build no generator and no rollout copy. Taken before accelerate.prepare: the copy that sharded
+    weights are gathered into must be taken before FSDP / ZeRO-3 shard the policy."""
+    acc, model, tokenizer = components.accelerator, components.model, components.tokenizer
+    rollout_model = model
+    if follower:
+        generator = FollowerGenerator()
         log.info("built: no generator on this rank (rank 0 samples every row and broadcasts them)")
-    elif needs.generator:  # on the unprepared policy: Accelerate's prepare keeps the same module object
+    else:
         if needs.producer is not None and s.rollout.max_staleness:
-            rollout_model = rollout_copy(parts.model)
-            rollout_parts = replace(rollout_parts, tokenizer=copy.deepcopy(parts.tokenizer))
-        parts.generator = build_generator(s.rollout, rollout_model, rollout_parts.tokenizer, s.seed)
-        log.info("built: generator rollout=%s (%s)%s", s.rollout.backend, type(parts.generator).__name__,
-                 " on a copy of the policy (pipeline mode)" if rollout_model is not parts.model else "")
-    if needs.generator and gathers_to_publish(s):  # the copy is taken before FSDP / ZeRO-3 shard the policy
-        shadow = copy.deepcopy(parts.model).eval().requires_grad_(False).cpu() if acc.process_index == 0 else None
-        parts.generator = GatheredPublish(parts.generator, acc, shadow)
-        log.info("built: publishing gathers the full weights from the shards into rank 0's CPU copy of the policy")
-    return rollout_model, rollout_parts
+            rollout_model, tokenizer = rollout_copy(model), copy.deepcopy(tokenizer)
+        generator = build_generator(s.rollout, rollout_model, tokenizer, s.seed)
+        log.info("built: generator rollout=%s (%s)%s", s.rollout.backend, type(generator).__name__,
+                 " on a copy of the policy (pipeline mode)" if rollout_model is not model else "")
+    shadow = None
+    if gathers_to_publish(s) and acc.process_index == 0:
+        shadow = copy.deepcopy(model).eval().requires_grad_(False).cpu()
+    parts = ProducerParts(generator, tokenizer, components.train_rows, components.eval_rows, components.rewards,
+                          components.run_dir, None if rank_zero_samples(s, acc) else acc)
+    return Sampler(generator, rollout_model, parts, shadow)
 
 
-def build_producer(s, parts: Parts, kind: str, sampler: tuple, follower: bool) -> None:
-    """parts.producer of `kind` (BUILT_IN_PRODUCERS, or rollout.producer's) on the sampler's parts, then wrapped:
-    pipeline mode samples ahead in a thread (rlx/rollout/pipeline.py; parts.generator becomes the pipeline's), rank 0
-    broadcasts the batch."""
-    acc = parts.accelerator
-    rollout_model, rollout_parts = sampler
-    # the producer samples through the generator itself; the gather around it (GatheredPublish) is the trainer's publish
-    rollout_parts.generator = parts.generator.inner if isinstance(parts.generator, GatheredPublish) else parts.generator
+def gathered_publish(s, acc, model, sampler: Sampler, generator):
+    """`generator`, or where sharded weights are published (FSDP / ZeRO-3 with a server) the gather around it: it
+    reads the prepared `model` (DeepSpeed's engine gathers ZeRO-3's shards) into rank 0's CPU copy and publishes
+    that. Outermost, on the trainer thread; the producer samples through what it wraps."""
+    if not gathers_to_publish(s):
+        return generator
+    log.info("built: publishing gathers the full weights from the shards into rank 0's CPU copy of the policy")
+    return GatheredPublish(generator, acc, sampler.shadow, model)
+
+
+def build_sampling(s, components: Components, model, sampler: Sampler, kind: str, follower: bool) -> tuple:
+    """(producer, generator) of the run, composed in this order: the producer of `kind` (BUILT_IN_PRODUCERS, or
+    rollout.producer's) on the sampler's parts; pipeline mode samples it ahead in a thread (rlx/rollout/pipeline.py)
+    and the trainer publishes to the pipeline's generator; rank 0 broadcasts the batch. The gather of sharded
+    weights (gathered_publish) goes around the returned generator."""
+    acc = components.accelerator
     own = s.rollout.producer != AUTO
     lane: SpeculativeLane = NO_LANE
     overlap = getattr(getattr(s.rollout, "server", None), "overlap_steps", False)  # rounds of two steps at once
     if overlap and s.rollout.max_staleness and not follower and not own:
         # the lane draws step+1's rounds with the weights the pipeline (built below around the producer, which takes
         # the lane) loads ahead: it reaches them through this function's `pipeline`, bound once the pipeline is built
-        lane = StepOverlap(rollout_parts.generator, lambda step: pipeline.weights_ahead(step),
+        lane = StepOverlap(sampler.generator, lambda step: pipeline.weights_ahead(step),
                            s.rollout.server.per_server_concurrency)
         log.info("built: rounds overlap across steps on servers of two weight versions (rollout.server.overlap_steps)")
     if own:
-        parts.producer = PRODUCERS[s.rollout.producer](s, rollout_parts)
+        producer = PRODUCERS[s.rollout.producer](s, sampler.parts)
     elif kind == "single_turn":
-        parts.producer = single_turn_producer(s, rollout_parts, lane)
+        producer = single_turn_producer(s, sampler.parts, lane)
     else:
-        parts.producer = BUILT_IN_PRODUCERS[kind](s, rollout_parts)
-    if getattr(parts.producer, "kind", None) != kind:  # the loop's credit reads the rows of its own kind
+        producer = BUILT_IN_PRODUCERS[kind](s, sampler.parts)
+    if getattr(producer, "kind", None) != kind:  # the loop's credit reads the rows of its own kind
         raise UserError(f"rollout.producer={s.rollout.producer} hands rows of kind "
-                        f"'{getattr(parts.producer, 'kind', None)}', and algorithm={s.algorithm.name} trains '{kind}' "
+                        f"'{getattr(producer, 'kind', None)}', and algorithm={s.algorithm.name} trains '{kind}' "
                         f"rows; set the producer's kind to '{kind}' or pick another algorithm")
     log.info("built: producer %s", s.rollout.producer if own else kind)
+    generator = sampler.generator
     if s.rollout.max_staleness and not follower:
-        policy = acc.unwrap_model(parts.model)
-        gathered = parts.generator if isinstance(parts.generator, GatheredPublish) else None
+        policy = acc.unwrap_model(model)
         # sharded weights: the pipeline's producer thread samples with its own copy and never joins the gather, which
         # stays outermost on the trainer thread; evaluation samples rank 0's gathered copy of the current policy
-        current = policy_generator(gathered.shadow if gathered else policy, parts.tokenizer, s.rollout)
-        inner, sampler_generator = parts.producer, gathered.inner if gathered else parts.generator
-        pipeline, parts.generator = pipelined(s.rollout, inner, sampler_generator, rollout_model, policy, current,
-                                              s.steps)
-        parts.producer = pipeline
-        if gathered is not None:
-            gathered.inner, parts.generator = parts.generator, gathered
+        current = policy_generator(sampler.shadow if gathers_to_publish(s) else policy, components.tokenizer,
+                                   s.rollout)
+        pipeline, generator = pipelined(s.rollout, producer, generator, sampler.rollout_model, policy, current,
+                                        s.steps)
+        producer = pipeline
         log.info("built: pipeline, batches sampled up to %d update(s) behind the trainer", s.rollout.max_staleness)
     if rank_zero_samples(s, acc):
-        parts.producer = RankZeroProducer(parts.producer, acc, ["pipeline"] if s.rollout.max_staleness else None)
+        producer = RankZeroProducer(producer, acc, ["pipeline"] if s.rollout.max_staleness else None)
         log.info("built: rank 0 samples the global batch and broadcasts it (%s); each rank trains its shard",
                  rank_zero_reason(s, acc.num_processes))
+    return producer, generator
 
 
 def rank_zero_samples(s, acc) -> bool:
@@ -283,7 +334,8 @@ def environment_factory(env):
         raise UserError(str(exc)) from None
 
 
-def single_turn_producer(s, parts: Parts, lane: SpeculativeLane = NO_LANE) -> SingleTurnProducer | PartialProducer:
+def single_turn_producer(s, parts: ProducerParts,
+                         lane: SpeculativeLane = NO_LANE) -> SingleTurnProducer | PartialProducer:
     """The single-turn producer of the settings `s`, or partial rollouts (rollout.partial) with `lane` drawing the
     next step's rounds ahead (rollout.server.overlap_steps; NO_LANE: none)."""
     algo, roll = s.algorithm, s.rollout
@@ -316,7 +368,7 @@ def single_turn_settings(s, group_size: int) -> SingleTurnSettings:
         completion_template=s.data.completion_template)
 
 
-def seed_stages(s, parts: Parts, rewards, group_size: int):
+def seed_stages(s, parts: ProducerParts, rewards, group_size: int):
     """The seed ideas' group stages of the single-turn producer (rlx/rollout/stages/; None when all are
     off) and the prompt source: the shuffled stream, or the difficulty-aware sampler (rlx/data/difficulty.py)."""
     algo = s.algorithm
@@ -337,7 +389,7 @@ def seed_stages(s, parts: Parts, rewards, group_size: int):
     return stages, stream
 
 
-def episode_producer(s, parts: Parts) -> EpisodeProducer:
+def episode_producer(s, parts: ProducerParts) -> EpisodeProducer:
     play_fn, extra_metrics = player_for(s.env)  # env=harness: the user's program through the gateway
     settings = EpisodeSettings(group_size=s.rollout.samples_per_prompt, prompts_per_step=s.prompts_per_step,
                                seed=s.seed, use_chat_template=s.model.chat_template)
@@ -345,28 +397,42 @@ def episode_producer(s, parts: Parts) -> EpisodeProducer:
                            acc=parts.accelerator, play_fn=play_fn, extra_metrics=extra_metrics)
 
 
-def task_eval(s, parts: Parts, *, alone: bool = False):
+@dataclass(frozen=True)
+class EvalInputs:
+    """What a held-out evaluator is built from: the settings, the loaded components, the prepared policy and the
+    run's generator (outermost: with sharded weights the gather, which holds rank 0's full copy)."""
+
+    settings: TrainConfig
+    components: Components
+    model: object
+    generator: object
+
+
+def task_eval(inputs: EvalInputs, *, alone: bool = False):
     """Held-out task rows decoded through the generator of rollout.backend (eval_generator), greedily; `alone`: this
     process evaluates every row, without collectives (rank 0 when it alone samples; with sharded weights it decodes
     its gathered copy of the current policy, whose forward is no collective)."""
-    gathered = isinstance(parts.generator, GatheredPublish) and parts.generator.shadow is not None and alone
-    policy = parts.generator.shadow if gathered else parts.accelerator.unwrap_model(parts.model)
-    generator = eval_generator(s.rollout.backend, parts.generator, policy, parts.tokenizer, s.eval.batch_size)
-    return task_evaluator(None if alone else parts.accelerator, generator, parts.tokenizer,
-                          parts.eval_rows[: s.eval.size], parts.rewards, task_eval_settings(s))
+    s, c, generator = inputs.settings, inputs.components, inputs.generator
+    gathered = isinstance(generator, GatheredPublish) and generator.shadow is not None and alone
+    policy = generator.shadow if gathered else c.accelerator.unwrap_model(inputs.model)
+    decoder = eval_generator(s.rollout.backend, generator, policy, c.tokenizer, s.eval.batch_size)
+    return task_evaluator(None if alone else c.accelerator, decoder, c.tokenizer, c.eval_rows[: s.eval.size],
+                          c.rewards, task_eval_settings(s))
 
 
-def episode_eval(s, parts: Parts, *, alone: bool = False):
+def episode_eval(inputs: EvalInputs, *, alone: bool = False):
     """Held-out episodes of the env; `alone`: this process plays every one, without collectives (rank 0 when it
     alone samples)."""
+    s, c = inputs.settings, inputs.components
     play_fn, extra_metrics = player_for(s.env)
-    return episode_evaluator(None if alone else parts.accelerator, parts.generator, parts.tokenizer,
+    return episode_evaluator(None if alone else c.accelerator, inputs.generator, c.tokenizer,
                              environment_factory(s.env), s.env,
                              use_chat_template=s.model.chat_template, play_fn=play_fn, extra_metrics=extra_metrics)
 
 
 # the rows a loop trains on (rollout.producer=auto), and its held-out evaluation: FamilyNeeds.producer / .evaluator ->
-# fn(settings, parts); a user's producer comes from rlx.rollout.producers.PRODUCERS (rollout.producer=NAME)
+# fn(settings, ProducerParts) / fn(EvalInputs); a user's producer comes from rlx.rollout.producers.PRODUCERS
+# (rollout.producer=NAME)
 BUILT_IN_PRODUCERS = {"single_turn": single_turn_producer, "episodes": episode_producer}
 EVALUATORS = {"task": task_eval, "episodes": episode_eval}
 

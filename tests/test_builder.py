@@ -6,6 +6,7 @@ import torch
 from rlx.build import FAMILIES, NEEDS, build_parts
 from rlx.config.settings import checked_settings
 from rlx.config.settings import settings as typed_settings
+from rlx.loops.common import NoReference
 from rlx.models.lora import AdapterDisabled, prepare_policy
 from tests.loop_fixtures import (
     components,
@@ -44,7 +45,7 @@ def test_ppo_with_lora_keeps_no_reference_copy(tmp_path):
     assert isinstance(parts.reference, AdapterDisabled)
     assert _storages(parts.reference) <= _storages(parts.model)
     # the critic is a separate backbone (with its own adapter), never the reference
-    assert not _storages(parts.value_model) & _storages(parts.model)
+    assert not _storages(parts.critic.model) & _storages(parts.model)
 
 
 def test_full_policy_gets_a_frozen_copy_and_none_without_kl(tmp_path):
@@ -53,7 +54,7 @@ def test_full_policy_gets_a_frozen_copy_and_none_without_kl(tmp_path):
     assert not any(p.requires_grad for p in parts.reference.parameters())
     for a, b in zip(parts.reference.parameters(), parts.model.parameters()):
         assert torch.equal(a, b)  # the starting policy
-    assert _built(tmp_path / "b", "algorithm=grpo", "algorithm.kl_coef=0").reference is None
+    assert isinstance(_built(tmp_path / "b", "algorithm=grpo", "algorithm.kl_coef=0").reference, NoReference)
 
 
 def test_schedules_go_to_prepare_or_to_the_checkpointer_as_declared(tmp_path):
@@ -61,9 +62,9 @@ def test_schedules_go_to_prepare_or_to_the_checkpointer_as_declared(tmp_path):
     fixed (a resumed run reads the files an earlier run wrote)."""
     ppo = _built(tmp_path, "algorithm=ppo")
     assert list(ppo.checkpointed) == ["scheduler", "value_scheduler"]
-    assert ppo.value_optimizer is not None and ppo.run_eval is not None
+    assert ppo.critic.optimizer is not None and ppo.run_eval is not None
     grpo = _built(tmp_path / "b", "algorithm=grpo")
-    assert grpo.checkpointed == {} and grpo.value_model is None
+    assert grpo.checkpointed == {} and not hasattr(grpo, "critic")
 
 
 def test_every_family_has_its_cross_field_rules_in_one_module():

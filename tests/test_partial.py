@@ -142,7 +142,7 @@ def test_oversample_1_draws_the_synchronous_prompts_and_tokens(tmp_path):
     from rlx.build import single_turn_producer
     from rlx.config.settings import settings
     from rlx.engines.generator import HFGenerator
-    from rlx.loops.common import Parts
+    from rlx.loops.common import ProducerParts
     from tests.loop_fixtures import loop_config, rows, tiny_policy
 
     model, tokenizer = tiny_policy()
@@ -156,8 +156,8 @@ def test_oversample_1_draws_the_synchronous_prompts_and_tokens(tmp_path):
                                                     "rollout.correction=tis"])):
         s = settings(loop_config("prompts_per_step=3", "rollout.samples_per_prompt=4", "rollout.max_new_tokens=12",
                                  *extra))
-        parts = Parts(s, None, model, tokenizer, rows() * 3, [], [RewardComponent("task", reward, 1.0)], tmp_path)
-        parts.generator = HFGenerator(model, tokenizer, logprobs="sampler")
+        parts = ProducerParts(HFGenerator(model, tokenizer, logprobs="sampler"), tokenizer, rows() * 3, [],
+                              [RewardComponent("task", reward, 1.0)], tmp_path, None)
         made[label] = single_turn_producer(s, parts)
     assert type(made["partial"]) is PartialProducer
     for step in (1, 2):

@@ -157,7 +157,7 @@ def _producer(*overrides, reward=lambda prompts, completions, **row: [0.0] * len
     from rlx.build import single_turn_producer
     from rlx.config.settings import settings as settings_of
     from rlx.engines.generator import policy_generator
-    from rlx.loops.common import Parts
+    from rlx.loops.common import ProducerParts
     from rlx.rewards import RewardComponent
 
     cfg = check_overrides([*QUIET, "prompts_per_step=3", "rollout.samples_per_prompt=2", *overrides])
@@ -166,8 +166,8 @@ def _producer(*overrides, reward=lambda prompts, completions, **row: [0.0] * len
     model, tokenizer = tiny_policy()
     rows = [{"prompt": f"What is {a} + {b}?\nGive the final answer as <answer>...</answer>.", "answer": str(a + b)}
             for a, b in ((3, 4), (2, 5), (6, 1))]
-    parts = Parts(s, Accelerator(cpu=True), model, tokenizer, rows, [], [RewardComponent("task", reward, 1.0)], None)
-    parts.generator = policy_generator(model, tokenizer, s.rollout)
+    parts = ProducerParts(policy_generator(model, tokenizer, s.rollout), tokenizer, rows, [],
+                          [RewardComponent("task", reward, 1.0)], None, Accelerator(cpu=True))
     return single_turn_producer(s, parts), model, tokenizer
 
 

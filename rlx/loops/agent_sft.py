@@ -23,7 +23,7 @@ from rlx.engines.records import Rollout
 from rlx.envs import env_factory
 from rlx.envs.demos import ExpertGenerator
 from rlx.errors import EnvError, UserError
-from rlx.loops.common import Parts, end_step, eval_due, evaluate_at_start
+from rlx.loops.common import SamplingParts, end_step, eval_due, evaluate_at_start
 from rlx.models.forward import completion_logprobs
 from rlx.rollout.env import TurnDecoding, run_episodes, train_env_seed
 from rlx.rollout.episodes import episode_metrics
@@ -34,7 +34,7 @@ from rlx.runtime.parallel import backward, global_sum, shard
 log = logging.getLogger("rlx")
 
 
-def train_agent_sft(settings, parts: Parts) -> dict:
+def train_agent_sft(settings, parts: SamplingParts) -> dict:
     algo, env = settings.algorithm, settings.env
     acc, tokenizer = parts.accelerator, parts.tokenizer
     try:

@@ -4,7 +4,7 @@ checkpoint), log-probs without gradients, the KL coefficient and the reference r
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,16 +29,47 @@ class Components:
     run_dir: Path
 
 
-@dataclass
+@dataclass(frozen=True)
+class ProducerParts:
+    """What a producer is built from (rlx.build's producers and a user's `rollout.producer`, fn(settings, parts)):
+    the generator it samples through, the tokenizer, the data rows, the reward components, the run directory and
+    the accelerator (None where rank 0 alone samples the global batch, without collectives)."""
+
+    generator: object
+    tokenizer: object
+    train_rows: list[dict]
+    eval_rows: list[dict]
+    rewards: list[RewardComponent]
+    run_dir: Path | None
+    accelerator: object
+
+
+@dataclass(frozen=True)
+class NoReference:
+    """No frozen reference model: the settings use none (algorithm.kl_coef 0, a reference-free preference loss)."""
+
+
+@dataclass(frozen=True)
+class NoMixer:
+    """No mixture of objectives (mixture.rule off): the advantages are the estimator's, unweighted."""
+
+
+@dataclass(frozen=True)
+class Critic:
+    """PPO's value model (prepared by Accelerate) with its own optimizer and schedule."""
+
+    model: object
+    optimizer: object
+    scheduler: object
+
+
+@dataclass(frozen=True)
 class Parts:
-    """Everything a loop starts from, built by rlx.build.build_parts (the one builder): the typed settings
-    (rlx/config/settings.py), the policy prepared by Accelerate with its optimizer and schedule, the frozen
-    reference placed like the policy (None when the family or config does not use one; under LoRA the base
-    with the adapter off, no copy), the PPO critic with its own optimizer and schedule, the generator (always
-    one: the policy itself, a vLLM engine or server; rlx/engines/generator.py), the producer of training rows
-    (single-turn or episodes), the checkpointer, the metrics log and the held-out evaluator, and for the
-    preference family its tokenized pairs. `checkpointed`: training state the loop passes first to
-    Checkpointer.restore (the schedules Accelerate did not prepare), in the order checkpoints hold it."""
+    """What every loop starts from, built once by rlx.build.build_parts (the one builder) and never assigned after:
+    the typed settings (rlx/config/settings.py), the policy prepared by Accelerate with its optimizer and schedule,
+    the data and rewards, the checkpointer and the metrics log. `checkpointed`: training state the loop passes first
+    to Checkpointer.restore (the schedules Accelerate did not prepare), in the order checkpoints hold it. A family
+    that needs more gets a subclass (SamplingParts, PolicyParts, PPOParts, PreferenceParts): no field is None."""
 
     settings: object
     accelerator: object
@@ -48,20 +79,52 @@ class Parts:
     eval_rows: list[dict]
     rewards: list[RewardComponent]
     run_dir: Path
-    optimizer: object = None
-    scheduler: object = None
-    checkpointer: object = None
-    metrics_log: object = None
-    reference: object = None
-    value_model: object = None
-    value_optimizer: object = None
-    value_scheduler: object = None
-    generator: object = None
-    producer: object = None
-    run_eval: object = None
-    pairs: object = None
-    mixer: object = None  # mixture.rule's per-objective loss weights (rlx/algorithms/mixture.py), or None
-    checkpointed: dict = field(default_factory=dict)
+    optimizer: object
+    scheduler: object
+    checkpointer: object
+    metrics_log: object
+    checkpointed: dict
+
+
+@dataclass(frozen=True)
+class SamplingParts(Parts):
+    """agent_sft: + the generator (the policy itself, a vLLM engine or server; rlx/engines/generator.py) and the
+    held-out evaluator."""
+
+    generator: object
+    run_eval: object
+
+
+@dataclass(frozen=True)
+class PolicyParts(SamplingParts):
+    """The policy-gradient and agent families: + the producer of training rows (single-turn or episodes, wrapped by
+    the pipeline and rank 0 as the settings ask), the frozen reference (under LoRA the base with the adapter off,
+    no copy) or NoReference, and mixture.rule's per-objective loss weights (rlx/algorithms/mixture.py) or NoMixer."""
+
+    producer: object
+    reference: object
+    mixer: object
+
+
+@dataclass(frozen=True)
+class PPOParts(PolicyParts):
+    """PPO: + its critic."""
+
+    critic: Critic
+
+
+@dataclass(frozen=True)
+class PreferenceParts(Parts):
+    """The preference family: + its tokenized pairs (reference log-probs precomputed) and the frozen reference or
+    NoReference (a reference-free loss, or reference=precompute)."""
+
+    pairs: dict
+    reference: object
+
+
+def reference_model(reference):
+    """The frozen reference module of a Parts' `reference`, None for NoReference (the loops' local test)."""
+    return None if isinstance(reference, NoReference) else reference
 
 
 def seed_everything(seed: int) -> None:

@@ -46,7 +46,8 @@ from rlx.algorithms.offpolicy import (
 )
 from rlx.loops.common import (
     KLCoefficient,
-    Parts,
+    NoMixer,
+    PolicyParts,
     ReferenceReset,
     batched_logprobs,
     end_step,
@@ -54,6 +55,7 @@ from rlx.loops.common import (
     evaluate_at_start,
     masked_mean,
     mean_of,
+    reference_model,
 )
 from rlx.loops.credit import CREDIT_RULES
 from rlx.loops.micro_batches import plan_micro_batches
@@ -75,14 +77,14 @@ from rlx.runtime.rundir import write_samples
 log = logging.getLogger("rlx")
 
 
-def train_policy_gradient(settings, parts: Parts) -> dict:
+def train_policy_gradient(settings, parts: PolicyParts) -> dict:
     algo, roll = settings.algorithm, settings.rollout
     acc, run_dir = parts.accelerator, parts.run_dir
     producer, generator = parts.producer, parts.generator
     credit_rule = CREDIT_RULES[producer.kind]
     updates_per_step = algo.epochs * algo.mini_batches
     model, scheduler = parts.model, parts.scheduler
-    reference = parts.reference  # frozen starting policy (with LoRA: the base with the adapter off) or None
+    reference = reference_model(parts.reference)  # the frozen starting policy (LoRA: the base, adapter off) or None
     kl_state = KLCoefficient(float(algo.kl_coef))
     reference_reset = ReferenceReset(reference, algo.ref_reset_every)
     shuffle = torch.Generator().manual_seed(settings.seed)
@@ -91,7 +93,7 @@ def train_policy_gradient(settings, parts: Parts) -> dict:
     state = {**parts.checkpointed, **producer.checkpointed(), "shuffle": GeneratorState(shuffle)}
     if producer.kind == "single_turn" or algo.kl_target is not None:
         state["kl"] = kl_state
-    mixer = parts.mixer  # mixture.rule: per-objective weights on the policy-gradient term, or None
+    mixer = None if isinstance(parts.mixer, NoMixer) else parts.mixer  # mixture.rule: per-objective weights
     if mixer is not None:
         state["mixture"] = mixer
     band = entropy_band_of(algo)  # EPO-style entropy smoothing (agents): the per-turn entropy history, or None
@@ -301,7 +303,7 @@ class UpdateRows:
     sampler_logp: torch.Tensor | None
 
 
-def optimise(parts: Parts, rows: UpdateRows, kl_coef: float, shuffle: torch.Generator, u: UpdateSettings) -> dict:
+def optimise(parts: PolicyParts, rows: UpdateRows, kl_coef: float, shuffle: torch.Generator, u: UpdateSettings) -> dict:
     """`u.epochs` passes of `u.mini_batches` optimizer steps over the rows, each accumulated exactly over its
     micro-batches, with the accelerator, policy, optimizer and schedule of `parts`. Returns the statistics
     (new_stats) of the update. rows.old_logp None: one optimizer step per batch, the ratio taken against the

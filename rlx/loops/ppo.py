@@ -37,7 +37,7 @@ from rlx.algorithms.losses import aggregate, clipped_surrogate, explained_varian
 from rlx.algorithms.offpolicy import importance_correction, logprob_gap, resolve_correction
 from rlx.loops.common import (
     KLCoefficient,
-    Parts,
+    PPOParts,
     ReferenceReset,
     batched_logprobs,
     end_step,
@@ -45,6 +45,7 @@ from rlx.loops.common import (
     evaluate_at_start,
     masked_mean,
     mean_of,
+    reference_model,
 )
 from rlx.loops.credit import advantage_metrics
 from rlx.loops.micro_batches import plan_micro_batches
@@ -76,12 +77,12 @@ def batched_values(value_model, rollout, micro: int, pack: bool = False) -> torc
     return torch.cat(out)
 
 
-def train_ppo(settings, parts: Parts) -> dict:
+def train_ppo(settings, parts: PPOParts) -> dict:
     algo, roll = settings.algorithm, settings.rollout
     acc, run_dir = parts.accelerator, parts.run_dir
     producer, generator = parts.producer, parts.generator
-    model, scheduler, value_model = parts.model, parts.scheduler, parts.value_model
-    reference = parts.reference  # frozen starting policy (with LoRA: the base with the adapter off) or None
+    model, scheduler, value_model = parts.model, parts.scheduler, parts.critic.model
+    reference = reference_model(parts.reference)  # the frozen starting policy (LoRA: the base, adapter off) or None
     kl_state = KLCoefficient(float(algo.kl_coef))
     reference_reset = ReferenceReset(reference, algo.ref_reset_every)
     shuffle = torch.Generator().manual_seed(settings.seed)
@@ -215,14 +216,14 @@ class PPORows:
     correction: object
 
 
-def ppo_update(parts: Parts, settings, rows: PPORows, kl_coef: float, shuffle: torch.Generator) -> dict:
+def ppo_update(parts: PPOParts, settings, rows: PPORows, kl_coef: float, shuffle: torch.Generator) -> dict:
     """`algorithm.epochs` passes of `algorithm.mini_batches` optimizer steps of the policy and the critic (the
     clipped surrogate, KL and entropy terms, and the clipped value loss), each accumulated exactly over its
     micro-batches. Returns the statistics of the update (seq_kl_sum: the summed KL of the sampled tokens)."""
     algo, roll = settings.algorithm, settings.rollout
     penalty = PenaltyTerms.of(algo)  # the KL and entropy terms of the token loss
     acc, model, optimizer, scheduler = parts.accelerator, parts.model, parts.optimizer, parts.scheduler
-    value_model, value_optimizer, value_scheduler = parts.value_model, parts.value_optimizer, parts.value_scheduler
+    value_model, value_optimizer, value_scheduler = parts.critic.model, parts.critic.optimizer, parts.critic.scheduler
     rollout, mask, policy_mask, correction = rows.rollout, rows.mask, rows.policy_mask, rows.correction
     old_logp, ref_logp, old_values = rows.old_logp, rows.ref_logp, rows.old_values
     advantages, returns = rows.advantages, rows.returns

@@ -28,7 +28,7 @@ from rlx.data.preferences import collate, load_prepared_pairs
 from rlx.data.tasks import PromptStream
 from rlx.engines.generator import eval_policy_generator
 from rlx.evaluation.tasks import evaluate, task_eval_settings
-from rlx.loops.common import Parts, end_step, eval_due, evaluate_at_start
+from rlx.loops.common import Components, PreferenceParts, end_step, eval_due, evaluate_at_start, reference_model
 from rlx.models.forward import completion_logprobs
 from rlx.runtime.optim import optimizer_step
 from rlx.runtime.parallel import backward, global_sum, shard
@@ -77,7 +77,7 @@ def reference_logps(model, pairs: list[dict], micro: int, pad_id: int, progress=
     return torch.cat(out) if out else torch.zeros(0, 2)
 
 
-def load_pairs(settings, parts: Parts) -> dict:
+def load_pairs(settings, parts: Components) -> dict:
     """Run by the builder (rlx/build.py) on the unprepared starting policy: 1. the tokenized pairs, and
     2. for a reference-based loss with algorithm.reference=precompute, the reference log-probs of every
     pair the run draws and every held-out pair (the starting policy is the reference), written into the pairs
@@ -123,14 +123,15 @@ def pairs_drawn(num_pairs: int, seed: int, draws: int) -> list[int]:
     return sorted(PromptStream(list(range(num_pairs)), seed).take(draws))
 
 
-def train_preference(settings, parts: Parts) -> dict:
+def train_preference(settings, parts: PreferenceParts) -> dict:
     algo = settings.algorithm
     acc, tokenizer, run_dir = parts.accelerator, parts.tokenizer, parts.run_dir
     pad_id, micro = tokenizer.pad_token_id, settings.micro_batch_size
     train_pairs, eval_pairs, data_counts = (parts.pairs[k] for k in ("train_pairs", "eval_pairs", "data_counts"))
     uses_reference = algo.loss_type not in REFERENCE_FREE
     # reference log-probs: precomputed by load_pairs, or a frozen model (LoRA: the base with the adapter off)
-    model, optimizer, scheduler, reference = parts.model, parts.optimizer, parts.scheduler, parts.reference
+    model, optimizer, scheduler = parts.model, parts.optimizer, parts.scheduler
+    reference = reference_model(parts.reference)
     stream = PromptStream(train_pairs, settings.seed)
     checkpointer, metrics_log = parts.checkpointer, parts.metrics_log
     start_step = checkpointer.restore(**parts.checkpointed, data=stream)

@@ -150,15 +150,15 @@ class GatheredPublish:
     `inner` (the server generator); on the other ranks `shadow` is None and `inner` a FollowerGenerator. Everything
     else is `inner`'s."""
 
-    def __init__(self, inner, acc, shadow):
+    def __init__(self, inner, acc, shadow, prepared):
         self.inner, self.acc, self.shadow = inner, acc, shadow
-        self.prepared = None  # the prepared policy (the builder sets it): DeepSpeed's engine gathers ZeRO-3's shards
+        self.prepared = prepared  # the prepared policy: DeepSpeed's engine gathers ZeRO-3's shards
 
     def publish(self, model, version: int) -> None:
         from rlx.runtime.parallel import full_state_dict
 
         # every rank takes part; rank 0 gets the full tensors
-        state = full_state_dict(self.acc, self.prepared if self.prepared is not None else model)
+        state = full_state_dict(self.acc, self.prepared)
         if self.shadow is not None:
             missing, unexpected = self.shadow.load_state_dict(state, strict=False)
             tied = {name for name in missing if name.endswith(("lm_head.weight", "embed_out.weight"))}
