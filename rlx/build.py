@@ -19,8 +19,7 @@ from rlx.algorithms.mixture import build_mixer
 from rlx.algorithms.preference import REFERENCE_FREE
 from rlx.config.async_rules import gathers_to_publish, rank_zero_reason
 from rlx.config.schema import TrainConfig
-from rlx.data.difficulty import DifficultySampler
-from rlx.data.tasks import PromptStream
+from rlx.data.sources import prompt_source
 from rlx.engines.generator import policy_generator
 from rlx.envs import env_factory
 from rlx.errors import EnvError, UserError
@@ -228,11 +227,8 @@ def build_producer(s, parts: Parts, kind: str, sampler: tuple, follower: bool) -
     # the producer samples through the generator itself; the gather around it (GatheredPublish) is the trainer's publish
     rollout_parts.generator = parts.generator.inner if isinstance(parts.generator, GatheredPublish) else parts.generator
     own = s.rollout.producer != AUTO
+    # the loop checks the rows of its first batch (rlx/loops/credit.py require_rows)
     parts.producer = (PRODUCERS[s.rollout.producer] if own else BUILT_IN_PRODUCERS[kind])(s, rollout_parts)
-    if getattr(parts.producer, "kind", None) != kind:  # the loop's credit reads the rows of its own kind
-        raise UserError(f"rollout.producer={s.rollout.producer} hands rows of kind "
-                        f"'{getattr(parts.producer, 'kind', None)}', and algorithm={s.algorithm.name} trains '{kind}' "
-                        f"rows; set the producer's kind to '{kind}' or pick another algorithm")
     log.info("built: producer %s", s.rollout.producer if own else kind)
     if s.rollout.max_staleness and not follower:
         policy = acc.unwrap_model(parts.model)
@@ -277,17 +273,17 @@ def single_turn_producer(s, parts: Parts) -> SingleTurnProducer | PartialProduce
     # the completions per prompt: an estimator's declared extra samples too (median's pivot, left out of the gradient)
     group_size = group_count(roll.samples_per_prompt, algo.advantage)
     rewards = with_overlong_penalty(parts.rewards, algo.overlong_buffer, algo.overlong_weight, roll.max_new_tokens)
-    stages, stream = seed_stages(s, parts, rewards, group_size)
+    stages, source = seed_stages(s, parts, rewards, group_size)
     if roll.partial:  # partial rollouts: groups carried across steps (rlx/rollout/partial.py); the stages run on the
         # groups each step finishes (the temperature schedule and prompt sampling are refused:
         # rlx/config/async_rules.py)
         # rank 0 alone produces where it samples for every rank (no accelerator here), so only it writes the journal
         main = parts.accelerator is None or parts.accelerator.is_main_process
         journal = parts.run_dir / "rounds.jsonl" if roll.segment_tokens and main else None
-        return PartialProducer(parts.generator, parts.tokenizer, stream, rewards, single_turn_settings(s, group_size),
+        return PartialProducer(parts.generator, parts.tokenizer, source, rewards, single_turn_settings(s, group_size),
                                oversample=roll.partial_oversample, stages=stages,
                                rounds=Rounds(int(roll.segment_tokens), journal))
-    return SingleTurnProducer(parts.generator, parts.tokenizer, stream, rewards, single_turn_settings(s, group_size),
+    return SingleTurnProducer(parts.generator, parts.tokenizer, source, rewards, single_turn_settings(s, group_size),
                               acc=parts.accelerator, stages=stages)
 
 
@@ -298,29 +294,26 @@ def single_turn_settings(s, group_size: int) -> SingleTurnSettings:
         group_size=group_size, prompts_per_step=s.prompts_per_step, max_new_tokens=roll.max_new_tokens,
         min_new_tokens=roll.min_new_tokens, seed=s.seed, use_chat_template=s.model.chat_template,
         system_prompt=s.data.system_prompt, on_error=s.reward.on_error, accuracy_key=s.reward.accuracy,
-        total_steps=s.steps, dynamic_sampling=algo.dynamic_sampling, max_rounds=algo.max_sample_batches,
+        total_steps=s.steps, dynamic_sampling=algo.dynamic_sampling, max_draws=algo.max_sample_batches,
         completion_template=s.data.completion_template)
 
 
 def seed_stages(s, parts: Parts, rewards, group_size: int):
     """The seed ideas' group stages of the single-turn producer (rlx/rollout/stages/; None when all are
-    off) and the prompt source: the shuffled stream, or the difficulty-aware sampler (rlx/data/difficulty.py)."""
+    off) and the prompt source (rlx/data/sources.py, algorithm.prompt_sampling.source: the shuffled stream, the
+    difficulty-aware sampler, or a plugin's)."""
     algo = s.algorithm
     weight = next((c.weight for c in rewards if c.name == s.reward.accuracy), 1.0)
     stages = StagePipeline(build_stages(StageSettings(algo, s.rollout, s.reward.accuracy, weight, group_size),
                                         algo.stages),
                            algo.dynamic_sampling_drop)
-    sampling = algo.prompt_sampling
-    if sampling.mode == "uniform":
-        stream = PromptStream(parts.train_rows, s.seed)
-    else:
-        stream = DifficultySampler(parts.train_rows, s.seed, sampling.mode, sampling.ema, sampling.eps, sampling.prior,
-                                   sampling.retire_after)
-        log.info("built: prompt sampler %s over %d training rows", sampling.mode, len(parts.train_rows))
+    name, source = prompt_source(parts.train_rows, s)
+    if name != "stream":
+        log.info("built: prompt source %s over %d training rows", name, len(parts.train_rows))
     if not stages.active:
-        return None, stream
+        return None, source
     log.info("built: group stages (%s)", ", ".join(stages.describe()))
-    return stages, stream
+    return stages, source
 
 
 def episode_producer(s, parts: Parts) -> EpisodeProducer:
