@@ -19,8 +19,7 @@ from rlx.algorithms.mixture import build_mixer
 from rlx.algorithms.preference import REFERENCE_FREE
 from rlx.config.async_rules import gathers_to_publish, rank_zero_reason
 from rlx.config.schema import TrainConfig
-from rlx.data.difficulty import DifficultySampler
-from rlx.data.tasks import PromptStream
+from rlx.data.sources import prompt_source
 from rlx.engines.generator import policy_generator
 from rlx.engines.lane import NO_LANE, SpeculativeLane
 from rlx.envs import env_factory
@@ -290,16 +289,13 @@ def build_sampling(s, components: Components, model, sampler: Sampler, kind: str
         lane = StepOverlap(sampler.generator, lambda step: pipeline.weights_ahead(step),
                            s.rollout.server.per_server_concurrency)
         log.info("built: rounds overlap across steps on servers of two weight versions (rollout.server.overlap_steps)")
+    # the loop checks the rows of its first batch (rlx/loops/credit.py require_rows)
     if own:
         producer = PRODUCERS[s.rollout.producer](s, sampler.parts)
     elif kind == "single_turn":
         producer = single_turn_producer(s, sampler.parts, lane)
     else:
         producer = BUILT_IN_PRODUCERS[kind](s, sampler.parts)
-    if getattr(producer, "kind", None) != kind:  # the loop's credit reads the rows of its own kind
-        raise UserError(f"rollout.producer={s.rollout.producer} hands rows of kind "
-                        f"'{getattr(producer, 'kind', None)}', and algorithm={s.algorithm.name} trains '{kind}' "
-                        f"rows; set the producer's kind to '{kind}' or pick another algorithm")
     log.info("built: producer %s", s.rollout.producer if own else kind)
     generator = sampler.generator
     if s.rollout.max_staleness and not follower:
@@ -342,7 +338,7 @@ def single_turn_producer(s, parts: ProducerParts,
     # the completions per prompt: an estimator's declared extra samples too (median's pivot, left out of the gradient)
     group_size = group_count(roll.samples_per_prompt, algo.advantage)
     rewards = with_overlong_penalty(parts.rewards, algo.overlong_buffer, algo.overlong_weight, roll.max_new_tokens)
-    stages, stream = seed_stages(s, parts, rewards, group_size)
+    stages, source = seed_stages(s, parts, rewards, group_size)
     if roll.partial:  # partial rollouts: groups carried across steps (rlx/rollout/partial.py); the stages run on the
         # groups each step finishes (the temperature schedule and prompt sampling are refused:
         # rlx/config/async_rules.py)
@@ -351,9 +347,9 @@ def single_turn_producer(s, parts: ProducerParts,
         journal = parts.run_dir / "rounds.jsonl" if roll.segment_tokens and main else None
         served = rows_answered(parts.generator) if roll.backend == "server" else dict  # journal information only
         rounds = Rounds(int(roll.segment_tokens), journal, served, lane)
-        return PartialProducer(parts.generator, parts.tokenizer, stream, rewards, single_turn_settings(s, group_size),
+        return PartialProducer(parts.generator, parts.tokenizer, source, rewards, single_turn_settings(s, group_size),
                                oversample=roll.partial_oversample, stages=stages, rounds=rounds)
-    return SingleTurnProducer(parts.generator, parts.tokenizer, stream, rewards, single_turn_settings(s, group_size),
+    return SingleTurnProducer(parts.generator, parts.tokenizer, source, rewards, single_turn_settings(s, group_size),
                               acc=parts.accelerator, stages=stages)
 
 
@@ -364,29 +360,26 @@ def single_turn_settings(s, group_size: int) -> SingleTurnSettings:
         group_size=group_size, prompts_per_step=s.prompts_per_step, max_new_tokens=roll.max_new_tokens,
         min_new_tokens=roll.min_new_tokens, seed=s.seed, use_chat_template=s.model.chat_template,
         system_prompt=s.data.system_prompt, on_error=s.reward.on_error, accuracy_key=s.reward.accuracy,
-        total_steps=s.steps, dynamic_sampling=algo.dynamic_sampling, max_rounds=algo.max_sample_batches,
+        total_steps=s.steps, dynamic_sampling=algo.dynamic_sampling, max_draws=algo.max_sample_batches,
         completion_template=s.data.completion_template)
 
 
 def seed_stages(s, parts: ProducerParts, rewards, group_size: int):
     """The seed ideas' group stages of the single-turn producer (rlx/rollout/stages/; None when all are
-    off) and the prompt source: the shuffled stream, or the difficulty-aware sampler (rlx/data/difficulty.py)."""
+    off) and the prompt source (rlx/data/sources.py, algorithm.prompt_sampling.source: the shuffled stream, the
+    difficulty-aware sampler, or a plugin's)."""
     algo = s.algorithm
     weight = next((c.weight for c in rewards if c.name == s.reward.accuracy), 1.0)
     stages = StagePipeline(build_stages(StageSettings(algo, s.rollout, s.reward.accuracy, weight, group_size),
                                         algo.stages),
                            algo.dynamic_sampling_drop)
-    sampling = algo.prompt_sampling
-    if sampling.mode == "uniform":
-        stream = PromptStream(parts.train_rows, s.seed)
-    else:
-        stream = DifficultySampler(parts.train_rows, s.seed, sampling.mode, sampling.ema, sampling.eps, sampling.prior,
-                                   sampling.retire_after)
-        log.info("built: prompt sampler %s over %d training rows", sampling.mode, len(parts.train_rows))
+    name, source = prompt_source(parts.train_rows, s)
+    if name != "stream":
+        log.info("built: prompt source %s over %d training rows", name, len(parts.train_rows))
     if not stages.active:
-        return None, stream
+        return None, source
     log.info("built: group stages (%s)", ", ".join(stages.describe()))
-    return stages, stream
+    return stages, source
 
 
 def episode_producer(s, parts: ProducerParts) -> EpisodeProducer:

@@ -50,6 +50,9 @@ RUNS = {
     "seed_hints_guide": ["seed_hints_guide_tiny", "steps=4", "eval.every=2"],
     "seed_replay": ["seed_replay_tiny", "steps=4", "eval.every=2"],
     "pass_at_k": ["algorithm.transforms=[pass_at_k]", "steps=4", "eval.every=2"],
+    # the difficulty-aware prompt source (pass rates learnt from each draw's verdicts, retirement) with dynamic sampling
+    "prompt_sampling": ["algorithm.prompt_sampling.mode=hard", "algorithm.prompt_sampling.retire_after=1",
+                        "algorithm.dynamic_sampling=true", "data.train_size=12", "steps=6", "eval.every=3"],
     "seed_gra": ["seed_gra_tiny", "steps=4", "eval.every=2"],
     "seed_hgpo": ["seed_hgpo_grid_tiny", "steps=4", "eval.every=2"],
     # the producer modes: pipeline (one batch ahead), partial rollouts, and a harness program through the gateway

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from rlx.config.overrides import check_overrides
 from rlx.config.rules import check_batch
 from rlx.config.settings import checked_settings
-from rlx.data.tasks import PromptStream
+from rlx.data.sources import PromptStream
 from rlx.errors import UserError
 from rlx.runtime.checkpoint import Checkpointer, GeneratorState, list_checkpoints, truncate_metrics
 from rlx.runtime.launch import resolve_resume

@@ -3,7 +3,8 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from rlx.data.tasks import PromptStream, load_rows
+from rlx.data.sources import PromptStream
+from rlx.data.tasks import load_rows
 from rlx.errors import UserError
 
 

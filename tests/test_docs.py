@@ -53,6 +53,7 @@ REGISTRIES = [
     ("rlx.envs", "ENVIRONMENTS", "env", "agents/index.md"),
     ("rlx.fleet.publishers", "PUBLISHERS", "publisher", "scaling/publishers.md"),
     ("rlx.algorithms.mixture", "MIXING_RULES", "mixture", "algorithms/mixture.md"),
+    ("rlx.data.sources", "PROMPT_SOURCES", "source", "extending/sources.md"),
 ]
 HEADING = re.compile(r"^#{1,6} (?P<text>.*?)\s*\{#(?P<anchor>[^}\s]+)\}\s*$", re.MULTILINE)
 PLACEHOLDER = re.compile(r"<[^<>\s]*>")

@@ -163,6 +163,7 @@ def test_the_reader_counts_imports_inside_functions_and_names_the_line(tmp_path)
 def test_config_learns_registry_names_from_what_registries_publish():
     """groups.py reads the upper layers' registries as published: the same objects, so the same names in order."""
     from rlx.config.groups import CUSTOM
+    from rlx.data.sources import PROMPT_SOURCES
     from rlx.data.tasks import DATA_SOURCES
     from rlx.envs.registry import CUSTOM as ENV_CUSTOM
     from rlx.envs.registry import ENVIRONMENTS
@@ -175,7 +176,7 @@ def test_config_learns_registry_names_from_what_registries_publish():
     assert CUSTOM == ENV_CUSTOM
     for key, registry in [("verifier", VERIFIERS), ("data_source", DATA_SOURCES), ("env", ENVIRONMENTS),
                           ("tool_parser", TOOL_PARSERS), ("replay_trigger", TRIGGERS),
-                          ("temperature_schedule", TEMPERATURE_SCHEDULES)]:
+                          ("temperature_schedule", TEMPERATURE_SCHEDULES), ("prompt_source", PROMPT_SOURCES)]:
         assert published(key) is registry, key
 
 

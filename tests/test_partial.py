@@ -5,7 +5,7 @@ have fixed lengths, then on the tiny model (oversample 1 is the synchronous prod
 import pytest
 import torch
 
-from rlx.data.tasks import PromptStream
+from rlx.data.sources import PromptStream
 from rlx.engines.records import Generation
 from rlx.rewards import RewardComponent
 from rlx.rollout.partial import PartialProducer

@@ -6,6 +6,8 @@ the per-position temperature schedule) are refused with their reason. Real in-pr
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from rlx.config.async_rules import check_async_settings
@@ -116,10 +118,9 @@ class Seen(Stage):
 
     def after_scoring(self, part, ctx, first_index):
         self.rounds.append(([row["prompt"] for row in part.rows[::ctx.group_size]], ctx.step, first_index))
-        part.rewards = part.rewards + 1
-        return part
+        return replace(part, rewards=part.rewards + 1)
 
-    def after_step(self, parts, stream, step):
+    def after_step(self, parts, step):
         return {"seen/rounds": float(len(parts))}
 
 

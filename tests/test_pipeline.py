@@ -63,7 +63,6 @@ class FakeProducer:
     """Batch s: one row per draw, stamped with the generator's version; records the copy's weight at sampling time
     (what weights really sampled it) and the stream position. `cost` seconds of sleep per batch."""
 
-    kind = "single_turn"
     loss_width = 4
 
     def __init__(self, generator, cost=0.0, fail_at=None):

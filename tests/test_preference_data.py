@@ -137,7 +137,7 @@ def test_pairs_from_samples_leave_out_completions_cut_at_the_budget():
 @pytest.mark.parametrize("pairs, seed, steps, batch", [(10, 0, 2, 3), (10, 5, 3, 4), (7, 1, 5, 2), (3, 0, 1, 8)])
 def test_pairs_drawn_are_those_the_stream_hands_out(pairs, seed, steps, batch):
     # the DPO reference pass scores only these: they must cover every pair the training loop will draw
-    from rlx.data.tasks import PromptStream
+    from rlx.data.sources import PromptStream
     from rlx.loops.preference import pairs_drawn
 
     stream = PromptStream(list(range(pairs)), seed)

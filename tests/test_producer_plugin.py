@@ -1,18 +1,20 @@
-"""A producer of the user's own (rollout.producer; docs/extending/producers.md): examples/shortest_first_producer.py,
-one file built from the single-turn core's pieces, trains, checkpoints its own state and resumes exactly; the
-options that act inside rlx's own producer, a producer of the wrong kind and an unknown name stop in one line."""
+"""A producer of the user's own (rollout.producer; docs/extending/producers.md): tests/own_producer.py, one file built
+from the single-turn core's pieces, trains, checkpoints its own state and resumes exactly; the options that act
+inside rlx's own producer, a producer of the wrong rows and an unknown name stop in one line."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from rlx.cli.training import check_run
 from rlx.config.async_rules import rank_zero_reason
 from rlx.config.overrides import check_overrides
+from rlx.engines.records import Generation
 from rlx.errors import UserError
 from tests.conftest import run_rlx
 
-PLUGIN = ["plugins=[examples.shortest_first_producer]", "rollout.producer=shortest_first"]
+PLUGIN = ["plugins=[tests.own_producer]", "rollout.producer=shortest_first"]
 QUIET = ["hardware.num_threads=1", "eval.every=0", "eval.at_start=false", "save.plot=false", "log.samples_every=0"]
 
 
@@ -50,6 +52,8 @@ def test_what_a_producer_of_ones_own_replaces_is_refused_in_one_line():
                                                                "replaces"),
                            (["algorithm.dynamic_sampling=true"],
                             "algorithm.dynamic_sampling acts in rlx's single-turn"),
+                           (["algorithm.prompt_sampling.source=stream"],
+                            "algorithm.prompt_sampling.source acts in rlx's single-turn"),
                            (["rollout.partial=true", "rollout.correction=tis"],
                             "rollout.partial=true is rlx's partial-rollout producer, which "
                             "rollout.producer=shortest_first")):
@@ -60,9 +64,25 @@ def test_what_a_producer_of_ones_own_replaces_is_refused_in_one_line():
         check_run(check_overrides([*PLUGIN[:1], "rollout.producer=nope"]))
 
 
-def test_a_producer_of_the_wrong_kind_stops_before_training(tmp_path):
-    result = run_rlx(["train", *PLUGIN, *QUIET, "algorithm=agent_grpo", "env=grid", "model.path=builtin:tiny_agent",
-                      "data.source=none", "steps=1"], tmp_path)
-    assert result.returncode == 2
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "rollout.producer=shortest_first hands rows of kind 'single_turn'" in errors[0], errors
+def test_a_producer_of_the_wrong_rows_stops_at_its_first_batch():
+    """The loops read what rows a batch holds from its record (Batch.source), and stop in one line on rows their family
+    does not train (the check the policy-gradient and PPO loops make on every batch)."""
+    import torch
+
+    from rlx.engines.records import Rollout
+    from rlx.loops.credit import CREDIT_RULES, credit_rule, require_rows
+    from rlx.rollout.types import Batch, EpisodeRows, PromptRows
+
+    rollout = Rollout.from_ids([[1]], Generation([[2]], None, [True]), 1, 0, ["x"])
+    prompt_rows = Batch(rollout, torch.zeros(1), 1, torch.zeros(1, dtype=torch.long), torch.zeros(0, dtype=torch.bool),
+                        PromptRows([{}], ["p"]))
+    episode_rows = replace(prompt_rows, source=EpisodeRows([], torch.zeros(1, dtype=torch.long)))
+    assert credit_rule(prompt_rows, "policy_gradient") is CREDIT_RULES[PromptRows]
+    assert credit_rule(episode_rows, "agent") is CREDIT_RULES[EpisodeRows]
+    require_rows(prompt_rows, "ppo")
+    for batch, family, message in ((prompt_rows, "agent", "the producer handed PromptRows rows, and the agent family "
+                                                          "trains EpisodeRows rows"),
+                                   (episode_rows, "ppo", "the producer handed EpisodeRows rows, and the ppo family")):
+        with pytest.raises(UserError, match=message) as info:
+            require_rows(batch, family)
+        assert "\n" not in str(info.value)

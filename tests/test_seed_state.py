@@ -61,15 +61,30 @@ def test_learnability_sampling_prefers_prompts_near_half():
 
 
 def _drive(sampler: DifficultySampler, steps: int, start: int) -> list[list[int]]:
-    """Draw 4 prompts per step and update them with a pass rate that depends only on the prompt and step."""
+    """Draw 4 prompts per step and observe 4 verdicts of each, k of them correct, k depending only on the prompt and
+    the step (pass rate k / 4; solved when k = 4)."""
     drawn = []
     for step in range(start, start + steps):
         rows = sampler.take(4)
-        indices = list(sampler.drawn)
-        rates = T([((i * 7 + step) % 5) / 4 for i in indices], dtype=torch.float64)
-        sampler.update(indices, rates, rates == 1.0)
+        verdicts = [T([j < (r["q"] * 7 + step) % 5 for j in range(4)]) for r in rows]
+        sampler.observe(rows, verdicts)
         drawn.append([r["q"] for r in rows])
     return drawn
+
+
+def test_the_sampler_credits_each_observed_group_to_its_own_draw():
+    """Groups observed out of order (partial rollouts finish them so) and as equal copies (a resumed pool) are
+    credited to the prompt they were drawn for: prior 0.5, eta 0.5, rows 0 and 1 drawn, row 1 observed first with
+    verdicts [1, 1] (-> 0.75), row 0 as a copy with [0, 1] (-> 0.5). The estimate metric is the mean prior 0.5; a
+    row drawn once and observed twice is refused."""
+    rows = [{"q": 0}, {"q": 1}]
+    sampler = DifficultySampler(rows, seed=0, mode="hard")
+    first, second = sampler.take(2)
+    metrics = sampler.observe([second, dict(first)], [T([True, True]), T([False, True])])
+    assert sampler.pass_rates.tolist() == [0.5 if first is rows[0] else 0.75, 0.75 if second is rows[1] else 0.5]
+    assert metrics == {"sampling/drawn_pass_estimate": 0.5, "sampling/retired": 0} and sampler.drawn == []
+    with pytest.raises(ValueError, match="did not hand out"):
+        sampler.observe([first], [T([True])])
 
 
 def test_difficulty_sampler_resumes_exactly():

@@ -235,7 +235,7 @@ def test_pipeline_samples_each_batch_with_the_version_it_was_given(server, tiny)
     sampled = {}
 
     class Inner:
-        kind, loss_width = "single_turn", 12
+        loss_width = 12
 
         def checkpointed(self):
             return {}

@@ -38,11 +38,12 @@ def test_a_user_stage_from_a_module_runs_and_its_metrics_appear(tmp_path):
 
 
 def test_the_built_in_stages_keep_their_order_and_refuse_being_listed():
-    """ORDER is today's order (noise, replay, hints, shaping, temperature, prompt sampling); a built-in name in
+    """ORDER is today's order (noise, replay, hints, shaping, temperature; prompt sampling is the prompt source's
+    `observe` now, rlx/data/sources.py); a built-in name in
     algorithm.stages is refused (it switches on by its own knobs)."""
     from rlx.rollout.stages import ORDER, STAGES, build_stages
 
-    assert ORDER == ("verifier_noise", "replay", "hints", "shaping", "temperature_schedule", "prompt_sampling")
+    assert ORDER == ("verifier_noise", "replay", "hints", "shaping", "temperature_schedule")
     assert set(ORDER) <= set(STAGES)
     with pytest.raises(UserError, match="replay is a built-in stage"):
         build_stages(None, ["replay"])
@@ -51,11 +52,12 @@ def test_the_built_in_stages_keep_their_order_and_refuse_being_listed():
 def test_the_pipeline_runs_verdict_stages_first_then_records_the_first_verdict():
     """A 'verdict' stage listed last still runs before first_correct is recorded (it changes what the verifier
     reports); group stages run after, in their order; each stage's metrics and state are its own, merged."""
-    from types import SimpleNamespace
+    from dataclasses import replace
 
     import torch
 
-    from rlx.rollout.stages import Stage, StagePipeline
+    from rlx.rollout.stages import Round, Stage, StagePipeline
+    from rlx.rollout.types import SameContext
 
     calls = []
 
@@ -64,10 +66,9 @@ def test_the_pipeline_runs_verdict_stages_first_then_records_the_first_verdict()
 
         def after_scoring(self, part, ctx, first_index):
             calls.append("flip")
-            part.correct = ~part.correct
-            return part
+            return replace(part, correct=~part.correct)
 
-        def after_step(self, parts, stream, step):
+        def after_step(self, parts, step):
             return {"flip/n": 1}
 
     class Watch(Stage):
@@ -77,19 +78,21 @@ def test_the_pipeline_runs_verdict_stages_first_then_records_the_first_verdict()
         def after_scoring(self, part, ctx, first_index):
             calls.append(self.tag)
             assert part.first_correct.tolist() == [False, True]  # the flipped verdict, recorded once
-            part.correct = torch.tensor([True, True])
-            return part
+            return replace(part, correct=torch.tensor([True, True]))
 
-        def after_step(self, parts, stream, step):
+        def after_step(self, parts, step):
             return {f"{self.tag}/n": 2}
 
         def checkpointed(self):
             return {self.tag: object()}
 
     pipeline = StagePipeline([Watch("a"), Watch("b"), Flip()])
-    part = pipeline.after_scoring(SimpleNamespace(correct=torch.tensor([True, False])), None, 0)
+    verdicts = torch.tensor([True, False])
+    drawn = Round(None, torch.zeros(2), {}, [{}, {}], ["", ""], torch.arange(2), verdicts, verdicts, SameContext(),
+                  torch.zeros(2, dtype=torch.bool), 0)
+    part = pipeline.after_scoring(drawn, None, 0)
     assert calls == ["flip", "a", "b"]
     assert part.first_correct.tolist() == [False, True] and part.correct.tolist() == [True, True]
-    assert pipeline.after_step([part], None, 1) == {"a/n": 2, "b/n": 2, "flip/n": 1}
+    assert pipeline.after_step([part], 1) == {"a/n": 2, "b/n": 2, "flip/n": 1}
     assert set(pipeline.checkpointed()) == {"a", "b"} and pipeline.active
     assert not StagePipeline([]).active and StagePipeline([], "all_correct").describe() == ["drop all_correct"]

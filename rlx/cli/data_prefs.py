@@ -31,7 +31,8 @@ def build(cfg: DictConfig) -> dict:
     from rlx.config.schema import drop_train_tuning
     from rlx.config.settings import checked_settings
     from rlx.data.preferences import pairs_from_samples
-    from rlx.data.tasks import PromptStream, load_rows
+    from rlx.data.sources import PromptStream
+    from rlx.data.tasks import load_rows
     from rlx.engines.hf import generate
     from rlx.loops.common import seed_everything
     from rlx.models.loading import load_causal_lm, load_tokenizer

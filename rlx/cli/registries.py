@@ -32,6 +32,7 @@ from rlx.algorithms.preference import REFERENCE_FREE_LOSSES, REFERENCE_LOSSES
 from rlx.algorithms.shaping import SHAPERS
 from rlx.algorithms.transforms import TRANSFORMS
 from rlx.data.difficulty import SAMPLING_WEIGHTS
+from rlx.data.sources import PROMPT_SOURCES
 from rlx.data.tasks import DATA_SOURCES
 from rlx.envs.registry import ENVIRONMENTS
 from rlx.fleet.publishers import PUBLISHERS
@@ -81,6 +82,10 @@ KINDS = {
                           "fn(rewards (N,), correct (N,), groups (N,)) -> dropped (N,) bool"),
     "prompt_sampling": Kind(SAMPLING_WEIGHTS, "algorithm.prompt_sampling.mode",
                             "fn(pass rates (P,)) -> weights (P,)"),
+    "prompt_source": Kind(PROMPT_SOURCES, "algorithm.prompt_sampling.source",
+                          "fn(training rows, settings: TrainConfig) -> a prompt source: take(n) -> rows, "
+                          "observe(rows, verdicts: a (g,) bool tensor per row) -> metrics dict, state_dict(), "
+                          "load_state_dict(state)"),
     "replay_trigger": Kind(TRIGGERS, "algorithm.replay.trigger",
                            "fn(all_correct (K,) bool, all_wrong (K,) bool) -> (K,) long: 1 replay a correct sample, "
                            "0 a wrong one, -1 none"),
@@ -90,12 +95,12 @@ KINDS = {
                              "a rlx.fleet.publishers.WeightPublisher subclass: (client, work_dir, settings); "
                              "start(model), publish(model, version) -> timings dict, close()"),
     "producer": Kind(PRODUCERS, "rollout.producer",
-                     "fn(settings: TrainConfig, parts: Parts) -> a producer: kind ('single_turn' | 'episodes'), "
-                     "loss_width, produce(step) -> Batch, checkpointed() -> {name: state_dict-able}, "
-                     "records(batch, samples, count) -> list[dict]"),
+                     "fn(settings: TrainConfig, parts: Parts) -> a Producer: loss_width, produce(step) -> Batch "
+                     "(its source PromptRows or EpisodeRows, as the family trains), checkpointed() -> {name: "
+                     "state_dict-able}, records(batch, samples, count) -> list[dict]"),
     "stage": Kind(STAGES, "algorithm.stages",
                   "fn(settings: StageSettings) -> Stage | None (a Stage subclass): after_scoring(round, ctx, "
-                  "first_index) -> round; after_step(rounds, stream, step) -> metrics dict; optional schedule, "
+                  "first_index) -> round; after_step(rounds, step) -> metrics dict; optional schedule, "
                   "checkpointed"),
     "verifier": Kind(VERIFIERS, "data.verifier, benchmark.NAME.verifier",
                      "verify(extracted answers, problems) -> list[float]; options: extract=fn(completion, problem) -> "

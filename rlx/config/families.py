@@ -20,6 +20,7 @@ from rlx.config.groups import (
     LossAgg,
     PreferenceLoss,
     PromptSamplingMode,
+    PromptSourceName,
     RatioLevel,
     Reference,
     ReplayTrigger,
@@ -64,8 +65,10 @@ class VerifierNoise:
 
 @dataclass
 class PromptSampling:
-    """algorithm.prompt_sampling: difficulty-aware prompt draws (rlx/data/difficulty.py)."""
+    """algorithm.prompt_sampling: which training prompts are drawn (rlx/data/sources.py): the source, and the
+    difficulty-aware sampler's knobs (rlx/data/difficulty.py)."""
 
+    source: PromptSourceName = field()
     mode: PromptSamplingMode = field()
     ema: float = fraction(low_open=True)
     eps: float = num(0)

@@ -52,6 +52,8 @@ Shaper = registry_names("Shaper", lambda: SHAPERS)
 Transform = registry_names("Transform", lambda: TRANSFORMS)
 DropStrategy = registry_names("DropStrategy", lambda: DROP_STRATEGIES)
 PromptSamplingMode = registry_names("PromptSamplingMode", lambda: published("prompt_sampling"))
+# algorithm.prompt_sampling.source: auto (the stream, or the difficulty sampler when a mode is set) or a source
+PromptSourceName = registry_names("PromptSourceName", lambda: ("auto", *published("prompt_source")))
 ReplayTrigger = registry_names("ReplayTrigger", lambda: published("replay_trigger"))
 TemperatureMode = registry_names("TemperatureMode", lambda: published("temperature_schedule"))
 ProducerName = registry_names("ProducerName", lambda: ["auto", *published("producer")])  # rollout.producer

@@ -31,7 +31,8 @@ PPO_REFUSED = {"transforms": [], "hints.enabled": False}
 # knobs acting in the single-turn producer's group stages (rlx/rollout/stages/): with several processes, rank 0 samples
 # the step's global batch with them and broadcasts it (rlx/rollout/rank_zero.py)
 PRODUCER_KNOBS = {"dynamic_sampling_drop": "tied", "shapers": [], "transforms": [], "verifier_noise.fn_rate": 0.0,
-                  "verifier_noise.fp_rate": 0.0, "prompt_sampling.mode": "uniform", "replay.enabled": False,
+                  "verifier_noise.fp_rate": 0.0, "prompt_sampling.mode": "uniform",
+                  "prompt_sampling.source": "auto", "replay.enabled": False,
                   "hints.enabled": False, "stages": []}
 
 
@@ -39,7 +40,7 @@ def check_seed_settings(cfg: TrainConfig) -> None:
     """The policy-gradient family's seed-idea knobs: values that contradict each other, what the chosen shapers and
     rollout backend declare they need, what the PPO loop does not apply, then the not-wired guard."""
     algo, roll = cfg.algorithm, cfg.rollout
-    shaping, noise, hints = algo.shaping, algo.verifier_noise, algo.hints
+    shaping, noise, hints, sampling = algo.shaping, algo.verifier_noise, algo.hints, algo.prompt_sampling
     standardized = algo.advantage in ESTIMATORS and ESTIMATORS.needs(algo.advantage).standardised(algo.scale)
     cancelled = standardized and list(cfg.reward.components) == [cfg.reward.accuracy]
     ead = roll.temperature_schedule.mode != "constant"
@@ -65,6 +66,10 @@ def check_seed_settings(cfg: TrainConfig) -> None:
                                            "rollout.temperature; use algorithm=grpo (or another policy-gradient "
                                            "preset)"),
         ]),
+        *broken([(sampling.mode != "uniform" and sampling.source not in ("auto", "difficulty"),
+                  f"algorithm.prompt_sampling.mode={sampling.mode} weights the difficulty sampler's draws, and "
+                  f"algorithm.prompt_sampling.source={sampling.source} draws the prompts; set source=auto or "
+                  f"mode=uniform")]),
         *own_producer_problems(cfg),
         *not_wired_problems(cfg, "policy_gradient"),
     ])

@@ -33,8 +33,8 @@ def sampling_weights(pass_rates: torch.Tensor, mode: str, eps: float,
 
 
 class DifficultySampler:
-    """Draws training rows by weight; a drop-in for PromptStream.take (the rows drawn by the last `take`
-    calls are remembered in `drawn`, in order, for `update`)."""
+    """Draws training rows by weight (the prompt source `difficulty`, rlx/data/sources.py): the rows handed out
+    and not yet observed are remembered in `drawn`, in order, so `observe` credits each group to its prompt."""
 
     def __init__(self, rows: list[dict], seed: int, mode: str = "uniform", ema: float = 0.5, eps: float = 0.01,
                  prior: float = 0.5, retire_after: int = 0):
@@ -70,16 +70,35 @@ class DifficultySampler:
         self.drawn += indices
         return [self.rows[i] for i in indices]
 
+    def observe(self, rows: list[dict], verdicts: list[torch.Tensor]) -> dict:
+        """Learn from a step's groups: `rows` the data row of each (rows this sampler handed out), `verdicts` each
+        group's (g,) bool verdicts. Each row is credited to its oldest draw not yet observed (the same row object
+        first, else an equal row: a resumed pool holds copies), so groups may be observed in another order than
+        drawn. Metrics: sampling/drawn_pass_estimate (the mean estimate of the observed prompts before this update),
+        sampling/retired (prompts retired so far)."""
+        indices = [self._pending(row) for row in rows]
+        estimate = self.pass_rates[torch.tensor(indices, dtype=torch.long)].mean().item() if indices else 0.0
+        rates = torch.tensor([v.double().mean().item() for v in verdicts], dtype=torch.float64)
+        solved = torch.tensor([bool(v.all()) for v in verdicts], dtype=torch.bool)
+        self.update(indices, rates, solved)
+        return {"sampling/drawn_pass_estimate": estimate, "sampling/retired": int(self.retired.sum())}
+
+    def _pending(self, row: dict) -> int:
+        """The row index of `row`'s oldest draw not yet observed, taken off `drawn`."""
+        for same in (lambda i: self.rows[i] is row, lambda i: self.rows[i] == row):
+            for position, index in enumerate(self.drawn):
+                if same(index):
+                    return self.drawn.pop(position)
+        raise ValueError("the difficulty sampler observed a row it did not hand out (or one it observed already)")
+
     def update(self, indices: list[int], group_rewards: torch.Tensor, solved: torch.Tensor | None = None) -> None:
-        """After scoring: group_rewards (len(indices),) the mean reward (pass rate) of each drawn prompt's group;
-        solved (len(indices),) bool: every sample correct (for retirement). A prompt drawn twice updates twice,
-        in order."""
+        """group_rewards (len(indices),) the mean reward (pass rate) of each drawn prompt's group; solved
+        (len(indices),) bool: every sample correct (for retirement). A prompt drawn twice updates twice, in order."""
         for position, index in enumerate(indices):
             self.pass_rates[index] = (1 - self.ema) * self.pass_rates[index] + self.ema * float(group_rewards[position])
             if solved is not None and self.retire_after > 0:
                 self.streaks[index] = self.streaks[index] + 1 if bool(solved[position]) else 0
                 self.retired[index] = bool(self.streaks[index] >= self.retire_after)
-        self.drawn = []
 
     def state_dict(self) -> dict:
         return {"pass_rates": self.pass_rates.tolist(), "streaks": self.streaks.tolist(),

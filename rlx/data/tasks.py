@@ -232,33 +232,3 @@ def say_template(template: str | None, rows: list[dict], source: str) -> str | N
     logging.getLogger("rlx").info("%s", line)
     return line
 
-
-class PromptStream:
-    """Endless seeded stream of training rows, reshuffled each epoch; its position can be saved."""
-
-    def __init__(self, rows: list[dict], seed: int):
-        self.rows, self.seed = rows, seed
-        self.epoch, self.index = 0, 0
-        self._order = self._permutation()
-
-    def _permutation(self) -> list[int]:
-        order = list(range(len(self.rows)))
-        random.Random(self.seed * 100_003 + self.epoch).shuffle(order)
-        return order
-
-    def take(self, n: int) -> list[dict]:
-        batch = []
-        while len(batch) < n:
-            if self.index >= len(self._order):
-                self.epoch, self.index = self.epoch + 1, 0
-                self._order = self._permutation()
-            batch.append(self.rows[self._order[self.index]])
-            self.index += 1
-        return batch
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "index": self.index}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.index = state["epoch"], state["index"]
-        self._order = self._permutation()

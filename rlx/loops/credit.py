@@ -1,12 +1,14 @@
-"""Credit: from a producer's Batch to the advantage of every trained token, one rule per kind of rollout.
+"""Credit: from a producer's Batch to the advantage of every trained token, one rule per record of rows.
 
-`CREDIT_RULES[producer.kind]` is applied by the policy-gradient loop:
-- "single_turn": an outcome estimator (`algorithm.advantage`: grpo, rloo, median, reinforce_pp, ngrpo, ...;
-  rlx/algorithms/advantages.py) over the rewards keyed by group id (hinted re-samples join their group), optionally
-  with the sequence KL subtracted from the reward first (kl_in=reward) and weighted by sign (W-REINFORCE); one
-  advantage per row.
-- "episodes": a credit rule (`algorithm.credit`: trajectory, gigpo, turn, loo, gra, hgpo; rlx/algorithms/gigpo.py)
-  over the steps of every episode of the global batch; each sampled token gets its step's advantage.
+`credit_rule(batch, family)` picks the rule by the batch's own record (`Batch.source`), for the policy-gradient
+loop:
+- PromptRows (single-turn rows): an outcome estimator (`algorithm.advantage`: grpo, rloo, median, reinforce_pp,
+  ngrpo, ...; rlx/algorithms/advantages.py) over the rewards keyed by group id (hinted re-samples join their
+  group), optionally with the sequence KL subtracted from the reward first (kl_in=reward) and weighted by sign
+  (W-REINFORCE); one advantage per row.
+- EpisodeRows (episodes, the harness): a credit rule (`algorithm.credit`: trajectory, gigpo, turn, loo, gra, hgpo;
+  rlx/algorithms/gigpo.py) over the steps of every episode of the global batch; each sampled token gets its step's
+  advantage.
 Both compute over the GLOBAL batch (every process's rows), so N processes take the step one process would.
 """
 
@@ -22,8 +24,9 @@ from rlx.algorithms.kl import sequence_kl_in_reward
 from rlx.algorithms.shaping import GroupSignals
 from rlx.algorithms.transforms import apply_transforms
 from rlx.engines.records import Episode
+from rlx.errors import UserError
 from rlx.rollout.stages import mean_logprobs
-from rlx.rollout.types import Batch
+from rlx.rollout.types import Batch, EpisodeRows, PromptRows
 from rlx.runtime.parallel import gather, gather_padded
 
 
@@ -176,5 +179,23 @@ def episode_credit(batch: Batch, algo, *, acc, **_) -> Credit:
     return Credit(advantages, keep, any_signal, metrics, None, samples)
 
 
-# producer.kind -> its credit rule
-CREDIT_RULES = {"single_turn": outcome_credit, "episodes": episode_credit}
+# the record of a batch's rows (Batch.source) -> its credit rule
+CREDIT_RULES = {PromptRows: outcome_credit, EpisodeRows: episode_credit}
+# algorithm.family -> the record of the rows it trains
+FAMILY_ROWS = {"policy_gradient": PromptRows, "ppo": PromptRows, "agent": EpisodeRows}
+
+
+def require_rows(batch: Batch, family: str) -> None:
+    """UserError (one line) when `batch` holds rows of another record than the `family` trains: a producer of the
+    user's own (rollout.producer) handing the wrong rows stops at its first batch."""
+    wanted, got = FAMILY_ROWS[family], type(batch.source)
+    if got is not wanted:
+        raise UserError(f"the producer handed {got.__name__} rows, and the {family} family trains {wanted.__name__} "
+                        f"rows (rlx/rollout/types.py); pick a producer of those rows (rollout.producer) or another "
+                        f"algorithm")
+
+
+def credit_rule(batch: Batch, family: str):
+    """The credit rule of `batch`'s rows (CREDIT_RULES by Batch.source), once `require_rows` holds."""
+    require_rows(batch, family)
+    return CREDIT_RULES[type(batch.source)]

@@ -57,7 +57,7 @@ from rlx.loops.common import (
     mean_of,
     reference_model,
 )
-from rlx.loops.credit import CREDIT_RULES
+from rlx.loops.credit import credit_rule
 from rlx.loops.micro_batches import plan_micro_batches
 from rlx.models.forward import LogprobSettings, completion_logprobs
 from rlx.rollout.types import HintedContext
@@ -81,7 +81,6 @@ def train_policy_gradient(settings, parts: PolicyParts) -> dict:
     algo, roll = settings.algorithm, settings.rollout
     acc, run_dir = parts.accelerator, parts.run_dir
     producer, generator = parts.producer, parts.generator
-    credit_rule = CREDIT_RULES[producer.kind]
     updates_per_step = algo.epochs * algo.mini_batches
     model, scheduler = parts.model, parts.scheduler
     reference = reference_model(parts.reference)  # the frozen starting policy (LoRA: the base, adapter off) or None
@@ -91,7 +90,7 @@ def train_policy_gradient(settings, parts: PolicyParts) -> dict:
     checkpointer, metrics_log, run_eval = parts.checkpointer, parts.metrics_log, parts.run_eval
     # training state in the order checkpoints hold it (single-turn runs have always kept the KL coefficient)
     state = {**parts.checkpointed, **producer.checkpointed(), "shuffle": GeneratorState(shuffle)}
-    if producer.kind == "single_turn" or algo.kl_target is not None:
+    if algo.family == "policy_gradient" or algo.kl_target is not None:
         state["kl"] = kl_state
     mixer = None if isinstance(parts.mixer, NoMixer) else parts.mixer  # mixture.rule: per-objective weights
     if mixer is not None:
@@ -111,6 +110,7 @@ def train_policy_gradient(settings, parts: PolicyParts) -> dict:
         reference_reset.maybe_reset(step, acc.unwrap_model(model))
         # 1. rows from the producer (this process's shard; rewards over the global batch)
         batch = producer.produce(step)
+        credit_of = credit_rule(batch, algo.family)  # by the rows' record: single-turn (PromptRows) or episodes
         rollout = batch.rollout
         generation_time = time.perf_counter() - step_start
         generator.sleep()  # rollout=vllm with rollout.sleep_level: the engine's memory is given back for the update
@@ -139,8 +139,8 @@ def train_policy_gradient(settings, parts: PolicyParts) -> dict:
         logprob_time = time.perf_counter() - logprob_start
 
         # 3. credit: this process's advantages, (n,) per row or (n, C) per token, computed over the global batch
-        credit = credit_rule(batch, algo, acc=acc, completion_mask=completion_mask, old_logp=old_logp,
-                             ref_logp=ref_logp, kl_coef=kl_coef)
+        credit = credit_of(batch, algo, acc=acc, completion_mask=completion_mask, old_logp=old_logp,
+                           ref_logp=ref_logp, kl_coef=kl_coef)
         advantages, mixture_metrics = weighted_advantages(mixer, credit.advantages, batch, acc, settings)
         loss_mask = completion_mask * credit.keep.long().unsqueeze(1)  # (n, C): pivots and masked rows leave the loss
         pg_mask = loss_mask  # (n, C): tokens in the policy-gradient term
@@ -200,10 +200,6 @@ def train_policy_gradient(settings, parts: PolicyParts) -> dict:
             "perf/tokens_per_s": global_sum(acc, completion_mask.sum().item()) / step_time,
             **generator.step_metrics(),  # e.g. the weight publish time of an engine or server
         }
-        if producer.kind == "single_turn":
-            metrics.update({"train/prompts_drawn": batch.prompts_drawn, "train/sample_rounds": batch.rounds})
-            if settings.algorithm.dynamic_sampling:
-                metrics["train/filled_groups"] = batch.filled_groups
         if not skip:  # a skipped update computed no log-probs
             metrics.update(update_metrics(acc, stats))
         if sampler_logp is not None and (stats["gap_count"] or not skip):

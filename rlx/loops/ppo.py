@@ -47,7 +47,7 @@ from rlx.loops.common import (
     mean_of,
     reference_model,
 )
-from rlx.loops.credit import advantage_metrics
+from rlx.loops.credit import advantage_metrics, require_rows
 from rlx.loops.micro_batches import plan_micro_batches
 from rlx.models.forward import LogprobSettings, completion_logprobs
 from rlx.runtime.checkpoint import GeneratorState
@@ -102,6 +102,7 @@ def train_ppo(settings, parts: PPOParts) -> dict:
         reference_reset.maybe_reset(step, acc.unwrap_model(model))
         # 1. rollout and rewards (this process's shard of the global batch; the single-turn producer)
         batch = producer.produce(step)
+        require_rows(batch, "ppo")
         rollout, rewards, local = batch.rollout, batch.rewards, batch.local  # rewards: (N,) global
         generation_time = time.perf_counter() - step_start
         mask = rollout.completion_mask  # (n, C)
@@ -163,8 +164,6 @@ def train_ppo(settings, parts: PPOParts) -> dict:
             "train/value_clip_frac": global_mean(acc, mean_of(stats["value_clip"])),
             "train/explained_variance": explained_variance(global_values, global_returns, global_mask),
             "train/value_mean": masked_mean(global_values, global_mask),
-            "train/prompts_drawn": batch.prompts_drawn,
-            "train/sample_rounds": batch.rounds,
             **advantage_metrics(global_advantages, global_mask),
             **batch.metrics,
             "perf/step_time_s": step_time,

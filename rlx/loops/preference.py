@@ -25,7 +25,7 @@ import torch
 
 from rlx.algorithms.preference import REFERENCE_FREE, preference_loss, sft_nll
 from rlx.data.preferences import collate, load_prepared_pairs
-from rlx.data.tasks import PromptStream
+from rlx.data.sources import PromptStream
 from rlx.engines.generator import eval_policy_generator
 from rlx.evaluation.tasks import evaluate, task_eval_settings
 from rlx.loops.common import Components, PreferenceParts, end_step, eval_due, evaluate_at_start, reference_model

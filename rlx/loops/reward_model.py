@@ -21,7 +21,7 @@ import torch
 
 from rlx.algorithms.preference import bradley_terry_loss
 from rlx.data.preferences import load_prepared_pairs
-from rlx.data.tasks import PromptStream
+from rlx.data.sources import PromptStream
 from rlx.errors import UserError
 from rlx.loops.common import Parts, end_step, eval_due, evaluate_at_start
 from rlx.rewards.model import forward_scores

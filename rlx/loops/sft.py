@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from rlx.data.tasks import PromptStream
+from rlx.data.sources import PromptStream
 from rlx.engines.generator import eval_policy_generator
 from rlx.evaluation.tasks import evaluate, task_eval_settings
 from rlx.loops.common import Parts, end_step, eval_due, evaluate_at_start

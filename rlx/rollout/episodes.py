@@ -69,8 +69,6 @@ class EpisodeProducer:
     from the `env` settings (max_turns, max_new_tokens, max_total_tokens, system_prompt), what to play each step
     from `settings` (EpisodeSettings); play_fn: the env's `play` (rlx.evaluation.agents.player_for)."""
 
-    kind = "episodes"
-
     def __init__(self, generator, tokenizer, factory, limits, settings: EpisodeSettings, *, acc, play_fn=play,
                  extra_metrics=None):
         self.generator, self.tokenizer, self.factory, self.limits = generator, tokenizer, factory, limits

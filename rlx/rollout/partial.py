@@ -38,7 +38,7 @@ import torch
 
 from rlx.algorithms.grouping import fixed_groups
 from rlx.config.async_rules import partial_schedule_refusal
-from rlx.data.tasks import PromptStream
+from rlx.data.sources import PromptSource
 from rlx.engines.records import Generation, Rollout
 from rlx.engines.sampling import sample_seed
 from rlx.errors import UserError
@@ -49,6 +49,7 @@ from rlx.rollout.prompts import format_prompts
 from rlx.rollout.rounds import AheadGroups, Rounds, StepTarget, generation_mode
 from rlx.rollout.single_turn import (
     SingleTurnSettings,
+    observe_source,
     round_batch,
     round_metrics,
     round_scorer,
@@ -63,9 +64,7 @@ from rlx.rollout.types import Batch
 class PartialProducer:
     """Single-turn rows with partial rollouts (see the module docstring); the interface of SingleTurnProducer."""
 
-    kind = "single_turn"
-
-    def __init__(self, generator, tokenizer, stream: PromptStream, rewards: list[RewardComponent],
+    def __init__(self, generator, tokenizer, stream: PromptSource, rewards: list[RewardComponent],
                  settings: SingleTurnSettings, *, oversample: float, stages: StagePipeline | None = None,
                  rounds: Rounds | None = None):
         """`settings`: as the single-turn producer's (its dynamic sampling unused); `oversample`: the groups kept in
@@ -190,7 +189,8 @@ class PartialProducer:
         if self.stages is not None:  # the seed stages on the finished groups, as the single-turn producer's one round
             part = self.stages.after_scoring(part, stage_context(self.generator, self.tokenizer, score, self.settings,
                                                                  step), 0)
-            stage_metrics = self.stages.after_step([part], self.stream, step)
+            stage_metrics = self.stages.after_step([part], step)
+        stage_metrics.update(observe_source(self.stream, [part]))  # the source learns from the finished groups
         metrics = round_metrics(part, part.rewards, part.components, part.errors, part.groups, self.accuracy_key, group)
         carried = [g.first_step is not None and g.first_step < step for g in groups]
         metrics.update({"rollout/partial_carried_frac": sum(carried) / max(len(groups), 1),

@@ -74,7 +74,7 @@ def rollout_copy(policy):
 
 
 class PipelineProducer:
-    """The producer interface (produce(step), checkpointed(), records, loss_width, kind) around `inner`, whose
+    """The producer interface (produce(step), checkpointed(), records, loss_width) around `inner`, whose
     batches are sampled ahead by a background thread through `generator` (built on `rollout_model`)."""
 
     def __init__(self, inner, generator, rollout_model, policy, *, max_staleness: int, total_steps: int,
@@ -86,7 +86,6 @@ class PipelineProducer:
         self.trainable = {name for name, param in policy.named_parameters() if param.requires_grad}
         self.k, self.total_steps = int(max_staleness), int(total_steps)
         self.producer_cpus, self.producer_threads = list(producer_cpus or []), producer_threads
-        self.kind = inner.kind
         self._cond = threading.Condition()
         self._ready: dict[int, tuple[Batch, float]] = {}  # step -> (batch, seconds the producer took for it)
         self._states: dict[int, dict] = {}  # step -> the inner producer's state right after that batch

@@ -97,11 +97,10 @@ class _NotSaved:
 
 class RankZeroProducer:
     """The producer interface around `inner`, which samples the GLOBAL batch on rank 0 (on the other ranks `inner`
-    is never asked for a batch: it gives the kind, the loss width and the names of the checkpointed objects)."""
+    is never asked for a batch: it gives the loss width and the names of the checkpointed objects)."""
 
     def __init__(self, inner, acc, checkpoint_names: list[str] | None = None):
         self.inner, self.acc = inner, acc
-        self.kind = inner.kind
         self.main = acc.process_index == 0
         self.names = list(checkpoint_names) if checkpoint_names is not None else list(inner.checkpointed())
 

@@ -1,14 +1,17 @@
-"""The single-turn producer: each step, draw prompts, sample G completions per prompt through the generator,
-score them with the reward components, and (DAPO's dynamic sampling) keep drawing until enough groups have
-informative (non-tied) rewards. It hands the policy-gradient and PPO loops a `Batch` around one `Rollout`
+"""The single-turn producer: each step, draw prompts from the prompt source (rlx/data/sources.py), sample G
+completions per prompt through the generator, score them with the reward components, and (DAPO's dynamic sampling)
+keep drawing until enough groups have informative (non-tied) rewards; the source then observes every group's
+verdicts. It hands the policy-gradient and PPO loops a `Batch` around one `Rollout`
 (rlx/rollout/types.py); the episode producer (rollout/episodes.py) is its multi-turn counterpart.
 
 The core every single-turn mode shares (the synchronous producer here, partial rollouts in rlx/rollout/partial.py,
 both wrapped alike by pipeline mode and by rank-0 sampling): rows sampled through the Generator protocol
-(fresh, or continued from their tokens: `Continuation`), `scored_round` (the reward components on a round's rows,
+(fresh, or continued from their tokens: `Continuation`), `scored_round` (the reward components on a draw's rows,
 the verdict read from the accuracy component), the seed stages of one `StagePipeline` (`stage_context`),
-`round_metrics`, `round_batch` (the step's Batch, its sampling context from the stages' behaviour rows) and
-`single_turn_records` (the samples files).
+`observe_source` (the source learns from the verdicts), `round_metrics`, `round_batch` (the step's Batch, its
+sampling context from the stages' behaviour rows, the counts in its metrics) and `single_turn_records` (the
+samples files). "Round" is the class of one scored draw (rlx/rollout/stages/base.py); a draw is one take of
+prompts from the source (dynamic sampling makes several a step), not a token-budget round of partial rollouts.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from rlx.algorithms.advantages import zero_std_group_fraction
 from rlx.algorithms.grouping import dense_ids, fixed_groups
 from rlx.algorithms.ngrpo import DROP_STRATEGIES
 from rlx.algorithms.shaping import correct_from_accuracy
-from rlx.data.tasks import PromptStream
+from rlx.data.sources import PromptSource
 from rlx.engines.generator import Draw, Generator, sample_rollout
 from rlx.engines.records import Rollout
 from rlx.engines.sampling import sample_seed
@@ -47,7 +50,8 @@ class SingleTurnSettings:
     `prompts_per_step` prompts, each with `min_new_tokens`..`max_new_tokens` new tokens and sampled with seed
     sample_seed(seed, step, i); the prompt format (chat template, system prompt, completion template); the
     reward failure rule (reward.on_error), the component read as accuracy and the run's step count (the reward
-    functions' `trainer_state.max_steps`); DAPO's dynamic sampling, with at most `max_rounds` generation rounds."""
+    functions' `trainer_state.max_steps`); DAPO's dynamic sampling, with at most `max_draws` draws of prompts
+    (algorithm.max_sample_batches)."""
 
     group_size: int
     prompts_per_step: int
@@ -60,30 +64,32 @@ class SingleTurnSettings:
     accuracy_key: str
     total_steps: int
     dynamic_sampling: bool = False
-    max_rounds: int = 1
+    max_draws: int = 1
     completion_template: str | None = None
 
 
-def sample_batch(generator: Generator, tokenizer, stream: PromptStream, rewards: list[RewardComponent],
+def sample_batch(generator: Generator, tokenizer, source: PromptSource, rewards: list[RewardComponent],
                  settings: SingleTurnSettings, *, step: int, acc=None, stages: StagePipeline | None = None) -> Batch:
     """Generate and score `settings.prompts_per_step` groups. With dynamic sampling, drop the groups of the drop
     strategy (stages.drop: tied groups by default, DAPO) and draw the missing number of prompts again, for at most
-    `settings.max_rounds` rounds; if still short, fill with dropped groups (zero advantage under group baselines
+    `settings.max_draws` draws; if still short, fill with dropped groups (zero advantage under group baselines
     when tied) so the batch size stays fixed. Completion i drawn at this step is sampled with seed
     sample_seed(seed, step, i). `generator` samples through the generator protocol (engines/generator.py:
     HFGenerator on the policy, or the vLLM engine; its temperature / top-p / top-k are rollout's), the one-turn
     case of the multi-turn rollouts: prompts are tokenized once and the Rollout is built from the sampled ids.
     With several processes (acc), every process draws the same prompts, generates and scores its own shard, and
-    the rewards are gathered; with dynamic sampling, the seed stages or the temperature schedule, rank 0 alone
-    calls this without `acc` for the global batch and broadcasts it (rlx/rollout/rank_zero.py), so they see every
-    group of the step as one process does. `stages` (rlx/rollout/stages/): the seed ideas' group stages, run on each
-    round after scoring (verifier noise, replay, hints, group reward shaping); groups are keyed by id (Batch.groups),
-    so a group may grow (hinted re-samples)."""
+    the rewards are gathered; with dynamic sampling, the seed stages, a prompt source other than the stream or the
+    temperature schedule, rank 0 alone calls this without `acc` for the global batch and broadcasts it
+    (rlx/rollout/rank_zero.py), so they see every group of the step as one process does. `stages`
+    (rlx/rollout/stages/): the seed ideas' group stages, run on each draw after scoring (verifier noise, replay,
+    hints, group reward shaping); groups are keyed by id (Batch.groups), so a group may grow (hinted re-samples).
+    After the stages the source observes every group drawn (`observe_source`)."""
     stages = stages if stages is not None and stages.active else None
-    parts, drawn_groups = draw_rounds(generator, tokenizer, stream, rewards, settings, step=step, acc=acc,
-                                      stages=stages)
-    stage_metrics = stages.after_step(parts, stream, step) if stages is not None else {}
-    drawn = merge_rounds(parts, tokenizer.pad_token_id)
+    parts, drawn_groups = draws_of_step(generator, tokenizer, source, rewards, settings, step=step, acc=acc,
+                                        stages=stages)
+    stage_metrics = stages.after_step(parts, step) if stages is not None else {}
+    stage_metrics.update(observe_source(source, parts))
+    drawn = merge_draws(parts, tokenizer.pad_token_id)
     group_size, accuracy_key = settings.group_size, settings.accuracy_key
     rewards_all, per_component, errors, correct = drawn.rewards, drawn.components, drawn.errors, drawn.correct
     local = slice(0, rewards_all.numel())
@@ -97,34 +103,34 @@ def sample_batch(generator: Generator, tokenizer, stream: PromptStream, rewards:
                   else fixed_groups(rewards_all.numel(), group_size))
     drawn_metrics = round_metrics(drawn, rewards_all, per_component, errors, groups_all, accuracy_key, group_size, acc)
     drawn_metrics.update(stage_metrics)
-    filled = 0
+    filled = None
     if settings.dynamic_sampling:
         drawn, filled, dropped_groups = keep_informative(drawn, stages, settings.prompts_per_step)
         rewards_all, correct, groups_all = drawn.rewards, drawn.correct, drawn.groups
         local = slice(0, rewards_all.numel())
         drawn_metrics["sampling/dropped_groups"] = dropped_groups
     return round_batch(drawn, group_size, drawn_metrics, scored=(rewards_all, groups_all, correct), local=local,
-                       prompts_drawn=drawn_groups, rounds=len(parts), filled_groups=filled)
+                       prompts_drawn=drawn_groups, draws=len(parts), filled_groups=filled)
 
 
-def draw_rounds(generator: Generator, tokenizer, stream: PromptStream, rewards: list[RewardComponent],
-                settings: SingleTurnSettings, *, step: int, acc,
-                stages: StagePipeline | None) -> tuple[list[Round], int]:
-    """The generation rounds of one step (one without dynamic sampling; with it, rounds until enough groups are
-    informative or `settings.max_rounds` is reached), each scored and passed through the active `stages`.
-    Returns the rounds and the number of prompts drawn."""
+def draws_of_step(generator: Generator, tokenizer, source: PromptSource, rewards: list[RewardComponent],
+                  settings: SingleTurnSettings, *, step: int, acc,
+                  stages: StagePipeline | None) -> tuple[list[Round], int]:
+    """The draws of one step (one without dynamic sampling; with it, draws until enough groups are informative or
+    `settings.max_draws` is reached), each scored and passed through the active `stages`. Returns the draws and
+    the number of prompts drawn."""
     s = settings
     wanted, group_size = s.prompts_per_step, s.group_size
     schedule = stages.schedule(step, s.max_new_tokens) if stages is not None else None
     parts: list[Round] = []
-    kept_groups, rounds, drawn_samples, drawn_groups = 0, 0, 0, 0
+    kept_groups, draws, drawn_samples, drawn_groups = 0, 0, 0, 0
 
     score = round_scorer(rewards, s, step)
     context = stage_context(generator, tokenizer, score, s, step, schedule)
     draw = Draw(samples_per_prompt=group_size, max_new_tokens=s.max_new_tokens, min_new_tokens=s.min_new_tokens,
                 schedule=schedule)
     while True:
-        rows = stream.take(wanted - kept_groups if s.dynamic_sampling else wanted)
+        rows = source.take(wanted - kept_groups if s.dynamic_sampling else wanted)
         mine = shard(len(rows), acc) if acc is not None else slice(0, len(rows))
         rows = rows[mine]
         prompts = format_prompts(tokenizer, rows, s.use_chat_template, s.system_prompt)
@@ -139,36 +145,55 @@ def draw_rounds(generator: Generator, tokenizer, stream: PromptStream, rewards: 
         parts.append(part)
         drawn_samples += len(rows) * group_size
         drawn_groups += len(rows)
-        rounds += 1
+        draws += 1
         if not s.dynamic_sampling:
             break
         dropped = (stages.dropped(part) if stages is not None
                    else DROP_STRATEGIES["tied"](part.rewards, part.correct, groups))
         kept_groups += torch.unique(part.groups[~dropped]).numel()
-        if kept_groups >= wanted or rounds >= s.max_rounds:
+        if kept_groups >= wanted or draws >= s.max_draws:
             break
     return parts, drawn_groups
 
 
+def observe_source(source: PromptSource, parts: list[Round]) -> dict:
+    """The source observes the step's draws: the data row of every group, in the order drawn, with the verdicts of
+    its own samples as first drawn (first_correct, hinted re-samples apart). Returns the source's metrics."""
+    rows, verdicts = [], []
+    for part in parts:
+        plain = torch.nonzero(~part.hinted).flatten()
+        groups, correct = part.groups[plain], part.first_correct[plain]
+        for g in torch.unique_consecutive(groups).tolist():
+            members = groups == g
+            rows.append(part.rows[int(plain[members][0])])
+            verdicts.append(correct[members])
+    return source.observe(rows, verdicts)
+
+
 def scored_round(score, rollout: Rollout, rows: list[dict], prompts: list[str], groups: torch.Tensor,
                  accuracy_key: str) -> Round:
-    """A generation round's rows scored (`score`: round_scorer's), the verdict training sees read from the
-    accuracy component (before the stages: verifier noise, replay and hints change it there)."""
+    """A draw's rows scored (`score`: round_scorer's), the verdict training sees read from the accuracy component
+    (before the stages: verifier noise, replay and hints change it there); every row sampled from its own prompt."""
     total, per_component, errors = score(prompts, rollout, rows)  # (n,)
-    return Round(rollout, total, per_component, rows, prompts, groups,
-                 correct_from_accuracy(per_component[accuracy_key]), errors=errors)
+    correct = correct_from_accuracy(per_component[accuracy_key])
+    return Round(rollout, total, per_component, rows, prompts, groups, correct, correct.clone(), SameContext(),
+                 torch.zeros(len(rows), dtype=torch.bool), errors)
 
 
 def round_batch(drawn: Round, group_size: int, metrics: dict, *, scored: tuple | None = None,
-                local: slice | None = None, **counts) -> Batch:
-    """The step's Batch of the round `drawn` (after its stages): rows trained in the context they were sampled in
-    (HintedContext when a stage re-sampled some from another prompt), `scored` = (rewards, groups, correct) over
-    the global batch where they differ from the round's (several processes), this process's rows `local`, and
-    the counts (prompts_drawn, rounds, filled_groups)."""
+                local: slice | None = None, prompts_drawn: int, draws: int = 1,
+                filled_groups: int | None = None) -> Batch:
+    """The step's Batch of the draws merged in `drawn` (after their stages): rows trained in the context they were
+    sampled in (HintedContext when a stage re-sampled some from another prompt), `scored` = (rewards, groups,
+    correct) over the global batch where they differ from the draw's (several processes), this process's rows
+    `local`, and the counts in its metrics: train/prompts_drawn, train/sample_rounds (the draws of prompts), and
+    with dynamic sampling train/filled_groups (dropped groups taken to fill the batch)."""
     rewards, groups, correct = scored if scored is not None else (drawn.rewards, drawn.groups, drawn.correct)
-    context = HintedContext(drawn.behaviour) if drawn.behaviour is not None else SameContext()
-    return Batch(drawn.rollout, rewards, group_size, groups, correct, PromptRows(drawn.rows, drawn.prompts), context,
-                 local if local is not None else slice(0, rewards.numel()), metrics, **counts,
+    counts = {"train/prompts_drawn": prompts_drawn, "train/sample_rounds": draws}
+    if filled_groups is not None:
+        counts["train/filled_groups"] = filled_groups
+    return Batch(drawn.rollout, rewards, group_size, groups, correct, PromptRows(drawn.rows, drawn.prompts),
+                 drawn.context, local if local is not None else slice(0, rewards.numel()), {**metrics, **counts},
                  components=drawn.components)
 
 
@@ -221,7 +246,7 @@ def round_metrics(drawn: Round, rewards, per_component: dict, errors: int, group
                   acc=None) -> dict:
     """outcome_metrics of a step's rows after the stages: reward/* and completions/* describe the policy's own
     samples (hinted re-samples apart), train/frac_zero_std_groups what trains."""
-    if drawn.hinted is not None and drawn.hinted.any():
+    if drawn.hinted.any():
         plain = torch.nonzero(~drawn.hinted).flatten()
         metrics = outcome_metrics(rewards[plain], {k: v[plain] for k, v in per_component.items()}, errors,
                                   drawn.rollout.select(plain), accuracy_key, group_size, acc, groups=groups[plain])
@@ -230,17 +255,16 @@ def round_metrics(drawn: Round, rewards, per_component: dict, errors: int, group
     return outcome_metrics(rewards, per_component, errors, drawn.rollout, accuracy_key, group_size, acc, groups=groups)
 
 
-def merge_rounds(parts: list[Round], pad: int) -> Round:
-    """One Round of a step's rounds, in order (behaviour rollouts where a round has them, hinted flags)."""
+def merge_draws(parts: list[Round], pad: int) -> Round:
+    """One Round of a step's draws, in order (the rows as sampled where a draw has a hinted context)."""
+    hinted = any(isinstance(p.context, HintedContext) for p in parts)
     return Round(Rollout.cat([p.rollout for p in parts], pad), torch.cat([p.rewards for p in parts]),
                  {name: torch.cat([p.components[name] for p in parts]) for name in parts[0].components},
                  [r for p in parts for r in p.rows], [q for p in parts for q in p.prompts],
                  torch.cat([p.groups for p in parts]), torch.cat([p.correct for p in parts]),
-                 behaviour=(Rollout.cat([p.rollout if p.behaviour is None else p.behaviour for p in parts], pad)
-                            if any(p.behaviour is not None for p in parts) else None),
-                 hinted=torch.cat([p.hinted if p.hinted is not None else torch.zeros(len(p.rows), dtype=torch.bool)
-                                   for p in parts]),
-                 errors=sum(p.errors for p in parts))
+                 torch.cat([p.first_correct for p in parts]),
+                 HintedContext(Rollout.cat([p.behaviour for p in parts], pad)) if hinted else SameContext(),
+                 torch.cat([p.hinted for p in parts]), sum(p.errors for p in parts))
 
 
 def keep_informative(drawn: Round, stages: StagePipeline | None, wanted: int) -> tuple[Round, int, int]:
@@ -284,13 +308,12 @@ def outcome_metrics(rewards, per_component, errors, rollout, accuracy_key, group
 
 
 class SingleTurnProducer:
-    """Prompts from `stream`, G samples each through `generator`, scored by `rewards` (sample_batch)."""
+    """Prompts from `source`, G samples each through `generator`, scored by `rewards` (sample_batch); a Producer
+    (rlx/rollout/producers.py) of PromptRows batches."""
 
-    kind = "single_turn"
-
-    def __init__(self, generator, tokenizer, stream: PromptStream, rewards: list[RewardComponent],
+    def __init__(self, generator, tokenizer, source: PromptSource, rewards: list[RewardComponent],
                  settings: SingleTurnSettings, *, acc=None, stages: StagePipeline | None = None):
-        self.generator, self.tokenizer, self.stream, self.rewards = generator, tokenizer, stream, rewards
+        self.generator, self.tokenizer, self.source, self.rewards = generator, tokenizer, source, rewards
         self.group_size = settings.group_size
         self.settings = settings
         self.acc = acc
@@ -302,12 +325,13 @@ class SingleTurnProducer:
         return int(self.settings.max_new_tokens)
 
     def checkpointed(self) -> dict:
-        """The position in the shuffled prompts (or the difficulty-aware sampler's pass rates and generator), and
-        the seed stages' state (replay buffer, LASER-D targets) when they keep one."""
-        return {"data": self.stream, **(self.stages.checkpointed() if self.stages is not None else {})}
+        """The prompt source's state (the position in the shuffled prompts, the difficulty-aware sampler's pass rates
+        and generator, a curriculum's own), and the seed stages' state (replay buffer, LASER-D targets) when they
+        keep one."""
+        return {"data": self.source, **(self.stages.checkpointed() if self.stages is not None else {})}
 
     def produce(self, step: int) -> Batch:
-        return sample_batch(self.generator, self.tokenizer, self.stream, self.rewards, self.settings, step=step,
+        return sample_batch(self.generator, self.tokenizer, self.source, self.rewards, self.settings, step=step,
                             acc=self.acc, stages=self.stages)
 
     def records(self, batch: Batch, samples: list[dict], count: int) -> list[dict]:

@@ -59,7 +59,8 @@ class Batch:
     producer has no verifier (episodes: `no_verdicts`); source: PromptRows (single-turn) or EpisodeRows
     (episodes, the harness); context: SameContext, or HintedContext with the rows as sampled; local: this
     process's rows within the global batch; metrics: reward/*, completions/* or env/* over everything drawn
-    this step; prompts_drawn, rounds, filled_groups: single-turn sampling's counts (dynamic sampling)."""
+    this step, and the producer's counts (single-turn: train/prompts_drawn, train/sample_rounds, with dynamic
+    sampling train/filled_groups)."""
 
     rollout: Rollout
     rewards: torch.Tensor
@@ -70,9 +71,6 @@ class Batch:
     context: SameContext | HintedContext = field(default_factory=SameContext)
     local: slice = field(default_factory=lambda: slice(None))
     metrics: dict = field(default_factory=dict)
-    prompts_drawn: int = 0
-    rounds: int = 1
-    filled_groups: int = 0
     components: dict = field(default_factory=dict)  # reward component -> (n,) of this process's rows (single-turn)
 
     def __post_init__(self):

@@ -1,7 +1,7 @@
 """What every stage of the single-turn producer shares: the round it works on (`Round`), what it may call
 (`StageContext`), the settings it is built from (`StageSettings`), the `Stage` protocol and the `STAGES` registry.
 
-A stage is one behaviour of the producer with the whole round in view (gymnasium's wrappers in spirit): it owns
+A stage is one behaviour of the producer with the whole draw in view (gymnasium's wrappers in spirit): it owns
 its state and its counters, and returns its own metrics once per step. An entry of STAGES is
 `fn(settings: StageSettings) -> Stage | None` (a Stage subclass is one): None when its knobs leave it off.
 """
@@ -14,23 +14,26 @@ import torch
 
 from rlx.engines.records import Rollout
 from rlx.registry import Registry, publish
+from rlx.rollout.types import HintedContext, SameContext
 
 # name -> fn(StageSettings) -> Stage | None; the built-in ones (rlx/rollout/stages/__init__.py ORDER) switch on by
 # their own knobs, a user's by naming it in algorithm.stages (docs/extending/stages.md)
 STAGES = publish("stage", Registry("producer stage"))
 
 
-@dataclass
+@dataclass(frozen=True, eq=False)
 class Round:
-    """One generation round of the single-turn producer (n rows, the samples of a group adjacent).
+    """One draw of the single-turn producer, scored (n rows, the samples of a group adjacent). Complete at
+    construction and frozen: a stage that changes it returns a new one (dataclasses.replace).
 
     rollout: the training rows (the plain prompt + the completion; a hinted row's prompt too);
     rewards (n,) total reward; components {name: (n,)} each component's score of what the policy sampled;
     rows / prompts: the data row and the rendered plain prompt of each sample; groups (n,) long: group ids,
     unique over the step; correct (n,) bool: the verdict training sees (after verifier noise; replayed rows:
-    the stored one); first_correct (n,): that verdict on the samples as drawn (before replay and hints), the
-    pass rate the prompt sampler learns from; behaviour: the rows with the prompt each was sampled from
-    (hinted rows: the hinted prompt), None when all were sampled from their own prompt; hinted (n,) bool."""
+    the stored one); first_correct (n,): that verdict on the samples as drawn (before replay and hints), what the
+    prompt source observes; context: SameContext when every row was sampled from its own prompt, else
+    HintedContext with the rows as sampled (hinted rows: the hinted prompt); hinted (n,) bool: the rows a stage
+    re-sampled with a hint; errors: reward functions that failed (reward.on_error=zero)."""
 
     rollout: Rollout
     rewards: torch.Tensor
@@ -39,18 +42,23 @@ class Round:
     prompts: list[str]
     groups: torch.Tensor
     correct: torch.Tensor
-    first_correct: torch.Tensor | None = None
-    behaviour: Rollout | None = None
-    hinted: torch.Tensor | None = None
-    errors: int = 0
+    first_correct: torch.Tensor
+    context: SameContext | HintedContext
+    hinted: torch.Tensor
+    errors: int
+
+    @property
+    def behaviour(self) -> Rollout:
+        """The rows as sampled: the context's where a stage re-sampled some from another prompt, else the rollout."""
+        return self.context.rollout if isinstance(self.context, HintedContext) else self.rollout
 
     def select(self, index: torch.Tensor) -> Round:
         take = [self.rows[i] for i in index.tolist()], [self.prompts[i] for i in index.tolist()]
+        context = (HintedContext(self.context.rollout.select(index)) if isinstance(self.context, HintedContext)
+                   else SameContext())
         return Round(self.rollout.select(index), self.rewards[index], {k: v[index] for k, v in self.components.items()},
-                     take[0], take[1], self.groups[index], self.correct[index],
-                     self.first_correct[index] if self.first_correct is not None else None,
-                     self.behaviour.select(index) if self.behaviour is not None else None,
-                     self.hinted[index] if self.hinted is not None else None, self.errors)
+                     take[0], take[1], self.groups[index], self.correct[index], self.first_correct[index], context,
+                     self.hinted[index], self.errors)
 
 
 @dataclass
@@ -87,14 +95,14 @@ class StageSettings:
 class Stage:
     """One behaviour of the producer. Every hook is optional (these defaults do nothing):
 
-    phase: "verdict" for a stage that changes what the verifier reports (it runs before the round's
+    phase: "verdict" for a stage that changes what the verifier reports (it runs before the draw's
     first_correct is recorded), "group" (default) for one that works on the scored groups;
     schedule(step, max_new_tokens): the step's per-position sampling temperatures, or None;
-    after_scoring(part, ctx, first_index) -> Round: one round, after scoring (first_index: the global index of
-    its first sample, the sampling seeds' counter; under partial rollouts 0, the round being the groups the step
+    after_scoring(part, ctx, first_index) -> Round: one draw, after scoring (first_index: the global index of
+    its first sample, the sampling seeds' counter; under partial rollouts 0, the draw being the groups the step
     finished, some begun at earlier steps and seeded then);
-    after_step(parts, stream, step) -> dict: the step's rounds are drawn; update state, return this stage's
-    metrics for the step (and reset its counters);
+    after_step(parts, step) -> dict: the step's draws are made; update state, return this stage's metrics for the
+    step (and reset its counters);
     checkpointed() -> dict: {name: object with state_dict/load_state_dict} saved with the run, restored on resume;
     describe() -> str: the builder's log line."""
 
@@ -107,7 +115,7 @@ class Stage:
     def after_scoring(self, part: Round, ctx: StageContext, first_index: int) -> Round:
         return part
 
-    def after_step(self, parts: list[Round], stream, step: int) -> dict:
+    def after_step(self, parts: list[Round], step: int) -> dict:
         return {}
 
     def checkpointed(self) -> dict:

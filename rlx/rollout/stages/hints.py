@@ -1,7 +1,7 @@
 """Hints for all-fail groups (algorithm.hints; Guide / SEELE): a group that still fails entirely is re-sampled
 with a prefix of the row's reference solution (rlx/rollout/hints.py), and the re-samples join their group
 (groups are keyed by id, so sizes differ). placement=prompt puts the hint in the user message and trains the
-completion in the plain context (the hinted rows go to Round.behaviour); placement=prefix continues from the
+completion in the plain context (the hinted rows as sampled go to Round.context); placement=prefix continues from the
 plain prompt + the prefix tokens, and the prefix is not trained.
 
 Metrics: hints/all_fail_groups, hints/hinted_groups, hints/rescued_frac (all-fail groups rescued: a hinted
@@ -21,6 +21,7 @@ from rlx.engines.sampling import sample_seed
 from rlx.rollout.hints import hint_fraction, hint_prefix, hinted_message, reference_solution
 from rlx.rollout.prompts import format_prompts
 from rlx.rollout.stages.base import STAGES, Round, Stage, StageContext, StageSettings, ratio
+from rlx.rollout.types import HintedContext, SameContext
 
 # hint re-samples draw with sample_seed(seed, step, HINT_INDEX + ...): apart from the plain samples
 HINT_INDEX = 1 << 30
@@ -31,7 +32,7 @@ class Hints(Stage):
 
     def __init__(self, hints, accuracy_key: str):
         self.hints, self.accuracy_key = hints, accuracy_key
-        self.all_fail, self.fraction_sum, self.rounds = 0.0, 0.0, 0.0
+        self.all_fail, self.fraction_sum, self.draws = 0.0, 0.0, 0.0
         self.hinted_groups, self.rescued, self.samples = 0.0, 0.0, 0.0
 
     def after_scoring(self, part: Round, ctx: StageContext, first_index: int) -> Round:
@@ -40,7 +41,7 @@ class Hints(Stage):
         chosen, all_fail = self.chosen_groups(part, ctx, fraction)
         self.all_fail += float(all_fail)
         self.fraction_sum += float(fraction)
-        self.rounds += 1.0
+        self.draws += 1.0
         if not chosen:
             return part
         trained, behaviour, contexts_rows = self.resample(part, ctx, chosen)
@@ -51,18 +52,18 @@ class Hints(Stage):
         self.rescued += float(int(torch.unique(groups[correct]).numel()))
         self.samples += float(len(rows))
         pad = ctx.tokenizer.pad_token_id
-        if behaviour is not None:
-            behaviour = Rollout.cat([part.rollout if part.behaviour is None else part.behaviour, behaviour], pad)
-        elif part.behaviour is not None:
-            behaviour = Rollout.cat([part.behaviour, trained], pad)
+        if behaviour is not None:  # placement=prompt: the re-samples were sampled after the hinted prompt
+            context = HintedContext(Rollout.cat([part.behaviour, behaviour], pad))
+        elif isinstance(part.context, HintedContext):
+            context = HintedContext(Rollout.cat([part.context.rollout, trained], pad))
+        else:
+            context = SameContext()
         merged = Round(Rollout.cat([part.rollout, trained], pad),
                        torch.cat([part.rewards, total.to(part.rewards.dtype)]),
                        {k: torch.cat([v, components[k]]) for k, v in part.components.items()}, part.rows + rows,
                        part.prompts + prompts, torch.cat([part.groups, groups]), torch.cat([part.correct, correct]),
-                       torch.cat([part.first_correct, correct]), behaviour,
-                       torch.cat([part.hinted if part.hinted is not None
-                                  else torch.zeros(len(part.rows), dtype=torch.bool),
-                                  torch.ones(len(rows), dtype=torch.bool)]), part.errors + errors)
+                       torch.cat([part.first_correct, correct]), context,
+                       torch.cat([part.hinted, torch.ones(len(rows), dtype=torch.bool)]), part.errors + errors)
         order = torch.sort(merged.groups, stable=True).indices  # each group's hinted rows right after its own
         return merged.select(order)
 
@@ -127,11 +128,11 @@ class Hints(Stage):
         groups = torch.tensor([int(part.groups[row]) for _, row, _ in chosen for _ in range(samples)], dtype=torch.long)
         return trained, behaviour, (rows, prompts, groups)
 
-    def after_step(self, parts: list[Round], stream, step: int) -> dict:
+    def after_step(self, parts: list[Round], step: int) -> dict:
         metrics = {"hints/all_fail_groups": self.all_fail, "hints/hinted_groups": self.hinted_groups,
                    "hints/rescued_frac": ratio(self.rescued, self.all_fail),  # all-fail groups rescued
-                   "hints/fraction": ratio(self.fraction_sum, self.rounds)}
-        self.all_fail, self.fraction_sum, self.rounds = 0.0, 0.0, 0.0
+                   "hints/fraction": ratio(self.fraction_sum, self.draws)}
+        self.all_fail, self.fraction_sum, self.draws = 0.0, 0.0, 0.0
         self.hinted_groups, self.rescued, self.samples = 0.0, 0.0, 0.0
         return metrics
 

@@ -3,14 +3,16 @@ algorithm.stages in their listed order), and dynamic sampling's drop strategy.""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from rlx.algorithms.ngrpo import DROP_STRATEGIES
 from rlx.errors import UserError
 from rlx.rollout.stages.base import STAGES, Round, Stage, StageContext, StageSettings
 
-# the built-in stages, in the order each round goes through them; each switches on by its own knobs
-ORDER = ("verifier_noise", "replay", "hints", "shaping", "temperature_schedule", "prompt_sampling")
+# the built-in stages, in the order each draw goes through them; each switches on by its own knobs
+ORDER = ("verifier_noise", "replay", "hints", "shaping", "temperature_schedule")
 
 
 def build_stages(settings: StageSettings, extra: list[str] = ()) -> list[Stage]:
@@ -52,13 +54,13 @@ class StagePipeline:
         return None
 
     def after_scoring(self, part: Round, ctx: StageContext, first_index: int) -> Round:
-        """One round through the stages: the verdict stages (verifier noise), then the round's first_correct is
+        """One draw through the stages: the verdict stages (verifier noise), then the draw's first_correct is
         recorded (the verdict on the samples as drawn), then the group stages; `first_index`: the global index of
-        the round's first sample (the sampling seeds' counter)."""
+        the draw's first sample (the sampling seeds' counter)."""
         for stage in self.stages:
             if stage.phase == "verdict":
                 part = stage.after_scoring(part, ctx, first_index)
-        part.first_correct = part.correct.clone()
+        part = replace(part, first_correct=part.correct.clone())
         for stage in self.stages:
             if stage.phase != "verdict":
                 part = stage.after_scoring(part, ctx, first_index)
@@ -69,10 +71,9 @@ class StagePipeline:
         (DROP_STRATEGIES[algorithm.dynamic_sampling_drop])."""
         return DROP_STRATEGIES[self.drop](part.rewards, part.correct, part.groups)
 
-    def after_step(self, parts: list[Round], stream, step: int) -> dict:
-        """Every stage's end of step (the prompt sampler's and LASER-D's updates); the step's metrics, each stage's
-        own."""
+    def after_step(self, parts: list[Round], step: int) -> dict:
+        """Every stage's end of step (LASER-D's update); the step's metrics, each stage's own."""
         metrics = {}
         for stage in self.stages:
-            metrics.update(stage.after_step(parts, stream, step))
+            metrics.update(stage.after_step(parts, step))
         return metrics

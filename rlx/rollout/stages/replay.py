@@ -40,11 +40,9 @@ class Replay(Stage):
                                  truncated=rollout.truncated.tolist())
         fill_buffer(self.buffer, part.correct, part.groups, keys, entries)
         self.filled += float(len(plan))
-        if plan:
-            put_back(part, plan, ctx.tokenizer.pad_token_id, ctx.tokenizer)
-        return part
+        return put_back(part, plan, ctx.tokenizer.pad_token_id, ctx.tokenizer) if plan else part
 
-    def after_step(self, parts: list[Round], stream, step: int) -> dict:
+    def after_step(self, parts: list[Round], step: int) -> dict:
         metrics = {"replay/filled_frac": ratio(self.filled, self.collapsed), "replay/groups_filled": self.filled,
                    "replay/buffer_size": len(self.buffer)}
         self.collapsed, self.filled = 0.0, 0.0
@@ -54,9 +52,9 @@ class Replay(Stage):
         return {"replay": self.buffer}
 
 
-def put_back(part: Round, plan: list, pad: int, tokenizer) -> None:
-    """Each planned (row, buffered entry) in place of that row: its completion, reward and verdict; the sampler's
-    policy version is the one the entry was sampled with."""
+def put_back(part: Round, plan: list, pad: int, tokenizer) -> Round:
+    """`part` with each planned (row, buffered entry) in place of that row: its completion, reward and verdict; the
+    sampler's policy version is the one the entry was sampled with."""
     rollout = part.rollout
     prompt_ids = [rollout.prompt_ids[row][rollout.prompt_mask[row].bool()].tolist() for row, _ in plan]
     replayed = [entry for _, entry in plan]
@@ -69,11 +67,12 @@ def put_back(part: Round, plan: list, pad: int, tokenizer) -> None:
         fresh = replace(fresh, logprobs=torch.zeros(fresh.completion_ids.shape))
     merged = Rollout.cat([rollout, fresh], pad)
     order = torch.arange(len(rollout))
+    rewards, correct = part.rewards.clone(), part.correct.clone()
     for position, (row, entry) in enumerate(plan):
         order[row] = len(rollout) + position
-        part.rewards[row] = entry.reward
-        part.correct[row] = entry.correct
-    part.rollout = merged.select(order)
+        rewards[row] = entry.reward
+        correct[row] = entry.correct
+    return replace(part, rollout=merged.select(order), rewards=rewards, correct=correct)
 
 
 def group_keys(part: Round) -> list[str]:

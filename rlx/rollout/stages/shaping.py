@@ -4,10 +4,12 @@ the reward of the row's reference completion. LASER-D's per-difficulty length ta
 on every row drawn, and checkpointed as "laser_d".
 
 Metrics: shaping/{name}_delta_abs for each shaper (mean |shaped - input| over the samples), each shaper's own
-metrics (sample-weighted means over the step's rounds), shaping/par_reference_reward when a shaper reads r(x, y_ref).
+metrics (sample-weighted means over the step's draws), shaping/par_reference_reward when a shaper reads r(x, y_ref).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 
@@ -54,10 +56,9 @@ class Shaping(Stage):
         if reference is not None:
             self.reference_sum += float(reference.double().sum().item())
             self.reference_n = (self.reference_n or 0.0) + float(len(reference))
-        part.rewards = rewards.to(part.rewards.dtype)
-        return part
+        return replace(part, rewards=rewards.to(part.rewards.dtype))
 
-    def after_step(self, parts: list[Round], stream, step: int) -> dict:
+    def after_step(self, parts: list[Round], step: int) -> dict:
         """LASER-D's targets from every row drawn this step; the step's shaping metrics."""
         if self.laser_d is not None:
             lengths = torch.cat([p.rollout.lengths for p in parts])

@@ -29,7 +29,7 @@ class TemperatureSchedule(Stage):
             self.tau_tokens = (self.tau_tokens or 0.0) + float(int(sampled.sum()))
         return part
 
-    def after_step(self, parts: list[Round], stream, step: int) -> dict:
+    def after_step(self, parts: list[Round], step: int) -> dict:
         metrics = {} if self.tau_tokens is None else {"rollout/temperature_mean": ratio(self.tau_sum, self.tau_tokens)}
         self.tau_sum, self.tau_tokens = 0.0, None
         return metrics

@@ -7,6 +7,8 @@ Metrics: noise/flipped_frac (flipped samples / samples), noise/observed_accuracy
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from rlx.algorithms.shaping import correct_from_accuracy, inject_verifier_noise
@@ -33,14 +35,13 @@ class VerifierNoise(Stage):
         observed = inject_verifier_noise(clean, self.fn_rate, self.fp_rate, row_uniforms(seeds, NOISE_POSITION))
         flipped = observed != clean
         delta = self.accuracy_weight * (observed.double() - torch.nan_to_num(accuracy.double(), nan=0.0))
-        part.rewards = torch.where(flipped, part.rewards + delta.to(part.rewards.dtype), part.rewards)
-        part.correct = observed
+        rewards = torch.where(flipped, part.rewards + delta.to(part.rewards.dtype), part.rewards)
         self.flipped += float(int(flipped.sum()))
         self.samples += float(len(clean))
         self.observed += float(int(observed.sum()))
-        return part
+        return replace(part, rewards=rewards, correct=observed)
 
-    def after_step(self, parts: list[Round], stream, step: int) -> dict:
+    def after_step(self, parts: list[Round], step: int) -> dict:
         metrics = {"noise/flipped_frac": ratio(self.flipped, self.samples),
                    "noise/observed_accuracy": ratio(self.observed, self.samples)}
         self.flipped, self.samples, self.observed = 0.0, 0.0, 0.0

@@ -1,15 +1,10 @@
-"""A producer of your own, in one file: a curriculum that trains the shortest questions first.
+"""A producer of one's own for the plugin tests (docs/extending/producers.md): the training rows in order of question
+length, each step the next `prompts_per_step` of them, sampled, scored and batched with the single-turn core's
+pieces (rlx/rollout/single_turn.py). A prompt source says this in fewer lines (examples/shortest_first_source.py);
+the tests use a producer to check the producer plugin point itself: registration, the refusals, the wrong rows,
+pipeline and rank-0 wrapping, checkpointing its own state.
 
-    rlx train plugins=[examples.shortest_first_producer] rollout.producer=shortest_first
-
-(from the repository root; any policy-gradient or PPO algorithm). Each step takes the next `prompts_per_step`
-training rows in order of question length (then around again), samples `rollout.samples_per_prompt` completions
-of each through the run's generator, scores them with the run's reward components and hands the loop the step's
-Batch. It is built from the single-turn core's pieces (rlx/rollout/single_turn.py), so the rows, rewards and
-metrics are the ones rlx's own producer would make of the same prompts; only the choice of prompts is its own.
-Pipeline mode (rollout.max_staleness) and several processes (rank 0 calls it for the global batch) wrap it as
-they wrap rlx's own producers. Its position in the curriculum is checkpointed, so a resumed run goes on where it
-stopped.
+    rlx train plugins=[tests.own_producer] rollout.producer=shortest_first
 """
 
 from __future__ import annotations
@@ -44,7 +39,7 @@ class Position:
 
 
 class ShortestFirst:
-    kind = "single_turn"  # rows the policy-gradient and PPO loops train (Batch.source: PromptRows)
+    """Hands PromptRows batches: the rows the policy-gradient and PPO loops train."""
 
     def __init__(self, settings, parts):
         self.settings, self.parts = settings, parts
