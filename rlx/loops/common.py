@@ -122,7 +122,7 @@ class PreferenceParts(Parts):
     reference: object
 
 
-def reference_model(reference):
+def frozen_reference(reference):
     """The frozen reference module of a Parts' `reference`, None for NoReference (the loops' local test)."""
     return None if isinstance(reference, NoReference) else reference
 

@@ -53,9 +53,9 @@ from rlx.loops.common import (
     end_step,
     eval_due,
     evaluate_at_start,
+    frozen_reference,
     masked_mean,
     mean_of,
-    reference_model,
 )
 from rlx.loops.credit import credit_rule
 from rlx.loops.micro_batches import plan_micro_batches
@@ -83,7 +83,7 @@ def train_policy_gradient(settings, parts: PolicyParts) -> dict:
     producer, generator = parts.producer, parts.generator
     updates_per_step = algo.epochs * algo.mini_batches
     model, scheduler = parts.model, parts.scheduler
-    reference = reference_model(parts.reference)  # the frozen starting policy (LoRA: the base, adapter off) or None
+    reference = frozen_reference(parts.reference)  # the frozen starting policy (LoRA: the base, adapter off) or None
     kl_state = KLCoefficient(float(algo.kl_coef))
     reference_reset = ReferenceReset(reference, algo.ref_reset_every)
     shuffle = torch.Generator().manual_seed(settings.seed)

@@ -43,9 +43,9 @@ from rlx.loops.common import (
     end_step,
     eval_due,
     evaluate_at_start,
+    frozen_reference,
     masked_mean,
     mean_of,
-    reference_model,
 )
 from rlx.loops.credit import advantage_metrics, require_rows
 from rlx.loops.micro_batches import plan_micro_batches
@@ -82,7 +82,7 @@ def train_ppo(settings, parts: PPOParts) -> dict:
     acc, run_dir = parts.accelerator, parts.run_dir
     producer, generator = parts.producer, parts.generator
     model, scheduler, value_model = parts.model, parts.scheduler, parts.critic.model
-    reference = reference_model(parts.reference)  # the frozen starting policy (LoRA: the base, adapter off) or None
+    reference = frozen_reference(parts.reference)  # the frozen starting policy (LoRA: the base, adapter off) or None
     kl_state = KLCoefficient(float(algo.kl_coef))
     reference_reset = ReferenceReset(reference, algo.ref_reset_every)
     shuffle = torch.Generator().manual_seed(settings.seed)

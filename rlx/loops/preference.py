@@ -28,7 +28,7 @@ from rlx.data.preferences import collate, load_prepared_pairs
 from rlx.data.sources import PromptStream
 from rlx.engines.generator import eval_policy_generator
 from rlx.evaluation.tasks import evaluate, task_eval_settings
-from rlx.loops.common import Components, PreferenceParts, end_step, eval_due, evaluate_at_start, reference_model
+from rlx.loops.common import Components, PreferenceParts, end_step, eval_due, evaluate_at_start, frozen_reference
 from rlx.models.forward import completion_logprobs
 from rlx.runtime.optim import optimizer_step
 from rlx.runtime.parallel import backward, global_sum, shard
@@ -131,7 +131,7 @@ def train_preference(settings, parts: PreferenceParts) -> dict:
     uses_reference = algo.loss_type not in REFERENCE_FREE
     # reference log-probs: precomputed by load_pairs, or a frozen model (LoRA: the base with the adapter off)
     model, optimizer, scheduler = parts.model, parts.optimizer, parts.scheduler
-    reference = reference_model(parts.reference)
+    reference = frozen_reference(parts.reference)
     stream = PromptStream(train_pairs, settings.seed)
     checkpointer, metrics_log = parts.checkpointer, parts.metrics_log
     start_step = checkpointer.restore(**parts.checkpointed, data=stream)
