@@ -34,9 +34,13 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlx.errors import RolloutServerError  # noqa: F401  (raised here; one leaf for every error type)
 from rlx.fleet.client import health
+
+if TYPE_CHECKING:
+    from rlx.fleet.publishers import WeightPublisher
 
 log = logging.getLogger("rlx")
 
@@ -347,3 +351,47 @@ def check_publisher(publisher: str, *, has_cuda: bool | None = None, has_vllm: b
     if not has_vllm:
         raise UserError(f"rollout.server.publisher={publisher} runs vLLM's weight-transfer engine in the trainer, "
                         f"whose Python has no vLLM: pip install 'rlx[vllm]', or use publisher=file")
+
+
+def start_children(rollout_cfg, model, served: Path, work_dir: Path, seed: int, publisher: type[WeightPublisher],
+                    temporary: bool) -> tuple[list[str], list[ServerProcess]]:
+    """rollout.server.num_servers child servers on ports the OS picks, started side by side; `{index}` in
+    launch_prefix and env values becomes the server's index (0, 1, ...), e.g. [taskset, -c, "{index}"] pins
+    server i to core i. Each logs to server.log (one server) or server-<i>.log."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = rollout_cfg.server
+    python = str(server.python) if server.python else sys.executable
+    host, count = str(server.host), int(getattr(server, "num_servers", 1))
+    adapter, lora_rank = publisher.adapter, None
+    if adapter:
+        lora_rank = max(int(c.r) for c in model.peft_config.values())
+    processes, urls = [], []
+    for index in range(count):
+        port = free_port(host)
+        url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        command = server_command(python, str(served), host, port, EngineArgs.of(rollout_cfg), seed=seed,
+                                 lora_rank=lora_rank, extra_args=[*publisher.server_args, *server.extra_args])
+        extra = {**publisher.server_env,
+                 **{k: str(v).replace("{index}", str(index)) for k, v in dict(server.env).items()}}
+        env = server_env(os.environ, lora=adapter, extra=extra)
+        log_name = "server.log" if count == 1 else f"server-{index}.log"
+        prefix = [str(a).replace("{index}", str(index)) for a in server.launch_prefix]
+        processes.append(ServerProcess(command, env, work_dir / log_name, url, launch_prefix=prefix,
+                                       grace_s=float(server.stop_grace_s), cleanup_dir=work_dir if temporary else None))
+        urls.append(url)
+    began = time.perf_counter()
+    for process in processes:
+        process.launch()  # from this thread: a guard's parent-death signal follows the thread that started it
+    with ThreadPoolExecutor(max_workers=count) as pool:
+        waiting = [pool.submit(p.wait_ready, float(server.startup_timeout_s)) for p in processes]
+        try:
+            for future in waiting:
+                future.result()
+        except BaseException:
+            for process in processes:
+                process.stop()
+            raise
+    log.info("rollout server: up in %.1f s (%d child server%s)", time.perf_counter() - began, count,
+             "" if count == 1 else "s")
+    return urls, processes

@@ -105,9 +105,8 @@ class Hints(Stage):
         else:  # "prefix": continuation from a token prefix (the plain prompt + the first tokens of the solution)
             contexts = [ids + prefix for ids, (_, _, prefix) in zip(plain_ids, chosen)]
             budget = max(1, ctx.max_new_tokens - max(len(prefix) for _, _, prefix in chosen))
-        extra = {"schedule": ctx.schedule} if ctx.schedule is not None else {}
         out = ctx.generator.generate_ids(contexts, max_new_tokens=budget, seeds=seeds, samples_per_prompt=samples,
-                                         min_new_tokens=min(ctx.min_new_tokens, budget), **extra)
+                                         min_new_tokens=min(ctx.min_new_tokens, budget), schedule=ctx.schedule)
         prefixes = [prefix for _, _, prefix in chosen for _ in range(samples)]
         if hints.placement == "prefix":  # the row's completion holds the prefix (not trained) and the continuation
             out = Generation([p + ids for p, ids in zip(prefixes, out.ids)],
@@ -115,7 +114,7 @@ class Hints(Stage):
                              if out.logprobs is not None else None,
                              out.stopped)
         texts = ctx.tokenizer.batch_decode(_padded(out.ids, pad), skip_special_tokens=True)
-        version = getattr(ctx.generator, "version", 0)
+        version = ctx.generator.version
         trained = Rollout.from_ids(plain_ids, out, samples, pad, texts, version=version)
         skip = [len(p) for p in prefixes] if hints.placement == "prefix" else [0] * len(prefixes)
         trained = _mask_prefixes(trained, skip, ctx.schedule)
