@@ -116,6 +116,16 @@ def prefix_pad(prompts: list[list[int]], pad_id: int, shared: int) -> tuple[torc
     return torch.cat([head, ids], dim=1), torch.cat([torch.ones_like(head), mask], dim=1)
 
 
+def completion_texts(tokenizer, ids: list[list[int]]) -> list[str]:
+    """Each row's text: the token-id lists right-padded with the pad id to one (N, C) tensor, decoded in one call with
+    the special tokens (the pad among them) skipped. Every producer decodes its sampled ids through it."""
+    width = max((len(row) for row in ids), default=0)
+    padded = torch.full((len(ids), width), tokenizer.pad_token_id, dtype=torch.long)  # (N, C)
+    for i, row in enumerate(ids):
+        padded[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return tokenizer.batch_decode(padded, skip_special_tokens=True)
+
+
 def shared_prefixes(rows: list[list[int]]) -> tuple[list[list[int]], list[int]]:
     """(the distinct token-id lists of `rows` in order of first appearance, the index of each row's among them)."""
     index: dict[tuple[int, ...], int] = {}
@@ -318,11 +328,7 @@ def sample_rollout(generator: Generator, tokenizer, prompts: list[str], draw: Dr
     prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]  # B lists of ids
     out = generator.generate_ids(prompt_ids, samples_per_prompt=samples_per_prompt, max_new_tokens=draw.max_new_tokens,
                                  seeds=seeds, greedy=draw.greedy, min_new_tokens=draw.min_new_tokens, schedule=schedule)
-    width_c = max((len(c) for c in out.ids), default=0)
-    padded = torch.full((len(out.ids), width_c), tokenizer.pad_token_id, dtype=torch.long)
-    for row, ids in enumerate(out.ids):
-        padded[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-    texts = tokenizer.batch_decode(padded, skip_special_tokens=True)
+    texts = completion_texts(tokenizer, out.ids)
     rollout = Rollout.from_ids(prompt_ids, out, samples_per_prompt, tokenizer.pad_token_id, texts,
                                version=generator.version)
     if schedule is not None:  # the temperature each token was drawn at (1.0 on padding, which carries no loss)

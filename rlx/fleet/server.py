@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from rlx.config.groups import ServerRollout, ServerSettings
 from rlx.engines.generator import refuse_continuation, refuse_schedule
 from rlx.engines.hf import eos_ids
 from rlx.engines.records import Generation
@@ -95,10 +96,9 @@ class FleetOptions:
         return max(self.probe_rows, 1) if self.strict else self.probe_rows
 
     @classmethod
-    def of(cls, server) -> FleetOptions:
-        return cls(restarts=int(getattr(server, "restarts", 0)), strict=bool(getattr(server, "strict", False)),
-                   probe_rows=int(getattr(server, "invariance_probe_rows", 0)),
-                   probe_every=int(getattr(server, "invariance_probe_every", 1)))
+    def of(cls, server: ServerSettings) -> FleetOptions:
+        return cls(restarts=int(server.restarts), strict=bool(server.strict),
+                   probe_rows=int(server.invariance_probe_rows), probe_every=int(server.invariance_probe_every))
 
 
 def continuation_seed(seed: int, prefix_length: int) -> int:
@@ -389,11 +389,11 @@ class ServerGenerator:
             shutil.rmtree(self.work_dir, ignore_errors=True)
 
 
-def build_server_generator(rollout_cfg, model, tokenizer, seed: int) -> ServerGenerator:
+def build_server_generator(rollout: ServerRollout, model, tokenizer, seed: int) -> ServerGenerator:
     """rollout=server: write the served checkpoint, start the child server (or reach rollout.server.urls), put
     the policy's weights there as version 0."""
-    check_server_settings(rollout_cfg)
-    server = rollout_cfg.server
+    check_server_settings(rollout)
+    server = rollout.server
     kind = PUBLISHERS[publisher_name(str(server.publisher), str(server.lora_push), is_peft(model))]
     adapter = kind.adapter
     if server.work_dir:
@@ -410,7 +410,7 @@ def build_server_generator(rollout_cfg, model, tokenizer, seed: int) -> ServerGe
     if server.urls:
         urls, processes = normalize_urls(server.urls, bool(server.allow_remote)), []
     else:
-        urls, processes = start_children(rollout_cfg, model, served, work_dir, seed, kind, temporary=remove)
+        urls, processes = start_children(rollout, model, served, work_dir, seed, kind, temporary=remove)
     client = ServerClient(urls, RequestPolicy.of(server), exit_notes=[p.exit_note for p in processes] or None,
                           tolerates_loss=kind.survives_loss)
     try:
@@ -422,8 +422,8 @@ def build_server_generator(rollout_cfg, model, tokenizer, seed: int) -> ServerGe
             process.stop()
         raise RolloutServerError(f"the rollout server(s) did not list their model (/v1/models): {exc}",
                                  resumable=False) from None
-    sampling = {"temperature": float(rollout_cfg.temperature), "top_p": float(rollout_cfg.top_p),
-                "top_k": int(rollout_cfg.top_k)}
+    sampling = {"temperature": float(rollout.temperature), "top_p": float(rollout.top_p),
+                "top_k": int(rollout.top_k)}
     publisher = kind(client, work_dir, server)
     served_model = ServedModel(names[0], tokenizer, eos_ids(model, tokenizer),
                                int(model.get_output_embeddings().weight.shape[0]))

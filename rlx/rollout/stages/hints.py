@@ -26,6 +26,7 @@ import torch
 
 from rlx.algorithms.grouping import dense_ids, group_all
 from rlx.algorithms.shaping import correct_from_accuracy
+from rlx.engines.generator import completion_texts
 from rlx.engines.records import Generation, Rollout
 from rlx.engines.sampling import sample_seed
 from rlx.rollout.prompts import format_prompts
@@ -161,7 +162,7 @@ class Hints(Stage):
                              [[0.0] * len(p) + lp for p, lp in zip(prefixes, out.logprobs)]
                              if out.logprobs is not None else None,
                              out.stopped)
-        texts = ctx.tokenizer.batch_decode(_padded(out.ids, pad), skip_special_tokens=True)
+        texts = completion_texts(ctx.tokenizer, out.ids)
         version = ctx.generator.version
         trained = Rollout.from_ids(plain_ids, out, samples, pad, texts, version=version)
         skip = [len(p) for p in prefixes] if hints.placement == "prefix" else [0] * len(prefixes)
@@ -209,14 +210,6 @@ def _with_hint(row: dict, hint: str, template: str) -> dict:
         messages[last]["content"] = hinted_message(messages[last]["content"], hint, template)
         return dict(row, prompt=messages)
     return dict(row, prompt=hinted_message(prompt, hint, template))
-
-
-def _padded(ids: list[list[int]], pad: int) -> torch.Tensor:
-    width = max((len(r) for r in ids), default=0)
-    out = torch.full((len(ids), width), pad, dtype=torch.long)
-    for row, values in enumerate(ids):
-        out[row, : len(values)] = torch.tensor(values, dtype=torch.long)
-    return out
 
 
 @STAGES.register("hints")
