@@ -41,7 +41,6 @@ from rlx.fleet.client import health
 
 if TYPE_CHECKING:
     from rlx.config.groups import ServerRollout
-    from rlx.fleet.publishers import WeightPublisher
 
 log = logging.getLogger("rlx")
 
@@ -355,10 +354,11 @@ def check_publisher(publisher: str, *, has_cuda: bool | None = None, has_vllm: b
 
 
 def start_children(rollout: ServerRollout, model, served: Path, work_dir: Path, seed: int,
-                   publisher: type[WeightPublisher], temporary: bool) -> tuple[list[str], list[ServerProcess]]:
+                   publisher: type, temporary: bool) -> tuple[list[str], list[ServerProcess]]:
     """rollout.server.num_servers child servers on ports the OS picks, started side by side; `{index}` in
     launch_prefix and env values becomes the server's index (0, 1, ...), e.g. [taskset, -c, "{index}"] pins
-    server i to core i. Each logs to server.log (one server) or server-<i>.log."""
+    server i to core i. Each logs to server.log (one server) or server-<i>.log. `publisher`: the run's
+    WeightPublisher class (rlx/fleet/publishers.py), whose server flags and environment each child gets."""
     from concurrent.futures import ThreadPoolExecutor
 
     server = rollout.server
