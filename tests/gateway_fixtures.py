@@ -25,6 +25,8 @@ class ScriptedGenerator:
     closed with the stop token, or a list of ids taken as sampled), log-prob -0.5 per token. Records every
     call (contexts, seeds, budgets) so tests can read what the gateway asked for."""
 
+    version = 0
+
     def __init__(self, reply, temperature: float = 1.0, fail: bool = False):
         self.reply, self.fail = reply, fail
         tiny_tokenizer()  # loaded here, not inside the first timed batch

@@ -128,6 +128,8 @@ def test_textarena_guess_the_number_plays_seeded_episodes():
     ids = tokenizer("[10]", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
 
     class Fixed:
+        version = 0
+
         def generate_ids(self, prompts, *, max_new_tokens, seeds, greedy=False):
             return Generation([list(ids) for _ in prompts], [[0.0] * len(ids) for _ in prompts], [True] * len(prompts))
 

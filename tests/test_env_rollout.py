@@ -18,6 +18,8 @@ def tokenizer():
 class Scripted:
     """A generator that 'samples' fixed token ids (one list per turn, the same for every row)."""
 
+    version = 0
+
     def __init__(self, turns, stop=True):
         self.turns, self.stop, self.calls = turns, stop, 0
 

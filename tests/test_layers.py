@@ -169,8 +169,8 @@ def test_config_learns_registry_names_from_what_registries_publish():
     from rlx.envs.registry import ENVIRONMENTS
     from rlx.gateway.tools import TOOL_PARSERS
     from rlx.registry import published
-    from rlx.rollout.replay import TRIGGERS
-    from rlx.rollout.temperature import TEMPERATURE_SCHEDULES
+    from rlx.rollout.stages.replay import TRIGGERS
+    from rlx.rollout.stages.temperature import TEMPERATURE_SCHEDULES
     from rlx.tasks import VERIFIERS
 
     assert CUSTOM == ENV_CUSTOM

@@ -1,22 +1,15 @@
-"""Seed ideas on the rollout side (issue 29): EAD's per-token temperature, hints for all-fail groups and the
-two prompt contexts of a hinted row. Hand-derived numbers in the docstrings."""
+"""Seed ideas on the rollout side (issue 29): EAD's per-token temperature, the hints stage's choice of all-fail
+groups and the ratio of a hinted row. Hand-derived numbers in the docstrings."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from rlx.algorithms.losses import clipped_surrogate
-from rlx.rollout.hints import (
-    groups_to_hint,
-    guide_contexts,
-    hint_fraction,
-    hint_prefix,
-    hinted_message,
-    reference_solution,
-    rescued_fraction,
-)
-from rlx.rollout.temperature import (
+from rlx.rollout.stages.hints import Hints, hint_fraction, hint_prefix, hinted_message, reference_solution
+from rlx.rollout.stages.temperature import (
     TEMPERATURE_SCHEDULES,
     ead_decay,
     hot_tokens,
@@ -89,36 +82,31 @@ def test_hint_is_a_prefix_of_the_reference_and_rows_without_one_are_left_alone()
     assert reference_solution({"question": "?"}, "answer", completion_template=template) is None
     assert reference_solution({"solution": "  "}, "column", column="solution") is None
     assert reference_solution({"solution": "3 + 4 = 7"}, "column", column="solution") == "3 + 4 = 7"
-    assert hinted_message("What is 3+4?", "<answer>") == "What is 3+4?\nHint: the solution begins with: <answer>"
+    assert hinted_message("What is 3+4?", "<answer>", "{prompt}\nHint: {hint}") == "What is 3+4?\nHint: <answer>"
     with pytest.raises(ValueError, match="valid choices: column, answer"):
         reference_solution({}, "teacher")
 
 
-def test_only_all_fail_groups_with_a_usable_hint_are_hinted():
-    """Groups [0, 0 | 1, 1 | 2, 2]: group 0 failed entirely and has a hint -> hinted; group 1 has a correct
-    sample -> not; group 2 failed but has no usable hint -> left alone."""
-    hinted = groups_to_hint(T([False, False, True, False, False, False]), T([0, 0, 1, 1, 2, 2]),
-                            T([True, True, True, True, False, False]))
-    assert hinted.tolist() == [True, True, False, False, False, False]
-    assert rescued_fraction(T([False, True, False, False]), T([4, 4, 9, 9])) == 0.5  # group 4 rescued, group 9 not
-
-
-def test_guide_contexts_pad_and_choose_the_behaviour_prompt():
-    """Row 0 hinted: plain [5, 6] (left-padded to width 3 as [0, 5, 6]) vs hinted [5, 6, 7, 8]; row 1 plain.
-    Both contexts padded to width 4; policy = plain for every row; behaviour = hinted for row 0 only."""
-    plain_ids, plain_mask = T([[0, 5, 6], [9, 9, 9]]), T([[0, 1, 1], [1, 1, 1]])
-    hinted_ids, hinted_mask = T([[5, 6, 7, 8], [0, 9, 9, 9]]), T([[1, 1, 1, 1], [0, 1, 1, 1]])
-    out = guide_contexts(plain_ids, plain_mask, hinted_ids, hinted_mask, T([True, False]), pad_id=0)
-    assert out["policy_ids"].tolist() == [[0, 0, 5, 6], [0, 9, 9, 9]]
-    assert out["policy_mask"].tolist() == [[0, 0, 1, 1], [0, 1, 1, 1]]
-    assert out["behaviour_ids"].tolist() == [[5, 6, 7, 8], [0, 9, 9, 9]]
-    assert out["behaviour_mask"].tolist() == [[1, 1, 1, 1], [0, 1, 1, 1]]
+def test_the_stage_hints_only_all_fail_groups_with_a_usable_hint():
+    """Groups [0, 0 | 1, 1 | 2, 2]: group 0 failed entirely and its row has an answer -> hinted, from its first row,
+    with the first ceil(0.5 x 19) = 10 characters of "<answer>12</answer>" (a tokenizer of one id per character);
+    group 1 has a correct sample -> not; group 2 failed but its row has no answer -> left alone, yet counted among
+    the all-fail groups (2 of them)."""
+    hints = SimpleNamespace(source="answer", column=None)
+    part = SimpleNamespace(correct=T([False, False, True, False, False, False]), groups=T([0, 0, 1, 1, 2, 2]),
+                           rows=[{"answer": "12"}] * 4 + [{"question": "?"}] * 2)
+    ctx = SimpleNamespace(completion_template="<answer>{answer}</answer>",
+                          tokenizer=lambda text, add_special_tokens: {"input_ids": [ord(c) for c in text]})
+    chosen, all_fail = Hints(hints, "accuracy").chosen_groups(part, ctx, 0.5)
+    assert all_fail == 2
+    assert chosen == [(0, 0, [ord(c) for c in "<answer>12"])]
 
 
 def test_a_hinted_success_raises_the_no_hint_probability():
     """Direction: a tabular policy whose logits depend on the prompt's last token (plain prompt ends in 6,
     hinted prompt in 8; separate logits). The hinted sample drew token 1 and succeeded (A = +1). With the
-    ratio's numerator taken in the policy context guide_contexts returns (the plain prompt), one SGD step
+    ratio's numerator taken in the plain prompt (the training row's; the hinted one is Batch.context's, the
+    denominator: tests/test_seed_wiring.py checks the stage builds them so), one SGD step
     raises pi(token 1 | plain prompt), the probability used at test time; the hinted context's logits get no
     gradient. (Had the numerator used the hinted context, the plain probability would not move.)"""
     table = {6: torch.zeros(3, requires_grad=True), 8: torch.tensor([0.0, 2.0, 0.0], requires_grad=True)}
@@ -126,10 +114,10 @@ def test_a_hinted_success_raises_the_no_hint_probability():
     def logp(prompt_ids, token):
         return torch.stack([torch.log_softmax(table[int(row[-1])], 0)[token] for row in prompt_ids]).unsqueeze(1)
 
-    contexts = guide_contexts(T([[5, 6]]), T([[1, 1]]), T([[5, 6, 7, 8]]), T([[1, 1, 1, 1]]), T([True]), pad_id=0)
+    plain, hinted = T([[5, 6]]), T([[5, 6, 7, 8]])
     before = torch.softmax(table[6], 0)[1].item()
-    old = logp(contexts["behaviour_ids"], 1).detach()  # the sampler's context: the hinted prompt
-    loss, _ = clipped_surrogate(logp(contexts["policy_ids"], 1), old, T([1.0]), torch.ones(1, 1), 0.2, 0.2)
+    old = logp(hinted, 1).detach()  # the sampler's context: the hinted prompt
+    loss, _ = clipped_surrogate(logp(plain, 1), old, T([1.0]), torch.ones(1, 1), 0.2, 0.2)
     loss.sum().backward()
     assert table[8].grad is None or table[8].grad.abs().sum() == 0
     with torch.no_grad():

@@ -11,7 +11,7 @@ from rlx.algorithms.entropy_band import EntropyHistory
 from rlx.algorithms.grouping import fixed_groups
 from rlx.algorithms.shaping import LaserDTargets
 from rlx.data.difficulty import DifficultySampler, sampling_weights
-from rlx.rollout.replay import ReplayBuffer, ReplayEntry, fill_buffer, replay_plan, sample_entries
+from rlx.rollout.stages.replay import ReplayBuffer, ReplayEntry, fill_buffer, replay_plan, sample_entries
 
 T = torch.tensor
 

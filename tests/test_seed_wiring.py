@@ -192,6 +192,22 @@ def test_prefix_hints_continue_from_the_reference_and_train_only_what_was_sample
     assert batch.metrics["hints/hinted_groups"] == 3 and batch.metrics["hints/all_fail_groups"] == 3
 
 
+def test_the_hints_stage_counts_the_all_fail_groups_its_hints_rescue():
+    """Three all-fail groups, each hinted with its whole reference "<answer>7</answer>" as a prefix (fraction 1); the
+    reward pays only "3 + 4"'s completions that hold it, so the hinted re-samples of that group are correct and the
+    other two groups stay failed: hints/rescued_frac = 1 / 3."""
+
+    def reward(prompts, completions, **row):
+        return [float("3 + 4" in p and "<answer>7</answer>" in c) for p, c in zip(prompts, completions)]
+
+    producer, _, _ = _producer("algorithm.hints.enabled=true", "algorithm.hints.placement=prefix",
+                               "algorithm.hints.fraction_start=1.0", "algorithm.hints.anneal_steps=0",
+                               "algorithm.hints.fraction_end=1.0", reward=reward)
+    metrics = producer.produce(1).metrics
+    assert metrics["hints/all_fail_groups"] == 3 and metrics["hints/hinted_groups"] == 3
+    assert metrics["hints/rescued_frac"] == pytest.approx(1 / 3)
+
+
 @torch.no_grad()
 def test_guide_hints_take_the_ratios_denominator_in_the_hinted_context():
     """placement=prompt: the training rows carry the plain prompt, Batch.context (a HintedContext) the hinted one;

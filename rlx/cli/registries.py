@@ -39,9 +39,9 @@ from rlx.fleet.publishers import PUBLISHERS
 from rlx.gateway.tools import TOOL_PARSERS  # noqa: F401  (env.tool_parser's names: published, not a plugin kind)
 from rlx.registry import Registry, UnknownName
 from rlx.rollout.producers import PRODUCERS
-from rlx.rollout.replay import TRIGGERS
 from rlx.rollout.stages import STAGES
-from rlx.rollout.temperature import TEMPERATURE_SCHEDULES
+from rlx.rollout.stages.replay import TRIGGERS
+from rlx.rollout.stages.temperature import TEMPERATURE_SCHEDULES
 from rlx.tasks import READERS, VERIFIERS, register_verifier
 
 

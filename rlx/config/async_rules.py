@@ -14,12 +14,12 @@ PRODUCER_FAMILIES = ("policy_gradient", "ppo", "agent")
 SINGLE_TURN_FAMILIES = ("policy_gradient", "ppo")
 
 
-def check_async_settings(cfg: TrainConfig, processes: int) -> None:
+def check_async_settings(settings: TrainConfig, processes: int) -> None:
     """The off-policy correction's knobs, then what asynchronous and partial rollouts need (a family with a producer,
     a correction, what the rollout backend gives), then what several processes allow when rank 0 alone samples
     (rollout=server, pipeline mode): one line naming the first problem and its fix."""
-    refuse_first([*correction_problems(cfg.rollout), *stale_problems(cfg, processes), *overlap_problems(cfg),
-                  *rank_zero_problems(cfg, processes)])
+    refuse_first([*correction_problems(settings.rollout), *stale_problems(settings, processes),
+                  *overlap_problems(settings), *rank_zero_problems(settings, processes)])
 
 
 def holds_full_parameters(hardware) -> bool:
@@ -37,15 +37,15 @@ def strategy_name(hardware) -> str:
     return f"hardware.distributed={hardware.distributed}"
 
 
-def gathers_to_publish(cfg) -> bool:
+def gathers_to_publish(settings: TrainConfig) -> bool:
     """rollout=server or pipeline mode where the policy's parameters are shards (FSDP2, ZeRO-3): each publish gathers
     the full weights into rank 0's CPU copy of the policy (rlx/rollout/rank_zero.py GatheredPublish), which rank 0
     publishes to the servers or hands to the pipeline's own copy of the policy."""
-    return (cfg.rollout.backend == "server" or bool(cfg.rollout.max_staleness)) and not holds_full_parameters(
-        cfg.hardware)
+    return (settings.rollout.backend == "server" or bool(settings.rollout.max_staleness)) and not holds_full_parameters(
+        settings.hardware)
 
 
-def rank_zero_reason(cfg: TrainConfig, processes: int) -> str | None:
+def rank_zero_reason(settings: TrainConfig, processes: int) -> str | None:
     """The knob that makes rank 0 alone sample each step's global batch in a run on `processes` processes
     (rlx/rollout/rank_zero.py: rank 0 samples without collectives, broadcasts the batch, each rank trains its
     shard), or None when every rank samples its own shard (or there is one process). rollout=server: one fleet,
@@ -53,7 +53,7 @@ def rank_zero_reason(cfg: TrainConfig, processes: int) -> str | None:
     carried groups; a producer of the user's own (rollout.producer), which need not know about processes; and, in
     the single-turn families, the producer's group stages, dynamic sampling and the temperature schedule, which read
     a step's whole set of groups (and keep per-prompt state) as one process does."""
-    roll, algo = cfg.rollout, cfg.algorithm
+    roll, algo = settings.rollout, settings.algorithm
     if processes <= 1:
         return None
     if roll.backend == "server":
@@ -84,39 +84,39 @@ def as_written(value) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def rank_zero_problems(cfg: TrainConfig, processes: int) -> list[str]:
+def rank_zero_problems(settings: TrainConfig, processes: int) -> list[str]:
     """Several processes where rank 0 alone samples the global batch and broadcasts it (rank_zero_reason). What that
     needs: a family trained from a producer (single-turn rows or episodes, sharded by whole tasks), every rank
     holding the full parameters (rank 0 samples with, and publishes, its own), and a row count that splits evenly
     over the processes."""
-    what = rank_zero_reason(cfg, processes)
+    what = rank_zero_reason(settings, processes)
     if what is None:
         return []
     # under FSDP2 / ZeRO-3 rank 0 samples through servers or the pipeline's own full copy of the policy, each given
     # the weights gathered from the shards (gathers_to_publish); its own sharded policy cannot sample alone
     return broken([
-        (cfg.algorithm.family not in PRODUCER_FAMILIES,
+        (settings.algorithm.family not in PRODUCER_FAMILIES,
          f"{what} with {processes} processes samples on rank 0 and shards its rows (single-turn samples or episodes) "
-         f"over the ranks, and algorithm={cfg.algorithm.name} (family {cfg.algorithm.family}) trains from no producer; "
-         f"set hardware.num_processes=1"),
-        (not holds_full_parameters(cfg.hardware) and not gathers_to_publish(cfg),
+         f"over the ranks, and algorithm={settings.algorithm.name} (family {settings.algorithm.family}) trains from "
+         f"no producer; set hardware.num_processes=1"),
+        (not holds_full_parameters(settings.hardware) and not gathers_to_publish(settings),
          f"{what} with {processes} processes samples with rank 0's parameters, and under "
-         f"{strategy_name(cfg.hardware)} they are shards (rank 0 gathers a full copy only for servers or pipeline "
+         f"{strategy_name(settings.hardware)} they are shards (rank 0 gathers a full copy only for servers or pipeline "
          f"mode: rollout=server or rollout.max_staleness); use hardware=ddp or hardware.num_processes=1"),
-        (knob_value(cfg.algorithm, "hints.enabled", False),
+        (knob_value(settings.algorithm, "hints.enabled", False),
          f"algorithm.hints.enabled=true adds hinted re-samples to their groups, so a step's row count varies and does "
          f"not split evenly over {processes} processes; set hardware.num_processes=1 or algorithm.hints.enabled=false"),
     ])
 
 
-def overlap_problems(cfg: TrainConfig) -> list[str]:
+def overlap_problems(settings: TrainConfig) -> list[str]:
     """The rows of rollout.server.overlap_steps (rlx/fleet/overlap.py): nothing when it is off."""
-    roll = cfg.rollout
+    roll = settings.rollout
     server = getattr(roll, "server", None)
     if server is None or not getattr(server, "overlap_steps", False):
         return []
-    lora = cfg.model.lora.enabled and server.lora_push == "adapter"
-    stages = producer_knobs_set(cfg.algorithm)
+    lora = settings.model.lora.enabled and server.lora_push == "adapter"
+    stages = producer_knobs_set(settings.algorithm)
     return broken([
         (not (roll.partial and roll.segment_tokens and roll.max_staleness),
          "rollout.server.overlap_steps=true overlaps the token-budget rounds of consecutive steps sampled ahead of the "
@@ -153,9 +153,9 @@ def correction_problems(roll) -> list[str]:
     ])
 
 
-def stale_problems(cfg: TrainConfig, processes: int) -> list[str]:
+def stale_problems(settings: TrainConfig, processes: int) -> list[str]:
     """The rows of rollout.max_staleness and rollout.partial: nothing when both are off."""
-    roll, family = cfg.rollout, cfg.algorithm.family
+    roll, family = settings.rollout, settings.algorithm.family
     staleness, partial = int(roll.max_staleness), bool(roll.partial)
     if not partial and roll.segment_tokens:
         return ["rollout.segment_tokens cuts partial rollouts into token-budget rounds; set rollout.partial=true (and "
@@ -168,10 +168,10 @@ def stale_problems(cfg: TrainConfig, processes: int) -> list[str]:
     what = f"rollout.max_staleness={staleness}" if staleness else "rollout.partial=true"
     kinds = "policy-gradient, PPO and agent" if staleness else "single-turn policy-gradient and PPO"
     gives = ROLLOUT_GIVES[roll.backend]
-    sampling = knob_value(cfg.algorithm, "prompt_sampling.mode", "uniform")  # DPO has no sampler
+    sampling = knob_value(settings.algorithm, "prompt_sampling.mode", "uniform")  # DPO has no sampler
     return broken([
         (family not in (PRODUCER_FAMILIES if staleness else SINGLE_TURN_FAMILIES),
-         f"{what} samples the rows of the {kinds} families, not algorithm={cfg.algorithm.name} (family {family}); "
+         f"{what} samples the rows of the {kinds} families, not algorithm={settings.algorithm.name} (family {family}); "
          f"leave it at its default"),
         (roll.correction == "none" and getattr(roll, "tis_cap", None) is None,
          f"{what} trains on rows sampled by older weights: set an off-policy correction, e.g. rollout.correction=tis"),
@@ -182,7 +182,7 @@ def stale_problems(cfg: TrainConfig, processes: int) -> list[str]:
          f"rollout.partial=true continues unfinished rows from their tokens, which rollout={roll.backend} does "
          f"only in rounds of rollout.segment_tokens (a server cannot stop early) or not at all; set "
          f"rollout.segment_tokens (e.g. 16) with rollout=server, or use rollout=hf"),
-        (partial and getattr(cfg.algorithm, "dynamic_sampling", False),
+        (partial and getattr(settings.algorithm, "dynamic_sampling", False),
          "rollout.partial=true and algorithm.dynamic_sampling both decide which groups a step trains; set "
          "algorithm.dynamic_sampling=false"),
         # the seed stages run on the groups each step finishes (rlx/rollout/partial.py); two cannot, by what they are

@@ -78,7 +78,7 @@ class PromptSampling:
 
 @dataclass
 class Replay:
-    """algorithm.replay: replay into collapsed groups (rlx/rollout/replay.py)."""
+    """algorithm.replay: replay into collapsed groups (rlx/rollout/stages/replay.py)."""
 
     enabled: bool = field()
     trigger: ReplayTrigger = field()
@@ -88,7 +88,7 @@ class Replay:
 
 @dataclass
 class Hints:
-    """algorithm.hints: hints for all-fail groups (rlx/rollout/hints.py)."""
+    """algorithm.hints: hints for all-fail groups (rlx/rollout/stages/hints.py)."""
 
     enabled: bool = field()
     placement: HintPlacement = field()

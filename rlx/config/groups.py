@@ -81,7 +81,7 @@ OnInvalid = choices("OnInvalid", ("raise", "skip"))  # rlx.data.preferences.ON_I
 Reference = choices("Reference", ("precompute", "model"))
 WandbMode = choices("WandbMode", ("online", "offline", "disabled"))
 Progress = Literal["auto", True, False]
-HintSource = choices("HintSource", ("answer", "column"))  # rlx.rollout.hints.reference_solution
+HintSource = choices("HintSource", ("answer", "column"))  # rlx.rollout.stages.hints.reference_solution
 AnswerPrompt = choices("AnswerPrompt", ("tags", "bare"))  # rlx.config.ANSWER_PROMPTS (a test keeps them equal)
 HintPlacement = choices("HintPlacement", ("prompt", "prefix"))  # rlx/rollout/stages/hints.py
 
@@ -191,7 +191,7 @@ class Model:
 
 @dataclass
 class TemperatureSchedule:
-    """rollout.temperature_schedule: per-token temperature within a generation (rlx/rollout/temperature.py)."""
+    """rollout.temperature_schedule: per-token temperature within a generation (rlx/rollout/stages/temperature.py)."""
 
     mode: TemperatureMode = field()
     tau_max: float = positive()

@@ -12,12 +12,16 @@ before the rules were tables. The rollout backends declare what they give in `RO
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from rlx.algorithms.advantages import ESTIMATORS, SCALES, EstimatorNeeds
 from rlx.algorithms.gigpo import CREDIT
 from rlx.algorithms.shaping import SHAPERS
 from rlx.algorithms.transforms import TRANSFORMS
 from rlx.errors import UserError
+
+if TYPE_CHECKING:
+    from rlx.config.schema import TrainConfig
 
 
 def refuse_first(problems: Iterable[str]) -> None:
@@ -93,18 +97,18 @@ def shaper_knob_problems(names, shaping) -> list[str]:
             for name in names for knob, what in SHAPERS.needs(name).knobs if not getattr(shaping, knob)]
 
 
-def check_entry_needs(cfg) -> None:
+def check_entry_needs(settings: TrainConfig) -> None:
     """The policy-gradient and PPO families: the chosen estimator's and transforms' needs against the settings."""
-    algo, samples = cfg.algorithm, cfg.rollout.samples_per_prompt
+    algo, samples = settings.algorithm, settings.rollout.samples_per_prompt
     problems = estimator_problems(algo.advantage, ESTIMATORS.needs(algo.advantage), algo, samples)
     problems += transform_problems(getattr(algo, "transforms", None) or [], algo, samples)
     if problems:
         raise UserError(problems[0])
 
 
-def check_credit_needs(cfg) -> None:
+def check_credit_needs(settings: TrainConfig) -> None:
     """The agent family: the knobs the chosen credit rule declared it needs are set."""
-    algo = cfg.algorithm
+    algo = settings.algorithm
     unset = [knob for knob in CREDIT.needs(algo.credit).knobs if getattr(algo, knob, None) is None]
     if unset:
         raise UserError(f"algorithm.credit={algo.credit} needs algorithm.{unset[0]}: set algorithm.{unset[0]}=VALUE "

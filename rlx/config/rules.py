@@ -18,63 +18,63 @@ from rlx.config.seed_rules import check_agent_seed_settings, check_seed_settings
 from rlx.errors import UserError
 
 
-def check_settings(cfg: TrainConfig) -> None:
-    """Combinations that make no sense stop the run before any work, naming the settings (`cfg`: the typed
+def check_settings(settings: TrainConfig) -> None:
+    """Combinations that make no sense stop the run before any work, naming the settings (`settings`: the typed
     settings of a config whose knobs check_config passed, rlx.config.settings.checked_settings)."""
-    family = cfg.algorithm.family
-    if cfg.env is not None and family not in EPISODE_FAMILIES:
-        raise UserError(f"env={cfg.env.name} trains on episodes of the environment, which "
-                        f"algorithm={cfg.algorithm.name} (family {family}) does not play: pick an agent algorithm "
+    family = settings.algorithm.family
+    if settings.env is not None and family not in EPISODE_FAMILIES:
+        raise UserError(f"env={settings.env.name} trains on episodes of the environment, which "
+                        f"algorithm={settings.algorithm.name} (family {family}) does not play: pick an agent algorithm "
                         "(algorithm=agent_grpo | gigpo | mt_grpo) or leave env out")
     for check in FAMILY_CHECKS[family]:
-        check(cfg)
-    check_mixture(cfg)
-    check_quantized_rollout(cfg)
-    for name, spec in cfg.reward.components.items():
+        check(settings)
+    check_mixture(settings)
+    check_quantized_rollout(settings)
+    for name, spec in settings.reward.components.items():
         if spec.get("_target_") == "rlx.rewards.model.model_reward" and not spec.get("path"):
             raise UserError(f"reward component '{name}' needs a reward model: set reward.components.{name}.path=PATH "
                             "(an rlx reward-model run directory, a save_pretrained folder or a hub id; a list is an "
                             "ensemble)")
 
 
-def check_mixture(cfg: TrainConfig) -> None:
+def check_mixture(settings: TrainConfig) -> None:
     """mixture.rule weights the policy-gradient loss of single-turn rows; with reasoning-gym tasks, the weights must
     name tasks of the run (other sources are checked against their rows when the data is loaded)."""
-    mixture = getattr(cfg, "mixture", None)
+    mixture = getattr(settings, "mixture", None)
     if mixture is None or mixture.rule == "none":
         return
-    if cfg.algorithm.family != "policy_gradient":
+    if settings.algorithm.family != "policy_gradient":
         raise UserError(f"mixture.rule={mixture.rule} weights the policy-gradient loss of each objective, and "
-                        f"algorithm={cfg.algorithm.name} is of family {cfg.algorithm.family}; pick a GRPO-family "
-                        f"algorithm or set mixture.rule=none")
+                        f"algorithm={settings.algorithm.name} is of family {settings.algorithm.family}; pick a "
+                        f"GRPO-family algorithm or set mixture.rule=none")
     if mixture.weights is not None and mixture.rule != "fixed":
         raise UserError(f"mixture.weights is read by mixture.rule=fixed only, and mixture.rule={mixture.rule} moves "
                         "its own weights; set mixture.weights=null or mixture.rule=fixed")
-    if cfg.data.source == "reasoning_gym" and mixture.key == "task":
-        tasks = [cfg.data.task] if isinstance(cfg.data.task, str) else [str(t) for t in cfg.data.task]
+    if settings.data.source == "reasoning_gym" and mixture.key == "task":
+        tasks = [settings.data.task] if isinstance(settings.data.task, str) else [str(t) for t in settings.data.task]
         stray = sorted(set(mixture.weights or {}) - set(tasks))
         if stray:
             raise UserError(f"mixture.weights names '{stray[0]}', which is not a task of this run (data.task: "
                             f"{', '.join(tasks)}); fix or remove that entry")
 
 
-def check_quantized_rollout(cfg: TrainConfig) -> None:
+def check_quantized_rollout(settings: TrainConfig) -> None:
     """rollout.quantize=int8 is rlx's own decode step from an 8-bit copy of the policy (rollout=hf, on the CPU)."""
-    quantize = getattr(cfg.rollout, "quantize", "none")
+    quantize = getattr(settings.rollout, "quantize", "none")
     if quantize == "none":
         return
-    if not ROLLOUT_GIVES[cfg.rollout.backend].int8_decoding:
+    if not ROLLOUT_GIVES[settings.rollout.backend].int8_decoding:
         raise UserError(f"rollout.quantize={quantize} is rlx's 8-bit decode step (rollout=hf), which "
-                        f"rollout={cfg.rollout.backend} does not run; set rollout.quantize=none")
-    if not cfg.hardware.cpu:
+                        f"rollout={settings.rollout.backend} does not run; set rollout.quantize=none")
+    if not settings.hardware.cpu:
         raise UserError(f"rollout.quantize={quantize} decodes through fbgemm's int8 kernels, on the CPU only; set "
                         f"rollout.quantize=none or hardware=cpu")
 
 
-def check_rollout_batch(cfg: TrainConfig) -> None:
+def check_rollout_batch(settings: TrainConfig) -> None:
     """The rollout batch of the policy-gradient and PPO families: sizes and its split into mini-batches."""
-    algo = cfg.algorithm
-    batch = cfg.prompts_per_step * group_count(cfg.rollout.samples_per_prompt, algo.advantage)
+    algo = settings.algorithm
+    batch = settings.prompts_per_step * group_count(settings.rollout.samples_per_prompt, algo.advantage)
     if batch % algo.mini_batches:
         raise UserError(
             f"algorithm.mini_batches={algo.mini_batches} must divide the rollout batch "
@@ -82,28 +82,28 @@ def check_rollout_batch(cfg: TrainConfig) -> None:
         )
 
 
-def check_agent_sft_settings(cfg: TrainConfig) -> None:
+def check_agent_sft_settings(settings: TrainConfig) -> None:
     """Imitation in an environment: the environment must exist and build."""
-    if cfg.env is None:
+    if settings.env is None:
         raise UserError("algorithm=agent_sft imitates demonstrations in an environment: add env=grid (or corridor, "
                         "...)")
     from rlx.envs import env_factory, plays_through_gateway
 
-    if plays_through_gateway(cfg.env.name):
-        raise UserError(f"algorithm=agent_sft imitates an environment's expert; env={cfg.env.name} has none (train it "
-                        "with algorithm=agent_grpo, gigpo or mt_grpo)")
+    if plays_through_gateway(settings.env.name):
+        raise UserError(f"algorithm=agent_sft imitates an environment's expert; env={settings.env.name} has none "
+                        "(train it with algorithm=agent_grpo, gigpo or mt_grpo)")
     from rlx.errors import EnvError
 
     try:
-        env_factory(cfg.env.name, cfg.env.target, cfg.env.kwargs)
+        env_factory(settings.env.name, settings.env.target, settings.env.kwargs)
     except EnvError as exc:
         raise UserError(str(exc)) from None
 
 
-def check_preference_settings(cfg: TrainConfig) -> None:
+def check_preference_settings(settings: TrainConfig) -> None:
     """Preference data present, and the loss settings valid for the chosen loss_type."""
-    algo = cfg.algorithm
-    if cfg.data.pairs is None:
+    algo = settings.algorithm
+    if settings.data.pairs is None:
         raise UserError(f"algorithm={algo.name} trains on preference pairs; add data=prefs (the embedded chain_sum "
                         "pairs) or data=prefs_file data.pairs.path=FILE or data=prefs_hub data.pairs.id=ORG/NAME")
     if algo.family == "preference":
@@ -120,9 +120,9 @@ def check_preference_settings(cfg: TrainConfig) -> None:
             raise UserError(f"algorithm settings: {exc}") from None
 
 
-def check_agent_settings(cfg: TrainConfig) -> None:
+def check_agent_settings(settings: TrainConfig) -> None:
     """Episodes (the policy-gradient loop with a credit rule, rlx/loops/credit.py) need an environment."""
-    algo, env = cfg.algorithm, cfg.env
+    algo, env = settings.algorithm, settings.env
     if env is None:
         raise UserError(f"algorithm={algo.name} plays an environment: add env=grid (or guess_number, corridor, "
                         "tool_use, custom env.target=my_module.MyEnv)")
@@ -141,11 +141,11 @@ def check_agent_settings(cfg: TrainConfig) -> None:
     refuse_first(broken([
         (algo.kl_in != "loss", f"algorithm.kl_in={algo.kl_in}: episodes take the KL as a penalty per model token; set "
                                f"algorithm.kl_in=loss"),
-        (cfg.rollout.samples_per_prompt < 2, f"algorithm.family=agent compares the episodes of a task: "
-                                             f"rollout.samples_per_prompt={cfg.rollout.samples_per_prompt} must be at "
-                                             f"least 2"),
+        (settings.rollout.samples_per_prompt < 2,
+         f"algorithm.family=agent compares the episodes of a task: "
+         f"rollout.samples_per_prompt={settings.rollout.samples_per_prompt} must be at least 2"),
         clip_row(algo),
-        ((cfg.prompts_per_step * cfg.rollout.samples_per_prompt) % algo.mini_batches,
+        ((settings.prompts_per_step * settings.rollout.samples_per_prompt) % algo.mini_batches,
          f"algorithm.mini_batches={algo.mini_batches} must divide prompts_per_step x rollout.samples_per_prompt"),
     ]))
 
@@ -156,17 +156,17 @@ def clip_row(algo) -> tuple[bool, str]:
                                             f"{algo.clip_low}; clip-higher needs clip_high >= clip_low")
 
 
-def check_policy_gradient_settings(cfg: TrainConfig) -> None:
+def check_policy_gradient_settings(settings: TrainConfig) -> None:
     """Conflicting knobs of the policy-gradient and PPO families (see conf/algorithm/grpo.yaml)."""
-    algo, family = cfg.algorithm, cfg.algorithm.family
+    algo, family = settings.algorithm, settings.algorithm.family
     refuse_first(broken([
         (algo.advantage == "gae" and family != "ppo",
          "algorithm.advantage=gae needs a value model: use algorithm=ppo (algorithm.family=ppo)"),
         (family == "ppo" and algo.advantage != "gae",
          f"algorithm.family=ppo trains a critic for algorithm.advantage=gae, got '{algo.advantage}'"),
-        (cfg.rollout.temperature <= 0, f"rollout.temperature={cfg.rollout.temperature} must be > 0: training samples "
-                                       f"the completions it scores (greedy decoding gives every sample of a group the "
-                                       f"same completion)"),
+        (settings.rollout.temperature <= 0,
+         f"rollout.temperature={settings.rollout.temperature} must be > 0: training samples the completions it scores "
+         f"(greedy decoding gives every sample of a group the same completion)"),
         clip_row(algo),
         (algo.dual_clip is not None and algo.dual_clip <= 1,
          f"algorithm.dual_clip={algo.dual_clip} must be > 1 (or null to turn it off)"),
@@ -174,59 +174,59 @@ def check_policy_gradient_settings(cfg: TrainConfig) -> None:
          f"algorithm.kl_in=reward uses the k1 estimator; set algorithm.kl_estimator=k1 (got {algo.kl_estimator})"),
         (algo.kl_coef == 0 and (algo.kl_target is not None or algo.ref_reset_every),
          "algorithm.kl_target / algorithm.ref_reset_every need a reference: set algorithm.kl_coef > 0"),
-        (algo.ref_reset_every and cfg.model.lora.enabled,
+        (algo.ref_reset_every and settings.model.lora.enabled,
          "algorithm.ref_reset_every copies the policy into the reference, but under LoRA the reference is the base "
          "with the adapter off; set algorithm.ref_reset_every=0 or model.lora.enabled=false"),
-        (algo.overlong_buffer > cfg.rollout.max_new_tokens, f"algorithm.overlong_buffer={algo.overlong_buffer} must "
-                                                            "be in "
-                                                            f"0..rollout.max_new_tokens={cfg.rollout.max_new_tokens}"),
+        (algo.overlong_buffer > settings.rollout.max_new_tokens,
+         f"algorithm.overlong_buffer={algo.overlong_buffer} must be in "
+         f"0..rollout.max_new_tokens={settings.rollout.max_new_tokens}"),
     ]))
 
 
-def check_sharded_settings(cfg: TrainConfig) -> None:
+def check_sharded_settings(settings: TrainConfig) -> None:
     """What the sharded engines do not run (yet), stopped before any work."""
-    hw, family = cfg.hardware, cfg.algorithm.family
+    hw, family = settings.hardware, settings.algorithm.family
     engine = {"fsdp": "FSDP", "deepspeed": "DeepSpeed"}.get(hw.distributed)
     fsdp, deepspeed = hw.distributed == "fsdp", hw.distributed == "deepspeed"
     zero3 = deepspeed and hw.deepspeed.zero_stage == 3
-    lora = cfg.model.lora
+    lora = settings.model.lora
     why = "Accelerate's FSDP2 prepares one" if engine == "FSDP" else "which rlx does not prepare under DeepSpeed"
     refuse_first(broken([  # what neither sharded engine runs, then what FSDP does not, then what ZeRO-3 does not
         (engine is not None and family in ("agent", "agent_sft"),
-         f"algorithm={cfg.algorithm.name} plays episodes whose turn counts differ between processes, which {engine}'s "
-         f"collective forward passes do not allow yet; use hardware=ddp"),
+         f"algorithm={settings.algorithm.name} plays episodes whose turn counts differ between processes, which "
+         f"{engine}'s collective forward passes do not allow yet; use hardware=ddp"),
         (engine is not None and family == "ppo", f"algorithm=ppo trains two models (policy and critic), {why}; use "
                                                  f"hardware=ddp or a critic-free algorithm (grpo, rloo, ...)"),
-        (engine is not None and not ROLLOUT_GIVES[cfg.rollout.backend].sharded_weights
-         and not ROLLOUT_GIVES[cfg.rollout.backend].gathered_weights,
-         f"rollout={cfg.rollout.backend} reads the full policy weights after each update, not run under {engine} yet; "
-         f"use rollout=hf, rollout=server or hardware=ddp"),
-        (fsdp and cfg.model.dtype in ("bfloat16", "float16") and hw.mixed_precision == "no",
-         f"hardware=fsdp with model.dtype={cfg.model.dtype} and hardware.mixed_precision=no would step "
-         f"{cfg.model.dtype} weights without fp32 master copies; set hardware.mixed_precision=bf16 (FSDP2 then trains "
-         f"fp32 masters and computes in bf16) or model.dtype=float32"),
-        (fsdp and cfg.model.lora.enabled and cfg.model.lora.save_merged,
+        (engine is not None and not ROLLOUT_GIVES[settings.rollout.backend].sharded_weights
+         and not ROLLOUT_GIVES[settings.rollout.backend].gathered_weights,
+         f"rollout={settings.rollout.backend} reads the full policy weights after each update, not run under {engine} "
+         f"yet; use rollout=hf, rollout=server or hardware=ddp"),
+        (fsdp and settings.model.dtype in ("bfloat16", "float16") and hw.mixed_precision == "no",
+         f"hardware=fsdp with model.dtype={settings.model.dtype} and hardware.mixed_precision=no would step "
+         f"{settings.model.dtype} weights without fp32 master copies; set hardware.mixed_precision=bf16 (FSDP2 then "
+         f"trains fp32 masters and computes in bf16) or model.dtype=float32"),
+        (fsdp and settings.model.lora.enabled and settings.model.lora.save_merged,
          "model.lora.save_merged=true merges a copy of the policy, not done between FSDP shards; set "
          "model.lora.save_merged=false (final/ holds the adapter) or use hardware=ddp"),
-        (zero3 and getattr(cfg.algorithm, "ref_reset_every", 0),
+        (zero3 and getattr(settings.algorithm, "ref_reset_every", 0),
          "algorithm.ref_reset_every copies the policy into the reference, not done between ZeRO-3 shards; set "
          "algorithm.ref_reset_every=0 or hardware=deepspeed_zero2"),
-        (zero3 and hw.deepspeed.zero3_init_flag and getattr(cfg.algorithm, "kl_coef", 0) > 0
+        (zero3 and hw.deepspeed.zero3_init_flag and getattr(settings.algorithm, "kl_coef", 0) > 0
          and not (lora is not None and lora.enabled),
          "hardware.deepspeed.zero3_init_flag=true loads the policy already partitioned, so the KL reference cannot be "
          "copied from it; set hardware.deepspeed.zero3_init_flag=false or use model.lora.enabled=true"),
     ]))
 
 
-def check_batch(cfg: TrainConfig, processes: int) -> int:
+def check_batch(settings: TrainConfig, processes: int) -> int:
     """The global batch must split evenly over processes, micro-batches and accumulation steps.
     Returns the per-process batch of one optimizer step. An estimator's declared extra samples count (median: each
     prompt has G + 1 samples, the pivot too, so the rollout batch is prompts_per_step x (G + 1))."""
-    hw, algo = cfg.hardware, cfg.algorithm
+    hw, algo = settings.hardware, settings.algorithm
     episodes_or_groups = algo.family in ("policy_gradient", "ppo", "agent", "agent_sft")  # agent*: tasks x episodes
-    prompts, batch = cfg.prompts_per_step, getattr(algo, "batch_size", cfg.prompts_per_step)
-    local = prompts // processes * group_count(cfg.rollout.samples_per_prompt, getattr(algo, "advantage", None)) if (
-        episodes_or_groups) else 0  # samples each process holds
+    prompts, batch = settings.prompts_per_step, getattr(algo, "batch_size", settings.prompts_per_step)
+    group = group_count(settings.rollout.samples_per_prompt, getattr(algo, "advantage", None))
+    local = prompts // processes * group if episodes_or_groups else 0  # samples each process holds
     mini_batches = getattr(algo, "mini_batches", 1)
     if episodes_or_groups:
         local_step, what = (local // mini_batches,
@@ -243,12 +243,12 @@ def check_batch(cfg: TrainConfig, processes: int) -> int:
          f"algorithm.mini_batches={mini_batches} does not divide; change prompts_per_step or mini_batches"),
         (not episodes_or_groups and batch % processes,
          f"algorithm.batch_size={batch} does not split over {processes} processes; make it a multiple of {processes}"),
-        (cfg.micro_batch_tokens is not None and hw.distributed == "deepspeed",
+        (settings.micro_batch_tokens is not None and hw.distributed == "deepspeed",
          "micro_batch_tokens varies the micro-batch count per step, which DeepSpeed's engine fixes; set "
          "micro_batch_tokens=null (use micro_batch_size) or another hardware strategy"),
-        (accumulation is not None and local_step != accumulation * cfg.micro_batch_size,
-         f"hardware.gradient_accumulation_steps={accumulation} x micro_batch_size={cfg.micro_batch_size} must equal "
-         f"the per-process batch of one optimizer step ({what} = {local_step}); change one of them, or set "
+        (accumulation is not None and local_step != accumulation * settings.micro_batch_size,
+         f"hardware.gradient_accumulation_steps={accumulation} x micro_batch_size={settings.micro_batch_size} must "
+         f"equal the per-process batch of one optimizer step ({what} = {local_step}); change one of them, or set "
          f"hardware.gradient_accumulation_steps=null to derive it"),
     ]))
     return local_step

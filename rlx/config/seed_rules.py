@@ -36,13 +36,13 @@ PRODUCER_KNOBS = {"dynamic_sampling_drop": "tied", "shapers": [], "transforms": 
                   "hints.enabled": False, "stages": []}
 
 
-def check_seed_settings(cfg: TrainConfig) -> None:
+def check_seed_settings(settings: TrainConfig) -> None:
     """The policy-gradient family's seed-idea knobs: values that contradict each other, what the chosen shapers and
     rollout backend declare they need, what the PPO loop does not apply, then the not-wired guard."""
-    algo, roll = cfg.algorithm, cfg.rollout
+    algo, roll = settings.algorithm, settings.rollout
     shaping, noise, hints, sampling = algo.shaping, algo.verifier_noise, algo.hints, algo.prompt_sampling
     standardized = algo.advantage in ESTIMATORS and ESTIMATORS.needs(algo.advantage).standardised(algo.scale)
-    cancelled = standardized and list(cfg.reward.components) == [cfg.reward.accuracy]
+    cancelled = standardized and list(settings.reward.components) == [settings.reward.accuracy]
     ead = roll.temperature_schedule.mode != "constant"
     ppo_refused = [knob for knob, default in PPO_REFUSED.items() if knob_value(algo, knob) != default]
     refuse_first([
@@ -70,15 +70,15 @@ def check_seed_settings(cfg: TrainConfig) -> None:
                   f"algorithm.prompt_sampling.mode={sampling.mode} weights the difficulty sampler's draws, and "
                   f"algorithm.prompt_sampling.source={sampling.source} draws the prompts; set source=auto or "
                   f"mode=uniform")]),
-        *own_producer_problems(cfg),
-        *not_wired_problems(cfg, "policy_gradient"),
+        *own_producer_problems(settings),
+        *not_wired_problems(settings, "policy_gradient"),
     ])
 
 
-def own_producer_problems(cfg: TrainConfig) -> list[str]:
+def own_producer_problems(settings: TrainConfig) -> list[str]:
     """The producer-level knobs (stages, dynamic sampling, the temperature schedule) act inside rlx's single-turn
     producer; a producer of the user's own (rollout.producer) replaces it, so they would be ignored."""
-    roll, algo = cfg.rollout, cfg.algorithm
+    roll, algo = settings.rollout, settings.algorithm
     if roll.producer == "auto":
         return []
     knobs = [f"algorithm.{knob}" for knob, _, _ in producer_knobs_set(algo)]
@@ -88,13 +88,13 @@ def own_producer_problems(cfg: TrainConfig) -> list[str]:
             f"be ignored); leave it at its default, or rollout.producer=auto"] if knobs else []
 
 
-def check_agent_seed_settings(cfg: TrainConfig) -> None:
+def check_agent_seed_settings(settings: TrainConfig) -> None:
     """The agent family's seed-idea knobs."""
-    smoothing = cfg.algorithm.entropy_smoothing
+    smoothing = settings.algorithm.entropy_smoothing
     refuse_first([
         *broken([(smoothing.low >= smoothing.high,
                   f"algorithm.entropy_smoothing.low={smoothing.low} must be below high={smoothing.high}")]),
-        *not_wired_problems(cfg, "agent"),
+        *not_wired_problems(settings, "agent"),
     ])
 
 
@@ -112,12 +112,12 @@ def producer_knobs_set(algo) -> list[tuple]:
             if knob_value(algo, knob) != default]
 
 
-def not_wired_problems(cfg: TrainConfig, family: str) -> list[str]:
+def not_wired_problems(settings: TrainConfig, family: str) -> list[str]:
     """The NOT_WIRED knobs of `family` (and of rollout) set to a value the loop would ignore."""
     problems = []
     for group, knobs in (("algorithm", NOT_WIRED[family]), ("rollout", NOT_WIRED["rollout"])):
         for knob, default in knobs.items():
-            value = knob_value(getattr(cfg, group), knob)
+            value = knob_value(getattr(settings, group), knob)
             refused = (value in [d.rstrip("!") for d in default]) if isinstance(default, tuple) else (
                 value == default.rstrip("!") if isinstance(default, str) and default.endswith("!") else value
                 != default)

@@ -47,18 +47,19 @@ class Generator(Protocol):
 
     Every backend implements it (HFGenerator on the policy itself, the vLLM engine, a vLLM server), so a
     producer never asks which one it holds. `version`: the number of updates published so far (stamped on
-    every row it samples)."""
+    every row it samples; 0 before the first publish)."""
 
     version: int
 
     def generate_ids(self, prompts: list[list[int]], *, max_new_tokens: int, seeds: list[int],
                      greedy: bool = False, samples_per_prompt: int = 1, min_new_tokens: int = 0,
-                     continuation: Continuation | None = None) -> Generation:
+                     continuation: Continuation | None = None, schedule: list[float] | None = None) -> Generation:
         """len(prompts) * samples_per_prompt rows, the samples of a prompt adjacent; seeds one per row.
 
         continuation (optional, Continuation): continue each row from its prefix (the NEW tokens come back) and/or
-        stop generation early. Backends that cannot do either refuse them with one line (rollout=hf can; partial
-        rollouts use them)."""
+        stop generation early. schedule (optional): a sampling temperature per completion position (EAD,
+        rollout.temperature_schedule), the log-probs taken at it. Backends that cannot do these refuse them with one
+        line (rollout=hf can; partial rollouts use continuation, the temperature schedule `schedule`)."""
         ...
 
     def publish(self, model, version: int) -> None:
@@ -113,6 +114,16 @@ def prefix_pad(prompts: list[list[int]], pad_id: int, shared: int) -> tuple[torc
     ids, mask = left_pad([p[shared:] for p in prompts], pad_id)
     head = torch.tensor(prompts[0][:shared], dtype=torch.long).expand(len(prompts), shared)
     return torch.cat([head, ids], dim=1), torch.cat([torch.ones_like(head), mask], dim=1)
+
+
+def completion_texts(tokenizer, ids: list[list[int]]) -> list[str]:
+    """Each row's text: the token-id lists right-padded with the pad id to one (N, C) tensor, decoded in one call with
+    the special tokens (the pad among them) skipped. Every producer decodes its sampled ids through it."""
+    width = max((len(row) for row in ids), default=0)
+    padded = torch.full((len(ids), width), tokenizer.pad_token_id, dtype=torch.long)  # (N, C)
+    for i, row in enumerate(ids):
+        padded[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return tokenizer.batch_decode(padded, skip_special_tokens=True)
 
 
 def shared_prefixes(rows: list[list[int]]) -> tuple[list[list[int]], list[int]]:
@@ -250,6 +261,14 @@ def refuse_continuation(backend: str, continuation: Continuation | None, continu
                         "stop generation early (partial rollouts, hints); use rollout=hf")
 
 
+def refuse_schedule(backend: str, schedule: list[float] | None) -> None:
+    """One line for a backend that samples a generation at one temperature when asked for a temperature per position
+    (rollout.temperature_schedule; the config refuses it before the run, a user's stage reaches it here)."""
+    if schedule is not None:
+        raise UserError(f"rollout={backend} samples a generation at one temperature; a per-position temperature "
+                        "schedule (rollout.temperature_schedule, a stage's schedule) needs rollout=hf")
+
+
 def policy_generator(model, tokenizer, roll, *, logprobs: bool | str = "sampler") -> HFGenerator:
     """The policy as its own generator (rollout=hf), with rollout's sampling settings: temperature, top-p/top-k,
     batch size, the draw version (rollout.sampler; a config from before sampler versions drew with v1) and the
@@ -307,16 +326,11 @@ def sample_rollout(generator: Generator, tokenizer, prompts: list[str], draw: Dr
     decoded without special tokens, every row stamped with the generator's policy version."""
     samples_per_prompt, schedule = draw.samples_per_prompt, draw.schedule
     prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]  # B lists of ids
-    extra = {"schedule": schedule} if schedule is not None else {}  # EAD: only the hf generator takes one
     out = generator.generate_ids(prompt_ids, samples_per_prompt=samples_per_prompt, max_new_tokens=draw.max_new_tokens,
-                                 seeds=seeds, greedy=draw.greedy, min_new_tokens=draw.min_new_tokens, **extra)
-    width_c = max((len(c) for c in out.ids), default=0)
-    padded = torch.full((len(out.ids), width_c), tokenizer.pad_token_id, dtype=torch.long)
-    for row, ids in enumerate(out.ids):
-        padded[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-    texts = tokenizer.batch_decode(padded, skip_special_tokens=True)
+                                 seeds=seeds, greedy=draw.greedy, min_new_tokens=draw.min_new_tokens, schedule=schedule)
+    texts = completion_texts(tokenizer, out.ids)
     rollout = Rollout.from_ids(prompt_ids, out, samples_per_prompt, tokenizer.pad_token_id, texts,
-                               version=getattr(generator, "version", 0) or 0)
+                               version=generator.version)
     if schedule is not None:  # the temperature each token was drawn at (1.0 on padding, which carries no loss)
         width = rollout.completion_ids.shape[1]
         taus = torch.tensor(list(schedule[:width]), dtype=torch.float32).expand(len(rollout), width)

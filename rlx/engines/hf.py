@@ -183,7 +183,7 @@ def generate_tokens(model, tokenizer, unique_ids: torch.Tensor, unique_mask: tor
     going come back as far as they got (no stop token, shorter than their budget).
 
     decoding.schedule: a temperature per completion position (rollout.temperature_schedule,
-    rlx/rollout/temperature.py; at least max_new_tokens values): token t is drawn at schedule[t] instead of
+    rlx/rollout/stages/temperature.py; at least max_new_tokens values): token t is drawn at schedule[t] instead of
     `temperature`, and its recorded log-prob is log softmax(z / schedule[t]). Not with continuation (the config
     refuses partial rollouts with a schedule: a continued row's positions differ per row).
 

@@ -39,7 +39,7 @@ import time
 
 import torch
 
-from rlx.engines.generator import refuse_continuation
+from rlx.engines.generator import refuse_continuation, refuse_schedule
 from rlx.engines.hf import Decoding, completion_mask_from_ids, eos_ids
 from rlx.engines.records import Generation, Rollout
 from rlx.errors import UserError
@@ -277,7 +277,7 @@ class VLLMEngine:
     @torch.no_grad()
     def generate_ids(self, prompts: list[list[int]], *, max_new_tokens: int, seeds: list[int],
                      greedy: bool = False, samples_per_prompt: int = 1, min_new_tokens: int = 0,
-                     continuation=None) -> Generation:
+                     continuation=None, schedule: list[float] | None = None) -> Generation:
         """The generator protocol (engines/generator.py) for multi-turn rollouts: each prompt's token ids go
         in as they are (prompt_token_ids, never re-encoded); out come the sampled ids (ending in the stop
         token when one ended the row), the sampler's log-probs of the temperature-scaled distribution (as
@@ -287,6 +287,7 @@ class VLLMEngine:
         from vllm import SamplingParams
 
         refuse_continuation("vllm", continuation)
+        refuse_schedule("vllm", schedule)
         prompts = [p for p in prompts for _ in range(samples_per_prompt)]
         if len(seeds) != len(prompts):
             raise ValueError(f"{len(seeds)} seeds for {len(prompts)} completions")

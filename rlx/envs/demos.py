@@ -21,6 +21,8 @@ class ExpertGenerator:
     indices as sample_seeds to run_episodes): a demonstration's moves depend on (seed, i), not on which
     other demonstrations share its batch or process."""
 
+    version = 0  # the expert never changes (no weights published)
+
     def __init__(self, envs: list | dict, tokenizer, skill: float, seed: int):
         for env in (envs.values() if isinstance(envs, dict) else envs):
             if not (hasattr(env, "expert_action") and hasattr(env, "random_action")):

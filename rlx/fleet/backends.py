@@ -7,37 +7,38 @@ OpenAI server, a child process or the user's URLs (rlx/fleet/server.py). vLLM is
 
 from __future__ import annotations
 
+from rlx.config.groups import Rollout
 from rlx.engines.generator import eval_policy_generator, policy_generator
 from rlx.errors import UserError
 
 
-def _hf(rollout_cfg, model, tokenizer, seed: int):
-    return policy_generator(model, tokenizer, rollout_cfg)
+def _hf(rollout: Rollout, model, tokenizer, seed: int):
+    return policy_generator(model, tokenizer, rollout)
 
 
-def _vllm(rollout_cfg, model, tokenizer, seed: int):
+def _vllm(rollout: Rollout, model, tokenizer, seed: int):
     from rlx.engines.vllm import vllm_engine
 
-    return vllm_engine(rollout_cfg, model, tokenizer, seed)
+    return vllm_engine(rollout, model, tokenizer, seed)
 
 
-def _server(rollout_cfg, model, tokenizer, seed: int):
+def _server(rollout: Rollout, model, tokenizer, seed: int):
     from rlx.fleet.server import build_server_generator
 
-    return build_server_generator(rollout_cfg, model, tokenizer, seed)
+    return build_server_generator(rollout, model, tokenizer, seed)
 
 
-# rollout.backend -> fn(rollout_cfg, model, tokenizer, seed) -> a Generator
+# rollout.backend -> fn(rollout, model, tokenizer, seed) -> a Generator
 ROLLOUT_BACKENDS = {"hf": _hf, "vllm": _vllm, "server": _server}
 
 
-def build_generator(rollout_cfg, model, tokenizer, seed: int):
+def build_generator(rollout: Rollout, model, tokenizer, seed: int):
     """The generator of rollout.backend, built on the unprepared policy (Accelerate's prepare keeps the same module
     object, so the policy that samples is the one the update changes)."""
-    backend = rollout_cfg.backend
+    backend = rollout.backend
     if backend not in ROLLOUT_BACKENDS:
         raise UserError(f"unknown rollout.backend '{backend}'; valid choices: {', '.join(ROLLOUT_BACKENDS)}")
-    return ROLLOUT_BACKENDS[backend](rollout_cfg, model, tokenizer, seed)
+    return ROLLOUT_BACKENDS[backend](rollout, model, tokenizer, seed)
 
 
 def _policy_eval(generator, policy, tokenizer, batch_size: int):

@@ -23,8 +23,12 @@ import urllib.request
 from collections.abc import Callable
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rlx.errors import NoServerAtVersion, RolloutServerError
+
+if TYPE_CHECKING:
+    from rlx.config.groups import ServerSettings
 
 log = logging.getLogger("rlx")
 
@@ -156,12 +160,11 @@ class RequestPolicy:
     min_servers: int = 1
 
     @classmethod
-    def of(cls, server) -> RequestPolicy:
-        """From rollout.server (a DictConfig or ServerSettings; keys added later default for older runs)."""
+    def of(cls, server: ServerSettings) -> RequestPolicy:
+        """From rollout.server (the typed settings)."""
         return cls(timeout_s=float(server.request_timeout_s), retries=int(server.max_retries),
                    backoff_s=float(server.retry_backoff_s), concurrency=int(server.max_concurrency),
-                   per_server=int(getattr(server, "per_server_concurrency", 32)),
-                   min_servers=int(getattr(server, "min_servers", 1)))
+                   per_server=int(server.per_server_concurrency), min_servers=int(server.min_servers))
 
 
 @dataclass(eq=False)

@@ -42,7 +42,7 @@ class VersionView:
         self.generator, self.version = generator, version
 
     def generate_ids(self, prompts, **kwargs):
-        return self.generator.generate_ids(prompts, **kwargs, version=self.version)
+        return self.generator.generate_at(self.version, prompts, **kwargs)
 
 
 class AheadLane:

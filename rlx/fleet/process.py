@@ -34,9 +34,13 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlx.errors import RolloutServerError  # noqa: F401  (raised here; one leaf for every error type)
 from rlx.fleet.client import health
+
+if TYPE_CHECKING:
+    from rlx.config.groups import ServerRollout
 
 log = logging.getLogger("rlx")
 
@@ -125,7 +129,7 @@ class EngineArgs:
     max_num_batched_tokens: int | None = None
 
     @classmethod
-    def of(cls, rollout) -> EngineArgs:
+    def of(cls, rollout: ServerRollout) -> EngineArgs:
         """From the rollout settings of rollout=server."""
         return cls(dtype=str(rollout.dtype), gpu_memory_utilization=float(rollout.gpu_memory_utilization),
                    max_model_len=rollout.max_model_len, enforce_eager=bool(rollout.enforce_eager),
@@ -290,22 +294,22 @@ def ended(code: int) -> str:
 LORA_PUSH = ("adapter", "merged")
 
 
-def check_server_settings(rollout_cfg, processes: int = 1) -> None:
+def check_server_settings(rollout: ServerRollout, processes: int = 1) -> None:
     """One-line errors (UserError) for rollout=server settings, before any model is loaded: a remote bind or
     URL without allow_remote, a malformed URL, a server Python that is not there. Several trainer processes are
     the config rules' (rlx/config/async_rules.py rank_zero_problems: rank 0 alone drives the servers)."""
     from rlx.config import UserError
 
-    server = rollout_cfg.server
+    server = rollout.server
     if server.urls:
         normalize_urls(server.urls, bool(server.allow_remote))
     else:
         check_host(str(server.host), bool(server.allow_remote))
     if server.lora_push not in LORA_PUSH:
         raise UserError(f"unknown rollout.server.lora_push '{server.lora_push}'; valid choices: {', '.join(LORA_PUSH)}")
-    check_publisher(str(getattr(server, "publisher", "auto")))  # a DictConfig or ServerSettings; older runs: auto
-    servers = len(server.urls) if server.urls else int(getattr(server, "num_servers", 1))
-    if int(getattr(server, "min_servers", 1)) > servers:
+    check_publisher(str(server.publisher))
+    servers = len(server.urls) if server.urls else int(server.num_servers)
+    if int(server.min_servers) > servers:
         raise UserError(f"rollout.server.min_servers={server.min_servers} is more than the {servers} server(s) of the "
                         f"fleet (rollout.server.urls, or num_servers children); set min_servers={servers} or fewer")
     python = server.python
@@ -347,3 +351,48 @@ def check_publisher(publisher: str, *, has_cuda: bool | None = None, has_vllm: b
     if not has_vllm:
         raise UserError(f"rollout.server.publisher={publisher} runs vLLM's weight-transfer engine in the trainer, "
                         f"whose Python has no vLLM: pip install 'rlx[vllm]', or use publisher=file")
+
+
+def start_children(rollout: ServerRollout, model, served: Path, work_dir: Path, seed: int,
+                   publisher: type, temporary: bool) -> tuple[list[str], list[ServerProcess]]:
+    """rollout.server.num_servers child servers on ports the OS picks, started side by side; `{index}` in
+    launch_prefix and env values becomes the server's index (0, 1, ...), e.g. [taskset, -c, "{index}"] pins
+    server i to core i. Each logs to server.log (one server) or server-<i>.log. `publisher`: the run's
+    WeightPublisher class (rlx/fleet/publishers.py), whose server flags and environment each child gets."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = rollout.server
+    python = str(server.python) if server.python else sys.executable
+    host, count = str(server.host), int(server.num_servers)
+    adapter, lora_rank = publisher.adapter, None
+    if adapter:
+        lora_rank = max(int(c.r) for c in model.peft_config.values())
+    processes, urls = [], []
+    for index in range(count):
+        port = free_port(host)
+        url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        command = server_command(python, str(served), host, port, EngineArgs.of(rollout), seed=seed,
+                                 lora_rank=lora_rank, extra_args=[*publisher.server_args, *server.extra_args])
+        extra = {**publisher.server_env,
+                 **{k: str(v).replace("{index}", str(index)) for k, v in dict(server.env).items()}}
+        env = server_env(os.environ, lora=adapter, extra=extra)
+        log_name = "server.log" if count == 1 else f"server-{index}.log"
+        prefix = [str(a).replace("{index}", str(index)) for a in server.launch_prefix]
+        processes.append(ServerProcess(command, env, work_dir / log_name, url, launch_prefix=prefix,
+                                       grace_s=float(server.stop_grace_s), cleanup_dir=work_dir if temporary else None))
+        urls.append(url)
+    began = time.perf_counter()
+    for process in processes:
+        process.launch()  # from this thread: a guard's parent-death signal follows the thread that started it
+    with ThreadPoolExecutor(max_workers=count) as pool:
+        waiting = [pool.submit(p.wait_ready, float(server.startup_timeout_s)) for p in processes]
+        try:
+            for future in waiting:
+                future.result()
+        except BaseException:
+            for process in processes:
+                process.stop()
+            raise
+    log.info("rollout server: up in %.1f s (%d child server%s)", time.perf_counter() - began, count,
+             "" if count == 1 else "s")
+    return urls, processes

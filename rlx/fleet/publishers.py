@@ -289,7 +289,7 @@ class NCCLPublisher(_VLLMEnginePublisher):
 
         sizes = self.client.everywhere("/get_world_size", None, what="reading the server's world size",
                                        parse=world_size)
-        host = str(getattr(self.settings, "publish_host", None) or "127.0.0.1")
+        host = str(self.settings.publish_host or "127.0.0.1")
         port = free_port(host)
         world = 1 + sum(sizes)
         offsets = [1 + sum(sizes[:i]) for i in range(len(sizes))]

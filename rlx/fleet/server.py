@@ -29,7 +29,6 @@ from __future__ import annotations
 import atexit
 import copy
 import logging
-import os
 import shutil
 import tempfile
 import time
@@ -38,25 +37,17 @@ from pathlib import Path
 
 import torch
 
-from rlx.engines.generator import refuse_continuation
+from rlx.config.groups import ServerRollout, ServerSettings
+from rlx.engines.generator import refuse_continuation, refuse_schedule
 from rlx.engines.hf import eos_ids
 from rlx.engines.records import Generation
 from rlx.engines.sampling import sample_seed
 from rlx.errors import RolloutServerError
 from rlx.fleet.client import BadAnswer, RequestPolicy, ServerClient, parse_completion
-from rlx.fleet.process import (
-    EngineArgs,
-    ServerProcess,
-    check_server_settings,
-    free_port,
-    normalize_urls,
-    server_command,
-    server_env,
-)
-from rlx.fleet.publishers import (  # noqa: F401  (ADAPTER_NAME, WEIGHTS_FILE, write_weights: their old home)
+from rlx.fleet.process import ServerProcess, check_server_settings, normalize_urls, start_children
+from rlx.fleet.publishers import (
     ADAPTER_NAME,
     PUBLISHERS,
-    WEIGHTS_FILE,
     WeightPublisher,
     is_peft,
     publisher_name,
@@ -105,10 +96,9 @@ class FleetOptions:
         return max(self.probe_rows, 1) if self.strict else self.probe_rows
 
     @classmethod
-    def of(cls, server) -> FleetOptions:
-        return cls(restarts=int(getattr(server, "restarts", 0)), strict=bool(getattr(server, "strict", False)),
-                   probe_rows=int(getattr(server, "invariance_probe_rows", 0)),
-                   probe_every=int(getattr(server, "invariance_probe_every", 1)))
+    def of(cls, server: ServerSettings) -> FleetOptions:
+        return cls(restarts=int(server.restarts), strict=bool(server.strict),
+                   probe_rows=int(server.invariance_probe_rows), probe_every=int(server.invariance_probe_every))
 
 
 def continuation_seed(seed: int, prefix_length: int) -> int:
@@ -139,10 +129,15 @@ class ServerGenerator:
         self._batches = 0  # sampled batches, for the probe's cadence
         self._probed = self._differ = 0  # probe counts since the last step_metrics
         self._failovers_seen = 0
-        self.version: int | None = None  # the weight version every server holds (None before the first publish)
+        self.held: int | None = None  # the weight version every server holds (None before the first publish)
         self._ahead: int | None = None  # the version servers were moved to ahead of the fleet (overlap_steps)
         self._timings: dict[str, float] = {}
         self._retries_seen = 0
+
+    @property
+    def version(self) -> int:
+        """The Generator's version: the one every server holds, 0 before the first publish (the served checkpoint)."""
+        return self.held if self.held is not None else 0
 
     @property
     def request_model(self) -> str:
@@ -151,10 +146,19 @@ class ServerGenerator:
 
     def generate_ids(self, prompts: list[list[int]], *, max_new_tokens: int, seeds: list[int], greedy: bool = False,
                      samples_per_prompt: int = 1, min_new_tokens: int = 0, continuation=None,
-                     version: int | None = None) -> Generation:
+                     schedule: list[float] | None = None) -> Generation:
+        """generate_at the version last published (self.held); a temperature schedule is refused."""
+        refuse_schedule("server", schedule)
+        return self.generate_at(self.held, prompts, max_new_tokens=max_new_tokens, seeds=seeds, greedy=greedy,
+                                samples_per_prompt=samples_per_prompt, min_new_tokens=min_new_tokens,
+                                continuation=continuation)
+
+    def generate_at(self, version: int | None, prompts: list[list[int]], *, max_new_tokens: int, seeds: list[int],
+                    greedy: bool = False, samples_per_prompt: int = 1, min_new_tokens: int = 0,
+                    continuation=None) -> Generation:
         """len(prompts) * G rows, the G samples of a prompt adjacent, one request per row seeded with its seed
         (greedy: temperature 0, no seed); knobs from self.sampling (rollout's, or what rlx eval sets). Every row goes
-        to a server that holds `version` (None: the version last published, self.version).
+        to a server that holds `version` (None: any live server; a lane drawing ahead asks for the next version).
 
         continuation with prefixes (rounds of rollout.segment_tokens): a row's request is its prompt and its tokens so
         far, for at most min(segment, max_new_tokens - prefix) new tokens, seeded by continuation_seed(row seed, prefix
@@ -180,9 +184,7 @@ class ServerGenerator:
             seed = None if greedy else (int(seeds[row]) if not prefix else continuation_seed(seeds[row], len(prefix)))
             body = self._body([*prompts[row // group], *prefix], seed, budget, max(0, min_new_tokens - len(prefix)))
             return self.client.routed(row // group, routes, "/v1/completions", body, what="a completion request",
-                                      parse=self._parser(budget), version=held)
-
-        held = self.version if version is None else version
+                                      parse=self._parser(budget), version=version)
 
         answers = self.client.map(one, list(range(rows)))
         self._batches += 1
@@ -277,7 +279,7 @@ class ServerGenerator:
             timings = self.move(None if ahead else model, version,
                                 [m for m in self.client.members if m.live and not (ahead and m.version == version)])
             moved = time.perf_counter()
-            self.version = version
+            self.held = version
         else:
             timings = self.publisher.publish(model, version)
             moved = time.perf_counter()
@@ -306,18 +308,18 @@ class ServerGenerator:
         return {"perf/weight_write_s": written - began, "perf/weight_load_s": time.perf_counter() - written}
 
     def reclaim(self) -> None:
-        """Every live server back to the current version (self.version), which the publisher keeps: after the last
+        """Every live server back to the current version (self.held), which the publisher keeps: after the last
         server of the current version was lost while the others held the next step's."""
-        behind = [m for m in self.client.members if m.live and m.version != self.version]
+        behind = [m for m in self.client.members if m.live and m.version != self.held]
         if behind:
-            self.move(None, self.version, behind)
+            self.move(None, self.held, behind)
             log.warning("rollout.server.overlap_steps: %d server(s) moved back to weight version %d (the servers that "
-                        "held it were lost)", len(behind), self.version)
+                        "held it were lost)", len(behind), self.held)
 
     def _stamp(self, version: int) -> None:
         """Drop KV blocks cached for the old weights, then record and check the version on every live server."""
         self.client.each(lambda url: self._stamp_one(url, version))
-        self.version = version
+        self.held = version
 
     def _stamp_one(self, url: str, version: int) -> None:
         def reset_done(answer):
@@ -352,7 +354,7 @@ class ServerGenerator:
 
     def sync_weights(self, model, version: int | None = None) -> None:
         """publish() under the loops' name; without a version, the next one after the last."""
-        self.publish(model, version if version is not None else (self.version or 0) + 1)
+        self.publish(model, version if version is not None else self.version + 1)
 
     def sleep(self) -> None:
         """No-op: the server keeps its memory (vLLM has no sleep mode on CPUs; a server on its own GPU needs none)."""
@@ -373,8 +375,8 @@ class ServerGenerator:
         metrics = dict(self._timings, **metrics_probe, **{"rollout/server_retries": float(retries),
                                          "rollout/server_failovers": float(failovers),
                                          "rollout/servers_live": float(len(self.client.urls))})
-        if self.version is not None:
-            metrics["rollout/policy_version"] = float(self.version)
+        if self.held is not None:
+            metrics["rollout/policy_version"] = float(self.held)
         return metrics
 
     def close(self) -> None:
@@ -387,11 +389,11 @@ class ServerGenerator:
             shutil.rmtree(self.work_dir, ignore_errors=True)
 
 
-def build_server_generator(rollout_cfg, model, tokenizer, seed: int) -> ServerGenerator:
+def build_server_generator(rollout: ServerRollout, model, tokenizer, seed: int) -> ServerGenerator:
     """rollout=server: write the served checkpoint, start the child server (or reach rollout.server.urls), put
     the policy's weights there as version 0."""
-    check_server_settings(rollout_cfg)
-    server = rollout_cfg.server
+    check_server_settings(rollout)
+    server = rollout.server
     kind = PUBLISHERS[publisher_name(str(server.publisher), str(server.lora_push), is_peft(model))]
     adapter = kind.adapter
     if server.work_dir:
@@ -408,7 +410,7 @@ def build_server_generator(rollout_cfg, model, tokenizer, seed: int) -> ServerGe
     if server.urls:
         urls, processes = normalize_urls(server.urls, bool(server.allow_remote)), []
     else:
-        urls, processes = _start_children(rollout_cfg, model, served, work_dir, seed, kind, temporary=remove)
+        urls, processes = start_children(rollout, model, served, work_dir, seed, kind, temporary=remove)
     client = ServerClient(urls, RequestPolicy.of(server), exit_notes=[p.exit_note for p in processes] or None,
                           tolerates_loss=kind.survives_loss)
     try:
@@ -420,8 +422,8 @@ def build_server_generator(rollout_cfg, model, tokenizer, seed: int) -> ServerGe
             process.stop()
         raise RolloutServerError(f"the rollout server(s) did not list their model (/v1/models): {exc}",
                                  resumable=False) from None
-    sampling = {"temperature": float(rollout_cfg.temperature), "top_p": float(rollout_cfg.top_p),
-                "top_k": int(rollout_cfg.top_k)}
+    sampling = {"temperature": float(rollout.temperature), "top_p": float(rollout.top_p),
+                "top_k": int(rollout.top_k)}
     publisher = kind(client, work_dir, server)
     served_model = ServedModel(names[0], tokenizer, eos_ids(model, tokenizer),
                                int(model.get_output_embeddings().weight.shape[0]))
@@ -453,48 +455,3 @@ def _model_name(answer) -> str:
         return str(answer["data"][0]["id"])
     except (KeyError, IndexError, TypeError):
         raise BadAnswer(f"no model listed: {str(answer)[:160]}") from None
-
-
-def _start_children(rollout_cfg, model, served: Path, work_dir: Path, seed: int, publisher: type[WeightPublisher],
-                    temporary: bool) -> tuple[list[str], list[ServerProcess]]:
-    """rollout.server.num_servers child servers on ports the OS picks, started side by side; `{index}` in
-    launch_prefix and env values becomes the server's index (0, 1, ...), e.g. [taskset, -c, "{index}"] pins
-    server i to core i. Each logs to server.log (one server) or server-<i>.log."""
-    import sys
-    from concurrent.futures import ThreadPoolExecutor
-
-    server = rollout_cfg.server
-    python = str(server.python) if server.python else sys.executable
-    host, count = str(server.host), int(getattr(server, "num_servers", 1))
-    adapter, lora_rank = publisher.adapter, None
-    if adapter:
-        lora_rank = max(int(c.r) for c in model.peft_config.values())
-    processes, urls = [], []
-    for index in range(count):
-        port = free_port(host)
-        url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-        command = server_command(python, str(served), host, port, EngineArgs.of(rollout_cfg), seed=seed,
-                                 lora_rank=lora_rank, extra_args=[*publisher.server_args, *server.extra_args])
-        extra = {**publisher.server_env,
-                 **{k: str(v).replace("{index}", str(index)) for k, v in dict(server.env).items()}}
-        env = server_env(os.environ, lora=adapter, extra=extra)
-        log_name = "server.log" if count == 1 else f"server-{index}.log"
-        prefix = [str(a).replace("{index}", str(index)) for a in server.launch_prefix]
-        processes.append(ServerProcess(command, env, work_dir / log_name, url, launch_prefix=prefix,
-                                       grace_s=float(server.stop_grace_s), cleanup_dir=work_dir if temporary else None))
-        urls.append(url)
-    began = time.perf_counter()
-    for process in processes:
-        process.launch()  # from this thread: a guard's parent-death signal follows the thread that started it
-    with ThreadPoolExecutor(max_workers=count) as pool:
-        waiting = [pool.submit(p.wait_ready, float(server.startup_timeout_s)) for p in processes]
-        try:
-            for future in waiting:
-                future.result()
-        except BaseException:
-            for process in processes:
-                process.stop()
-            raise
-    log.info("rollout server: up in %.1f s (%d child server%s)", time.perf_counter() - began, count,
-             "" if count == 1 else "s")
-    return urls, processes

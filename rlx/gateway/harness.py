@@ -391,7 +391,7 @@ def harness_player(env):
     def play(generator, tokenizer, factory, limits, env_seeds: list[int], sample_seeds: list[int],
              decoding: TurnDecoding) -> list:
         stop_ids = decoding.stop_ids if decoding.stop_ids is not None else generator_stop_ids(generator, tokenizer)
-        settings = HarnessSettings.from_env(env, greedy=decoding.greedy, version=getattr(generator, "version", 0) or 0,
+        settings = HarnessSettings.from_env(env, greedy=decoding.greedy, version=generator.version,
                                             stop_ids=stop_ids)
         return play_harness(generator, tokenizer, env.target, None, env_seeds, sample_seeds, settings)
 

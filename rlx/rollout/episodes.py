@@ -96,7 +96,7 @@ class EpisodeProducer:
         episodes = self.play(self.generator, self.tokenizer, self.factory, self.limits, env_seeds, sample_seeds,
                              TurnDecoding(greedy=False, use_chat_template=self.use_chat_template))
         all_episodes = gather_object(episodes) if self.acc is not None else episodes  # global order
-        version = getattr(self.generator, "version", 0) or 0
+        version = self.generator.version
         rows, row_episode = training_rows(episodes)  # a harness session's fork rows join the batch
         rollout = Rollout.from_episodes(rows, self.tokenizer.pad_token_id, [version] * len(rows))
         self.failures.observe(step, all_episodes)  # every episode failing for several steps stops the run

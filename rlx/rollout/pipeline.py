@@ -44,6 +44,8 @@ from dataclasses import replace
 
 import torch
 
+from rlx.engines.generator import Continuation
+from rlx.engines.records import Generation
 from rlx.rollout.types import Batch
 
 log = logging.getLogger("rlx")
@@ -211,7 +213,7 @@ class PipelineProducer:
         if snapshot is not None:
             load_snapshot(self.rollout_model, snapshot)
             self._loaded = version
-        if snapshot is not None or getattr(self.generator, "version", version) != version:
+        if snapshot is not None or self.generator.version != version:
             # (the copy may hold them already: loaded early for rounds drawn ahead, rollout.server.overlap_steps)
             self.generator.publish(self.rollout_model, version)
         return True
@@ -291,8 +293,12 @@ class PipelineGenerator:
         self.pipeline, self.current = pipeline, current
         self.version = 0
 
-    def generate_ids(self, prompts, **kwargs):
-        return self.current.generate_ids(prompts, **kwargs)
+    def generate_ids(self, prompts: list[list[int]], *, max_new_tokens: int, seeds: list[int], greedy: bool = False,
+                     samples_per_prompt: int = 1, min_new_tokens: int = 0, continuation: Continuation | None = None,
+                     schedule: list[float] | None = None) -> Generation:
+        return self.current.generate_ids(prompts, max_new_tokens=max_new_tokens, seeds=seeds, greedy=greedy,
+                                         samples_per_prompt=samples_per_prompt, min_new_tokens=min_new_tokens,
+                                         continuation=continuation, schedule=schedule)
 
     def publish(self, model, version: int) -> None:
         self.version = version

@@ -33,6 +33,8 @@ from dataclasses import replace
 
 import torch
 
+from rlx.engines.generator import Continuation
+from rlx.engines.records import Generation
 from rlx.rollout.types import Batch, EpisodeRows, HintedContext, PromptRows
 
 
@@ -126,7 +128,9 @@ class FollowerGenerator:
     def __init__(self):
         self.version = 0
 
-    def generate_ids(self, prompts, **kwargs):
+    def generate_ids(self, prompts: list[list[int]], *, max_new_tokens: int, seeds: list[int], greedy: bool = False,
+                     samples_per_prompt: int = 1, min_new_tokens: int = 0, continuation: Continuation | None = None,
+                     schedule: list[float] | None = None) -> Generation:
         raise RuntimeError("only rank 0 samples in this run (rollout=server or pipeline mode with several processes)")
 
     def publish(self, model, version: int) -> None:
@@ -147,11 +151,22 @@ class GatheredPublish:
     full weights from the shards on every rank (runtime.parallel.full_state_dict, a collective), rank 0 loads them
     into `shadow`, its full CPU copy of the policy taken before FSDP sharded it, and publishes the copy through
     `inner` (the server generator); on the other ranks `shadow` is None and `inner` a FollowerGenerator. Everything
-    else is `inner`'s."""
+    else is `inner`'s: the Generator's members by name, the fleet's own (client, score...) through __getattr__."""
 
     def __init__(self, inner, acc, shadow, prepared):
         self.inner, self.acc, self.shadow = inner, acc, shadow
         self.prepared = prepared  # the prepared policy: DeepSpeed's engine gathers ZeRO-3's shards
+
+    @property
+    def version(self) -> int:
+        return self.inner.version
+
+    def generate_ids(self, prompts: list[list[int]], *, max_new_tokens: int, seeds: list[int], greedy: bool = False,
+                     samples_per_prompt: int = 1, min_new_tokens: int = 0, continuation: Continuation | None = None,
+                     schedule: list[float] | None = None) -> Generation:
+        return self.inner.generate_ids(prompts, max_new_tokens=max_new_tokens, seeds=seeds, greedy=greedy,
+                                       samples_per_prompt=samples_per_prompt, min_new_tokens=min_new_tokens,
+                                       continuation=continuation, schedule=schedule)
 
     def publish(self, model, version: int) -> None:
         from rlx.runtime.parallel import full_state_dict

@@ -1,8 +1,17 @@
-"""Hints for all-fail groups (algorithm.hints; Guide / SEELE): a group that still fails entirely is re-sampled
-with a prefix of the row's reference solution (rlx/rollout/hints.py), and the re-samples join their group
-(groups are keyed by id, so sizes differ). placement=prompt puts the hint in the user message and trains the
-completion in the plain context (the hinted rows as sampled go to Round.context); placement=prefix continues from the
-plain prompt + the prefix tokens, and the prefix is not trained.
+"""Hints for all-fail groups (algorithm.hints; Guide / SEELE, seed listing 003): a group that still fails entirely
+is re-sampled with a hint, a prefix of the row's reference solution whose length is annealed, and the re-samples join
+their group (groups are keyed by id, so sizes differ).
+
+Guide ("Adaptive Guidance Accelerates Reinforcement Learning of Reasoning Models"): when all G samples of a prompt x
+fail, re-sample from x + h (h a hint in the context) and train those samples with the importance ratio taken in the
+PLAIN context,
+    ratio_t = pi_theta(y_t | x, y_<t) / pi_old(y_t | x + h, y_<t),
+so the update improves the no-hint policy used at test time. placement=prompt puts the hint in the user message and
+trains the completion in the plain context (the hinted rows as sampled go to Round.context, the ratio's denominator);
+placement=prefix continues from the plain prompt + the prefix tokens, and the prefix is not trained. SEELE ("Staying
+in the Sweet Spot") makes the hint a prefix of the reference solution whose length is tuned; rlx anneals the fraction
+linearly (SEELE fits an item-response curve per problem instead: not built). Rows with no usable reference are left
+alone (their group keeps its zero advantage).
 
 Metrics: hints/all_fail_groups, hints/hinted_groups, hints/rescued_frac (all-fail groups rescued: a hinted
 re-sample correct), hints/fraction (the mean share of the solution given).
@@ -10,21 +19,61 @@ re-sample correct), hints/fraction (the mean share of the solution given).
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import torch
 
 from rlx.algorithms.grouping import dense_ids, group_all
 from rlx.algorithms.shaping import correct_from_accuracy
+from rlx.engines.generator import completion_texts
 from rlx.engines.records import Generation, Rollout
 from rlx.engines.sampling import sample_seed
-from rlx.rollout.hints import hint_fraction, hint_prefix, hinted_message, reference_solution
 from rlx.rollout.prompts import format_prompts
 from rlx.rollout.stages.base import STAGES, Round, Stage, StageContext, StageSettings, ratio
 from rlx.rollout.types import HintedContext, SameContext
 
 # hint re-samples draw with sample_seed(seed, step, HINT_INDEX + ...): apart from the plain samples
 HINT_INDEX = 1 << 30
+
+
+def hint_fraction(step: int, start: float, end: float, anneal_steps: int) -> float:
+    """The hinted share of the reference solution at a training step: linear from `start` at step 0 to
+    `end` at `anneal_steps`, then `end` (anneal_steps 0: `end` throughout). Example: 0.8 -> 0.2 over 100
+    steps gives 0.5 at step 50."""
+    if anneal_steps <= 0 or step >= anneal_steps:
+        return float(end)
+    return float(start) + (float(end) - float(start)) * step / anneal_steps
+
+
+def reference_solution(row: dict, source: str, column: str | None = None,
+                       completion_template: str | None = None) -> str | None:
+    """The text a hint is cut from, or None when the row has none:
+      source "column": row[column] (e.g. a worked solution);
+      source "answer": completion_template formatted with row["answer"] (chain_sum: "<answer>12</answer>")."""
+    if source == "column":
+        text = row.get(column) if column else None
+    elif source == "answer":
+        answer = row.get("answer")
+        text = None if answer is None or completion_template is None else completion_template.format(answer=answer)
+    else:
+        raise ValueError(f"unknown hint source '{source}'; valid choices: column, answer")
+    return text if isinstance(text, str) and text.strip() else None
+
+
+def hint_prefix(solution_ids: list[int] | None, fraction: float) -> list[int] | None:
+    """The first ceil(fraction * n) tokens of the tokenized reference solution (at least one when the
+    fraction is positive, never more than n). None when there is no solution, or the fraction is 0
+    (no hint: the row is left alone). Example: 10 tokens, fraction 0.25 -> the first 3."""
+    if not solution_ids or fraction <= 0:
+        return None
+    keep = min(len(solution_ids), max(1, math.ceil(fraction * len(solution_ids))))
+    return list(solution_ids[:keep])
+
+
+def hinted_message(user_message: str, hint: str, template: str) -> str:
+    """The user message of the hinted context x + h."""
+    return template.format(prompt=user_message, hint=hint)
 
 
 class Hints(Stage):
@@ -105,17 +154,16 @@ class Hints(Stage):
         else:  # "prefix": continuation from a token prefix (the plain prompt + the first tokens of the solution)
             contexts = [ids + prefix for ids, (_, _, prefix) in zip(plain_ids, chosen)]
             budget = max(1, ctx.max_new_tokens - max(len(prefix) for _, _, prefix in chosen))
-        extra = {"schedule": ctx.schedule} if ctx.schedule is not None else {}
         out = ctx.generator.generate_ids(contexts, max_new_tokens=budget, seeds=seeds, samples_per_prompt=samples,
-                                         min_new_tokens=min(ctx.min_new_tokens, budget), **extra)
+                                         min_new_tokens=min(ctx.min_new_tokens, budget), schedule=ctx.schedule)
         prefixes = [prefix for _, _, prefix in chosen for _ in range(samples)]
         if hints.placement == "prefix":  # the row's completion holds the prefix (not trained) and the continuation
             out = Generation([p + ids for p, ids in zip(prefixes, out.ids)],
                              [[0.0] * len(p) + lp for p, lp in zip(prefixes, out.logprobs)]
                              if out.logprobs is not None else None,
                              out.stopped)
-        texts = ctx.tokenizer.batch_decode(_padded(out.ids, pad), skip_special_tokens=True)
-        version = getattr(ctx.generator, "version", 0)
+        texts = completion_texts(ctx.tokenizer, out.ids)
+        version = ctx.generator.version
         trained = Rollout.from_ids(plain_ids, out, samples, pad, texts, version=version)
         skip = [len(p) for p in prefixes] if hints.placement == "prefix" else [0] * len(prefixes)
         trained = _mask_prefixes(trained, skip, ctx.schedule)
@@ -162,14 +210,6 @@ def _with_hint(row: dict, hint: str, template: str) -> dict:
         messages[last]["content"] = hinted_message(messages[last]["content"], hint, template)
         return dict(row, prompt=messages)
     return dict(row, prompt=hinted_message(prompt, hint, template))
-
-
-def _padded(ids: list[list[int]], pad: int) -> torch.Tensor:
-    width = max((len(r) for r in ids), default=0)
-    out = torch.full((len(ids), width), pad, dtype=torch.long)
-    for row, values in enumerate(ids):
-        out[row, : len(values)] = torch.tensor(values, dtype=torch.long)
-    return out
 
 
 @STAGES.register("hints")

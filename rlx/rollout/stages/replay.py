@@ -1,7 +1,15 @@
-"""Replay into collapsed groups (algorithm.replay; R^3 / Skywork's selective sample buffer): the samples of
-informative groups go into a per-prompt buffer (rlx/rollout/replay.py, keyed by the rendered prompt); a group the
-trigger calls collapsed gets the newest buffered sample of the missing kind in place of its last sample. The
-buffer is checkpointed as "replay".
+"""Replay into collapsed groups (algorithm.replay): a per-prompt buffer of informative past samples, mixed into
+groups whose rewards tie (R^3's cross-context replay; Skywork R1V2's Selective Sample Buffer; seed listing 001).
+
+The abstracts give the principle only; rlx's form (a reconstruction, docs/algorithms/seed-ideas.md):
+  - after scoring, every group that was informative (not tied) stores its correct samples and its wrong
+    samples under the prompt's key (the rendered prompt; the newest `per_prompt` of each kind);
+  - a group that collapsed (all wrong, or all correct, per `trigger`) gets its LAST sample replaced by the
+    newest buffered sample of the missing kind, if one is younger than `max_age` steps;
+  - the loop re-scores nothing (the stored reward is kept), recomputes the old log-probs of replayed rows
+    under the current policy (ratio 1 at the first epoch), and may weight them by TIS with the stored
+    sampler log-probs.
+The buffer round-trips through state_dict exactly (checkpointed with the run as "replay").
 
 Metrics: replay/filled_frac (collapsed groups replayed into / collapsed groups), replay/groups_filled,
 replay/buffer_size.
@@ -9,14 +17,121 @@ replay/buffer_size.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
 from rlx.algorithms.grouping import dense_ids, group_all
 from rlx.engines.records import Generation, Rollout
-from rlx.rollout.replay import TRIGGERS, ReplayBuffer, fill_buffer, replay_plan, sample_entries
+from rlx.registry import Registry, publish
 from rlx.rollout.stages.base import STAGES, Round, Stage, StageContext, StageSettings, ratio
+
+
+@dataclass
+class ReplayEntry:
+    """One buffered sample: what the loop needs to put it back into a batch."""
+
+    completion_ids: list[int]
+    reward: float
+    correct: bool
+    step: int
+    logprobs: list[float] | None = None  # the sampler's log-probs when it was drawn (TIS)
+    truncated: bool = False  # the sample hit the generation budget (no stop token)
+
+
+class ReplayBuffer:
+    """key (the prompt: its text or row id, as a string) -> the newest `per_prompt` correct and wrong samples."""
+
+    def __init__(self, per_prompt: int = 2, max_age: int = 200):
+        self.per_prompt, self.max_age = per_prompt, max_age
+        self.entries: dict[str, dict[str, list[ReplayEntry]]] = {}
+
+    def add(self, key, entry: ReplayEntry) -> None:
+        kinds = self.entries.setdefault(str(key), {"correct": [], "wrong": []})
+        kept = kinds["correct" if entry.correct else "wrong"]
+        kept.append(entry)
+        del kept[: max(0, len(kept) - self.per_prompt)]
+
+    def newest(self, key, correct: bool, step: int) -> ReplayEntry | None:
+        """The newest buffered sample of that kind, if it is at most max_age steps old."""
+        kept = self.entries.get(str(key), {}).get("correct" if correct else "wrong", [])
+        if kept and step - kept[-1].step <= self.max_age:
+            return kept[-1]
+        return None
+
+    def __len__(self) -> int:
+        return sum(len(v) for kinds in self.entries.values() for v in kinds.values())
+
+    def state_dict(self) -> dict:
+        return {"per_prompt": self.per_prompt, "max_age": self.max_age,
+                "entries": {key: {kind: [asdict(e) for e in kept] for kind, kept in kinds.items()}
+                            for key, kinds in self.entries.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.per_prompt, self.max_age = int(state["per_prompt"]), int(state["max_age"])
+        self.entries = {key: {kind: [ReplayEntry(**e) for e in kept] for kind, kept in kinds.items()}
+                        for key, kinds in state["entries"].items()}
+
+
+# which collapsed groups get a replayed sample, and of which kind:
+# fn(all_correct (K,) bool, all_wrong (K,) bool) -> (K,) long: 1 = insert a correct sample, 0 = a wrong one, -1 = none
+TRIGGERS = publish("replay_trigger", Registry("replay trigger"))
+TRIGGERS.register("all_fail")(lambda all_correct, all_wrong: torch.where(all_wrong, 1, -1))
+TRIGGERS.register("tied")(lambda all_correct, all_wrong: torch.where(all_wrong, 1, torch.where(all_correct, 0, -1)))
+
+
+def _group_summary(correct: torch.Tensor, groups: torch.Tensor):
+    """Per group (dense id): its position in order of first appearance, correct count, size, last row."""
+    index, count = dense_ids(groups)
+    rows = torch.arange(groups.numel())
+    first = torch.full((count,), groups.numel(), dtype=torch.long).scatter_reduce(0, index, rows, reduce="amin")
+    appearance = torch.argsort(torch.argsort(first))  # (K,) dense id -> position among the groups as they appear
+    hits = torch.zeros(count, dtype=torch.long).index_add_(0, index, correct.long())
+    sizes = torch.zeros(count, dtype=torch.long).index_add_(0, index, torch.ones_like(index))
+    last = torch.zeros(count, dtype=torch.long).scatter_reduce(0, index, rows, reduce="amax")
+    return index, appearance, hits, sizes, last
+
+
+def replay_plan(correct: torch.Tensor, groups: torch.Tensor, keys: list, buffer: ReplayBuffer, step: int,
+                trigger: str = "all_fail") -> list[tuple[int, ReplayEntry]]:
+    """(row to overwrite, buffered sample) for every collapsed group that has a usable buffered sample:
+    the row is the group's last sample. correct, groups: (N,); keys: the prompt key of each group, in the
+    order of the groups' first appearance. Groups without a usable entry are left alone. Sorted by row."""
+    _, appearance, hits, sizes, last = _group_summary(correct, groups)
+    wanted = TRIGGERS[trigger](hits == sizes, hits == 0)  # (K,)
+    plan = []
+    for dense in range(hits.numel()):
+        if wanted[dense] >= 0:
+            entry = buffer.newest(keys[int(appearance[dense])], bool(wanted[dense]), step)
+            if entry is not None:
+                plan.append((int(last[dense]), entry))
+    return sorted(plan, key=lambda item: item[0])
+
+
+def sample_entries(completions: list[list[int]], rewards: torch.Tensor, correct: torch.Tensor, step: int,
+                   logprobs: list[list[float]] | None = None, truncated: list[bool] | None = None) -> list[ReplayEntry]:
+    """One ReplayEntry per sample of a scored round, drawn at `step`; truncated: whether each sample hit the
+    generation budget (None: none did); logprobs: the sampler's, when the round has them."""
+    return [ReplayEntry(list(completions[row]), float(rewards[row]), bool(correct[row]), step,
+                        list(logprobs[row]) if logprobs is not None else None,
+                        bool(truncated[row]) if truncated is not None else False)
+            for row in range(len(completions))]
+
+
+def fill_buffer(buffer: ReplayBuffer, correct: torch.Tensor, groups: torch.Tensor, keys: list,
+                entries: list[ReplayEntry]) -> int:
+    """Store the samples (entries: one per sample, sample_entries) of every informative group (some correct, some
+    wrong). keys as in replay_plan. Returns how many samples were stored."""
+    index, appearance, hits, sizes, _ = _group_summary(correct, groups)
+    informative = (hits > 0) & (hits < sizes)
+    stored = 0
+    for row in range(groups.numel()):
+        dense = int(index[row])
+        if informative[dense]:
+            buffer.add(keys[int(appearance[dense])], entries[row])
+            stored += 1
+    return stored
+
 
 
 class Replay(Stage):
