@@ -34,11 +34,10 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from rlx.algorithms.grouping import fixed_groups
 from rlx.config.async_rules import partial_schedule_refusal
 from rlx.data.sources import PromptSource
+from rlx.engines.generator import completion_texts
 from rlx.engines.records import Generation, Rollout
 from rlx.engines.sampling import sample_seed
 from rlx.errors import UserError
@@ -172,11 +171,7 @@ class PartialProducer:
         group = self.group_size
         ids = [ids for g in groups for ids in g.ids]
         out = Generation(ids, [lp for g in groups for lp in g.logprobs], [s for g in groups for s in g.stopped])
-        width = max((len(c) for c in ids), default=0)
-        padded = torch.full((len(ids), width), self.tokenizer.pad_token_id, dtype=torch.long)
-        for row, c in enumerate(ids):
-            padded[row, : len(c)] = torch.tensor(c, dtype=torch.long)
-        texts = self.tokenizer.batch_decode(padded, skip_special_tokens=True)
+        texts = completion_texts(self.tokenizer, ids)
         versions = [tokens or [v if v is not None else 0]  # each token's sampler (a row's oldest: Rollout.versions)
                     for g in groups for v, tokens in zip(g.versions, g.token_versions)]
         rollout = Rollout.from_ids([g.prompt_ids for g in groups], out, group, self.tokenizer.pad_token_id, texts,
