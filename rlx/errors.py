@@ -118,14 +118,14 @@ class RolloutServerError(Exception):
         super().__init__(message)
         self.resumable = resumable
 
-
-class NoServerAtVersion(RolloutServerError):
-    """No live server holds the weight version a request must be drawn with (rollout.server.overlap_steps: the
-    other servers already moved on to the next step's version). Here, with the leaves, because a producer catches
-    it (to reclaim the servers) and producers do not import the fleet that raises it."""
-
     def for_run(self, run_dir) -> str:
         """The one line `rlx train` prints: the cause, and the command that continues the run."""
         if not self.resumable:
             return str(self)
         return f"{self}; the last checkpoint is intact, continue with: rlx train resume={run_dir}"
+
+
+class NoServerAtVersion(RolloutServerError):
+    """No live server holds the weight version a request must be drawn with (rollout.server.overlap_steps: the
+    other servers already moved on to the next step's version). Here, with the leaves, because a producer catches
+    it (to reclaim the servers) and producers do not import the fleet that raises it."""
