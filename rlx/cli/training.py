@@ -132,8 +132,7 @@ def _run_locked(command: Command, rewards: Mapping[str, Callable]) -> dict | Non
     try:
         result = LOOPS[s.algorithm.family](built.settings, built)
     finally:  # a vLLM engine or server (and its child process) goes with the run, whatever ended it
-        if built.generator is not None:
-            built.generator.close()
+        built.close()
     return _finish(s, run_dir, accelerator, result, tokenizer, rebuild_final)
 
 

@@ -85,6 +85,9 @@ class Parts:
     metrics_log: object
     checkpointed: dict
 
+    def close(self) -> None:
+        """Release what the parts hold beyond the run (a family with a generator closes it)."""
+
 
 @dataclass(frozen=True)
 class SamplingParts(Parts):
@@ -93,6 +96,10 @@ class SamplingParts(Parts):
 
     generator: object
     run_eval: object
+
+    def close(self) -> None:
+        """A vLLM engine or server (and its child process) goes with the run, whatever ended it."""
+        self.generator.close()
 
 
 @dataclass(frozen=True)
