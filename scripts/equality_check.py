@@ -55,6 +55,8 @@ RUNS = {
                         "algorithm.dynamic_sampling=true", "data.train_size=12", "steps=6", "eval.every=3"],
     "seed_gra": ["seed_gra_tiny", "steps=4", "eval.every=2"],
     "seed_hgpo": ["seed_hgpo_grid_tiny", "steps=4", "eval.every=2"],
+    "epo_band": ["algorithm=gigpo", "env=corridor", "model.path=builtin:tiny_agent", "data.source=none",
+                 "algorithm.entropy_smoothing.coef=0.1", "algorithm.epochs=2", "steps=4", "eval.every=2"],
     # the producer modes: pipeline (one batch ahead), partial rollouts, and a harness program through the gateway
     "pipeline": ["rollout.max_staleness=1", "rollout.correction=tis", "steps=6", "eval.every=3"],
     "partial": ["rollout.partial=true", "rollout.correction=tis", "steps=6", "eval.every=3"],

@@ -211,6 +211,8 @@ def known_keys() -> set[str]:
                 _flat(yaml.safe_load(text), "", keys)
             else:
                 _flat(yaml.safe_load(text), f"{group}.", keys)
+        for part in sorted((CONF_DIR / group / "parts").glob("*.yaml")):  # included by options (`parts/X@_here_`)
+            _flat(yaml.safe_load(part.read_text()), f"{group}.", keys)
     return keys
 
 

@@ -86,8 +86,7 @@ def test_bad_seed_settings_stop_with_one_line(overrides, needle):
 
 
 WIRED_ELSEWHERE = [
-    (["algorithm=ppo", "algorithm.transforms=[agrae]"], "acts in the policy-gradient loop's credit or update"),
-    (["algorithm=ppo", "algorithm.hints.enabled=true"], "use algorithm=grpo"),
+    (["algorithm=ppo", "algorithm.hints.enabled=true"], "acts in the policy-gradient loop's credit or update"),
     (["algorithm=ppo", "rollout.temperature_schedule.mode=ead"], "the PPO loop scores at rollout.temperature"),
     (["algorithm.replay.enabled=true", "rollout.temperature_schedule.mode=ead"], "turn one of them off"),
 ]
@@ -98,6 +97,31 @@ def test_options_outside_their_loop_stop_with_one_line(overrides, needle):
     with pytest.raises(UserError) as info:
         check_settings(checked_settings(check_overrides(overrides)))
     assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("knob", ["algorithm.transforms=[agrae]", "algorithm.forking_rho=0.2",
+                                  "algorithm.skip_zero_advantage=true", "algorithm.scale=none",
+                                  "algorithm.positive_weight=0.1", "algorithm.virtual_samples=2"])
+def test_a_policy_gradient_loop_knob_is_no_ppo_knob(knob, capsys):
+    """The knobs only the policy-gradient loop applies (its credit, forking tokens, the skipped step) are not in PPO's
+    schema (rlx/config/families.py): setting one is the one line naming who has it, exit 2."""
+    with pytest.raises(SystemExit) as info:
+        check_overrides(["algorithm=ppo", knob])
+    assert info.value.code == 2
+    name = knob.partition("=")[0]
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {name} is a policy_gradient") and err.count("\n") == 1, err
+
+
+def test_ppo_on_several_processes_samples_on_every_rank():
+    """PPO has no transforms knob (a PRODUCER_KNOBS entry): absent counts as off, so nothing makes rank 0 sample."""
+    from rlx.cli.training import check_run
+    from rlx.config.async_rules import rank_zero_reason
+
+    ddp = ["hardware=ddp", "hardware.cpu=true", "hardware.num_processes=2"]
+    assert rank_zero_reason(check_run(check_overrides(["algorithm=ppo", *ddp])), 2) is None
+    assert rank_zero_reason(check_run(check_overrides(["algorithm=ppo", "algorithm.shapers=[laser]", *ddp])), 2) == (
+        "algorithm.shapers=[laser]")
 
 
 def test_ppo_runs_the_producer_stages():
@@ -143,10 +167,13 @@ def test_the_not_wired_guard_reads_real_knobs():
     grpo = check_overrides([])
     for knob in [*seed_rules.PRODUCER_KNOBS, *seed_rules.PPO_REFUSED]:
         assert OmegaConf.select(grpo.algorithm, knob, default="missing") != "missing", knob
+    ppo = check_overrides(["algorithm=ppo"])
+    for knob in seed_rules.PPO_REFUSED:  # refused by a rule, so PPO's schema has it
+        assert OmegaConf.select(ppo.algorithm, knob, default="missing") != "missing", knob
 
 
 def test_the_cli_refuses_an_option_outside_its_loop_with_exit_code_2(tmp_path):
     result = run_rlx(["train", "algorithm=ppo", "algorithm.transforms=[agrae]", "steps=1"], tmp_path, timeout=300)
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and "algorithm.transforms=['agrae'] acts in the policy-gradient loop" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("error: algorithm.transforms is a policy_gradient knob")

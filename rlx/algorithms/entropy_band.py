@@ -14,6 +14,7 @@ DISTANCE of the entropy to the band, which is differentiable and zero inside the
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -30,6 +31,21 @@ def entropy_band_penalty(entropy: torch.Tensor, turn_index: torch.Tensor, histor
     reference = history.to(entropy.dtype)[turn_index.clamp(0, history.numel() - 1)]  # (n, T)
     penalty = torch.relu(low * reference - entropy) + torch.relu(entropy - high * reference)
     return torch.where(turn_index >= 0, penalty, torch.zeros_like(penalty))
+
+
+@dataclass(frozen=True)
+class BandTerm:
+    """One step's entropy band, passed to the loss as an argument (it moves every step): the weight of the penalty
+    (coef x the phase weight), the history H_bar (K,) and the band's edges as multiples of it."""
+
+    weight: float
+    history: torch.Tensor
+    low: float
+    high: float
+
+    def penalty(self, entropy: torch.Tensor, turn_index: torch.Tensor) -> torch.Tensor:
+        """entropy_band_penalty of each token (n, T) against this step's history."""
+        return entropy_band_penalty(entropy, turn_index, self.history.to(entropy.device), self.low, self.high)
 
 
 def epo_phase_weight(step: int, total_steps: int) -> float:

@@ -40,12 +40,13 @@ def _chosen(overrides: list[str]) -> dict[str, str]:
 
 
 def _option_chain(group: str, option: str) -> list[str]:
-    """The option and the options it extends (`defaults: [grpo, _self_]` in dapo.yaml), base first."""
+    """The option and the options it extends (`defaults: [grpo, _self_]` in dapo.yaml; a part included where it
+    stands, `parts/single_turn@_here_` in grpo.yaml), base first."""
     path = CONF_DIR / group / f"{option}.yaml"
     if not path.is_file():
         return []
-    bases = [d for d in (yaml.safe_load(path.read_text()) or {}).get("defaults", []) if isinstance(d, str) and d
-             != "_self_"]
+    bases = [d.partition("@")[0] for d in (yaml.safe_load(path.read_text()) or {}).get("defaults", [])
+             if isinstance(d, str) and d != "_self_"]
     return [name for base in bases for name in _option_chain(group, base)] + [option]
 
 

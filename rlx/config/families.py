@@ -102,15 +102,12 @@ class Hints:
 
 
 @dataclass
-class PolicyGradient(Algorithm):
-    """family policy_gradient (conf/algorithm/grpo.yaml and the presets extending it)."""
+class Update(Algorithm):
+    """The update knobs of the three families trained by the clipped surrogate (policy_gradient, ppo, agent): the
+    ratio, clipping and aggregation of the policy loss (rlx/algorithms/policy_loss.py), the KL to the reference, the
+    entropy bonus, and the passes and optimizer steps over each rollout batch. Composed by inheritance so their keys
+    stay flat: `algorithm.clip_low`, never `algorithm.update.clip_low`."""
 
-    PRESET: ClassVar[str] = "grpo"
-    advantage: Advantage = field()
-    scale: Scale = field()
-    eps: float = positive()
-    positive_weight: float = num(0)
-    negative_weight: float = num(0)
     clip_low: float = num(0)
     clip_high: float = num(0)
     dual_clip: float | None = field()
@@ -123,21 +120,33 @@ class PolicyGradient(Algorithm):
     kl_horizon: int = num(1)
     ref_reset_every: int = num(0)
     entropy_coef: float = num(0)
-    forking_rho: float = fraction(low_open=True)
-    dynamic_sampling: bool = field()
-    max_sample_batches: int = num(1)
     mask_truncated: bool = field()
-    overlong_buffer: int = num(0)
-    overlong_weight: float = num(0)
     epochs: int = num(1)
     mini_batches: int = num(1)
+
+
+@dataclass
+class CriticFreeUpdate(Update):
+    """The update knobs of the policy-gradient loop (families policy_gradient and agent), which PPO's loop does not
+    apply: forking tokens, and no step when no advantage carries a signal."""
+
+    forking_rho: float = fraction(low_open=True)
     skip_zero_advantage: bool = field()
-    # seed ideas (issue 29)
-    virtual_reward: float = field()
-    virtual_samples: int = num(1)
+
+
+@dataclass
+class SingleTurnSampling:
+    """The single-turn producer's knobs (families policy_gradient and ppo; conf/algorithm/parts/single_turn.yaml):
+    the estimator's name and eps, dynamic sampling, the overlong penalty, and the seed ideas' group stages."""
+
+    advantage: Advantage = field()
+    eps: float = positive()
+    dynamic_sampling: bool = field()
+    max_sample_batches: int = num(1)
+    overlong_buffer: int = num(0)
+    overlong_weight: float = num(0)
     dynamic_sampling_drop: DropStrategy = field()
     shapers: list[Shaper] = field()
-    transforms: list[Transform] = field()
     shaping: SeedShaping = field()
     verifier_noise: VerifierNoise = field()
     prompt_sampling: PromptSampling = field()
@@ -147,8 +156,23 @@ class PolicyGradient(Algorithm):
 
 
 @dataclass
-class PPO(PolicyGradient):
-    """family ppo (conf/algorithm/ppo.yaml): the policy-gradient knobs plus the critic's."""
+class PolicyGradient(CriticFreeUpdate, SingleTurnSampling):
+    """family policy_gradient (conf/algorithm/grpo.yaml and the presets extending it): the shared update and
+    single-turn knobs, plus the outcome estimators' and the advantage transforms'."""
+
+    PRESET: ClassVar[str] = "grpo"
+    scale: Scale = field()
+    positive_weight: float = num(0)
+    negative_weight: float = num(0)
+    # seed ideas (issue 29)
+    virtual_reward: float = field()
+    virtual_samples: int = num(1)
+    transforms: list[Transform] = field()
+
+
+@dataclass
+class PPO(Update, SingleTurnSampling):
+    """family ppo (conf/algorithm/ppo.yaml): the shared update and single-turn knobs plus the critic's."""
 
     PRESET: ClassVar[str] = "ppo"
     value_model: str | None = field()
@@ -171,8 +195,9 @@ class EntropySmoothing:
 
 
 @dataclass
-class Agent(Algorithm):
-    """family agent (conf/algorithm/agent_grpo.yaml, gigpo, mt_grpo): episodes through the policy-gradient loop."""
+class Agent(CriticFreeUpdate):
+    """family agent (conf/algorithm/agent_grpo.yaml, gigpo, mt_grpo): episodes through the policy-gradient loop; the
+    update knobs are the shared ones (Update, CriticFreeUpdate), the credit rules' below."""
 
     PRESET: ClassVar[str] = "agent_grpo"
     credit: Credit = field()
@@ -182,23 +207,6 @@ class Agent(Algorithm):
     step_weight: float = field()
     turn_weight: float = field()
     invalid_penalty: float = field()
-    clip_low: float = num(0)
-    clip_high: float = num(0)
-    dual_clip: float | None = field()
-    ratio_level: RatioLevel = field()
-    loss_agg: LossAgg = field()
-    kl_coef: float = num(0)
-    kl_estimator: KLEstimator = field()
-    kl_in: KLPlacement = field()
-    kl_target: float | None = positive()
-    kl_horizon: int = num(1)
-    ref_reset_every: int = num(0)
-    entropy_coef: float = num(0)
-    forking_rho: float = fraction(low_open=True)
-    mask_truncated: bool = field()
-    epochs: int = num(1)
-    mini_batches: int = num(1)
-    skip_zero_advantage: bool = field()
     # seed ideas (issue 29)
     gate_threshold: float | None = field()
     hgpo_depth: int = num(0)

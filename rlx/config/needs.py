@@ -43,8 +43,9 @@ def estimator_problems(name: str, needs: EstimatorNeeds, algo, samples: int) -> 
         (needs.odd_group and group % 2 == 0, f"needs an odd group so that its middle is one sample: "
                                              f"rollout.samples_per_prompt={samples}{extra} (make samples_per_prompt "
                                              f"{'even' if needs.extra_samples % 2 else 'odd'})"),
-        (getattr(algo, "scale", None) is not None and algo.scale not in scales,
-         f"is defined for algorithm.scale={' | '.join(scales)}: set algorithm.scale={scales[0]} (got {algo.scale})"),
+        (getattr(algo, "scale", None) is not None and algo.scale not in scales,  # PPO has no scale
+         f"is defined for algorithm.scale={' | '.join(scales)}: set algorithm.scale={scales[0]} (got "
+         f"{getattr(algo, 'scale', None)})"),
         (needs.equal_groups and algo.hints.enabled, "takes equal groups of adjacent samples, and "
                                                     "algorithm.hints.enabled=true adds the hinted re-samples to "
                                                     "their group (sizes differ): turn hints off or pick an estimator "

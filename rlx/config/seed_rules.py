@@ -24,9 +24,10 @@ from rlx.config.schema import TrainConfig
 # knob -> its default (off); a different value is refused until the loop applies it. Empty: everything is wired.
 NOT_WIRED: dict = {"policy_gradient": {}, "agent": {}, "rollout": {}}
 
-# the seed knobs the PPO loop (rlx/loops/ppo.py) does not apply: they act in the policy-gradient loop's credit or
-# update (transforms; hints' plain-context ratio; per-token temperatures); the producer's stages work under PPO too
-PPO_REFUSED = {"transforms": [], "hints.enabled": False}
+# the seed knobs PPO's schema has (the single-turn producer reads them) but the PPO loop (rlx/loops/ppo.py) does not
+# apply: hints' plain-context ratio is the policy-gradient loop's. The producer's stages work under PPO too; the
+# advantage transforms are no PPO knob at all (rlx/config/families.py PolicyGradient)
+PPO_REFUSED = {"hints.enabled": False}
 
 # knobs acting in the single-turn producer's group stages (rlx/rollout/stages/): with several processes, rank 0 samples
 # the step's global batch with them and broadcasts it (rlx/rollout/rank_zero.py)
@@ -41,7 +42,8 @@ def check_seed_settings(settings: TrainConfig) -> None:
     rollout backend declare they need, what the PPO loop does not apply, then the not-wired guard."""
     algo, roll = settings.algorithm, settings.rollout
     shaping, noise, hints, sampling = algo.shaping, algo.verifier_noise, algo.hints, algo.prompt_sampling
-    standardized = algo.advantage in ESTIMATORS and ESTIMATORS.needs(algo.advantage).standardised(algo.scale)
+    standardized = algo.advantage in ESTIMATORS and ESTIMATORS.needs(algo.advantage).standardised(
+        getattr(algo, "scale", None))  # PPO has no scale (gae)
     cancelled = standardized and list(settings.reward.components) == [settings.reward.accuracy]
     ead = roll.temperature_schedule.mode != "constant"
     ppo_refused = [knob for knob, default in PPO_REFUSED.items() if knob_value(algo, knob) != default]
@@ -107,9 +109,10 @@ def knob_value(node, dotted: str, default=None):
 
 
 def producer_knobs_set(algo) -> list[tuple]:
-    """(knob, its off value, its value) of each PRODUCER_KNOBS knob set away from its off value, in table order."""
-    return [(knob, default, knob_value(algo, knob)) for knob, default in PRODUCER_KNOBS.items()
-            if knob_value(algo, knob) != default]
+    """(knob, its off value, its value) of each PRODUCER_KNOBS knob set away from its off value, in table order (a
+    knob the family does not have, PPO's transforms, is off)."""
+    return [(knob, default, knob_value(algo, knob, default)) for knob, default in PRODUCER_KNOBS.items()
+            if knob_value(algo, knob, default) != default]
 
 
 def not_wired_problems(settings: TrainConfig, family: str) -> list[str]:

@@ -10,8 +10,9 @@ Each step:
   3. credit (loops/credit.py, by the producer's kind): an outcome estimator over each group's rewards
      (algorithm.advantage), or a credit rule over the steps of the episodes (algorithm.credit), spread over
      the sampled tokens by their loss mask;
-  4. one update: the clipped surrogate (algorithms/losses.py) plus an optional KL penalty (algorithms/kl.py)
-     and entropy bonus, the off-policy correction when the sampler is not the trainer (rollout.correction:
+  4. one update: the policy loss (algorithms/policy_loss.py, built once before the first step): the clipped
+     surrogate (algorithms/losses.py) plus an optional KL penalty (algorithms/kl.py), entropy bonus and the agents'
+     entropy band (passed per step), the off-policy correction when the sampler is not the trainer (rollout.correction:
      an engine's float error, stale rows of pipeline mode or partial rollouts; algorithms/offpolicy.py),
      forking tokens (algorithm.forking_rho), for `algorithm.epochs` passes of `algorithm.mini_batches`
      optimizer steps, accumulated exactly over micro-batches (micro_batch_size rows or micro_batch_tokens,
@@ -34,16 +35,11 @@ from functools import partial
 
 import torch
 
-from rlx.algorithms.entropy_band import EntropyHistory, entropy_band_penalty, epo_phase_weight
-from rlx.algorithms.kl import PenaltyTerms, adaptive_kl_coef, penalized_token_loss
-from rlx.algorithms.losses import aggregate, clipped_surrogate, entropy_threshold, top_entropy_mask
-from rlx.algorithms.offpolicy import (
-    REJECTING,
-    importance_correction,
-    logprob_gap,
-    needs_proximal_logprobs,
-    resolve_correction,
-)
+from rlx.algorithms.entropy_band import BandTerm, EntropyHistory, epo_phase_weight
+from rlx.algorithms.kl import adaptive_kl_coef
+from rlx.algorithms.losses import entropy_threshold, top_entropy_mask
+from rlx.algorithms.offpolicy import Correction, logprob_gap, needs_proximal_logprobs
+from rlx.algorithms.policy_loss import PolicyInputs, PolicyLoss
 from rlx.loops.common import (
     KLCoefficient,
     NoMixer,
@@ -103,6 +99,8 @@ def train_policy_gradient(settings, parts: PolicyParts) -> dict:
         generator.publish(acc.unwrap_model(model), start_step)
     last_eval = evaluate_at_start(settings.eval.at_start, start_step, metrics_log, run_eval)
     pack = settings.packed_forward
+    update = UpdateSettings.of(settings, producer.loss_width)  # the knobs of every step's update, and its loss
+    correction = update.loss.correction  # the off-policy correction (rollout.correction)
 
     for step in range(start_step + 1, settings.steps + 1):
         kl_coef = kl_state.value
@@ -122,11 +120,9 @@ def train_policy_gradient(settings, parts: PolicyParts) -> dict:
         # 2. old (proximal) log-probs (needed for several optimizer steps, KL in the reward, a rejecting correction,
         # entropy ranking, or rows sampled in another context: hints, whose old log-probs are those of the hinted
         # prompt) and the reference's
-        update = UpdateSettings.of(settings, producer.loss_width)
-        if band is not None:
-            update.entropy_band = band.at(step, settings.steps)
+        band_term = band.at(step, settings.steps) if band is not None else None  # this step's entropy band
         need_old = (needs_proximal_logprobs(updates_per_step, reference is not None and algo.kl_in == "reward",
-                                            update.correction) or isinstance(batch.context, HintedContext))
+                                            correction.rule) or isinstance(batch.context, HintedContext))
         old_logp, old_entropy = None, None
         logprob_start = time.perf_counter()
         if need_old or algo.forking_rho < 1:
@@ -149,10 +145,8 @@ def train_policy_gradient(settings, parts: PolicyParts) -> dict:
                                           algo.forking_rho)
             pg_mask = loss_mask * top_entropy_mask(old_entropy, loss_mask, algo.forking_rho, threshold).long()
         rejected = 0  # tokens a rejecting correction removed from the loss
-        if update.correction in REJECTING and sampler_logp is not None:  # they leave the loss and its normaliser
-            kept = importance_correction(old_logp, sampler_logp, completion_mask, update.correction,
-                                         update.correction_level,
-                                         update.correction_cap, update.correction_low).kept.long()  # (n, C)
+        if correction.rejecting and sampler_logp is not None:  # they leave the loss and its normaliser
+            kept = correction(old_logp, sampler_logp, completion_mask).kept.long()  # (n, C)
             rejected = int((loss_mask * (1 - kept)).sum())
             loss_mask, pg_mask = loss_mask * kept, pg_mask * kept
         if not need_old:
@@ -172,7 +166,7 @@ def train_policy_gradient(settings, parts: PolicyParts) -> dict:
         else:
             rows = UpdateRows(rollout, advantages, completion_mask, loss_mask, pg_mask, credit.keep, old_logp,
                               ref_logp, sampler_logp)
-            stats = optimise(parts, rows, kl_coef, shuffle, update)
+            stats = optimise(parts, rows, kl_coef, shuffle, update, band_term)
         update_time = time.perf_counter() - update_start
         if band is not None and not skip:
             band.record(stats)  # this step's per-turn entropies join the history the next steps' band is set from
@@ -207,8 +201,8 @@ def train_policy_gradient(settings, parts: PolicyParts) -> dict:
             metrics["rollout/logprob_gap_mean"] = (global_sum(acc, stats["gap_sum"])
                                                    / max(global_sum(acc, stats["gap_count"]), 1))
             metrics["rollout/logprob_gap_max"] = gather(acc, torch.tensor([stats["gap_max"]])).max().item()
-            if update.correction != "none":
-                metrics.update(correction_metrics(acc, stats, loss_mask, rejected, update.correction))
+            if correction.active:
+                metrics.update(correction_metrics(acc, stats, loss_mask, rejected, correction.rule))
         if stats["band_penalty"]:
             metrics["train/entropy_band_penalty"] = global_mean(acc, mean_of(stats["band_penalty"]))
         if stats["kl"]:
@@ -254,26 +248,27 @@ def objective_weights(mixer, batch, acc, key: str) -> tuple[torch.Tensor, dict]:
     return weights, mixer.metrics()
 
 
+@dataclass(frozen=True)
 class UpdateSettings:
-    """The knobs of one update, read once from the typed settings (algorithm, rollout, batching)."""
+    """The knobs of every step's update, read once from the typed settings (algorithm, rollout, batching) before
+    the first step, and its policy loss. What moves between steps (the KL coefficient, the entropy band) is an
+    argument of `optimise`, not a field."""
 
-    def __init__(self, **values):
-        self.__dict__.update(values)
+    epochs: int
+    mini_batches: int
+    micro_batch_size: int
+    micro_batch_tokens: int | None
+    pack: bool
+    max_grad_norm: float | None
+    temperature: float
+    loss: PolicyLoss
 
     @classmethod
     def of(cls, settings, loss_width: int) -> UpdateSettings:
         algo, roll = settings.algorithm, settings.rollout
-        rule, level, cap, low = resolve_correction(roll.correction, roll.correction_level, roll.correction_cap,
-                                                   roll.correction_low, getattr(roll, "tis_cap", None))
-        return cls(epochs=algo.epochs, mini_batches=algo.mini_batches, clip_low=algo.clip_low, clip_high=algo.clip_high,
-                   dual_clip=algo.dual_clip, ratio_level=algo.ratio_level, loss_agg=algo.loss_agg,
-                   kl_estimator=algo.kl_estimator, kl_in=algo.kl_in, entropy_coef=algo.entropy_coef,
-                   penalty=PenaltyTerms.of(algo),
-                   temperature=roll.temperature, correction=rule, correction_level=level, correction_cap=cap,
-                   correction_low=low,
-                   micro_batch_size=settings.micro_batch_size, micro_batch_tokens=settings.micro_batch_tokens,
-                   pack=settings.packed_forward, max_grad_norm=settings.optim.max_grad_norm, loss_width=loss_width,
-                   entropy_band=None)
+        return cls(algo.epochs, algo.mini_batches, settings.micro_batch_size, settings.micro_batch_tokens,
+                   settings.packed_forward, settings.optim.max_grad_norm, roll.temperature,
+                   PolicyLoss.from_settings(algo, roll, loss_width))
 
 
 def new_stats() -> dict:
@@ -299,18 +294,18 @@ class UpdateRows:
     sampler_logp: torch.Tensor | None
 
 
-def optimise(parts: PolicyParts, rows: UpdateRows, kl_coef: float, shuffle: torch.Generator, u: UpdateSettings) -> dict:
+def optimise(parts: PolicyParts, rows: UpdateRows, kl_coef: float, shuffle: torch.Generator, u: UpdateSettings,
+             band: BandTerm | None = None) -> dict:
     """`u.epochs` passes of `u.mini_batches` optimizer steps over the rows, each accumulated exactly over its
-    micro-batches, with the accelerator, policy, optimizer and schedule of `parts`. Returns the statistics
-    (new_stats) of the update. rows.old_logp None: one optimizer step per batch, the ratio taken against the
-    current policy's own (detached) log-probs."""
+    micro-batches, with the accelerator, policy, optimizer and schedule of `parts`, at this step's KL coefficient
+    and entropy band (or None). Returns the statistics (new_stats) of the update. rows.old_logp None: one optimizer
+    step per batch, the ratio taken against the current policy's own (detached) log-probs."""
     acc, model, optimizer, scheduler = parts.accelerator, parts.model, parts.optimizer, parts.scheduler
-    rollout, advantages, completion_mask = rows.rollout, rows.advantages, rows.completion_mask
-    loss_mask, pg_mask, keep = rows.loss_mask, rows.pg_mask, rows.keep
-    old_logp, ref_logp, sampler_logp = rows.old_logp, rows.ref_logp, rows.sampler_logp
+    rollout, loss_mask, keep = rows.rollout, rows.loss_mask, rows.keep
     stats = new_stats()
     num_rows = rollout.completion_ids.shape[0]
     updates_per_step = u.epochs * u.mini_batches
+    entropy_grad = u.loss.penalty.entropy_coef > 0 or band is not None
     for epoch in range(u.epochs):
         order = torch.randperm(num_rows, generator=shuffle) if updates_per_step > 1 else torch.arange(num_rows)
         for mini in order.chunk(u.mini_batches):
@@ -326,59 +321,66 @@ def optimise(parts: PolicyParts, rows: UpdateRows, kl_coef: float, shuffle: torc
                     model, rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx],
                     rollout.completion_mask[idx], with_entropy=True,
                     temperature=rollout.temperatures[idx] if rollout.scheduled else u.temperature,
-                    settings=LogprobSettings(entropy_grad=u.entropy_coef > 0 or u.entropy_band is not None,
-                                             pack=u.pack),
+                    settings=LogprobSettings(entropy_grad=entropy_grad, pack=u.pack),
                 )
-                device_mask = loss_mask[idx].to(logp.device)
-                old = old_logp[idx].to(logp.device) if old_logp is not None else logp.detach()
-                token_loss, clip_stats = clipped_surrogate(
-                    logp, old, advantages[idx].to(logp.device), pg_mask[idx].to(logp.device), u.clip_low, u.clip_high,
-                    u.dual_clip, u.ratio_level,
-                )
-                if sampler_logp is not None and epoch == 0:  # `old`: the trainer's log-probs at sampling time
-                    gap_sum, gap_max, gap_count = logprob_gap(old, sampler_logp[idx].to(logp.device),
-                                                              completion_mask[idx].to(logp.device))
-                    stats["gap_sum"], stats["gap_count"] = stats["gap_sum"] + gap_sum, stats["gap_count"] + gap_count
-                    stats["gap_max"] = max(stats["gap_max"], gap_max)
-                if u.correction != "none" and sampler_logp is not None:  # w = pi_prox / pi_sampler (decoupled PPO)
-                    corr = importance_correction(old, sampler_logp[idx].to(logp.device),
-                                                 completion_mask[idx].to(logp.device),
-                                                 u.correction, u.correction_level, u.correction_cap, u.correction_low)
-                    token_loss = token_loss * corr.weights  # (n, C); rejected tokens are already out of the masks
-                    if epoch == 0:
-                        stats["tis_capped"] += int((corr.bounded & device_mask.bool()).sum())
-                        stats["tis_weight_sum"] += (corr.weights * device_mask).sum().item()
-                if u.entropy_band is not None:  # EPO: each token's entropy kept in a band around its turn's history
-                    weight, history, low, high = u.entropy_band
-                    turns = rollout.step_index[idx].to(logp.device)
-                    penalty = entropy_band_penalty(entropy, turns, history.to(logp.device), low, high)  # (n, C)
-                    token_loss = token_loss + weight * penalty
-                    if epoch == 0:
-                        stats["band_penalty"].append(masked_mean(penalty.detach(), device_mask))
-                        stats["band_entropy"].append((entropy.detach().cpu(), torch.where(device_mask.bool().cpu(),
-                                                                                           turns.cpu(), -1)))
-                token_loss, kl = penalized_token_loss(
-                    token_loss, logp, ref_logp[idx].to(logp.device) if ref_logp is not None else None, entropy,
-                    device_mask, kl_coef, u.penalty,
-                )  # (n, C) each
-                if kl is not None:
-                    stats["kl"].append(masked_mean(kl.detach(), device_mask))
-                    stats["seq_kl_sum"] += (kl.detach() * device_mask).sum().item()
-                loss = aggregate(token_loss, device_mask, u.loss_agg, mini_tokens, mini_seqs, u.loss_width)
+                device = logp.device
+                old = rows.old_logp[idx].to(device) if rows.old_logp is not None else logp.detach()
+                corr = sampler_terms(stats, rows, idx, old, u.loss.correction, epoch == 0)
+                x = PolicyInputs(logp, old, rows.advantages[idx].to(device), rows.pg_mask[idx].to(device),
+                                 loss_mask[idx].to(device), entropy,
+                                 rows.ref_logp[idx].to(device) if rows.ref_logp is not None else None,
+                                 corr.weights if corr is not None else None,
+                                 rollout.step_index[idx].to(device) if band is not None else None,
+                                 mini_tokens, mini_seqs)
+                loss, terms = u.loss(x, kl_coef, band)
                 backward(acc, loss, model)
                 stats["loss"] += loss.item() / updates_per_step
-                stats["entropy"].append(masked_mean(entropy.detach(), completion_mask[idx].to(logp.device)))
-                low, high = clip_stats["train/clip_frac_low"].item(), clip_stats["train/clip_frac_high"].item()
-                stats["clip_low"].append(low)
-                stats["clip_high"].append(high)
-                stats["clip"].append(high + low)
-                stats["approx_kl"].append(clip_stats["train/approx_kl"].item())
+                record_micro_batch(stats, x, terms, corr, rows.completion_mask[idx].to(device), epoch == 0)
             optimizer_start = time.perf_counter()
             grad_norm = optimizer_step(acc, model, optimizer, scheduler, u.max_grad_norm)
             stats["optimizer_time"] += time.perf_counter() - optimizer_start
             if grad_norm is not None:
                 stats["grad_norm"].append(grad_norm)
     return stats
+
+
+def sampler_terms(stats: dict, rows: UpdateRows, idx: torch.Tensor, old: torch.Tensor, correction,
+                  first_epoch: bool) -> Correction | None:
+    """Where a sampler's log-probs are recorded: in the first epoch, the sampler-vs-trainer gap of micro-batch `idx`
+    joins `stats` (`old`: the trainer's log-probs at sampling time); with a correction, its weights pi_prox / mu of
+    the micro-batch's sampled tokens. None without a sampler's log-probs or a correction."""
+    if rows.sampler_logp is None:
+        return None
+    device = old.device
+    sampler, sampled = rows.sampler_logp[idx].to(device), rows.completion_mask[idx].to(device)
+    if first_epoch:
+        gap_sum, gap_max, gap_count = logprob_gap(old, sampler, sampled)
+        stats["gap_sum"], stats["gap_count"] = stats["gap_sum"] + gap_sum, stats["gap_count"] + gap_count
+        stats["gap_max"] = max(stats["gap_max"], gap_max)
+    return correction(old, sampler, sampled) if correction.active else None
+
+
+def record_micro_batch(stats: dict, x: PolicyInputs, terms: dict, corr: Correction | None, sampled: torch.Tensor,
+                       first_epoch: bool) -> None:
+    """One micro-batch's statistics into `stats`: the KL and entropy (sampled: its sampled tokens), the clip fractions,
+    and in the first epoch the correction's truncations and weights and the entropy band's penalty and per-turn
+    entropies (the band's history is fed from them)."""
+    if first_epoch and corr is not None:
+        stats["tis_capped"] += int((corr.bounded & x.loss_mask.bool()).sum())
+        stats["tis_weight_sum"] += (corr.weights * x.loss_mask).sum().item()
+    if first_epoch and "band_penalty" in terms:
+        stats["band_penalty"].append(masked_mean(terms["band_penalty"], x.loss_mask))
+        stats["band_entropy"].append((x.entropy.detach().cpu(), torch.where(x.loss_mask.bool().cpu(), x.turns.cpu(),
+                                                                            -1)))
+    if "kl" in terms:
+        stats["kl"].append(masked_mean(terms["kl"], x.loss_mask))
+        stats["seq_kl_sum"] += (terms["kl"] * x.loss_mask).sum().item()
+    stats["entropy"].append(masked_mean(x.entropy.detach(), sampled))
+    low, high = terms["train/clip_frac_low"].item(), terms["train/clip_frac_high"].item()
+    stats["clip_low"].append(low)
+    stats["clip_high"].append(high)
+    stats["clip"].append(high + low)
+    stats["approx_kl"].append(terms["train/approx_kl"].item())
 
 
 def correction_metrics(acc, stats: dict, loss_mask: torch.Tensor, rejected: int, rule: str) -> dict:
@@ -402,9 +404,9 @@ class EntropyBand:
         self.coef, self.low, self.high = coef, low, high
         self.history = EntropyHistory()
 
-    def at(self, step: int, total_steps: int):
-        """(weight, history means (K,), low, high) for UpdateSettings.entropy_band: coef x the authors' phase weight."""
-        return self.coef * epo_phase_weight(step, total_steps), self.history.means(), self.low, self.high
+    def at(self, step: int, total_steps: int) -> BandTerm:
+        """The band of step `step`, passed to the update: weight coef x the authors' phase weight, the history."""
+        return BandTerm(self.coef * epo_phase_weight(step, total_steps), self.history.means(), self.low, self.high)
 
     def record(self, stats: dict) -> None:
         """One history entry per step: the mean token entropy of each turn index over the step's first epoch."""

@@ -8,7 +8,8 @@ Each step:
   3. token rewards: the outcome reward on the last completion token, minus kl_coef * k1_t on every token
      when algorithm.kl_in=reward (algorithms/kl.py); GAE(gamma, lam) gives advantages and value targets
      (algorithms/advantages.py), advantages optionally whitened over the batch;
-  4. `epochs` passes of `mini_batches` steps: clipped surrogate on per-token advantages + vf_coef x
+  4. `epochs` passes of `mini_batches` steps: the policy loss of the policy-gradient loop (algorithms/policy_loss.py:
+     clipped surrogate, KL and entropy terms) on per-token advantages + vf_coef x
      clipped value loss, aggregated exactly over micro-batches; policy and value model each have their
      own AdamW (value_lr) and gradient clipping. With rollout.correction (an engine's float error, stale rows
      of pipeline mode or partial rollouts) the policy term is weighted by pi_old / pi_sampler, the old
@@ -32,9 +33,10 @@ from functools import partial
 import torch
 
 from rlx.algorithms.advantages import gae_advantages, whiten
-from rlx.algorithms.kl import PenaltyTerms, adaptive_kl_coef, penalized_token_loss, token_rewards
-from rlx.algorithms.losses import aggregate, clipped_surrogate, explained_variance, value_loss
-from rlx.algorithms.offpolicy import importance_correction, logprob_gap, resolve_correction
+from rlx.algorithms.kl import adaptive_kl_coef, token_rewards
+from rlx.algorithms.losses import aggregate, explained_variance, value_loss
+from rlx.algorithms.offpolicy import logprob_gap
+from rlx.algorithms.policy_loss import PolicyInputs, PolicyLoss
 from rlx.loops.common import (
     KLCoefficient,
     PPOParts,
@@ -93,8 +95,7 @@ def train_ppo(settings, parts: PPOParts) -> dict:
         generator.publish(acc.unwrap_model(model), start_step)
     last_eval = evaluate_at_start(settings.eval.at_start, start_step, metrics_log, run_eval)
     pack, micro_size = settings.packed_forward, settings.micro_batch_size
-    rule, level, cap, low = resolve_correction(roll.correction, roll.correction_level, roll.correction_cap,
-                                               roll.correction_low, getattr(roll, "tis_cap", None))
+    policy_loss = PolicyLoss.from_settings(algo, roll, roll.max_new_tokens)  # the policy term, built once
 
     for step in range(start_step + 1, settings.steps + 1):
         kl_coef = kl_state.value
@@ -123,8 +124,8 @@ def train_ppo(settings, parts: PPOParts) -> dict:
             gap = logprob_gap(old_logp, rollout.logprobs, rollout.completion_mask)  # (sum, max, count)
         # the off-policy correction: weights pi_old / pi_sampler; a rejecting rule takes tokens out of the policy term
         correction, policy_mask = None, mask
-        if rule != "none" and rollout.logprobs is not None:
-            correction = importance_correction(old_logp, rollout.logprobs, mask, rule, level, cap, low)
+        if policy_loss.correction.active and rollout.logprobs is not None:
+            correction = policy_loss.correction(old_logp, rollout.logprobs, mask)
             policy_mask = mask * correction.kept.long()  # (n, C)
 
         # 3. token rewards and GAE per sequence; whitening over the global batch: every process's tokens,
@@ -142,7 +143,7 @@ def train_ppo(settings, parts: PPOParts) -> dict:
         # 4. optimisation in train mode (gradient checkpointing acts only there; dropout is off, models/lora.py)
         model.train()
         rows = PPORows(rollout, mask, policy_mask, old_logp, ref_logp, old_values, advantages, returns, correction)
-        stats = ppo_update(parts, settings, rows, kl_coef, shuffle)
+        stats = ppo_update(parts, settings, rows, kl_coef, shuffle, policy_loss)
         seq_kl_sum = stats["seq_kl_sum"]
         generator.publish(acc.unwrap_model(model), step)  # the next rollout samples from the updated policy
         model.eval()  # generation, old/reference log-probs and evaluation run in eval mode
@@ -215,12 +216,12 @@ class PPORows:
     correction: object
 
 
-def ppo_update(parts: PPOParts, settings, rows: PPORows, kl_coef: float, shuffle: torch.Generator) -> dict:
+def ppo_update(parts: PPOParts, settings, rows: PPORows, kl_coef: float, shuffle: torch.Generator,
+               policy_loss: PolicyLoss) -> dict:
     """`algorithm.epochs` passes of `algorithm.mini_batches` optimizer steps of the policy and the critic (the
-    clipped surrogate, KL and entropy terms, and the clipped value loss), each accumulated exactly over its
-    micro-batches. Returns the statistics of the update (seq_kl_sum: the summed KL of the sampled tokens)."""
+    policy loss: clipped surrogate, KL and entropy terms; and the clipped value loss), each accumulated exactly over
+    its micro-batches. Returns the statistics of the update (seq_kl_sum: the summed KL of the sampled tokens)."""
     algo, roll = settings.algorithm, settings.rollout
-    penalty = PenaltyTerms.of(algo)  # the KL and entropy terms of the token loss
     acc, model, optimizer, scheduler = parts.accelerator, parts.model, parts.optimizer, parts.scheduler
     value_model, value_optimizer, value_scheduler = parts.critic.model, parts.critic.optimizer, parts.critic.scheduler
     rollout, mask, policy_mask, correction = rows.rollout, rows.mask, rows.policy_mask, rows.correction
@@ -251,26 +252,19 @@ def ppo_update(parts: PPOParts, settings, rows: PPORows, kl_coef: float, shuffle
                     rollout.completion_mask[idx], with_entropy=True, temperature=roll.temperature,
                     settings=LogprobSettings(entropy_grad=algo.entropy_coef > 0, pack=pack),
                 )
-                device_mask = policy_mask[idx].to(logp.device)
-                token_loss, clip_stats = clipped_surrogate(
-                    logp, old_logp[idx].to(logp.device), advantages[idx].to(logp.device), device_mask,
-                    algo.clip_low, algo.clip_high, algo.dual_clip, algo.ratio_level,
-                )
-                if correction is not None:
-                    token_loss = token_loss * correction.weights[idx].to(logp.device)  # (n, C)
-                token_loss, kl = penalized_token_loss(
-                    token_loss, logp, ref_logp[idx].to(logp.device) if ref_logp is not None else None, entropy,
-                    device_mask, kl_coef, penalty,
-                )  # (n, C) each
-                if kl is not None:
-                    stats["kl"].append(masked_mean(kl.detach(), device_mask))
-                    seq_kl_sum += (kl.detach() * device_mask).sum().item()
+                device, device_mask = logp.device, policy_mask[idx].to(logp.device)
+                x = PolicyInputs(logp, old_logp[idx].to(device), advantages[idx].to(device), device_mask, device_mask,
+                                 entropy, ref_logp[idx].to(device) if ref_logp is not None else None,
+                                 correction.weights[idx].to(device) if correction is not None else None, None,
+                                 policy_tokens, mini_seqs)
+                policy_part, clip_stats = policy_loss(x, kl_coef)  # clipped surrogate, KL and entropy terms
+                if "kl" in clip_stats:
+                    stats["kl"].append(masked_mean(clip_stats["kl"], device_mask))
+                    seq_kl_sum += (clip_stats["kl"] * device_mask).sum().item()
                 values = value_model(rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx],
                                      rollout.completion_mask[idx], pack=pack)  # (n, C)
                 v_loss, v_stats = value_loss(values, old_values[idx].to(values.device), returns[idx].to(values.device),
                                              micro_mask.to(values.device), algo.value_clip)
-                policy_part = aggregate(token_loss, device_mask, algo.loss_agg, policy_tokens, mini_seqs,
-                                        roll.max_new_tokens)
                 value_part = aggregate(v_loss, micro_mask.to(values.device), "token-mean", mini_tokens, mini_seqs)
                 loss = policy_part + algo.vf_coef * value_part
                 backward(acc, loss, model, value_model)
