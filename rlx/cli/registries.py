@@ -34,6 +34,7 @@ from rlx.algorithms.transforms import TRANSFORMS
 from rlx.data.difficulty import SAMPLING_WEIGHTS
 from rlx.data.sources import PROMPT_SOURCES
 from rlx.data.tasks import DATA_SOURCES
+from rlx.engines.custom import ENGINES, register_engine
 from rlx.envs.registry import ENVIRONMENTS
 from rlx.fleet.publishers import PUBLISHERS
 from rlx.gateway.tools import TOOL_PARSERS  # noqa: F401  (env.tool_parser's names: published, not a plugin kind)
@@ -94,6 +95,11 @@ KINDS = {
     "weight_publisher": Kind(PUBLISHERS, "rollout.server.publisher",
                              "a rlx.fleet.publishers.WeightPublisher subclass: (client, work_dir, settings); "
                              "start(model), publish(model, version) -> timings dict, close()"),
+    "engine": Kind(ENGINES, "rollout.engine (rollout=hf)",
+                   "fn(rollout settings, model, tokenizer, seed) -> a Generator (rlx/engines/generator.py): version, "
+                   "generate_ids(prompts, *, max_new_tokens, seeds, greedy, samples_per_prompt, min_new_tokens, "
+                   "continuation, schedule) -> Generation, publish(model, version), sleep(), step_metrics(), close(); "
+                   "option gives=RolloutGives or a dict of its fields (what it supports)", register_engine),
     "producer": Kind(PRODUCERS, "rollout.producer",
                      "fn(settings: TrainConfig, parts: Parts) -> a Producer: loss_width, produce(step) -> Batch "
                      "(its source PromptRows or EpisodeRows, as the family trains), checkpointed() -> {name: "

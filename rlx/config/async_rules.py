@@ -4,7 +4,7 @@ rlx.cli.training.check_run after the knobs' own checks; each stops the run with 
 
 from __future__ import annotations
 
-from rlx.config.groups import ROLLOUT_GIVES
+from rlx.config.gives import rollout_gives, rollout_name
 from rlx.config.needs import broken, refuse_first
 from rlx.config.schema import TrainConfig
 from rlx.config.seed_rules import knob_value, producer_knobs_set
@@ -146,8 +146,8 @@ def correction_problems(roll) -> list[str]:
         (roll.correction == "mis" and roll.correction_low >= roll.correction_cap,
          f"rollout.correction_low={roll.correction_low} must be below rollout.correction_cap={roll.correction_cap} "
          f"(mis keeps the weights between them)"),
-        (corrected and not ROLLOUT_GIVES[roll.backend].unfiltered_logprobs and (roll.top_p < 1 or roll.top_k > 0),
-         f"rollout={roll.backend} reports log-probs of the top-k/top-p filtered distribution, which the trainer's "
+        (corrected and not rollout_gives(roll).unfiltered_logprobs and (roll.top_p < 1 or roll.top_k > 0),
+         f"{rollout_name(roll)} reports log-probs of the top-k/top-p filtered distribution, which the trainer's "
          f"unfiltered log-probs cannot be compared with: set rollout.top_p=1 rollout.top_k=0, or use rollout=hf (its "
          f"decoder records the unfiltered log-probs)"),
     ])
@@ -167,7 +167,7 @@ def stale_problems(settings: TrainConfig, processes: int) -> list[str]:
         return []
     what = f"rollout.max_staleness={staleness}" if staleness else "rollout.partial=true"
     kinds = "policy-gradient, PPO and agent" if staleness else "single-turn policy-gradient and PPO"
-    gives = ROLLOUT_GIVES[roll.backend]
+    gives = rollout_gives(roll)
     sampling = knob_value(settings.algorithm, "prompt_sampling.mode", "uniform")  # DPO has no sampler
     return broken([
         (family not in (PRODUCER_FAMILIES if staleness else SINGLE_TURN_FAMILIES),
@@ -176,10 +176,10 @@ def stale_problems(settings: TrainConfig, processes: int) -> list[str]:
         (roll.correction == "none" and getattr(roll, "tis_cap", None) is None,
          f"{what} trains on rows sampled by older weights: set an off-policy correction, e.g. rollout.correction=tis"),
         (staleness and not gives.background_thread,
-         f"{what} samples in a background thread, which the colocated engine (rollout={roll.backend}) cannot share "
+         f"{what} samples in a background thread, which the colocated engine ({rollout_name(roll)}) cannot share "
          f"with the trainer; use rollout=server (vLLM in its own process) or rollout=hf"),
         (partial and not gives.seeded_continuation and not (roll.segment_tokens and gives.segmented_continuation),
-         f"rollout.partial=true continues unfinished rows from their tokens, which rollout={roll.backend} does "
+         f"rollout.partial=true continues unfinished rows from their tokens, which {rollout_name(roll)} does "
          f"only in rounds of rollout.segment_tokens (a server cannot stop early) or not at all; set "
          f"rollout.segment_tokens (e.g. 16) with rollout=server, or use rollout=hf"),
         (partial and getattr(settings.algorithm, "dynamic_sampling", False),

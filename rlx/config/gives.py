@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlx.registry import published
+
 
 @dataclass(frozen=True)
 class RolloutGives:
@@ -27,3 +29,17 @@ ROLLOUT_GIVES = {"hf": RolloutGives(per_token_temperature=True, seeded_continuat
                                     int8_decoding=True),
                  "vllm": RolloutGives(), "server": RolloutGives(background_thread=True, segmented_continuation=True,
                                                         gathered_weights=True)}
+
+
+def rollout_gives(roll) -> RolloutGives:
+    """What the run's rollout gives: its backend's (ROLLOUT_GIVES), or with rollout.engine=NAME what that engine of
+    the user's declared when it was registered (rlx/engines/custom.py; nothing declared: RolloutGives())."""
+    if roll.engine == "builtin":
+        return ROLLOUT_GIVES[roll.backend]
+    return published("engine").needs(roll.engine)
+
+
+def rollout_name(roll) -> str:
+    """How a one-line refusal names the run's rollout: `rollout=BACKEND`, or `rollout.engine=NAME` for an engine of the
+    user's."""
+    return f"rollout={roll.backend}" if roll.engine == "builtin" else f"rollout.engine={roll.engine}"

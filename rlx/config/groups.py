@@ -57,6 +57,7 @@ PromptSourceName = registry_names("PromptSourceName", lambda: ("auto", *publishe
 ReplayTrigger = registry_names("ReplayTrigger", lambda: published("replay_trigger"))
 TemperatureMode = registry_names("TemperatureMode", lambda: published("temperature_schedule"))
 ProducerName = registry_names("ProducerName", lambda: ["auto", *published("producer")])  # rollout.producer
+EngineName = registry_names("EngineName", lambda: ["builtin", *published("engine")])  # rollout.engine
 StageName = registry_names("StageName", lambda: published("stage"))  # algorithm.stages: a user's own producer stages
 Correction = registry_names("Correction", lambda: CORRECTIONS)  # rlx.algorithms.offpolicy.CORRECTIONS
 CorrectionLevel = registry_names("CorrectionLevel", lambda: CORRECTION_LEVELS)
@@ -227,6 +228,7 @@ class Rollout:
     partial: bool = field()
     partial_oversample: float = num(1)
     segment_tokens: int = num(0)
+    engine: EngineName = field()
     producer: ProducerName = field()
     temperature_schedule: TemperatureSchedule = field()
 

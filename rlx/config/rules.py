@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 
 from rlx.algorithms.advantages import group_count
-from rlx.config.groups import ROLLOUT_GIVES, Hardware
+from rlx.config.gives import rollout_gives, rollout_name
+from rlx.config.groups import Hardware
 from rlx.config.needs import broken, check_credit_needs, check_entry_needs, refuse_first
 from rlx.config.schema import TrainConfig
 from rlx.config.seed_rules import check_agent_seed_settings, check_seed_settings
@@ -30,6 +31,7 @@ def check_settings(settings: TrainConfig) -> None:
         check(settings)
     check_mixture(settings)
     check_quantized_rollout(settings)
+    check_engine(settings)
     for name, spec in settings.reward.components.items():
         if spec.get("_target_") == "rlx.rewards.model.model_reward" and not spec.get("path"):
             raise UserError(f"reward component '{name}' needs a reward model: set reward.components.{name}.path=PATH "
@@ -58,14 +60,24 @@ def check_mixture(settings: TrainConfig) -> None:
                             f"{', '.join(tasks)}); fix or remove that entry")
 
 
+def check_engine(settings: TrainConfig) -> None:
+    """rollout.engine=NAME (an engine of the user's) samples in place of rollout=hf's decoder, in the training
+    process; vLLM and the servers are engines of their own."""
+    roll = settings.rollout
+    if roll.engine != "builtin" and roll.backend != "hf":
+        raise UserError(f"rollout.engine={roll.engine} samples in the training process in place of rollout=hf's "
+                        f"decoder, and rollout={roll.backend} is an engine of its own; set rollout=hf or "
+                        f"rollout.engine=builtin")
+
+
 def check_quantized_rollout(settings: TrainConfig) -> None:
     """rollout.quantize=int8 is rlx's own decode step from an 8-bit copy of the policy (rollout=hf, on the CPU)."""
     quantize = getattr(settings.rollout, "quantize", "none")
     if quantize == "none":
         return
-    if not ROLLOUT_GIVES[settings.rollout.backend].int8_decoding:
+    if not rollout_gives(settings.rollout).int8_decoding:
         raise UserError(f"rollout.quantize={quantize} is rlx's 8-bit decode step (rollout=hf), which "
-                        f"rollout={settings.rollout.backend} does not run; set rollout.quantize=none")
+                        f"{rollout_name(settings.rollout)} does not run; set rollout.quantize=none")
     if not settings.hardware.cpu:
         raise UserError(f"rollout.quantize={quantize} decodes through fbgemm's int8 kernels, on the CPU only; set "
                         f"rollout.quantize=none or hardware=cpu")
@@ -197,9 +209,9 @@ def check_sharded_settings(settings: TrainConfig) -> None:
          f"{engine}'s collective forward passes do not allow yet; use hardware=ddp"),
         (engine is not None and family == "ppo", f"algorithm=ppo trains two models (policy and critic), {why}; use "
                                                  f"hardware=ddp or a critic-free algorithm (grpo, rloo, ...)"),
-        (engine is not None and not ROLLOUT_GIVES[settings.rollout.backend].sharded_weights
-         and not ROLLOUT_GIVES[settings.rollout.backend].gathered_weights,
-         f"rollout={settings.rollout.backend} reads the full policy weights after each update, not run under {engine} "
+        (engine is not None and not rollout_gives(settings.rollout).sharded_weights
+         and not rollout_gives(settings.rollout).gathered_weights,
+         f"{rollout_name(settings.rollout)} reads the full policy weights after each update, not run under {engine} "
          f"yet; use rollout=hf, rollout=server or hardware=ddp"),
         (fsdp and settings.model.dtype in ("bfloat16", "float16") and hw.mixed_precision == "no",
          f"hardware=fsdp with model.dtype={settings.model.dtype} and hardware.mixed_precision=no would step "

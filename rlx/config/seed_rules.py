@@ -11,7 +11,7 @@ step (rlx/config/async_rules.py rank_zero_reason).
 from __future__ import annotations
 
 from rlx.algorithms.advantages import ESTIMATORS
-from rlx.config.groups import ROLLOUT_GIVES
+from rlx.config.gives import rollout_gives
 from rlx.config.needs import (
     broken,
     refuse_first,
@@ -57,7 +57,7 @@ def check_seed_settings(settings: TrainConfig) -> None:
                   "algorithm.hints.source=column needs algorithm.hints.column=NAME (the column with the solution)")]),
         *shaper_knob_problems(algo.shapers, shaping),
         *broken([
-            (ead and not ROLLOUT_GIVES[roll.backend].per_token_temperature,
+            (ead and not rollout_gives(roll).per_token_temperature,
              "rollout.temperature_schedule.mode=ead needs per-token temperatures in the decoder: use rollout=hf"),
             (algo.replay.enabled and ead, "algorithm.replay.enabled=true with rollout.temperature_schedule.mode=ead: a "
                                           "replayed sample keeps no per-token temperatures; turn one of them off"),

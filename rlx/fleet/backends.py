@@ -1,18 +1,22 @@
 """rollout.backend -> the Generator that samples for a run (rlx/engines/generator.py protocol).
 
 hf: the policy samples itself (HFGenerator on the policy's own module: the update changes what it samples, and
-`publish` only moves the version); vllm: an in-process vLLM engine (rlx/engines/vllm.py); server: a stock vLLM
-OpenAI server, a child process or the user's URLs (rlx/fleet/server.py). vLLM is imported only when chosen.
+`publish` only moves the version), or an engine of the user's with rollout.engine=NAME (rlx/engines/custom.py);
+vllm: an in-process vLLM engine (rlx/engines/vllm.py); server: a stock vLLM OpenAI server, a child process or the
+user's URLs (rlx/fleet/server.py). vLLM is imported only when chosen.
 """
 
 from __future__ import annotations
 
 from rlx.config.groups import Rollout
+from rlx.engines.custom import BUILTIN, ENGINES
 from rlx.engines.generator import eval_policy_generator, policy_generator
 from rlx.errors import UserError
 
 
 def _hf(rollout: Rollout, model, tokenizer, seed: int):
+    if rollout.engine != BUILTIN:  # an engine of the user's (rlx.register("engine", NAME): rlx/engines/custom.py)
+        return ENGINES[rollout.engine](rollout, model, tokenizer, seed)
     return policy_generator(model, tokenizer, rollout)
 
 

@@ -149,8 +149,13 @@ class FilePublisher(WeightPublisher):
             folder = kept / f"v{self.stored[-1]:06d}"
             folder.mkdir(parents=True)
             os.link(current, folder / WEIGHTS_FILE)
-        write_weights(served_state_dict(model), self.work_dir / "model")
+        write_weights(self.weights(model), self.work_dir / "model")
         self.stored = [*self.stored[-1:], version]
+
+    def weights(self, model) -> dict[str, torch.Tensor]:
+        """{checkpoint name: CPU tensor} that a publish writes: the policy as vLLM loads it (a subclass may change
+        what is written, e.g. the dtype: examples/bf16_publisher.py)."""
+        return served_state_dict(model)
 
     def started_with(self, version: int) -> None:
         self.stored = [version]
