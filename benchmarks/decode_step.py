@@ -5,7 +5,7 @@
 Builds the random-init shape once into benchmarks/.cache/ (rlx.models.shapes), prefills `--rows` rows of
 a 32-token prompt through rlx.engines.hf's preallocated cache, then times, min over `--repeats` runs of
 `--steps` steps each: the whole step (rlx.engines.fast_decode.DecodeStep + sampler), the step without
-the sampler (default F.linear, rollout.onednn_decode and rollout.quantize=int8, alternating; int8 includes
+the sampler (default F.linear, rollout.onednn_decode, rollout.quantize=int8 and int8_layers, alternating; int8 includes
 making the 8-bit copy once per generate call, timed apart), the head alone (final norm + lm_head), and each
 sampler version alone on the step's logits.
 The weight-read floor is the bytes of all weights / a measured read bandwidth (sum of a 1 GiB tensor); the int8
@@ -75,7 +75,11 @@ def main() -> None:
     start = time.perf_counter()
     int8 = decode_step_for(model, quantize="int8")
     int8_copy_s = time.perf_counter() - start  # made once per generate call (after every update)
-    steps = {"default": decode_step_for(model), "onednn": decode_step_for(model, onednn=True), "int8": int8}
+    start = time.perf_counter()
+    int8_layers = decode_step_for(model, quantize="int8_layers")  # the head stays float32 (oneDNN)
+    int8_layers_copy_s = time.perf_counter() - start
+    steps = {"default": decode_step_for(model), "onednn": decode_step_for(model, onednn=True), "int8": int8,
+             "int8_layers": int8_layers}
     rows, prompt = args.rows, 32
     vocab = model.config.vocab_size
     ids = torch.randint(3, vocab, (rows, prompt))
@@ -130,6 +134,7 @@ def main() -> None:
     print(f"{'int8 weight-read floor':28s} {int8_bytes / bandwidth * 1000:8.1f} ms  "
           f"({int8_bytes / 2**30:.2f} GiB of int8 projections and head)")
     print(f"{'int8 copy (per generate call)':28s} {int8_copy_s * 1000:8.1f} ms")
+    print(f"{'int8_layers copy (per call)':28s} {int8_layers_copy_s * 1000:8.1f} ms")
 
 
 if __name__ == "__main__":

@@ -83,6 +83,24 @@ def test_the_behaviour_logprobs_are_the_8bit_samplers(tiny):
 
 
 @torch.no_grad()
+def test_int8_layers_keeps_the_head_float_and_its_logprobs_are_the_samplers(tiny):
+    """rollout.quantize=int8_layers: every projection from the int8 copy, the output head float32; the sampler's
+    log-probs are that policy's (a one-row replay), nearer float32 than the all-int8 step's and not equal to it."""
+    model, tokenizer = tiny
+    step = decode_step_for(model, quantize="int8_layers")
+    attn = model.model.layers[0].self_attn
+    assert id(attn.q_proj) in step.quantized and id(model.lm_head) not in step.quantized
+    out = _draw(model, tokenizer, "int8_layers")
+    from_fp32 = from_int8 = 0.0
+    for prompt, tokens, logprobs in zip(_prompts(), out.ids, out.logprobs):
+        assert logprobs == pytest.approx(_replay(model, prompt, tokens, "int8_layers"), abs=5e-4)
+        fp32, int8 = _replay(model, prompt, tokens, "none"), _replay(model, prompt, tokens, "int8")
+        from_fp32 = max(from_fp32, max(abs(a - b) for a, b in zip(logprobs[1:], fp32[1:])))
+        from_int8 = max(from_int8, max(abs(a - b) for a, b in zip(logprobs[1:], int8[1:])))
+    assert from_fp32 > 5e-3 and from_int8 > 5e-4  # neither the float32 policy nor the all-int8 one
+
+
+@torch.no_grad()
 def test_the_8bit_copy_is_made_again_from_the_weights_of_every_call(tiny, monkeypatch):
     model, tokenizer = tiny
     seen = []
