@@ -56,7 +56,7 @@ def test_the_pipeline_runs_verdict_stages_first_then_records_the_first_verdict()
 
     import torch
 
-    from rlx.rollout.stages import Round, Stage, StagePipeline
+    from rlx.rollout.stages import ScoredDraw, Stage, StagePipeline
     from rlx.rollout.types import SameContext
 
     calls = []
@@ -88,7 +88,7 @@ def test_the_pipeline_runs_verdict_stages_first_then_records_the_first_verdict()
 
     pipeline = StagePipeline([Watch("a"), Watch("b"), Flip()])
     verdicts = torch.tensor([True, False])
-    drawn = Round(None, torch.zeros(2), {}, [{}, {}], ["", ""], torch.arange(2), verdicts, verdicts, SameContext(),
+    drawn = ScoredDraw(None, torch.zeros(2), {}, [{}, {}], ["", ""], torch.arange(2), verdicts, verdicts, SameContext(),
                   torch.zeros(2, dtype=torch.bool), 0)
     part = pipeline.after_scoring(drawn, None, 0)
     assert calls == ["flip", "a", "b"]

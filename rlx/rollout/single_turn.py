@@ -10,7 +10,7 @@ both wrapped alike by pipeline mode and by rank-0 sampling): rows sampled throug
 the verdict read from the accuracy component), the seed stages of one `StagePipeline` (`stage_context`),
 `observe_source` (the source learns from the verdicts), `round_metrics`, `round_batch` (the step's Batch, its
 sampling context from the stages' behaviour rows, the counts in its metrics) and `single_turn_records` (the
-samples files). "Round" is the class of one scored draw (rlx/rollout/stages/base.py); a draw is one take of
+samples files). `ScoredDraw` is the record of one scored draw (rlx/rollout/stages/base.py); a draw is one take of
 prompts from the source (dynamic sampling makes several a step), not a token-budget round of partial rollouts.
 """
 
@@ -31,7 +31,7 @@ from rlx.engines.records import Rollout
 from rlx.engines.sampling import sample_seed
 from rlx.rewards import RewardComponent, TrainerState, compute_rewards, token_lists
 from rlx.rollout.prompts import format_prompts
-from rlx.rollout.stages import Round, StageContext, StagePipeline
+from rlx.rollout.stages import ScoredDraw, StageContext, StagePipeline
 from rlx.rollout.types import Batch, HintedContext, PromptRows, SameContext
 from rlx.runtime.parallel import gather, global_sum, shard
 
@@ -115,14 +115,14 @@ def sample_batch(generator: Generator, tokenizer, source: PromptSource, rewards:
 
 def draws_of_step(generator: Generator, tokenizer, source: PromptSource, rewards: list[RewardComponent],
                   settings: SingleTurnSettings, *, step: int, acc,
-                  stages: StagePipeline | None) -> tuple[list[Round], int]:
+                  stages: StagePipeline | None) -> tuple[list[ScoredDraw], int]:
     """The draws of one step (one without dynamic sampling; with it, draws until enough groups are informative or
     `settings.max_draws` is reached), each scored and passed through the active `stages`. Returns the draws and
     the number of prompts drawn."""
     s = settings
     wanted, group_size = s.prompts_per_step, s.group_size
     schedule = stages.schedule(step, s.max_new_tokens) if stages is not None else None
-    parts: list[Round] = []
+    parts: list[ScoredDraw] = []
     kept_groups, draws, drawn_samples, drawn_groups = 0, 0, 0, 0
 
     score = round_scorer(rewards, s, step)
@@ -156,7 +156,7 @@ def draws_of_step(generator: Generator, tokenizer, source: PromptSource, rewards
     return parts, drawn_groups
 
 
-def observe_source(source: PromptSource, parts: list[Round]) -> dict:
+def observe_source(source: PromptSource, parts: list[ScoredDraw]) -> dict:
     """The source observes the step's draws: the data row of every group, in the order drawn, with the verdicts of
     its own samples as first drawn (first_correct, hinted re-samples apart). Returns the source's metrics."""
     rows, verdicts = [], []
@@ -171,16 +171,16 @@ def observe_source(source: PromptSource, parts: list[Round]) -> dict:
 
 
 def scored_round(score, rollout: Rollout, rows: list[dict], prompts: list[str], groups: torch.Tensor,
-                 accuracy_key: str) -> Round:
+                 accuracy_key: str) -> ScoredDraw:
     """A draw's rows scored (`score`: round_scorer's), the verdict training sees read from the accuracy component
     (before the stages: verifier noise, replay and hints change it there); every row sampled from its own prompt."""
     total, per_component, errors = score(prompts, rollout, rows)  # (n,)
     correct = correct_from_accuracy(per_component[accuracy_key])
-    return Round(rollout, total, per_component, rows, prompts, groups, correct, correct.clone(), SameContext(),
+    return ScoredDraw(rollout, total, per_component, rows, prompts, groups, correct, correct.clone(), SameContext(),
                  torch.zeros(len(rows), dtype=torch.bool), errors)
 
 
-def round_batch(drawn: Round, group_size: int, metrics: dict, *, scored: tuple | None = None,
+def round_batch(drawn: ScoredDraw, group_size: int, metrics: dict, *, scored: tuple | None = None,
                 local: slice | None = None, prompts_drawn: int, draws: int = 1,
                 filled_groups: int | None = None) -> Batch:
     """The step's Batch of the draws merged in `drawn` (after their stages): rows trained in the context they were
@@ -242,8 +242,8 @@ def stage_context(generator, tokenizer, score, settings: SingleTurnSettings, ste
                         s.use_chat_template, s.system_prompt, s.completion_template, schedule)
 
 
-def round_metrics(drawn: Round, rewards, per_component: dict, errors: int, groups, accuracy_key: str, group_size: int,
-                  acc=None) -> dict:
+def round_metrics(drawn: ScoredDraw, rewards, per_component: dict, errors: int, groups, accuracy_key: str,
+                  group_size: int, acc=None) -> dict:
     """outcome_metrics of a step's rows after the stages: reward/* and completions/* describe the policy's own
     samples (hinted re-samples apart), train/frac_zero_std_groups what trains."""
     if drawn.hinted.any():
@@ -255,10 +255,10 @@ def round_metrics(drawn: Round, rewards, per_component: dict, errors: int, group
     return outcome_metrics(rewards, per_component, errors, drawn.rollout, accuracy_key, group_size, acc, groups=groups)
 
 
-def merge_draws(parts: list[Round], pad: int) -> Round:
-    """One Round of a step's draws, in order (the rows as sampled where a draw has a hinted context)."""
+def merge_draws(parts: list[ScoredDraw], pad: int) -> ScoredDraw:
+    """One ScoredDraw of a step's draws, in order (the rows as sampled where a draw has a hinted context)."""
     hinted = any(isinstance(p.context, HintedContext) for p in parts)
-    return Round(Rollout.cat([p.rollout for p in parts], pad), torch.cat([p.rewards for p in parts]),
+    return ScoredDraw(Rollout.cat([p.rollout for p in parts], pad), torch.cat([p.rewards for p in parts]),
                  {name: torch.cat([p.components[name] for p in parts]) for name in parts[0].components},
                  [r for p in parts for r in p.rows], [q for p in parts for q in p.prompts],
                  torch.cat([p.groups for p in parts]), torch.cat([p.correct for p in parts]),
@@ -267,7 +267,7 @@ def merge_draws(parts: list[Round], pad: int) -> Round:
                  torch.cat([p.hinted for p in parts]), sum(p.errors for p in parts))
 
 
-def keep_informative(drawn: Round, stages: StagePipeline | None, wanted: int) -> tuple[Round, int, int]:
+def keep_informative(drawn: ScoredDraw, stages: StagePipeline | None, wanted: int) -> tuple[ScoredDraw, int, int]:
     """Dynamic sampling's choice: the first `wanted` groups the drop strategy keeps, filled up with dropped ones
     when short. Returns the chosen rows, the number of groups filled and the number of groups dropped."""
     dropped = (stages.dropped(drawn) if stages is not None

@@ -24,8 +24,8 @@ finishes, as one draw; the temperature schedule and prompt sampling are refused 
 """
 
 from rlx.rollout.stages import hints, replay, shaping, temperature, verifier_noise  # noqa: F401  (register)
-from rlx.rollout.stages.base import STAGES, Round, Stage, StageContext, StageSettings, mean_logprobs
+from rlx.rollout.stages.base import STAGES, ScoredDraw, Stage, StageContext, StageSettings, mean_logprobs
 from rlx.rollout.stages.order import ORDER, StagePipeline, build_stages
 
-__all__ = ["ORDER", "STAGES", "Round", "Stage", "StageContext", "StagePipeline", "StageSettings", "build_stages",
+__all__ = ["ORDER", "STAGES", "ScoredDraw", "Stage", "StageContext", "StagePipeline", "StageSettings", "build_stages",
            "mean_logprobs"]

@@ -1,4 +1,4 @@
-"""What every stage of the single-turn producer shares: the round it works on (`Round`), what it may call
+"""What every stage of the single-turn producer shares: the draw it works on (`ScoredDraw`), what it may call
 (`StageContext`), the settings it is built from (`StageSettings`), the `Stage` protocol and the `STAGES` registry.
 
 A stage is one behaviour of the producer with the whole draw in view (gymnasium's wrappers in spirit): it owns
@@ -22,7 +22,7 @@ STAGES = publish("stage", Registry("producer stage"))
 
 
 @dataclass(frozen=True, eq=False)
-class Round:
+class ScoredDraw:
     """One draw of the single-turn producer, scored (n rows, the samples of a group adjacent). Complete at
     construction and frozen: a stage that changes it returns a new one (dataclasses.replace).
 
@@ -52,13 +52,14 @@ class Round:
         """The rows as sampled: the context's where a stage re-sampled some from another prompt, else the rollout."""
         return self.context.rollout if isinstance(self.context, HintedContext) else self.rollout
 
-    def select(self, index: torch.Tensor) -> Round:
+    def select(self, index: torch.Tensor) -> ScoredDraw:
         take = [self.rows[i] for i in index.tolist()], [self.prompts[i] for i in index.tolist()]
         context = (HintedContext(self.context.rollout.select(index)) if isinstance(self.context, HintedContext)
                    else SameContext())
-        return Round(self.rollout.select(index), self.rewards[index], {k: v[index] for k, v in self.components.items()},
-                     take[0], take[1], self.groups[index], self.correct[index], self.first_correct[index], context,
-                     self.hinted[index], self.errors)
+        components = {k: v[index] for k, v in self.components.items()}
+        return ScoredDraw(self.rollout.select(index), self.rewards[index], components, take[0], take[1],
+                          self.groups[index], self.correct[index], self.first_correct[index], context,
+                          self.hinted[index], self.errors)
 
 
 @dataclass
@@ -98,7 +99,7 @@ class Stage:
     phase: "verdict" for a stage that changes what the verifier reports (it runs before the draw's
     first_correct is recorded), "group" (default) for one that works on the scored groups;
     schedule(step, max_new_tokens): the step's per-position sampling temperatures, or None;
-    after_scoring(part, ctx, first_index) -> Round: one draw, after scoring (first_index: the global index of
+    after_scoring(part, ctx, first_index) -> ScoredDraw: one draw, after scoring (first_index: the global index of
     its first sample, the sampling seeds' counter; under partial rollouts 0, the draw being the groups the step
     finished, some begun at earlier steps and seeded then);
     after_step(parts, step) -> dict: the step's draws are made; update state, return this stage's metrics for the
@@ -112,10 +113,10 @@ class Stage:
     def schedule(self, step: int, max_new_tokens: int) -> list[float] | None:
         return None
 
-    def after_scoring(self, part: Round, ctx: StageContext, first_index: int) -> Round:
+    def after_scoring(self, part: ScoredDraw, ctx: StageContext, first_index: int) -> ScoredDraw:
         return part
 
-    def after_step(self, parts: list[Round], step: int) -> dict:
+    def after_step(self, parts: list[ScoredDraw], step: int) -> dict:
         return {}
 
     def checkpointed(self) -> dict:

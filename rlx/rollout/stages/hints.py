@@ -7,7 +7,8 @@ fail, re-sample from x + h (h a hint in the context) and train those samples wit
 PLAIN context,
     ratio_t = pi_theta(y_t | x, y_<t) / pi_old(y_t | x + h, y_<t),
 so the update improves the no-hint policy used at test time. placement=prompt puts the hint in the user message and
-trains the completion in the plain context (the hinted rows as sampled go to Round.context, the ratio's denominator);
+trains the completion in the plain context (the hinted rows as sampled go to ScoredDraw.context, the ratio's
+denominator);
 placement=prefix continues from the plain prompt + the prefix tokens, and the prefix is not trained. SEELE ("Staying
 in the Sweet Spot") makes the hint a prefix of the reference solution whose length is tuned; rlx anneals the fraction
 linearly (SEELE fits an item-response curve per problem instead: not built). Rows with no usable reference are left
@@ -30,7 +31,7 @@ from rlx.engines.generator import completion_texts
 from rlx.engines.records import Generation, Rollout
 from rlx.engines.sampling import sample_seed
 from rlx.rollout.prompts import format_prompts
-from rlx.rollout.stages.base import STAGES, Round, Stage, StageContext, StageSettings, ratio
+from rlx.rollout.stages.base import STAGES, ScoredDraw, Stage, StageContext, StageSettings, ratio
 from rlx.rollout.types import HintedContext, SameContext
 
 # hint re-samples draw with sample_seed(seed, step, HINT_INDEX + ...): apart from the plain samples
@@ -84,7 +85,7 @@ class Hints(Stage):
         self.all_fail, self.fraction_sum, self.draws = 0.0, 0.0, 0.0
         self.hinted_groups, self.rescued, self.samples = 0.0, 0.0, 0.0
 
-    def after_scoring(self, part: Round, ctx: StageContext, first_index: int) -> Round:
+    def after_scoring(self, part: ScoredDraw, ctx: StageContext, first_index: int) -> ScoredDraw:
         hints = self.hints
         fraction = hint_fraction(ctx.step, hints.fraction_start, hints.fraction_end, hints.anneal_steps)
         chosen, all_fail = self.chosen_groups(part, ctx, fraction)
@@ -107,7 +108,7 @@ class Hints(Stage):
             context = HintedContext(Rollout.cat([part.context.rollout, trained], pad))
         else:
             context = SameContext()
-        merged = Round(Rollout.cat([part.rollout, trained], pad),
+        merged = ScoredDraw(Rollout.cat([part.rollout, trained], pad),
                        torch.cat([part.rewards, total.to(part.rewards.dtype)]),
                        {k: torch.cat([v, components[k]]) for k, v in part.components.items()}, part.rows + rows,
                        part.prompts + prompts, torch.cat([part.groups, groups]), torch.cat([part.correct, correct]),
@@ -116,7 +117,7 @@ class Hints(Stage):
         order = torch.sort(merged.groups, stable=True).indices  # each group's hinted rows right after its own
         return merged.select(order)
 
-    def chosen_groups(self, part: Round, ctx: StageContext, fraction: float) -> tuple[list, int]:
+    def chosen_groups(self, part: ScoredDraw, ctx: StageContext, fraction: float) -> tuple[list, int]:
         """(dense group, first row, prefix ids) of each all-fail group with a reference solution, in order of first
         appearance; and the number of all-fail groups."""
         hints = self.hints
@@ -136,7 +137,7 @@ class Hints(Stage):
                 chosen.append((dense, row, prefix))
         return chosen, int(torch.unique(part.groups[failed]).numel())
 
-    def resample(self, part: Round, ctx: StageContext, chosen: list):
+    def resample(self, part: ScoredDraw, ctx: StageContext, chosen: list):
         """The hinted re-samples of the chosen groups: the rows trained (plain prompt; placement=prefix: prefix
         not trained), their behaviour rows (placement=prompt: the hinted prompt; else None), and each re-sample's
         data row, rendered plain prompt and group id."""
@@ -176,7 +177,7 @@ class Hints(Stage):
         groups = torch.tensor([int(part.groups[row]) for _, row, _ in chosen for _ in range(samples)], dtype=torch.long)
         return trained, behaviour, (rows, prompts, groups)
 
-    def after_step(self, parts: list[Round], step: int) -> dict:
+    def after_step(self, parts: list[ScoredDraw], step: int) -> dict:
         metrics = {"hints/all_fail_groups": self.all_fail, "hints/hinted_groups": self.hinted_groups,
                    "hints/rescued_frac": ratio(self.rescued, self.all_fail),  # all-fail groups rescued
                    "hints/fraction": ratio(self.fraction_sum, self.draws)}

@@ -9,7 +9,7 @@ import torch
 
 from rlx.algorithms.ngrpo import DROP_STRATEGIES
 from rlx.errors import UserError
-from rlx.rollout.stages.base import STAGES, Round, Stage, StageContext, StageSettings
+from rlx.rollout.stages.base import STAGES, ScoredDraw, Stage, StageContext, StageSettings
 
 # the built-in stages, in the order each draw goes through them; each switches on by its own knobs
 ORDER = ("verifier_noise", "replay", "hints", "shaping", "temperature_schedule")
@@ -53,7 +53,7 @@ class StagePipeline:
                 return taus
         return None
 
-    def after_scoring(self, part: Round, ctx: StageContext, first_index: int) -> Round:
+    def after_scoring(self, part: ScoredDraw, ctx: StageContext, first_index: int) -> ScoredDraw:
         """One draw through the stages: the verdict stages (verifier noise), then the draw's first_correct is
         recorded (the verdict on the samples as drawn), then the group stages; `first_index`: the global index of
         the draw's first sample (the sampling seeds' counter)."""
@@ -66,12 +66,12 @@ class StagePipeline:
                 part = stage.after_scoring(part, ctx, first_index)
         return part
 
-    def dropped(self, part: Round) -> torch.Tensor:
+    def dropped(self, part: ScoredDraw) -> torch.Tensor:
         """(n,) bool: the samples of the groups dynamic sampling drops
         (DROP_STRATEGIES[algorithm.dynamic_sampling_drop])."""
         return DROP_STRATEGIES[self.drop](part.rewards, part.correct, part.groups)
 
-    def after_step(self, parts: list[Round], step: int) -> dict:
+    def after_step(self, parts: list[ScoredDraw], step: int) -> dict:
         """Every stage's end of step (LASER-D's update); the step's metrics, each stage's own."""
         metrics = {}
         for stage in self.stages:

@@ -24,7 +24,7 @@ import torch
 from rlx.algorithms.grouping import dense_ids, group_all
 from rlx.engines.records import Generation, Rollout
 from rlx.registry import Registry, publish
-from rlx.rollout.stages.base import STAGES, Round, Stage, StageContext, StageSettings, ratio
+from rlx.rollout.stages.base import STAGES, ScoredDraw, Stage, StageContext, StageSettings, ratio
 
 
 @dataclass
@@ -142,7 +142,7 @@ class Replay(Stage):
         self.buffer = ReplayBuffer(per_prompt, max_age)
         self.collapsed, self.filled = 0.0, 0.0
 
-    def after_scoring(self, part: Round, ctx: StageContext, first_index: int) -> Round:
+    def after_scoring(self, part: ScoredDraw, ctx: StageContext, first_index: int) -> ScoredDraw:
         keys = group_keys(part)
         plan = replay_plan(part.correct, part.groups, keys, self.buffer, ctx.step, self.trigger)
         rollout = part.rollout
@@ -157,7 +157,7 @@ class Replay(Stage):
         self.filled += float(len(plan))
         return put_back(part, plan, ctx.tokenizer.pad_token_id, ctx.tokenizer) if plan else part
 
-    def after_step(self, parts: list[Round], step: int) -> dict:
+    def after_step(self, parts: list[ScoredDraw], step: int) -> dict:
         metrics = {"replay/filled_frac": ratio(self.filled, self.collapsed), "replay/groups_filled": self.filled,
                    "replay/buffer_size": len(self.buffer)}
         self.collapsed, self.filled = 0.0, 0.0
@@ -167,7 +167,7 @@ class Replay(Stage):
         return {"replay": self.buffer}
 
 
-def put_back(part: Round, plan: list, pad: int, tokenizer) -> Round:
+def put_back(part: ScoredDraw, plan: list, pad: int, tokenizer) -> ScoredDraw:
     """`part` with each planned (row, buffered entry) in place of that row: its completion, reward and verdict; the
     sampler's policy version is the one the entry was sampled with."""
     rollout = part.rollout
@@ -190,7 +190,7 @@ def put_back(part: Round, plan: list, pad: int, tokenizer) -> Round:
     return replace(part, rollout=merged.select(order), rewards=rewards, correct=correct)
 
 
-def group_keys(part: Round) -> list[str]:
+def group_keys(part: ScoredDraw) -> list[str]:
     """The prompt key of each group, in order of first appearance (the rendered prompt)."""
     index, count = dense_ids(part.groups)
     first = torch.full((count,), len(part.prompts), dtype=torch.long).scatter_reduce(

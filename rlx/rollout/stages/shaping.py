@@ -16,7 +16,7 @@ import torch
 from rlx.algorithms.grouping import dense_ids
 from rlx.algorithms.shaping import SHAPERS, GroupSignals, LaserDTargets
 from rlx.engines.records import Generation, Rollout
-from rlx.rollout.stages.base import STAGES, Round, Stage, StageContext, StageSettings, mean_logprobs, ratio
+from rlx.rollout.stages.base import STAGES, ScoredDraw, Stage, StageContext, StageSettings, mean_logprobs, ratio
 
 
 class Shaping(Stage):
@@ -32,7 +32,7 @@ class Shaping(Stage):
         total[0] += float(value) * samples
         total[1] += samples
 
-    def after_scoring(self, part: Round, ctx: StageContext, first_index: int) -> Round:
+    def after_scoring(self, part: ScoredDraw, ctx: StageContext, first_index: int) -> ScoredDraw:
         reference = None
         # r(x, y_ref): the reward of the row's reference completion (data.completion_template)
         if any(SHAPERS.needs(name).reference_rewards for name in self.shapers):
@@ -58,7 +58,7 @@ class Shaping(Stage):
             self.reference_n = (self.reference_n or 0.0) + float(len(reference))
         return replace(part, rewards=rewards.to(part.rewards.dtype))
 
-    def after_step(self, parts: list[Round], step: int) -> dict:
+    def after_step(self, parts: list[ScoredDraw], step: int) -> dict:
         """LASER-D's targets from every row drawn this step; the step's shaping metrics."""
         if self.laser_d is not None:
             lengths = torch.cat([p.rollout.lengths for p in parts])
@@ -78,7 +78,7 @@ class Shaping(Stage):
         return f"shapers {'+'.join(self.shapers)}"
 
 
-def _reference_rewards(ctx: StageContext, part: Round, texts: list[str]) -> torch.Tensor:
+def _reference_rewards(ctx: StageContext, part: ScoredDraw, texts: list[str]) -> torch.Tensor:
     """(n,) the total reward of each sample's reference completion, scored once per group."""
     index, count = dense_ids(part.groups)
     first = torch.full((count,), len(texts),

@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from rlx.registry import Registry, publish
-from rlx.rollout.stages.base import STAGES, Round, Stage, StageContext, StageSettings, ratio
+from rlx.rollout.stages.base import STAGES, ScoredDraw, Stage, StageContext, StageSettings, ratio
 
 TEMPERATURE_SCHEDULES = publish("temperature_schedule", Registry("temperature schedule"))
 
@@ -111,7 +111,7 @@ class TemperatureSchedule(Stage):
     def schedule(self, step: int, max_new_tokens: int) -> list[float]:
         return temperature_schedule(self.mode, max_new_tokens, step, self.base, self.knobs).tolist()
 
-    def after_scoring(self, part: Round, ctx: StageContext, first_index: int) -> Round:
+    def after_scoring(self, part: ScoredDraw, ctx: StageContext, first_index: int) -> ScoredDraw:
         taus = part.rollout.temperatures
         if ctx.schedule is not None and part.rollout.scheduled:
             sampled = part.rollout.loss_mask.bool()
@@ -119,7 +119,7 @@ class TemperatureSchedule(Stage):
             self.tau_tokens = (self.tau_tokens or 0.0) + float(int(sampled.sum()))
         return part
 
-    def after_step(self, parts: list[Round], step: int) -> dict:
+    def after_step(self, parts: list[ScoredDraw], step: int) -> dict:
         metrics = {} if self.tau_tokens is None else {"rollout/temperature_mean": ratio(self.tau_sum, self.tau_tokens)}
         self.tau_sum, self.tau_tokens = 0.0, None
         return metrics

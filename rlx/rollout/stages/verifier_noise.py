@@ -13,7 +13,7 @@ import torch
 
 from rlx.algorithms.shaping import correct_from_accuracy, inject_verifier_noise
 from rlx.engines.sampling import row_uniforms, sample_seed
-from rlx.rollout.stages.base import STAGES, Round, Stage, StageContext, StageSettings, ratio
+from rlx.rollout.stages.base import STAGES, ScoredDraw, Stage, StageContext, StageSettings, ratio
 
 NOISE_POSITION = 1 << 20  # the noise uniform of sample i is row_uniforms(seed_i, this): no decoder position reaches it
 
@@ -27,7 +27,7 @@ class VerifierNoise(Stage):
         self.accuracy_key, self.accuracy_weight = accuracy_key, accuracy_weight
         self.flipped, self.samples, self.observed = 0.0, 0.0, 0.0
 
-    def after_scoring(self, part: Round, ctx: StageContext, first_index: int) -> Round:
+    def after_scoring(self, part: ScoredDraw, ctx: StageContext, first_index: int) -> ScoredDraw:
         accuracy = part.components[self.accuracy_key]
         clean = correct_from_accuracy(accuracy)
         seeds = torch.tensor([sample_seed(ctx.seed, ctx.step, first_index + i) for i in range(len(clean))],
@@ -41,7 +41,7 @@ class VerifierNoise(Stage):
         self.observed += float(int(observed.sum()))
         return replace(part, rewards=rewards, correct=observed)
 
-    def after_step(self, parts: list[Round], step: int) -> dict:
+    def after_step(self, parts: list[ScoredDraw], step: int) -> dict:
         metrics = {"noise/flipped_frac": ratio(self.flipped, self.samples),
                    "noise/observed_accuracy": ratio(self.observed, self.samples)}
         self.flipped, self.samples, self.observed = 0.0, 0.0, 0.0
