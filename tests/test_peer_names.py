@@ -39,7 +39,9 @@ def test_dpo_beta_is_still_rlx_s_own_key():
 
 
 def test_every_pointer_names_an_existing_rlx_setting():
-    composed = [OmegaConf.to_container(check_overrides(["algorithm=ppo"]), resolve=False)]
+    # PPO has the critic's knobs, GRPO the estimator's (algorithm.scale, ...): a pointer names a key of either
+    composed = [OmegaConf.to_container(check_overrides([f"algorithm={name}"]), resolve=False)
+                for name in ("ppo", "grpo")]
     def has(cfg, dotted):
         node = cfg
         for part in dotted.split("."):
