@@ -13,13 +13,14 @@ from __future__ import annotations
 import torch
 
 import rlx
+from rlx.engines.generator import QuietLifecycle
 from rlx.engines.hf import eos_ids
 from rlx.engines.records import Generation
 from rlx.errors import UserError
 
 
 @rlx.register("engine", "transformers_generate", gives={})
-class TransformersGenerate:
+class TransformersGenerate(QuietLifecycle):
     def __init__(self, settings, model, tokenizer, seed: int):
         self.model, self.settings, self.pad = model, settings, tokenizer.pad_token_id
         self.stops, self.version, self.calls = eos_ids(model, tokenizer), 0, 0
@@ -46,12 +47,6 @@ class TransformersGenerate:
     def publish(self, model, version: int) -> None:
         self.version = version  # the policy module itself was updated in place
 
-    def sleep(self) -> None:
-        pass
-
     def step_metrics(self) -> dict[str, float]:
         calls, self.calls = self.calls, 0
         return {"rollout/engine_calls": float(calls)}
-
-    def close(self) -> None:
-        pass

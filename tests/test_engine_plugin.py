@@ -11,9 +11,9 @@ from rlx.cli.training import check_run
 from rlx.config.overrides import check_overrides
 from rlx.errors import UserError
 from tests.conftest import run_rlx
+from tests.test_producer_plugin import QUIET
 
 PLUGIN = ["plugins=[examples.transformers_engine]", "rollout.engine=transformers_generate"]
-QUIET = ["hardware.num_threads=1", "eval.every=0", "eval.at_start=false", "save.plot=false", "log.samples_every=0"]
 
 
 def test_an_engine_of_ones_own_samples_the_run(tmp_path):

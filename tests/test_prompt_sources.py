@@ -2,7 +2,6 @@
 (examples/shortest_first_source.py) that keeps rlx's producer (dynamic sampling here), and resumes exactly; the
 source registry's names reach the config; auto picks the stream or the difficulty sampler."""
 
-import json
 import re
 from types import SimpleNamespace
 
@@ -15,14 +14,9 @@ from rlx.data.difficulty import DifficultySampler
 from rlx.data.sources import PROMPT_SOURCES, PromptStream, prompt_source
 from rlx.errors import UserError
 from tests.conftest import REPO, run_rlx
+from tests.test_producer_plugin import QUIET, _metrics
 
 PLUGIN = ["plugins=[examples.shortest_first_source]", "algorithm.prompt_sampling.source=shortest_first"]
-QUIET = ["hardware.num_threads=1", "eval.every=0", "eval.at_start=false", "save.plot=false", "log.samples_every=0"]
-
-
-def _metrics(tmp_path, name):
-    (run,) = (tmp_path / "outputs" / "train").glob(f"*_{name}")
-    return run, [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_a_curriculum_of_ones_own_keeps_dynamic_sampling_and_resumes_exactly(tmp_path):

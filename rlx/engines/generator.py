@@ -146,7 +146,21 @@ class DecodeStep:
     quantize: str = "none"
 
 
-class HFGenerator:
+class QuietLifecycle:
+    """The Generator members an engine without memory to give back, figures of its own or anything to release has:
+    no-ops (the policy sampling itself, a rank that does not sample, a user's simple engine)."""
+
+    def sleep(self) -> None:
+        pass
+
+    def step_metrics(self) -> dict[str, float]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+class HFGenerator(QuietLifecycle):
     """Generator on a transformers model. Log-probs are those of the temperature-scaled distribution
     (before top-k / top-p filtering). logprobs=True: recomputed by one forward pass over prompt + sample;
     "sampler": the decoder's own, taken while sampling (engines/hf.py generate(logprobs=True); no extra
@@ -173,15 +187,6 @@ class HFGenerator:
     def publish(self, model, version: int) -> None:
         """The policy generates itself: the update already changed its weights; only the version moves."""
         self.version = version
-
-    def sleep(self) -> None:
-        pass
-
-    def step_metrics(self) -> dict[str, float]:
-        return {}
-
-    def close(self) -> None:
-        pass
 
     @torch.no_grad()
     def generate_ids(self, prompts: list[list[int]], *, max_new_tokens: int, seeds: list[int],

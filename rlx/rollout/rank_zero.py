@@ -33,7 +33,7 @@ from dataclasses import replace
 
 import torch
 
-from rlx.engines.generator import Continuation
+from rlx.engines.generator import Continuation, QuietLifecycle
 from rlx.engines.records import Generation
 from rlx.rollout.types import Batch, EpisodeRows, HintedContext, PromptRows
 
@@ -121,7 +121,7 @@ class RankZeroProducer:
         return self.inner.records(batch, samples, count)
 
 
-class FollowerGenerator:
+class FollowerGenerator(QuietLifecycle):
     """The generator of a rank other than 0 when rank 0 alone samples: nothing to sample with, nothing to publish
     (rank 0 publishes its full DDP parameters), no metrics of its own (rank 0 writes the metrics rows)."""
 
@@ -135,15 +135,6 @@ class FollowerGenerator:
 
     def publish(self, model, version: int) -> None:
         self.version = version
-
-    def sleep(self) -> None:
-        pass
-
-    def step_metrics(self) -> dict[str, float]:
-        return {}
-
-    def close(self) -> None:
-        pass
 
 
 class GatheredPublish:
