@@ -199,7 +199,8 @@ class VLLMEngine:
     @torch.no_grad()
     def sync_weights(self, model, version: int | None = None) -> None:
         """Copy the policy's current parameters into the engine (waking it first) and drop KV blocks cached
-        for the old ones. `version` (the step whose update the weights carry) is kept as self.version."""
+        for the old ones. `version` (the step whose update the weights carry) is kept as self.version (None, at
+        build: the engine's version stays 0, an int as the Generator protocol says)."""
         began = time.perf_counter()
         if self.asleep:
             self.llm.wake_up(tags=["weights"])
@@ -211,7 +212,7 @@ class VLLMEngine:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
         self.llm.reset_prefix_cache()
-        self.version = version
+        self.version = self.version if version is None else version  # None: the weights it started from
         self.sync_time = time.perf_counter() - began
 
     def step_metrics(self) -> dict[str, float]:
