@@ -19,6 +19,7 @@ from tests.conftest import only_run_dir, run_rlx
 def test_int8_weights_by_hand():
     weight = torch.tensor([[0.5, -1.0, 0.25], [0.0, 0.0, 0.0], [2.0, 1.0, -0.5]])
     packed = int8_linear(weight, torch.tensor([0.1, 0.2, 0.3]))
+    assert weight.tolist() == [[0.5, -1.0, 0.25], [0.0, 0.0, 0.0], [2.0, 1.0, -0.5]]  # the policy's own, untouched
     q, _ = torch.ops.quantized.linear_unpack(packed[0])
     # per output channel: s_c = max|W_c| / 127, q = round(W / s_c); two zero columns for the range (+1, -1)
     assert q.int_repr().tolist() == [[64, -127, 32, 0, 0], [0, 0, 0, 0, 0], [127, 64, -32, 0, 0]]

@@ -132,18 +132,34 @@ QUANTIZE = ("none", "int8", "int8_layers")  # rollout.quantize: the decode step'
 # stays float32, through oneDNN where it runs: most of the 8-bit gap and of the copy's cost is the head's)
 
 
+QUANTIZE_ROWS = 2048  # output channels quantised at a time: their float rows stay in cache between the passes
+
+
+def int8_weights(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q (out, in + 2) int8, s (out,) float32) of a float weight, per output channel c: s_c = max|W_c| / 127,
+    q_cj = round(W_cj / s_c) (half to even), and two zero columns for int8_matmul's range columns. Written into q
+    block by block of QUANTIZE_ROWS channels (one read of the weights, no float-sized temporary of the whole)."""
+    w = weight.detach()
+    rows, width = w.shape
+    q = torch.zeros(rows, width + 2, dtype=torch.int8)
+    scales = torch.empty(rows, dtype=torch.float32)
+    for lo in range(0, rows, QUANTIZE_ROWS):
+        block = w[lo:lo + QUANTIZE_ROWS].float().cpu()  # the weights themselves when float32: never written
+        s = block.abs().amax(dim=1).div_(127).clamp_(min=1e-12)
+        scales[lo:lo + QUANTIZE_ROWS] = s
+        q[lo:lo + QUANTIZE_ROWS, :width] = (block / s[:, None]).round_()  # |W / s| <= 127: exact in int8
+    return q, scales
+
+
 def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
-    """(fbgemm's packed int8 weight, float bias or None) of a float linear: per output channel c, s_c = max|W_c| /
-    127, with two zero input columns appended for int8_matmul's range columns (module docstring)."""
-    w = weight.detach().float().cpu()
-    scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-12).double()
-    zeros = torch.zeros(w.shape[0], dtype=torch.long)
+    """(fbgemm's packed int8 weight, float bias or None) of a float linear: int8_weights' copy (per output channel,
+    with the range columns; module docstring), packed for fbgemm's dynamic linear."""
+    q, scales = int8_weights(weight)
+    zeros = torch.zeros(q.shape[0], dtype=torch.long)
     with warnings.catch_warnings():  # torch 2.13 warns that its quantized tensors are deprecated (for torchao);
         warnings.simplefilter("ignore", UserWarning)  # the fbgemm ops run as before (docs/scaling/quantized.md)
-        q = torch.quantize_per_channel(w, scales, zeros, 0, torch.qint8).int_repr()
-        widened = torch.cat([q, q.new_zeros(q.shape[0], 2)], dim=1)  # (out, in + 2): the range columns' zero weights
-        q = torch._make_per_channel_quantized_tensor(widened, scales, zeros, 0)
-    return torch.ops.quantized.linear_prepack(q, None), (bias.detach().float().cpu() if bias is not None else None)
+        packed = torch._make_per_channel_quantized_tensor(q, scales.double(), zeros, 0)
+    return torch.ops.quantized.linear_prepack(packed, None), (bias.detach().float().cpu() if bias is not None else None)
 
 
 ACTIVATION_LEVELS = 63.5  # fbgemm's grid on [-1, 1] with reduce_range: u -> round(63.5 u) / 63.5
