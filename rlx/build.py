@@ -20,7 +20,7 @@ from rlx.algorithms.preference import REFERENCE_FREE
 from rlx.config.async_rules import gathers_to_publish, rank_zero_reason
 from rlx.config.schema import TrainConfig
 from rlx.data.sources import prompt_source
-from rlx.engines.generator import policy_generator
+from rlx.engines.generator import policy_generator, resolved_rollout
 from rlx.engines.lane import NO_LANE, SpeculativeLane
 from rlx.envs import env_factory
 from rlx.errors import EnvError, UserError
@@ -143,6 +143,7 @@ def build_parts(s: TrainConfig, components: Components) -> Parts:
     FSDP prepare a model with its optimizer; the checkpointer saves the adapter of the first model), the
     reference placed like the prepared policy, the sampling (producer and its wrappers), the checkpointer, the
     metrics log and the evaluator."""
+    s = resolved_rollout(s, components.model)  # rollout.quantize=auto decided for this policy, once
     family = s.algorithm.family
     needs, algo, acc = NEEDS[family], s.algorithm, components.accelerator
     total_updates = s.steps * needs.updates_per_step(algo)

@@ -161,3 +161,38 @@ def test_an_int8_run_logs_the_gap_corrects_it_and_resumes_exactly(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith("perf/") and k != "time"} for r in rs]  # noqa: E731
     assert strip(read_metrics(resumed_run / "metrics.jsonl")) == strip(rows)
+
+
+def test_auto_decides_int8_with_tis_where_the_copy_pays_and_none_elsewhere(tiny):
+    """rollout.quantize=auto (the default): int8 + TIS on the CPU with rlx's decoder for completions of >= 128
+    tokens; float32 elsewhere, and an explicit choice is kept as it is."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from rlx.config.settings import checked_settings
+    from rlx.engines.generator import AUTO_INT8_MIN_TOKENS, resolved_rollout
+
+    def decided(overrides, model=tiny[0]):
+        roll = resolved_rollout(checked_settings(check_overrides(overrides)), model).rollout
+        return roll.quantize, roll.correction
+
+    budget = f"rollout.max_new_tokens={AUTO_INT8_MIN_TOKENS}"
+    assert checked_settings(check_overrides([])).rollout.quantize == "auto"
+    assert decided([budget]) == ("int8", "tis")
+    assert decided([budget, "rollout.correction=mis"]) == ("int8", "mis")  # a correction the user chose stays
+    assert decided([f"rollout.max_new_tokens={AUTO_INT8_MIN_TOKENS - 1}"]) == ("none", "none")  # the default run
+    assert decided([budget, "rollout.quantize=none"]) == ("none", "none")
+    assert decided([budget, "rollout.quantize=int8"]) == ("int8", "none")  # explicit: uncorrected, as asked
+    assert decided([budget, "hardware=gpu"]) == ("none", "none")
+    assert decided([budget, "hardware=fsdp"]) == ("none", "none")
+    assert decided(["rollout=vllm", budget]) == ("none", "none")
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50))
+    assert decided([budget], gpt2) == ("none", "none")  # no rlx decode step: float32, no error
+
+
+def test_a_default_run_with_long_completions_samples_from_int8_and_corrects(tmp_path):
+    result = run_rlx(["train", "steps=1", "rollout.max_new_tokens=128", "hardware.num_threads=1", "eval.every=0",
+                      "eval.at_start=false", "save.final=false"], tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "rollout.quantize=auto -> int8" in result.stderr + result.stdout
+    (row,) = [r for r in read_metrics(only_run_dir(tmp_path) / "metrics.jsonl") if r["step"] > 0]
+    assert row["rollout/logprob_gap_mean"] > 0 and "rollout/tis_weight_mean" in row

@@ -73,7 +73,7 @@ def check_engine(settings: TrainConfig) -> None:
 def check_quantized_rollout(settings: TrainConfig) -> None:
     """rollout.quantize=int8 is rlx's own decode step from an 8-bit copy of the policy (rollout=hf, on the CPU)."""
     quantize = getattr(settings.rollout, "quantize", "none")
-    if quantize == "none":
+    if quantize in ("none", "auto"):  # auto: decided for the loaded policy (engines/generator.py auto_quantize)
         return
     if not rollout_gives(settings.rollout).int8_decoding:
         raise UserError(f"rollout.quantize={quantize} is rlx's 8-bit decode step (rollout=hf), which "

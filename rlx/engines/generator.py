@@ -14,6 +14,7 @@ same prompts and seeds (tests/test_sampling.py checks it token for token).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -24,6 +25,8 @@ from rlx.engines.hf import Continued, Decoding, eos_ids, generate_tokens
 from rlx.engines.records import Generation, Rollout
 from rlx.errors import UserError
 from rlx.models.forward import position_ids_from_mask
+
+log = logging.getLogger("rlx")
 
 
 @dataclass(frozen=True)
@@ -280,8 +283,10 @@ def policy_generator(model, tokenizer, roll, *, logprobs: bool | str = "sampler"
     oneDNN decode step (rollout.onednn_decode). logprobs: the decoder's own by default ("sampler")."""
     from rlx.engines.sampling import LEGACY_SAMPLER
 
+    quantize = getattr(roll, "quantize", "none")
     decode = DecodeStep(sampler=getattr(roll, "sampler", None) or LEGACY_SAMPLER,
-                        onednn=bool(getattr(roll, "onednn_decode", False)), quantize=getattr(roll, "quantize", "none"))
+                        onednn=bool(getattr(roll, "onednn_decode", False)),
+                        quantize="none" if quantize == "auto" else quantize)  # training decides auto (resolved_rollout)
     if decode.quantize != "none":
         check_quantized_decoding(model, decode.quantize)
     return HFGenerator(model, tokenizer, temperature=roll.temperature, top_p=roll.top_p, top_k=roll.top_k,
@@ -342,3 +347,41 @@ def sample_rollout(generator: Generator, tokenizer, prompts: list[str], draw: Dr
         rollout = replace(rollout,
                           temperatures=torch.where(rollout.completion_mask.bool(), taus, torch.ones_like(taus)))
     return rollout
+
+
+AUTO_INT8_MIN_TOKENS = 128  # rollout.quantize=auto: the completion budget from which the int8 copy pays for itself
+
+
+def auto_quantize(model, roll, *, cpu: bool, sharded: bool) -> tuple[str, str]:
+    """rollout.quantize=auto, decided once for the loaded policy: int8 where rlx's 8-bit decode step runs (the policy
+    sampling itself on the CPU, rollout=hf with rlx's decoder, a Llama / Qwen2 / Qwen3 / Mistral model, not sharded)
+    and a completion may run to AUTO_INT8_MIN_TOKENS tokens or more; else none. The copy is made once per generate
+    call and pays back after ~30-65 decode steps at the 0.5B shape (docs/scaling/quantized.md); with a budget of 128
+    the longest row of a batch, which sets the step count, usually runs past that. Returns (choice, why)."""
+    if roll.backend != "hf" or roll.engine != "builtin":
+        return "none", f"rollout={roll.backend}" + ("" if roll.engine == "builtin" else f", engine {roll.engine}")
+    if not cpu or sharded:
+        return "none", "not the CPU" if not cpu else "sharded weights"
+    if roll.max_new_tokens < AUTO_INT8_MIN_TOKENS:
+        return "none", f"completions of at most {roll.max_new_tokens} < {AUTO_INT8_MIN_TOKENS} tokens"
+    try:
+        check_quantized_decoding(model, "int8")
+    except UserError:
+        return "none", "no rlx decode step for this model"
+    return "int8", f"CPU, completions up to {roll.max_new_tokens} >= {AUTO_INT8_MIN_TOKENS} tokens"
+
+
+def resolved_rollout(settings, model):
+    """The run's typed settings with rollout.quantize=auto decided (auto_quantize) and, where it decided int8 and no
+    correction was set, rollout.correction=tis: the sampler is then not the trainer, and the trainer corrects with
+    truncated importance sampling (to sample from int8 without it, set rollout.quantize=int8). Logs the choice."""
+    roll = settings.rollout
+    if getattr(roll, "quantize", "none") != "auto":
+        return settings
+    hw = settings.hardware
+    sharded = hw.distributed == "fsdp" or (hw.distributed == "deepspeed" and hw.deepspeed.zero_stage == 3)
+    choice, why = auto_quantize(model, roll, cpu=hw.cpu, sharded=sharded)
+    correction = "tis" if choice != "none" and roll.correction == "none" else roll.correction
+    log.info("built: rollout.quantize=auto -> %s (%s)%s", choice, why,
+             f", rollout.correction -> {correction}" if correction != roll.correction else "")
+    return replace(settings, rollout=replace(roll, quantize=choice, correction=correction))
