@@ -270,6 +270,9 @@ def check_batch(settings: TrainConfig, processes: int) -> int:
         (settings.micro_batch_tokens is not None and hw.distributed == "deepspeed",
          "micro_batch_tokens varies the micro-batch count per step, which DeepSpeed's engine fixes; set "
          "micro_batch_tokens=null (use micro_batch_size) or another hardware strategy"),
+        (settings.micro_batch_split == "lengths" and (hw.distributed == "deepspeed" or accumulation is not None),
+         "micro_batch_split=lengths varies the micro-batch count per step, which DeepSpeed or "
+         "hardware.gradient_accumulation_steps fixes; set micro_batch_split=rows"),
         (accumulation is not None and local_step != accumulation * settings.micro_batch_size,
          f"hardware.gradient_accumulation_steps={accumulation} x micro_batch_size={settings.micro_batch_size} must "
          f"equal the per-process batch of one optimizer step ({what} = {local_step}); change one of them, or set "

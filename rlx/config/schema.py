@@ -96,6 +96,8 @@ class TrainConfig:
     prompts_per_step: int = num(1)
     micro_batch_size: int = num(1)
     micro_batch_tokens: int | None = num(1)
+    micro_batch_split: Literal["rows", "lengths"] = field()
+    micro_batch_overhead: int | None = num(0)
     packed_forward: bool = field()
     optimized_metric: str = field()
     optim: Optim = field()

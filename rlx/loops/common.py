@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from rlx.engines.records import Rollout
+from rlx.loops.micro_batches import MicroBatching, plan_micro_batches
 from rlx.models.forward import LogprobSettings, completion_logprobs
 from rlx.rewards import RewardComponent
 from rlx.rollout.prompts import format_prompts  # noqa: F401  (re-exported: loops and users import it from here)
@@ -167,24 +168,36 @@ def end_step(step: int, metrics: dict, metrics_log, checkpointer, log_every: int
 
 
 @torch.no_grad()
-def batched_logprobs(model, rollout: Rollout, micro: int, with_entropy: bool = False, temperature: float = 1.0,
-                     pack: bool = False):
+def batched_logprobs(model, rollout: Rollout, micro: int | MicroBatching, with_entropy: bool = False,
+                     temperature: float = 1.0, pack: bool = False, count_all=None):
     """Log-probs (N, C) of the sampled completions under `model` at the sampling temperature (the rollout's
     per-token temperatures when it records them, EAD), without gradients, and the token entropies (N, C) when
-    asked (else None). pack: padding-free forward (packed_forward)."""
-    logps, entropies = [], []
-    for lo in range(0, rollout.completion_ids.shape[0], micro):
-        sl = slice(lo, lo + micro)
+    asked (else None). micro: the loop's MicroBatching (rows grouped by length by default; count_all: the count of
+    micro-batches every process agrees on, loops/micro_batches.py) or a count of consecutive rows. pack:
+    padding-free forward (packed_forward)."""
+    num_rows, width = rollout.completion_ids.shape
+    batching = micro if isinstance(micro, MicroBatching) else MicroBatching(micro, None, "rows", 0)
+    plan = plan_micro_batches(torch.arange(num_rows), rollout.prompt_mask, rollout.completion_mask, batching,
+                              count_all)
+    parts = []
+    for idx in plan:
         logp, entropy = completion_logprobs(
-            model, rollout.prompt_ids[sl], rollout.prompt_mask[sl], rollout.completion_ids[sl],
-            rollout.completion_mask[sl],
-            with_entropy=with_entropy, temperature=rollout.temperatures[sl] if rollout.scheduled else temperature,
+            model, rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.completion_ids[idx],
+            rollout.completion_mask[idx],
+            with_entropy=with_entropy, temperature=rollout.temperatures[idx] if rollout.scheduled else temperature,
             settings=LogprobSettings(pack=pack),
         )
-        logps.append(logp.cpu())
-        if with_entropy:
-            entropies.append(entropy.cpu())
-    return torch.cat(logps), (torch.cat(entropies) if with_entropy else None)
+        parts.append((idx, logp.cpu(), entropy.cpu() if with_entropy else None))
+    return _in_row_order(parts, 1), (_in_row_order(parts, 2) if with_entropy else None)
+
+
+def _in_row_order(parts: list[tuple], field: int) -> torch.Tensor:
+    """The (rows, C) values of every micro-batch put back at their rows: parts holds (rows, logp, entropy)."""
+    first = parts[0][field]
+    out = first.new_zeros((sum(len(p[0]) for p in parts), first.shape[1]))  # (N, C)
+    for part in parts:
+        out[part[0]] = part[field]
+    return out
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:

@@ -15,8 +15,8 @@ Each step:
      entropy band (passed per step), the off-policy correction when the sampler is not the trainer (rollout.correction:
      an engine's float error, stale rows of pipeline mode or partial rollouts; algorithms/offpolicy.py),
      forking tokens (algorithm.forking_rho), for `algorithm.epochs` passes of `algorithm.mini_batches`
-     optimizer steps, accumulated exactly over micro-batches (micro_batch_size rows or micro_batch_tokens,
-     packed_forward); the loss normalisers are those of the whole mini-batch;
+     optimizer steps, accumulated exactly over micro-batches (rows grouped by length, micro_batch_size rows or
+     micro_batch_tokens; packed_forward); the loss normalisers are those of the whole mini-batch;
   5. the updated weights are published to the generator (a vLLM engine copies them; the policy samples itself).
 Departures from the GRPO paper: token-mean aggregation by default (DAPO), and the old log-probs are not
 recomputed when only one optimizer step is taken per batch (the ratio is then exactly 1). With several
@@ -54,7 +54,7 @@ from rlx.loops.common import (
     mean_of,
 )
 from rlx.loops.credit import credit_rule
-from rlx.loops.micro_batches import plan_micro_batches
+from rlx.loops.micro_batches import MicroBatching, parameter_count, plan_micro_batches
 from rlx.models.forward import LogprobSettings, completion_logprobs
 from rlx.rollout.types import HintedContext
 from rlx.runtime.checkpoint import GeneratorState
@@ -99,7 +99,8 @@ def train_policy_gradient(settings, parts: PolicyParts) -> dict:
         generator.publish(acc.unwrap_model(model), start_step)
     last_eval = evaluate_at_start(settings.eval.at_start, start_step, metrics_log, run_eval)
     pack = settings.packed_forward
-    update = UpdateSettings.of(settings, producer.loss_width)  # the knobs of every step's update, and its loss
+    # the knobs of every step's update, and its loss
+    update = UpdateSettings.of(settings, producer.loss_width, parameter_count(model))
     correction = update.loss.correction  # the off-policy correction (rollout.correction)
 
     for step in range(start_step + 1, settings.steps + 1):
@@ -126,11 +127,11 @@ def train_policy_gradient(settings, parts: PolicyParts) -> dict:
         old_logp, old_entropy = None, None
         logprob_start = time.perf_counter()
         if need_old or algo.forking_rho < 1:
-            old_logp, old_entropy = batched_logprobs(model, batch.sampled_in, settings.micro_batch_size,
+            old_logp, old_entropy = batched_logprobs(model, batch.sampled_in, update.batching,
                                                      with_entropy=algo.forking_rho < 1, temperature=roll.temperature,
-                                                     pack=pack)
-        ref_logp = (batched_logprobs(reference, rollout, settings.micro_batch_size, temperature=roll.temperature,
-                                     pack=pack)[0]
+                                                     pack=pack, count_all=partial(global_max, acc))
+        ref_logp = (batched_logprobs(reference, rollout, update.batching, temperature=roll.temperature,
+                                     pack=pack, count_all=partial(global_max, acc))[0]
                     if reference is not None else None)
         logprob_time = time.perf_counter() - logprob_start
 
@@ -256,18 +257,17 @@ class UpdateSettings:
 
     epochs: int
     mini_batches: int
-    micro_batch_size: int
-    micro_batch_tokens: int | None
+    batching: MicroBatching
     pack: bool
     max_grad_norm: float | None
     temperature: float
     loss: PolicyLoss
 
     @classmethod
-    def of(cls, settings, loss_width: int) -> UpdateSettings:
+    def of(cls, settings, loss_width: int, parameters: int) -> UpdateSettings:
         algo, roll = settings.algorithm, settings.rollout
-        return cls(algo.epochs, algo.mini_batches, settings.micro_batch_size, settings.micro_batch_tokens,
-                   settings.packed_forward, settings.optim.max_grad_norm, roll.temperature,
+        return cls(algo.epochs, algo.mini_batches, MicroBatching.of(settings, parameters), settings.packed_forward,
+                   settings.optim.max_grad_norm, roll.temperature,
                    PolicyLoss.from_settings(algo, roll, loss_width))
 
 
@@ -311,10 +311,10 @@ def optimise(parts: PolicyParts, rows: UpdateRows, kl_coef: float, shuffle: torc
         for mini in order.chunk(u.mini_batches):
             mini_tokens = global_sum(acc, loss_mask[mini].sum().item())  # normalisers: the whole mini-batch
             mini_seqs = global_sum(acc, keep[mini].sum().item())
-            # a fixed count of rows, or a token budget (micro_batch_tokens; loops/micro_batches.py)
-            micro = plan_micro_batches(mini, rollout.prompt_mask, rollout.completion_mask, u.micro_batch_size,
-                                       u.micro_batch_tokens, partial(global_max, acc))
-            if u.micro_batch_tokens:
+            # rows grouped by length, consecutive rows or a token budget (loops/micro_batches.py)
+            micro = plan_micro_batches(mini, rollout.prompt_mask, rollout.completion_mask, u.batching,
+                                       partial(global_max, acc))
+            if u.batching.varies:
                 set_accumulation(acc, len(micro))  # this optimizer step's count of backward passes
             for idx in micro:
                 logp, entropy = completion_logprobs(

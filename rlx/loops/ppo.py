@@ -50,7 +50,7 @@ from rlx.loops.common import (
     mean_of,
 )
 from rlx.loops.credit import advantage_metrics, require_rows
-from rlx.loops.micro_batches import plan_micro_batches
+from rlx.loops.micro_batches import MicroBatching, parameter_count, plan_micro_batches
 from rlx.models.forward import LogprobSettings, completion_logprobs
 from rlx.runtime.checkpoint import GeneratorState
 from rlx.runtime.optim import optimizer_step
@@ -111,10 +111,11 @@ def train_ppo(settings, parts: PPOParts) -> dict:
             mask = mask * (~rollout.truncated).long().unsqueeze(1)
 
         # 2. sampling-policy log-probs, reference log-probs and values
-        old_logp, _ = batched_logprobs(model, rollout, micro_size, temperature=roll.temperature,
-                                       pack=pack)  # (n, C)
-        ref_logp = (batched_logprobs(reference, rollout, micro_size, temperature=roll.temperature,
-                                     pack=pack)[0]
+        batching = MicroBatching.of(settings, parameter_count(model))
+        old_logp, _ = batched_logprobs(model, rollout, batching, temperature=roll.temperature, pack=pack,
+                                       count_all=partial(global_max, acc))  # (n, C)
+        ref_logp = (batched_logprobs(reference, rollout, batching, temperature=roll.temperature, pack=pack,
+                                     count_all=partial(global_max, acc))[0]
                     if reference is not None else None)
         old_values = batched_values(value_model, rollout, micro_size,
                                     pack=pack)  # (n, C)
@@ -229,7 +230,7 @@ def ppo_update(parts: PPOParts, settings, rows: PPORows, kl_coef: float, shuffle
     advantages, returns = rows.advantages, rows.returns
     updates_per_step = algo.epochs * algo.mini_batches
     num_samples = rollout.completion_ids.shape[0]  # n, this process
-    pack, micro_size = settings.packed_forward, settings.micro_batch_size
+    pack, batching = settings.packed_forward, MicroBatching.of(settings, parameter_count(model))
     stats = {key: [] for key in ("kl", "entropy", "clip_low", "clip_high", "approx_kl", "value_clip", "grad_norm",
                                  "value_grad_norm")}
     stats["loss"], stats["value_loss"] = 0.0, 0.0
@@ -240,10 +241,10 @@ def ppo_update(parts: PPOParts, settings, rows: PPORows, kl_coef: float, shuffle
             mini_tokens = global_sum(acc, mask[mini].sum().item())  # normalisers: the whole mini-batch
             mini_seqs = global_sum(acc, len(mini))
             policy_tokens = mini_tokens if correction is None else global_sum(acc, policy_mask[mini].sum().item())
-            # a fixed count of rows, or a token budget (micro_batch_tokens; loops/micro_batches.py)
-            micro = plan_micro_batches(mini, rollout.prompt_mask, rollout.completion_mask, micro_size,
-                                       settings.micro_batch_tokens, partial(global_max, acc))
-            if settings.micro_batch_tokens:
+            # rows grouped by length, consecutive rows or a token budget (loops/micro_batches.py)
+            micro = plan_micro_batches(mini, rollout.prompt_mask, rollout.completion_mask, batching,
+                                       partial(global_max, acc))
+            if batching.varies:
                 set_accumulation(acc, len(micro))  # this optimizer step's count of backward passes
             for idx in micro:
                 micro_mask = mask[idx]
