@@ -235,7 +235,22 @@ def rlx_worker(setting: str, steps: int, prompts_file: Path, warmup: int, thread
     return {"step_times": [r["perf/step_time_s"] for r in rows],
             "tokens": [r["completions/mean_length"] * prompts * group for r in rows],
             "generation_times": [r["perf/generation_time_s"] for r in rows],
+            "decode_steps": [r["completions/max_length"] for r in rows],  # the longest row sets the token steps
             "optimizer_times": [r.get("perf/optimizer_time_s", 0.0) for r in rows]}
+
+
+def decode_against_read(runs: list[dict], parameters: int) -> dict | None:
+    """rlx's generation time per token step (median over its timed steps of generation / longest completion) against
+    the time to read the float32 weights once, at a read bandwidth measured now (benchmarks/decode_step.py)."""
+    from decode_step import read_bandwidth
+
+    per_step = [g / n for r in runs for g, n in zip(r["generation_times"], r["decode_steps"]) if n]
+    if not per_step:
+        return None
+    bandwidth = read_bandwidth()
+    read_s = 4 * parameters / bandwidth
+    return {"ms_per_token_step": 1e3 * median(per_step), "read_fp32_ms": 1e3 * read_s, "read_gb_s": bandwidth / 1e9,
+            "ratio_fp32": median(per_step) / read_s}
 
 
 def trl_worker(setting: str, steps: int, prompts_file: Path, warmup: int, threads: int = 1, device: str = "cpu",
@@ -377,7 +392,7 @@ def main() -> None:
                                       "--warmup", str(args.warmup), "--threads", str(args.threads),
                                       "--device", args.device, *flags], args.timeout, gpu_memory=gpu)
                 run = {"step_times": out["step_times"], "tokens": out["tokens"], "peak_mib": rss,
-                       "generation_times": out.get("generation_times", [])}
+                       "generation_times": out.get("generation_times", []), "decode_steps": out.get("decode_steps", [])}
                 runs[tool].append(run)
                 step, tokens, generation = median(run["step_times"]), median(run["tokens"]), run["generation_times"]
                 print(f"[{setting}{variant}] round {round_index + 1} {tool}: step {step:.2f}s  (generation "
@@ -397,6 +412,13 @@ def main() -> None:
         floor = flops / (rate * 1e9)
         print(f"[{setting}{variant}] compute floor: {flops / 1e12:.2f} "
               f"TFLOP per step / {rate:.0f} GFLOP/s = {floor:.1f} s", flush=True)
+        decoding = None if gpu else decode_against_read(runs["rlx"], parameters)
+        if decoding:
+            print(f"[{setting}{variant}] rlx decoding: {decoding['ms_per_token_step']:.1f} ms a token step (generation "
+                  f"/ longest completion, the prefill and any 8-bit copy included) against "
+                  f"{decoding['read_fp32_ms']:.1f} ms to read the float32 weights once at "
+                  f"{decoding['read_gb_s']:.1f} GB/s measured now: {decoding['ratio_fp32']:.2f}x", flush=True)
+        summary["decoding"] = decoding
         results.append((setting + variant, summary, floor, fastest, runs))
     rows = []
     for setting, s, floor, fastest, runs in results:
@@ -407,6 +429,7 @@ def main() -> None:
         RESULTS.mkdir(parents=True, exist_ok=True)
         name = "grpo_vs_trl_" + setting.replace(" ", "_").replace("<=", "_max") + ".json"
         (RESULTS / name).write_text(json.dumps({"setting": setting, "rlx": s["rlx"], "trl": s["trl"], "floor_s": floor,
+                                                "decoding": s.get("decoding"),
                                                 "min_step_s": fastest,
                                                 "runs": runs,
                                                 "matmul_gflops": rate, "threads": args.threads, "device": args.device,
