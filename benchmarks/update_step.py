@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import load_summary, machine_summary  # noqa: E402
 from rlx.algorithms.logprobs import chunked_linear_logprobs  # noqa: E402
 from rlx.loops.micro_batches import length_split, parameter_count, pass_overhead  # noqa: E402
 from rlx.models.forward import LOGIT_CHUNK_ELEMENTS, LogprobSettings, completion_logprobs  # noqa: E402
@@ -176,7 +177,9 @@ def main() -> None:
               f"  peak RSS {best['peak_rss_gb']:.2f} GB  tokens {best['prompt_tokens']}+{best['completion_tokens']}"
               f" (padded {best['padded_tokens']} in {best['micro_batches']})  {best['matmul_gflops']:.0f} GFLOP/s")
     if args.out:
-        Path(args.out).write_text(json.dumps({"args": vars(args), "results": results}, indent=1) + "\n")
+        provenance = {"date": time.strftime("%Y-%m-%d"), "machine": machine_summary(), "load": load_summary(),
+                      "command": "python benchmarks/update_step.py " + " ".join(sys.argv[1:])}
+        Path(args.out).write_text(json.dumps({"args": vars(args), "results": results, **provenance}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
