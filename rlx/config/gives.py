@@ -29,7 +29,8 @@ ROLLOUT_GIVES = {"hf": RolloutGives(per_token_temperature=True, seeded_continuat
                                     background_thread=True, unfiltered_logprobs=True, sharded_weights=True,
                                     int8_decoding=True),
                  "vllm": RolloutGives(vllm_8bit=True),
-                 "server": RolloutGives(background_thread=True, segmented_continuation=True, gathered_weights=True)}
+                 "server": RolloutGives(background_thread=True, segmented_continuation=True, gathered_weights=True,
+                                        vllm_8bit=True)}
 
 
 def rollout_gives(roll) -> RolloutGives:

