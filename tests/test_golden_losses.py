@@ -124,8 +124,9 @@ def test_policy_gradient_loss_matches_the_formula(tmp_path, monkeypatch, case):
     sampler = FixedSampler(tokenizer, [LIKELY, UNLIKELY, MID])
     real_logprobs = policy_gradient.batched_logprobs
 
-    def sampling_policy_logprobs(net, rollout, micro, with_entropy=False, temperature=1.0, pack=False):
-        logp, entropy = real_logprobs(net, rollout, micro, with_entropy, temperature=temperature, pack=pack)
+    def sampling_policy_logprobs(net, rollout, micro, with_entropy=False, temperature=1.0, pack=False, count_all=None):
+        logp, entropy = real_logprobs(net, rollout, micro, with_entropy, temperature=temperature, pack=pack,
+                                      count_all=count_all)
         if net is reference:
             return logp, entropy
         return logp + offsets(tuple(logp.shape)).to(logp.dtype), entropy  # the policy that sampled: pi + offset
@@ -199,8 +200,9 @@ def test_ppo_policy_and_value_losses_match_the_formulas(tmp_path, monkeypatch, e
     monkeypatch.setattr(build, "build_generator", sampler)
     monkeypatch.setattr(value_models, "build_value_model", critic)
     monkeypatch.setattr(ppo, "batched_logprobs",
-                        lambda net, rollout, micro, with_entropy=False, temperature=1.0, pack=False: (
-                            real_logprobs(net, rollout, micro, temperature=temperature, pack=pack)[0]
+                        lambda net, rollout, micro, with_entropy=False, temperature=1.0, pack=False, count_all=None: (
+                            real_logprobs(net, rollout, micro, temperature=temperature, pack=pack,
+                                          count_all=count_all)[0]
                             + offsets(tuple(rollout.completion_ids.shape)).float(), None))
     monkeypatch.setattr(ppo, "batched_values",
                         lambda net, rollout, micro, pack=False: real_values(net, rollout, micro, pack=pack)
